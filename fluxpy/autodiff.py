@@ -1,0 +1,394 @@
+"""Tape-based reverse-mode automatic differentiation.
+
+``gradient(f, *args)`` boxes every floating-point array in ``args`` as a
+:class:`Tracked` value, runs ``f``, and walks the recorded graph backwards. Each
+op is a :class:`Primitive`: a forward ``impl`` on plain arrays and a *rule* that
+returns the output together with a ``pullback`` closure (ChainRules' ``rrule``).
+
+Pullbacks are written with fluxpy ops, so when ``gradient`` is nested the
+backward pass of the inner call is itself recorded by the outer one (HIPS
+autograd's trace levels): second derivatives come for free.
+
+>>> import numpy as np
+>>> gradient(lambda x: (x ** 3).sum(), np.array([1.0, 2.0]))
+(array([ 3., 12.]),)
+>>> gradient(lambda x: gradient(lambda y: (y ** 3).sum(), x)[0].sum(), np.array([1.0, 2.0]))
+(array([ 6., 12.]),)
+"""
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+
+import numpy as np
+
+from .backend import get_array_module, is_float_array
+from .functors import fmap, fmapstructure
+
+__all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
+           "stop_gradient", "value_of", "is_tracked"]
+
+_levels = itertools.count(1)
+_no_grad_depth = 0
+
+
+class Tracked:
+    """An array recorded on a tape: ``value`` (an array, or a Tracked of an outer level), the
+    ``parents`` it was computed from and the ``pullback`` that maps its cotangent to theirs.
+
+    Tracked values behave like arrays: arithmetic, indexing, ``.T``, ``.sum()``, and NumPy
+    functions such as ``np.exp`` all dispatch to differentiable fluxpy ops.
+
+    >>> import numpy as np
+    >>> g, = gradient(lambda x: np.exp(x)[1:].sum(), np.zeros(3))
+    >>> g
+    array([0., 1., 1.])
+    """
+    __slots__ = ("value", "level", "parents", "pullback", "__weakref__")
+    __fluxpy_tracked__ = True
+    __array_priority__ = 1000.0
+
+    def __init__(self, value, level, parents=(), pullback=None):
+        self.value = value
+        self.level = level
+        self.parents = parents
+        self.pullback = pullback
+
+    shape = property(lambda self: self.value.shape)
+    dtype = property(lambda self: self.value.dtype)
+    ndim = property(lambda self: self.value.ndim)
+    size = property(lambda self: self.value.size)
+
+    def __len__(self):
+        return len(self.value)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        return f"Tracked({self.value!r}, level={self.level})"
+
+    def __bool__(self):
+        return bool(value_of(self))
+
+    def __float__(self):
+        return float(value_of(self))
+
+    def item(self):
+        """The Python number held by a one-element value (not differentiable)."""
+        return value_of(self).item()
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "a fluxpy Tracked value cannot be turned into a plain array inside a function being "
+            "differentiated (the gradient would be lost silently); use fluxpy ops or NumPy functions "
+            "on it, or fluxpy.value_of(x) to read its value without a gradient")
+
+    # Operators, __array_ufunc__ and __array_function__ are wired up in fluxpy/ops/__init__.py,
+    # where the ops they call are defined.
+
+
+def is_tracked(x) -> bool:
+    """True for a value recorded on a tape.
+
+    >>> import numpy as np
+    >>> is_tracked(np.ones(1))
+    False
+    """
+    return type(x) is Tracked
+
+
+def value_of(x):
+    """The plain array behind a (possibly nested) Tracked value; ``x`` itself otherwise.
+
+    >>> import numpy as np
+    >>> value_of(np.ones(1))
+    array([1.])
+    """
+    while type(x) is Tracked:
+        x = x.value
+    return x
+
+
+def stop_gradient(x):
+    """``stop_gradient(x)``: the value of ``x`` with no gradient flowing through it.
+
+    >>> import numpy as np
+    >>> gradient(lambda x: (x * stop_gradient(x)).sum(), np.array([3.0]))
+    (array([3.]),)
+    """
+    return value_of(x)
+
+
+class Primitive:
+    """An op with a forward implementation and a differentiation rule.
+
+    ``rule(*args, **kw) -> (y, pullback)`` where ``pullback(dy)`` returns one cotangent per
+    positional argument (``None`` where there is none). If ``needs_mask`` is set, the rule is
+    called as ``rule(needs, *args, **kw)`` with a tuple of booleans saying which positional
+    arguments need a gradient, so it can skip the others. ``impl`` computes ``y`` alone and is
+    used whenever no argument is tracked.
+
+    Rules must compute with fluxpy ops (not raw NumPy) where a value may be tracked, so that
+    they can be differentiated again.
+    """
+    def __init__(self, name, rule, impl=None, needs_mask=False, doc=None):
+        self.name = name
+        self.rule = rule
+        self.needs_mask = needs_mask
+        if impl is None:
+            impl = (lambda *a, **k: rule((False,) * len(a), *a, **k)[0]) if needs_mask else \
+                (lambda *a, **k: rule(*a, **k)[0])
+        self.impl = impl
+        self.__doc__ = doc
+        self.__wrapped__ = impl
+
+    def __repr__(self):
+        return f"<fluxpy primitive {self.name}>"
+
+    def __call__(self, *args, **kw):
+        top = 0
+        for a in args:
+            if type(a) is Tracked and a.level > top:
+                top = a.level
+        if not top:
+            return self.impl(*args, **kw)
+        if _no_grad_depth:
+            return self.impl(*[value_of(a) for a in args], **kw)
+        return self._record(top, args, kw)
+
+    def _record(self, top, args, kw):
+        vals = []
+        parents = []
+        for a in args:
+            if type(a) is Tracked and a.level == top:
+                vals.append(a.value)
+                parents.append(a)
+            else:
+                vals.append(a)
+                parents.append(None)
+        if self.needs_mask:
+            y, back = self.rule(tuple(p is not None for p in parents), *vals, **kw)
+        else:
+            y, back = self.rule(*vals, **kw)
+        return Tracked(y, top, tuple(parents), back)
+
+
+def primitive(rule=None, *, name=None, impl=None, needs_mask=False):
+    """Define a differentiable op from its rule (usable as a decorator).
+
+    The rule returns ``(y, pullback)``; ``pullback(dy)`` returns a tuple with one cotangent
+    per positional argument. Write both with fluxpy ops so second derivatives work.
+
+    >>> import numpy as np
+    >>> @primitive
+    ... def cube(x):
+    ...     def cube_pullback(dy):
+    ...         return (dy * 3 * x ** 2,)
+    ...     return x ** 3, cube_pullback
+    >>> cube(np.array([2.0]))
+    array([8.])
+    >>> gradient(lambda x: cube(x).sum(), np.array([2.0]))
+    (array([12.]),)
+    """
+    def make(r):
+        p = Primitive(name or r.__name__, r, impl=impl, needs_mask=needs_mask, doc=r.__doc__)
+        return p
+    return make(rule) if rule is not None else make
+
+
+@contextmanager
+def no_grad():
+    """Inside ``with no_grad():`` ops record nothing: results are plain arrays.
+
+    >>> import numpy as np
+    >>> def f(x):
+    ...     with no_grad():
+    ...         return (x * 2).sum()
+    >>> gradient(f, np.ones(2))
+    (None,)
+    """
+    global _no_grad_depth
+    _no_grad_depth += 1
+    try:
+        yield
+    finally:
+        _no_grad_depth -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward walk
+
+
+def _toposort(root):
+    """Nodes reachable from ``root`` through ``parents``, each after all nodes that use it."""
+    order, visited, stack = [], set(), [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for p in node.parents:
+            if p is not None and id(p) not in visited:
+                stack.append((p, False))
+    order.reverse()
+    return order
+
+
+def _backprop(root, seed):
+    """Cotangents of the leaves (nodes without a pullback) reached from ``root``: {id: grad}."""
+    grads = {id(root): seed}
+    leaves = {}
+    for node in _toposort(root):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        if node.pullback is None:
+            leaves[id(node)] = g
+            continue
+        for p, gp in zip(node.parents, node.pullback(g)):
+            if p is None or gp is None:
+                continue
+            k = id(p)
+            prev = grads.get(k)
+            grads[k] = gp if prev is None else prev + gp
+    return leaves
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxing arguments and shaping gradients like them
+
+
+class _Boxes:
+    """Boxes the float arrays of an argument tree at one tape level.
+
+    A Python float is boxed only as a whole argument (``gradient(f, 2.0)``): floats inside a
+    model are hyperparameters, and boxing them as float64 arrays would change dtypes.
+    """
+
+    def __init__(self, level):
+        self.level = level
+        self.by_leaf = {}  # id(original leaf) -> (original, box)
+        self.cache = {}
+
+    def box(self, x):
+        if is_float_array(value_of(x)):
+            return self._box(x, x)
+        return x
+
+    def box_argument(self, x):
+        if isinstance(x, float):
+            return self._box(x, np.asarray(x))
+        return fmap(self.box, x, cache=self.cache)
+
+    def _box(self, x, v):
+        key = id(x)
+        if key not in self.by_leaf:
+            self.by_leaf[key] = (x, Tracked(v, self.level))
+        return self.by_leaf[key][1]
+
+    def grad_of(self, x, leaf_grads):
+        entry = self.by_leaf.get(id(x))
+        if entry is None:
+            return None
+        g = leaf_grads.get(id(entry[1]))
+        if g is not None and isinstance(x, float) and type(g) is not Tracked:
+            return float(g)
+        return g
+
+
+def _box_args(args, level):
+    boxes = _Boxes(level)
+    return tuple(boxes.box_argument(a) for a in args), boxes
+
+
+def _shape_grads(args, boxes, leaf_grads):
+    return tuple(boxes.grad_of(a, leaf_grads) if isinstance(a, float) else
+                 fmapstructure(lambda leaf: boxes.grad_of(leaf, leaf_grads), a) for a in args)
+
+
+def _describe(y):
+    v = value_of(y)
+    if hasattr(v, "shape"):
+        return f"an array of shape {tuple(v.shape)} and dtype {v.dtype}"
+    return f"a {type(v).__name__}"
+
+
+def _is_scalar(y):
+    v = value_of(y)
+    if isinstance(v, (int, float, np.number)):
+        return True
+    return hasattr(v, "shape") and v.shape == () and np.issubdtype(v.dtype, np.floating)
+
+
+def withgradient(f, *args):
+    """``withgradient(f, *args)`` -> ``(f(*args), gradients)``.
+
+    ``gradients`` has one entry per argument, shaped like it (see :func:`gradient`).
+
+    >>> import numpy as np
+    >>> val, (g,) = withgradient(lambda x: (x * x).sum(), np.array([1.0, 2.0]))
+    >>> float(val), g
+    (5.0, array([2., 4.]))
+    """
+    level = next(_levels)
+    boxed, boxes = _box_args(args, level)
+    y = f(*boxed)
+    if not _is_scalar(y):
+        raise ValueError(f"gradient: f must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
+                         "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
+    if type(y) is not Tracked or y.level != level:
+        return y, tuple(fmapstructure(lambda leaf: None, a) for a in args)
+    return y.value, _shape_grads(args, boxes, _backprop(y, _ones_like(y.value)))
+
+
+def gradient(f, *args):
+    """``gradient(f, *args)``: the gradient of scalar ``f`` with respect to each argument.
+
+    Returns a tuple with one entry per argument. Each mirrors its argument: an array for an
+    array, the same nesting for tuples, lists and dicts, a dict of field name to gradient for a
+    model object, and ``None`` for leaves that are not differentiable or not used.
+
+    >>> import numpy as np
+    >>> gradient(lambda d: (d["w"] * 2).sum(), {"w": np.ones(2), "n": 3})
+    ({'w': array([2., 2.]), 'n': None},)
+    """
+    return withgradient(f, *args)[1]
+
+
+def pullback(f, *args):
+    """``pullback(f, *args)`` -> ``(y, back)``; ``back(dy)`` returns the gradients for cotangent ``dy``.
+
+    ``f`` may return an array of any shape; ``dy`` must have that shape.
+
+    >>> import numpy as np
+    >>> y, back = pullback(lambda x: x * 2, np.ones(2))
+    >>> back(np.array([1.0, 3.0]))
+    (array([2., 6.]),)
+    """
+    level = next(_levels)
+    boxed, boxes = _box_args(args, level)
+    y = f(*boxed)
+    tracked = type(y) is Tracked and y.level == level
+    value = y.value if tracked else y
+
+    def back(dy):
+        shape = getattr(value_of(value), "shape", ())
+        if tuple(getattr(dy, "shape", ())) != tuple(shape):
+            raise ValueError(f"pullback: the cotangent must have the output's shape {tuple(shape)}, "
+                             f"got {tuple(getattr(dy, 'shape', ()))}")
+        if not tracked:
+            return tuple(fmapstructure(lambda leaf: None, a) for a in args)
+        return _shape_grads(args, boxes, _backprop(y, dy))
+    return value, back
+
+
+def _ones_like(v):
+    inner = value_of(v)
+    xp = get_array_module(inner)
+    return xp.ones(inner.shape, dtype=inner.dtype)
+

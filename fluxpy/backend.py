@@ -1,0 +1,139 @@
+"""Array backends: NumPy on the CPU, CuPy on an NVIDIA GPU.
+
+Every op in fluxpy is written once against an array module ``xp`` found by
+:func:`get_array_module`; only ``fluxpy/kernels`` knows about CUDA.
+
+>>> import numpy as np
+>>> get_array_module(np.ones(3)) is np
+True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # CuPy is optional (the ``cuda`` extra); any failure just means "no GPU backend".
+    import cupy as _cupy
+    _CUPY_IMPORT_ERROR: BaseException | None = None
+except Exception as err:  # pragma: no cover - depends on the machine
+    _cupy = None
+    _CUPY_IMPORT_ERROR = err
+
+cupy = _cupy
+
+__all__ = ["get_array_module", "is_array", "gpu", "cpu", "gpu_available", "GPUUnavailableError",
+           "default_float", "is_float_array"]
+
+default_float = np.float32
+
+
+class GPUUnavailableError(RuntimeError):
+    """Raised by :func:`gpu` when CuPy or a CUDA device cannot be used; the message says why."""
+
+
+def _unwrap(x):
+    # Tracked values (fluxpy.autodiff) carry their array in ``.value``, possibly nested.
+    while getattr(x, "__fluxpy_tracked__", False):
+        x = x.value
+    return x
+
+
+def get_array_module(*xs):
+    """``get_array_module(*xs)`` -> ``numpy`` or ``cupy``, whichever module owns the arrays.
+
+    Tracked values are looked through. Mixing NumPy and CuPy arrays is an error
+    that names both.
+
+    >>> import numpy as np
+    >>> get_array_module(np.zeros(2), 3.0).__name__
+    'numpy'
+    """
+    found = None
+    for x in xs:
+        x = _unwrap(x)
+        if isinstance(x, np.ndarray):
+            if found == "gpu":
+                raise TypeError(_mixed_message(xs))
+            found = "cpu"
+        elif cupy is not None and isinstance(x, cupy.ndarray):
+            if found == "cpu":
+                raise TypeError(_mixed_message(xs))
+            found = "gpu"
+    return cupy if found == "gpu" else np
+
+
+def _mixed_message(xs):
+    parts = [f"{type(_unwrap(x)).__module__}.{type(_unwrap(x)).__name__} {getattr(x, 'shape', '')}" for x in xs]
+    return "cannot mix CPU (numpy) and GPU (cupy) arrays in one op; got " + ", ".join(parts) + \
+        ": move them with fluxpy.gpu(...) or fluxpy.cpu(...)"
+
+
+def is_array(x) -> bool:
+    """True for a NumPy or CuPy ndarray (not for Python numbers or Tracked values).
+
+    >>> import numpy as np
+    >>> is_array(np.ones(2)), is_array(1.0)
+    (True, False)
+    """
+    return isinstance(x, np.ndarray) or (cupy is not None and isinstance(x, cupy.ndarray))
+
+
+def is_float_array(x) -> bool:
+    """True for a NumPy/CuPy array of a floating dtype: the arrays that gradients flow to.
+
+    >>> import numpy as np
+    >>> is_float_array(np.ones(2)), is_float_array(np.arange(2))
+    (True, False)
+    """
+    return is_array(x) and np.issubdtype(x.dtype, np.floating)
+
+
+def gpu_available() -> tuple[bool, str]:
+    """``(usable, reason)``: whether a CUDA GPU can be used through CuPy, and if not, why.
+
+    >>> ok, why = gpu_available()
+    >>> isinstance(ok, bool) and isinstance(why, str)
+    True
+    """
+    if cupy is None:
+        return False, f"CuPy could not be imported ({_CUPY_IMPORT_ERROR!r}); install fluxpy[cuda]"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as err:  # CUDA driver missing, no device, ...
+        return False, f"CuPy is installed but CUDA is not usable: {err}"
+    if count == 0:
+        return False, "CuPy is installed but no CUDA device was found"
+    return True, f"{count} CUDA device(s)"
+
+
+def gpu(x):
+    """``gpu(x)``: a copy of an array, or of a whole model tree, with every array on the GPU.
+
+    Raises :class:`GPUUnavailableError`, saying why, when no GPU is usable.
+
+    >>> import numpy as np
+    >>> try:
+    ...     y = gpu(np.ones(3))
+    ... except GPUUnavailableError as err:
+    ...     y = None   # no GPU on this machine
+    """
+    ok, why = gpu_available()
+    if not ok:
+        raise GPUUnavailableError(f"fluxpy.gpu: no usable GPU: {why}")
+    from .functors import fmap
+    return fmap(lambda a: cupy.asarray(a) if is_array(a) else a, x)
+
+
+def cpu(x):
+    """``cpu(x)``: a copy of an array or model tree with every array as a NumPy array.
+
+    >>> import numpy as np
+    >>> cpu({"w": np.ones(2)})["w"]
+    array([1., 1.])
+    """
+    from .functors import fmap
+
+    def to_numpy(a):
+        if cupy is not None and isinstance(a, cupy.ndarray):
+            return cupy.asnumpy(a)
+        return a
+    return fmap(to_numpy, x)

@@ -1,0 +1,176 @@
+"""Differentiable ops (the NNlib layer), and how Tracked values reach them.
+
+Importing this package gives :class:`fluxpy.autodiff.Tracked` its operators and makes NumPy's
+ufuncs and functions (``np.exp``, ``np.sum``, ``np.where``, ...) dispatch to these ops.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> gradient(lambda x: np.sum(np.maximum(x, 0.0) ** 2), np.array([-1.0, 2.0]))
+(array([0., 4.]),)
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ..autodiff import Tracked, value_of
+from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, minimum, multiply, negative, power,
+                    sign, sin, sqrt, square, subtract, tanh, where)
+from .linalg import dot, matmul
+from .reduce import max, mean, min, sum
+from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
+                    stack, swapaxes, transpose)
+
+__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs", "sin",
+           "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "sum", "mean", "max", "min",
+           "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack",
+           "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip"]
+
+
+def clip(x, lo, hi):
+    """``clip(x, lo, hi)``: ``x`` limited to ``[lo, hi]`` (either may be None).
+
+    >>> import numpy as np
+    >>> clip(np.array([-2.0, 0.5, 3.0]), -1.0, 1.0)
+    array([-1. ,  0.5,  1. ])
+    """
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
+def _not_differentiable(fn):
+    """A NumPy function applied to the plain values: comparisons and tests give no gradient."""
+    return lambda *args, **kw: fn(*[value_of(a) for a in args], **kw)
+
+
+_UFUNCS = {
+    np.add: add, np.subtract: subtract, np.multiply: multiply, np.true_divide: divide, np.power: power,
+    np.negative: negative, np.positive: lambda x: x, np.exp: exp, np.log: log, np.sqrt: sqrt, np.tanh: tanh,
+    np.absolute: abs, np.sin: sin, np.cos: cos, np.log1p: log1p, np.expm1: expm1, np.square: square,
+    np.maximum: maximum, np.minimum: minimum, np.matmul: matmul,
+}
+for _u in (np.greater, np.greater_equal, np.less, np.less_equal, np.equal, np.not_equal, np.sign, np.isnan,
+           np.isinf, np.isfinite, np.floor, np.ceil, np.rint, np.signbit, np.logical_and, np.logical_or,
+           np.logical_not):
+    _UFUNCS[_u] = _not_differentiable(_u)
+
+_UFUNC_REDUCE = {np.add: sum, np.maximum: max, np.minimum: min}
+
+
+def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
+    if kwargs.get("out") is not None:
+        raise TypeError(f"np.{ufunc.__name__}(..., out=...) cannot write into a fluxpy Tracked value")
+    if method == "reduce" and ufunc in _UFUNC_REDUCE:
+        return _UFUNC_REDUCE[ufunc](inputs[0], axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False))
+    op = _UFUNCS.get(ufunc)
+    name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    if method != "__call__" or op is None:
+        raise TypeError(f"{name} is not differentiable in fluxpy; supported ufuncs: " +
+                        ", ".join(sorted(u.__name__ for u in _UFUNCS)))
+    if any(k != "out" for k in kwargs):
+        raise TypeError(f"{name} on a Tracked value takes no options, got {sorted(kwargs)}")
+    return op(*inputs)
+
+
+def _np_reduction(op):
+    def call(a, axis=None, dtype=None, out=None, keepdims=False, **kw):
+        if out is not None or dtype is not None or kw:
+            raise TypeError(f"np.{op.__name__} on a Tracked value takes only axis and keepdims")
+        return op(a, axis=axis, keepdims=keepdims)
+    return call
+
+
+_FUNCTIONS = {
+    np.sum: _np_reduction(sum), np.mean: _np_reduction(mean), np.max: _np_reduction(max),
+    np.min: _np_reduction(min), np.amax: _np_reduction(max), np.amin: _np_reduction(min),
+    np.reshape: lambda a, shape=None, **kw: reshape(a, kw.get("newshape", shape)),
+    np.transpose: lambda a, axes=None: transpose(a, axes),
+    np.swapaxes: swapaxes,
+    np.concatenate: lambda arrays, axis=0: concatenate(arrays, axis),
+    np.stack: lambda arrays, axis=0: stack(arrays, axis),
+    np.where: lambda cond, a, b: where(cond, a, b),
+    np.dot: dot,
+    np.squeeze: lambda a, axis=None: squeeze(a, axis),
+    np.expand_dims: expand_dims,
+    np.broadcast_to: broadcast_to,
+    np.ravel: lambda a: ravel(a),
+    np.clip: lambda a, a_min=None, a_max=None: clip(a, a_min, a_max),
+    np.shape: lambda a: a.shape,
+    np.ndim: lambda a: a.ndim,
+    np.size: lambda a: a.size,
+    np.zeros_like: _not_differentiable(np.zeros_like),
+    np.ones_like: _not_differentiable(np.ones_like),
+    np.result_type: _not_differentiable(np.result_type),
+    np.allclose: _not_differentiable(np.allclose),
+    np.isclose: _not_differentiable(np.isclose),
+    np.argmax: _not_differentiable(np.argmax),
+    np.argmin: _not_differentiable(np.argmin),
+}
+
+
+def _array_function(self, func, types, args, kwargs):
+    impl = _FUNCTIONS.get(func)
+    if impl is None:
+        raise TypeError(f"np.{func.__name__} is not differentiable in fluxpy; supported functions: " +
+                        ", ".join(sorted(f.__name__ for f in _FUNCTIONS)))
+    return impl(*args, **kwargs)
+
+
+def _reshape_method(self, *shape):
+    return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+
+def _transpose_method(self, *axes):
+    if not axes:
+        return transpose(self)
+    return transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
+
+
+def _compare(op):
+    return lambda a, b: op(value_of(a), value_of(b))
+
+
+def _wire_tracked():
+    # Primitives are not descriptors, so each method is a small function that calls one.
+    t = Tracked
+    t.__add__ = lambda a, b: add(a, b)
+    t.__radd__ = lambda a, b: add(b, a)
+    t.__sub__ = lambda a, b: subtract(a, b)
+    t.__rsub__ = lambda a, b: subtract(b, a)
+    t.__mul__ = lambda a, b: multiply(a, b)
+    t.__rmul__ = lambda a, b: multiply(b, a)
+    t.__truediv__ = lambda a, b: divide(a, b)
+    t.__rtruediv__ = lambda a, b: divide(b, a)
+    t.__pow__ = lambda a, b: power(a, b)
+    t.__rpow__ = lambda a, b: power(b, a)
+    t.__matmul__ = lambda a, b: matmul(a, b)
+    t.__rmatmul__ = lambda a, b: matmul(b, a)
+    t.__neg__ = lambda a: negative(a)
+    t.__pos__ = lambda a: a
+    t.__abs__ = lambda a: abs(a)
+    for name, op in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
+                     ("eq", operator.eq), ("ne", operator.ne)):
+        setattr(t, f"__{name}__", _compare(op))
+    t.__hash__ = object.__hash__
+    t.__getitem__ = lambda a, index: getitem(a, index)
+    t.T = property(lambda a: transpose(a))
+    t.reshape = _reshape_method
+    t.transpose = _transpose_method
+    t.sum = lambda a, axis=None, keepdims=False: sum(a, axis, keepdims)
+    t.mean = lambda a, axis=None, keepdims=False: mean(a, axis, keepdims)
+    t.max = lambda a, axis=None, keepdims=False: max(a, axis, keepdims)
+    t.min = lambda a, axis=None, keepdims=False: min(a, axis, keepdims)
+    t.astype = lambda a, dtype: astype(a, dtype)
+    t.squeeze = lambda a, axis=None: squeeze(a, axis)
+    t.ravel = lambda a: ravel(a)
+    t.flatten = lambda a: ravel(a)
+    t.clip = lambda a, lo=None, hi=None: clip(a, lo, hi)
+    t.__array_ufunc__ = _array_ufunc
+    t.__array_function__ = _array_function
+
+
+_wire_tracked()

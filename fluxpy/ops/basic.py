@@ -1,0 +1,170 @@
+"""Elementwise primitives: arithmetic with broadcasting, unary maths, maximum/minimum/where.
+
+Every broadcasting rule sends its gradients through :func:`fluxpy.broadcast.unbroadcast`.
+Pullbacks use these same ops, so they differentiate twice.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> gradient(lambda a, b: (a * b).sum(), np.ones((2, 3)), np.arange(3.0))
+(array([[0., 1., 2.],
+       [0., 1., 2.]]), array([2., 2., 2.]))
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from ..autodiff import Primitive, value_of
+from ..broadcast import unbroadcast
+
+__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
+           "sin", "cos", "log1p", "expm1", "square", "maximum", "minimum", "where", "sign"]
+
+
+def _shape(x):
+    return tuple(getattr(x, "shape", ()))
+
+
+def _checked(name, fn):
+    """``fn`` with NumPy's broadcasting error re-raised naming the op and both shapes."""
+    def impl(a, b):
+        try:
+            return fn(a, b)
+        except ValueError as err:
+            if _shape(a) and _shape(b) and "broadcast" in str(err):
+                raise ValueError(f"{name}: shapes {_shape(a)} and {_shape(b)} cannot be broadcast together") from None
+            raise
+    impl.__name__ = f"{name}_impl"
+    return impl
+
+
+def _binary(name, fn, grads):
+    """A broadcasting binary primitive; ``grads(a, b, y, dy, needs)`` gives the unreduced cotangents."""
+    prim = None
+
+    def rule(needs, a, b):
+        y = prim(a, b)
+        sa, sb = _shape(a), _shape(b)
+
+        def pullback(dy):
+            da, db = grads(a, b, y, dy, needs)
+            return (unbroadcast(da, sa) if needs[0] else None, unbroadcast(db, sb) if needs[1] else None)
+        pullback.__name__ = f"{name}_pullback"
+        return y, pullback
+    prim = Primitive(name, rule, impl=_checked(name, fn), needs_mask=True)
+    return prim
+
+
+def _log_of(x):
+    # math.log keeps a Python number weak, so it does not promote float32 gradients to float64.
+    return math.log(x) if isinstance(x, (int, float)) else log(x)
+
+
+def _pow_grads(a, b, y, dy, needs):
+    da = db = None
+    if needs[0]:
+        if isinstance(b, (int, float)):
+            da = dy * (2 * a) if b == 2 else dy * (b * a ** (b - 1))
+        else:
+            da = dy * (b * a ** (b - 1))
+    if needs[1]:
+        db = dy * (y * _log_of(a))
+    return da, db
+
+
+add = _binary("add", operator.add, lambda a, b, y, dy, n: (dy, dy))
+subtract = _binary("subtract", operator.sub, lambda a, b, y, dy, n: (dy, -dy if n[1] else None))
+multiply = _binary("multiply", operator.mul,
+                   lambda a, b, y, dy, n: (dy * b if n[0] else None, dy * a if n[1] else None))
+divide = _binary("divide", operator.truediv,
+                 lambda a, b, y, dy, n: (dy / b if n[0] else None, -(dy * y) / b if n[1] else None))
+power = _binary("power", operator.pow, _pow_grads)
+
+
+def _unary(name, ufunc, deriv):
+    """A unary elementwise primitive; ``deriv(x, y, dy)`` is the input cotangent."""
+    prim = None
+
+    def rule(x):
+        y = prim(x)
+
+        def pullback(dy):
+            return (deriv(x, y, dy),)
+        pullback.__name__ = f"{name}_pullback"
+        return y, pullback
+    prim = Primitive(name, rule, impl=ufunc)
+    return prim
+
+
+def sign(x):
+    """``sign(x)``: -1, 0 or 1 elementwise; not differentiable (a plain array).
+
+    >>> import numpy as np
+    >>> sign(np.array([-2.0, 0.0, 3.0]))
+    array([-1.,  0.,  1.])
+    """
+    return np.sign(value_of(x))
+
+
+negative = _unary("negative", np.negative, lambda x, y, dy: -dy)
+exp = _unary("exp", np.exp, lambda x, y, dy: dy * y)
+log = _unary("log", np.log, lambda x, y, dy: dy / x)
+sqrt = _unary("sqrt", np.sqrt, lambda x, y, dy: dy * 0.5 / y)
+tanh = _unary("tanh", np.tanh, lambda x, y, dy: dy * (1 - y * y))
+abs = _unary("abs", np.absolute, lambda x, y, dy: dy * sign(x))
+sin = _unary("sin", np.sin, lambda x, y, dy: dy * cos(x))
+cos = _unary("cos", np.cos, lambda x, y, dy: -(dy * sin(x)))
+log1p = _unary("log1p", np.log1p, lambda x, y, dy: dy / (1 + x))
+expm1 = _unary("expm1", np.expm1, lambda x, y, dy: dy * (y + 1))
+square = _unary("square", np.square, lambda x, y, dy: dy * (2 * x))
+
+
+def _select_weights(a, b, y, wins):
+    """Weight of ``a`` in max/min: 1 where it wins, 1/2 at ties (as PyTorch), in y's dtype."""
+    av, bv = value_of(a), value_of(b)
+    return (wins(av, bv) + 0.5 * (av == bv)).astype(value_of(y).dtype)
+
+
+def _extremum_grads(wins):
+    def grads(a, b, y, dy, needs):
+        w = _select_weights(a, b, y, wins)
+        return (dy * w if needs[0] else None, dy * (1 - w) if needs[1] else None)
+    return grads
+
+
+maximum = _binary("maximum", np.maximum, _extremum_grads(np.greater))
+minimum = _binary("minimum", np.minimum, _extremum_grads(np.less))
+
+
+def _where_impl(cond, a, b):
+    try:
+        return np.where(cond, a, b)
+    except ValueError:
+        raise ValueError(f"where: shapes {_shape(cond)}, {_shape(a)} and {_shape(b)} "
+                         "cannot be broadcast together") from None
+
+
+def _where_rule(needs, cond, a, b):
+    y = _where(cond, a, b)
+    sa, sb = _shape(a), _shape(b)
+
+    def where_pullback(dy):
+        da = unbroadcast(_where(cond, dy, 0), sa) if needs[1] else None
+        db = unbroadcast(_where(cond, 0, dy), sb) if needs[2] else None
+        return None, da, db
+    return y, where_pullback
+
+
+_where = Primitive("where", _where_rule, impl=_where_impl, needs_mask=True)
+
+
+def where(cond, a, b):
+    """``where(cond, a, b)``: ``a`` where ``cond`` holds, else ``b``; differentiable in ``a`` and ``b``.
+
+    >>> import numpy as np
+    >>> where(np.array([True, False]), np.ones(2), 0.0)
+    array([1., 0.])
+    """
+    return _where(value_of(cond), a, b)

@@ -1,0 +1,78 @@
+"""Matrix products: batched ``matmul`` with NumPy's rules (1-D operands, broadcast batch axes).
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> a, b = np.ones((2, 3)), np.arange(3.0)
+>>> gradient(lambda a, b: (a @ b).sum(), a, b)
+(array([[0., 1., 2.],
+       [0., 1., 2.]]), array([2., 2., 2.]))
+"""
+from __future__ import annotations
+
+from ..broadcast import unbroadcast
+from ..autodiff import Primitive
+from .shape import expand_dims, reshape, swapaxes
+
+__all__ = ["matmul", "dot"]
+
+
+def _matmul_impl(a, b):
+    try:
+        return a @ b
+    except ValueError:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match "
+                         "(the last axis of the first must equal the second-to-last of the second)") from None
+
+
+def _as_matrices(a, b, dy):
+    """Promote 1-D operands to matrices, as matmul does, and give ``dy`` the matching axes."""
+    if a.ndim == 1:
+        a = reshape(a, (1, a.shape[0]))
+        dy = expand_dims(dy, -2 if b.ndim > 1 else 0)
+    if b.ndim == 1:
+        b = reshape(b, (b.shape[0], 1))
+        dy = expand_dims(dy, -1)
+    return a, b, dy
+
+
+def _matmul_rule(needs, a, b):
+    y = _matmul(a, b)
+
+    def matmul_pullback(dy):
+        a2, b2, dy2 = _as_matrices(a, b, dy)
+        da = db = None
+        if needs[0]:
+            da = reshape(unbroadcast(_matmul(dy2, swapaxes(b2, -1, -2)), a2.shape), a.shape)
+        if needs[1]:
+            db = reshape(unbroadcast(_matmul(swapaxes(a2, -1, -2), dy2), b2.shape), b.shape)
+        return da, db
+    return y, matmul_pullback
+
+
+_matmul = Primitive("matmul", _matmul_rule, impl=_matmul_impl, needs_mask=True)
+
+
+def matmul(a, b):
+    """``matmul(a, b)`` is ``a @ b``: matrix product over the last two axes, batch axes broadcast.
+
+    >>> import numpy as np
+    >>> matmul(np.ones((5, 2, 3)), np.ones((3, 4))).shape
+    (5, 2, 4)
+    """
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: operands must have at least one axis, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    return _matmul(a, b)
+
+
+def dot(a, b):
+    """``dot(a, b)``: ``numpy.dot`` for vectors and matrices (the same as ``matmul`` there).
+
+    >>> import numpy as np
+    >>> float(dot(np.ones(3), np.ones(3)))
+    3.0
+    """
+    if a.ndim > 2 or b.ndim > 2:
+        raise ValueError(f"dot: only vectors and matrices are supported, got shapes {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}; use matmul for batches")
+    return matmul(a, b)

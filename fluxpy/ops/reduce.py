@@ -1,0 +1,129 @@
+"""Reductions: sum, mean, max, min over any axes, with ``keepdims``.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> gradient(lambda x: x.max(axis=1).sum(), np.array([[1.0, 3.0], [2.0, 2.0]]))  # ties share
+(array([[0. , 1. ],
+       [0.5, 0.5]]),)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autodiff import Primitive, value_of
+from .shape import broadcast_to, reshape
+
+__all__ = ["sum", "mean", "max", "min", "normalize_axis"]
+
+
+def normalize_axis(axis, ndim, op="reduce"):
+    """``axis`` (None, an int or a tuple, negatives allowed) as a sorted tuple of axes, or None.
+
+    >>> normalize_axis(-1, 3), normalize_axis((0, 2), 3), normalize_axis(None, 2)
+    ((2,), (0, 2), None)
+    """
+    if axis is None:
+        return None
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{op}: axis {a} is out of range for an array with {ndim} dimensions")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def _kept_shape(shape, axes):
+    """The shape of the reduction with ``keepdims=True``."""
+    if axes is None:
+        return (1,) * len(shape)
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def _expand_back(dy, shape, axes):
+    """Broadcast a reduction's cotangent back over the reduced axes of ``shape``."""
+    return broadcast_to(reshape(dy, _kept_shape(shape, axes)), shape)
+
+
+def _sum_rule(x, axes, keepdims):
+    shape = x.shape
+
+    def sum_pullback(dy):
+        return (_expand_back(dy, shape, axes),)
+    return _sum(x, axes, keepdims), sum_pullback
+
+
+_sum = Primitive("sum", _sum_rule, impl=lambda x, axes, keepdims: x.sum(axis=axes, keepdims=keepdims))
+
+
+def sum(x, axis=None, keepdims=False):
+    """``sum(x, axis=None, keepdims=False)``: the sum over ``axis`` (all axes by default).
+
+    >>> import numpy as np
+    >>> sum(np.ones((2, 3)), axis=0)
+    array([2., 2., 2.])
+    """
+    return _sum(x, normalize_axis(axis, x.ndim, "sum"), keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    """``mean(x, axis=None, keepdims=False)``: the mean over ``axis`` (all axes by default).
+
+    >>> import numpy as np
+    >>> mean(np.arange(4.0).reshape(2, 2), axis=1)
+    array([0.5, 2.5])
+    """
+    axes = normalize_axis(axis, x.ndim, "mean")
+    count = int(np.prod([x.shape[a] for a in axes])) if axes is not None else x.size
+    return _sum(x, axes, keepdims) * (1.0 / count)
+
+
+def _extremum(name, method):
+    prim = None
+
+    def rule(x, axes, keepdims):
+        y = prim(x, axes, keepdims)
+        shape = x.shape
+
+        def pullback(dy):
+            # The cotangent goes to the elements equal to the extremum, shared evenly among ties.
+            xv = value_of(x)
+            yk = value_of(y).reshape(_kept_shape(shape, axes))
+            hit = (xv == yk)
+            weight = (hit / hit.sum(axis=axes, keepdims=True)).astype(xv.dtype)
+            return (_expand_back(dy, shape, axes) * weight,)
+        pullback.__name__ = f"{name}_pullback"
+        return y, pullback
+
+    def impl(x, axes, keepdims):
+        if x.size == 0:
+            raise ValueError(f"{name}: cannot reduce an empty array of shape {tuple(x.shape)}")
+        return getattr(x, method)(axis=axes, keepdims=keepdims)
+    prim = Primitive(name, rule, impl=impl)
+    return prim
+
+
+_max = _extremum("max", "max")
+_min = _extremum("min", "min")
+
+
+def max(x, axis=None, keepdims=False):
+    """``max(x, axis=None, keepdims=False)``: the largest element over ``axis``; ties share the gradient.
+
+    >>> import numpy as np
+    >>> max(np.array([[1.0, 5.0], [7.0, 2.0]]), axis=1)
+    array([5., 7.])
+    """
+    return _max(x, normalize_axis(axis, x.ndim, "max"), keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    """``min(x, axis=None, keepdims=False)``: the smallest element over ``axis``; ties share the gradient.
+
+    >>> import numpy as np
+    >>> min(np.array([[1.0, 5.0], [7.0, 2.0]]), axis=0)
+    array([1., 2.])
+    """
+    return _min(x, normalize_axis(axis, x.ndim, "min"), keepdims)

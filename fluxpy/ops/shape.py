@@ -1,0 +1,329 @@
+"""Shape and indexing primitives: reshape, transpose, broadcast_to, getitem, concatenate, stack, astype.
+
+Each rule's pullback is written with these same ops, so they differentiate twice.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> gradient(lambda x: x[[0, 0, 2]].sum(), np.ones(3))   # repeated indices accumulate
+(array([2., 0., 1.]),)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autodiff import Primitive, value_of
+from ..backend import get_array_module
+
+__all__ = ["reshape", "transpose", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack", "astype",
+           "swapaxes", "squeeze", "expand_dims", "ravel"]
+
+
+def _normalize_shape(shape):
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+def _reshape_rule(x, shape):
+    xshape = x.shape
+
+    def reshape_pullback(dy):
+        return (reshape(dy, xshape),)
+    return reshape(x, shape), reshape_pullback
+
+
+def _reshape_impl(x, shape):
+    try:
+        return x.reshape(shape)
+    except ValueError as err:
+        raise ValueError(f"reshape: cannot reshape an array of shape {tuple(x.shape)} "
+                         f"({x.size} elements) into shape {shape}") from err
+
+
+_reshape = Primitive("reshape", _reshape_rule, impl=_reshape_impl)
+
+
+def reshape(x, shape):
+    """``reshape(x, shape)``: the same elements in a new shape (one entry may be -1).
+
+    >>> import numpy as np
+    >>> reshape(np.arange(6.0), (2, -1)).shape
+    (2, 3)
+    """
+    return _reshape(x, _normalize_shape(shape))
+
+
+def _transpose_rule(x, axes):
+    inverse = tuple(np.argsort(axes))
+
+    def transpose_pullback(dy):
+        return (_transpose(dy, inverse),)
+    return _transpose(x, axes), transpose_pullback
+
+
+_transpose = Primitive("transpose", _transpose_rule, impl=lambda x, axes: x.transpose(axes))
+
+
+def transpose(x, axes=None):
+    """``transpose(x, axes=None)``: permute axes (reverse them by default), as ``numpy.transpose``.
+
+    >>> import numpy as np
+    >>> transpose(np.ones((2, 3, 4)), (2, 0, 1)).shape
+    (4, 2, 3)
+    """
+    nd = x.ndim
+    axes = tuple(range(nd - 1, -1, -1)) if axes is None else tuple(int(a) % nd for a in axes)
+    if sorted(axes) != list(range(nd)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation of the {nd} axes of shape {tuple(x.shape)}")
+    return _transpose(x, axes)
+
+
+def swapaxes(x, a, b):
+    """``swapaxes(x, a, b)``: exchange two axes.
+
+    >>> import numpy as np
+    >>> swapaxes(np.ones((2, 3, 4)), -1, -2).shape
+    (2, 4, 3)
+    """
+    axes = list(range(x.ndim))
+    axes[a], axes[b] = axes[b], axes[a]
+    return _transpose(x, tuple(axes))
+
+
+def _broadcast_to_impl(x, shape):
+    xp = get_array_module(x)
+    try:
+        return xp.broadcast_to(x, shape)
+    except ValueError as err:
+        raise ValueError(f"broadcast_to: cannot broadcast shape {tuple(np.shape(x))} to {shape}") from err
+
+
+def _broadcast_to_rule(x, shape):
+    from ..broadcast import unbroadcast
+    xshape = x.shape
+
+    def broadcast_to_pullback(dy):
+        return (unbroadcast(dy, xshape),)
+    return _broadcast_to(x, shape), broadcast_to_pullback
+
+
+_broadcast_to = Primitive("broadcast_to", _broadcast_to_rule, impl=_broadcast_to_impl)
+
+
+def broadcast_to(x, shape):
+    """``broadcast_to(x, shape)``: a read-only broadcast view; its gradient is ``unbroadcast``.
+
+    >>> import numpy as np
+    >>> broadcast_to(np.ones(3), (2, 3)).shape
+    (2, 3)
+    """
+    return _broadcast_to(x, _normalize_shape(shape))
+
+
+def _clean_index(index):
+    """Indices are never differentiated: strip Tracked values, and make it a tuple."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    return tuple(value_of(i) for i in index)
+
+
+def _is_basic_index(index):
+    """Basic indices (ints, slices, None, ...) and boolean masks select each element at most once."""
+    for i in index:
+        if isinstance(i, (list,)) or (hasattr(i, "dtype") and i.dtype.kind in "iu" and getattr(i, "ndim", 0) > 0):
+            return False
+    return True
+
+
+def _getitem_rule(x, index):
+    xshape = x.shape
+
+    def getitem_pullback(dy):
+        return (scatter_add(dy, xshape, index),)
+    return _getitem(x, index), getitem_pullback
+
+
+def _getitem_impl(x, index):
+    try:
+        return x[index]
+    except IndexError as err:
+        raise IndexError(f"getitem: index {index!r} does not fit an array of shape {tuple(x.shape)}: {err}") from err
+
+
+_getitem = Primitive("getitem", _getitem_rule, impl=_getitem_impl)
+
+
+def getitem(x, index):
+    """``getitem(x, index)`` is ``x[index]``; the gradient scatters back, repeated indices accumulate.
+
+    >>> import numpy as np
+    >>> getitem(np.arange(5.0), slice(1, 3))
+    array([1., 2.])
+    """
+    return _getitem(x, _clean_index(index))
+
+
+def _scatter_add_impl(dy, shape, index):
+    xp = get_array_module(dy)
+    out = xp.zeros(shape, dtype=dy.dtype)
+    if _is_basic_index(index):
+        out[index] = dy
+    elif xp is np:
+        np.add.at(out, index, dy)
+    else:
+        import cupyx
+        cupyx.scatter_add(out, index, dy)
+    return out
+
+
+def _scatter_add_rule(dy, shape, index):
+    def scatter_add_pullback(dz):
+        return (_getitem(dz, index),)
+    return _scatter_add(dy, shape, index), scatter_add_pullback
+
+
+_scatter_add = Primitive("scatter_add", _scatter_add_rule, impl=_scatter_add_impl)
+
+
+def scatter_add(values, shape, index):
+    """``scatter_add(values, shape, index)``: zeros of ``shape`` with ``values`` added at ``x[index]``.
+
+    The adjoint of :func:`getitem`; repeated indices accumulate.
+
+    >>> import numpy as np
+    >>> scatter_add(np.ones(3), (2,), np.array([0, 1, 1]))
+    array([1., 2.])
+    """
+    return _scatter_add(values, _normalize_shape(shape), _clean_index(index))
+
+
+def _concat_rule(*xs, axis):
+    sizes = [x.shape[axis] for x in xs]
+
+    def concatenate_pullback(dy):
+        grads, start = [], 0
+        for n in sizes:
+            grads.append(_getitem(dy, (slice(None),) * axis + (slice(start, start + n),)))
+            start += n
+        return tuple(grads)
+    return _concat(*xs, axis=axis), concatenate_pullback
+
+
+def _concat_impl(*xs, axis):
+    xp = get_array_module(*xs)
+    try:
+        return xp.concatenate(xs, axis=axis)
+    except ValueError as err:
+        raise ValueError(f"concatenate: shapes {[tuple(x.shape) for x in xs]} do not fit along axis {axis}") from err
+
+
+_concat = Primitive("concatenate", _concat_rule, impl=_concat_impl)
+
+
+def concatenate(arrays, axis=0):
+    """``concatenate(arrays, axis=0)``: join arrays along an existing axis.
+
+    >>> import numpy as np
+    >>> concatenate([np.ones((1, 2)), np.zeros((2, 2))]).shape
+    (3, 2)
+    """
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("concatenate: needs at least one array")
+    return _concat(*arrays, axis=int(axis) % arrays[0].ndim)
+
+
+def _stack_rule(*xs, axis):
+    n = len(xs)
+
+    def stack_pullback(dy):
+        return tuple(_getitem(dy, (slice(None),) * axis + (i,)) for i in range(n))
+    return _stack(*xs, axis=axis), stack_pullback
+
+
+def _stack_impl(*xs, axis):
+    xp = get_array_module(*xs)
+    try:
+        return xp.stack(xs, axis=axis)
+    except ValueError as err:
+        raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in xs]}") from err
+
+
+_stack = Primitive("stack", _stack_rule, impl=_stack_impl)
+
+
+def stack(arrays, axis=0):
+    """``stack(arrays, axis=0)``: join equal-shaped arrays along a new axis.
+
+    >>> import numpy as np
+    >>> stack([np.ones(2), np.zeros(2)], axis=1).shape
+    (2, 2)
+    """
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("stack: needs at least one array")
+    return _stack(*arrays, axis=int(axis) % (arrays[0].ndim + 1))
+
+
+def _astype_rule(x, dtype):
+    src = x.dtype
+
+    def astype_pullback(dy):
+        return (_astype(dy, src),)
+    return _astype(x, dtype), astype_pullback
+
+
+_astype = Primitive("astype", _astype_rule, impl=lambda x, dtype: x.astype(dtype, copy=False))
+
+
+def astype(x, dtype):
+    """``astype(x, dtype)``: convert dtype; the gradient is converted back.
+
+    >>> import numpy as np
+    >>> astype(np.ones(2), np.float32).dtype
+    dtype('float32')
+    """
+    return _astype(x, np.dtype(dtype))
+
+
+def squeeze(x, axis=None):
+    """``squeeze(x, axis=None)``: drop size-1 axes (all of them, or those named).
+
+    >>> import numpy as np
+    >>> squeeze(np.ones((1, 3, 1))).shape
+    (3,)
+    """
+    shape = x.shape
+    if axis is None:
+        new = tuple(s for s in shape if s != 1)
+    else:
+        axes = {a % len(shape) for a in ((axis,) if isinstance(axis, int) else axis)}
+        bad = [a for a in axes if shape[a] != 1]
+        if bad:
+            raise ValueError(f"squeeze: axis {bad[0]} of shape {tuple(shape)} does not have size 1")
+        new = tuple(s for i, s in enumerate(shape) if i not in axes)
+    return reshape(x, new)
+
+
+def expand_dims(x, axis):
+    """``expand_dims(x, axis)``: insert a size-1 axis.
+
+    >>> import numpy as np
+    >>> expand_dims(np.ones(3), 0).shape
+    (1, 3)
+    """
+    shape = list(x.shape)
+    axis = axis % (len(shape) + 1)
+    shape.insert(axis, 1)
+    return reshape(x, tuple(shape))
+
+
+def ravel(x):
+    """``ravel(x)``: flatten to one axis.
+
+    >>> import numpy as np
+    >>> ravel(np.ones((2, 3))).shape
+    (6,)
+    """
+    return reshape(x, (-1,))
+
