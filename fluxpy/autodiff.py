@@ -296,8 +296,12 @@ class _Boxes:
         if entry is None:
             return None
         g = leaf_grads.get(id(entry[1]))
-        if g is not None and isinstance(x, float) and type(g) is not Tracked:
+        if g is None or type(g) is Tracked:
+            return g
+        if isinstance(x, float):
             return float(g)
+        if not getattr(getattr(g, "flags", None), "writeable", True):
+            g = g.copy()  # broadcast views are read-only; users expect to own their gradients
         return g
 
 

@@ -23,12 +23,14 @@ import copy
 import functools
 import types
 
+import numpy as np
+
 from .backend import cupy, get_array_module, is_array
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
-              functools.partial)
+              functools.partial, np.ufunc)
 
 
 def layer(cls=None, *, children=None, trainable=None):
@@ -83,7 +85,8 @@ def children(x):
     d = getattr(x, "__dict__", None)
     if d is None:
         return None
-    return [(k, v) for k, v in d.items() if not k.startswith("_")]
+    kids = [(k, v) for k, v in d.items() if not k.startswith("_")]
+    return kids or None  # an object with no public fields is a leaf (as Flux's `nothing`)
 
 
 def _trainable_keys(x):
