@@ -296,10 +296,14 @@ class _Boxes:
         if entry is None:
             return None
         g = leaf_grads.get(id(entry[1]))
-        if g is None or type(g) is Tracked:
-            return g
+        if g is None:
+            return None
         if isinstance(x, float):
-            return float(g)
+            return g if type(g) is Tracked else float(g)
+        if g.dtype != x.dtype:  # float32 weights used with float64 data still get float32 gradients
+            g = g.astype(x.dtype)
+        if type(g) is Tracked:
+            return g
         if not getattr(getattr(g, "flags", None), "writeable", True):
             g = g.copy()  # broadcast views are read-only; users expect to own their gradients
         return g
