@@ -22,7 +22,7 @@ import numpy as np
 
 from .autodiff import Primitive, value_of
 from .backend import get_array_module
-from .ops.shape import broadcast_to
+from .ops.shape import astype, broadcast_to
 
 __all__ = ["unbroadcast", "broadcast", "register_reducer", "Dual", "reduced_axes"]
 
@@ -275,8 +275,13 @@ def _broadcast_rule(needs, f, *xs):
     def broadcast_pullback(dy):
         partials = _partials(f, xs, wanted)
         grads = [None] * len(xs)
+        dtype = value_of(dy).dtype
         for i, p in zip(wanted, partials):
-            grads[i] = unbroadcast(dy * p, shapes[i]) if p is not None else None
+            if p is None:
+                continue
+            if getattr(p, "dtype", dtype) != dtype:  # integer seeds through np.where give int64 partials
+                p = astype(p, dtype)
+            grads[i] = unbroadcast(dy * p, shapes[i])
         return (None, *grads)
     return y, broadcast_pullback
 

@@ -1,0 +1,80 @@
+"""Inverted dropout (NNlib ``src/dropout.jl``): zero each entry with probability ``p``, scale the rest by ``1/(1-p)``.
+
+The mask is a plain array (a constant for the tape), so the gradient is ``dy * mask``.
+
+>>> import numpy as np
+>>> y = dropout(np.ones((2, 4)), 0.5, rng=np.random.default_rng(0))
+>>> sorted(set(y.ravel().tolist()))
+[0.0, 2.0]
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..autodiff import value_of
+from ..backend import get_array_module
+from .reduce import normalize_axis
+
+__all__ = ["dropout", "dropout_mask"]
+
+_default_rngs = {}
+
+
+def _default_rng(xp):
+    """One generator per array module (NumPy's or CuPy's ``random.default_rng()``), made on first use."""
+    if xp not in _default_rngs:
+        _default_rngs[xp] = xp.random.default_rng()
+    return _default_rngs[xp]
+
+
+def _check_p(p):
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+        raise ValueError(f"dropout: p must be a probability in [0, 1), got {p!r}")
+
+
+def dropout_mask(x, p, *, rng=None, dims=None):
+    """``dropout_mask(x, p; rng, dims)``: the scaled keep-mask ``(u >= p) / (1 - p)`` with ``u ~ U[0, 1)``.
+
+    The mask has ``x``'s size along ``dims`` and size 1 along the other axes (it is shared
+    there, as Flux's ``dims``); ``dims=None`` means every axis. Its dtype is ``x``'s.
+
+    >>> import numpy as np
+    >>> dropout_mask(np.ones((3, 2, 5)), 0.25, rng=np.random.default_rng(1), dims=1).shape
+    (1, 2, 1)
+    """
+    _check_p(p)
+    v = value_of(x)
+    xp = get_array_module(v)
+    axes = normalize_axis(dims, v.ndim, "dropout")
+    shape = tuple(v.shape) if axes is None else tuple(s if i in axes else 1 for i, s in enumerate(v.shape))
+    rng = _default_rng(xp) if rng is None else rng
+    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float32
+    u = rng.random(shape, dtype=dtype)
+    return (u >= p).astype(v.dtype) * (1 / (1 - p))
+
+
+def dropout(x, p, *, rng=None, dims=None, active=True):
+    """``dropout(x, p; rng=None, dims=None, active=True)``: ``x * mask`` with ``mask = (u >= p) / (1 - p)``.
+
+    Each entry of ``x`` is zeroed with probability ``p`` and the others are scaled by
+    ``1/(1-p)``, so the expectation is ``x``. ``dims`` (an axis or tuple of axes) are the axes
+    along which the mask varies; it is shared along all others (``dims=(0, 1)`` on NCHW drops
+    whole channels). ``rng`` is a ``numpy.random.Generator`` for NumPy arrays or a CuPy
+    generator for CuPy arrays (default: one per array module). ``active=False`` or ``p == 0``
+    returns ``x`` unchanged. ``p`` outside ``[0, 1)`` is an error.
+
+    >>> import numpy as np
+    >>> from fluxpy import gradient
+    >>> x = np.ones(6)
+    >>> dropout(x, 0.5, active=False) is x
+    True
+    >>> g, = gradient(lambda x: dropout(x, 0.5, rng=np.random.default_rng(3)).sum(), x)
+    >>> bool(np.all((g == 0) | (g == 2)))
+    True
+    """
+    _check_p(p)
+    if not active or p == 0:
+        return x
+    return x * dropout_mask(x, p, rng=rng, dims=dims)

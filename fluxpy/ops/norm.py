@@ -1,0 +1,168 @@
+"""Normalisation: ``normalise``, ``batchnorm_train``, ``batchnorm_infer`` and ``layernorm``.
+
+The reduction-heavy part, ``xhat = (x - mean) / sqrt(var + eps)`` over some axes, is one
+primitive with the hand-written rule
+
+    dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / sqrt(var + eps)
+
+(means over the same axes). The affine ``xhat * gamma + beta`` is ordinary broadcasting,
+whose gradients go through ``unbroadcast``. Variances are biased (divided by the count), as
+in Flux and PyTorch.
+
+>>> import numpy as np
+>>> x = np.array([[1.0, 3.0], [2.0, 6.0]])
+>>> normalise(x, axis=0, eps=0.0)
+array([[-1., -1.],
+       [ 1.,  1.]])
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autodiff import Primitive, is_tracked, value_of
+from .basic import sqrt
+from .reduce import mean as _mean
+from .reduce import normalize_axis
+from .shape import reshape
+
+__all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm"]
+
+
+def _moments(x, axes):
+    """Mean and biased variance over ``axes`` with kept dimensions, in two passes."""
+    mu = _mean(x, axes, keepdims=True)
+    xc = x - mu
+    return mu, _mean(xc * xc, axes, keepdims=True)
+
+
+def _normalise_rule(x, mu, var, axes, eps):
+    if is_tracked(x):
+        # Differentiating again: the outer tape must see how the statistics depend on x.
+        mu, var = _moments(x, axes)
+    invstd = 1 / sqrt(var + eps)
+    xhat = (x - mu) * invstd
+
+    def normalise_pullback(dxhat):
+        centred = dxhat - _mean(dxhat, axes, keepdims=True)
+        return (invstd * (centred - xhat * _mean(dxhat * xhat, axes, keepdims=True)), None, None)
+    return xhat, normalise_pullback
+
+
+# ``mu`` and ``var`` are the batch statistics of ``x`` (computed once by the caller, which also
+# needs them); the rule differentiates through their dependence on ``x``.
+_normalise = Primitive("normalise", _normalise_rule)
+
+
+def _normalised(x, axes, eps):
+    """``(xhat, mu, var)``: ``mu`` and ``var`` are plain arrays with kept dimensions."""
+    mu, var = _moments(value_of(x), axes)
+    return _normalise(x, mu, var, axes=axes, eps=eps), mu, var
+
+
+def normalise(x, axis=-1, eps=1e-5):
+    """``normalise(x, axis=-1, eps=1e-5) = (x - mean(x)) / sqrt(var(x) + eps)`` over ``axis``.
+
+    ``axis`` is an int, a tuple, or None for all axes; the variance is biased. Flux's
+    ``normalise``, with the axis convention of NumPy.
+
+    >>> import numpy as np
+    >>> normalise(np.array([1.0, 2.0, 3.0]), eps=0.0).round(4)
+    array([-1.2247,  0.    ,  1.2247])
+    """
+    axes = normalize_axis(axis, x.ndim, "normalise")
+    if axes is None:
+        axes = tuple(range(x.ndim))
+    return _normalised(x, axes, eps)[0]
+
+
+def _channel_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _check_channel_params(name, x, **params):
+    if x.ndim < 2:
+        raise ValueError(f"{name} expects x of shape (N, C, ...) with the channels on axis 1, got {tuple(x.shape)}")
+    c = x.shape[1]
+    for pname, p in params.items():
+        if p is not None and tuple(p.shape) != (c,):
+            raise ValueError(f"{name} expects {pname} of shape ({c},) for x of shape {tuple(x.shape)}, "
+                             f"got {tuple(p.shape)}")
+
+
+def _affine(xhat, gamma, beta, shape):
+    if gamma is not None:
+        xhat = xhat * (reshape(gamma, shape) if shape is not None else gamma)
+    if beta is not None:
+        xhat = xhat + (reshape(beta, shape) if shape is not None else beta)
+    return xhat
+
+
+def batchnorm_train(x, gamma=None, beta=None, eps=1e-5):
+    """``batchnorm_train(x, gamma, beta, eps=1e-5) -> (y, mean, var)``: batch norm with batch statistics.
+
+    ``x`` is ``(N, C, ...)``; statistics are taken over every axis but the channel axis 1.
+    ``y = (x - mean) / sqrt(var + eps) * gamma + beta`` with ``gamma``, ``beta`` of shape
+    ``(C,)`` (None for none). ``mean`` and ``var`` are plain ``(C,)`` arrays, not on the tape,
+    for the layer's running statistics; ``var`` is the biased variance used to normalise
+    (Flux and PyTorch update the running variance with ``var * m / (m - 1)``,
+    ``m = x.size // C``).
+
+    >>> import numpy as np
+    >>> x = np.array([[0.0, 1.0], [2.0, 5.0]])
+    >>> y, mean, var = batchnorm_train(x, np.ones(2), np.zeros(2), eps=0.0)
+    >>> y, mean, var
+    (array([[-1., -1.],
+           [ 1.,  1.]]), array([1., 3.]), array([1., 4.]))
+    """
+    _check_channel_params("batchnorm_train", x, gamma=gamma, beta=beta)
+    axes = (0,) + tuple(range(2, x.ndim))
+    xhat, mu, var = _normalised(x, axes, eps)
+    y = _affine(xhat, gamma, beta, _channel_shape(x))
+    return y, mu.reshape(-1), var.reshape(-1)
+
+
+def batchnorm_infer(x, gamma, beta, running_mean, running_var, eps=1e-5):
+    """``batchnorm_infer(x, gamma, beta, running_mean, running_var, eps=1e-5)``: batch norm with fixed statistics.
+
+    ``y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta`` along the channel
+    axis 1 of ``x`` (``(N, C, ...)``); every parameter is ``(C,)`` (``gamma``/``beta`` may be
+    None). Differentiable in all arguments; it costs two passes over ``x``.
+
+    >>> import numpy as np
+    >>> batchnorm_infer(np.array([[3.0, 3.0]]), None, None, np.array([1.0, 2.0]), np.array([4.0, 1.0]), eps=0.0)
+    array([[1., 1.]])
+    """
+    _check_channel_params("batchnorm_infer", x, gamma=gamma, beta=beta, running_mean=running_mean,
+                          running_var=running_var)
+    scale = 1 / sqrt(running_var + eps)
+    if gamma is not None:
+        scale = scale * gamma
+    shift = -running_mean * scale
+    if beta is not None:
+        shift = shift + beta
+    shape = _channel_shape(x)
+    return x * reshape(scale, shape) + reshape(shift, shape)
+
+
+def layernorm(x, gamma=None, beta=None, axes=-1, eps=1e-5):
+    """``layernorm(x, gamma, beta, axes=-1, eps=1e-5) = normalise(x, axes) * gamma + beta``.
+
+    Statistics are per sample, over ``axes`` (an int or tuple; PyTorch's ``layer_norm`` with
+    ``normalized_shape = x.shape[-k:]`` is ``axes=(-k, ..., -1)``). ``gamma`` and ``beta``
+    broadcast against ``x``, usually with the shape of the normalised axes (None for none).
+
+    >>> import numpy as np
+    >>> layernorm(np.array([[1.0, 3.0], [0.0, 10.0]]), np.full(2, 2.0), np.ones(2), eps=0.0)
+    array([[-1.,  3.],
+           [-1.,  3.]])
+    """
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p is not None:
+            try:
+                ok = np.broadcast_shapes(tuple(x.shape), tuple(p.shape)) == tuple(x.shape)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"layernorm: {name} of shape {tuple(p.shape)} does not broadcast to x of shape "
+                                 f"{tuple(x.shape)}")
+    return _affine(normalise(x, axes, eps), gamma, beta, None)

@@ -1,0 +1,216 @@
+"""Losses: Flux's formulas written out, gradients by finite differences, torch agreement, errors."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy import losses as L
+from gradcheck import check_grad
+from strategies import shapes
+
+seeds = st.integers(0, 2**31 - 1)
+AGGS = {"mean": None, "sum": sum, "np.sum": np.sum, "none": lambda l: l}
+
+
+def softmax_rows(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def one_hot(rng, batch, classes):
+    return np.eye(classes)[rng.integers(0, classes, batch)]
+
+
+def call(loss, yhat, y, agg, **kw):
+    return loss(yhat, y, **kw) if agg is None else loss(yhat, y, agg=agg, **kw)
+
+
+def reduce(values, agg):
+    return values.mean() if agg is None else (values if agg is AGGS["none"] else values.sum())
+
+
+# Flux's definitions with NumPy, for a batch of shape (batch, classes); unreduced.
+def flux_reference(name, yhat, y, **kw):
+    eps = kw.get("eps", np.finfo(np.float64).eps)
+    if name == "mse":
+        return (yhat - y) ** 2
+    if name == "mae":
+        return np.abs(yhat - y)
+    if name == "huber_loss":
+        d, delta = np.abs(yhat - y), kw.get("delta", 1.0)
+        return np.where(d < delta, 0.5 * d ** 2, delta * (d - 0.5 * delta))
+    if name == "crossentropy":
+        return -np.sum(xlogy(y, yhat + eps), axis=-1)
+    if name == "logitcrossentropy":
+        z = yhat - yhat.max(-1, keepdims=True)
+        return -np.sum(y * (z - np.log(np.exp(z).sum(-1, keepdims=True))), axis=-1)
+    if name == "binarycrossentropy":
+        return -xlogy(y, yhat + eps) - xlogy(1 - y, 1 - yhat + eps)
+    if name == "logitbinarycrossentropy":
+        return (1 - y) * yhat - np.log(sigmoid(yhat))
+    if name == "kldivergence":
+        raise AssertionError("kldivergence is checked separately")
+
+
+def xlogy(x, y):
+    return np.where(x == 0, 0.0, x * np.log(np.where(x == 0, 1.0, y)))
+
+
+def predictions(name, rng, shape):
+    z = rng.standard_normal(shape)
+    if name == "crossentropy":
+        return softmax_rows(z)
+    if name == "binarycrossentropy":
+        return sigmoid(z)
+    return z
+
+
+def targets(name, rng, shape):
+    if name in ("crossentropy", "logitcrossentropy"):
+        return one_hot(rng, shape[0], shape[1]) if len(shape) == 2 else softmax_rows(rng.standard_normal(shape))
+    if name in ("binarycrossentropy", "logitbinarycrossentropy"):
+        return rng.uniform(0, 1, shape)
+    return rng.standard_normal(shape)
+
+
+NAMES = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
+         "logitbinarycrossentropy"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("agg", sorted(AGGS))
+@given(shape=shapes(1, 3, 1, 5), seed=seeds)
+def test_values_and_gradients(name, agg, shape, seed):
+    rng = np.random.default_rng(seed)
+    loss, agg = getattr(L, name), AGGS[agg]
+    yhat, y = predictions(name, rng, shape), targets(name, rng, shape)
+    if name in ("mae", "huber_loss"):  # stay off the kinks |ŷ - y| = 0 and = delta
+        d = yhat - y
+        d = np.where(np.abs(d) < 0.05, 0.05, d)
+        d = np.where(np.abs(np.abs(d) - 1) < 0.05, 1.1 * np.sign(d), d)
+        yhat = y + d
+    expected = reduce(flux_reference(name, yhat, y), agg)
+    np.testing.assert_allclose(call(loss, yhat, y, agg), expected, rtol=1e-10, atol=1e-12)
+    check_grad(lambda yhat: call(loss, yhat, y, agg), yhat, rng=rng, rtol=1e-5)
+
+
+@given(shape=shapes(1, 3, 1, 5), seed=seeds)
+def test_kldivergence(shape, seed):
+    rng = np.random.default_rng(seed)
+    yhat, y = softmax_rows(rng.standard_normal(shape)), softmax_rows(rng.standard_normal(shape))
+    y[..., 0] = 0.0  # a zero target: 0 log 0 = 0
+    eps = np.finfo(np.float64).eps
+    expected = np.mean(np.sum(np.where(y > 0, y * np.log(np.where(y > 0, y, 1)), 0), -1)) + \
+        np.mean(-np.sum(y * np.log(yhat + eps), -1))
+    np.testing.assert_allclose(L.kldivergence(yhat, y), expected, rtol=1e-10, atol=1e-13)
+    assert float(L.kldivergence(y, y, eps=0.0)) == pytest.approx(0.0, abs=1e-12)
+    g, = fluxpy.gradient(lambda p: L.kldivergence(p, y, eps=0.0), y)  # ŷ = 0 where y = 0: still finite
+    assert np.all(np.isfinite(g))
+    check_grad(lambda yhat: L.kldivergence(yhat, y), yhat, rng=rng, rtol=1e-5)
+    g, = fluxpy.gradient(lambda y: L.kldivergence(yhat, y), y)
+    assert np.all(np.isfinite(g))
+
+
+def test_flux_conventions():
+    rng = np.random.default_rng(0)
+    logits, y = rng.standard_normal((8, 5)), one_hot(rng, 8, 5)
+    # Sum over classes, mean over the batch; logitcrossentropy = crossentropy after softmax.
+    per_sample = -np.sum(y * np.log(softmax_rows(logits)), -1)
+    assert float(L.logitcrossentropy(logits, y)) == pytest.approx(per_sample.mean(), rel=1e-12)
+    assert float(L.crossentropy(softmax_rows(logits), y, eps=0.0)) == pytest.approx(per_sample.mean(), rel=1e-12)
+    np.testing.assert_allclose(L.logitcrossentropy(logits, y, agg=lambda l: l), per_sample, rtol=1e-12)
+    assert float(L.logitbinarycrossentropy(logits, y)) == pytest.approx(
+        float(L.binarycrossentropy(sigmoid(logits), y, eps=0.0)), rel=1e-12)
+    # eps defaults to the machine epsilon of ŷ's type (Flux's epseltype).
+    p = np.array([[0.0, 1.0]], dtype=np.float32)
+    assert float(L.crossentropy(p, np.array([[1.0, 0.0]], dtype=np.float32))) == pytest.approx(
+        -np.log(np.finfo(np.float32).eps), rel=1e-6)
+
+
+def test_targets_may_be_integer_one_hot_and_float32_stays_float32():
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((4, 3)).astype(np.float32)
+    y_int = np.eye(3, dtype=np.int64)[[0, 1, 2, 0]]
+    for loss in (L.logitcrossentropy, L.crossentropy, L.mse, L.binarycrossentropy, L.logitbinarycrossentropy,
+                 L.kldivergence, L.mae, L.huber_loss):
+        yhat = softmax_rows(logits) if loss in (L.crossentropy, L.kldivergence, L.binarycrossentropy) else logits
+        value, (g,) = fluxpy.withgradient(lambda z: loss(z, y_int), yhat)
+        assert value.dtype == g.dtype == np.float32, loss.__name__
+        assert float(value) == pytest.approx(float(loss(yhat.astype(np.float64), y_int.astype(float))), rel=1e-5)
+    assert float(L.logitcrossentropy(logits, y_int.astype(bool))) == pytest.approx(
+        float(L.logitcrossentropy(logits, y_int)))
+
+
+def test_stable_for_extreme_logits():
+    logits = np.array([[1e4, -1e4], [-1e4, 1e4]])
+    y = np.array([[1.0, 0.0], [1.0, 0.0]])
+    assert float(L.logitcrossentropy(logits, y)) == pytest.approx(1e4)
+    np.testing.assert_allclose(L.logitbinarycrossentropy(logits, y, agg=lambda l: l), [[0, 0], [1e4, 1e4]])
+    g, = fluxpy.gradient(lambda z: L.logitbinarycrossentropy(z, y), logits)
+    assert np.all(np.isfinite(g))
+
+
+def test_label_smoothing():
+    y = np.eye(4)[[1, 3]]
+    np.testing.assert_allclose(L.label_smoothing(y, 0.2), y * 0.8 + 0.05)
+    np.testing.assert_allclose(L.label_smoothing(y, 0.2, axis=0), y * 0.8 + 0.1)
+    np.testing.assert_allclose(L.label_smoothing(np.array([0.0, 1.0]), 0.1, axis=None), [0.05, 0.95])
+    for alpha in (0, 1, -0.5, 2):
+        with pytest.raises(ValueError, match="label_smoothing: alpha must lie in"):
+            L.label_smoothing(y, alpha)
+
+
+def test_huber_delta():
+    d = np.array([0.5, 1.5, -3.0])
+    np.testing.assert_allclose(L.huber_loss(d, np.zeros(3), delta=2.0, agg=lambda l: l), [0.125, 1.125, 4.0])
+
+
+def test_matches_torch():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(2)
+    logits, y = rng.standard_normal((16, 7)), one_hot(rng, 16, 7)
+    soft = softmax_rows(rng.standard_normal((16, 7)))
+    probs, bin_y = sigmoid(rng.standard_normal((16, 7))), rng.uniform(0, 1, (16, 7))
+    t = torch.tensor
+
+    def compare(ours, theirs, *arrays):
+        tensors = [t(a, requires_grad=True) for a in arrays]
+        out = theirs(*tensors)
+        out.backward()
+        value, grads = fluxpy.withgradient(ours, *arrays)
+        assert float(value) == pytest.approx(out.item(), rel=1e-10)
+        for g, tt in zip(grads, tensors):
+            np.testing.assert_allclose(g, tt.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+    compare(lambda a, b: L.mse(a, b), F.mse_loss, logits, soft)
+    compare(lambda a, b: L.mse(a, b, agg=sum), lambda a, b: F.mse_loss(a, b, reduction="sum"), logits, soft)
+    compare(lambda a, b: L.mae(a, b), F.l1_loss, logits, soft)
+    compare(lambda a, b: L.huber_loss(a, b, delta=0.7), lambda a, b: F.huber_loss(a, b, delta=0.7), logits, soft)
+    compare(lambda a: L.logitcrossentropy(a, y), lambda a: F.cross_entropy(a, t(y)), logits)
+    compare(lambda a: L.logitcrossentropy(a, soft), lambda a: F.cross_entropy(a, t(soft)), logits)
+    compare(lambda a: L.logitcrossentropy(a, L.label_smoothing(y, 0.1)),
+            lambda a: F.cross_entropy(a, t(y.argmax(-1)), label_smoothing=0.1), logits)
+    compare(lambda a: L.binarycrossentropy(a, bin_y, eps=0.0), lambda a: F.binary_cross_entropy(a, t(bin_y)), probs)
+    compare(lambda a: L.logitbinarycrossentropy(a, bin_y),
+            lambda a: F.binary_cross_entropy_with_logits(a, t(bin_y)), logits)
+    # torch's kl_div takes log-probabilities; "batchmean" is Flux's sum over classes, mean over the batch.
+    compare(lambda a: L.kldivergence(a, soft, eps=0.0),
+            lambda a: F.kl_div(torch.log(a), t(soft), reduction="batchmean"), softmax_rows(logits))
+
+
+@pytest.mark.parametrize("name", NAMES + ["kldivergence"])
+def test_shape_errors_name_the_loss(name):
+    with pytest.raises(ValueError, match=rf"^{name} expects ŷ and y of the same shape, got \(4, 3\) and \(3, 4\)$"):
+        getattr(L, name)(np.ones((4, 3)), np.ones((3, 4)))
+
+
+def test_class_index_targets_get_a_hint():
+    with pytest.raises(ValueError, match=r"logitcrossentropy expects ŷ and y of the same shape, got \(128, 10\) and "
+                                         r"\(128,\); y looks like class indices: one-hot encode it"):
+        L.logitcrossentropy(np.zeros((128, 10)), np.zeros(128, dtype=np.int64))

@@ -1,0 +1,227 @@
+"""Normalisation (normalise, batchnorm_train/infer, layernorm) and dropout."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy.ops.dropout import dropout, dropout_mask
+from fluxpy.ops.norm import batchnorm_infer, batchnorm_train, layernorm, normalise
+from gradcheck import check_grad, check_second_order
+from strategies import axes_for, shapes
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+@st.composite
+def nc_shape(draw):
+    """(N, C, ...) with at least two values per channel."""
+    shape = (draw(st.integers(1, 4)), draw(st.integers(1, 3))) + draw(shapes(0, 2, 1, 3))
+    if np.prod(shape) // shape[1] < 2:
+        shape = (2,) + shape[1:]
+    return shape
+
+
+def reference_batchnorm(x, gamma, beta, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    k = (1, -1) + (1,) * (x.ndim - 2)
+    mu, var = x.mean(axis=axes), x.var(axis=axes)
+    return (x - mu.reshape(k)) / np.sqrt(var.reshape(k) + eps) * gamma.reshape(k) + beta.reshape(k), mu, var
+
+
+# ---------------------------------------------------------------------------------------------
+# normalise
+
+
+@given(shape=shapes(1, 3, 2, 4), data=st.data(), seed=seeds)
+def test_normalise_values_and_gradient(shape, data, seed):
+    axis = data.draw(axes_for(len(shape)))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 2 + 1
+    m, v = x.mean(axis=axis, keepdims=True), x.var(axis=axis, keepdims=True)
+    np.testing.assert_allclose(normalise(x, axis, eps=1e-3), (x - m) / np.sqrt(v + 1e-3), rtol=1e-12, atol=1e-12)
+    check_grad(lambda x: normalise(x, axis, eps=1e-3), x, rng=rng, rtol=1e-5)
+
+
+@given(shape=shapes(2, 2, 2, 4), seed=seeds)
+def test_normalise_second_order(shape, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(shape), rng.standard_normal(shape)
+    check_second_order(lambda x: normalise(x, -1, eps=0.1) * w, x, rng=rng, rtol=1e-5)
+
+
+def test_normalise_second_order_with_a_batchnorm_layer_inside():
+    rng = np.random.default_rng(0)
+    x, g, b = rng.standard_normal((3, 2, 2)), rng.standard_normal(2), rng.standard_normal(2)
+    w = rng.standard_normal((3, 2, 2))
+    check_second_order(lambda x, g, b: batchnorm_train(x, g, b, 0.1)[0] * w, x, g, b, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch norm
+
+
+@given(shape=nc_shape(), seed=seeds)
+def test_batchnorm_train(shape, seed):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x, gamma, beta = rng.standard_normal(shape) + 3, rng.standard_normal(c), rng.standard_normal(c)
+    y, mu, var = batchnorm_train(x, gamma, beta, 1e-3)
+    ey, emu, evar = reference_batchnorm(x, gamma, beta, 1e-3)
+    np.testing.assert_allclose(y, ey, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mu, emu, rtol=1e-12)
+    np.testing.assert_allclose(var, evar, rtol=1e-12, atol=1e-14)
+    assert mu.shape == var.shape == (c,)
+    check_grad(lambda x, g, b: batchnorm_train(x, g, b, 1e-3)[0], x, gamma, beta, rng=rng, rtol=1e-5)
+
+
+def test_batchnorm_statistics_are_plain_arrays():
+    def loss(x):
+        y, mu, var = batchnorm_train(x, None, None)
+        assert isinstance(mu, np.ndarray) and isinstance(var, np.ndarray)
+        return (y * y).sum()
+    fluxpy.gradient(loss, np.random.default_rng(0).standard_normal((4, 3)))
+
+
+@given(shape=nc_shape(), seed=seeds)
+def test_batchnorm_infer(shape, seed):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x, g, b = rng.standard_normal(shape), rng.standard_normal(c), rng.standard_normal(c)
+    rm, rv = rng.standard_normal(c), rng.uniform(0.5, 2, c)
+    k = (1, -1) + (1,) * (len(shape) - 2)
+    expected = (x - rm.reshape(k)) / np.sqrt(rv.reshape(k) + 1e-5) * g.reshape(k) + b.reshape(k)
+    np.testing.assert_allclose(batchnorm_infer(x, g, b, rm, rv), expected, rtol=1e-12, atol=1e-12)
+    check_grad(lambda x, g, b, rm, rv: batchnorm_infer(x, g, b, rm, rv), x, g, b, rm, rv, rng=rng)
+    np.testing.assert_allclose(batchnorm_infer(x, None, None, rm, rv),
+                               (x - rm.reshape(k)) / np.sqrt(rv.reshape(k) + 1e-5), rtol=1e-12, atol=1e-12)
+
+
+def test_batchnorm_matches_torch_including_running_statistics():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal((4, 3, 5, 5)), rng.standard_normal((4, 3, 5, 5))
+    gamma, beta = rng.standard_normal(3), rng.standard_normal(3)
+    tx, tg, tb = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    running_mean, running_var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    ty = F.batch_norm(tx, running_mean, running_var, tg, tb, training=True, momentum=0.1, eps=1e-5)
+    ty.backward(torch.tensor(dy))
+
+    _, mu, var = batchnorm_train(x, gamma, beta, 1e-5)
+    y, back = fluxpy.pullback(lambda x, g, b: batchnorm_train(x, g, b, 1e-5)[0], x, gamma, beta)
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for ours, theirs in zip(back(dy), (tx, tg, tb)):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-9, atol=1e-11)
+    # A BatchNorm layer's update, with PyTorch's (and Flux's) unbiased running variance:
+    m = x.size // 3
+    np.testing.assert_allclose(0.9 * 0 + 0.1 * mu, running_mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(0.9 * 1 + 0.1 * var * m / (m - 1), running_var.numpy(), rtol=1e-12)
+
+    rm, rv = running_mean.numpy(), running_var.numpy()
+    te = F.batch_norm(torch.tensor(x), running_mean, running_var, tg.detach(), tb.detach(), training=False, eps=1e-5)
+    np.testing.assert_allclose(batchnorm_infer(x, gamma, beta, rm, rv), te.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_batchnorm_float32_and_errors():
+    x = np.random.default_rng(2).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    y, mu, var = batchnorm_train(x, g, b)
+    gx, gg = fluxpy.gradient(lambda x, g: batchnorm_train(x, g, b)[0].sum(), x, g)
+    assert y.dtype == mu.dtype == var.dtype == gx.dtype == gg.dtype == np.float32
+    with pytest.raises(ValueError, match=r"batchnorm_train expects gamma of shape \(4,\) for x of shape "
+                                         r"\(8, 4, 3, 3\), got \(3,\)"):
+        batchnorm_train(x, np.ones(3), b)
+    with pytest.raises(ValueError, match=r"batchnorm_train expects x of shape \(N, C, ...\)"):
+        batchnorm_train(np.ones(4), None, None)
+    with pytest.raises(ValueError, match=r"batchnorm_infer expects running_var of shape \(4,\)"):
+        batchnorm_infer(x, g, b, np.zeros(4), np.ones(5))
+
+
+# ---------------------------------------------------------------------------------------------
+# layer norm
+
+
+@given(shape=shapes(2, 3, 2, 4), k=st.integers(1, 2), affine=st.booleans(), seed=seeds)
+def test_layernorm(shape, k, affine, seed):
+    k = min(k, len(shape))
+    axes = tuple(range(-k, 0))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    g, b = (rng.standard_normal(shape[-k:]), rng.standard_normal(shape[-k:])) if affine else (None, None)
+    m, v = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    expected = (x - m) / np.sqrt(v + 1e-5)
+    if affine:
+        expected = expected * g + b
+    np.testing.assert_allclose(layernorm(x, g, b, axes), expected, rtol=1e-10, atol=1e-12)
+    args = (x, g, b) if affine else (x,)
+    check_grad(lambda x, g=None, b=None: layernorm(x, g, b, axes), *args, rng=rng, rtol=1e-5)
+
+
+def test_layernorm_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x, dy = rng.standard_normal((4, 5, 6)), rng.standard_normal((4, 5, 6))
+    g, b = rng.standard_normal((5, 6)), rng.standard_normal((5, 6))
+    tx, tg, tb = (torch.tensor(a, requires_grad=True) for a in (x, g, b))
+    ty = torch.nn.functional.layer_norm(tx, (5, 6), tg, tb, eps=1e-5)
+    ty.backward(torch.tensor(dy))
+    y, back = fluxpy.pullback(lambda x, g, b: layernorm(x, g, b, (-2, -1), 1e-5), x, g, b)
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for ours, theirs in zip(back(dy), (tx, tg, tb)):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_layernorm_errors():
+    with pytest.raises(ValueError, match=r"layernorm: gamma of shape \(4,\) does not broadcast to x of shape \(2, 3\)"):
+        layernorm(np.ones((2, 3)), np.ones(4), None)
+    with pytest.raises(ValueError, match="normalise: axis 2 is out of range"):
+        layernorm(np.ones((2, 3)), None, None, axes=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# dropout
+
+
+@given(p=st.sampled_from([0.1, 0.5, 0.8]), seed=seeds)
+def test_dropout_statistics(p, seed):
+    x = np.ones(20000)
+    y = dropout(x, p, rng=np.random.default_rng(seed))
+    dropped = np.mean(y == 0)
+    assert abs(dropped - p) < 5 * np.sqrt(p * (1 - p) / x.size)
+    np.testing.assert_allclose(np.unique(y[y != 0]), [1 / (1 - p)])
+    assert abs(y.mean() - 1) < 6 * np.sqrt(p / (1 - p) / x.size)
+
+
+@given(shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds)
+def test_dropout_gradient_with_a_fixed_mask(shape, data, seed):
+    dims = data.draw(axes_for(len(shape)))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    f = lambda x: dropout(x, 0.4, rng=np.random.default_rng(seed), dims=dims)  # noqa: E731
+    mask = dropout_mask(x, 0.4, rng=np.random.default_rng(seed), dims=dims)
+    np.testing.assert_allclose(f(x), x * mask)
+    check_grad(f, x, rng=rng)
+    np.testing.assert_allclose(fluxpy.gradient(lambda x: f(x).sum(), x)[0], np.broadcast_to(mask, shape))
+
+
+def test_dropout_dims_share_the_mask():
+    x = np.ones((64, 8, 5, 5))
+    y = dropout(x, 0.5, rng=np.random.default_rng(0), dims=(0, 1))  # whole channels
+    per_channel = y.reshape(64, 8, 25)
+    assert np.all(per_channel == per_channel[:, :, :1])
+    assert 0 < np.mean(per_channel[:, :, 0] == 0) < 1
+    assert dropout_mask(x, 0.5, rng=np.random.default_rng(0), dims=-1).shape == (1, 1, 1, 5)
+
+
+def test_dropout_inactive_float32_and_errors():
+    x = np.ones((3, 3), np.float32)
+    assert dropout(x, 0.5, active=False) is x
+    assert dropout(x, 0.0) is x
+    assert dropout(x, 0.5, rng=np.random.default_rng(0)).dtype == np.float32
+    assert dropout(x, 0.5).shape == (3, 3)  # the default generator
+    for p in (1.0, -0.1, 1.5, "0.5", True):
+        with pytest.raises(ValueError, match=r"dropout: p must be a probability in \[0, 1\)"):
+            dropout(x, p)
+    with pytest.raises(ValueError, match="dropout: axis 2 is out of range"):
+        dropout(x, 0.5, dims=2)
