@@ -1,0 +1,416 @@
+"""NumPy kernels for convolution and pooling: im2col + one BLAS matmul per group, and windowed pools.
+
+Convolution (NCHW, weight ``(K, C/G, R, S)``, ``G`` groups) is computed as cross-correlation on
+the padded input; true convolution (``cdims.flipped=False``) flips the kernel first.
+
+- ``im2col`` copies the windows of the padded input into columns ``(G, C/G*R*S, N*P*Q')`` from a
+  strided view (no Python loop), so the forward pass is one matmul per group,
+  ``(K/G, C/G*R*S) @ (C/G*R*S, N*P*Q')`` (``Q'`` is ``Q``, or the padded width for stride 1).
+- ``col2im`` is its adjoint: it adds columns back into the padded input, one strided slice per
+  kernel offset ``(r, s)`` (``R*S`` vectorised adds, which also handle overlapping windows).
+- Pools with small kernels loop over the ``R*S`` kernel offsets too; large ones (global,
+  adaptive) gather their windows once.
+
+Every function here takes plain NumPy arrays and a dims object from :mod:`fluxpy.ops.dims`;
+they are registered with :func:`fluxpy.kernels.register` under ``"numpy"``.
+
+>>> import numpy as np
+>>> from fluxpy.ops.dims import ConvDims
+>>> x, w = np.arange(16.0).reshape(1, 1, 4, 4), np.ones((1, 1, 2, 2))
+>>> conv_forward(x, w, ConvDims.from_arrays(x, w, stride=2))
+array([[[[10., 18.],
+         [42., 50.]]]])
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import register
+
+__all__ = ["pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
+           "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
+           "meanpool_forward", "meanpool_backward"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding
+
+
+def pad_input(x, pad, value=0):
+    """``pad_input(x, pad, value=0)``: ``x`` (N, C, H, W) padded by ``pad = (top, bottom, left, right)``.
+
+    >>> pad_input(np.ones((1, 1, 1, 2)), (1, 0, 0, 1))[0, 0]
+    array([[0., 0., 0.],
+           [1., 1., 0.]])
+    """
+    top, bottom, left, right = pad
+    if not (top or bottom or left or right):
+        return x
+    n, c, h, w = x.shape
+    out = np.empty((n, c, h + top + bottom, w + left + right), dtype=x.dtype)
+    out[:, :, :top] = value
+    out[:, :, top + h:] = value
+    out[:, :, top:top + h, :left] = value
+    out[:, :, top:top + h, left + w:] = value
+    out[:, :, top:top + h, left:left + w] = x
+    return out
+
+
+def crop_input(xp, pad):
+    """``crop_input(xp, pad)``: the inverse of :func:`pad_input`, a view of ``xp`` without its padding.
+
+    >>> crop_input(np.ones((1, 1, 3, 4)), (1, 1, 0, 2)).shape
+    (1, 1, 1, 2)
+    """
+    top, bottom, left, right = pad
+    h, w = xp.shape[2] - top - bottom, xp.shape[3] - left - right
+    return xp[:, :, top:top + h, left:left + w]
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution, on channel-major copies: (C, N, H, W) makes every column block of im2col a plain
+# strided copy and lets one matmul per group cover the whole batch, which BLAS runs far faster
+# than one small matmul per image.
+#
+# The columns hold one entry per output position (n, p, q) for q < Q', the grid width. Q' is
+# Q in general. When the horizontal stride is 1 it is the padded width Wp instead: each row of
+# windows is then one contiguous run of the padded input, several times faster to copy (im2col)
+# and to add back (col2im), at the price of Wp - Q garbage columns per row, which the forward
+# drops and the backward feeds zeros. Reads past the end of the last row land in a few slack
+# elements after the buffer.
+
+
+def _grid_width(cdims):
+    """Q', the number of column entries per output row (see above)."""
+    q, wp = cdims.out_hw[1], cdims.padded_hw[1]
+    return wp if cdims.stride[1] == 1 and 2 * (wp - q) <= q else q
+
+
+def _channel_major_buffer(cdims, dtype):
+    """Zeros ``(C, N, Hp, Wp)`` followed by the slack that the Q' = Wp grid reads past the end."""
+    n, c = cdims.x_shape[:2]
+    hp, wp = cdims.padded_hw
+    slack = (cdims.kernel_hw[1] - 1) * cdims.dilation[1]
+    return np.zeros(c * n * hp * wp + slack, dtype=dtype)[:c * n * hp * wp].reshape(c, n, hp, wp)
+
+
+def _grid_view(xcn, cdims, offset=(0, 0), kernel_axes=True):
+    """A strided view of the channel-major buffer ``xcn`` (C, N, Hp, Wp).
+
+    With ``kernel_axes``: ``(C, R, S, N, P, Q')``, entry ``[c, r, s, n, p, q]`` being
+    ``xcn[c, n, p*stride_h + r*dilation_h, q*stride_w + s*dilation_w]`` (im2col's windows).
+    Without: ``(C, N, P, Q')`` at the kernel offset ``offset = (r, s)`` (col2im's targets).
+    """
+    (r, s), (p, q) = cdims.kernel_hw, (cdims.out_hw[0], _grid_width(cdims))
+    (sh, sw), (dh, dw) = cdims.stride, cdims.dilation
+    bc, bn, bh, bw = xcn.strides
+    c, n = xcn.shape[:2]
+    if kernel_axes:
+        return as_strided(xcn, shape=(c, r, s, n, p, q), strides=(bc, bh * dh, bw * dw, bn, bh * sh, bw * sw),
+                          writeable=False)
+    start = xcn[:, :, offset[0] * dh:, offset[1] * dw:]
+    return as_strided(start, shape=(c, n, p, q), strides=(bc, bn, bh * sh, bw * sw))
+
+
+def im2col(x, cdims):
+    """``im2col(x, cdims)``: columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W); ``y = w @ cols``.
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> x = np.arange(9.0).reshape(1, 1, 3, 3)
+    >>> im2col(x, ConvDims.from_shapes(x.shape, (1, 1, 2, 2), stride=(1, 2)))[0]
+    array([[0., 3.],
+           [1., 4.],
+           [3., 6.],
+           [4., 7.]])
+    """
+    top, left = cdims.pad[0], cdims.pad[2]
+    n, c, h, w = x.shape
+    xcn = _channel_major_buffer(cdims, x.dtype)
+    xcn[:, :, top:top + h, left:left + w] = x.transpose(1, 0, 2, 3)
+    view = _grid_view(xcn, cdims)
+    _, r, s, _, p, q = view.shape
+    g = cdims.groups
+    return view.reshape(g, (c // g) * r * s, n * p * q)
+
+
+def col2im(cols, cdims):
+    """``col2im(cols, cdims)``: the adjoint of :func:`im2col`, columns summed back into ``(N, C, H, W)``.
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), stride=(1, 2))
+    >>> col2im(np.ones((1, 4, 2)), cd)[0, 0]   # how many windows cover each pixel
+    array([[1., 1., 0.],
+           [2., 2., 0.],
+           [1., 1., 0.]])
+    """
+    n, c, h, w = cdims.x_shape
+    (r, s), p, q = cdims.kernel_hw, cdims.out_hw[0], _grid_width(cdims)
+    cols = cols.reshape(c, r, s, n, p, q)
+    dxcn = _channel_major_buffer(cdims, cols.dtype)
+    for i in range(r):
+        for j in range(s):
+            target = _grid_view(dxcn, cdims, offset=(i, j), kernel_axes=False)
+            target += cols[:, i, j]
+    top, left = cdims.pad[0], cdims.pad[2]
+    return np.ascontiguousarray(dxcn[:, :, top:top + h, left:left + w].transpose(1, 0, 2, 3))
+
+
+def _weight_matrix(w, cdims):
+    """``w`` as ``(G, K/G, C/G*R*S)``, flipped for true convolution so all maths is cross-correlation."""
+    if not cdims.flipped:
+        w = w[:, :, ::-1, ::-1]
+    k, cg, r, s = w.shape
+    g = cdims.groups
+    return w.reshape(g, k // g, cg * r * s)
+
+
+def _channel_major_dy(dy, cdims):
+    """``dy`` (N, K, P, Q) as ``(G, K/G, N*P*Q')``, zeros in the garbage columns."""
+    n, k, p, q = dy.shape
+    width = _grid_width(cdims)
+    out = (np.zeros if width != q else np.empty)((k, n, p, width), dtype=dy.dtype)
+    out[:, :, :, :q] = dy.transpose(1, 0, 2, 3)
+    g = cdims.groups
+    return out.reshape(g, k // g, n * p * width)
+
+
+def conv_forward(x, w, cdims):
+    """``conv_forward(x, w, cdims)``: ``y`` of shape ``cdims.y_shape``, as ``w @ im2col(x)``.
+
+    ``y[n, k, p, q] = sum_{c, r, s} w[k, c, r, s] * xpad[n, c, p*sh + r*dh, q*sw + s*dw]``, the kernel
+    flipped unless ``cdims.flipped`` and ``c`` running over the group of ``k`` (see the module example).
+    """
+    n, k, p, q = cdims.y_shape
+    y = np.matmul(_weight_matrix(w, cdims), im2col(x, cdims))     # (G, K/G, N*P*Q')
+    y = y.reshape(k, n, p, _grid_width(cdims))[:, :, :, :q]
+    return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
+
+
+def conv_backward_data(dy, w, cdims):
+    """``conv_backward_data(dy, w, cdims)``: the gradient of :func:`conv_forward` with respect to ``x``,
+    ``col2im(w^T @ dy)``, shape ``cdims.x_shape``.
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2))
+    >>> conv_backward_data(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), cd)[0, 0]
+    array([[1., 2., 1.],
+           [2., 4., 2.],
+           [1., 2., 1.]])
+    """
+    wm = _weight_matrix(w, cdims)
+    return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims)), cdims)
+
+
+def conv_backward_filter(x, dy, cdims):
+    """``conv_backward_filter(x, dy, cdims)``: the gradient of :func:`conv_forward` with respect to ``w``,
+    ``dy @ im2col(x)^T`` (batch and pixels form one contraction axis), shape ``cdims.w_shape``.
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), flipped=True)
+    >>> conv_backward_filter(np.arange(9.0).reshape(1, 1, 3, 3), np.ones((1, 1, 2, 2)), cd)[0, 0]
+    array([[ 8., 12.],
+           [20., 24.]])
+    """
+    dw = np.matmul(_channel_major_dy(dy, cdims), im2col(x, cdims).transpose(0, 2, 1)).reshape(cdims.w_shape)
+    if not cdims.flipped:
+        dw = dw[:, :, ::-1, ::-1]
+    return np.ascontiguousarray(dw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling. Small kernels loop over the kernel offsets (r, s): each selects an (N, C, P, Q) slice
+# of the padded input, which NumPy reduces far faster than a 6-D window view. Large kernels
+# (global and adaptive pools) instead gather all windows once, (N, C, P, Q, R*S), and reduce
+# the last axis.
+
+_LOOP_MAX_OFFSETS = 16   # kernels with more offsets than this gather their windows instead
+
+
+def _loops(pdims):
+    rows, cols = pdims.window_rows(), pdims.window_cols()
+    return rows.shape[1] * cols.shape[1] <= _LOOP_MAX_OFFSETS
+
+
+def _offsets(pdims):
+    """``(k, index)`` for each kernel offset ``k = r*S + s``: ``xpad[index]`` is ``(N, C, P, Q)``."""
+    rows, cols = pdims.window_rows(), pdims.window_cols()
+    p, q, width = rows.shape[0], cols.shape[0], cols.shape[1]
+    for i in range(rows.shape[1]):
+        for j in range(width):
+            if pdims.adaptive:
+                index = (Ellipsis, rows[:, i][:, None], cols[:, j][None, :])
+            else:
+                sh, sw = pdims.stride
+                index = (Ellipsis, slice(i, i + sh * (p - 1) + 1, sh), slice(j, j + sw * (q - 1) + 1, sw))
+            yield i * width + j, index
+
+
+def _gathered_windows(xp, pdims):
+    """All windows of the padded input at once, ``(N, C, P, Q, R*S)`` (a copy)."""
+    rows, cols = pdims.window_rows(), pdims.window_cols()
+    windows = xp[:, :, rows[:, None, :, None], cols[None, :, None, :]]       # (N, C, P, Q, R, S)
+    return windows.reshape(windows.shape[:4] + (-1,))
+
+
+def _padded_positions(arg, pdims):
+    """Index arrays ``(n, c, h, w)`` into the padded input of kernel offsets ``arg`` (N, C, P, Q)."""
+    rows, cols = pdims.window_rows(), pdims.window_cols()
+    n, c, p, q = arg.shape
+    h = rows[np.arange(p)[:, None], arg // cols.shape[1]]
+    w = cols[np.arange(q), arg % cols.shape[1]]
+    return np.arange(n)[:, None, None, None], np.arange(c)[None, :, None, None], h, w
+
+
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _scatter_add(dst, index, values):
+    if isinstance(index[-1], slice):
+        dst[index] += values
+    else:  # adaptive bins may overlap or repeat: accumulate repeated indices
+        np.add.at(dst, index, values)
+
+
+def maxpool_forward(x, pdims):
+    """``maxpool_forward(x, pdims)``: the largest element of each window (padding counts as ``-inf``).
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
+    >>> maxpool_forward(x, PoolDims.from_array(x, 2))[0, 0]
+    array([[ 5.,  7.],
+           [13., 15.]])
+    """
+    xp = pad_input(x, pdims.pad, _lowest(x.dtype))
+    if not _loops(pdims):
+        return _gathered_windows(xp, pdims).max(axis=-1)
+    y = None
+    for _, index in _offsets(pdims):
+        y = xp[index].copy() if y is None else np.maximum(y, xp[index], out=y)
+    return y
+
+
+def _first_maxima(x, y, pdims):
+    """``(index, hit)`` per kernel offset: ``hit`` (N, C, P, Q) marks the windows whose first maximum
+    (row-major, as PyTorch) sits at that offset. Boolean ops only, no data-dependent branches."""
+    xp = pad_input(x, pdims.pad, _lowest(x.dtype))
+    taken = None
+    for _, index in _offsets(pdims):
+        hit = xp[index] == y
+        if taken is None:
+            taken = hit.copy()
+        else:
+            np.greater(hit, taken, out=hit)          # hit and not taken
+            taken |= hit
+        yield index, hit
+
+
+def maxpool_argmax(x, pdims, y=None):
+    """``maxpool_argmax(x, pdims, y=None)``: the kernel offset ``r*S + s`` of each window's first maximum.
+
+    ``y``, the forward's output, saves recomputing it.
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])
+    >>> maxpool_argmax(x, PoolDims.from_array(x, 2))
+    array([[[[1]]]])
+    """
+    if not _loops(pdims):
+        return _gathered_windows(pad_input(x, pdims.pad, _lowest(x.dtype)), pdims).argmax(axis=-1)
+    y = maxpool_forward(x, pdims) if y is None else y
+    arg = np.zeros(pdims.y_shape, dtype=np.intp)
+    for k, (_, hit) in enumerate(_first_maxima(x, y, pdims)):
+        arg += k * hit
+    return arg
+
+
+def maxpool_backward(dy, x, y, pdims):
+    """``maxpool_backward(dy, x, y, pdims)``: the gradient of :func:`maxpool_forward`; each ``dy`` goes to
+    the first maximum of its window, found by comparing with the forward's output ``y``.
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])
+    >>> d = PoolDims.from_array(x, 2)
+    >>> maxpool_backward(np.ones((1, 1, 1, 1)), x, maxpool_forward(x, d), d)[0, 0]
+    array([[0., 1.],
+           [0., 0.]])
+    """
+    dxp = np.zeros(x.shape[:2] + tuple(pdims.padded_hw), dtype=np.result_type(dy.dtype, x.dtype))
+    if not _loops(pdims):
+        np.add.at(dxp, _padded_positions(maxpool_argmax(x, pdims), pdims), dy)
+    else:
+        for index, hit in _first_maxima(x, y, pdims):
+            _scatter_add(dxp, index, dy * hit)
+    return crop_input(dxp, pdims.pad)
+
+
+def maxpool_gather(dx, x, y, pdims):
+    """``maxpool_gather(dx, x, y, pdims)``: the adjoint of :func:`maxpool_backward` in ``dy``, ``dx`` read at
+    each window's first maximum of ``x``.
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])
+    >>> d = PoolDims.from_array(x, 2)
+    >>> maxpool_gather(np.array([[[[10.0, 20.0], [30.0, 40.0]]]]), x, maxpool_forward(x, d), d)
+    array([[[[20.]]]])
+    """
+    dxp = pad_input(dx, pdims.pad)
+    if not _loops(pdims):
+        return dxp[_padded_positions(maxpool_argmax(x, pdims), pdims)]
+    out = np.zeros(pdims.y_shape, dtype=dx.dtype)
+    for index, hit in _first_maxima(x, y, pdims):
+        out += dxp[index] * hit
+    return out
+
+
+def _check_regular(pdims):
+    if pdims.adaptive:  # adaptive bins repeat rows, which a mean would count twice
+        raise ValueError("meanpool kernels take regular PoolDims; adaptive means are averaging matrices")
+
+
+def meanpool_forward(x, pdims):
+    """``meanpool_forward(x, pdims)``: the mean of each window, zero padding counted (``count_include_pad``).
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.ones((1, 1, 2, 2))
+    >>> meanpool_forward(x, PoolDims.from_array(x, 2, stride=1, pad=(1, 0, 0, 0)))[0, 0]
+    array([[0.5],
+           [1. ]])
+    """
+    _check_regular(pdims)
+    xp = pad_input(x, pdims.pad)
+    dtype = np.result_type(x.dtype, np.float32)
+    if not _loops(pdims):
+        return _gathered_windows(xp, pdims).mean(axis=-1, dtype=dtype)
+    y = None
+    for _, index in _offsets(pdims):
+        y = xp[index].astype(dtype) if y is None else np.add(y, xp[index], out=y)
+    y *= 1.0 / (pdims.kernel[0] * pdims.kernel[1])
+    return y
+
+
+def meanpool_backward(dy, pdims):
+    """``meanpool_backward(dy, pdims)``: the gradient of :func:`meanpool_forward`, ``dy / (R*S)`` per window.
+
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> meanpool_backward(np.ones((1, 1, 1, 1)), PoolDims.from_array(np.ones((1, 1, 2, 2)), 2))[0, 0]
+    array([[0.25, 0.25],
+           [0.25, 0.25]])
+    """
+    _check_regular(pdims)
+    share = dy * (1.0 / (pdims.kernel[0] * pdims.kernel[1]))
+    dxp = np.zeros(tuple(pdims.x_shape[:2]) + tuple(pdims.padded_hw), dtype=share.dtype)
+    if not _loops(pdims):
+        rows, cols = pdims.window_rows(), pdims.window_cols()
+        index = (Ellipsis, rows[:, None, :, None], cols[None, :, None, :])   # (P, Q, R, S)
+        np.add.at(dxp, index, np.broadcast_to(share[..., None, None], share.shape + rows.shape[1:] + cols.shape[1:]))
+    else:
+        for _, index in _offsets(pdims):
+            _scatter_add(dxp, index, share)
+    return crop_input(dxp, pdims.pad)
+
+
+for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
+              "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
+    register(_name, "numpy", globals()[_name])

@@ -1,0 +1,247 @@
+"""Convolution (NNlib ``src/conv.jl``): ``conv``, its two gradient kernels, ``conv_transpose`` and ``conv_bias_act``.
+
+Layout NCHW: ``x`` is ``(N, C, H, W)``, the weight ``w`` is ``(K, C/groups, R, S)``, the output
+``(N, K, P, Q)``. ``flipped=False`` (the default) is true convolution, the kernel flipped, as
+Flux's ``Conv``; ``flipped=True`` is cross-correlation, what PyTorch's ``conv2d`` computes and
+Flux calls ``CrossCor``.
+
+The gradient kernels are public ops named as cuDNN's calls, each with its own rule, so second
+derivatives come for free (NNlib's conv rrules)::
+
+    conv(x, w)                  -> dx = conv_backward_data(dy, w),    dw = conv_backward_filter(x, dy)
+    conv_backward_data(dy, w)   -> ddy = conv(ddx, w),                dw = conv_backward_filter(ddx, dy)
+    conv_backward_filter(x, dy) -> dx = conv_backward_data(dy, ddw),  ddy = conv(x, ddw)
+
+(``ddx``, ``ddw``: the cotangents arriving at the backward kernels' outputs.)
+
+The arithmetic runs in the kernel registered for the arrays' module (:mod:`fluxpy.kernels`;
+NumPy's is im2col + BLAS), so these rules never change for another backend.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2))
+>>> conv(x, w)
+array([[[[4., 4.],
+         [4., 4.]]]])
+>>> gradient(lambda w: conv(x, w).sum(), w)[0][0, 0]
+array([[4., 4.],
+       [4., 4.]])
+"""
+from __future__ import annotations
+
+from ..autodiff import Primitive
+from ..kernels import lookup
+from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe
+from .shape import reshape
+
+__all__ = ["conv", "conv_backward_data", "conv_backward_filter", "conv_transpose", "conv_bias_act", "ConvDims"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The three primitives
+
+
+def _conv_rule(needs, x, w, cdims):
+    y = _conv(x, w, cdims)
+
+    def conv_pullback(dy):
+        dx = _conv_backward_data(dy, w, cdims) if needs[0] else None
+        dw = _conv_backward_filter(x, dy, cdims) if needs[1] else None
+        return dx, dw, None
+    return y, conv_pullback
+
+
+def _conv_backward_data_rule(needs, dy, w, cdims):
+    dx = _conv_backward_data(dy, w, cdims)
+
+    def conv_backward_data_pullback(ddx):
+        ddy = _conv(ddx, w, cdims) if needs[0] else None
+        dw = _conv_backward_filter(ddx, dy, cdims) if needs[1] else None
+        return ddy, dw, None
+    return dx, conv_backward_data_pullback
+
+
+def _conv_backward_filter_rule(needs, x, dy, cdims):
+    dw = _conv_backward_filter(x, dy, cdims)
+
+    def conv_backward_filter_pullback(ddw):
+        dx = _conv_backward_data(dy, ddw, cdims) if needs[0] else None
+        ddy = _conv(x, ddw, cdims) if needs[1] else None
+        return dx, ddy, None
+    return dw, conv_backward_filter_pullback
+
+
+_conv = Primitive("conv", _conv_rule, needs_mask=True,
+                  impl=lambda x, w, cdims: lookup("conv_forward", x, w)(x, w, cdims))
+_conv_backward_data = Primitive("conv_backward_data", _conv_backward_data_rule, needs_mask=True,
+                                impl=lambda dy, w, cdims: lookup("conv_backward_data", dy, w)(dy, w, cdims))
+_conv_backward_filter = Primitive("conv_backward_filter", _conv_backward_filter_rule, needs_mask=True,
+                                  impl=lambda x, dy, cdims: lookup("conv_backward_filter", x, dy)(x, dy, cdims))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public ops
+
+
+def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
+    """``conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``: 2-D convolution.
+
+    ``y[n, k, p, q] = sum_{c, r, s} w[k, c, R-1-r, S-1-s] * xpad[n, g*C/G + c, p*sh + r*dh, q*sw + s*dw]``
+    where ``g = k // (K/G)`` is the group of output channel ``k`` and ``xpad`` is ``x`` zero-padded;
+    with ``flipped=True`` the kernel is read unflipped, ``w[k, c, r, s]`` (cross-correlation).
+
+    Shapes: ``x`` ``(N, C, H, W)``, ``w`` ``(K, C/groups, R, S)``, ``y`` ``(N, K, P, Q)`` with
+    ``P = (H + top + bottom - dilation_h*(R-1) - 1) // stride_h + 1``. ``x`` and ``w`` must share a
+    floating dtype.
+
+    Keywords: ``stride``, ``dilation``: an int or a pair; ``pad``: an int, a pair ``(ph, pw)``, a
+    4-tuple ``(top, bottom, left, right)`` or ``"same"`` (output ``ceil(H / stride)``, TensorFlow's
+    split); ``groups``: divides ``C`` and ``K``; ``flipped``: cross-correlation instead of convolution.
+    See :class:`fluxpy.ops.dims.ConvDims`. Bad shapes or options raise ``ValueError`` before any
+    arithmetic, naming the op, what was expected and what was got.
+
+    >>> import numpy as np
+    >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
+    >>> conv(x, np.array([[[[1.0, 0.0], [0.0, 0.0]]]]))[0, 0]        # true convolution: flipped kernel
+    array([[ 5.,  6.,  7.],
+           [ 9., 10., 11.],
+           [13., 14., 15.]])
+    >>> conv(x, np.array([[[[1.0, 0.0], [0.0, 0.0]]]]), flipped=True)[0, 0]
+    array([[ 0.,  1.,  2.],
+           [ 4.,  5.,  6.],
+           [ 8.,  9., 10.]])
+    >>> conv(np.ones((2, 4, 9, 9)), np.ones((6, 2, 3, 3)), stride=2, pad="same", groups=2).shape
+    (2, 6, 5, 5)
+    """
+    cdims = ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
+    return _conv(x, w, cdims)
+
+
+def conv_backward_data(dy, w, cdims):
+    """``conv_backward_data(dy, w, cdims)``: the gradient of ``conv`` with respect to ``x``.
+
+    ``dx = ∂/∂x <conv(x, w), dy>``, the adjoint of ``x -> conv(x, w)``; shape ``cdims.x_shape``.
+    ``dy`` is ``cdims.y_shape`` ``(N, K, P, Q)``, ``w`` is ``cdims.w_shape``; ``cdims`` is the
+    :class:`~fluxpy.ops.dims.ConvDims` of the forward call. Differentiable in ``dy`` and ``w``.
+
+    >>> import numpy as np
+    >>> x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2))
+    >>> cd = ConvDims.from_arrays(x, w)
+    >>> conv_backward_data(np.ones(cd.y_shape), w, cd)[0, 0]
+    array([[1., 2., 1.],
+           [2., 4., 2.],
+           [1., 2., 1.]])
+    """
+    cdims.check_y("conv_backward_data", dy)
+    cdims.check_w("conv_backward_data", w)
+    return _conv_backward_data(dy, w, cdims)
+
+
+def conv_backward_filter(x, dy, cdims):
+    """``conv_backward_filter(x, dy, cdims)``: the gradient of ``conv`` with respect to ``w``.
+
+    ``dw = ∂/∂w <conv(x, w), dy>``; shape ``cdims.w_shape``. ``x`` is ``cdims.x_shape``, ``dy``
+    is ``cdims.y_shape``. Differentiable in ``x`` and ``dy``.
+
+    >>> import numpy as np
+    >>> x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2))
+    >>> cd = ConvDims.from_arrays(x, w)
+    >>> conv_backward_filter(x, np.ones(cd.y_shape), cd)[0, 0]
+    array([[4., 4.],
+           [4., 4.]])
+    """
+    cdims.check_x("conv_backward_filter", x)
+    cdims.check_y("conv_backward_filter", dy)
+    return _conv_backward_filter(x, dy, cdims)
+
+
+def _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding):
+    """The ConvDims of the forward conv whose ``conv_backward_data`` is this ``conv_transpose``."""
+    op = "conv_transpose"
+    _check_4d(op, "x", x, "(N, C_in, H, W)")
+    _check_4d(op, "w", w, "(C_in, C_out/groups, R, S)")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"{op} expects x.shape[1] == w.shape[0] == {w.shape[0]} (input channels), "
+                         f"got {describe('x', x)}")
+    if x.dtype != w.dtype or x.dtype.kind != "f":
+        raise TypeError(f"{op} expects x and w of the same floating-point dtype, got x {x.dtype} and w {w.dtype}")
+    if not _is_int(groups) or groups < 1 or x.shape[1] % groups:
+        raise ValueError(f"{op} expects groups to be a positive int dividing x.shape[1] (input channels), "
+                         f"got groups {groups!r} and {describe('x', x)}")
+    stride, dilation = _pair(op, "stride", stride), _pair(op, "dilation", dilation)
+    out_pad = _pair(op, "output_padding", output_padding, minimum=0)
+    if out_pad[0] >= stride[0] or out_pad[1] >= stride[1]:
+        raise ValueError(f"{op} expects output_padding smaller than stride {stride}, got {out_pad}")
+    n, _, h, wd = x.shape
+    c_out = w.shape[1] * groups
+    r, s = w.shape[2:]
+    dilated = (dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1)
+    if isinstance(pad, str) and pad == "same":
+        if any(out_pad):
+            raise ValueError(f"{op} expects output_padding 0 with pad=\"same\", got {out_pad}")
+        out_hw = (h * stride[0], wd * stride[1])   # the conv of this size with "same" padding gives (h, wd)
+    else:
+        t, b, left, right = _pad4(op, pad, (h, wd), dilated, stride)
+        out_hw = ((h - 1) * stride[0] - t - b + dilated[0] + out_pad[0],
+                  (wd - 1) * stride[1] - left - right + dilated[1] + out_pad[1])
+        if min(out_hw) < 1:
+            raise ValueError(f"{op} expects a positive output size, got {out_hw} from {describe('x', x)}, "
+                             f"{describe('w', w)}, stride {stride}, pad {pad!r} and dilation {dilation}")
+    return ConvDims.from_shapes((n, c_out) + out_hw, w.shape, stride=stride, pad=pad, dilation=dilation,
+                                groups=groups, flipped=flipped, op=op)
+
+
+def conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, output_padding=0):
+    """``conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, output_padding=0)``.
+
+    The transposed convolution (PyTorch's ``conv_transpose2d``, Flux's ``ConvTranspose``): the
+    gradient of ``conv`` with respect to its input, ``conv_backward_data(x, w, cdims)``, where
+    ``cdims`` describes the forward conv from the output back to ``x``.
+
+    Shapes: ``x`` ``(N, C_in, H, W)``; ``w`` ``(C_in, C_out/groups, R, S)``, PyTorch's layout for
+    ``conv_transpose2d`` (the forward conv's ``(K, C/groups, R, S)`` with ``K = C_in``); output
+    ``(N, C_out, H_out, W_out)`` with ``H_out = (H-1)*stride_h - top - bottom + dilation_h*(R-1) + 1
+    + output_padding_h``. ``pad="same"`` gives ``H_out = H * stride_h``.
+
+    Keywords as :func:`conv` (they describe the forward conv); ``output_padding`` (int or pair,
+    smaller than ``stride``) adds rows/columns at the bottom/right to pick among the input sizes
+    that a strided conv maps to the same output size. With ``flipped=True`` it equals PyTorch's
+    ``conv_transpose2d(x, w, stride, padding, output_padding, groups, dilation)``.
+
+    >>> import numpy as np
+    >>> conv_transpose(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), stride=2)[0, 0]
+    array([[1., 1., 1., 1.],
+           [1., 1., 1., 1.],
+           [1., 1., 1., 1.],
+           [1., 1., 1., 1.]])
+    >>> conv_transpose(np.ones((2, 4, 5, 5)), np.ones((4, 3, 3, 3)), stride=2, pad=1, output_padding=1).shape
+    (2, 3, 10, 10)
+    """
+    cdims = _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding)
+    return _conv_backward_data(x, w, cdims)
+
+
+def conv_bias_act(x, w, b, act=None, **options):
+    """``conv_bias_act(x, w, b, act=identity, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``.
+
+    ``act(conv(x, w) + b)`` with ``b`` of shape ``(K,)`` added per output channel, through the fused
+    :func:`fluxpy.ops.bias_act.bias_act` (whose pullback uses only the output for ``relu``,
+    ``tanh``, ``sigmoid`` and ``identity``). ``b=None`` or ``False`` means no bias; ``act=None`` is
+    the identity. Keywords as :func:`conv`. One call, so a GPU backend can fuse all three.
+
+    >>> import numpy as np
+    >>> from fluxpy.ops.activations import relu
+    >>> conv_bias_act(np.ones((1, 1, 2, 2)), np.ones((2, 1, 2, 2)), np.array([-5.0, 1.0]), relu)[0, :, 0, 0]
+    array([0., 5.])
+    """
+    from .bias_act import bias_act  # imported here: bias_act lives in its own module
+    y = conv(x, w, **options)
+    if b is not None and b is not False:
+        k = w.shape[0]
+        if tuple(b.shape) != (k,):
+            raise ValueError(f"conv_bias_act expects b of shape ({k},) (one per output channel), got "
+                             f"{describe('b', b)}")
+        b = reshape(b, (1, k, 1, 1))
+    else:
+        b = None
+    return bias_act(y, b) if act is None else bias_act(y, b, act)

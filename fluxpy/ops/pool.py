@@ -1,0 +1,237 @@
+"""Pooling (NNlib ``src/pooling.jl``): max and mean pools, their global and adaptive forms, and their gradients.
+
+Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``. ``stride`` defaults to the
+kernel. ``maxpool`` pads with ``-inf`` and sends each gradient to the first maximum of its
+window (as PyTorch); ``meanpool`` pads with zeros and counts them (PyTorch's
+``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``.
+
+The gradient kernels are public ops with their own rules (``maxpool_backward``,
+``meanpool_backward``), so pools differentiate twice. The arithmetic runs in the kernel
+registered for the arrays' module (:mod:`fluxpy.kernels`).
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> x = np.array([[[[1.0, 2.0], [4.0, 3.0]]]])
+>>> maxpool(x, 2)
+array([[[[4.]]]])
+>>> gradient(lambda x: maxpool(x, 2).sum(), x)[0]
+array([[[[0., 0.],
+         [1., 0.]]]])
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autodiff import Primitive
+from ..backend import get_array_module
+from ..kernels import lookup
+from .dims import AdaptivePoolDims, PoolDims, describe
+from .linalg import matmul
+from .reduce import mean
+
+__all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool", "adaptive_meanpool",
+           "maxpool_backward", "meanpool_backward", "PoolDims", "AdaptivePoolDims"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Max pooling: the pool, its backward (a scatter to each window's argmax) and that scatter's adjoint (a gather)
+
+
+def _maxpool_rule(x, pdims):
+    y = _maxpool(x, pdims)
+
+    def maxpool_pullback(dy):
+        return _maxpool_backward(dy, x, y, pdims), None
+    return y, maxpool_pullback
+
+
+def _maxpool_backward_rule(needs, dy, x, y, pdims):
+    dx = _maxpool_backward(dy, x, y, pdims)
+
+    # Linear in dy; the argmax is piecewise constant in x, so x and y get no gradient.
+    def maxpool_backward_pullback(ddx):
+        return (_maxpool_gather(ddx, x, y, pdims) if needs[0] else None), None, None, None
+    return dx, maxpool_backward_pullback
+
+
+def _maxpool_gather_rule(needs, dx, x, y, pdims):
+    z = _maxpool_gather(dx, x, y, pdims)
+
+    def maxpool_gather_pullback(dz):
+        return (_maxpool_backward(dz, x, y, pdims) if needs[0] else None), None, None, None
+    return z, maxpool_gather_pullback
+
+
+_maxpool = Primitive("maxpool", _maxpool_rule,
+                     impl=lambda x, pdims: lookup("maxpool_forward", x)(x, pdims))
+_maxpool_backward = Primitive("maxpool_backward", _maxpool_backward_rule, needs_mask=True,
+                              impl=lambda dy, x, y, pdims: lookup("maxpool_backward", dy, x)(dy, x, y, pdims))
+_maxpool_gather = Primitive("maxpool_gather", _maxpool_gather_rule, needs_mask=True,
+                            impl=lambda dx, x, y, pdims: lookup("maxpool_gather", dx, x)(dx, x, y, pdims))
+
+
+# ---------------------------------------------------------------------------------------------
+# Mean pooling: linear, so the backward's pullback is the forward
+
+
+def _meanpool_rule(x, pdims):
+    def meanpool_pullback(dy):
+        return _meanpool_backward(dy, pdims), None
+    return _meanpool(x, pdims), meanpool_pullback
+
+
+def _meanpool_backward_rule(dy, pdims):
+    def meanpool_backward_pullback(ddx):
+        return _meanpool(ddx, pdims), None
+    return _meanpool_backward(dy, pdims), meanpool_backward_pullback
+
+
+_meanpool = Primitive("meanpool", _meanpool_rule,
+                      impl=lambda x, pdims: lookup("meanpool_forward", x)(x, pdims))
+_meanpool_backward = Primitive("meanpool_backward", _meanpool_backward_rule,
+                               impl=lambda dy, pdims: lookup("meanpool_backward", dy)(dy, pdims))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public ops
+
+
+def maxpool(x, kernel, stride=None, pad=0):
+    """``maxpool(x, kernel, stride=None, pad=0)``: the maximum over each window.
+
+    ``y[n, c, p, q] = max_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s]`` with ``xpad`` padded by
+    ``-inf``. ``x`` ``(N, C, H, W)`` -> ``(N, C, P, Q)``, ``P = (H + top + bottom - R) // sh + 1``.
+
+    ``kernel``, ``stride`` (default: ``kernel``): an int or a pair. ``pad``: an int, a pair, a
+    4-tuple ``(top, bottom, left, right)`` or ``"same"``, smaller than the kernel on each side.
+    The gradient goes to the first maximum of each window (row-major), as PyTorch's. A window
+    holding NaN gives NaN; where its gradient goes is unspecified.
+
+    >>> import numpy as np
+    >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
+    >>> maxpool(x, 2)[0, 0]
+    array([[ 5.,  7.],
+           [13., 15.]])
+    >>> maxpool(x, 3, stride=1, pad=1).shape
+    (1, 1, 4, 4)
+    """
+    return _maxpool(x, PoolDims.from_array(x, kernel, stride, pad, op="maxpool"))
+
+
+def meanpool(x, kernel, stride=None, pad=0):
+    """``meanpool(x, kernel, stride=None, pad=0)``: the mean over each window.
+
+    ``y[n, c, p, q] = sum_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s] / (R*S)`` with ``xpad``
+    zero-padded: padding counts in the mean (PyTorch's ``avg_pool2d`` default,
+    ``count_include_pad=True``). Shapes and keywords as :func:`maxpool`.
+
+    >>> import numpy as np
+    >>> meanpool(np.arange(16.0).reshape(1, 1, 4, 4), 2)[0, 0]
+    array([[ 2.5,  4.5],
+           [10.5, 12.5]])
+    >>> meanpool(np.ones((1, 1, 2, 2)), 2, stride=1, pad=(1, 0, 1, 0))[0, 0]   # zeros count
+    array([[0.25, 0.5 ],
+           [0.5 , 1.  ]])
+    """
+    return _meanpool(x, PoolDims.from_array(x, kernel, stride, pad, op="meanpool"))
+
+
+def maxpool_backward(dy, x, y, pdims):
+    """``maxpool_backward(dy, x, y, pdims)``: the gradient of ``maxpool`` with respect to ``x``.
+
+    Each ``dy[n, c, p, q]`` goes to the first maximum of window ``(p, q)`` of ``x``; the result has
+    ``x``'s shape. ``y = maxpool(x)`` and ``pdims`` (a :class:`~fluxpy.ops.dims.PoolDims`) are those of
+    the forward call. Differentiable in ``dy`` (its pullback reads ``ddx`` at the same maxima).
+
+    >>> import numpy as np
+    >>> x = np.array([[[[1.0, 5.0], [5.0, 3.0]]]])
+    >>> d = PoolDims.from_array(x, 2)
+    >>> maxpool_backward(np.ones((1, 1, 1, 1)), x, maxpool(x, 2), d)[0, 0]   # the first of two maxima
+    array([[0., 1.],
+           [0., 0.]])
+    """
+    _check_pool_arrays("maxpool_backward", pdims, dy=dy, x=x)
+    return _maxpool_backward(dy, x, y, pdims)
+
+
+def meanpool_backward(dy, pdims):
+    """``meanpool_backward(dy, pdims)``: the gradient of ``meanpool``, ``dy / (R*S)`` spread over each window.
+
+    Returns shape ``pdims.x_shape``; differentiable in ``dy`` (its pullback is ``meanpool``).
+
+    >>> import numpy as np
+    >>> meanpool_backward(np.ones((1, 1, 1, 1)), PoolDims.from_array(np.ones((1, 1, 2, 2)), 2))[0, 0]
+    array([[0.25, 0.25],
+           [0.25, 0.25]])
+    """
+    _check_pool_arrays("meanpool_backward", pdims, dy=dy)
+    return _meanpool_backward(dy, pdims)
+
+
+def _check_pool_arrays(op, pdims, dy, x=None):
+    if tuple(dy.shape) != tuple(pdims.y_shape):
+        raise ValueError(f"{op} expects dy of shape {pdims.y_shape} (the pool's output), got {describe('dy', dy)}")
+    if x is not None and tuple(x.shape) != tuple(pdims.x_shape):
+        raise ValueError(f"{op} expects x of shape {pdims.x_shape}, got {describe('x', x)}")
+
+
+def global_maxpool(x):
+    """``global_maxpool(x)``: the maximum over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+
+    The gradient goes to the first maximum, as :func:`maxpool` with ``kernel=(H, W)``.
+
+    >>> import numpy as np
+    >>> global_maxpool(np.arange(8.0).reshape(1, 2, 2, 2))[:, :, 0, 0]
+    array([[3., 7.]])
+    """
+    _check_image("global_maxpool", x)
+    return _maxpool(x, PoolDims.from_array(x, tuple(x.shape[2:]), op="global_maxpool"))
+
+
+def global_meanpool(x):
+    """``global_meanpool(x)``: the mean over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+
+    >>> import numpy as np
+    >>> global_meanpool(np.arange(8.0).reshape(1, 2, 2, 2))[:, :, 0, 0]
+    array([[1.5, 5.5]])
+    """
+    _check_image("global_meanpool", x)
+    return mean(x, axis=(2, 3), keepdims=True)
+
+
+def _check_image(op, x):
+    if len(x.shape) != 4:
+        raise ValueError(f"{op} expects x of 4 dimensions (N, C, H, W), got {describe('x', x)}")
+
+
+def adaptive_maxpool(x, out_hw):
+    """``adaptive_maxpool(x, out_hw)``: max pooling to a fixed output size ``(N, C, *out_hw)``.
+
+    Output ``(i, j)`` is the maximum over rows ``floor(i*H/P) <= h < ceil((i+1)*H/P)`` and the
+    columns likewise (PyTorch's ``adaptive_max_pool2d`` bins, which may overlap). ``out_hw``: an
+    int or a pair. The gradient goes to the first maximum of each bin.
+
+    >>> import numpy as np
+    >>> adaptive_maxpool(np.arange(25.0).reshape(1, 1, 5, 5), 2)[0, 0]
+    array([[12., 14.],
+           [22., 24.]])
+    """
+    return _maxpool(x, AdaptivePoolDims.from_array(x, out_hw, op="adaptive_maxpool"))
+
+
+def adaptive_meanpool(x, out_hw):
+    """``adaptive_meanpool(x, out_hw)``: mean pooling to a fixed output size ``(N, C, *out_hw)``.
+
+    The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so
+    ``y = A_h @ x @ A_w.T`` with averaging matrices ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``: two
+    ``matmul`` ops, differentiable through theirs.
+
+    >>> import numpy as np
+    >>> adaptive_meanpool(np.arange(16.0).reshape(1, 1, 4, 4), (1, 2))[0, 0]
+    array([[6.5, 8.5]])
+    """
+    dims = AdaptivePoolDims.from_array(x, out_hw, op="adaptive_meanpool")
+    xp = get_array_module(x)
+    dtype = np.result_type(x.dtype, np.float32)
+    a_h, a_w = (xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices())
+    return matmul(matmul(a_h, x), a_w.T)
