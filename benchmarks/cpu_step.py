@@ -1,0 +1,133 @@
+"""One CPU training step of the reference MNIST conv net: fluxpy against PyTorch, same machine, float32.
+
+A step is forward, backward and an Adam update at batch 128 (``--batch``) on 28x28 images: the
+model-zoo net ``Conv(3x3, 1=>16, relu, pad 1), MaxPool 2, Conv(16=>32), MaxPool 2, Conv(32=>32),
+MaxPool 2, flatten, Dense(288=>10)`` with logitcrossentropy. Both frameworks start from the same
+weights (fluxpy's Conv is a true convolution, so PyTorch gets the flipped kernels) and the same
+batch; the first losses are printed as a check that both compute the same thing. Each step is
+timed separately after ``--warmup`` steps; the median of ``--repeat`` steps is reported, as a
+markdown table with the ratio fluxpy / PyTorch (the target is at most 2).
+
+Run: ``python benchmarks/cpu_step.py [--batch 128] [--repeat 30] [--threads N]``
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import fluxpy  # noqa: E402
+from fluxpy.data import onehotbatch  # noqa: E402
+from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
+from fluxpy.losses import logitcrossentropy  # noqa: E402
+from fluxpy.ops.activations import relu  # noqa: E402
+from fluxpy.optimise import Adam, setup, update  # noqa: E402
+
+
+def reference_net(rng):
+    return Chain(Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 flatten, Dense(288, 10, rng=rng))
+
+
+def fluxpy_step(model, opt_state, x, y):
+    def loss(m):
+        return logitcrossentropy(m(x), y)
+    value, (grad,) = fluxpy.withgradient(loss, model)
+    update(opt_state, model, grad)
+    return float(value)
+
+
+def torch_setup(torch, model):
+    """The same network and weights in PyTorch, with its Adam."""
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(288, 10))
+    ours = [layer for layer in model if hasattr(layer, "weight")]
+    theirs = [m for m in net if hasattr(m, "weight")]
+    with torch.no_grad():
+        for a, b in zip(ours, theirs):
+            w = a.weight[:, :, ::-1, ::-1] if a.weight.ndim == 4 else a.weight  # true convolution -> conv2d
+            b.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+            b.bias.copy_(torch.from_numpy(a.bias))
+    return net, torch.optim.Adam(net.parameters(), lr=1e-3)
+
+
+def torch_step(torch, net, opt, x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def median_time(step, warmup, repeat):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads (default: its own)")
+    args = p.parse_args(argv)
+
+    rng = np.random.default_rng(0)
+    x = rng.random((args.batch, 1, 28, 28), dtype=np.float32)
+    labels = rng.integers(0, 10, args.batch)
+    y = onehotbatch(labels, range(10))
+    model = reference_net(rng)
+
+    rows = []
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        net, opt = torch_setup(torch, model)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+        first_torch = torch_step(torch, net, opt, tx, ty)
+
+    opt_state = setup(Adam(1e-3), model)
+    first_fluxpy = fluxpy_step(model, opt_state, x, y)
+    t_fluxpy, best_fluxpy = median_time(lambda: fluxpy_step(model, opt_state, x, y), args.warmup, args.repeat)
+    rows.append(("fluxpy", t_fluxpy, best_fluxpy))
+    if torch is not None:
+        t_torch, best_torch = median_time(lambda: torch_step(torch, net, opt, tx, ty), args.warmup, args.repeat)
+        rows.append((f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)", t_torch, best_torch))
+        print(f"first-step loss: fluxpy {first_fluxpy:.6f}, PyTorch {first_torch:.6f}")
+
+    print(f"\nOne training step (forward + backward + Adam), reference conv net, batch {args.batch}, float32, CPU, "
+          f"median of {args.repeat} after {args.warmup} warm-up steps\n")
+    print("| framework | median ms/step | best ms/step | images/s | ratio to PyTorch |")
+    print("|---|---:|---:|---:|---:|")
+    base = rows[1][1] if len(rows) > 1 else None
+    for name, t, best in rows:
+        ratio = f"{t / base:.2f}x" if base else "n/a"
+        print(f"| {name} | {1e3 * t:.2f} | {1e3 * best:.2f} | {args.batch / t:.0f} | {ratio} |")
+    if torch is None:
+        print("\nPyTorch is not installed: no comparison (pip install torch)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

