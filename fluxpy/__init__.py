@@ -7,20 +7,58 @@ runs on NumPy (CPU) and CuPy (GPU).
 >>> import fluxpy
 >>> fluxpy.gradient(lambda w: (w * w).sum(), np.array([1.0, -2.0]))
 (array([ 2., -4.]),)
+>>> model = fluxpy.Chain(fluxpy.Dense(3, 2, fluxpy.relu), fluxpy.Dense(2, 1))
+>>> model(np.ones((4, 3), np.float32)).shape
+(4, 1)
 """
-from . import ops
+from . import losses, ops, optimise
 from .autodiff import (Primitive, Tracked, gradient, is_tracked, no_grad, primitive, pullback, stop_gradient,
                        value_of, withgradient)
 from .backend import GPUUnavailableError, cpu, get_array_module, gpu, gpu_available
 from .broadcast import broadcast, unbroadcast
+from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
 from .functors import children, fmap, fmapstructure, layer, loadstate, state, trainables
-from .ops import (abs, clip, concatenate, cos, dot, exp, log, log1p, matmul, max, maximum, mean, min, minimum,
-                  reshape, sin, sqrt, stack, sum, tanh, transpose, where)
+from .io import load, save
+from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
+                     DimensionMismatch, Dropout, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm, MaxPool, MeanPool,
+                     Parallel, SkipConnection, f32, f64, flatten, glorot_normal, glorot_uniform, istraining,
+                     kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
+from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
+                     logitcrossentropy, mae, mse)
+from .ops import (abs, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu, hardtanh,
+                  identity, leakyrelu, log, log1p, logsoftmax, matmul, max, maximum, maxpool, mean, meanpool, min,
+                  minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, sum, swish, tanh,
+                  transpose, where)
+from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
+                       WeightDecay, adjust, freeze, setup, thaw, update)
+from .train import TrainingDiverged, train
+
+from .kernels import gpu as _gpu_kernels  # noqa: E402  (last: routes CuPy arrays to fluxpy's CUDA kernels)
+
+_gpu_kernels.register()
 
 __version__ = "0.1.0"
 
-__all__ = ["gradient", "withgradient", "pullback", "primitive", "Primitive", "Tracked", "no_grad", "stop_gradient",
-           "value_of", "is_tracked", "broadcast", "unbroadcast", "get_array_module", "gpu", "cpu", "gpu_available",
-           "GPUUnavailableError", "layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate",
-           "ops", "abs", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "max", "maximum",
-           "mean", "min", "minimum", "reshape", "sin", "sqrt", "stack", "sum", "tanh", "transpose", "where"]
+__all__ = [
+    # autodiff
+    "gradient", "withgradient", "pullback", "primitive", "Primitive", "Tracked", "no_grad", "stop_gradient",
+    "value_of", "is_tracked", "broadcast", "unbroadcast",
+    # devices and model trees
+    "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
+    "fmapstructure", "trainables", "state", "loadstate", "save", "load",
+    # ops
+    "ops", "abs", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "max", "maximum", "mean",
+    "min", "minimum", "reshape", "sin", "sqrt", "stack", "sum", "tanh", "transpose", "where", "bias_act", "conv",
+    "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax",
+    "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
+    # layers
+    "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
+    "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout", "Embedding",
+    "SkipConnection", "Parallel", "DimensionMismatch", "istraining", "trainmode", "testmode", "f32", "f64",
+    "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32",
+    # losses, optimisers, training, data
+    "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
+    "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
+    "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
+    "train", "TrainingDiverged", "DataLoader", "onehotbatch", "onecold", "load_mnist", "MNISTUnavailableError",
+]

@@ -21,11 +21,25 @@ from .linalg import dot, matmul
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
+from .activations import elu, gelu, hardtanh, identity, leakyrelu, relu, relu6, sigmoid, softplus, swish
+from .bias_act import bias_act
+from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
+from .dims import AdaptivePoolDims, ConvDims, PoolDims
+from .dropout import dropout, dropout_mask
+from .norm import batchnorm_infer, batchnorm_train, layernorm, normalise
+from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, maxpool_backward,
+                   meanpool, meanpool_backward)
+from .softmax import logsoftmax, softmax
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs", "sin",
            "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "sum", "mean", "max", "min",
            "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack",
-           "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip"]
+           "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip",
+           "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
+           "bias_act", "conv", "conv_transpose", "conv_bias_act", "conv_backward_data", "conv_backward_filter",
+           "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout", "dropout_mask", "normalise", "batchnorm_train",
+           "batchnorm_infer", "layernorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool",
+           "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "softmax", "logsoftmax"]
 
 
 def clip(x, lo, hi):
