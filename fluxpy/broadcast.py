@@ -24,9 +24,42 @@ from .autodiff import Primitive, value_of
 from .backend import get_array_module
 from .ops.shape import astype, broadcast_to
 
-__all__ = ["unbroadcast", "broadcast", "register_reducer", "Dual", "reduced_axes"]
+__all__ = ["unbroadcast", "broadcast", "register_reducer", "register_fused", "Dual", "reduced_axes"]
 
 _REDUCERS = {}
+_FUSED = {}
+
+
+def register_fused(array_type, forward, pullback):
+    """Route ``broadcast(f, ...)`` on arrays of ``array_type`` to fused kernels.
+
+    ``forward(f, *xs)`` returns ``f`` applied elementwise (one kernel), and
+    ``pullback(f, xs, wanted, dy)`` the unreduced cotangents ``dy * df/dx_i`` for the indices
+    ``wanted`` (a list, ``None`` where ``f`` ignores an argument); either returns ``None`` to
+    fall back to the generic rule. The rule itself does not change: its results still go through
+    :func:`unbroadcast`. ``forward=None`` removes the registration. The GPU backend registers
+    its compiled kernels here (:mod:`fluxpy.kernels.elementwise`).
+
+    >>> import numpy as np
+    >>> register_fused(np.ndarray, None, None)   # nothing is registered for NumPy: a no-op
+    """
+    if forward is None:
+        _FUSED.pop(array_type, None)
+    else:
+        _FUSED[array_type] = (forward, pullback)
+
+
+def _fused_for(xs):
+    """The fused implementation for the array type among ``xs``, or None (always None on NumPy only).
+
+    Mixing array types (a NumPy and a CuPy array) is an error naming both.
+    """
+    for x in xs:
+        impl = _FUSED.get(type(x))
+        if impl is not None:
+            get_array_module(*xs)   # raises, naming both, on mixed CPU/GPU arrays
+            return impl
+    return None
 
 
 def register_reducer(array_type, fn):
@@ -237,8 +270,9 @@ _DUAL_UFUNCS = {
     np.log1p: lambda x: _dual_chain(np.log1p(x.v), x, 1 / (1 + x.v)),
     np.expm1: lambda x: _dual_chain(np.expm1(x.v), x, np.exp(x.v)),
     np.square: lambda x: x * x,
-    np.maximum: lambda a, b: _dual_select(_value(a) >= _value(b), a, b),
-    np.minimum: lambda a, b: _dual_select(_value(a) <= _value(b), a, b),
+    # At a tie the derivative follows the second argument: relu = max(x, 0) has relu'(0) = 0, as NNlib.
+    np.maximum: lambda a, b: _dual_select(_value(a) > _value(b), a, b),
+    np.minimum: lambda a, b: _dual_select(_value(a) < _value(b), a, b),
     np.greater: lambda a, b: np.greater(_value(a), _value(b)),
     np.greater_equal: lambda a, b: np.greater_equal(_value(a), _value(b)),
     np.less: lambda a, b: np.less(_value(a), _value(b)),
@@ -261,9 +295,18 @@ def _broadcast_shape(op, xs):
 
 def _broadcast_impl(f, *xs):
     shape = _broadcast_shape("broadcast", xs)
+    if _FUSED:
+        fused = _fused_for(xs)
+        if fused is not None:
+            y = fused[0](f, *xs)
+            if y is not None:
+                return y
     y = f(*xs)
     if tuple(getattr(y, "shape", ())) != shape:
-        y = broadcast_to(y if hasattr(y, "shape") else get_array_module(*xs).asarray(y), shape)
+        if not hasattr(y, "shape"):   # f ignored its arguments: a constant, filled on the arrays' device
+            xp = get_array_module(*xs)
+            return xp.full(shape, y, dtype=np.asarray(y).dtype)
+        y = broadcast_to(y, shape)
     return y
 
 
@@ -273,8 +316,16 @@ def _broadcast_rule(needs, f, *xs):
     wanted = [i for i, n in enumerate(needs[1:]) if n]
 
     def broadcast_pullback(dy):
-        partials = _partials(f, xs, wanted)
         grads = [None] * len(xs)
+        if _FUSED:
+            fused = _fused_for((dy,) + xs)
+            cotangents = None if fused is None else fused[1](f, xs, wanted, dy)
+            if cotangents is not None:
+                for i, g in zip(wanted, cotangents):
+                    if g is not None:
+                        grads[i] = unbroadcast(g, shapes[i])
+                return (None, *grads)
+        partials = _partials(f, xs, wanted)
         dtype = value_of(dy).dtype
         for i, p in zip(wanted, partials):
             if p is None:
