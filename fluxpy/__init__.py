@@ -29,6 +29,7 @@ from .ops import (abs, bias_act, clip, concatenate, conv, conv_transpose, cos, d
                   identity, leakyrelu, log, log1p, logsoftmax, matmul, max, maximum, maxpool, mean, meanpool, min,
                   minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, sum, swish, tanh,
                   transpose, where)
+from .profile import profile
 from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
                        WeightDecay, adjust, freeze, setup, thaw, update)
 from .train import TrainingDiverged, train
@@ -60,5 +61,5 @@ __all__ = [
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
-    "train", "TrainingDiverged", "DataLoader", "onehotbatch", "onecold", "load_mnist", "MNISTUnavailableError",
+    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist", "MNISTUnavailableError",
 ]

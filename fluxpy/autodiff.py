@@ -30,6 +30,7 @@ __all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pul
 
 _levels = itertools.count(1)
 _no_grad_depth = 0
+_pullback_hook = None  # fluxpy.profile wraps each pullback while it records
 
 
 class Tracked:
@@ -250,7 +251,8 @@ def _backprop(root, seed):
         if node.pullback is None:
             leaves[id(node)] = g
             continue
-        for p, gp in zip(node.parents, node.pullback(g)):
+        back = node.pullback if _pullback_hook is None else _pullback_hook(node.pullback)
+        for p, gp in zip(node.parents, back(g)):
             if p is None or gp is None:
                 continue
             k = id(p)
