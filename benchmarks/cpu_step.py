@@ -21,20 +21,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fluxpy  # noqa: E402
 from fluxpy.data import onehotbatch  # noqa: E402
-from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
-from fluxpy.ops.activations import relu  # noqa: E402
 from fluxpy.optimise import Adam, setup, update  # noqa: E402
-
-
-def reference_net(rng):
-    return Chain(Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 flatten, Dense(288, 10, rng=rng))
+from models import reference_net, torch_twin  # noqa: E402
 
 
 def fluxpy_step(model, opt_state, x, y):
@@ -47,18 +40,7 @@ def fluxpy_step(model, opt_state, x, y):
 
 def torch_setup(torch, model):
     """The same network and weights in PyTorch, with its Adam."""
-    nn = torch.nn
-    net = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Flatten(), nn.Linear(288, 10))
-    ours = [layer for layer in model if hasattr(layer, "weight")]
-    theirs = [m for m in net if hasattr(m, "weight")]
-    with torch.no_grad():
-        for a, b in zip(ours, theirs):
-            w = a.weight[:, :, ::-1, ::-1] if a.weight.ndim == 4 else a.weight  # true convolution -> conv2d
-            b.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
-            b.bias.copy_(torch.from_numpy(a.bias))
+    net = torch_twin(torch, model)
     return net, torch.optim.Adam(net.parameters(), lr=1e-3)
 
 
