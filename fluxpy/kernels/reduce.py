@@ -94,6 +94,7 @@ _SOURCE = r"""
 #define OP_MAX %(OP_MAX)d
 #define OP_MEAN %(OP_MEAN)d
 #define HAS_Y %(HAS_Y)d
+#define HAS_OUTM %(HAS_OUTM)d
 #define MAP(x, y) (%(MAP)s)
 #define UNROLL %(UNROLL)d
 #define CACHE %(CACHE)d
@@ -192,7 +193,7 @@ __device__ __forceinline__ ACC group_reduce(ACC a, int G, ACC* sm) {
    the P = R_outer * I4 vector items of k into chunks of `chunk` items. I4 = R_inner / V. */
 template <int V>
 __device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_STORE* __restrict__ y,
-        T_STORE* __restrict__ out, ACC* partials, unsigned int* counters,
+        T_STORE* __restrict__ out, T_STORE* __restrict__ outm, ACC* partials, unsigned int* counters,
         long long K, long long I4, long long KI4, long long P, long long chunk, int S, int G, long long count) {
     typedef Vec<V> VT;
     __shared__ ACC sm[%(THREADS)d / 32];
@@ -214,6 +215,8 @@ __device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_
             const long long dq = G / I4, dr = G - dq * I4;
             const VT* xb = (const VT*)x + k * I4;
             const VT* yb = (const VT*)y + k * I4;
+            VT* mb = (VT*)outm + k * I4;
+            (void)mb;
             long long t = 0;
             for (; t + UNROLL <= n; t += UNROLL) {
                 long long off[UNROLL];
@@ -234,9 +237,18 @@ __device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_
                 VT* b = a;
 #endif
 #pragma unroll
-                for (int u = 0; u < UNROLL; ++u)
+                for (int u = 0; u < UNROLL; ++u) {
+                    VT m;
 #pragma unroll
-                    for (int e = 0; e < V; ++e) acc[e] = combine(acc[e], mapped(a[u].v[e], b[u].v[e]));
+                    for (int e = 0; e < V; ++e) {
+                        ACC mv = mapped(a[u].v[e], b[u].v[e]);
+                        m.v[e] = from_acc(mv);
+                        acc[e] = combine(acc[e], mv);
+                    }
+#if HAS_OUTM
+                    mb[off[u]] = m;
+#endif
+                }
             }
             for (; t < n; ++t) {
                 long long off = o * KI4 + v;
@@ -248,8 +260,16 @@ __device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_
 #else
                 VT b = a;
 #endif
+                VT m;
 #pragma unroll
-                for (int e = 0; e < V; ++e) acc[e] = combine(acc[e], mapped(a.v[e], b.v[e]));
+                for (int e = 0; e < V; ++e) {
+                    ACC mv = mapped(a.v[e], b.v[e]);
+                    m.v[e] = from_acc(mv);
+                    acc[e] = combine(acc[e], mv);
+                }
+#if HAS_OUTM
+                mb[off] = m;
+#endif
             }
         }
     }
@@ -281,7 +301,7 @@ __device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_
    blockIdx.y = split s of the rows into chunks of R rows. KV = K / V. */
 template <int V>
 __device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_STORE* __restrict__ y,
-        T_STORE* __restrict__ out, ACC* partials, unsigned int* counters,
+        T_STORE* __restrict__ out, T_STORE* __restrict__ outm, ACC* partials, unsigned int* counters,
         long long O, long long K, long long R, int S, int TX, long long count) {
     typedef Vec<V> VT;
     __shared__ ACC sm[%(THREADS)d * V];
@@ -299,6 +319,8 @@ __device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_S
     if (active) {
         const VT* xv = (const VT*)x + cv;
         const VT* yv = (const VT*)y + cv;
+        VT* mv_ = (VT*)outm + cv;
+        (void)mv_;
         long long r = (long long)s * R + ty;
         const long long r1 = lmin((long long)s * R + R, O);
         for (; r + (UNROLL - 1) * TY < r1; r += UNROLL * TY) {
@@ -313,9 +335,18 @@ __device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_S
             VT* b = a;
 #endif
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < UNROLL; ++u) {
+                VT m;
 #pragma unroll
-                for (int e = 0; e < V; ++e) acc[e] = combine(acc[e], mapped(a[u].v[e], b[u].v[e]));
+                for (int e = 0; e < V; ++e) {
+                    ACC mv = mapped(a[u].v[e], b[u].v[e]);
+                    m.v[e] = from_acc(mv);
+                    acc[e] = combine(acc[e], mv);
+                }
+#if HAS_OUTM
+                mv_[(r + u * TY) * KV] = m;
+#endif
+            }
         }
         for (; r < r1; r += TY) {
             VT a = loadv<V>(xv + r * KV);
@@ -324,8 +355,16 @@ __device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_S
 #else
             VT b = a;
 #endif
+            VT m;
 #pragma unroll
-            for (int e = 0; e < V; ++e) acc[e] = combine(acc[e], mapped(a.v[e], b.v[e]));
+            for (int e = 0; e < V; ++e) {
+                ACC mv = mapped(a.v[e], b.v[e]);
+                m.v[e] = from_acc(mv);
+                acc[e] = combine(acc[e], mv);
+            }
+#if HAS_OUTM
+            mv_[r * KV] = m;
+#endif
         }
     }
     const int W = TX * V;   /* columns of this block */
@@ -375,13 +414,13 @@ __device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_S
 
 #define INSTANCE(V) \
 extern "C" __global__ void __launch_bounds__(%(THREADS)d) segments_v##V( \
-        const T_STORE* x, const T_STORE* y, T_STORE* out, ACC* partials, unsigned int* counters, \
+        const T_STORE* x, const T_STORE* y, T_STORE* out, T_STORE* outm, ACC* partials, unsigned int* counters, \
         long long K, long long I4, long long KI4, long long P, long long chunk, int S, int G, long long count) { \
-    segments<V>(x, y, out, partials, counters, K, I4, KI4, P, chunk, S, G, count); } \
+    segments<V>(x, y, out, outm, partials, counters, K, I4, KI4, P, chunk, S, G, count); } \
 extern "C" __global__ void __launch_bounds__(%(THREADS)d) columns_v##V( \
-        const T_STORE* x, const T_STORE* y, T_STORE* out, ACC* partials, unsigned int* counters, \
+        const T_STORE* x, const T_STORE* y, T_STORE* out, T_STORE* outm, ACC* partials, unsigned int* counters, \
         long long O, long long K, long long R, int S, int TX, long long count) { \
-    columns<V>(x, y, out, partials, counters, O, K, R, S, TX, count); }
+    columns<V>(x, y, out, outm, partials, counters, O, K, R, S, TX, count); }
 
 %(INSTANCES)s
 """
@@ -395,12 +434,12 @@ def _vec_widths(dtype):
     return [v for v in (1, 2, 4, 8) if v * dtype.itemsize <= 16]
 
 
-def _module(dtype, acc, op, map_expr, has_y):
-    key = (dtype, acc, op, map_expr, has_y, UNROLL, CACHE)
+def _module(dtype, acc, op, map_expr, has_y, has_outm=False):
+    key = (dtype, acc, op, map_expr, has_y, has_outm, UNROLL, CACHE)
     mod = _modules.get(key)
     if mod is None:
         src = _SOURCE % dict(T=_STORAGE[dtype], ACC=_ACC[acc], IS_HALF=int(dtype == np.float16),
-                             OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y),
+                             OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y), HAS_OUTM=int(has_outm),
                              MAP=map_expr or "x", THREADS=THREADS, UNROLL=UNROLL, CACHE=CACHE,
                              INSTANCES="\n".join(f"INSTANCE({v})" for v in _vec_widths(dtype)))
         mod = cupy.RawModule(code=src)
@@ -571,8 +610,8 @@ def _workspace(dev, partial_bytes, n_counters):
     return ws
 
 
-def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None):
-    """``mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None)``.
+def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None, out_mapped=None):
+    """``mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None, out_mapped=None)``.
 
     ``op`` over ``axes`` of ``map(x, y)``, computed elementwise on the fly:
     ``out[k] = op_{i in axes} map(x[i, k], y[i, k])``.
@@ -588,6 +627,10 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
     - ``acc_dtype``: float32 (default for float16/float32) or float64 (default for float64).
     - ``keepdims``: keep reduced axes as size 1. ``out``: write into this C-contiguous array of
       the result's shape and ``x.dtype`` (each element is written exactly once).
+    - ``out_mapped``: also write ``map(x, y)`` (rounded to ``x.dtype``) into this C-contiguous array
+      of ``x``'s shape and dtype, in the same pass (e.g. the ReLU ``dx`` while summing the bias
+      gradient). Not available for reductions that need a transposed copy (kept axes on both
+      sides of a reduced one: ``canonical_form`` is None); that is a ``ValueError``.
 
     Returns an array of ``x.dtype``. The same inputs give the same bits on every run.
 
@@ -607,18 +650,22 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
     has_y = y is not None
     if has_y and y.shape != x.shape:
         raise ValueError(f"mapreduce: y must have x's shape {x.shape}, got {y.shape}")
+    has_m = out_mapped is not None
+    if has_m and (out_mapped.shape != x.shape or out_mapped.dtype != x.dtype or not out_mapped.flags.c_contiguous):
+        raise ValueError(f"mapreduce: out_mapped must be a C-contiguous {x.dtype} array of shape {x.shape}, "
+                         f"got {out_mapped.dtype} {out_mapped.shape}")
     if x.size == 0:
         ax = _normalize_axes(axes, x.ndim)
         return _empty_case(x, ax, op, _out_shape(x.shape, ax, keepdims), out)
     dev = x.device.id
     try:   # the fast path: everything but the pointers is cached per call signature
         key = (x.shape, axes, x.dtype, op, map, has_y, acc_dtype, keepdims, dev, UNROLL, CACHE, BLOCKS_PER_SM,
-               MIN_BLOCK_BYTES)
+               MIN_BLOCK_BYTES, has_m)
         entry = _calls.get(key)
     except TypeError:   # unhashable axes (a list)
         key, entry = None, None
     if entry is None:
-        entry = _prepare(x.shape, x.dtype, axes, op, map, has_y, acc_dtype, keepdims, dev)
+        entry = _prepare(x.shape, x.dtype, axes, op, map, has_y, acc_dtype, keepdims, dev, has_m)
         if key is not None:
             _calls[key] = entry
     dtype, oshape, launch, shape, ax, acc = entry
@@ -626,6 +673,9 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
     if has_y and y.dtype != dtype:
         y = y.astype(dtype)
     if transpose is not None:
+        if has_m:
+            raise ValueError(f"mapreduce: out_mapped is not supported for reducing shape {x.shape} over {axes} "
+                             "(kept axes on both sides of a reduced one)")
         x = cupy.ascontiguousarray(x.transpose(transpose))
         y = None if y is None else cupy.ascontiguousarray(y.transpose(transpose))
     else:
@@ -633,9 +683,10 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
             x = cupy.ascontiguousarray(x)
         if has_y and not y.flags.c_contiguous:
             y = cupy.ascontiguousarray(y)
-    if V > 1 and (x.data.ptr % (V * dtype.itemsize) or (has_y and y.data.ptr % (V * dtype.itemsize))):
+    if V > 1 and (x.data.ptr % (V * dtype.itemsize) or (has_y and y.data.ptr % (V * dtype.itemsize))
+                  or (has_m and out_mapped.data.ptr % (V * dtype.itemsize))):
         fn, grid, scalars, transpose, V, ws = _make_launch(shape, ax, dtype, acc, op, map, has_y, dev,
-                                                           [x] if y is None else [x, y])
+                                                           [a for a in (x, y, out_mapped) if a is not None], has_m)
     if out is None:
         res = cupy.empty(oshape, dtype=dtype)
     else:
@@ -647,7 +698,7 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
         part, cnt = _workspace(dev, *ws)
     else:
         part = cnt = res   # not touched by the kernel when the reduction is not split
-    fn(grid, (THREADS,), (x, x if y is None else y, res, part, cnt) + scalars)
+    fn(grid, (THREADS,), (x, x if y is None else y, res, out_mapped if has_m else res, part, cnt) + scalars)
     return res
 
 
@@ -660,7 +711,7 @@ def _out_shape(shape, ax, keepdims):
     return tuple(n for i, n in enumerate(shape) if i not in ax)
 
 
-def _prepare(shape, dtype, axes, op, map_expr, has_y, acc_dtype, keepdims, dev):
+def _prepare(shape, dtype, axes, op, map_expr, has_y, acc_dtype, keepdims, dev, has_m=False):
     """Validate one call signature and build its launch (cached by :func:`mapreduce`)."""
     if op not in _OPS:
         raise ValueError(f"mapreduce: op must be one of {_OPS}, got {op!r}")
@@ -672,18 +723,18 @@ def _prepare(shape, dtype, axes, op, map_expr, has_y, acc_dtype, keepdims, dev):
     if acc not in _ACC:
         raise TypeError(f"mapreduce: acc_dtype must be float32 or float64, got {acc}")
     ax = _normalize_axes(axes, len(shape))
-    launch = _make_launch(shape, ax, dtype, acc, op, map_expr, has_y, dev)
+    launch = _make_launch(shape, ax, dtype, acc, op, map_expr, has_y, dev, None, has_m)
     return dtype, _out_shape(shape, ax, keepdims), launch, shape, ax, acc
 
 
-def _make_launch(shape, ax, dtype, acc, op, map_expr, has_y, dev, arrays=None):
+def _make_launch(shape, ax, dtype, acc, op, map_expr, has_y, dev, arrays=None, has_m=False):
     """(function, grid, scalar arguments, transpose, V, workspace sizes) for one reduction."""
     sm = _sm_count(dev)
     p = plan(shape, ax, dtype, sm_count=sm)
     if arrays is not None:   # misaligned pointers: the widest vector they allow
         p = plan(shape, ax, dtype, vec=_pick_vec(dtype, p["K"] if p["kernel"] == "columns" else p["I"], arrays),
                  sm_count=sm)
-    fn = _module(dtype, acc, op, map_expr, has_y).get_function(f"{p['kernel']}_v{p['V']}")
+    fn = _module(dtype, acc, op, map_expr, has_y, has_m).get_function(f"{p['kernel']}_v{p['V']}")
     i64, i32 = np.int64, np.int32
     if p["kernel"] == "columns":
         scalars = (i64(p["O"]), i64(p["K"]), i64(p["R"]), i32(p["S"]), i32(p["TX"]), i64(p["count"]))

@@ -25,7 +25,35 @@ from ..broadcast import Dual, unbroadcast
 from . import basic
 from .activations import identity, relu, sigmoid, tanh
 
-__all__ = ["bias_act"]
+__all__ = ["bias_act", "register_impl"]
+
+# Array-type-specific implementations (the GPU backend registers CuPy's): array type -> object with
+# forward(x, b, act) -> y, output_backward(kind, y, dy, bshape, need_x, need_b) -> (dx, db) and
+# generic_backward(x, b, act, dy) -> dz; each may return None to take the generic path.
+_IMPLS = {}
+
+
+def register_impl(array_type, impl):
+    """Use ``impl`` (see ``_IMPLS`` above) for ``bias_act`` on arrays of ``array_type``; None removes it.
+
+    The rule does not change; only the kernels that compute it do.
+
+    >>> import numpy as np
+    >>> register_impl(np.ndarray, None)   # NumPy uses the generic path: a no-op
+    """
+    if impl is None:
+        _IMPLS.pop(array_type, None)
+    else:
+        _IMPLS[array_type] = impl
+
+
+def _impl_for(x, b):
+    impl = _IMPLS.get(type(x))
+    if impl is not None and b is not None and type(b) is not type(x):
+        from ..backend import get_array_module
+        get_array_module(x, b)   # mixed CPU/GPU arrays: an error naming both
+        return None              # e.g. a Tracked bias of an outer tape: the generic path
+    return impl
 
 
 def _relu_dz(y, dy):
@@ -39,6 +67,10 @@ def _tanh_dz(y, dy):
 def _sigmoid_dz(y, dy):
     return dy * (y * (1 - y))
 
+
+# The same activations by name, for the array-type-specific kernels.
+_OUTPUT_KIND = {identity: "identity", relu: "relu", tanh: "tanh", np.tanh: "tanh", basic.tanh: "tanh",
+                sigmoid: "sigmoid"}
 
 # Activations whose derivative is a function of their output: act -> dz(y, dy), with z = x + b.
 _FROM_OUTPUT = {
@@ -60,6 +92,12 @@ def _add_bias(x, b):
 
 
 def _bias_act_impl(x, b, act):
+    if _IMPLS:
+        impl = _impl_for(x, b)
+        if impl is not None:
+            y = impl.forward(x, b, act)
+            if y is not None:
+                return y
     return act(_add_bias(x, b))
 
 
@@ -94,18 +132,33 @@ def _bias_act_rule(needs, x, b, act):
         return dx, db, None
 
     from_output = _output_rule(act)
+    impl = _impl_for(x, b) if _IMPLS else None
     if from_output is not None:
         y = _bias_act(x, b, act)
 
         def bias_act_pullback(dy):
+            if impl is not None:
+                got = impl.output_backward(_OUTPUT_KIND[act], y, dy, bshape, needs[0], needs[1])
+                if got is not None:
+                    return got[0], got[1], None
             return split(from_output(y, dy))
-    else:
-        z = _add_bias(x, b)
-        y = act(z)
+        return y, bias_act_pullback
+    y = impl.forward(x, b, act) if impl is not None else None
+    if y is not None:   # one kernel; x and b are kept instead of x + b
 
         def bias_act_pullback(dy):
-            d = _derivative(act, z)
-            return (None, None, None) if d is None else split(dy * d)
+            dz = impl.generic_backward(x, b, act, dy)
+            if dz is None:
+                d = _derivative(act, _add_bias(x, b))
+                return (None, None, None) if d is None else split(dy * d)
+            return split(dz)
+        return y, bias_act_pullback
+    z = _add_bias(x, b)
+    y = act(z)
+
+    def bias_act_pullback(dy):
+        d = _derivative(act, z)
+        return (None, None, None) if d is None else split(dy * d)
     return y, bias_act_pullback
 
 

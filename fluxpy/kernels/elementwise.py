@@ -1,0 +1,798 @@
+"""Fused elementwise CUDA kernels compiled from scalar Python functions.
+
+``fuse(f, *dtypes)`` traces the scalar function ``f`` (the one given to
+:func:`fluxpy.broadcast`) with symbolic scalars (:class:`Sym`), each operation writing one
+line of C, and builds
+
+- one ``cupy.ElementwiseKernel`` for the forward pass ``y = f(x1, ..., xn)`` and
+- one for the pullback: inputs ``dy, x1, ..., xn``, outputs the *unreduced* cotangents
+  ``dy * df/dxi`` for the arguments that need one. The derivative expressions come from the
+  same dual numbers the CPU path uses (:class:`fluxpy.broadcast.Dual` over ``Sym`` values), so
+  the two paths compute the same function; the cotangents are then summed to each operand's
+  shape by :func:`fluxpy.unbroadcast` (the mapreducedim kernel).
+
+CuPy's ``ElementwiseKernel`` broadcasts its inputs, so operands keep their own shapes and no
+broadcast copy is made. Kernels are cached by (function, argument dtypes, needs mask); a
+function is keyed by its code, defaults and closure values, so a lambda re-created on every
+call (with the same captured numbers) still hits the cache.
+
+What is traced: ``+ - * / **`` (integer and float powers), unary ``-``, ``abs``, comparisons
+(bool values), ``np.exp log sqrt tanh sin cos log1p expm1 square maximum minimum where sign
+absolute negative reciprocal logical_and/or/not``, Python/NumPy numbers. Anything else (Python
+``if`` on a value, ``float(x)``, an array captured in a closure, an unknown ufunc) stops the trace,
+and :func:`fluxpy.broadcast` runs its generic rule on the CuPy arrays instead (correct, op by op,
+slower); that is noted once per function with a :class:`FusionFallbackWarning`.
+
+All arithmetic runs in the result dtype (float32 or float64; other dtypes take the generic
+path). The module imports without CuPy.
+
+>>> import numpy as np
+>>> k = trace_source(lambda x, b: np.tanh(x * 1.5 + b), [np.float32, np.float32])
+>>> print(k.forward)
+float t0 = x0 * ((float)1.5);
+float t1 = t0 + x1;
+float t2 = tanhf(t1);
+y = t2;
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import numpy as np
+
+from ..backend import cupy
+
+__all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
+           "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
+           "adam_update", "momentum_update", "descent_update", "fused_step", "BIAS_GRAD_FUSED"]
+
+stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
+"""Counters: functions traced, ElementwiseKernels built, calls that fell back to the generic path."""
+
+BIAS_GRAD_FUSED = True
+"""bias_act backward: compute dx and db in one map+reduce pass (``mapreduce(..., out_mapped=dx)``)
+rather than an elementwise kernel followed by a reduction (set from benchmarks/elementwise.py)."""
+
+
+class Untraceable(Exception):
+    """Raised inside a trace when ``f`` uses something that cannot be compiled."""
+
+
+class FusionFallbackWarning(UserWarning):
+    """``broadcast(f, ...)`` on CuPy arrays could not fuse ``f`` and runs op by op instead."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic scalars
+
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_FLOAT_FN = {  # ufunc -> (float name, double name)
+    np.exp: ("expf", "exp"), np.log: ("logf", "log"), np.sqrt: ("sqrtf", "sqrt"), np.tanh: ("tanhf", "tanh"),
+    np.sin: ("sinf", "sin"), np.cos: ("cosf", "cos"), np.log1p: ("log1pf", "log1p"),
+    np.expm1: ("expm1f", "expm1"), np.absolute: ("fabsf", "fabs"),
+}
+_CMP = {np.greater: ">", np.greater_equal: ">=", np.less: "<", np.less_equal: "<=", np.equal: "==",
+        np.not_equal: "!="}
+
+
+class _Trace:
+    """The lines of C a trace has written; each value is a fresh ``const`` local (common ones shared)."""
+
+    def __init__(self, ctype):
+        self.ctype = ctype
+        self.lines = []
+        self.memo = {}
+
+    def emit(self, kind, expr):
+        key = (kind, expr)
+        s = self.memo.get(key)
+        if s is None:
+            name = f"t{len(self.lines)}"
+            self.lines.append(f"{self.ctype if kind == 'f' else 'bool'} {name} = {expr};")
+            s = self.memo[key] = Sym(self, name, kind)
+        return s
+
+    def const(self, c):
+        """C text for a Python/NumPy number, in the compute type (or bool)."""
+        if isinstance(c, (bool, np.bool_)):
+            return "true" if c else "false"
+        f = float(c)
+        if math.isnan(f):
+            return "__int_as_float(0x7fc00000)" if self.ctype == "float" else "__longlong_as_double(0x7ff8000000000000LL)"
+        if math.isinf(f):
+            if self.ctype == "float":
+                return f"(({'-' if f < 0 else ''}__int_as_float(0x7f800000)))"
+            return f"(({'-' if f < 0 else ''}__longlong_as_double(0x7ff0000000000000LL)))"
+        if isinstance(c, (int, np.integer)):
+            return f"(({self.ctype}){int(c)})"
+        return f"(({self.ctype}){f!r})"
+
+    def fn(self, ufunc):
+        names = _FLOAT_FN[ufunc]
+        return names[0] if self.ctype == "float" else names[1]
+
+
+_NUMBER = (int, float, np.integer, np.floating, np.bool_)
+
+
+class Sym:
+    """A symbolic scalar in a trace: a C local ``name`` of kind ``'f'`` (compute type) or ``'b'`` (bool).
+
+    Arithmetic, comparisons and the NumPy ufuncs listed in the module docstring return new
+    ``Sym`` values and write one line of C each. Using a ``Sym`` as a Python bool or number
+    raises :class:`Untraceable`.
+    """
+    __slots__ = ("tr", "name", "kind")
+    __array_priority__ = 1500.0
+
+    def __init__(self, tr, name, kind="f"):
+        self.tr = tr
+        self.name = name
+        self.kind = kind
+
+    def __repr__(self):
+        return f"Sym({self.name})"
+
+    # values as C text in the compute type or as a condition
+    def f(self):
+        return self.name if self.kind == "f" else f"(({self.tr.ctype}){self.name})"
+
+    def b(self):
+        return self.name if self.kind == "b" else f"({self.name} != 0)"
+
+    def _text(self, o):
+        """``o`` as C text in the compute type, or None if it cannot join a trace (NotImplemented handled by caller)."""
+        if type(o) is Sym:
+            if o.tr is not self.tr:
+                raise Untraceable("values from two traces")
+            return o.f()
+        if isinstance(o, _NUMBER):
+            return self.tr.const(o)
+        if isinstance(o, np.ndarray) and o.ndim == 0:
+            return self.tr.const(o[()])
+        return None
+
+    def _binary(self, o, fmt, reverse=False, simplify=None):
+        if simplify is not None and isinstance(o, _NUMBER) and not isinstance(o, (bool, np.bool_)):
+            r = simplify(o)
+            if r is not None:
+                return r
+        t = self._text(o)
+        if t is None:
+            if _is_foreign(o):
+                return NotImplemented
+            raise Untraceable(f"cannot combine a traced scalar with {type(o).__name__}")
+        a, b = (t, self.f()) if reverse else (self.f(), t)
+        return self.tr.emit("f", fmt.format(a, b))
+
+    # exact simplifications only: x + 0, x * 1, x - 0, x / 1 (0 * x is kept: inf * 0 is nan)
+    def __add__(self, o):
+        return self._binary(o, "{} + {}", simplify=lambda c: self._as_f() if c == 0 else None)
+
+    def __radd__(self, o):
+        return self._binary(o, "{} + {}", True, simplify=lambda c: self._as_f() if c == 0 else None)
+
+    def __sub__(self, o):
+        return self._binary(o, "{} - {}", simplify=lambda c: self._as_f() if c == 0 else None)
+
+    def __rsub__(self, o):
+        return self._binary(o, "{} - {}", True)
+
+    def __mul__(self, o):
+        return self._binary(o, "{} * {}", simplify=lambda c: self._as_f() if c == 1 else None)
+
+    def __rmul__(self, o):
+        return self._binary(o, "{} * {}", True, simplify=lambda c: self._as_f() if c == 1 else None)
+
+    def __truediv__(self, o):
+        return self._binary(o, "{} / {}", simplify=lambda c: self._as_f() if c == 1 else None)
+
+    def __rtruediv__(self, o):
+        return self._binary(o, "{} / {}", True)
+
+    def __pow__(self, o):
+        if isinstance(o, _NUMBER) and not isinstance(o, (bool, np.bool_)) and float(o).is_integer() \
+                and abs(float(o)) <= 4:
+            n = int(o)
+            if n == 0:
+                return self.tr.emit("f", self.tr.const(1))
+            p = self._as_f()
+            for _ in range(abs(n) - 1):
+                p = self.tr.emit("f", f"{p.name} * {self.f()}")
+            return self.tr.emit("f", f"{self.tr.const(1)} / {p.name}") if n < 0 else p
+        if isinstance(o, _NUMBER) and float(o) == 0.5:
+            return self.tr.emit("f", f"{self.tr.fn(np.sqrt)}({self.f()})")
+        return self._pow(self.f(), o, reverse=False)
+
+    def __rpow__(self, o):
+        return self._pow(self.f(), o, reverse=True)
+
+    def _pow(self, mine, o, reverse):
+        t = self._text(o)
+        if t is None:
+            if _is_foreign(o):
+                return NotImplemented
+            raise Untraceable(f"cannot raise to the power of {type(o).__name__}")
+        p = "powf" if self.tr.ctype == "float" else "pow"
+        a, b = (t, mine) if reverse else (mine, t)
+        return self.tr.emit("f", f"{p}({a}, {b})")
+
+    def _as_f(self):
+        return self if self.kind == "f" else self.tr.emit("f", self.f())
+
+    def __neg__(self):
+        return self.tr.emit("f", f"-{self.f()}")
+
+    def __pos__(self):
+        return self._as_f()
+
+    def __abs__(self):
+        return self.tr.emit("f", f"{self.tr.fn(np.absolute)}({self.f()})")
+
+    def _compare(self, o, op, reverse=False):
+        t = self._text(o)
+        if t is None:
+            if _is_foreign(o):
+                return NotImplemented
+            raise Untraceable(f"cannot compare a traced scalar with {type(o).__name__}")
+        a, b = (t, self.f()) if reverse else (self.f(), t)
+        return self.tr.emit("b", f"{a} {op} {b}")
+
+    __gt__ = lambda s, o: s._compare(o, ">")
+    __ge__ = lambda s, o: s._compare(o, ">=")
+    __lt__ = lambda s, o: s._compare(o, "<")
+    __le__ = lambda s, o: s._compare(o, "<=")
+    __eq__ = lambda s, o: s._compare(o, "==")
+    __ne__ = lambda s, o: s._compare(o, "!=")
+    __hash__ = object.__hash__
+
+    def __invert__(self):
+        if self.kind != "b":
+            raise Untraceable("~ on a float value")
+        return self.tr.emit("b", f"!{self.name}")
+
+    def _logic(self, o, op):
+        if type(o) is Sym:
+            ob = o.b()
+        elif isinstance(o, (bool, np.bool_)):
+            ob = "true" if o else "false"
+        else:
+            raise Untraceable("logical op on a non-bool")
+        return self.tr.emit("b", f"{self.b()} {op} {ob}")
+
+    __and__ = __rand__ = lambda s, o: s._logic(o, "&&")
+    __or__ = __ror__ = lambda s, o: s._logic(o, "||")
+
+    def __bool__(self):
+        raise Untraceable("Python control flow on a traced value (if/and/or/while)")
+
+    def __float__(self):
+        raise Untraceable("float() of a traced value")
+
+    __int__ = __index__ = __float__
+
+    def __array__(self, dtype=None, copy=None):
+        raise Untraceable("a traced value used as an array")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if any(_is_foreign(i) for i in inputs):
+            return NotImplemented
+        if method != "__call__" or kwargs:
+            raise Untraceable(f"np.{ufunc.__name__}.{method} with {sorted(kwargs)}")
+        return _ufunc(self.tr, ufunc, inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if any(_is_foreign(a) for a in args):
+            return NotImplemented
+        if func is np.where and len(args) == 3 and not kwargs:
+            return _where(self.tr, *args)
+        if func is np.clip and len(args) == 3 and not kwargs:
+            return _ufunc(self.tr, np.minimum, (_ufunc(self.tr, np.maximum, (args[0], args[1])), args[2]))
+        raise Untraceable(f"np.{func.__name__} is not supported in a fused kernel")
+
+
+def _is_foreign(o):
+    """Values another type handles (dual numbers over Syms): let their methods run."""
+    return type(o).__name__ == "Dual"
+
+
+def _sym_of(tr, args):
+    for a in args:
+        if type(a) is Sym:
+            return a
+    raise Untraceable("no traced value")
+
+
+def _ftext(tr, a):
+    if type(a) is Sym:
+        return a.f()
+    if isinstance(a, _NUMBER):
+        return tr.const(a)
+    raise Untraceable(f"{type(a).__name__} in a fused kernel")
+
+
+def _btext(tr, a):
+    if type(a) is Sym:
+        return a.b()
+    if isinstance(a, (bool, np.bool_)):
+        return "true" if a else "false"
+    if isinstance(a, _NUMBER):
+        return "true" if a else "false"
+    raise Untraceable(f"{type(a).__name__} as a condition")
+
+
+def _ufunc(tr, ufunc, inputs):
+    if ufunc in _FLOAT_FN and len(inputs) == 1:
+        return tr.emit("f", f"{tr.fn(ufunc)}({_ftext(tr, inputs[0])})")
+    if ufunc in _CMP and len(inputs) == 2:
+        return tr.emit("b", f"{_ftext(tr, inputs[0])} {_CMP[ufunc]} {_ftext(tr, inputs[1])}")
+    a = inputs[0]
+    if ufunc is np.add:
+        return a + inputs[1] if type(a) is Sym else inputs[1].__radd__(a)
+    if ufunc is np.subtract:
+        return a - inputs[1] if type(a) is Sym else inputs[1].__rsub__(a)
+    if ufunc is np.multiply:
+        return a * inputs[1] if type(a) is Sym else inputs[1].__rmul__(a)
+    if ufunc in (np.true_divide, np.divide):
+        return a / inputs[1] if type(a) is Sym else inputs[1].__rtruediv__(a)
+    if ufunc is np.power:
+        return a ** inputs[1] if type(a) is Sym else inputs[1].__rpow__(a)
+    if ufunc is np.negative:
+        return -a
+    if ufunc is np.positive:
+        return +a
+    if ufunc is np.square:
+        x = _ftext(tr, a)
+        return tr.emit("f", f"{x} * {x}")
+    if ufunc is np.reciprocal:
+        return tr.emit("f", f"{tr.const(1)} / {_ftext(tr, a)}")
+    if ufunc is np.sign:
+        x = _ftext(tr, a)
+        return tr.emit("f", f"{x} > 0 ? {tr.const(1)} : ({x} < 0 ? {tr.const(-1)} : {x})")
+    if ufunc in (np.maximum, np.minimum):
+        x, y = _ftext(tr, a), _ftext(tr, inputs[1])
+        op = ">" if ufunc is np.maximum else "<"
+        return tr.emit("f", f"({x} != {x} || {x} {op} {y}) ? {x} : {y}")   # NaN wins, as NumPy
+    if ufunc is np.logical_not:
+        return tr.emit("b", f"!{_btext(tr, a)}")
+    if ufunc in (np.logical_and, np.logical_or):
+        op = "&&" if ufunc is np.logical_and else "||"
+        return tr.emit("b", f"{_btext(tr, a)} {op} {_btext(tr, inputs[1])}")
+    raise Untraceable(f"np.{ufunc.__name__} is not supported in a fused kernel")
+
+
+def _where(tr, cond, a, b):
+    if isinstance(cond, (bool, np.bool_)) and type(a) is not Sym and type(b) is not Sym:
+        raise Untraceable("np.where on constants")
+    return tr.emit("f", f"{_btext(tr, cond)} ? {_ftext(tr, a)} : {_ftext(tr, b)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracing a function into C
+
+
+class _Source:
+    """The C bodies for one (function, dtypes, needs) signature."""
+
+    def __init__(self, forward, backward, grad_index, result_dtype):
+        self.forward = forward          # body computing y from x0..xn
+        self.backward = backward        # body computing g<i> from dy, x0..xn (None: no gradient needed)
+        self.grad_index = grad_index    # argument indices that get an output g<i>
+        self.result_dtype = result_dtype
+
+    def __repr__(self):
+        return f"_Source(result={self.result_dtype}, grads={self.grad_index})"
+
+
+def _result_dtype(f, dtypes):
+    """The dtype NumPy gives ``f`` on arrays of ``dtypes`` (None in ``dtypes``: a Python float)."""
+    probe = [1.0 if d is None else np.full((1,), 0.5, dtype=d) for d in dtypes]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = f(*probe)
+    return np.asarray(out).dtype
+
+
+def trace_source(f, dtypes, wanted=(), dy_dtype=None):
+    """C code for ``f`` on arguments of ``dtypes`` (a NumPy dtype per array argument, ``None`` for a
+    Python scalar): a :class:`_Source` with the forward body and, when ``wanted`` (argument
+    indices) is not empty, the pullback body. Raises :class:`Untraceable` when ``f`` cannot be
+    compiled (unsupported construct or result dtype).
+
+    >>> src = trace_source(lambda x: np.maximum(x, 0.0), [np.float64], wanted=(0,), dy_dtype=np.float64)
+    >>> print(src.backward)
+    bool t0 = x0 > ((double)0.0);
+    double t1 = t0 ? x0 : ((double)0.0);
+    double t2 = t0 ? ((double)1) : ((double)0);
+    g0 = dy * (double)(t2);
+    """
+    from ..broadcast import Dual
+    dtypes = [None if d is None else np.dtype(d) for d in dtypes]
+    try:
+        rdt = _result_dtype(f, dtypes)
+    except Exception as err:
+        raise Untraceable(f"f fails on NumPy arrays of {dtypes}: {err!r}") from None
+    if rdt not in _CTYPE:
+        raise Untraceable(f"result dtype {rdt} (fused kernels compute in float32 or float64)")
+    ctype = _CTYPE[rdt]
+    stats["traces"] += 1
+
+    def run(make):
+        tr = _Trace(ctype)
+        for i, d in enumerate(dtypes):   # inputs of another dtype are converted once, up front
+            if d is not None and d != rdt:
+                tr.lines.append(f"{ctype} a{i} = ({ctype})x{i};")
+        args = [make(tr, i) for i in range(len(dtypes))]
+        with np.errstate(all="ignore"):
+            try:
+                out = f(*args)
+            except Untraceable:
+                raise
+            except Exception as err:
+                raise Untraceable(f"{type(err).__name__}: {err}") from None
+        return tr, out
+
+    def name(i):
+        return f"a{i}" if dtypes[i] is not None and dtypes[i] != rdt else f"x{i}"
+
+    tr, out = run(lambda tr, i: Sym(tr, name(i)))
+    if type(out) is not Sym:
+        raise Untraceable("f does not return a traced value")
+    forward = "\n".join(tr.lines + [f"y = {out.f()};"])
+    backward = None
+    grad_index = ()
+    if wanted:
+        k = len(wanted)
+        pos = {i: j for j, i in enumerate(wanted)}
+
+        def make(tr, i):
+            s = Sym(tr, name(i))
+            if i in pos:
+                return Dual(s, tuple(1 if m == pos[i] else 0 for m in range(k)))
+            return s
+        tr, out = run(make)
+        dct = _CTYPE.get(np.dtype(dy_dtype or rdt))
+        if dct is None:
+            raise Untraceable(f"cotangent dtype {dy_dtype}")
+        lines = list(tr.lines)
+        gi = []
+        if type(out) is Dual:
+            for i, p in zip(wanted, out.d):
+                if isinstance(p, int) and not isinstance(p, bool) and p == 0:
+                    continue   # f never used argument i
+                if type(p) is Sym:
+                    text = p.f()
+                elif isinstance(p, _NUMBER):
+                    text = tr.const(p)
+                else:
+                    raise Untraceable(f"a partial derivative of type {type(p).__name__}")
+                lines.append(f"g{i} = dy * ({dct})({text});")
+                gi.append(i)
+        elif type(out) is not Sym:
+            raise Untraceable("f does not return a traced value")
+        backward = "\n".join(lines)
+        grad_index = tuple(gi)
+    return _Source(forward, backward, grad_index, rdt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels and their cache
+
+
+def _freeze(v):
+    """A hashable stand-in for a closure value or default (raises TypeError for arrays etc.)."""
+    if isinstance(v, (int, float, complex, str, bytes, bool, type(None), np.number)):
+        return (type(v), v)
+    if isinstance(v, tuple):
+        return tuple(_freeze(e) for e in v)
+    if callable(v):
+        return _func_key(v)
+    raise TypeError("unhashable closure value")
+
+
+def _func_key(f):
+    """A cache key for a function: its code and captured values, so re-created lambdas hit."""
+    if isinstance(f, functools.partial):
+        return ("partial", _func_key(f.func), _freeze(tuple(f.args)),
+                tuple(sorted((k, _freeze(v)) for k, v in f.keywords.items())))
+    code = getattr(f, "__code__", None)
+    if code is None:
+        hash(f)
+        return f
+    cells = tuple(_freeze(c.cell_contents) for c in (f.__closure__ or ()))
+    return ("fn", code, _freeze(f.__defaults__ or ()),
+            tuple(sorted((k, _freeze(v)) for k, v in (f.__kwdefaults__ or {}).items())), cells, id(f.__globals__))
+
+
+_kernels = {}
+_failed = {}
+_warned = set()
+
+
+def clear_cache():
+    """Forget every compiled kernel and failed trace (CuPy keeps its own binary cache)."""
+    _kernels.clear()
+    _failed.clear()
+
+
+def _dtype_tag(x):
+    return None if isinstance(x, _NUMBER) else np.dtype(x.dtype)
+
+
+def _params(dtypes, rdt):
+    out = []
+    for i, d in enumerate(dtypes):
+        out.append(f"{np.dtype(rdt if d is None else d).name} x{i}")
+    return out
+
+
+def _kernel(f, xs, wanted, dy_dtype):
+    """``(kernel, grad_index, result_dtype)`` for this signature, or None when ``f`` cannot be fused."""
+    dtypes = tuple(_dtype_tag(x) for x in xs)
+    try:
+        fkey = _func_key(f)
+        key = (fkey, dtypes, tuple(wanted), None if dy_dtype is None else np.dtype(dy_dtype))
+        hash(key)
+    except (TypeError, ValueError):   # unhashable closure values, empty cells
+        key = None
+    if key is not None:
+        hit = _kernels.get(key)
+        if hit is not None:
+            return hit
+        if key in _failed:
+            return None
+    try:
+        src = trace_source(f, dtypes, wanted, dy_dtype)
+    except Untraceable as err:
+        if key is not None:
+            _failed[key] = str(err)
+        _note_fallback(f, str(err))
+        return None
+    rdt = src.result_dtype
+    params = _params(dtypes, rdt)
+    name = "fluxpy_" + "".join(ch if ch.isalnum() else "_" for ch in getattr(f, "__name__", "f"))[:40]
+    if not wanted:
+        k = cupy.ElementwiseKernel(", ".join(params), f"{rdt.name} y", src.forward, name + "_fwd")
+        hit = (k, (), rdt)
+    elif not src.grad_index:
+        hit = (None, (), rdt)
+    else:
+        dd = np.dtype(dy_dtype).name
+        k = cupy.ElementwiseKernel(", ".join([f"{dd} dy"] + params), ", ".join(f"{dd} g{i}" for i in src.grad_index),
+                                   src.backward, name + "_bwd")
+        hit = (k, src.grad_index, rdt)
+    stats["kernels"] += hit[0] is not None
+    if key is not None:
+        _kernels[key] = hit
+    return hit
+
+
+def _note_fallback(f, why):
+    stats["fallbacks"] += 1
+    try:
+        key = _func_key(f)
+        hash(key)
+    except (TypeError, ValueError):
+        key = id(f)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(f"fluxpy.broadcast: {getattr(f, '__qualname__', f)!s} could not be compiled into one GPU kernel "
+                  f"({why}); it runs op by op on the GPU instead (correct, but slower)",
+                  FusionFallbackWarning, stacklevel=4)
+
+
+def _plain(xs):
+    """All values are CuPy arrays or Python/NumPy numbers (no Tracked values, no NumPy arrays)."""
+    seen = False
+    for x in xs:
+        if type(x) is cupy.ndarray:
+            seen = True
+        elif not isinstance(x, _NUMBER):
+            return False
+    return seen
+
+
+def fused_forward(f, *xs):
+    """``f(*xs)`` elementwise with broadcasting, as one kernel; ``None`` if ``f`` cannot be fused
+    (the caller then runs its generic path). ``xs`` are CuPy arrays and Python numbers.
+    """
+    if not _plain(xs):
+        return None
+    hit = _kernel(f, xs, (), None)
+    if hit is None:
+        return None
+    return hit[0](*xs)
+
+
+def fused_pullback(f, xs, wanted, dy):
+    """The unreduced cotangents ``dy * df/dx_i`` for ``i`` in ``wanted``, in one kernel: a list
+    aligned with ``wanted`` (``None`` where ``f`` ignores the argument), or ``None`` if ``f``
+    cannot be fused. Each has the broadcast shape and ``dy``'s dtype.
+    """
+    if type(dy) is not cupy.ndarray or not _plain(xs):
+        return None
+    wanted = tuple(wanted)
+    if not wanted:
+        return []
+    if dy.dtype not in _CTYPE:
+        return None
+    hit = _kernel(f, xs, wanted, dy.dtype)
+    if hit is None:
+        return None
+    k, gi, _ = hit
+    if k is None:
+        return [None] * len(wanted)
+    outs = k(dy, *xs)
+    if not isinstance(outs, tuple):
+        outs = (outs,)
+    by = dict(zip(gi, outs))
+    return [by.get(i) for i in wanted]
+
+
+# ---------------------------------------------------------------------------------------------
+# bias_act on CuPy arrays (hooked into fluxpy.ops.bias_act by fluxpy.kernels.gpu.register)
+
+
+@functools.lru_cache(maxsize=None)
+def _act_with_bias(act):
+    def bias_then_act(x, b):
+        return act(x + b)
+    return bias_then_act
+
+
+@functools.lru_cache(maxsize=None)
+def _act_alone(act):
+    def act_alone(x):
+        return act(x)
+    return act_alone
+
+
+def _act_fn(act, has_bias):
+    try:
+        return _act_with_bias(act) if has_bias else _act_alone(act)
+    except TypeError:   # unhashable act
+        return None
+
+
+def bias_act_forward(x, b, act):
+    """``act(x + b)`` in one kernel (b broadcast); None when it cannot be fused."""
+    fn = _act_fn(act, b is not None)
+    if fn is None:
+        return None
+    return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
+
+
+# derivative from the output: (elementwise C for dz from dy and y, mapreduce map over x=dy, y=y)
+_OUTPUT_DERIVS = {
+    "identity": ("dz = dy;", "x"),
+    "relu": ("dz = y > 0 ? dy : (T)0;", "(y > 0 ? x : (ACC)0)"),
+    "tanh": ("dz = dy * ((T)1 - y * y);", "x * ((ACC)1 - y * y)"),
+    "sigmoid": ("dz = dy * (y * ((T)1 - y));", "x * (y * ((ACC)1 - y))"),
+}
+_dz_kernels = {}
+
+
+def _dz_kernel(kind):
+    k = _dz_kernels.get(kind)
+    if k is None:
+        k = _dz_kernels[kind] = cupy.ElementwiseKernel("T dy, T y", "T dz", _OUTPUT_DERIVS[kind][0],
+                                                       f"fluxpy_bias_act_dz_{kind}")
+    return k
+
+
+def bias_act_output_backward(kind, y, dy, bshape, need_x, need_b, fused=None):
+    """``(dx, db)`` for an activation whose derivative comes from its output ``y``.
+
+    ``dx = dy * act'(y)`` (elementwise), ``db = unbroadcast(dx, bshape)``. With ``fused`` (default
+    :data:`BIAS_GRAD_FUSED`) and both needed, one map+reduce pass writes ``dx`` while summing
+    ``db``. Returns None when the arrays do not suit (the caller's generic rule runs).
+    """
+    from ..broadcast import reduced_axes
+    from .reduce import canonical_form, mapreduce
+    if type(y) is not cupy.ndarray or type(dy) is not cupy.ndarray or y.dtype != dy.dtype \
+            or y.shape != dy.shape or y.dtype not in _CTYPE:
+        return None
+    fused = BIAS_GRAD_FUSED if fused is None else fused
+    cm, mp = _OUTPUT_DERIVS[kind]
+    axes = None if bshape is None else reduced_axes(y.shape, bshape)
+    dx = db = None
+    if kind == "identity":
+        dx = dy if need_x else None
+        if need_b and bshape is not None:
+            db = mapreduce(dy, axes).reshape(bshape) if axes else dy.reshape(bshape)
+        return dx, db
+    if need_b and bshape is not None and axes:
+        if need_x and fused and canonical_form(y.shape, axes) is not None and dy.flags.c_contiguous \
+                and y.flags.c_contiguous:
+            dx = cupy.empty_like(dy)
+            db = mapreduce(dy, axes, map=mp, y=y, out_mapped=dx).reshape(bshape)
+            return dx, db
+        if not need_x:
+            return None, mapreduce(dy, axes, map=mp, y=y).reshape(bshape)
+    dz = _dz_kernel(kind)(dy, y)
+    if need_b and bshape is not None:
+        db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)
+    return (dz if need_x else None), db
+
+
+def bias_act_generic_backward(x, b, act, dy):
+    """``dz = dy * act'(x + b)`` in one kernel (any traceable activation); None if it cannot be fused."""
+    fn = _act_fn(act, b is not None)
+    if fn is None:
+        return None
+    xs = (x,) if b is None else (x, b)
+    g = fused_pullback(fn, xs, (0,), dy)
+    if g is None:
+        return None
+    return g[0] if g[0] is not None else cupy.zeros_like(dy)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused optimiser updates: one kernel per parameter, in place (x, and the state arrays)
+
+_opt_kernels = {}
+
+
+def _opt_kernel(name, ins, outs, body):
+    k = _opt_kernels.get(name)
+    if k is None:
+        k = _opt_kernels[name] = cupy.ElementwiseKernel(ins, outs, body, f"fluxpy_{name}")
+    return k
+
+
+def descent_update(x, dx, eta):
+    """``x -= eta * dx`` in place, one kernel.
+
+    >>> descent_update.__name__
+    'descent_update'
+    """
+    _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
+
+
+def momentum_update(x, dx, v, eta, rho):
+    """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum)."""
+    t = x.dtype.type
+    _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
+                "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
+
+
+def adam_update(x, dx, m, v, eta, beta, eps, b1t, b2t):
+    """One Adam step in place (fluxpy.optimise.Adam's formulas; ``b1t``, ``b2t`` = beta^t before this step).
+
+    ``m = b1 m + (1-b1) dx``, ``v = b2 v + (1-b2) dx^2``,
+    ``x -= eta * (m / (1-b1t)) / (sqrt(v / (1-b2t)) + eps)``; returns the next ``(b1t, b2t)``.
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_kernel("adam", "T dx, T b1, T c1, T b2, T c2, T s1, T s2, T eps, T eta", "T x, T m, T v",
+                "m = m * b1; m = m + c1 * dx; v = v * b2; v = v + c2 * (dx * dx);"
+                "T d = sqrt(v * s2) + eps; T s = (m * s1) / d; x -= s * eta;")(
+        dx, t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 / (1 - b1t)), t(1 / (1 - b2t)), t(eps), t(eta), x, m, v)
+    return b1t * b1, b2t * b2
+
+
+def fused_step(rule, state, x, dx):
+    """One optimiser step ``x -= step`` in a single kernel for ``Descent``, ``Momentum`` and ``Adam``
+    on CuPy arrays: returns the new state, or ``NotImplemented`` (other rules, NumPy arrays, mixed
+    dtypes), in which case the caller does ``state, step = rule.apply(state, x, dx); x -= step``.
+
+    >>> fused_step(None, None, 1.0, 1.0)
+    NotImplemented
+    """
+    if cupy is None or type(x) is not cupy.ndarray or type(dx) is not cupy.ndarray or dx.dtype != x.dtype \
+            or x.dtype not in _CTYPE or dx.shape != x.shape:
+        return NotImplemented
+    from ..optimise import Adam, Descent, Momentum
+    if type(rule) is Descent:
+        descent_update(x, dx, rule.eta)
+        return state
+    if type(rule) is Momentum:
+        momentum_update(x, dx, state, rule.eta, rule.rho)
+        return state
+    if type(rule) is Adam:
+        m, v, (b1t, b2t) = state
+        return m, v, adam_update(x, dx, m, v, rule.eta, rule.beta, rule.eps, b1t, b2t)
+    return NotImplemented
