@@ -306,7 +306,7 @@ class _Boxes:
             g = g.astype(x.dtype)
         if type(g) is Tracked:
             return g
-        if not getattr(getattr(g, "flags", None), "writeable", True):
+        if not getattr(getattr(g, "flags", None), "writeable", True) or 0 in g.strides:
             g = g.copy()  # broadcast views are read-only; users expect to own their gradients
         return g
 

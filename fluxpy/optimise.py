@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from .autodiff import value_of
 from .backend import get_array_module, is_array, is_float_array
 from .functors import _trainable_keys, children
@@ -292,6 +294,11 @@ class ClipNorm(Rule):
 
     def apply(self, state, x, dx):
         xp = get_array_module(x)
+        if xp is not np:
+            # On the GPU the check would synchronise every step: scale on the device instead. A
+            # non-finite norm then gives NaN parameters, which train() reports as a NaN loss.
+            norm = xp.linalg.norm(dx.ravel(), ord=self.p)
+            return state, dx * xp.minimum(1, self.omega / norm).astype(dx.dtype)
         norm = float(xp.linalg.norm(dx.ravel(), ord=self.p))
         if self.throw and not math.isfinite(norm):
             raise ValueError(f"ClipNorm: the gradient has {self.p}-norm {norm}, for an array of shape "
@@ -474,8 +481,31 @@ def _step(leaf, x, g, path, done):
                          f"got {_describe(dx)}")
     if leaf.frozen:
         return
+    fused = _FUSED_STEPS.get(type(x))
+    if fused is not None:
+        state = fused(leaf.rule, leaf.state, x, dx)
+        if state is not NotImplemented:
+            leaf.state = state
+            return
     leaf.state, step = leaf.rule.apply(leaf.state, x, dx)
     x -= step
+
+
+_FUSED_STEPS = {}
+
+
+def register_fused_step(array_type, fn):
+    """Let ``update`` run ``fn(rule, state, x, dx) -> new state`` (one kernel: ``x`` updated in place)
+    for parameters of ``array_type``; ``fn`` returns ``NotImplemented`` for rules it does not fuse.
+    ``None`` removes it. The GPU backend registers its fused Descent/Momentum/Adam kernels here.
+
+    >>> import numpy as np
+    >>> register_fused_step(np.ndarray, None)   # NumPy keeps the generic rules
+    """
+    if fn is None:
+        _FUSED_STEPS.pop(array_type, None)
+    else:
+        _FUSED_STEPS[array_type] = fn
 
 
 def _leaves(tree):

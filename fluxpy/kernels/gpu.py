@@ -38,6 +38,8 @@ def register() -> bool:
     register_reducer(cupy.ndarray, unbroadcast_sum)
     register_fused(cupy.ndarray, elementwise.fused_forward, elementwise.fused_pullback)
     register_impl(cupy.ndarray, _BiasActCuPy())
+    from ..optimise import register_fused_step
+    register_fused_step(cupy.ndarray, elementwise.fused_step)
     return True
 
 
@@ -72,3 +74,5 @@ def unregister() -> None:
     register_reducer(cupy.ndarray, None)
     register_fused(cupy.ndarray, None, None)
     register_impl(cupy.ndarray, None)
+    from ..optimise import register_fused_step
+    register_fused_step(cupy.ndarray, None)

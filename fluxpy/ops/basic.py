@@ -17,6 +17,7 @@ import operator
 import numpy as np
 
 from ..autodiff import Primitive, value_of
+from ..backend import get_array_module
 from ..broadcast import unbroadcast
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
@@ -32,6 +33,9 @@ def _checked(name, fn):
     def impl(a, b):
         try:
             return fn(a, b)
+        except TypeError:
+            get_array_module(a, b)  # NumPy with CuPy: raises an error naming both
+            raise
         except ValueError as err:
             if _shape(a) and _shape(b) and "broadcast" in str(err):
                 raise ValueError(f"{name}: shapes {_shape(a)} and {_shape(b)} cannot be broadcast together") from None

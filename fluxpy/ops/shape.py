@@ -168,11 +168,8 @@ def _scatter_add_impl(dy, shape, index):
     out = xp.zeros(shape, dtype=dy.dtype)
     if _is_basic_index(index):
         out[index] = dy
-    elif xp is np:
-        np.add.at(out, index, dy)
     else:
-        import cupyx
-        cupyx.scatter_add(out, index, dy)
+        xp.add.at(out, index, dy)
     return out
 
 
