@@ -1,7 +1,7 @@
 """GPU registrations: route fluxpy's generic entry points to the CUDA kernels for CuPy arrays.
 
-``register()`` makes :func:`fluxpy.unbroadcast` reduce CuPy gradients with the deterministic
-mapreducedim kernel :func:`fluxpy.kernels.reduce.mapreduce`, :func:`fluxpy.broadcast` run its
+``register()`` routes conv and pooling to cuDNN and CuPy kernels (:mod:`fluxpy.kernels.cuda_conv`),
+makes :func:`fluxpy.unbroadcast` reduce CuPy gradients with the deterministic mapreducedim kernel :func:`fluxpy.kernels.reduce.mapreduce`, :func:`fluxpy.broadcast` run its
 forward and pullback as fused kernels compiled from ``f`` (:mod:`fluxpy.kernels.elementwise`),
 and :func:`fluxpy.ops.bias_act.bias_act` run as one forward kernel and one backward pass
 (``dx`` and the bias gradient together). It does nothing and returns
@@ -40,6 +40,8 @@ def register() -> bool:
     register_impl(cupy.ndarray, _BiasActCuPy())
     from ..optimise import register_fused_step
     register_fused_step(cupy.ndarray, elementwise.fused_step)
+    from . import cuda_conv
+    cuda_conv.register()   # cuDNN convolutions and CuPy pooling kernels
     return True
 
 

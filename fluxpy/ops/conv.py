@@ -29,9 +29,13 @@ array([[4., 4.],
 """
 from __future__ import annotations
 
-from ..autodiff import Primitive
+from ..autodiff import Primitive, is_tracked, value_of
+from ..backend import get_array_module
 from ..kernels import lookup
+from .activations import identity, relu
+from .basic import where as _where
 from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe
+from .reduce import sum as _sum
 from .shape import reshape
 
 __all__ = ["conv", "conv_backward_data", "conv_backward_filter", "conv_transpose", "conv_bias_act", "ConvDims"]
@@ -82,6 +86,23 @@ _conv_backward_filter = Primitive("conv_backward_filter", _conv_backward_filter_
 # ---------------------------------------------------------------------------------------------
 # Public ops
 
+_DIMS = {}   # validated ConvDims by (shapes, dtypes, options): saves ~6 us of checks per call
+
+
+def _conv_dims(x, w, stride=1, pad=0, dilation=1, groups=1, flipped=False):
+    """``ConvDims.from_arrays(x, w, ...)``, memoised on hashable options (the same errors otherwise)."""
+    try:
+        key = (x.shape, w.shape, x.dtype, w.dtype, stride, type(stride), pad, type(pad), dilation, type(dilation),
+               groups, type(groups), flipped)
+        cdims = _DIMS.get(key)
+    except (TypeError, AttributeError):
+        key = cdims = None
+    if cdims is None:
+        cdims = ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
+        if key is not None and len(_DIMS) < 4096:
+            _DIMS[key] = cdims
+    return cdims
+
 
 def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
     """``conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``: 2-D convolution.
@@ -113,7 +134,7 @@ def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
     >>> conv(np.ones((2, 4, 9, 9)), np.ones((6, 2, 3, 3)), stride=2, pad="same", groups=2).shape
     (2, 6, 5, 5)
     """
-    cdims = ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
+    cdims = _conv_dims(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
     return _conv(x, w, cdims)
 
 
@@ -221,27 +242,101 @@ def conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False
     return _conv_backward_data(x, w, cdims)
 
 
+# ---------------------------------------------------------------------------------------------
+# conv_bias_act: one primitive for relu and identity, whose pullback needs only the output
+
+
+def _kernel(name, *arrays):
+    """The kernel ``name`` registered for the arrays' module, or None (e.g. no fused kernel on NumPy)."""
+    try:
+        return lookup(name, *arrays)
+    except NotImplementedError:
+        return None
+
+
+def _conv_bias_act_impl(x, w, b, kind, cdims):
+    fused = _kernel("conv_bias_act_forward", x, w)
+    if fused is not None:
+        y = fused(x, w, b, kind, cdims)
+        if y is not None:
+            return y
+    y = lookup("conv_forward", x, w)(x, w, cdims)
+    if b is not None:
+        y += b.reshape(1, -1, 1, 1)
+    if kind == "relu":
+        get_array_module(y).maximum(y, 0, out=y)
+    return y
+
+
+def _bias_backward(dy, y, kind, cdims, need_b):
+    """``(dz, db)``: the cotangent of ``conv + b`` from the output ``y``, and its sum over (0, 2, 3)."""
+    if not (is_tracked(dy) or is_tracked(y)):
+        fast = _kernel("conv_bias_act_backward", dy, y)
+        if fast is not None:
+            return fast(dy, y, kind, cdims, need_b)
+    dz = _where(value_of(y) > 0, dy, 0) if kind == "relu" else dy
+    return dz, (_sum(dz, axis=(0, 2, 3)) if need_b else None)
+
+
+def _conv_bias_act_rule(needs, x, w, b, kind, cdims):
+    y = _conv_bias_act(x, w, b, kind, cdims)
+
+    def conv_bias_act_pullback(dy):
+        dz, db = _bias_backward(dy, y, kind, cdims, needs[2] and b is not None)
+        dx = _conv_backward_data(dz, w, cdims) if needs[0] else None
+        dw = _conv_backward_filter(x, dz, cdims) if needs[1] else None
+        return dx, dw, db, None, None
+    return y, conv_bias_act_pullback
+
+
+_conv_bias_act = Primitive("conv_bias_act", _conv_bias_act_rule, needs_mask=True, impl=_conv_bias_act_impl)
+
+
+def _fused_kind(act):
+    try:
+        return _FUSED.get(act)
+    except TypeError:   # an unhashable callable
+        return None
+
+
 def conv_bias_act(x, w, b, act=None, **options):
     """``conv_bias_act(x, w, b, act=identity, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``.
 
-    ``act(conv(x, w) + b)`` with ``b`` of shape ``(K,)`` added per output channel, through the fused
-    :func:`fluxpy.ops.bias_act.bias_act` (whose pullback uses only the output for ``relu``,
-    ``tanh``, ``sigmoid`` and ``identity``). ``b=None`` or ``False`` means no bias; ``act=None`` is
-    the identity. Keywords as :func:`conv`. One call, so a GPU backend can fuse all three.
+    ``act(conv(x, w) + b)`` with ``b`` of shape ``(K,)`` added per output channel. ``b=None`` or
+    ``False`` means no bias; ``act=None`` is the identity. Keywords as :func:`conv`.
+
+    For ``relu`` and ``identity`` it is one primitive: on the GPU one
+    ``cudnnConvolutionBiasActivationForward``; its pullback computes ``dz`` from the output alone
+    (``dz = dy * (y > 0)`` for relu), the bias gradient as the sum of ``dz`` over ``(0, 2, 3)`` (on the GPU
+    in the same pass), then ``dx = conv_backward_data(dz, w)`` and ``dw = conv_backward_filter(x, dz)``
+    (their primitives, so second derivatives work). Other activations run :func:`conv`, then the
+    fused :func:`fluxpy.ops.bias_act.bias_act` (whose pullback uses only the output for ``tanh``
+    and ``sigmoid``).
 
     >>> import numpy as np
     >>> from fluxpy.ops.activations import relu
     >>> conv_bias_act(np.ones((1, 1, 2, 2)), np.ones((2, 1, 2, 2)), np.array([-5.0, 1.0]), relu)[0, :, 0, 0]
     array([0., 5.])
     """
-    from .bias_act import bias_act  # imported here: bias_act lives in its own module
-    y = conv(x, w, **options)
-    if b is not None and b is not False:
+    if b is False:
+        b = None
+    if b is not None:
         k = w.shape[0]
         if tuple(b.shape) != (k,):
             raise ValueError(f"conv_bias_act expects b of shape ({k},) (one per output channel), got "
                              f"{describe('b', b)}")
-        b = reshape(b, (1, k, 1, 1))
-    else:
-        b = None
+    cdims = _conv_dims(x, w, **options)
+    kind = _fused_kind(identity if act is None else act)
+    if kind is not None and (b is None or b.dtype == x.dtype):
+        if b is None and kind == "identity":
+            return _conv(x, w, cdims)
+        return _conv_bias_act(x, w, b, kind, cdims)
+    from .bias_act import bias_act  # imported here: bias_act lives in its own module
+    y = _conv(x, w, cdims)
+    if b is not None:
+        b = reshape(b, (1, w.shape[0], 1, 1))
     return bias_act(y, b) if act is None else bias_act(y, b, act)
+
+
+_FUSED = {relu: "relu", identity: "identity"}
+

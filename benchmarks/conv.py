@@ -1,0 +1,253 @@
+"""fluxpy's cuDNN convolutions against PyTorch's, on the same GPU in the same run.
+
+Rows per layer (float32, cross-correlation as PyTorch, TF32 off on both sides):
+
+- ``fwd``: fluxpy ``conv_bias_act(x, w, b, relu, flipped=True)`` (one cudnnConvolutionBiasActivationForward)
+  vs ``relu(conv2d(x, w, b))``;
+- ``bwd_data`` / ``bwd_filter``: fluxpy ``conv_backward_data`` / ``conv_backward_filter`` (the public ops)
+  vs ``torch.ops.aten.convolution_backward`` with output_mask (True, False, False) / (False, True, False);
+- ``bias_mr`` / ``bias_cudnn``: the relu backward and bias gradient ``(dz, db)`` by fluxpy's mapreduce (one
+  pass) / by a mask kernel + cudnnConvolutionBackwardBias, vs ``threshold_backward`` + ``sum((0, 2, 3))``.
+
+Timing: CUDA events around ``iters`` back-to-back calls (host overhead included, as in a
+training step), after warm-up (which also runs cuDNN's algorithm search on both sides), median of
+``reps``. ``python benchmarks/conv.py [--quick] [--json out.json]``; prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+MNIST = [("mnist1", 128, 1, 28, 16, 3, 1, 1), ("mnist2", 128, 16, 14, 32, 3, 1, 1), ("mnist3", 128, 32, 7, 32, 3, 1, 1)]
+RESNET = [  # name, C, H, K, R, stride, pad
+    ("r50 64>64 3x3 56", 64, 56, 64, 3, 1, 1),
+    ("r50 128>128 3x3 s2 56", 128, 56, 128, 3, 2, 1),
+    ("r50 256>64 1x1 56", 256, 56, 64, 1, 1, 0),
+    ("r50 64>256 1x1 56", 64, 56, 256, 1, 1, 0),
+    ("r50 256>256 3x3 14", 256, 14, 256, 3, 1, 1),
+    ("r50 512>512 3x3 7", 512, 7, 512, 3, 1, 1),
+    ("r50 1024>256 1x1 s2 14", 1024, 14, 256, 1, 2, 0),
+]
+
+
+def layers(quick):
+    out = list(MNIST)
+    for n in (8, 256):
+        for name, c, h, k, r, s, p in RESNET:
+            if quick and n == 256 and name not in ("r50 64>64 3x3 56", "r50 256>64 1x1 56", "r50 512>512 3x3 7"):
+                continue
+            out.append((f"{name} N{n}", n, c, h, k, r, s, p))
+    return out
+
+
+def timer(cp, fn, budget_s=0.25, reps=9, warm=3):
+    """Median microseconds per call of ``fn``: events around ``iters`` calls, ``reps`` times."""
+    for _ in range(warm):
+        fn()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    fn()
+    cp.cuda.Device().synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    iters = int(max(1, min(100, budget_s / reps / one)))
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / iters)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="host/GPU time of each piece of the call path")
+    ap.add_argument("--budget", type=float, default=0.25, help="seconds of timing per row and side")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+
+    import fluxpy
+    from fluxpy.kernels import cuda_conv, cudnn
+    from fluxpy.ops.conv import conv_backward_data, conv_backward_filter, conv_bias_act
+    from fluxpy.ops.dims import ConvDims
+
+    cuda_conv.register()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cudnn.set_options(allow_tf32=False)
+    relu = fluxpy.relu
+    gpu = torch.cuda.get_device_name()
+    print(f"# conv benchmark: {gpu}, cuDNN {cudnn.version()} (fluxpy) / {torch.backends.cudnn.version()} (torch), "
+          f"torch {torch.__version__}, cupy {cp.__version__}, {datetime.date.today()}", flush=True)
+
+    if args.profile:
+        profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu)
+    rows = []
+    rng = np.random.default_rng(0)
+    for name, n, c, h, k, r, s, p in layers(args.quick):
+        x = cp.asarray(rng.standard_normal((n, c, h, h), dtype=np.float32))
+        w = cp.asarray((rng.standard_normal((k, c, r, r), dtype=np.float32) / np.sqrt(c * r * r)).astype(np.float32))
+        b = cp.asarray(rng.standard_normal(k, dtype=np.float32) * 0.1)
+        cd = ConvDims.from_arrays(x, w, stride=s, pad=p, flipped=True)
+        dy = cp.asarray(rng.standard_normal(cd.y_shape, dtype=np.float32))
+        tx, tw, tb, tdy = (torch.from_dlpack(a) for a in (x, w, b, dy))
+        y = conv_bias_act(x, w, b, relu, stride=s, pad=p, flipped=True)
+        ty = F.relu(F.conv2d(tx, tw, tb, stride=s, padding=p))
+        err = float(cp.abs(y - cp.from_dlpack(ty)).max() / (cp.abs(cp.from_dlpack(ty)).max() + 1e-30))
+        cd_sym = cd
+
+        def bwd(mask):
+            return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False,
+                                                               [0, 0], 1, mask)
+
+        def fx_bias(how):
+            def run():
+                old = cuda_conv.set_bias_grad(how)
+                cuda_conv.conv_bias_act_backward(dy, y, "relu", cd_sym, True)
+                cuda_conv.set_bias_grad(old)
+            return run
+
+        def t_bias():
+            dz = torch.ops.aten.threshold_backward(tdy, ty, 0)
+            return dz.sum((0, 2, 3))
+
+        pairs = {
+            "fwd": (lambda: conv_bias_act(x, w, b, relu, stride=s, pad=p, flipped=True),
+                    lambda: F.relu(F.conv2d(tx, tw, tb, stride=s, padding=p))),
+            "fwd_kernel": (lambda: cudnn.conv_bias_act_forward(x, w, b, "relu", cd), None),
+            "bwd_data": (lambda: conv_backward_data(dy, w, cd), bwd((True, False, False))),
+            "bwd_filter": (lambda: conv_backward_filter(x, dy, cd), bwd((False, True, False))),
+            "bias_mr": (fx_bias("mapreduce"), t_bias),
+            "bias_cudnn": (fx_bias("cudnn"), None),
+        }
+        # correctness of the backward rows against torch, once
+        dx_err = float(cp.abs(conv_backward_data(dy, w, cd) - cp.from_dlpack(bwd((True, False, False))()[0])).max())
+        dw_err = float(cp.abs(conv_backward_filter(x, dy, cd) - cp.from_dlpack(bwd((False, True, False))()[1])).max())
+        for row, (fx, tt) in pairs.items():
+            f_us = timer(cp, fx, args.budget)
+            t_us = timer(cp, tt, args.budget) if tt is not None else None
+            rows.append(dict(layer=name, row=row, fluxpy_us=f_us, torch_us=t_us,
+                             ratio=(f_us / t_us) if t_us else None))
+            print(f"{name:28s} {row:11s} fluxpy {f_us:9.1f} us  torch "
+                  f"{(f'{t_us:9.1f}' if t_us else '      -  ')} us  ratio {(f'{f_us / t_us:5.2f}' if t_us else '  -  ')}",
+                  flush=True)
+        print(f"{name:28s} max rel err fwd {err:.1e}, max abs err dx {dx_err:.1e} dw {dw_err:.1e}", flush=True)
+        del x, w, b, dy, tx, tw, tb, tdy, y, ty
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+
+    print()
+    print(f"GPU: {gpu}; date {datetime.date.today()}; float32, TF32 off both sides; medians of CUDA-event "
+          f"timings (us per call, host overhead included); ratio = fluxpy / torch")
+    print()
+    print("| layer | fwd fluxpy | fwd torch | ratio | bwd_data fluxpy | torch | ratio | bwd_filter fluxpy | torch | ratio "
+          "| bias mapreduce | bias cudnn | torch relu'+sum |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    by = {}
+    for r in rows:
+        by.setdefault(r["layer"], {})[r["row"]] = r
+    for layer, d in by.items():
+        def cell(row, key="fluxpy_us"):
+            v = d[row][key]
+            return "-" if v is None else f"{v:.1f}"
+
+        def ratio(row):
+            v = d[row]["ratio"]
+            return "-" if v is None else f"{v:.2f}"
+        print(f"| {layer} | {cell('fwd')} | {cell('fwd', 'torch_us')} | {ratio('fwd')} | {cell('bwd_data')} | "
+              f"{cell('bwd_data', 'torch_us')} | {ratio('bwd_data')} | {cell('bwd_filter')} | "
+              f"{cell('bwd_filter', 'torch_us')} | {ratio('bwd_filter')} | {cell('bias_mr')} | {cell('bias_cudnn')} | "
+              f"{cell('bias_mr', 'torch_us')} |")
+    geo = {row: float(np.exp(np.mean([np.log(d[row]["ratio"]) for d in by.values()])))
+           for row in ("fwd", "bwd_data", "bwd_filter", "bias_mr")}
+    print()
+    print("geometric-mean ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in geo.items()))
+    print(f"cudnn stats: {cudnn.stats()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=gpu, date=str(datetime.date.today()), rows=rows), f, indent=1)
+    return 0
+
+
+def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):
+    """Host (cpu) and device (gpu) microseconds per call of each piece, by cupyx.profiler.benchmark."""
+    import ctypes
+
+    from cupyx.profiler import benchmark
+
+    from fluxpy.ops.dims import ConvDims
+    rng = np.random.default_rng(1)
+    for (n, c, h, k) in ((128, 16, 14, 14 * 0 + 32), (128, 1, 28, 16)):
+        x = cp.asarray(rng.standard_normal((n, c, h, h), dtype=np.float32))
+        w = cp.asarray(rng.standard_normal((k, c, 3, 3), dtype=np.float32))
+        b = cp.asarray(rng.standard_normal(k, dtype=np.float32))
+        cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
+        dy = cp.asarray(rng.standard_normal(cd.y_shape, dtype=np.float32))
+        y = cudnn.conv_bias_act_forward(x, w, b, "relu", cd)
+        cudnn.conv_backward_data(dy, w, cd)
+        cudnn.conv_backward_filter(x, dy, cd)
+        p = cudnn.plan(cd, x.dtype)
+        hd = cudnn._handle()
+        fn = cudnn._fn
+        one, zero = ctypes.addressof(p.one), ctypes.addressof(p.zero)
+        (fa, fm, fmem), (da, dm, dmem), (wa, wm, wmem) = p.algos["fwd"][0], p.algos["bwd_data"][0], p.algos["bwd_filter"][0]
+        ws = cp.cuda.alloc(max(fmem, dmem, wmem, 1 << 20))
+        out = cp.empty(cd.y_shape, cp.float32)
+        dx = cp.empty(x.shape, cp.float32)
+        dw = cp.empty(w.shape, cp.float32)
+        p.set_math(fm)
+        tx, tw, tb = (torch.from_dlpack(a) for a in (x, w, b))
+        tdy = torch.from_dlpack(dy)
+        print(f"algos: fwd {p.algos['fwd'][:3]} bwd_data {p.algos['bwd_data'][:3]} bwd_filter {p.algos['bwd_filter'][:3]}")
+        items = {
+            "noop": lambda: None,
+            "cupy.empty(y)": lambda: cp.empty(cd.y_shape, cp.float32),
+            "cupy.cuda.alloc(1MB)": lambda: cp.cuda.alloc(1 << 20),
+            "getDevice+stream": lambda: (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr),
+            "plan()+_handle()": lambda: (cudnn.plan(cd, x.dtype), cudnn._handle()),
+            "raw cudnnConvolutionForward": lambda: fn.cudnnConvolutionForward(
+                hd, one, p.xd, x.data.ptr, p.wd, w.data.ptr, p.convd, fa, ws.ptr, fmem, zero, p.yd, out.data.ptr),
+            "raw fused relu": lambda: fn.cudnnConvolutionBiasActivationForward(
+                hd, one, p.xd, x.data.ptr, p.wd, w.data.ptr, p.convd, fa, ws.ptr, fmem, zero, p.yd, out.data.ptr,
+                p.bd, b.data.ptr, p.act["relu"], p.yd, out.data.ptr),
+            "raw bwd_data": lambda: fn.cudnnConvolutionBackwardData(
+                hd, one, p.wd, w.data.ptr, p.yd, dy.data.ptr, p.convd, da, ws.ptr, dmem, zero, p.xd, dx.data.ptr),
+            "raw bwd_filter": lambda: fn.cudnnConvolutionBackwardFilter(
+                hd, one, p.xd, x.data.ptr, p.yd, dy.data.ptr, p.convd, wa, ws.ptr, wmem, zero, p.wd, dw.data.ptr),
+            "cudnn.conv_bias_act_forward": lambda: cudnn.conv_bias_act_forward(x, w, b, "relu", cd),
+            "ops.conv_bias_act": lambda: conv_bias_act(x, w, b, relu, pad=1, flipped=True),
+            "cudnn.conv_backward_data": lambda: cudnn.conv_backward_data(dy, w, cd),
+            "bias mapreduce": lambda: cuda_conv.conv_bias_act_backward(dy, y, "relu", cd, True),
+            "torch conv2d": lambda: F.conv2d(tx, tw, None, padding=1),
+            "torch conv2d+b+relu": lambda: F.relu(F.conv2d(tx, tw, tb, padding=1)),
+            "torch bwd_data": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [1, 1], [1, 1], [1, 1],
+                                                                          False, [0, 0], 1, (True, False, False)),
+        }
+        print(f"## host/GPU profile, x {x.shape} w {w.shape} (us per call: cpu = host, gpu = events around one call)")
+        for name, f in items.items():
+            r = benchmark(f, n_repeat=300, n_warmup=30)
+            print(f"{name:32s} cpu {np.median(r.cpu_times) * 1e6:8.1f}  gpu {np.median(r.gpu_times[0]) * 1e6:8.1f}",
+                  flush=True)
+        # back-to-back throughput of the raw fused call (no sync between calls)
+        print(f"raw fused back-to-back: {timer(cp, items['raw fused relu'], 0.1):.1f} us; "
+              f"torch conv2d back-to-back: {timer(cp, items['torch conv2d'], 0.1):.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
