@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-import fluxpy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import fluxpy  # noqa: E402
 
 _B = np.linspace(-0.01, 0.01, 4).astype(np.float32)
 OPS = {
