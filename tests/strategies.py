@@ -1,6 +1,8 @@
 """Hypothesis strategies shared by the tests: shapes, broadcast patterns, axes, arrays."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -43,3 +45,19 @@ def array(rng, shape, low=None, high=None, away_from_zero=False):
     if away_from_zero:
         x = np.where(x < 0, -0.3, 0.3) + x
     return x
+
+
+def resolve_pad(pad, hw, kernel, stride):
+    """The (top, bottom, left, right) that each pad form means (int, pair, 4-tuple, "same"), written out
+    independently of fluxpy.ops.dims; ``kernel`` is the dilated kernel span per axis."""
+    if pad == "same":
+        out = []
+        for size, k, s in zip(hw, kernel, stride):
+            total = max((math.ceil(size / s) - 1) * s + k - size, 0)
+            out += [total // 2, total - total // 2]
+        return tuple(out)
+    if isinstance(pad, int):
+        return (pad,) * 4
+    if len(pad) == 2:
+        return (pad[0], pad[0], pad[1], pad[1])
+    return tuple(pad)

@@ -16,26 +16,13 @@ from fluxpy.ops.conv import conv, conv_backward_data, conv_backward_filter, conv
 from fluxpy.ops.dims import ConvDims
 from gradcheck import check_grad
 
+from strategies import resolve_pad
+
 seeds = st.integers(0, 2**31 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
 # A slow, obviously correct reference
-
-
-def resolve_pad(pad, hw, dilated, stride):
-    """The (top, bottom, left, right) that each pad form means, written out independently."""
-    if pad == "same":
-        out = []
-        for size, k, s in zip(hw, dilated, stride):
-            total = max((math.ceil(size / s) - 1) * s + k - size, 0)
-            out += [total // 2, total - total // 2]
-        return tuple(out)
-    if isinstance(pad, int):
-        return (pad,) * 4
-    if len(pad) == 2:
-        return (pad[0], pad[0], pad[1], pad[1])
-    return tuple(pad)
 
 
 def reference_conv(x, w, stride=(1, 1), pad=0, dilation=(1, 1), groups=1, flipped=False):

@@ -18,25 +18,13 @@ from fluxpy.ops.pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool
                              maxpool_backward, meanpool, meanpool_backward)
 from gradcheck import check_grad
 
+from strategies import resolve_pad
+
 seeds = st.integers(0, 2**31 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
 # Loop references
-
-
-def resolve_pad(pad, hw, kernel, stride):
-    if pad == "same":
-        out = []
-        for size, k, s in zip(hw, kernel, stride):
-            total = max((math.ceil(size / s) - 1) * s + k - size, 0)
-            out += [total // 2, total - total // 2]
-        return tuple(out)
-    if isinstance(pad, int):
-        return (pad,) * 4
-    if len(pad) == 2:
-        return (pad[0], pad[0], pad[1], pad[1])
-    return tuple(pad)
 
 
 def reference_pool(x, kernel, stride, pad, reduce, fill):

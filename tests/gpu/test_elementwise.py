@@ -32,16 +32,6 @@ FUNCTIONS.update({
 })
 
 
-@pytest.fixture(autouse=True)
-def _registered():
-    from fluxpy.kernels import gpu
-    assert gpu.register()
-    yield
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 def _value_and_grads(f, x, b, ct):
@@ -52,7 +42,7 @@ def _value_and_grads(f, x, b, ct):
 
 
 def _close(gpu, cpu, rtol, atol):
-    cp = _cp()
+    import cupy as cp
     assert isinstance(gpu, cp.ndarray), type(gpu)
     assert gpu.shape == np.shape(cpu)
     np.testing.assert_allclose(cp.asnumpy(gpu).astype(np.float64), np.asarray(cpu, np.float64), rtol=rtol, atol=atol)
@@ -62,7 +52,7 @@ def _close(gpu, cpu, rtol, atol):
 @given(pair=broadcast_pair(), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([np.float64, np.float32]))
 @settings(max_examples=12)
 def test_fused_matches_cpu(name, pair, seed, dtype):
-    cp = _cp()
+    import cupy as cp
     f = FUNCTIONS[name]
     rng = np.random.default_rng(seed)
     x = np.asarray(array(rng, pair[0], away_from_zero=True))   # 0-d arrays, not NumPy scalars
@@ -94,7 +84,7 @@ def test_fused_matches_cpu(name, pair, seed, dtype):
 
 def test_partials_match_dual_numbers_elementwise():
     """The derivative kernel against the CPU dual numbers directly, unreduced, for every activation."""
-    cp = _cp()
+    import cupy as cp
     from fluxpy.broadcast import _partials
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 33)) * 3
@@ -114,7 +104,7 @@ def test_partials_match_dual_numbers_elementwise():
 
 
 def test_cache_second_call_does_not_recompile():
-    cp = _cp()
+    import cupy as cp
     x = cp.asarray(np.random.default_rng(1).standard_normal((5, 7)).astype(np.float32))
     b = cp.asarray(np.random.default_rng(2).standard_normal((7,)).astype(np.float32))
 
@@ -134,7 +124,7 @@ def test_cache_second_call_does_not_recompile():
 
 
 def test_python_scalars_and_mixed_dtypes():
-    cp = _cp()
+    import cupy as cp
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 3)).astype(np.float32)
     b = rng.standard_normal((3,))
@@ -151,7 +141,7 @@ def test_python_scalars_and_mixed_dtypes():
 
 
 def test_untraceable_function_falls_back_and_warns_once():
-    cp = _cp()
+    import cupy as cp
     w = cp.asarray(np.arange(3.0))
     f = lambda u: u * w + 1   # noqa: E731  (an array captured in the closure cannot be compiled in)
     x = cp.asarray(np.ones((2, 3)))
@@ -165,7 +155,7 @@ def test_untraceable_function_falls_back_and_warns_once():
 
 
 def test_second_order_uses_the_generic_path():
-    cp = _cp()
+    import cupy as cp
     x = np.array([0.3, -1.2, 2.0])
     f = lambda v: np.tanh(v) * v   # noqa: E731
     h = lambda x: fluxpy.gradient(lambda y: broadcast(f, y).sum(), x)[0].sum()   # noqa: E731
@@ -175,7 +165,7 @@ def test_second_order_uses_the_generic_path():
 
 
 def test_mixing_cpu_and_gpu_is_a_clear_error():
-    cp = _cp()
+    import cupy as cp
     with pytest.raises(TypeError, match="numpy.*cupy|cupy.*numpy"):
         broadcast(lambda a, b: a + b, np.ones(3), cp.ones(3))
     with pytest.raises(TypeError, match="numpy.*cupy|cupy.*numpy"):
@@ -183,7 +173,7 @@ def test_mixing_cpu_and_gpu_is_a_clear_error():
 
 
 def test_mapreduce_out_mapped():
-    cp = _cp()
+    import cupy as cp
     from fluxpy.kernels.reduce import mapreduce
     rng = np.random.default_rng(4)
     for shape, axes in [((128, 16, 28, 28), (0, 2, 3)), ((128, 10), (0,)), ((3, 5, 7), (0, 2)), ((1000, 33), 1),
@@ -206,7 +196,7 @@ def test_mapreduce_out_mapped():
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kind", ["identity", "relu", "tanh", "sigmoid"])
 def test_bias_act_output_backward_both_variants(kind, fused):
-    cp = _cp()
+    import cupy as cp
     rng = np.random.default_rng(5)
     for xs, bs in [((16, 8, 5, 5), (1, 8, 1, 1)), ((128, 10), (10,)), ((4, 6), (4, 6))]:
         y = rng.uniform(0.05, 0.95, xs) * rng.choice([-1, 1], xs) if kind in ("identity", "relu") \
@@ -220,7 +210,7 @@ def test_bias_act_output_backward_both_variants(kind, fused):
 
 
 def test_fused_optimiser_updates_match_the_rules():
-    cp = _cp()
+    import cupy as cp
     from fluxpy import optimise as O
     rng = np.random.default_rng(6)
     for rule in (O.Descent(0.1), O.Momentum(0.05, 0.8), O.Adam(0.01)):

@@ -21,16 +21,6 @@ from fluxpy.ops.softmax import logsoftmax, softmax
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def _registered():
-    from fluxpy.kernels import gpu
-    assert gpu.register()
-    yield
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 def _to(x, xp, dtype):
@@ -43,7 +33,7 @@ def _to(x, xp, dtype):
 
 def check(f, *args, wrt=None, dtypes=(np.float64, np.float32), seed=0):
     """f(*args) and the gradient of sum(f * ct) agree between NumPy float64 and CuPy in each dtype."""
-    cp = _cp()
+    import cupy as cp
     rng = np.random.default_rng(seed)
     wrt = tuple(i for i, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype.kind == "f") \
         if wrt is None else wrt
@@ -134,7 +124,7 @@ def test_activation_and_bias_act(act):
 
 
 def test_bias_act_fused_and_unfused_bias_gradient_agree():
-    cp = _cp()
+    import cupy as cp
     from fluxpy.kernels import elementwise as E
     x = cp.asarray(rng.standard_normal((32, 16, 7, 7)).astype(np.float32))
     b = cp.asarray(rng.standard_normal((1, 16, 1, 1)).astype(np.float32))
@@ -151,7 +141,7 @@ def test_bias_act_fused_and_unfused_bias_gradient_agree():
 
 
 def test_dropout_with_a_fixed_mask_and_on_the_gpu():
-    cp = _cp()
+    import cupy as cp
     x = rng.standard_normal((6, 8))
     mask = dropout_mask(x, 0.3, rng=np.random.default_rng(0))
     check(lambda x, m: x * m, x, mask, wrt=(0,))
@@ -188,7 +178,7 @@ def test_losses():
 
 
 def test_mixing_cpu_and_gpu_arrays_is_an_error_naming_both():
-    cp = _cp()
+    import cupy as cp
     with pytest.raises(TypeError, match="numpy|cupy"):
         ops.add(np.ones(3), cp.ones(3))
     with pytest.raises(TypeError, match="numpy.*cupy|cupy.*numpy"):
@@ -205,7 +195,7 @@ def _mlp(dtype, seed=0):
 
 
 def test_mlp_gradient_matches_cpu():
-    cp = _cp()
+    import cupy as cp
     r = np.random.default_rng(1)
     x = r.standard_normal((64, 20))
     y = np.eye(10)[r.integers(0, 10, 64)]
@@ -226,7 +216,7 @@ def test_mlp_gradient_matches_cpu():
 
 
 def test_training_step_has_no_hidden_synchronisation():
-    cp = _cp()
+    import cupy as cp
     import cupyx
     from fluxpy import optimise as O
     r = np.random.default_rng(2)
