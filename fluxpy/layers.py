@@ -31,13 +31,13 @@ from .backend import is_float_array
 from .functors import children, fmap, layer, state, trainables
 from .ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)
 from .ops.bias_act import bias_act
-from .ops.conv import conv_bias_act, conv_transpose
-from .ops.dims import AdaptivePoolDims, ConvDims, PoolDims
+from .ops.conv import conv_bias_act, conv_dims, conv_transpose
+from .ops.dims import AdaptivePoolDims
 from .ops.dropout import dropout
 from .ops.linalg import matmul
 from .ops.norm import batchnorm_infer, batchnorm_train, layernorm
 from .ops.pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool,
-                       meanpool)
+                       meanpool, pool_dims)
 from .ops.shape import reshape, transpose
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
@@ -583,7 +583,7 @@ class Conv:
     def __call__(self, x):
         _require_channels(self, x, self.in_channels)
         try:
-            ConvDims.from_shapes(x.shape, self.weight.shape, op="conv", **self._options())
+            conv_dims(x, self.weight, **self._options())
         except ValueError as err:
             raise _renamed(self, err, "conv") from None
         return conv_bias_act(x, self.weight, self.bias, self.act, **self._options())
@@ -690,7 +690,7 @@ class MaxPool:
     def __call__(self, x):
         _require_ndim(self, x, 4, "(N, C, H, W)")
         try:
-            PoolDims.from_array(x, self.kernel, self.stride, self.pad, op=self._op_name)
+            pool_dims(x, self.kernel, self.stride, self.pad, op=self._op_name)
         except ValueError as err:
             raise _renamed(self, err, self._op_name) from None
         return type(self)._op(x, self.kernel, stride=self.stride, pad=self.pad)

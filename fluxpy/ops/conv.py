@@ -33,7 +33,7 @@ from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import get_array_module
 from ..kernels import lookup
 from .activations import identity, relu
-from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe
+from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe, memoised
 from .reduce import sum as _sum
 from .shape import reshape
 
@@ -88,19 +88,18 @@ _conv_backward_filter = Primitive("conv_backward_filter", _conv_backward_filter_
 _DIMS = {}   # validated ConvDims by (shapes, dtypes, options): saves ~6 us of checks per call
 
 
-def _conv_dims(x, w, stride=1, pad=0, dilation=1, groups=1, flipped=False):
-    """``ConvDims.from_arrays(x, w, ...)``, memoised on hashable options (the same errors otherwise)."""
-    try:
-        key = (x.shape, w.shape, x.dtype, w.dtype, stride, type(stride), pad, type(pad), dilation, type(dilation),
-               groups, type(groups), flipped)
-        cdims = _DIMS.get(key)
-    except (TypeError, AttributeError):
-        key = cdims = None
-    if cdims is None:
-        cdims = ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
-        if key is not None and len(_DIMS) < 4096:
-            _DIMS[key] = cdims
-    return cdims
+def conv_dims(x, w, stride=1, pad=0, dilation=1, groups=1, flipped=False):
+    """``ConvDims.from_arrays(x, w, ...)``, memoised on hashable options (the same errors otherwise).
+
+    >>> import numpy as np
+    >>> conv_dims(np.ones((1, 2, 5, 5)), np.ones((3, 2, 3, 3)), pad=1).y_shape
+    (1, 3, 5, 5)
+    """
+    key = (getattr(x, "shape", None), getattr(w, "shape", None), getattr(x, "dtype", None),
+           getattr(w, "dtype", None), stride, type(stride), pad, type(pad), dilation, type(dilation), groups,
+           type(groups), flipped)
+    return memoised(_DIMS, key, lambda: ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation,
+                                                             groups=groups, flipped=flipped))
 
 
 def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
@@ -133,7 +132,7 @@ def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
     >>> conv(np.ones((2, 4, 9, 9)), np.ones((6, 2, 3, 3)), stride=2, pad="same", groups=2).shape
     (2, 6, 5, 5)
     """
-    cdims = _conv_dims(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
+    cdims = conv_dims(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
     return _conv(x, w, cdims)
 
 
@@ -324,7 +323,7 @@ def conv_bias_act(x, w, b, act=None, **options):
         if tuple(b.shape) != (k,):
             raise ValueError(f"conv_bias_act expects b of shape ({k},) (one per output channel), got "
                              f"{describe('b', b)}")
-    cdims = _conv_dims(x, w, **options)
+    cdims = conv_dims(x, w, **options)
     kind = _fused_kind(identity if act is None else act)
     if kind is not None and (b is None or b.dtype == x.dtype):
         if b is None and kind == "identity":

@@ -20,7 +20,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ConvDims", "PoolDims", "AdaptivePoolDims", "describe"]
+__all__ = ["ConvDims", "PoolDims", "AdaptivePoolDims", "describe", "memoised"]
+
+_MEMO_LIMIT = 4096
+
+
+def memoised(cache, key, build):
+    """``build()`` once per hashable ``key`` in the dict ``cache``; an unhashable key just builds.
+
+    Dims are validated once per problem: the checks cost several microseconds per op call.
+
+    >>> cache = {}
+    >>> memoised(cache, ("k", 1), lambda: [1]) is memoised(cache, ("k", 1), lambda: [2])
+    True
+    """
+    try:
+        found = cache.get(key)
+    except TypeError:   # e.g. a list where a tuple was meant
+        return build()
+    if found is None:
+        found = build()
+        if len(cache) < _MEMO_LIMIT:
+            cache[key] = found
+    return found
 
 
 def describe(name, a):

@@ -25,12 +25,26 @@ import numpy as np
 from ..autodiff import Primitive
 from ..backend import get_array_module
 from ..kernels import lookup
-from .dims import AdaptivePoolDims, PoolDims, describe
+from .dims import AdaptivePoolDims, PoolDims, describe, memoised
 from .linalg import matmul
 from .reduce import mean
 
 __all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool", "adaptive_meanpool",
            "maxpool_backward", "meanpool_backward", "PoolDims", "AdaptivePoolDims"]
+
+
+_DIMS = {}
+
+
+def pool_dims(x, kernel, stride=None, pad=0, op="maxpool"):
+    """``PoolDims.from_array(x, kernel, stride, pad, op=op)``, memoised per shape and options.
+
+    >>> import numpy as np
+    >>> pool_dims(np.ones((1, 1, 4, 4)), 2).y_shape
+    (1, 1, 2, 2)
+    """
+    key = (getattr(x, "shape", None), kernel, type(kernel), stride, type(stride), pad, type(pad), op)
+    return memoised(_DIMS, key, lambda: PoolDims.from_array(x, kernel, stride, pad, op=op))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +129,7 @@ def maxpool(x, kernel, stride=None, pad=0):
     >>> maxpool(x, 3, stride=1, pad=1).shape
     (1, 1, 4, 4)
     """
-    return _maxpool(x, PoolDims.from_array(x, kernel, stride, pad, op="maxpool"))
+    return _maxpool(x, pool_dims(x, kernel, stride, pad, op="maxpool"))
 
 
 def meanpool(x, kernel, stride=None, pad=0):
@@ -133,7 +147,7 @@ def meanpool(x, kernel, stride=None, pad=0):
     array([[0.25, 0.5 ],
            [0.5 , 1.  ]])
     """
-    return _meanpool(x, PoolDims.from_array(x, kernel, stride, pad, op="meanpool"))
+    return _meanpool(x, pool_dims(x, kernel, stride, pad, op="meanpool"))
 
 
 def maxpool_backward(dy, x, y, pdims):
