@@ -295,6 +295,24 @@ def test_conv_bias_act_matches_the_composition():
     check_grad(lambda x, w, b: conv_bias_act(x, w, b, tanh, **opts), x, w, b, rng=rng)
 
 
+@pytest.mark.parametrize("act_name", ["relu", "identity"])
+@given(problem=conv_problems(), seed=seeds)
+def test_fused_conv_bias_act_gradients(act_name, problem, seed):
+    """The fused primitive (relu, identity): its pullback takes the activation's derivative from the output."""
+    from fluxpy.ops import activations
+    from gradcheck import check_second_order
+    act = getattr(activations, act_name)
+    xs, ws, opts = problem
+    rng = np.random.default_rng(seed)
+    x, w, b = randn(rng, xs), randn(rng, ws), randn(rng, ws[0])
+    z = conv(x, w, **opts) + b.reshape(1, -1, 1, 1)
+    if act_name == "relu" and np.min(np.abs(z)) < 1e-3:
+        return   # finite differences straddle relu's kink
+    np.testing.assert_allclose(conv_bias_act(x, w, b, act, **opts), act(z), rtol=1e-12, atol=1e-12)
+    check_grad(lambda x, w, b: conv_bias_act(x, w, b, act, **opts), x, w, b, rng=rng)
+    check_second_order(lambda x, w, b: conv_bias_act(x, w, b, act, **opts), x, w, b, rng=rng, rtol=1e-5)
+
+
 def test_conv_bias_act_checks_the_bias():
     pytest.importorskip("fluxpy.ops.bias_act")
     with pytest.raises(ValueError, match=r"conv_bias_act expects b of shape \(6,\).*got b of shape \(3,\)"):
