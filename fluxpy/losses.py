@@ -28,7 +28,8 @@ from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
 from .ops.reduce import sum as _sum
-from .ops.softmax import logsoftmax
+from .ops.shape import reshape
+from .ops.softmax import logit_crossentropy_rows, logsoftmax
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
            "logitbinarycrossentropy", "kldivergence", "label_smoothing"]
@@ -136,6 +137,12 @@ def logitcrossentropy(yhat, y, *, agg=mean):
     0.2877
     """
     y = _check("logitcrossentropy", yhat, y)
+    shape = _shape(yhat)
+    if len(shape) == 2:
+        return _aggregate(agg, logit_crossentropy_rows(yhat, y))
+    if len(shape) > 2:   # (..., C): one row per leading index
+        rows = logit_crossentropy_rows(reshape(yhat, (-1, shape[-1])), reshape(y, (-1, shape[-1])))
+        return _aggregate(agg, reshape(rows, shape[:-1]))
     return _aggregate(agg, -_sum(y * logsoftmax(yhat, axis=-1), axis=-1))
 
 

@@ -106,3 +106,22 @@ def test_axis_errors():
         softmax(np.ones((2, 3)), axis=2)
     with pytest.raises(ValueError, match="logsoftmax: repeated axis"):
         logsoftmax(np.ones((2, 3)), axis=(1, -1))
+
+
+@given(n=st.integers(1, 5), c=st.integers(1, 7), seed=st.integers(0, 2**31 - 1), soft=st.booleans())
+def test_logit_crossentropy_rows_gradients_and_value(n, c, seed, soft):
+    from fluxpy.ops.softmax import logit_crossentropy_rows
+    rng = np.random.default_rng(seed)
+    yhat = rng.standard_normal((n, c)) * 3
+    y = rng.random((n, c)) if soft else np.eye(c)[rng.integers(0, c, n)]
+    expected = -(y * (yhat - yhat.max(1, keepdims=True) - np.log(np.exp(yhat - yhat.max(1, keepdims=True))
+                                                                  .sum(1, keepdims=True)))).sum(1)
+    np.testing.assert_allclose(logit_crossentropy_rows(yhat, y), expected, rtol=1e-12, atol=1e-12)
+    check_grad(logit_crossentropy_rows, yhat, y, rng=rng)
+    check_second_order(logit_crossentropy_rows, yhat, y, rng=rng, rtol=1e-5)
+
+
+def test_logit_crossentropy_rows_shape_error():
+    from fluxpy.ops.softmax import logit_crossentropy_rows
+    with pytest.raises(ValueError, match=r"logit_crossentropy_rows expects .* got \(2, 3\) and \(2, 4\)"):
+        logit_crossentropy_rows(np.ones((2, 3)), np.ones((2, 4)))
