@@ -40,8 +40,9 @@ def register() -> bool:
     register_impl(cupy.ndarray, _BiasActCuPy())
     from ..optimise import register_fused_step
     register_fused_step(cupy.ndarray, elementwise.fused_step)
-    from . import cuda_conv
-    cuda_conv.register()   # cuDNN convolutions and CuPy pooling kernels
+    from . import cuda_conv, cuda_softmax
+    cuda_conv.register()     # cuDNN convolutions and CuPy pooling kernels
+    cuda_softmax.register()  # the classifier loss, one kernel each way
     return True
 
 

@@ -223,3 +223,20 @@ def test_fused_optimiser_updates_match_the_rules():
                 O.update(st_cpu, w, g)
                 st_gpu.state = E.fused_step(rule, st_gpu.state, wg, cp.asarray(g))
             np.testing.assert_allclose(cp.asnumpy(wg), w, rtol=1e-12 if dtype == np.float64 else 1e-5)
+
+
+def test_adam_with_a_non_contiguous_gradient_takes_the_elementwise_kernel():
+    import cupy as cp
+    from fluxpy import optimise as O
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((3, 4))
+    wg = cp.asarray(w)
+    rule = O.Adam(0.01)
+    st_cpu, st_gpu = O.setup(rule, w), O.setup(rule, wg)
+    for _ in range(3):
+        g = rng.standard_normal((4, 3))
+        O.update(st_cpu, w, g.T)
+        gg = cp.asarray(g).T
+        assert not gg.flags.c_contiguous
+        st_gpu.state = E.fused_step(rule, st_gpu.state, wg, gg)
+    np.testing.assert_allclose(cp.asnumpy(wg), w, rtol=1e-12)

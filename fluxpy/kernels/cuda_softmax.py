@@ -1,0 +1,129 @@
+"""CUDA kernels for the classifier loss: ``logit_crossentropy_rows`` forward and backward, a warp per row.
+
+The loss of an ``(N, C)`` batch of logits against one-hot or soft targets is
+``l[n] = sum(y[n]) * logsumexp(ŷ[n]) - <y[n], ŷ[n]>`` and its gradient
+``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, against a dozen CuPy
+calls for the composition (max, subtract, exp, sum, log, multiply, ...), each of which costs tens
+of microseconds of host time. Accumulation is in float32 for float32 inputs, float64 for float64;
+other dtypes and non-contiguous inputs take the generic CuPy path.
+
+>>> register() == (cupy is not None)
+True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import cupy
+
+__all__ = ["register", "logit_crossentropy_rows", "logit_crossentropy_rows_backward"]
+
+_SOURCE = r"""
+__device__ ACC warp_max(ACC v) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+__device__ ACC warp_sum(ACC v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+// Per row: m = max(a), s = sum(exp(a - m)), ty = sum(t), tya = sum(t * a). The whole warp shares a row.
+__device__ void row_stats(const T* a, const T* t, long long c, int lane, ACC* m, ACC* s, ACC* ty, ACC* tya) {
+    ACC mx = (ACC)a[lane < c ? lane : 0];
+    for (long long j = lane; j < c; j += 32) mx = max(mx, (ACC)a[j]);
+    mx = warp_max(mx);
+    ACC se = 0, sy = 0, sya = 0;
+    for (long long j = lane; j < c; j += 32) {
+        ACC v = (ACC)a[j], w = (ACC)t[j];
+        se += exp(v - mx); sy += w; sya += w * v;
+    }
+    *m = mx; *s = warp_sum(se); *ty = warp_sum(sy); *tya = warp_sum(sya);
+}
+extern "C" __global__ void ce_rows_forward(const T* yhat, const T* y, T* out, long long n, long long c) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    ACC m, s, ty, tya;
+    row_stats(yhat + row * c, y + row * c, c, lane, &m, &s, &ty, &tya);
+    if (lane == 0) out[row] = (T)((log(s) + m) * ty - tya);
+}
+// dl may be a broadcast view (the pullback of a mean): its stride in elements is dl_stride, often 0.
+extern "C" __global__ void ce_rows_backward(const T* dl, long long dl_stride, const T* yhat, const T* y, T* dx,
+                                            long long n, long long c) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const T* a = yhat + row * c;
+    const T* t = y + row * c;
+    ACC m, s, ty, tya;
+    row_stats(a, t, c, lane, &m, &s, &ty, &tya);
+    ACC lse = log(s) + m, g = (ACC)dl[row * dl_stride];
+    for (long long j = lane; j < c; j += 32) dx[row * c + j] = (T)(g * (exp((ACC)a[j] - lse) * ty - (ACC)t[j]));
+}
+"""
+
+_THREADS = 256   # 8 rows per block
+_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+_modules = {}
+
+
+def _function(name, dtype):
+    mod = _modules.get(dtype)
+    if mod is None:
+        t, acc = _TYPES[dtype]
+        mod = _modules[dtype] = cupy.RawModule(code=f"#define T {t}\n#define ACC {acc}\n" + _SOURCE,
+                                               options=("--std=c++11",))
+    return mod.get_function(name)
+
+
+def _fits(*arrays):
+    first = arrays[0]
+    return first.dtype in _TYPES and all(
+        type(a) is cupy.ndarray and a.dtype == first.dtype and a.flags.c_contiguous for a in arrays)
+
+
+def _blocks(n):
+    rows_per_block = _THREADS // 32
+    return ((n + rows_per_block - 1) // rows_per_block,)
+
+
+def logit_crossentropy_rows(yhat, y):
+    """``-sum(y * logsoftmax(ŷ), axis=1)`` for CuPy ``(N, C)`` arrays, one kernel."""
+    if not _fits(yhat, y):
+        z = yhat - yhat.max(axis=1, keepdims=True)
+        z -= cupy.log(cupy.exp(z).sum(axis=1, keepdims=True))
+        return -(y * z).sum(axis=1)
+    n, c = yhat.shape
+    out = cupy.empty(n, dtype=yhat.dtype)
+    if n:
+        _function("ce_rows_forward", yhat.dtype)(_blocks(n), (_THREADS,), (yhat, y, out, np.int64(n), np.int64(c)))
+    return out
+
+
+def logit_crossentropy_rows_backward(dl, yhat, y):
+    """``dl[:, None] * (softmax(ŷ) * sum(y, axis=1) - y)`` for CuPy arrays, one kernel."""
+    if not _fits(yhat, y) or type(dl) is not cupy.ndarray or dl.dtype != yhat.dtype or dl.ndim != 1:
+        e = cupy.exp(yhat - yhat.max(axis=1, keepdims=True))
+        e /= e.sum(axis=1, keepdims=True)
+        return dl[:, None] * (e * y.sum(axis=1, keepdims=True) - y)
+    n, c = yhat.shape
+    dx = cupy.empty_like(yhat)
+    if n:
+        dl_stride = np.int64(dl.strides[0] // dl.itemsize)
+        _function("ce_rows_backward", yhat.dtype)(_blocks(n), (_THREADS,),
+                                                   (dl, dl_stride, yhat, y, dx, np.int64(n), np.int64(c)))
+    return dx
+
+
+def register():
+    """Register these kernels for CuPy arrays; False (nothing registered) without CuPy.
+
+    >>> isinstance(register(), bool)
+    True
+    """
+    if cupy is None:
+        return False
+    from . import register as register_kernel
+    register_kernel("logit_crossentropy_rows", "cupy", logit_crossentropy_rows)
+    register_kernel("logit_crossentropy_rows_backward", "cupy", logit_crossentropy_rows_backward)
+    return True
