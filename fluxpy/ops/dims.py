@@ -108,8 +108,18 @@ def _out_size(padded, kernel, stride):
     return (padded - kernel) // stride + 1
 
 
+class _Padded:
+    """``padded_hw`` for dims that hold ``x_shape`` (N, C, H, W) and ``pad`` (top, bottom, left, right)."""
+
+    @property
+    def padded_hw(self):
+        """``(H + top + bottom, W + left + right)``."""
+        t, b, l, r = self.pad
+        return self.x_shape[2] + t + b, self.x_shape[3] + l + r
+
+
 @dataclass(frozen=True)
-class ConvDims:
+class ConvDims(_Padded):
     """``ConvDims.from_arrays(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``.
 
     The geometry of ``conv(x, w)`` (NNlib's ``DenseConvDims``). ``x`` is ``(N, C, H, W)``, ``w`` is
@@ -204,12 +214,6 @@ class ConvDims:
         return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.kernel_hw))
 
     @property
-    def padded_hw(self):
-        """``(H + top + bottom, W + left + right)``."""
-        t, b, l, r = self.pad
-        return self.x_shape[2] + t + b, self.x_shape[3] + l + r
-
-    @property
     def out_hw(self):
         """``(P, Q)``, the output's height and width."""
         return tuple(_out_size(p, k, s) for p, k, s in zip(self.padded_hw, self.dilated_kernel_hw, self.stride))
@@ -244,7 +248,7 @@ class _Shaped:
 
 
 @dataclass(frozen=True)
-class PoolDims:
+class PoolDims(_Padded):
     """``PoolDims.from_array(x, kernel, stride=None, pad=0, op="maxpool")``: the geometry of a pooling.
 
     ``kernel`` and ``stride`` are ints or pairs (``stride`` defaults to ``kernel``); ``pad`` is an
@@ -280,12 +284,6 @@ class PoolDims:
             raise ValueError(f"{op} expects the padded input {padded} to be at least the kernel {kernel}, "
                              f"got {describe('x', x)} and pad {pad}")
         return cls(tuple(int(v) for v in x.shape), kernel, stride, pad)
-
-    @property
-    def padded_hw(self):
-        """``(H + top + bottom, W + left + right)``."""
-        t, b, l, r = self.pad
-        return self.x_shape[2] + t + b, self.x_shape[3] + l + r
 
     @property
     def out_hw(self):
