@@ -26,11 +26,12 @@ from .backend import get_array_module, is_float_array
 from .functors import fmap, fmapstructure
 
 __all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
-           "stop_gradient", "value_of", "is_tracked"]
+           "stop_gradient", "value_of", "is_tracked", "in_gradient"]
 
 _levels = itertools.count(1)
 _no_grad_depth = 0
 _pullback_hook = None  # fluxpy.profile wraps each pullback while it records
+_recording = 0         # how many gradient/pullback calls are running their function now
 
 
 class Tracked:
@@ -335,6 +336,29 @@ def _is_scalar(y):
     return hasattr(v, "shape") and v.shape == () and np.issubdtype(v.dtype, np.floating)
 
 
+def in_gradient() -> bool:
+    """True while the function given to :func:`gradient`, :func:`withgradient` or :func:`pullback` runs.
+
+    Layers such as Dropout and BatchNorm train only then (Flux's ``istraining``).
+
+    >>> import numpy as np
+    >>> in_gradient()
+    False
+    >>> gradient(lambda x: x.sum() * float(in_gradient()), np.ones(2))
+    (array([1., 1.]),)
+    """
+    return _recording > 0
+
+
+def _call_recording(f, args):
+    global _recording
+    _recording += 1
+    try:
+        return f(*args)
+    finally:
+        _recording -= 1
+
+
 def withgradient(f, *args):
     """``withgradient(f, *args)`` -> ``(f(*args), gradients)``.
 
@@ -347,7 +371,7 @@ def withgradient(f, *args):
     """
     level = next(_levels)
     boxed, boxes = _box_args(args, level)
-    y = f(*boxed)
+    y = _call_recording(f, boxed)
     if not _is_scalar(y):
         raise ValueError(f"gradient: f must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
                          "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
@@ -382,7 +406,7 @@ def pullback(f, *args):
     """
     level = next(_levels)
     boxed, boxes = _box_args(args, level)
-    y = f(*boxed)
+    y = _call_recording(f, boxed)
     tracked = type(y) is Tracked and y.level == level
     value = y.value if tracked else y
 

@@ -26,7 +26,7 @@ import types
 
 import numpy as np
 
-from .autodiff import Primitive, is_tracked, value_of
+from .autodiff import Primitive, in_gradient, is_tracked, value_of
 from .backend import is_float_array
 from .functors import children, fmap, layer, state, trainables
 from .ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)
@@ -173,11 +173,11 @@ def ones32(*dims, rng=None):
 
 
 def istraining(*xs) -> bool:
-    """True when any of ``xs`` is a Tracked value, i.e. the call happens inside :func:`fluxpy.gradient`.
+    """True inside :func:`fluxpy.gradient` (and ``withgradient``/``pullback``), or when any of ``xs`` is
+    a Tracked value.
 
     :class:`Dropout` and :class:`BatchNorm` in automatic mode use this to decide whether they are
-    training: they look at their input (and BatchNorm also at its scale and shift, which are
-    tracked when the model is differentiated).
+    training, so a Dropout applied straight to the data trains too.
 
     >>> import numpy as np, fluxpy
     >>> istraining(np.ones(2))
@@ -185,7 +185,7 @@ def istraining(*xs) -> bool:
     >>> fluxpy.gradient(lambda x: float(istraining(x)) * x.sum(), np.ones(2))
     (array([1., 1.]),)
     """
-    return any(is_tracked(x) for x in xs)
+    return in_gradient() or any(is_tracked(x) for x in xs)
 
 
 def _set_mode(model, active):
@@ -894,9 +894,8 @@ class LayerNorm:
 class Dropout:
     """``Dropout(p, dims=None, rng=None)``: zero each entry with probability ``p`` and scale the rest by ``1/(1-p)``.
 
-    Active inside :func:`fluxpy.gradient` (when its input is tracked), the identity otherwise,
-    unless :func:`trainmode`/:func:`testmode` fix the mode. (A Dropout applied directly to the
-    data, whose input is never tracked, needs ``trainmode`` to be active while training.) ``dims`` are the axes the mask
+    Active inside :func:`fluxpy.gradient` (also when applied straight to the data), the identity
+    otherwise, unless :func:`trainmode`/:func:`testmode` fix the mode. ``dims`` are the axes the mask
     varies along (``dims=(0, 1)`` on NCHW drops whole channels); ``rng`` a generator for the
     arrays' device (NumPy's for NumPy arrays) or a seed.
 

@@ -534,3 +534,13 @@ def test_conv_layers_on_gpu_match_cpu():
     model = Chain(Conv((3, 3), 1, 4, relu, pad=1, rng=rng), MaxPool((2, 2)), CrossCor((3, 3), 4, 4, stride=2, rng=rng),
                   MeanPool((2, 2)), BatchNorm(4), GlobalMeanPool(), flatten, Dense(4, 3, rng=rng))
     _compare_on_gpu(model, f32_input(2, 1, 28, 28))
+
+
+def test_dropout_on_the_data_trains_inside_gradient_only():
+    d = fluxpy.Dropout(0.5, rng=0)
+    w = np.ones(1000)
+    x = np.ones(1000)
+    assert np.array_equal(d(x), x)                     # outside gradient: the identity
+    g, = fluxpy.gradient(lambda w: (d(x) * w).sum(), w)
+    assert 300 < np.count_nonzero(g) < 700             # inside: about half dropped, though x is not tracked
+    assert set(np.unique(g)) <= {0.0, 2.0}
