@@ -12,8 +12,8 @@ runs on NumPy (CPU) and CuPy (GPU).
 (4, 1)
 """
 from . import losses, ops, optimise
-from .autodiff import (Primitive, Tracked, gradient, is_tracked, no_grad, primitive, pullback, stop_gradient,
-                       value_of, withgradient)
+from .autodiff import (Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad, primitive, pullback,
+                       stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, cpu, get_array_module, gpu, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     # autodiff
     "gradient", "withgradient", "pullback", "primitive", "Primitive", "Tracked", "no_grad", "stop_gradient",
-    "value_of", "is_tracked", "broadcast", "unbroadcast",
+    "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
     "fmapstructure", "trainables", "state", "loadstate", "save", "load",
