@@ -82,11 +82,11 @@ def main(argv=None):
     import torch.nn.functional as F
 
     import fluxpy
-    from fluxpy.kernels import cuda_conv, cudnn
+    from fluxpy.kernels import cuda_conv, cudnn, gpu
     from fluxpy.ops.conv import conv_backward_data, conv_backward_filter, conv_bias_act
     from fluxpy.ops.dims import ConvDims
 
-    cuda_conv.register()
+    gpu.register()   # fluxpy's default: cuDNN's graph API with cached plans (fwd_kernel: the legacy fused call)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

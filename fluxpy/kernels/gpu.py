@@ -1,6 +1,7 @@
 """GPU registrations: route fluxpy's generic entry points to the CUDA kernels for CuPy arrays.
 
-``register()`` routes conv and pooling to cuDNN and CuPy kernels (:mod:`fluxpy.kernels.cuda_conv`),
+``register()`` routes conv to cuDNN's graph API with cached execution plans (:mod:`fluxpy.kernels.cudnn_graph`,
+falling back per problem to the legacy calls of :mod:`fluxpy.kernels.cuda_conv`) and pooling to CuPy kernels,
 makes :func:`fluxpy.unbroadcast` reduce CuPy gradients with the deterministic mapreducedim kernel :func:`fluxpy.kernels.reduce.mapreduce`, :func:`fluxpy.broadcast` run its
 forward and pullback as fused kernels compiled from ``f`` (:mod:`fluxpy.kernels.elementwise`),
 and :func:`fluxpy.ops.bias_act.bias_act` run as one forward kernel and one backward pass
@@ -40,8 +41,9 @@ def register() -> bool:
     register_impl(cupy.ndarray, _BiasActCuPy())
     from ..optimise import register_fused_step
     register_fused_step(cupy.ndarray, elementwise.fused_step)
-    from . import cuda_conv, cuda_softmax
-    cuda_conv.register()     # cuDNN convolutions and CuPy pooling kernels
+    from . import cuda_conv, cuda_softmax, cudnn_graph
+    cuda_conv.register()     # cuDNN convolutions (legacy API) and CuPy pooling kernels
+    cudnn_graph.register()   # ... then cuDNN's graph API with cached plans (legacy per problem where none finalizes)
     cuda_softmax.register()  # the classifier loss, one kernel each way
     return True
 
