@@ -2,8 +2,9 @@
 
 Rows per layer (float32, cross-correlation as PyTorch, TF32 off on both sides):
 
-- ``fwd``: fluxpy ``conv_bias_act(x, w, b, relu, flipped=True)`` (one cudnnConvolutionBiasActivationForward)
-  vs ``relu(conv2d(x, w, b))``;
+- ``fwd``: fluxpy ``conv_bias_act(x, w, b, relu, flipped=True)`` (one execute of a cached cuDNN graph
+  conv -> bias add -> relu; ``fwd_kernel``: the legacy cudnnConvolutionBiasActivationForward) vs
+  ``relu(conv2d(x, w, b))``;
 - ``bwd_data`` / ``bwd_filter``: fluxpy ``conv_backward_data`` / ``conv_backward_filter`` (the public ops)
   vs ``torch.ops.aten.convolution_backward`` with output_mask (True, False, False) / (False, True, False);
 - ``bias_mr`` / ``bias_cudnn``: the relu backward and bias gradient ``(dz, db)`` by fluxpy's mapreduce (one
