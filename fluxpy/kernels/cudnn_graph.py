@@ -24,17 +24,21 @@ Runtime-compiled engines are only tried when no precompiled one finalizes. With 
 
 What the graph path does not plan (float16, groups > 1 unless enabled, or any problem where no
 engine configuration finalizes) runs through the legacy functions unchanged: each public function
-here has the legacy signature and falls back per problem. Asymmetric padding pads the input like
+here has the legacy signature and falls back per problem. With autotuning, the legacy call on the
+same buffers is timed too and keeps the problem where it takes under :data:`LEGACY_MARGIN` of the
+plan's time (seen once: a 512-channel 3x3 layer at 7x7, batch 256, where the legacy search found a
+kernel the TF32-free graph engines do not offer). Asymmetric padding pads the input like
 the legacy path (its ``_prepare_x``) and crops ``dx``.
 
 :func:`register` puts the graph versions of ``conv_forward``, ``conv_bias_act_forward``,
 ``conv_backward_data`` and ``conv_backward_filter`` in the kernel table for CuPy arrays;
-:func:`unregister` restores the legacy ones. Nothing registers it by default.
+:func:`unregister` restores the legacy ones. :func:`fluxpy.kernels.gpu.register` (run when fluxpy is
+imported) registers it.
 
 The module imports without CuPy or cuDNN:
 
 >>> sorted(stats())
-['builds', 'executes', 'fallbacks', 'hits', 'vpack_builds', 'vpack_hits']
+['builds', 'executes', 'fallbacks', 'hits', 'legacy_faster', 'vpack_builds', 'vpack_hits']
 >>> get_autotune() >= 0
 True
 """
@@ -162,7 +166,8 @@ def _finalize(desc, call, what=""):
 # Options, statistics, caches
 
 _AUTOTUNE = [8]
-_stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds": 0, "vpack_hits": 0}
+_stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds": 0, "vpack_hits": 0,
+          "legacy_faster": 0}
 _plans = {}            # key -> GraphPlan, or None where the legacy path runs
 _why = {}              # key -> why the graph path could not plan it
 
@@ -545,21 +550,27 @@ def _choose(p, handle, ptrs):
     return True
 
 
+def _events_ms(run, n=5):
+    """Milliseconds per call of ``run()``: once to warm up, then ``n`` back-to-back calls under CUDA events
+    (host gaps between launches count, as they do in a training step); inf if it fails."""
+    try:
+        run()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(n):
+            run()
+        end.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / n
+    except (CudnnError, cupy.cuda.memory.OutOfMemoryError):
+        return float("inf")
+
+
 def _time(p, handle, ptrs, found):
-    """Index of the fastest of the ``found`` plans, each run once warm then 5 times under events."""
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms`."""
     times = []
     for plan, ws, idx in found:
-        try:
-            p.execute(handle, ptrs, plan, ws)
-            start.record()
-            for _ in range(5):
-                p.execute(handle, ptrs, plan, ws)
-            end.record()
-            end.synchronize()
-            t = cupy.cuda.get_elapsed_time(start, end) / 5
-        except (CudnnError, cupy.cuda.memory.OutOfMemoryError):
-            t = float("inf")
+        t = _events_ms(lambda: p.execute(handle, ptrs, plan, ws))
         # the variant packs were made for this plan's workspace pointer: they are valid for any plan
         times.append(t)
         p.tuned.append((idx, round(t, 4)))
@@ -569,9 +580,13 @@ def _time(p, handle, ptrs, found):
 _MISSING = object()
 
 
-def _get(kind, cdims, dtype, handle, bufs, args):
+LEGACY_MARGIN = 0.9   # with autotuning, the legacy call keeps a problem where it takes under 90% of the plan's time
+
+
+def _get(kind, cdims, dtype, handle, bufs, args, legacy=None):
     """``(plan, buffers)``: the cached :class:`GraphPlan` of the problem (built on first use, on the call's own
-    buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run."""
+    buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run: no plan finalizes, or
+    (with autotuning) ``legacy()``, the legacy call on the same arguments, is clearly faster."""
     key = (kind, cdims, dtype, _legacy._options_key, _AUTOTUNE[0], cupy.cuda.runtime.getDevice())
     p = _plans.get(key, _MISSING)
     if p is not _MISSING:
@@ -594,6 +609,14 @@ def _get(kind, cdims, dtype, handle, bufs, args):
     except CudnnError as err:
         ok = False
         _why[key] = str(err)
+    if ok and legacy is not None and _AUTOTUNE[0]:
+        t_graph = _events_ms(lambda: p.execute(handle, got[0]))
+        t_legacy = _events_ms(legacy)
+        p.tuned.append(("legacy", round(t_legacy, 4)))
+        if t_legacy < LEGACY_MARGIN * t_graph:
+            _why[key] = f"the legacy call was faster ({t_legacy:.4f} ms against {t_graph:.4f} ms)"
+            _stats["legacy_faster"] += 1
+            ok = False
     if not ok:
         _why.setdefault(key, f"no engine configuration finalized for {p.describe()}")
         p.destroy()
@@ -667,11 +690,16 @@ def _forward(gkind, x, w, b, cdims):
         if not _bound[0]:
             _bind()
         handle = _legacy._handle()
-        p, got = _get(gkind, cdims, dtype, handle, _fwd_bufs, (x, w, b, dtype))
+        p, got = _get(gkind, cdims, dtype, handle, _fwd_bufs, (x, w, b, dtype),
+                      legacy=lambda: _legacy_forward(gkind, x, w, b, cdims))
         if p is not None:
             p.execute(handle, got[0])
             return got[1]
     _stats["fallbacks"] += 1
+    return _legacy_forward(gkind, x, w, b, cdims)
+
+
+def _legacy_forward(gkind, x, w, b, cdims):
     if gkind == "fwd":
         return _legacy.conv_forward(x, w, cdims)
     kind = "relu" if gkind.startswith("fwd_relu") else "identity"
@@ -685,7 +713,8 @@ def conv_backward_data(dy, w, cdims):
         if not _bound[0]:
             _bind()
         handle = _legacy._handle()
-        p, got = _get("bwd_data", cdims, dtype, handle, _bwd_data_bufs, (dy, w, dtype))
+        p, got = _get("bwd_data", cdims, dtype, handle, _bwd_data_bufs, (dy, w, dtype),
+                      legacy=lambda: _legacy.conv_backward_data(dy, w, cdims))
         if p is not None:
             p.execute(handle, got[0])
             dx = got[1]
@@ -704,7 +733,8 @@ def conv_backward_filter(x, dy, cdims):
         if not _bound[0]:
             _bind()
         handle = _legacy._handle()
-        p, got = _get("bwd_filter", cdims, dtype, handle, _bwd_filter_bufs, (x, dy, dtype))
+        p, got = _get("bwd_filter", cdims, dtype, handle, _bwd_filter_bufs, (x, dy, dtype),
+                      legacy=lambda: _legacy.conv_backward_filter(x, dy, cdims))
         if p is not None:
             p.execute(handle, got[0])
             return got[1]

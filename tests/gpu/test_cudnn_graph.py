@@ -201,3 +201,22 @@ def test_chain_gradient_matches_legacy(graph):
         if c is None:
             continue
         assert _rel(cp.asnumpy(a), cp.asnumpy(c)) < 1e-4
+
+
+def test_the_legacy_call_keeps_a_problem_where_it_is_faster(monkeypatch):
+    import cupy as cp
+    from fluxpy.kernels import cudnn_graph as G
+    from fluxpy.ops.dims import ConvDims
+    rng = np.random.default_rng(11)
+    x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
+    w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
+    expected = None
+    for margin, graph in ((1e9, False), (0.0, True)):   # the legacy call always / never "clearly faster"
+        G.clear_cache()
+        monkeypatch.setattr(G, "LEGACY_MARGIN", margin)
+        cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
+        y = G.conv_forward(x, w, cd)
+        reasons = " ".join(G.fallback_reasons().values())
+        assert ("legacy call was faster" in reasons) is (not graph)
+        expected = y if expected is None else expected
+        np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(expected), rtol=1e-12)
