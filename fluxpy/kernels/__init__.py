@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..backend import get_array_module
 
-__all__ = ["register", "lookup"]
+__all__ = ["register", "lookup", "find"]
 
 _KERNELS = {}
 
@@ -40,6 +40,17 @@ def lookup(name, *arrays):
     if fn is None:
         raise NotImplementedError(f"{name}: no kernel is registered for {module} arrays")
     return fn
+
+
+def find(name, *arrays):
+    """``find(name, *arrays)``: like :func:`lookup`, but None where no kernel is registered (an optional
+    fused kernel, e.g. one that only the GPU backend has).
+
+    >>> import numpy as np
+    >>> find("logit_crossentropy_rows", np.ones(1)) is None
+    True
+    """
+    return _KERNELS.get((name, get_array_module(*arrays).__name__))
 
 
 from . import cpu  # noqa: E402,F401  (registers the NumPy kernels)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import get_array_module
+from ..kernels import find as find_kernel
 from ..kernels import lookup
 from .activations import identity, relu
 from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe, memoised
@@ -244,16 +245,8 @@ def conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False
 # conv_bias_act: one primitive for relu and identity, whose pullback needs only the output
 
 
-def _kernel(name, *arrays):
-    """The kernel ``name`` registered for the arrays' module, or None (e.g. no fused kernel on NumPy)."""
-    try:
-        return lookup(name, *arrays)
-    except NotImplementedError:
-        return None
-
-
 def _conv_bias_act_impl(x, w, b, kind, cdims):
-    fused = _kernel("conv_bias_act_forward", x, w)
+    fused = find_kernel("conv_bias_act_forward", x, w)
     if fused is not None:
         y = fused(x, w, b, kind, cdims)
         if y is not None:
@@ -269,7 +262,7 @@ def _conv_bias_act_impl(x, w, b, kind, cdims):
 def _bias_backward(dy, y, kind, cdims, need_b):
     """``(dz, db)``: the cotangent of ``conv + b`` from the output ``y``, and its sum over (0, 2, 3)."""
     if not (is_tracked(dy) or is_tracked(y)):
-        fast = _kernel("conv_bias_act_backward", dy, y)
+        fast = find_kernel("conv_bias_act_backward", dy, y)
         if fast is not None:
             return fast(dy, y, kind, cdims, need_b)
     dz = dy * (value_of(y) > 0) if kind == "relu" else dy  # a mask product: NumPy's where is ~12x slower

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..autodiff import Primitive, is_tracked
 from ..backend import get_array_module
-from ..kernels import lookup
+from ..kernels import find as find_kernel
 from .basic import exp
 from .reduce import normalize_axis
 from .reduce import sum as _sum
@@ -95,15 +95,8 @@ def logsoftmax(x, axis=-1):
 # Cross-entropy from logits, one row per example: the loss of a classifier as one op
 
 
-def _kernel(name, *arrays):
-    try:
-        return lookup(name, *arrays)
-    except NotImplementedError:
-        return None
-
-
 def _crossentropy_rows_impl(yhat, y):
-    fused = _kernel("logit_crossentropy_rows", yhat, y)
+    fused = find_kernel("logit_crossentropy_rows", yhat, y)
     if fused is not None:
         return fused(yhat, y)
     return -(y * _logsoftmax_impl(yhat, (1,))).sum(axis=1)
@@ -116,7 +109,7 @@ def _crossentropy_rows_rule(needs, yhat, y):
         dyhat = dy = None
         if needs[0]:
             fused = None if is_tracked(dl) or is_tracked(yhat) or is_tracked(y) else \
-                _kernel("logit_crossentropy_rows_backward", dl, yhat, y)
+                find_kernel("logit_crossentropy_rows_backward", dl, yhat, y)
             if fused is not None:
                 dyhat = fused(dl, yhat, y)
             else:   # d/dŷ of sum(y) * logsumexp(ŷ) - <y, ŷ>, with fluxpy ops so it differentiates again
