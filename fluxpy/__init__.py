@@ -14,10 +14,10 @@ runs on NumPy (CPU) and CuPy (GPU).
 from . import losses, ops, optimise
 from .autodiff import (Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad, primitive, pullback,
                        stop_gradient, value_of, withgradient)
-from .backend import GPUUnavailableError, cpu, get_array_module, gpu, gpu_available
+from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
-from .functors import children, fmap, fmapstructure, layer, loadstate, state, trainables
+from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import load, save
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
                      DimensionMismatch, Dropout, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm, MaxPool, MeanPool,

@@ -18,7 +18,9 @@ autograd's trace levels): second derivatives come for free.
 from __future__ import annotations
 
 import itertools
+import operator
 from contextlib import contextmanager
+from typing import Callable
 
 import numpy as np
 
@@ -26,12 +28,45 @@ from .backend import get_array_module, is_float_array
 from .functors import fmap, fmapstructure
 
 __all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
-           "stop_gradient", "value_of", "is_tracked", "in_gradient"]
+           "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops"]
 
 _levels = itertools.count(1)
 _no_grad_depth = 0
 _pullback_hook = None  # fluxpy.profile wraps each pullback while it records
 _recording = 0         # how many gradient/pullback calls are running their function now
+
+
+# The ops behind Tracked's operators and methods, by name: fluxpy.ops defines them with
+# define_tracked_ops when it is imported (the ops are built on this module, so it cannot import them).
+_TRACKED_OPS: dict[str, Callable] = {}
+
+
+def define_tracked_ops(**ops: Callable) -> None:
+    """Give Tracked values their arithmetic: ``add``, ``subtract``, ..., ``array_ufunc``, ``array_function``.
+
+    :mod:`fluxpy.ops` calls it once, with its differentiable ops.
+
+    >>> sorted(_TRACKED_OPS)[:3]
+    ['abs', 'add', 'array_function']
+    """
+    _TRACKED_OPS.update(ops)
+
+
+def _forward(name, reflected=False):
+    """A Tracked method that calls the op ``name`` (with the operands swapped for ``__r*__``)."""
+    if reflected:
+        def method(a, b):
+            return _TRACKED_OPS[name](b, a)
+    else:
+        def method(a, *args, **kw):
+            return _TRACKED_OPS[name](a, *args, **kw)
+    method.__name__ = name
+    return method
+
+
+def _compare(op):
+    """Comparisons read the values: they give plain boolean arrays, not differentiable ones."""
+    return lambda a, b: op(value_of(a), value_of(b))
 
 
 class Tracked:
@@ -86,8 +121,35 @@ class Tracked:
             "differentiated (the gradient would be lost silently); use fluxpy ops or NumPy functions "
             "on it, or fluxpy.value_of(x) to read its value without a gradient")
 
-    # Operators, __array_ufunc__ and __array_function__ are wired up in fluxpy/ops/__init__.py,
-    # where the ops they call are defined.
+    __add__, __radd__ = _forward("add"), _forward("add", reflected=True)
+    __sub__, __rsub__ = _forward("subtract"), _forward("subtract", reflected=True)
+    __mul__, __rmul__ = _forward("multiply"), _forward("multiply", reflected=True)
+    __truediv__, __rtruediv__ = _forward("divide"), _forward("divide", reflected=True)
+    __pow__, __rpow__ = _forward("power"), _forward("power", reflected=True)
+    __matmul__, __rmatmul__ = _forward("matmul"), _forward("matmul", reflected=True)
+    __neg__ = _forward("negative")
+    __abs__ = _forward("abs")
+    __getitem__ = _forward("getitem")
+    __lt__, __le__ = _compare(operator.lt), _compare(operator.le)
+    __gt__, __ge__ = _compare(operator.gt), _compare(operator.ge)
+    __eq__, __ne__ = _compare(operator.eq), _compare(operator.ne)
+    __hash__ = object.__hash__
+    __array_ufunc__ = _forward("array_ufunc")
+    __array_function__ = _forward("array_function")
+    T = property(_forward("transpose"))
+    reshape = _forward("reshape_method")
+    transpose = _forward("transpose_method")
+    sum = _forward("sum")
+    mean = _forward("mean")
+    max = _forward("max")
+    min = _forward("min")
+    astype = _forward("astype")
+    squeeze = _forward("squeeze")
+    ravel = flatten = _forward("ravel")
+    clip = _forward("clip")
+
+    def __pos__(self):
+        return self
 
 
 def is_tracked(x) -> bool:

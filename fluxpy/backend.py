@@ -20,8 +20,8 @@ except Exception as err:  # pragma: no cover - depends on the machine
 
 cupy = _cupy
 
-__all__ = ["get_array_module", "is_array", "gpu", "cpu", "gpu_available", "GPUUnavailableError",
-           "default_float", "is_float_array"]
+__all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
+           "default_float", "is_float_array", "reduced_axes"]
 
 default_float = np.float32
 
@@ -87,6 +87,19 @@ def is_float_array(x) -> bool:
     return is_array(x) and np.issubdtype(x.dtype, np.floating)
 
 
+def reduced_axes(gshape, shape):
+    """The axes of a broadcast result ``gshape`` to sum so it collapses to ``shape``.
+
+    >>> reduced_axes((4, 2, 3), (2, 1))
+    (0, 2)
+    """
+    gshape, shape = tuple(gshape), tuple(shape)
+    extra = len(gshape) - len(shape)
+    if extra < 0 or any(s != 1 and s != g for s, g in zip(shape, gshape[extra:])):
+        raise ValueError(f"unbroadcast: a gradient of shape {gshape} cannot come from broadcasting shape {shape}")
+    return tuple(range(extra)) + tuple(extra + i for i, s in enumerate(shape) if s == 1 and gshape[extra + i] != 1)
+
+
 def gpu_available() -> tuple[bool, str]:
     """``(usable, reason)``: whether a CUDA GPU can be used through CuPy, and if not, why.
 
@@ -105,35 +118,39 @@ def gpu_available() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s)"
 
 
-def gpu(x):
-    """``gpu(x)``: a copy of an array, or of a whole model tree, with every array on the GPU.
-
-    Raises :class:`GPUUnavailableError`, saying why, when no GPU is usable.
+def to_gpu(a):
+    """A CuPy copy of a NumPy array (a CuPy array as it is); raises :class:`GPUUnavailableError`, saying why,
+    when no GPU is usable. :func:`fluxpy.gpu` moves whole model trees with it.
 
     >>> import numpy as np
     >>> try:
-    ...     y = gpu(np.ones(3))
-    ... except GPUUnavailableError as err:
+    ...     y = to_gpu(np.ones(3))
+    ... except GPUUnavailableError:
     ...     y = None   # no GPU on this machine
     """
     ok, why = gpu_available()
     if not ok:
         raise GPUUnavailableError(f"fluxpy.gpu: no usable GPU: {why}")
-    from .functors import fmap
-    return fmap(lambda a: cupy.asarray(a) if is_array(a) else a, x)
+    return cupy.asarray(a)
 
 
-def cpu(x):
-    """``cpu(x)``: a copy of an array or model tree with every array as a NumPy array.
+def to_cpu(a):
+    """A NumPy copy of a CuPy array; anything else as it is. :func:`fluxpy.cpu` moves whole trees with it.
 
     >>> import numpy as np
-    >>> cpu({"w": np.ones(2)})["w"]
+    >>> to_cpu(np.ones(2))
     array([1., 1.])
     """
-    from .functors import fmap
+    if cupy is not None and isinstance(a, cupy.ndarray):
+        return cupy.asnumpy(a)
+    return a
 
-    def to_numpy(a):
-        if cupy is not None and isinstance(a, cupy.ndarray):
-            return cupy.asnumpy(a)
-        return a
-    return fmap(to_numpy, x)
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` across devices: ``src`` is moved to ``dst``'s device first.
+
+    >>> import numpy as np
+    >>> dst = np.zeros(2); copy_into(dst, np.ones(2)); dst
+    array([1., 1.])
+    """
+    dst[...] = get_array_module(dst).asarray(to_cpu(src) if isinstance(dst, np.ndarray) else src)

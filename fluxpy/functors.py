@@ -25,9 +25,9 @@ import types
 
 import numpy as np
 
-from .backend import cupy, get_array_module, is_array
+from .backend import copy_into, is_array, to_cpu, to_gpu
 
-__all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf"]
+__all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf", "gpu", "cpu"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -240,16 +240,35 @@ def _copy_into(dst, src, path):
         raise ValueError(f"loadstate: {path} expects an array of shape {dst.shape}, got {_describe(src)}")
     if tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"loadstate: {path} expects shape {tuple(dst.shape)}, got {tuple(src.shape)}")
-    xp = get_array_module(dst)
-    if cupy is not None and xp is cupy:
-        dst[...] = cupy.asarray(src)
-    else:
-        if cupy is not None and isinstance(src, cupy.ndarray):
-            src = cupy.asnumpy(src)
-        dst[...] = src
+    copy_into(dst, src)
 
 
 def _describe(x):
     if hasattr(x, "shape"):
         return f"{type(x).__name__} of shape {tuple(x.shape)}"
     return type(x).__name__
+
+
+def gpu(x):
+    """A copy of an array, or of a whole model tree, with every array on the GPU (Flux's ``gpu``).
+
+    Raises :class:`fluxpy.GPUUnavailableError`, saying why, when no GPU is usable.
+
+    >>> import numpy as np
+    >>> from fluxpy.backend import GPUUnavailableError
+    >>> try:
+    ...     y = gpu(np.ones(3))
+    ... except GPUUnavailableError:
+    ...     y = None   # no GPU on this machine
+    """
+    return fmap(lambda a: to_gpu(a) if is_array(a) else a, x)
+
+
+def cpu(x):
+    """A copy of an array or model tree with every array as a NumPy array (Flux's ``cpu``).
+
+    >>> import numpy as np
+    >>> cpu({"w": np.ones(2)})["w"]
+    array([1., 1.])
+    """
+    return fmap(to_cpu, x)

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import cpu
-from .functors import loadstate, state
+from .functors import cpu, loadstate, state
 
 __all__ = ["save", "load", "flat_state"]
 

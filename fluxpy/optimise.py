@@ -23,12 +23,12 @@ array([ 0.7, -1.7])
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from .autodiff import value_of
 from .backend import get_array_module, is_array, is_float_array
+from .kernels import find
 from .functors import _trainable_keys, children
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
@@ -39,8 +39,11 @@ class Rule:
     """Base class of optimisation rules.
 
     Subclasses define ``init(x) -> state`` (per-array state, e.g. moment estimates) and
-    ``apply(state, x, dx) -> (state, step)``; ``update`` then does ``x -= step``. ``apply`` may
-    update its state arrays in place but must not modify ``dx``.
+    ``apply(state, x, dx) -> (state, step)``; ``update`` then calls ``step``, which does
+    ``x -= step``. ``apply`` may update its state arrays in place but must not modify ``dx``. A rule
+    with a fused kernel (one launch that updates ``x`` and its state) overrides ``step``: it looks
+    the kernel up by name (:func:`fluxpy.kernels.find`), unpacks its own state for it, and falls
+    back to ``Rule.step`` where none is found.
 
     >>> import numpy as np
     >>> class SignDescent(Rule):
@@ -58,6 +61,12 @@ class Rule:
     def apply(self, state, x, dx):
         raise NotImplementedError
 
+    def step(self, state, x, dx):
+        """``x -= step`` in place; returns the new state."""
+        state, step = self.apply(state, x, dx)
+        x -= step
+        return state
+
 
 @dataclasses.dataclass(frozen=True)
 class Descent(Rule):
@@ -73,6 +82,13 @@ class Descent(Rule):
 
     def apply(self, state, x, dx):
         return state, self.eta * dx
+
+    def step(self, state, x, dx):
+        kernel = find("descent_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        kernel(x, dx, self.eta)
+        return state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +115,13 @@ class Momentum(Rule):
         v *= self.rho
         v += self.eta * dx
         return v, v
+
+    def step(self, v, x, dx):
+        kernel = find("momentum_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, v, x, dx)
+        kernel(x, dx, v, self.eta, self.rho)
+        return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +234,13 @@ class Adam(Rule):
         direction *= self.eta
         return state, direction
 
+    def step(self, state, x, dx):
+        kernel = find("adam_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        m, v, (b1t, b2t) = state
+        return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
+
 
 @dataclasses.dataclass(frozen=True)
 class AdamW(Rule):
@@ -294,18 +324,14 @@ class ClipNorm(Rule):
 
     def apply(self, state, x, dx):
         xp = get_array_module(x)
-        if xp is not np:
-            # On the GPU the check would synchronise every step: scale on the device instead. A
-            # non-finite norm then gives NaN parameters, which train() reports as a NaN loss.
-            norm = xp.linalg.norm(dx.ravel(), ord=self.p)
-            return state, dx * xp.minimum(1, self.omega / norm).astype(dx.dtype)
-        norm = float(xp.linalg.norm(dx.ravel(), ord=self.p))
-        if self.throw and not math.isfinite(norm):
-            raise ValueError(f"ClipNorm: the gradient has {self.p}-norm {norm}, for an array of shape "
+        norm = xp.linalg.norm(dx.ravel(), ord=self.p)
+        # As Flux's ClipNorm: with throw, the check reads the norm on the host (a sync on the GPU).
+        if self.throw and not bool(xp.isfinite(norm)):
+            raise ValueError(f"ClipNorm: the gradient has {self.p}-norm {float(norm)}, for an array of shape "
                              f"{tuple(x.shape)} and dtype {x.dtype}")
-        if norm <= self.omega:
-            return state, dx
-        return state, dx * (self.omega / norm)
+        with np.errstate(divide="ignore"):   # a zero gradient: scale by min(1, inf) = 1
+            scale = xp.minimum(1, self.omega / norm)
+        return state, dx * scale.astype(dx.dtype)
 
 
 class OptimiserChain(Rule):
@@ -481,31 +507,7 @@ def _step(leaf, x, g, path, done):
                          f"got {_describe(dx)}")
     if leaf.frozen:
         return
-    fused = _FUSED_STEPS.get(type(x))
-    if fused is not None:
-        state = fused(leaf.rule, leaf.state, x, dx)
-        if state is not NotImplemented:
-            leaf.state = state
-            return
-    leaf.state, step = leaf.rule.apply(leaf.state, x, dx)
-    x -= step
-
-
-_FUSED_STEPS = {}
-
-
-def register_fused_step(array_type, fn):
-    """Let ``update`` run ``fn(rule, state, x, dx) -> new state`` (one kernel: ``x`` updated in place)
-    for parameters of ``array_type``; ``fn`` returns ``NotImplemented`` for rules it does not fuse.
-    ``None`` removes it. The GPU backend registers its fused Descent/Momentum/Adam kernels here.
-
-    >>> import numpy as np
-    >>> register_fused_step(np.ndarray, None)   # NumPy keeps the generic rules
-    """
-    if fn is None:
-        _FUSED_STEPS.pop(array_type, None)
-    else:
-        _FUSED_STEPS[array_type] = fn
+    leaf.state = leaf.rule.step(leaf.state, x, dx)
 
 
 def _leaves(tree):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy.backend import GPUUnavailableError, cpu, get_array_module, gpu, gpu_available
+from fluxpy import GPUUnavailableError, cpu, get_array_module, gpu, gpu_available
 
 
 def test_numpy_is_the_default_module():

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy import broadcast, unbroadcast
-from fluxpy.broadcast import Dual, reduced_axes
+from fluxpy.broadcast import reduced_axes
+from fluxpy.dual import Dual
 from gradcheck import check_grad, check_second_order
 from strategies import array, broadcast_pair, shapes
 

@@ -1,8 +1,19 @@
-"""Kernels behind the ops, chosen by array module (NNlib's CUDA extension; JAX's ``register_lowering``).
+"""The one table from op to kernel, keyed by (op name, array module) (NNlib's CUDA extension; JAX's
+``register_lowering``).
 
-An op's rule calls ``lookup("conv_forward", x)(x, w, cdims)`` and never changes; each backend
-registers its implementations under the name of the array module they take (``"numpy"``,
-``"cupy"``). :mod:`fluxpy.kernels.cpu` registers the NumPy ones on import.
+An op never asks which kernel exists. It calls either
+
+- ``lookup(name, *arrays)(...)`` for an op every backend must implement (``conv_forward``,
+  ``maxpool_forward``, ...): an error naming the op and the module where none is registered; or
+- ``find(name, *args)`` for an optional fast kernel (a fused broadcast, the reducer behind
+  ``unbroadcast``, a fused optimiser step): the kernel, or ``None``, and then the op runs its own
+  composite of other ops. A kernel registered with ``supports`` is found only for the calls it
+  accepts (``supports(*args)`` is true: a dtype it handles, a function it can compile); a kernel
+  that is found always computes the result.
+
+Each backend registers its implementations under its array module's name (``"numpy"``,
+``"cupy"``): :mod:`fluxpy.kernels.cpu` on import, :mod:`fluxpy.kernels.gpu` when fluxpy is imported
+where CuPy is present. :func:`snapshot` and :func:`restore` put the table back exactly as it was.
 
 >>> import numpy as np
 >>> lookup("conv_forward", np.ones(1)).__module__
@@ -10,24 +21,31 @@ registers its implementations under the name of the array module they take (``"n
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..backend import get_array_module
 
-__all__ = ["register", "lookup", "find"]
+__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered"]
 
-_KERNELS = {}
+# (op name, array module name) -> (kernel, supports or None)
+_KERNELS: dict[tuple[str, str], tuple[Callable, Callable | None]] = {}
 
 
-def register(name, module, fn):
-    """``register(name, module, fn)``: use ``fn`` for op ``name`` on arrays of ``module`` ("numpy", "cupy").
+def register(name: str, module: str, fn: Callable, supports: Callable | None = None) -> None:
+    """Use ``fn`` for op ``name`` on arrays of ``module`` (``"numpy"`` or ``"cupy"``), replacing any other.
+
+    ``supports(*args) -> bool`` limits an optional kernel to the calls it handles: it is given the
+    arguments that the op passes to :func:`find` (the call's arguments, or the leading ones that
+    decide), and where it says no, ``find`` returns None and the op runs its composite.
 
     >>> import numpy as np
     >>> register("conv_forward", "numpy", lookup("conv_forward", np.ones(1)))   # re-register the same
     """
-    _KERNELS[(name, module)] = fn
+    _KERNELS[(name, module)] = (fn, supports)
 
 
-def lookup(name, *arrays):
-    """``lookup(name, *arrays)``: the implementation of ``name`` for the module owning ``arrays``.
+def lookup(name: str, *arrays) -> Callable:
+    """The implementation of ``name`` for the module owning ``arrays``.
 
     Raises ``NotImplementedError`` naming the op and the module when none is registered.
 
@@ -36,21 +54,56 @@ def lookup(name, *arrays):
     'maxpool_forward'
     """
     module = get_array_module(*arrays).__name__
-    fn = _KERNELS.get((name, module))
-    if fn is None:
+    entry = _KERNELS.get((name, module))
+    if entry is None:
         raise NotImplementedError(f"{name}: no kernel is registered for {module} arrays")
-    return fn
+    return entry[0]
 
 
-def find(name, *arrays):
-    """``find(name, *arrays)``: like :func:`lookup`, but None where no kernel is registered (an optional
-    fused kernel, e.g. one that only the GPU backend has).
+def find(name: str, *args) -> Callable | None:
+    """The optional kernel for ``name`` on these arguments: ``None`` where none is registered for the
+    arrays' module, or where the kernel's ``supports(*args)`` turns this call down.
 
     >>> import numpy as np
     >>> find("logit_crossentropy_rows", np.ones(1)) is None
     True
     """
-    return _KERNELS.get((name, get_array_module(*arrays).__name__))
+    entry = _KERNELS.get((name, get_array_module(*args).__name__))
+    if entry is None:
+        return None
+    fn, supports = entry
+    return fn if supports is None or supports(*args) else None
+
+
+def registered(module: str | None = None) -> list[tuple[str, str]]:
+    """The ``(name, module)`` pairs in the table, sorted; only ``module``'s when given.
+
+    >>> ("conv_forward", "numpy") in registered("numpy")
+    True
+    """
+    return sorted(k for k in _KERNELS if module is None or k[1] == module)
+
+
+def snapshot() -> dict:
+    """A copy of the whole table, for :func:`restore`.
+
+    >>> restore(snapshot())
+    """
+    return dict(_KERNELS)
+
+
+def restore(table: dict) -> None:
+    """Put back a table taken by :func:`snapshot`: entries added since are removed, replaced ones restored.
+
+    >>> import numpy as np
+    >>> before = snapshot()
+    >>> register("my_op", "numpy", abs)
+    >>> restore(before)
+    >>> find("my_op", np.ones(1)) is None
+    True
+    """
+    _KERNELS.clear()
+    _KERNELS.update(table)
 
 
 from . import cpu  # noqa: E402,F401  (registers the NumPy kernels)

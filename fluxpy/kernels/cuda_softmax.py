@@ -5,10 +5,11 @@ The loss of an ``(N, C)`` batch of logits against one-hot or soft targets is
 ``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, against a dozen CuPy
 calls for the composition (max, subtract, exp, sum, log, multiply, ...), each of which costs tens
 of microseconds of host time. Accumulation is in float32 for float32 inputs, float64 for float64;
-other dtypes and non-contiguous inputs take the generic CuPy path.
+other dtypes and non-contiguous inputs are turned down (their ``supports`` is false), so the op's
+composite runs for them.
 
->>> register() == (cupy is not None)
-True
+>>> sorted(KERNELS)
+['logit_crossentropy_rows', 'logit_crossentropy_rows_backward']
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..backend import cupy
 
-__all__ = ["register", "logit_crossentropy_rows", "logit_crossentropy_rows_backward"]
+__all__ = ["logit_crossentropy_rows", "logit_crossentropy_rows_backward", "KERNELS"]
 
 _SOURCE = r"""
 __device__ ACC warp_max(ACC v) {
@@ -89,10 +90,6 @@ def _blocks(n):
 
 def logit_crossentropy_rows(yhat, y):
     """``-sum(y * logsoftmax(ŷ), axis=1)`` for CuPy ``(N, C)`` arrays, one kernel."""
-    if not _fits(yhat, y):
-        z = yhat - yhat.max(axis=1, keepdims=True)
-        z -= cupy.log(cupy.exp(z).sum(axis=1, keepdims=True))
-        return -(y * z).sum(axis=1)
     n, c = yhat.shape
     out = cupy.empty(n, dtype=yhat.dtype)
     if n:
@@ -102,10 +99,6 @@ def logit_crossentropy_rows(yhat, y):
 
 def logit_crossentropy_rows_backward(dl, yhat, y):
     """``dl[:, None] * (softmax(ŷ) * sum(y, axis=1) - y)`` for CuPy arrays, one kernel."""
-    if not _fits(yhat, y) or type(dl) is not cupy.ndarray or dl.dtype != yhat.dtype or dl.ndim != 1:
-        e = cupy.exp(yhat - yhat.max(axis=1, keepdims=True))
-        e /= e.sum(axis=1, keepdims=True)
-        return dl[:, None] * (e * y.sum(axis=1, keepdims=True) - y)
     n, c = yhat.shape
     dx = cupy.empty_like(yhat)
     if n:
@@ -115,15 +108,12 @@ def logit_crossentropy_rows_backward(dl, yhat, y):
     return dx
 
 
-def register():
-    """Register these kernels for CuPy arrays; False (nothing registered) without CuPy.
+def _backward_fits(dl, yhat, y):
+    return _fits(yhat, y) and type(dl) is cupy.ndarray and dl.dtype == yhat.dtype and dl.ndim == 1
 
-    >>> isinstance(register(), bool)
-    True
-    """
-    if cupy is None:
-        return False
-    from . import register as register_kernel
-    register_kernel("logit_crossentropy_rows", "cupy", logit_crossentropy_rows)
-    register_kernel("logit_crossentropy_rows_backward", "cupy", logit_crossentropy_rows_backward)
-    return True
+
+# name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
+KERNELS = {
+    "logit_crossentropy_rows": (logit_crossentropy_rows, _fits),
+    "logit_crossentropy_rows_backward": (logit_crossentropy_rows_backward, _backward_fits),
+}

@@ -7,7 +7,7 @@ line of C, and builds
 - one ``cupy.ElementwiseKernel`` for the forward pass ``y = f(x1, ..., xn)`` and
 - one for the pullback: inputs ``dy, x1, ..., xn``, outputs the *unreduced* cotangents
   ``dy * df/dxi`` for the arguments that need one. The derivative expressions come from the
-  same dual numbers the CPU path uses (:class:`fluxpy.broadcast.Dual` over ``Sym`` values), so
+  same dual numbers the CPU path uses (:class:`fluxpy.dual.Dual` over ``Sym`` values), so
   the two paths compute the same function; the cotangents are then summed to each operand's
   shape by :func:`fluxpy.unbroadcast` (the mapreducedim kernel).
 
@@ -20,7 +20,7 @@ What is traced: ``+ - * / **`` (integer and float powers), unary ``-``, ``abs``,
 (bool values), ``np.exp log sqrt tanh sin cos log1p expm1 square maximum minimum where sign
 absolute negative reciprocal logical_and/or/not``, Python/NumPy numbers. Anything else (Python
 ``if`` on a value, ``float(x)``, an array captured in a closure, an unknown ufunc) stops the trace,
-and :func:`fluxpy.broadcast` runs its generic rule on the CuPy arrays instead (correct, op by op,
+and the kernel runs ``f`` (and its dual numbers) op by op on the CuPy arrays instead (correct,
 slower); that is noted once per function with a :class:`FusionFallbackWarning`.
 
 All arithmetic runs in the result dtype (float32 or float64; other dtypes take the generic
@@ -42,11 +42,12 @@ import warnings
 
 import numpy as np
 
-from ..backend import cupy
+from ..backend import cupy, reduced_axes
+from ..dual import Dual, cotangents
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
            "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
-           "adam_update", "momentum_update", "descent_update", "fused_step", "BIAS_GRAD_FUSED"]
+           "adam_update", "momentum_update", "descent_update", "update_supports", "KERNELS", "BIAS_GRAD_FUSED"]
 
 stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
 """Counters: functions traced, ElementwiseKernels built, calls that fell back to the generic path."""
@@ -408,7 +409,6 @@ def trace_source(f, dtypes, wanted=(), dy_dtype=None):
     double t2 = t0 ? ((double)1) : ((double)0);
     g0 = dy * (double)(t2);
     """
-    from ..broadcast import Dual
     dtypes = [None if d is None else np.dtype(d) for d in dtypes]
     try:
         rdt = _result_dtype(f, dtypes)
@@ -596,32 +596,27 @@ def _plain(xs):
 
 
 def fused_forward(f, *xs):
-    """``f(*xs)`` elementwise with broadcasting, as one kernel; ``None`` if ``f`` cannot be fused
-    (the caller then runs its generic path). ``xs`` are CuPy arrays and Python numbers.
+    """``f(*xs)`` elementwise with broadcasting, as one kernel (the ``broadcast`` kernel for CuPy).
+
+    Where ``f`` cannot be compiled it runs ``f(*xs)`` op by op on the GPU (noted once per function
+    with a :class:`FusionFallbackWarning`). ``xs`` are CuPy arrays and Python numbers.
     """
-    if not _plain(xs):
-        return None
-    hit = _kernel(f, xs, (), None)
-    if hit is None:
-        return None
-    return hit[0](*xs)
+    hit = _kernel(f, xs, (), None) if _plain(xs) else None
+    return f(*xs) if hit is None else hit[0](*xs)
 
 
-def fused_pullback(f, xs, wanted, dy):
-    """The unreduced cotangents ``dy * df/dx_i`` for ``i`` in ``wanted``, in one kernel: a list
-    aligned with ``wanted`` (``None`` where ``f`` ignores the argument), or ``None`` if ``f``
-    cannot be fused. Each has the broadcast shape and ``dy``'s dtype.
+def fused_pullback(f, wanted, dy, *xs):
+    """The unreduced cotangents ``dy * df/dx_i`` for ``i`` in ``wanted``, in one kernel (the
+    ``broadcast_backward`` kernel for CuPy): a list aligned with ``wanted``, ``None`` where ``f``
+    ignores the argument, each of the broadcast shape and ``dy``'s dtype. Where ``f`` cannot be
+    compiled, the dual numbers of :func:`fluxpy.dual.cotangents` compute them op by op.
     """
-    if type(dy) is not cupy.ndarray or not _plain(xs):
-        return None
     wanted = tuple(wanted)
     if not wanted:
         return []
-    if dy.dtype not in _CTYPE:
-        return None
-    hit = _kernel(f, xs, wanted, dy.dtype)
+    hit = _kernel(f, xs, wanted, dy.dtype) if dy.dtype in _CTYPE and _plain(xs) else None
     if hit is None:
-        return None
+        return cotangents(f, xs, wanted, dy)
     k, gi, _ = hit
     if k is None:
         return [None] * len(wanted)
@@ -633,7 +628,7 @@ def fused_pullback(f, xs, wanted, dy):
 
 
 # ---------------------------------------------------------------------------------------------
-# bias_act on CuPy arrays (hooked into fluxpy.ops.bias_act by fluxpy.kernels.gpu.register)
+# bias_act on CuPy arrays
 
 
 @functools.lru_cache(maxsize=None)
@@ -654,14 +649,12 @@ def _act_fn(act, has_bias):
     try:
         return _act_with_bias(act) if has_bias else _act_alone(act)
     except TypeError:   # unhashable act
-        return None
+        return lambda *xs: act(xs[0] + xs[1]) if has_bias else act(xs[0])
 
 
 def bias_act_forward(x, b, act):
-    """``act(x + b)`` in one kernel (b broadcast); None when it cannot be fused."""
+    """``act(x + b)`` in one kernel (b broadcast), the ``bias_act`` kernel for CuPy."""
     fn = _act_fn(act, b is not None)
-    if fn is None:
-        return None
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
 
 
@@ -683,28 +676,31 @@ def _dz_kernel(kind):
     return k
 
 
+def bias_act_output_backward_supports(kind, y, dy, *_):
+    """The arrays :func:`bias_act_output_backward` handles: CuPy, one float32/float64 dtype, one shape."""
+    return type(y) is cupy.ndarray and type(dy) is cupy.ndarray and y.dtype == dy.dtype \
+        and y.shape == dy.shape and y.dtype in _CTYPE
+
+
 def bias_act_output_backward(kind, y, dy, bshape, need_x, need_b, fused=None):
-    """``(dx, db)`` for an activation whose derivative comes from its output ``y``.
+    """``(dx, db)`` for an activation whose derivative comes from its output ``y`` (the
+    ``bias_act_backward`` kernel for CuPy).
 
     ``dx = dy * act'(y)`` (elementwise), ``db = unbroadcast(dx, bshape)``. With ``fused`` (default
-    :data:`BIAS_GRAD_FUSED`) and both needed, one map+reduce pass writes ``dx`` while summing
-    ``db``. Returns None when the arrays do not suit (the caller's generic rule runs).
+    :data:`BIAS_GRAD_FUSED`) and both needed, one map+reduce pass writes ``dx`` while summing ``db``.
     """
-    from ..broadcast import reduced_axes
     from .reduce import canonical_form, mapreduce
-    if type(y) is not cupy.ndarray or type(dy) is not cupy.ndarray or y.dtype != dy.dtype \
-            or y.shape != dy.shape or y.dtype not in _CTYPE:
-        return None
+    need_b = need_b and bshape is not None
     fused = BIAS_GRAD_FUSED if fused is None else fused
     cm, mp = _OUTPUT_DERIVS[kind]
-    axes = None if bshape is None else reduced_axes(y.shape, bshape)
+    axes = reduced_axes(y.shape, bshape) if need_b else None
     dx = db = None
     if kind == "identity":
         dx = dy if need_x else None
-        if need_b and bshape is not None:
+        if need_b:
             db = mapreduce(dy, axes).reshape(bshape) if axes else dy.reshape(bshape)
         return dx, db
-    if need_b and bshape is not None and axes:
+    if need_b and axes:
         if need_x and fused and canonical_form(y.shape, axes) is not None and dy.flags.c_contiguous \
                 and y.flags.c_contiguous:
             dx = cupy.empty_like(dy)
@@ -713,21 +709,17 @@ def bias_act_output_backward(kind, y, dy, bshape, need_x, need_b, fused=None):
         if not need_x:
             return None, mapreduce(dy, axes, map=mp, y=y).reshape(bshape)
     dz = _dz_kernel(kind)(dy, y)
-    if need_b and bshape is not None:
+    if need_b:
         db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)
     return (dz if need_x else None), db
 
 
 def bias_act_generic_backward(x, b, act, dy):
-    """``dz = dy * act'(x + b)`` in one kernel (any traceable activation); None if it cannot be fused."""
+    """``dz = dy * act'(x + b)`` in one kernel for any traceable activation (the ``bias_act_derivative``
+    kernel for CuPy); None where ``act`` ignores its input."""
     fn = _act_fn(act, b is not None)
-    if fn is None:
-        return None
-    xs = (x,) if b is None else (x, b)
-    g = fused_pullback(fn, xs, (0,), dy)
-    if g is None:
-        return None
-    return g[0] if g[0] is not None else cupy.zeros_like(dy)
+    g, = fused_pullback(fn, (0,), dy, *((x,) if b is None else (x, b)))
+    return g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,25 +788,20 @@ def _adam_raw(dtype):
     return k
 
 
-def fused_step(rule, state, x, dx):
-    """One optimiser step ``x -= step`` in a single kernel for ``Descent``, ``Momentum`` and ``Adam``
-    on CuPy arrays: returns the new state, or ``NotImplemented`` (other rules, NumPy arrays, mixed
-    dtypes), in which case the caller does ``state, step = rule.apply(state, x, dx); x -= step``.
+def update_supports(x, dx):
+    """The parameters the fused updates handle: CuPy arrays of one shape and float32/float64 dtype."""
+    return type(x) is cupy.ndarray and type(dx) is cupy.ndarray and dx.dtype == x.dtype \
+        and x.dtype in _CTYPE and dx.shape == x.shape
 
-    >>> fused_step(None, None, 1.0, 1.0)
-    NotImplemented
-    """
-    if cupy is None or type(x) is not cupy.ndarray or type(dx) is not cupy.ndarray or dx.dtype != x.dtype \
-            or x.dtype not in _CTYPE or dx.shape != x.shape:
-        return NotImplemented
-    from ..optimise import Adam, Descent, Momentum
-    if type(rule) is Descent:
-        descent_update(x, dx, rule.eta)
-        return state
-    if type(rule) is Momentum:
-        momentum_update(x, dx, state, rule.eta, rule.rho)
-        return state
-    if type(rule) is Adam:
-        m, v, (b1t, b2t) = state
-        return m, v, adam_update(x, dx, m, v, rule.eta, rule.beta, rule.eps, b1t, b2t)
-    return NotImplemented
+
+# name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
+KERNELS = {
+    "broadcast": (fused_forward, None),
+    "broadcast_backward": (fused_pullback, None),
+    "bias_act": (bias_act_forward, None),
+    "bias_act_backward": (bias_act_output_backward, bias_act_output_backward_supports),
+    "bias_act_derivative": (bias_act_generic_backward, None),
+    "descent_update": (descent_update, update_supports),
+    "momentum_update": (momentum_update, update_supports),
+    "adam_update": (adam_update, update_supports),
+}

@@ -1,83 +1,77 @@
-"""GPU registrations: route fluxpy's generic entry points to the CUDA kernels for CuPy arrays.
+"""The GPU backend: every CUDA kernel fluxpy has, put in the kernel table for CuPy arrays.
 
-``register()`` routes conv to cuDNN's graph API with cached execution plans (:mod:`fluxpy.kernels.cudnn_graph`,
-falling back per problem to the legacy calls of :mod:`fluxpy.kernels.cuda_conv`) and pooling to CuPy kernels,
-makes :func:`fluxpy.unbroadcast` reduce CuPy gradients with the deterministic mapreducedim kernel :func:`fluxpy.kernels.reduce.mapreduce`, :func:`fluxpy.broadcast` run its
-forward and pullback as fused kernels compiled from ``f`` (:mod:`fluxpy.kernels.elementwise`),
-and :func:`fluxpy.ops.bias_act.bias_act` run as one forward kernel and one backward pass
-(``dx`` and the bias gradient together). It does nothing and returns
-``False`` where CuPy cannot be imported, so it is safe to call unconditionally, once, after
-``fluxpy.broadcast`` is importable (e.g. at the end of ``fluxpy/__init__.py``)::
+Each CUDA module lists its kernels in a ``KERNELS`` dict (op name -> kernel, or ``(kernel,
+supports)`` for an optional one that takes only some calls); :func:`register` puts them all in the
+table under ``"cupy"``, after a :func:`fluxpy.kernels.snapshot` of it, and :func:`unregister` puts
+that snapshot back, so the table is exactly what it was. ``fluxpy/__init__.py`` calls
+:func:`register` on import; it does nothing and returns ``False`` where CuPy cannot be imported.
 
-    from .kernels import gpu as _gpu
-    _gpu.register()
-
-``unregister()`` restores the defaults (``cupy.sum``, the generic rules on CuPy arrays).
+======================  =====================================================================
+module                  kernels
+======================  =====================================================================
+``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f``),
+                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, the fused
+                        ``descent_update``, ``momentum_update``, ``adam_update``
+``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)
+``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
+                        ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
+``cuda_pool``           ``maxpool_*``, ``meanpool_*``
+``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
+======================  =====================================================================
 
 >>> isinstance(register(), bool)
 True
 """
 from __future__ import annotations
 
+from . import register as register_kernel
+from . import restore, snapshot
 from ..backend import cupy
 
-__all__ = ["register", "unregister"]
+__all__ = ["register", "unregister", "is_registered"]
+
+_before: list[dict] = []   # the table as it was before register(), while registered
+
+
+def _modules():
+    from . import cuda_conv, cuda_pool, cuda_softmax, elementwise, reduce
+    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax)
 
 
 def register() -> bool:
-    """Register the CuPy implementations; ``True`` if CuPy is present (and they were registered).
+    """Register every CuPy kernel; ``True`` if CuPy is present (and they are registered). Idempotent.
 
     >>> register() == (cupy is not None)
     True
     """
     if cupy is None:
         return False
-    from ..broadcast import register_fused, register_reducer
-    from ..ops.bias_act import register_impl
-    from . import elementwise
-    from .reduce import unbroadcast_sum
-    register_reducer(cupy.ndarray, unbroadcast_sum)
-    register_fused(cupy.ndarray, elementwise.fused_forward, elementwise.fused_pullback)
-    register_impl(cupy.ndarray, _BiasActCuPy())
-    from ..optimise import register_fused_step
-    register_fused_step(cupy.ndarray, elementwise.fused_step)
-    from . import cuda_conv, cuda_softmax, cudnn_graph
-    cuda_conv.register()     # cuDNN convolutions (legacy API) and CuPy pooling kernels
-    cudnn_graph.register()   # ... then cuDNN's graph API with cached plans (legacy per problem where none finalizes)
-    cuda_softmax.register()  # the classifier loss, one kernel each way
+    if _before:
+        return True
+    table = snapshot()
+    for module in _modules():
+        for name, entry in module.KERNELS.items():
+            fn, supports = entry if isinstance(entry, tuple) else (entry, None)
+            register_kernel(name, "cupy", fn, supports)
+    _before.append(table)
     return True
 
 
-class _BiasActCuPy:
-    """bias_act's CuPy kernels (see :mod:`fluxpy.kernels.elementwise`)."""
-
-    @staticmethod
-    def forward(x, b, act):
-        from .elementwise import bias_act_forward
-        return bias_act_forward(x, b, act)
-
-    @staticmethod
-    def output_backward(kind, y, dy, bshape, need_x, need_b):
-        from .elementwise import bias_act_output_backward
-        return bias_act_output_backward(kind, y, dy, bshape, need_x, need_b)
-
-    @staticmethod
-    def generic_backward(x, b, act, dy):
-        from .elementwise import bias_act_generic_backward
-        return bias_act_generic_backward(x, b, act, dy)
-
-
 def unregister() -> None:
-    """Undo :func:`register`: CuPy gradients go back to ``cupy.sum``, broadcast and bias_act to the generic rules.
+    """Put the kernel table back exactly as it was before :func:`register`.
 
-    >>> unregister()
+    >>> unregister(); is_registered()
+    False
+    >>> _ = register()
     """
-    if cupy is None:
-        return
-    from ..broadcast import register_fused, register_reducer
-    from ..ops.bias_act import register_impl
-    register_reducer(cupy.ndarray, None)
-    register_fused(cupy.ndarray, None, None)
-    register_impl(cupy.ndarray, None)
-    from ..optimise import register_fused_step
-    register_fused_step(cupy.ndarray, None)
+    if _before:
+        restore(_before.pop())
+
+
+def is_registered() -> bool:
+    """Whether the CuPy kernels are in the table now.
+
+    >>> is_registered() == (cupy is not None)
+    True
+    """
+    return bool(_before)

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..backend import cupy
 
-__all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason"]
+__all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
 
 AVAILABLE = cupy is not None
 """True when CuPy imported (a GPU may still be missing; see :func:`fluxpy.gpu_available`)."""
@@ -756,9 +756,8 @@ def _empty_case(x, ax, op, oshape, out):
 
 
 def unbroadcast_sum(grad, axes, shape):
-    """The reducer behind :func:`fluxpy.unbroadcast` for CuPy arrays: ``grad`` summed over ``axes``, as ``shape``.
-
-    Registered by :func:`fluxpy.kernels.gpu.register`.
+    """``grad`` summed over ``axes``, as ``shape``: the ``sum`` kernel for CuPy arrays, behind
+    :func:`fluxpy.unbroadcast` and :func:`fluxpy.sum`.
 
     >>> import numpy as np
     >>> g = np.ones((4, 3, 2), dtype=np.float32)
@@ -770,3 +769,12 @@ def unbroadcast_sum(grad, axes, shape):
     [8.0, 8.0, 8.0]
     """
     return mapreduce(grad, axes, "sum").reshape(shape)
+
+
+def sum_supports(x, *_):
+    """The arrays the ``sum`` kernel takes: CuPy, floating, at least 1-d."""
+    return type(x) is cupy.ndarray and x.ndim > 0 and x.dtype.kind == "f"
+
+
+# name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
+KERNELS = {"sum": (unbroadcast_sum, sum_supports)}

@@ -1,7 +1,8 @@
 """Differentiable ops (the NNlib layer), and how Tracked values reach them.
 
-Importing this package gives :class:`fluxpy.autodiff.Tracked` its operators and makes NumPy's
-ufuncs and functions (``np.exp``, ``np.sum``, ``np.where``, ...) dispatch to these ops.
+Importing this package gives :class:`fluxpy.autodiff.Tracked` its operators
+(:func:`fluxpy.autodiff.define_tracked_ops`) and makes NumPy's ufuncs and functions (``np.exp``,
+``np.sum``, ``np.where``, ...) dispatch to these ops.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -10,11 +11,9 @@ ufuncs and functions (``np.exp``, ``np.sum``, ``np.where``, ...) dispatch to the
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
-from ..autodiff import Tracked, value_of
+from ..autodiff import define_tracked_ops, value_of
 from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, minimum, multiply, negative, power,
                     sign, sin, sqrt, square, subtract, tanh, where)
 from .linalg import dot, matmul
@@ -42,7 +41,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "softmax", "logsoftmax"]
 
 
-def clip(x, lo, hi):
+def clip(x, lo=None, hi=None):
     """``clip(x, lo, hi)``: ``x`` limited to ``[lo, hi]`` (either may be None).
 
     >>> import numpy as np
@@ -75,7 +74,7 @@ for _u in (np.greater, np.greater_equal, np.less, np.less_equal, np.equal, np.no
 _UFUNC_REDUCE = {np.add: sum, np.maximum: max, np.minimum: min}
 
 
-def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
+def _array_ufunc(ufunc, method, *inputs, **kwargs):
     if kwargs.get("out") is not None:
         raise TypeError(f"np.{ufunc.__name__}(..., out=...) cannot write into a fluxpy Tracked value")
     if method == "reduce" and ufunc in _UFUNC_REDUCE:
@@ -126,7 +125,7 @@ _FUNCTIONS = {
 }
 
 
-def _array_function(self, func, types, args, kwargs):
+def _array_function(func, args, kwargs):
     impl = _FUNCTIONS.get(func)
     if impl is None:
         raise TypeError(f"np.{func.__name__} is not differentiable in fluxpy; supported functions: " +
@@ -134,57 +133,20 @@ def _array_function(self, func, types, args, kwargs):
     return impl(*args, **kwargs)
 
 
-def _reshape_method(self, *shape):
-    return reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+def _reshape_method(x, *shape):
+    return reshape(x, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
 
 
-def _transpose_method(self, *axes):
+def _transpose_method(x, *axes):
     if not axes:
-        return transpose(self)
-    return transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
+        return transpose(x)
+    return transpose(x, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else axes)
 
 
-def _compare(op):
-    return lambda a, b: op(value_of(a), value_of(b))
-
-
-def _wire_tracked():
-    # Primitives are not descriptors, so each method is a small function that calls one.
-    t = Tracked
-    t.__add__ = lambda a, b: add(a, b)
-    t.__radd__ = lambda a, b: add(b, a)
-    t.__sub__ = lambda a, b: subtract(a, b)
-    t.__rsub__ = lambda a, b: subtract(b, a)
-    t.__mul__ = lambda a, b: multiply(a, b)
-    t.__rmul__ = lambda a, b: multiply(b, a)
-    t.__truediv__ = lambda a, b: divide(a, b)
-    t.__rtruediv__ = lambda a, b: divide(b, a)
-    t.__pow__ = lambda a, b: power(a, b)
-    t.__rpow__ = lambda a, b: power(b, a)
-    t.__matmul__ = lambda a, b: matmul(a, b)
-    t.__rmatmul__ = lambda a, b: matmul(b, a)
-    t.__neg__ = lambda a: negative(a)
-    t.__pos__ = lambda a: a
-    t.__abs__ = lambda a: abs(a)
-    for name, op in (("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
-                     ("eq", operator.eq), ("ne", operator.ne)):
-        setattr(t, f"__{name}__", _compare(op))
-    t.__hash__ = object.__hash__
-    t.__getitem__ = lambda a, index: getitem(a, index)
-    t.T = property(lambda a: transpose(a))
-    t.reshape = _reshape_method
-    t.transpose = _transpose_method
-    t.sum = lambda a, axis=None, keepdims=False: sum(a, axis, keepdims)
-    t.mean = lambda a, axis=None, keepdims=False: mean(a, axis, keepdims)
-    t.max = lambda a, axis=None, keepdims=False: max(a, axis, keepdims)
-    t.min = lambda a, axis=None, keepdims=False: min(a, axis, keepdims)
-    t.astype = lambda a, dtype: astype(a, dtype)
-    t.squeeze = lambda a, axis=None: squeeze(a, axis)
-    t.ravel = lambda a: ravel(a)
-    t.flatten = lambda a: ravel(a)
-    t.clip = lambda a, lo=None, hi=None: clip(a, lo, hi)
-    t.__array_ufunc__ = _array_ufunc
-    t.__array_function__ = _array_function
-
-
-_wire_tracked()
+define_tracked_ops(
+    add=add, subtract=subtract, multiply=multiply, divide=divide, power=power, matmul=matmul, negative=negative,
+    abs=abs, getitem=getitem, transpose=transpose, reshape_method=_reshape_method,
+    transpose_method=_transpose_method, sum=sum, mean=mean, max=max, min=min, astype=astype, squeeze=squeeze,
+    ravel=ravel, clip=clip,
+    array_ufunc=lambda x, ufunc, method, *inputs, **kw: _array_ufunc(ufunc, method, *inputs, **kw),
+    array_function=lambda x, func, types, args, kwargs: _array_function(func, args, kwargs))

@@ -1,6 +1,6 @@
 """Elementwise primitives: arithmetic with broadcasting, unary maths, maximum/minimum/where.
 
-Every broadcasting rule sends its gradients through :func:`fluxpy.broadcast.unbroadcast`.
+Every broadcasting rule sends its gradients through :func:`fluxpy.ops.shape.unbroadcast`.
 Pullbacks use these same ops, so they differentiate twice.
 
 >>> import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import get_array_module
-from ..broadcast import unbroadcast
+from .shape import unbroadcast
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
            "sin", "cos", "log1p", "expm1", "square", "maximum", "minimum", "where", "sign"]

@@ -1,10 +1,10 @@
 """Fused bias and activation, ``bias_act(x, b, act) = act(x + b)`` (NNlib ``src/bias_act.jl``).
 
 One primitive. For ``identity``, ``relu``, ``tanh`` and ``sigmoid`` the pullback needs only
-the output ``y`` (``relu' = y > 0``, ``tanh' = 1 - y^2``, ``sigmoid' = y (1 - y)``), so
-neither ``x`` nor ``x + b`` is kept for the backward pass. Any other activation is
-differentiated elementwise with dual numbers (as :func:`fluxpy.broadcast` does), from the
-saved ``x + b``. The bias gradient is ``unbroadcast(dz, b.shape)``.
+the output ``y`` (``relu' = y > 0``, ``tanh' = 1 - y^2``, ``sigmoid' = y (1 - y)``): it is
+:func:`bias_act_backward`, one pass on the GPU. Any other activation is differentiated
+elementwise with dual numbers (as :func:`fluxpy.broadcast` does) by :func:`bias_act_derivative`.
+The bias gradient is ``unbroadcast(dz, b.shape)``.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -17,43 +17,19 @@ array([[0. , 2.5],
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import is_array
-from ..broadcast import Dual, unbroadcast
+from ..dual import derivative
+from ..kernels import find
 from . import basic
 from .activations import identity, relu, sigmoid, tanh
+from .fused import fused_op
+from .shape import unbroadcast
 
-__all__ = ["bias_act", "register_impl"]
-
-# Array-type-specific implementations (the GPU backend registers CuPy's): array type -> object with
-# forward(x, b, act) -> y, output_backward(kind, y, dy, bshape, need_x, need_b) -> (dx, db) and
-# generic_backward(x, b, act, dy) -> dz; each may return None to take the generic path.
-_IMPLS = {}
-
-
-def register_impl(array_type, impl):
-    """Use ``impl`` (see ``_IMPLS`` above) for ``bias_act`` on arrays of ``array_type``; None removes it.
-
-    The rule does not change; only the kernels that compute it do.
-
-    >>> import numpy as np
-    >>> register_impl(np.ndarray, None)   # NumPy uses the generic path: a no-op
-    """
-    if impl is None:
-        _IMPLS.pop(array_type, None)
-    else:
-        _IMPLS[array_type] = impl
-
-
-def _impl_for(x, b):
-    impl = _IMPLS.get(type(x))
-    if impl is not None and b is not None and type(b) is not type(x):
-        from ..backend import get_array_module
-        get_array_module(x, b)   # mixed CPU/GPU arrays: an error naming both
-        return None              # e.g. a Tracked bias of an outer tape: the generic path
-    return impl
+__all__ = ["bias_act", "bias_act_backward", "bias_act_derivative"]
 
 
 def _relu_dz(y, dy):
@@ -68,19 +44,10 @@ def _sigmoid_dz(y, dy):
     return dy * (y * (1 - y))
 
 
-# The same activations by name, for the array-type-specific kernels.
+# Activations whose derivative is a function of their output, by name (the name is what kernels see).
 _OUTPUT_KIND = {identity: "identity", relu: "relu", tanh: "tanh", np.tanh: "tanh", basic.tanh: "tanh",
                 sigmoid: "sigmoid"}
-
-# Activations whose derivative is a function of their output: act -> dz(y, dy), with z = x + b.
-_FROM_OUTPUT = {
-    identity: lambda y, dy: dy,
-    relu: _relu_dz,
-    tanh: _tanh_dz,
-    np.tanh: _tanh_dz,
-    basic.tanh: _tanh_dz,
-    sigmoid: _sigmoid_dz,
-}
+_DZ_FROM_OUTPUT = {"identity": lambda y, dy: dy, "relu": _relu_dz, "tanh": _tanh_dz, "sigmoid": _sigmoid_dz}
 
 
 def _shape(a):
@@ -92,74 +59,67 @@ def _add_bias(x, b):
 
 
 def _bias_act_impl(x, b, act):
-    if _IMPLS:
-        impl = _impl_for(x, b)
-        if impl is not None:
-            y = impl.forward(x, b, act)
-            if y is not None:
-                return y
-    return act(_add_bias(x, b))
+    kernel = find("bias_act", x, b, act)
+    return kernel(x, b, act) if kernel is not None else act(_add_bias(x, b))
 
 
-def _derivative(act, z):
-    """``act'(z)`` elementwise, in forward mode; None when ``act`` ignores its argument."""
-    out = act(Dual(z, (1,)))
-    if type(out) is not Dual:
-        return None
-    d = out.d[0]
-    if isinstance(d, int) and d == 0:
-        return None
-    dtype = value_of(z).dtype
-    if is_array(d) and d.dtype != dtype:
-        d = d.astype(dtype)  # piecewise activations give integer partials (np.where(mask, 1, 0))
-    return d
+def _from_output_backward(kind, y, dy, bshape, need_x, need_b):
+    dz = _DZ_FROM_OUTPUT[kind](y, dy)
+    return (dz if need_x else None), (unbroadcast(dz, bshape) if need_b and bshape is not None else None)
 
 
-def _output_rule(act):
+bias_act_backward = fused_op("bias_act_backward", _from_output_backward, doc="""
+    ``(dx, db)`` of ``bias_act`` for an activation ``kind`` ("identity", "relu", "tanh", "sigmoid")
+    whose derivative is a function of the output ``y``: ``dx = dy * act'(y)``, ``db = unbroadcast(dx,
+    bshape)``; ``None`` for what is not needed. One pass on the GPU (``dx`` written while ``db`` sums).
+
+    >>> import numpy as np
+    >>> bias_act_backward("relu", np.array([[0.0, 2.0]]), np.array([[5.0, 5.0]]), (2,), True, True)
+    (array([[0., 5.]]), array([0., 5.]))
+    """)
+
+
+def _derivative_backward(x, b, act, dy):
+    d = derivative(act, _add_bias(x, b))
+    return None if d is None else dy * d
+
+
+bias_act_derivative = fused_op("bias_act_derivative", _derivative_backward, doc="""
+    ``dz = dy * act'(x + b)`` for any elementwise ``act`` (dual numbers; one kernel on the GPU);
+    ``None`` where ``act`` ignores its input.
+
+    >>> import numpy as np
+    >>> bias_act_derivative(np.zeros(2), None, np.tanh, np.array([1.0, 2.0]))
+    array([1., 2.])
+    """)
+
+
+def _output_kind(act):
     try:
-        return _FROM_OUTPUT.get(act)
+        return _OUTPUT_KIND.get(act)
     except TypeError:  # an unhashable callable
         return None
 
 
 def _bias_act_rule(needs, x, b, act):
+    y = _bias_act(x, b, act)
     xshape = _shape(x)
     bshape = None if b is None else _shape(b)
-
-    def split(dz):
-        dx = unbroadcast(dz, xshape) if needs[0] else None
-        db = unbroadcast(dz, bshape) if needs[1] and bshape is not None else None
-        return dx, db, None
-
-    from_output = _output_rule(act)
-    impl = _impl_for(x, b) if _IMPLS else None
-    if from_output is not None:
-        y = _bias_act(x, b, act)
+    need_b = needs[1] and bshape is not None
+    kind = _output_kind(act)
+    if kind is not None:
 
         def bias_act_pullback(dy):
-            if impl is not None:
-                got = impl.output_backward(_OUTPUT_KIND[act], y, dy, bshape, needs[0], needs[1])
-                if got is not None:
-                    return got[0], got[1], None
-            return split(from_output(y, dy))
+            dx, db = bias_act_backward(kind, y, dy, bshape, needs[0], need_b)
+            return dx, db, None
         return y, bias_act_pullback
-    y = impl.forward(x, b, act) if impl is not None else None
-    if y is not None:   # one kernel; x and b are kept instead of x + b
 
-        def bias_act_pullback(dy):
-            dz = impl.generic_backward(x, b, act, dy)
-            if dz is None:
-                d = _derivative(act, _add_bias(x, b))
-                return (None, None, None) if d is None else split(dy * d)
-            return split(dz)
-        return y, bias_act_pullback
-    z = _add_bias(x, b)
-    y = act(z)
-
-    def bias_act_pullback(dy):
-        d = _derivative(act, z)
-        return (None, None, None) if d is None else split(dy * d)
-    return y, bias_act_pullback
+    def bias_act_generic_pullback(dy):
+        dz = bias_act_derivative(x, b, act, dy)
+        if dz is None:
+            return None, None, None
+        return (unbroadcast(dz, xshape) if needs[0] else None), (unbroadcast(dz, bshape) if need_b else None), None
+    return y, bias_act_generic_pullback
 
 
 _bias_act = Primitive("bias_act", _bias_act_rule, impl=_bias_act_impl, needs_mask=True)

@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from ..broadcast import unbroadcast
+from .shape import unbroadcast
 from ..autodiff import Primitive
 from .shape import expand_dims, reshape, swapaxes
 

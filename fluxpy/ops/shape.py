@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import get_array_module
+from ..backend import get_array_module, reduced_axes
+from ..kernels import find
 
-__all__ = ["reshape", "transpose", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack", "astype",
+__all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add", "concatenate", "stack", "astype",
            "swapaxes", "squeeze", "expand_dims", "ravel"]
 
 
@@ -99,7 +100,6 @@ def _broadcast_to_impl(x, shape):
 
 
 def _broadcast_to_rule(x, shape):
-    from ..broadcast import unbroadcast
     xshape = x.shape
 
     def broadcast_to_pullback(dy):
@@ -118,6 +118,44 @@ def broadcast_to(x, shape):
     (2, 3)
     """
     return _broadcast_to(x, _normalize_shape(shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# unbroadcast: the one reduction behind every broadcasting gradient (Zygote's unbroadcast)
+
+
+def _unbroadcast_impl(g, shape):
+    if g.shape == shape:
+        return g
+    axes = reduced_axes(g.shape, shape)
+    kernel = find("sum", g)
+    if kernel is not None:
+        return kernel(g, axes, shape)
+    return g.sum(axis=axes).reshape(shape)
+
+
+def _unbroadcast_rule(g, shape):
+    gshape = g.shape
+
+    def unbroadcast_pullback(dz):
+        return (broadcast_to(dz, gshape),)
+    return _unbroadcast(g, shape), unbroadcast_pullback
+
+
+_unbroadcast = Primitive("unbroadcast", _unbroadcast_rule, impl=_unbroadcast_impl)
+
+
+def unbroadcast(grad, shape):
+    """``unbroadcast(grad, shape)``: ``grad`` summed down to ``shape``; ``grad`` itself when shapes match.
+
+    >>> import numpy as np
+    >>> unbroadcast(np.ones((2, 3)), (3,))
+    array([2., 2., 2.])
+    """
+    shape = tuple(shape)
+    if tuple(grad.shape) == shape:
+        return grad
+    return _unbroadcast(grad, shape)
 
 
 def _clean_index(index):
