@@ -21,7 +21,7 @@ except Exception as err:  # pragma: no cover - depends on the machine
 cupy = _cupy
 
 __all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
-           "default_float", "is_float_array", "reduced_axes"]
+           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds"]
 
 default_float = np.float32
 
@@ -154,3 +154,23 @@ def copy_into(dst, src) -> None:
     array([1., 1.])
     """
     dst[...] = get_array_module(dst).asarray(to_cpu(src) if isinstance(dst, np.ndarray) else src)
+
+
+def record_event():
+    """A CUDA event recorded now on the current stream, for timing GPU work (:func:`fluxpy.profile`).
+
+    >>> callable(record_event)
+    True
+    """
+    event = cupy.cuda.Event()
+    event.record()
+    return event
+
+
+def event_seconds(start, end) -> float:
+    """Seconds of GPU time between two :func:`record_event` events (waits for ``end``).
+
+    >>> callable(event_seconds)
+    True
+    """
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from . import autodiff
 from .autodiff import Primitive
-from .backend import cupy, gpu_available
+from .backend import event_seconds, gpu_available, record_event
 
 __all__ = ["profile", "Profile", "ProfileRow"]
 
@@ -47,18 +47,16 @@ class _Frame:
         self.children = []
         self.ev0 = self.ev1 = None
         if use_gpu:
-            self.ev0 = cupy.cuda.Event()
-            self.ev0.record()
+            self.ev0 = record_event()
         self.t0 = time.perf_counter()
 
     def stop(self):
         self.t1 = time.perf_counter()
         if self.ev0 is not None:
-            self.ev1 = cupy.cuda.Event()
-            self.ev1.record()
+            self.ev1 = record_event()
 
     def gpu_seconds(self):
-        return cupy.cuda.get_elapsed_time(self.ev0, self.ev1) / 1e3 if self.ev0 is not None else None
+        return event_seconds(self.ev0, self.ev1) if self.ev0 is not None else None
 
 
 class Profile:

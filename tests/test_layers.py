@@ -233,12 +233,13 @@ def test_spatial_errors_name_the_layer(layer, shape, fragment):
 
 
 def test_error_raised_before_any_kernel(monkeypatch):
-    import fluxpy.layers as layers
+    import fluxpy.layers.basic
+    import fluxpy.layers.conv
 
     def boom(*args, **kw):
         raise AssertionError("a kernel ran")
-    monkeypatch.setattr(layers, "conv_bias_act", boom)
-    monkeypatch.setattr(layers, "matmul", boom)
+    monkeypatch.setattr(fluxpy.layers.conv, "conv_bias_act", boom)
+    monkeypatch.setattr(fluxpy.layers.basic, "matmul", boom)
     with pytest.raises(DimensionMismatch):
         Conv((3, 3), 2, 3)(np.ones((5, 4, 9, 9), np.float32))
     with pytest.raises(DimensionMismatch):
@@ -544,3 +545,28 @@ def test_dropout_on_the_data_trains_inside_gradient_only():
     g, = fluxpy.gradient(lambda w: (d(x) * w).sum(), w)
     assert 300 < np.count_nonzero(g) < 700             # inside: about half dropped, though x is not tracked
     assert set(np.unique(g)) <= {0.0, 2.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The package
+
+
+def test_package_exports_every_public_name():
+    import fluxpy.layers
+    assert [name for name in fluxpy.layers.__all__ if not hasattr(fluxpy.layers, name)] == []
+    assert DimensionMismatch.__module__ == "fluxpy.layers"   # the name a traceback prints
+
+
+def test_layer_families_import_only_the_shared_modules():
+    import ast
+    import pathlib
+
+    import fluxpy.layers
+    shared = {"init", "show", "_checks"}
+    for path in pathlib.Path(fluxpy.layers.__file__).parent.glob("*.py"):
+        if path.stem == "__init__":
+            continue
+        siblings = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.level == 1}
+        allowed = set() if path.stem in shared | {"convert"} else shared
+        assert siblings <= allowed, f"{path.name} imports {sorted(siblings - allowed)}"

@@ -32,16 +32,20 @@ def test_logitcrossentropy_on_the_gpu_matches_the_cpu(dtype, rtol, n, c, agg):
 
 def test_the_kernels_run_and_non_contiguous_inputs_fall_back():
     import cupy as cp
+    from fluxpy import kernels
     from fluxpy.kernels import cuda_softmax as K
+    from fluxpy.ops.softmax import logit_crossentropy_rows_backward
     rng = np.random.default_rng(0)
     yhat = cp.asarray(rng.standard_normal((6, 4)).astype(np.float32))
     y = cp.asarray(np.eye(4, dtype=np.float32)[rng.integers(0, 4, 6)])
-    fused = K.logit_crossentropy_rows(yhat, y)
-    generic = K.logit_crossentropy_rows(cp.asfortranarray(yhat), y)   # not C-contiguous: the CuPy path
+    assert kernels.find("logit_crossentropy_rows", yhat, y) is K.logit_crossentropy_rows
+    assert kernels.find("logit_crossentropy_rows", cp.asfortranarray(yhat), y) is None   # the composite runs
+    fused = logit_crossentropy_rows(yhat, y)
+    generic = logit_crossentropy_rows(cp.asfortranarray(yhat), y)
     np.testing.assert_allclose(cp.asnumpy(fused), cp.asnumpy(generic), rtol=1e-6)
     np.testing.assert_allclose(cp.asnumpy(fused), logit_crossentropy_rows(cp.asnumpy(yhat), cp.asnumpy(y)),
                                rtol=1e-6)
     dl = cp.asarray(rng.standard_normal(6).astype(np.float32))
-    np.testing.assert_allclose(cp.asnumpy(K.logit_crossentropy_rows_backward(dl, yhat, y)),
-                               cp.asnumpy(K.logit_crossentropy_rows_backward(dl, cp.asfortranarray(yhat), y)),
+    np.testing.assert_allclose(cp.asnumpy(logit_crossentropy_rows_backward(dl, yhat, y)),
+                               cp.asnumpy(logit_crossentropy_rows_backward(dl, cp.asfortranarray(yhat), y)),
                                rtol=1e-5, atol=1e-7)

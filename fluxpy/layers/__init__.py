@@ -1,0 +1,40 @@
+"""Layers (Flux's ``src/layers/``): plain classes with a size constructor, ``__call__`` and a Flux-style ``repr``.
+
+Each ``__call__`` checks the input's shape, then calls ops; layers hold no backward code and no
+device code (move a model with :func:`fluxpy.gpu` / :func:`fluxpy.cpu`). A wrong input raises
+:class:`DimensionMismatch` naming the layer before any kernel runs; inside a :class:`Chain` the
+message also says which layer (by its index, as ``chain[i]``).
+
+Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in)`` and
+``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
+
+The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel),
+``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, Dropout and the train/test mode),
+``init`` (initialisers), ``convert`` (f32, f64), ``show`` (printing) and ``_checks`` (input
+checks and :class:`DimensionMismatch`). The families import from ``init``, ``show`` and
+``_checks``, never from each other.
+
+>>> import numpy as np
+>>> import fluxpy
+>>> model = Chain(Dense(2, 3, fluxpy.relu, rng=0), Dense(3, 1, rng=1))
+>>> model(np.ones((4, 2), np.float32)).shape
+(4, 1)
+>>> g, = fluxpy.gradient(lambda m: m(np.ones((4, 2), np.float32)).sum(), model)
+>>> sorted(g["layers"][0])
+['bias', 'weight']
+"""
+from __future__ import annotations
+
+from ._checks import DimensionMismatch
+from .basic import Chain, Dense, Embedding, Parallel, SkipConnection, flatten
+from .conv import Conv, ConvTranspose, CrossCor
+from .convert import f32, f64
+from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
+from .normalise import BatchNorm, Dropout, LayerNorm, istraining, testmode, trainmode
+from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
+
+__all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
+           "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout",
+           "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "istraining", "trainmode", "testmode",
+           "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32",
+           "ones32", "nfan"]

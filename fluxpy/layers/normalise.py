@@ -1,0 +1,224 @@
+"""Normalisation and regularisation (Flux's ``src/layers/normalise.jl``): BatchNorm, LayerNorm, Dropout, and the
+train/test mode that BatchNorm and Dropout follow (``istraining``, ``trainmode``, ``testmode``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..autodiff import in_gradient, is_tracked, value_of
+from ..functors import children, layer
+from ..ops.activations import identity
+from ..ops.bias_act import bias_act
+from ..ops.dropout import dropout
+from ..ops.norm import batchnorm_infer, batchnorm_train, layernorm
+from ._checks import Array, _fail
+from .init import ones32, zeros32
+from .show import _act_part
+
+
+def istraining(*xs) -> bool:
+    """True inside :func:`fluxpy.gradient` (and ``withgradient``/``pullback``) or when any of ``xs`` is Tracked.
+
+    :class:`Dropout` and :class:`BatchNorm` in automatic mode use this to decide whether they are
+    training, so a Dropout applied straight to the data trains too.
+
+    >>> import numpy as np, fluxpy
+    >>> istraining(np.ones(2))
+    False
+    >>> fluxpy.gradient(lambda x: float(istraining(x)) * x.sum(), np.ones(2))
+    (array([1., 1.]),)
+    """
+    return in_gradient() or any(is_tracked(x) for x in xs)
+
+
+def _set_mode(model, active):
+    seen = set()
+
+    def walk(x):
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if getattr(type(x), "_has_mode", False):
+            x.active = active
+        for _, child in children(x) or ():
+            walk(child)
+    walk(model)
+    return model
+
+
+def _mode_value(mode, when_true):
+    if mode == "auto":
+        return None
+    if isinstance(mode, bool):
+        return when_true if mode else not when_true
+    raise ValueError(f"mode must be True, False or \"auto\", got {mode!r}")
+
+
+def trainmode(model, mode: bool | str = True):
+    """Puts every Dropout and BatchNorm in ``model`` in training mode, in place, and returns ``model``.
+
+    ``mode=False`` means test mode and ``mode="auto"`` restores the default (training only
+    inside :func:`fluxpy.gradient`, see :func:`istraining`).
+
+    >>> import numpy as np
+    >>> d = trainmode(Dropout(0.5, rng=0))
+    >>> bool((d(np.ones(100)) == 0).any())   # drops even outside gradient
+    True
+    """
+    return _set_mode(model, _mode_value(mode, True))
+
+
+def testmode(model, mode: bool | str = True):
+    """Puts every Dropout and BatchNorm in ``model`` in test mode (identity / running stats), in place, and returns it.
+
+    ``mode=False`` means training mode, ``mode="auto"`` the default.
+
+    >>> import numpy as np, fluxpy
+    >>> d = testmode(Dropout(0.5))
+    >>> fluxpy.gradient(lambda x: d(x).sum(), np.ones(3))   # never drops, even inside gradient
+    (array([1., 1., 1.]),)
+    """
+    return _set_mode(model, _mode_value(mode, False))
+
+
+testmode.__test__ = False  # not a test, whatever pytest guesses from the name
+
+
+def _is_active(layer, *xs):
+    return istraining(*xs) if layer.active is None else layer.active
+
+
+def _mode_repr(active):
+    return "" if active is None else f", active={active}"
+
+
+@layer(children=("gamma", "beta", "running_mean", "running_var"), trainable=("gamma", "beta"))
+class BatchNorm:
+    """Batch normalisation of ``C`` channels: ``y = act((x - mean) / sqrt(var + eps) * gamma + beta)``.
+
+    ``x`` is ``(N, C, ...)``. Training: the mean and variance are the batch's, over every axis
+    but 1, and the running statistics move towards them:
+    ``running = (1 - momentum) * running + momentum * batch`` (the variance unbiased, as Flux and
+    PyTorch). Testing: the running statistics are used. Training happens inside
+    :func:`fluxpy.gradient` unless :func:`trainmode`/:func:`testmode` or ``active`` say
+    otherwise. ``gamma`` (ones) and ``beta`` (zeros) are trainable, absent with ``affine=False``;
+    the running statistics are children (saved, moved to the GPU) but not trainable, and with
+    ``track_stats=False`` there are none and the batch's statistics are always used.
+
+    >>> import numpy as np, fluxpy
+    >>> bn = BatchNorm(2)
+    >>> x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    >>> bn(x) is not None, bn.running_mean   # test mode outside gradient: stats unchanged
+    (True, array([0., 0.], dtype=float32))
+    >>> _ = fluxpy.gradient(lambda m: m(x).sum(), bn)   # training: stats move
+    >>> bn.running_mean
+    array([0.3, 0.4], dtype=float32)
+    """
+    _has_mode = True
+
+    def __init__(self, channels: int, act: Callable = identity, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, track_stats: bool = True, active: bool | None = None) -> None:
+        self.gamma = ones32(channels) if affine else None
+        self.beta = zeros32(channels) if affine else None
+        self.running_mean = zeros32(channels) if track_stats else None
+        self.running_var = ones32(channels) if track_stats else None
+        self.channels = channels
+        self.act, self.eps, self.momentum, self.active = act, eps, momentum, active
+
+    def __call__(self, x: Array) -> Array:
+        if not hasattr(x, "shape") or len(x.shape) < 2 or x.shape[1] != self.channels:
+            _fail(self, f"x.shape[1] == {self.channels} (x of shape (N, C, ...))", x)
+        if self.running_mean is None or _is_active(self, x, self.gamma, self.beta):
+            y, mean, var = batchnorm_train(x, self.gamma, self.beta, self.eps)
+            if self.running_mean is not None:
+                self._track(mean, var, x.size // self.channels)
+        else:
+            y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
+        return y if self.act is identity else bias_act(y, None, self.act)
+
+    def _track(self, mean, var, m):
+        # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
+        mom = self.momentum
+        running_mean, running_var = value_of(self.running_mean), value_of(self.running_var)
+        running_mean *= 1 - mom
+        running_mean += (mom * mean).astype(running_mean.dtype)
+        running_var *= 1 - mom
+        running_var += (mom * m / max(m - 1, 1) * var).astype(running_var.dtype)
+
+    def __repr__(self):
+        opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",
+                f", momentum={self.momentum}" if self.momentum != 0.1 else "",
+                ", affine=False" if self.gamma is None else "",
+                ", track_stats=False" if self.running_mean is None else ""]
+        return f"BatchNorm({self.channels}{_act_part(self.act)}{''.join(opts)}{_mode_repr(self.active)})"
+
+
+@layer(children=("gamma", "beta"))
+class LayerNorm:
+    """Normalises each sample over its trailing axes: ``y = act((x - mean) / sqrt(var + eps) * gamma + beta)``.
+
+    The statistics are per sample over the last ``len(shape)`` axes, which must equal ``shape``
+    (an int or tuple); ``gamma`` (ones) and ``beta`` (zeros) have that shape, and are absent with
+    ``affine=False``. PyTorch's ``LayerNorm(shape)``.
+
+    >>> import numpy as np
+    >>> ln = LayerNorm(4)
+    >>> ln, ln(np.arange(8, dtype=np.float32).reshape(2, 4)).round(3)[0]
+    (LayerNorm(4), array([-1.342, -0.447,  0.447,  1.342], dtype=float32))
+    """
+
+    def __init__(self, shape: int | tuple[int, ...], act: Callable = identity, eps: float = 1e-5,
+                 affine: bool = True) -> None:
+        self.shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        self.gamma = ones32(self.shape) if affine else None
+        self.beta = zeros32(self.shape) if affine else None
+        self.act, self.eps = act, eps
+
+    def __call__(self, x: Array) -> Array:
+        k = len(self.shape)
+        if not hasattr(x, "shape") or tuple(x.shape[-k:]) != self.shape or len(x.shape) < k:
+            _fail(self, f"x.shape[-{k}:] == {self.shape}", x)
+        y = layernorm(x, self.gamma, self.beta, tuple(range(-k, 0)), self.eps)
+        return y if self.act is identity else bias_act(y, None, self.act)
+
+    def __repr__(self):
+        shape = self.shape[0] if len(self.shape) == 1 else self.shape
+        opts = (f", eps={self.eps}" if self.eps != 1e-5 else "") + (", affine=False" if self.gamma is None else "")
+        return f"LayerNorm({shape}{_act_part(self.act)}{opts})"
+
+
+@layer(children=())
+class Dropout:
+    """Zeroes each entry with probability ``p`` and scales the rest by ``1/(1-p)``.
+
+    Active inside :func:`fluxpy.gradient` (also when applied straight to the data), the identity
+    otherwise, unless :func:`trainmode`/:func:`testmode` or ``active`` fix the mode. ``dims`` are
+    the axes the mask varies along (``dims=(0, 1)`` on NCHW drops whole channels); ``rng`` a
+    generator for the arrays' device (NumPy's for NumPy arrays) or a seed.
+
+    >>> import numpy as np, fluxpy
+    >>> d = Dropout(0.5, rng=0)
+    >>> x = np.ones((2, 3), np.float32)
+    >>> d, d(x) is x
+    (Dropout(0.5), True)
+    >>> g, = fluxpy.gradient(lambda x: d(x).sum(), x)
+    >>> sorted(set(g.ravel().tolist())) in ([0.0, 2.0], [2.0], [0.0])
+    True
+    """
+    _has_mode = True
+
+    def __init__(self, p: float, dims: int | tuple[int, ...] | None = None, rng: Any = None,
+                 active: bool | None = None) -> None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise ValueError(f"Dropout: p must be a probability in [0, 1), got {p!r}")
+        self.p, self.dims, self.active = p, dims, active
+        self.rng = rng if rng is None or hasattr(rng, "random") else np.random.default_rng(rng)
+
+    def __call__(self, x: Array) -> Array:
+        return dropout(x, self.p, rng=self.rng, dims=self.dims, active=_is_active(self, x))
+
+    def __repr__(self):
+        dims = "" if self.dims is None else f", dims={self.dims}"
+        return f"Dropout({self.p}{dims}{_mode_repr(self.active)})"

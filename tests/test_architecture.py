@@ -1,0 +1,115 @@
+"""The structure the code keeps: no import cycles, kernels below everything that uses them, devices
+known only to ``backend.py`` and ``kernels/``, one kernel table."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fluxpy"
+
+
+def _module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules():
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(module, is_package, level, name):
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _imports(module, path, modules):
+    """The fluxpy modules that ``module`` imports, at any depth of its code (function-level imports too)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module) if node.level else node.module
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n in modules and n != module)
+    return out
+
+
+def _graph():
+    modules = _modules()
+    return {m: _imports(m, p, modules) for m, p in modules.items()}
+
+
+def _find_cycle(graph):
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def _without_package_inits(graph):
+    """Importing ``a.b`` runs ``a/__init__`` first; that edge is not a dependency of ``a.b`` on ``a``'s contents."""
+    return {m: {n for n in deps if not m.startswith(n + ".")} for m, deps in graph.items()}
+
+
+def test_no_import_cycles():
+    cycle = _find_cycle(_without_package_inits(_graph()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_kernels_import_no_optimiser_layer_training_or_op():
+    for m, deps in _graph().items():
+        if m.startswith("fluxpy.kernels"):
+            bad = [d for d in deps if d.split(".")[1] in ("optimise", "layers", "train", "losses", "ops", "broadcast")]
+            assert not bad, f"{m} imports {bad}"
+
+
+def test_only_backend_and_kernels_know_cupy():
+    for m, path in _modules().items():
+        if m == "fluxpy.backend" or m.startswith("fluxpy.kernels"):
+            continue
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        assert "cupy" not in names, f"{m} uses cupy: device code belongs in fluxpy/backend.py or fluxpy/kernels/"
+
+
+def test_one_registry():
+    """Only fluxpy.kernels registers kernels: no module keeps a table of its own keyed by array type."""
+    for m, path in _modules().items():
+        text = path.read_text()
+        for old in ("register_fused", "register_reducer", "register_impl", "register_fused_step", "_FUSED_STEPS",
+                    "_REDUCERS", "_IMPLS"):
+            assert old not in text, f"{m} still has {old}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if "cudnn" not in m))
+def test_every_module_imports_first(module):
+    """``import fluxpy`` works whatever is imported first (no import-order dependence)."""
+    run = subprocess.run([sys.executable, "-c", f"import {module}; import fluxpy; fluxpy.gradient(lambda x: (x * x).sum(), 1.0)"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
