@@ -2,7 +2,8 @@
 
 Like ChainRulesTestUtils' ``test_rrule`` and JAX's ``check_grads``: the function's output is
 contracted with a random cotangent, and the directional derivative along a random direction
-from finite differences is compared with the one from fluxpy's gradient.
+from finite differences is compared with the one from fluxpy's gradient. The arguments may be
+NumPy or CuPy float64 arrays (random directions are drawn on the host and moved to the device).
 """
 from __future__ import annotations
 
@@ -18,8 +19,17 @@ def _scalarize(f, cotangent):
     return scalar
 
 
+def _host(a):
+    return np.asarray(fluxpy.cpu(fluxpy.value_of(a)), dtype=np.float64)
+
+
 def _numeric(y):
-    return float(np.asarray(fluxpy.value_of(y), dtype=np.float64).sum())
+    return float(_host(y).sum())
+
+
+def _is_f64(a):
+    return hasattr(a, "dtype") and not fluxpy.is_tracked(a) and a.dtype == np.float64 and np.ndim(a) >= 0 \
+        and hasattr(a, "shape")
 
 
 def check_grad(f, *args, rng=None, eps=1e-6, rtol=1e-6, atol=1e-8, directions=2, wrt=None):
@@ -29,14 +39,14 @@ def check_grad(f, *args, rng=None, eps=1e-6, rtol=1e-6, atol=1e-8, directions=2,
     positional values are passed through. Returns the gradients.
     """
     rng = np.random.default_rng(0) if rng is None else rng
-    wrt = [i for i, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype == np.float64] \
-        if wrt is None else list(wrt)
+    wrt = [i for i, a in enumerate(args) if _is_f64(a)] if wrt is None else list(wrt)
+    xp = fluxpy.get_array_module(*args)
     y = fluxpy.value_of(f(*args))
-    cot = rng.standard_normal(np.shape(y))
+    cot = xp.asarray(rng.standard_normal(np.shape(y)))
     loss = _scalarize(f, cot)
     grads = fluxpy.gradient(loss, *args)
     for _ in range(directions):
-        dirs = {i: rng.standard_normal(np.shape(args[i])) for i in wrt}
+        dirs = {i: xp.asarray(rng.standard_normal(np.shape(args[i]))) for i in wrt}
 
         def shifted(sign):
             new = list(args)
@@ -50,7 +60,7 @@ def check_grad(f, *args, rng=None, eps=1e-6, rtol=1e-6, atol=1e-8, directions=2,
             if g is not None:
                 assert np.shape(g) == np.shape(args[i]), f"gradient {i} has shape {np.shape(g)}, " \
                                                          f"argument {np.shape(args[i])}"
-                analytic += float(np.sum(np.asarray(fluxpy.value_of(g)) * d))
+                analytic += float(np.sum(_host(g) * _host(d)))
         scale = max(abs(numeric), abs(analytic), 1.0)
         assert abs(numeric - analytic) <= atol + rtol * scale, \
             f"directional derivative: finite differences {numeric!r}, fluxpy {analytic!r}"
@@ -60,7 +70,8 @@ def check_grad(f, *args, rng=None, eps=1e-6, rtol=1e-6, atol=1e-8, directions=2,
 def check_second_order(f, *args, rng=None, **kw):
     """Check the gradient of ``x -> <gradient(f)(x), v>`` (a Hessian-vector product) by finite differences."""
     rng = np.random.default_rng(1) if rng is None else rng
-    vs = [rng.standard_normal(np.shape(a)) for a in args]
+    xp = fluxpy.get_array_module(*args)
+    vs = [xp.asarray(rng.standard_normal(np.shape(a))) for a in args]
 
     def grad_dot_v(*xs):
         gs = fluxpy.gradient(lambda *z: f(*z).sum(), *xs)

@@ -15,6 +15,7 @@ from fluxpy import broadcast
 from fluxpy.kernels import elementwise as E
 from fluxpy.ops import activations as A
 from fluxpy.ops.bias_act import bias_act
+from devices import assert_matches_cpu
 from strategies import array, broadcast_pair
 from test_broadcast import SCALAR_FUNCTIONS
 
@@ -42,10 +43,7 @@ def _value_and_grads(f, x, b, ct):
 
 
 def _close(gpu, cpu, rtol, atol):
-    import cupy as cp
-    assert isinstance(gpu, cp.ndarray), type(gpu)
-    assert gpu.shape == np.shape(cpu)
-    np.testing.assert_allclose(cp.asnumpy(gpu).astype(np.float64), np.asarray(cpu, np.float64), rtol=rtol, atol=atol)
+    assert_matches_cpu(gpu, cpu, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))

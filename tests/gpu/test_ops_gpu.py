@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fluxpy
+from devices import to_device
 from fluxpy import losses as L
 from fluxpy import ops
 from fluxpy.ops import activations as A
@@ -21,14 +22,6 @@ from fluxpy.ops.softmax import logsoftmax, softmax
 pytestmark = pytest.mark.gpu
 
 
-
-
-def _to(x, xp, dtype):
-    if isinstance(x, np.ndarray) and x.dtype.kind == "f":
-        return xp.asarray(x.astype(dtype))
-    if isinstance(x, np.ndarray):
-        return xp.asarray(x)
-    return x
 
 
 def check(f, *args, wrt=None, dtypes=(np.float64, np.float32), seed=0):
@@ -50,7 +43,7 @@ def check(f, *args, wrt=None, dtypes=(np.float64, np.float32), seed=0):
     args_now = args
     g0 = fluxpy.gradient(loss(ct), *[args[i] for i in wrt])
     for dtype in dtypes:
-        args_now = [_to(a, cp, dtype) for a in args]
+        args_now = [to_device(a, cp, dtype) for a in args]
         y1 = f(*args_now)
         assert isinstance(fluxpy.value_of(y1), cp.ndarray), type(y1)
         g1 = fluxpy.gradient(loss(cp.asarray(ct.astype(dtype))), *[args_now[i] for i in wrt])
@@ -237,3 +230,14 @@ def test_training_step_has_no_hidden_synchronisation():
                 loss = step()
     assert float(loss) < float(first) + 1.0
 
+
+
+def test_finite_differences_on_cupy_float64():
+    """check_grad takes CuPy arrays: the GPU kernels' gradients against float64 finite differences."""
+    import cupy as cp
+    from gradcheck import check_grad
+    r = np.random.default_rng(11)
+    x, b = cp.asarray(r.standard_normal((5, 4))), cp.asarray(r.standard_normal(4))
+    check_grad(lambda x, b: bias_act(x, b, A.tanh), x, b, rng=r)
+    check_grad(lambda x, b: fluxpy.broadcast(lambda u, v: np.exp(u) * v, x, b), x, b, rng=r)
+    check_grad(lambda x: logsoftmax(x), x, rng=r)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
+from devices import cupy_module
 from fluxpy.kernels import reduce as R
 
 pytestmark = pytest.mark.gpu
@@ -17,11 +18,6 @@ SIZES = [1, 2, 3, 4, 7, 8, 13, 16, 127, 128]
 MAPS = {None: lambda x, y: x, "x * x": lambda x, y: x * x, "x * (y > 0)": lambda x, y: x * (y > 0)}
 DTYPES = [np.float16, np.float32, np.float64]
 MAX_ELEMENTS = 300_000
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 @st.composite
@@ -74,7 +70,7 @@ def _check(got, ref, sumabs, dtype, op, count):
        map_expr=st.sampled_from(list(MAPS)), keepdims=st.booleans(), seed=st.integers(0, 2**31))
 @settings(max_examples=60)
 def test_matches_numpy_float64(sa, dtype, op, map_expr, keepdims, seed):
-    cp = _cp()
+    cp = cupy_module()
     shape, axes = sa
     if dtype == np.float16 and np.prod(shape) > 60_000:   # keep float16 sums of x*x finite
         shape = tuple(min(n, 7) for n in shape)
@@ -101,7 +97,7 @@ def test_matches_numpy_float64(sa, dtype, op, map_expr, keepdims, seed):
                                          ((127, 13, 5140), (0, 2)), ((64, 10), 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fixed_shapes_each_dtype(shape, axes, dtype):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * (0.5 if dtype == np.float16 else 1)).astype(dtype)
     for op in ("sum", "mean", "max"):
@@ -111,7 +107,7 @@ def test_fixed_shapes_each_dtype(shape, axes, dtype):
 
 
 def test_float64_accumulation_for_float32():
-    cp = _cp()
+    cp = cupy_module()
     x = cp.asarray(np.random.default_rng(2).standard_normal((4096, 333)).astype(np.float32))
     a = R.mapreduce(x, 0, acc_dtype=np.float64)
     ref = cp.asnumpy(x).astype(np.float64).sum(0)
@@ -119,7 +115,7 @@ def test_float64_accumulation_for_float32():
 
 
 def test_misaligned_and_strided_inputs():
-    cp = _cp()
+    cp = cupy_module()
     base = cp.asarray(np.random.default_rng(3).standard_normal(4 * 1024 + 1).astype(np.float32))
     x = base[1:].reshape(4, 1024)            # 4-byte aligned only: falls back to scalar loads
     np.testing.assert_allclose(cp.asnumpy(R.mapreduce(x, 0)), cp.asnumpy(x).sum(0), rtol=1e-5, atol=1e-5)
@@ -128,7 +124,7 @@ def test_misaligned_and_strided_inputs():
 
 
 def test_nan_propagates_through_max_and_empty_inputs():
-    cp = _cp()
+    cp = cupy_module()
     x = cp.zeros((1000, 8), dtype=cp.float32)
     x[517, 3] = cp.nan
     got = cp.asnumpy(R.mapreduce(x, 0, "max"))
@@ -141,7 +137,7 @@ def test_nan_propagates_through_max_and_empty_inputs():
 @pytest.mark.parametrize("shape,axes", [((256, 64, 28, 28), (0, 2, 3)), ((8192, 1024), 0), ((1 << 22,), None),
                                          ((512, 3, 999), (0, 2))])
 def test_bitwise_identical_over_runs(shape, axes):
-    cp = _cp()
+    cp = cupy_module()
     x = cp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
     assert R.plan(shape, axes, np.float32, sm_count=R._sm_count(x.device.id))["S"] > 1  # multi-block path
     first = cp.asnumpy(R.mapreduce(x, axes)).tobytes()
@@ -150,7 +146,7 @@ def test_bitwise_identical_over_runs(shape, axes):
 
 
 def test_unbroadcast_uses_the_kernel(monkeypatch):
-    cp = _cp()
+    cp = cupy_module()
     from fluxpy.kernels import gpu
     assert gpu.register()
     calls = []
@@ -170,7 +166,7 @@ def test_unbroadcast_uses_the_kernel(monkeypatch):
 
 
 def test_gradient_of_bias_product_matches_cpu():
-    cp = _cp()
+    cp = cupy_module()
     from fluxpy.kernels import gpu
     gpu.register()
     rng = np.random.default_rng(7)

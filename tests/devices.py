@@ -1,0 +1,28 @@
+"""Helpers shared by the GPU tests: the CuPy module, moving test data to a device, and the one
+comparison of a GPU result with the CPU path."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def cupy_module():
+    """CuPy itself (the GPU tests are skipped where it is missing, see tests/conftest.py)."""
+    import cupy
+    return cupy
+
+
+def to_device(x, xp, dtype=None):
+    """A NumPy float array as an ``xp`` array (in ``dtype`` when given); other values as they are."""
+    if isinstance(x, np.ndarray):
+        if dtype is not None and x.dtype.kind == "f":
+            x = x.astype(dtype)
+        return xp.asarray(x)
+    return x
+
+
+def assert_matches_cpu(gpu, cpu, rtol=1e-6, atol=0.0):
+    """``gpu`` is a CuPy array of ``cpu``'s shape whose values match ``cpu``'s (compared in float64)."""
+    cp = cupy_module()
+    assert isinstance(gpu, cp.ndarray), f"expected a CuPy array, got {type(gpu).__name__}"
+    assert gpu.shape == np.shape(cpu), f"shape {gpu.shape}, CPU {np.shape(cpu)}"
+    np.testing.assert_allclose(cp.asnumpy(gpu).astype(np.float64), np.asarray(cpu, np.float64), rtol=rtol, atol=atol)
