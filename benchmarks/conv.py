@@ -3,12 +3,14 @@
 Rows per layer (float32, cross-correlation as PyTorch, TF32 off on both sides):
 
 - ``fwd``: fluxpy ``conv_bias_act(x, w, b, relu, flipped=True)`` (one execute of a cached cuDNN graph
-  conv -> bias add -> relu; ``fwd_kernel``: the legacy cudnnConvolutionBiasActivationForward) vs
+  conv -> bias add -> relu; ``fwd_kernel``: the legacy cudnnConvolutionBiasActivationForward,
+  :func:`fluxpy.kernels.cudnn.legacy.conv_bias_act_forward`) vs
   ``relu(conv2d(x, w, b))``;
 - ``bwd_data`` / ``bwd_filter``: fluxpy ``conv_backward_data`` / ``conv_backward_filter`` (the public ops)
   vs ``torch.ops.aten.convolution_backward`` with output_mask (True, False, False) / (False, True, False);
 - ``bias_mr`` / ``bias_cudnn``: the relu backward and bias gradient ``(dz, db)`` by fluxpy's mapreduce (one
-  pass) / by a mask kernel + cudnnConvolutionBackwardBias, vs ``threshold_backward`` + ``sum((0, 2, 3))``.
+  pass) / by a mask kernel + cudnnConvolutionBackwardBias (:func:`fluxpy.kernels.cuda_conv.set_bias_grad`), vs
+  ``threshold_backward`` + ``sum((0, 2, 3))``.
 
 Timing: CUDA events around ``iters`` back-to-back calls (host overhead included, as in a
 training step), after warm-up (which also runs cuDNN's algorithm search on both sides), median of
@@ -131,7 +133,7 @@ def main(argv=None):
         pairs = {
             "fwd": (lambda: conv_bias_act(x, w, b, relu, stride=s, pad=p, flipped=True),
                     lambda: F.relu(F.conv2d(tx, tw, tb, stride=s, padding=p))),
-            "fwd_kernel": (lambda: cudnn.conv_bias_act_forward(x, w, b, "relu", cd), None),
+            "fwd_kernel": (lambda: cudnn.legacy.conv_bias_act_forward(x, w, b, "relu", cd), None),
             "bwd_data": (lambda: conv_backward_data(dy, w, cd), bwd((True, False, False))),
             "bwd_filter": (lambda: conv_backward_filter(x, dy, cd), bwd((False, True, False))),
             "bias_mr": (fx_bias("mapreduce"), t_bias),
@@ -179,7 +181,7 @@ def main(argv=None):
            for row in ("fwd", "bwd_data", "bwd_filter", "bias_mr")}
     print()
     print("geometric-mean ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in geo.items()))
-    print(f"cudnn stats: {cudnn.stats()}")
+    print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=gpu, date=str(datetime.date.today()), rows=rows), f, indent=1)
@@ -200,12 +202,13 @@ def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):
         b = cp.asarray(rng.standard_normal(k, dtype=np.float32))
         cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
         dy = cp.asarray(rng.standard_normal(cd.y_shape, dtype=np.float32))
-        y = cudnn.conv_bias_act_forward(x, w, b, "relu", cd)
-        cudnn.conv_backward_data(dy, w, cd)
-        cudnn.conv_backward_filter(x, dy, cd)
+        legacy = cudnn.legacy
+        y = legacy.conv_bias_act_forward(x, w, b, "relu", cd)
+        legacy.conv_backward_data(dy, w, cd)
+        legacy.conv_backward_filter(x, dy, cd)
         p = cudnn.plan(cd, x.dtype)
-        hd = cudnn._handle()
-        fn = cudnn._fn
+        hd = cudnn.handle.get_handle()
+        fn = cudnn.library.fn
         one, zero = ctypes.addressof(p.one), ctypes.addressof(p.zero)
         (fa, fm, fmem), (da, dm, dmem), (wa, wm, wmem) = p.algos["fwd"][0], p.algos["bwd_data"][0], p.algos["bwd_filter"][0]
         ws = cp.cuda.alloc(max(fmem, dmem, wmem, 1 << 20))
@@ -221,7 +224,7 @@ def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):
             "cupy.empty(y)": lambda: cp.empty(cd.y_shape, cp.float32),
             "cupy.cuda.alloc(1MB)": lambda: cp.cuda.alloc(1 << 20),
             "getDevice+stream": lambda: (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr),
-            "plan()+_handle()": lambda: (cudnn.plan(cd, x.dtype), cudnn._handle()),
+            "plan()+get_handle()": lambda: (cudnn.plan(cd, x.dtype), cudnn.handle.get_handle()),
             "raw cudnnConvolutionForward": lambda: fn.cudnnConvolutionForward(
                 hd, one, p.xd, x.data.ptr, p.wd, w.data.ptr, p.convd, fa, ws.ptr, fmem, zero, p.yd, out.data.ptr),
             "raw fused relu": lambda: fn.cudnnConvolutionBiasActivationForward(
@@ -231,9 +234,11 @@ def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):
                 hd, one, p.wd, w.data.ptr, p.yd, dy.data.ptr, p.convd, da, ws.ptr, dmem, zero, p.xd, dx.data.ptr),
             "raw bwd_filter": lambda: fn.cudnnConvolutionBackwardFilter(
                 hd, one, p.xd, x.data.ptr, p.yd, dy.data.ptr, p.convd, wa, ws.ptr, wmem, zero, p.wd, dw.data.ptr),
-            "cudnn.conv_bias_act_forward": lambda: cudnn.conv_bias_act_forward(x, w, b, "relu", cd),
+            "legacy.conv_bias_act_forward": lambda: legacy.conv_bias_act_forward(x, w, b, "relu", cd),
+            "graph.conv_bias_act_forward": lambda: cudnn.graph.conv_bias_act_forward(x, w, b, "relu", cd),
             "ops.conv_bias_act": lambda: conv_bias_act(x, w, b, relu, pad=1, flipped=True),
-            "cudnn.conv_backward_data": lambda: cudnn.conv_backward_data(dy, w, cd),
+            "legacy.conv_backward_data": lambda: legacy.conv_backward_data(dy, w, cd),
+            "graph.conv_backward_data": lambda: cudnn.graph.conv_backward_data(dy, w, cd),
             "bias mapreduce": lambda: cuda_conv.conv_bias_act_backward(dy, y, "relu", cd, True),
             "torch conv2d": lambda: F.conv2d(tx, tw, None, padding=1),
             "torch conv2d+b+relu": lambda: F.relu(F.conv2d(tx, tw, tb, padding=1)),

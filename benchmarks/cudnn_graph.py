@@ -1,4 +1,5 @@
-"""cuDNN backend-graph convolutions (fluxpy.kernels.cudnn_graph) vs the legacy binding vs PyTorch.
+"""cuDNN backend-graph convolutions (fluxpy.kernels.cudnn.graph) vs the legacy calls (fluxpy.kernels.cudnn.legacy)
+vs PyTorch.
 
 Per layer and operation (float32, cross-correlation, TF32 off everywhere; PyTorch with
 ``torch.backends.cudnn.benchmark=True``):
@@ -49,7 +50,9 @@ def main():
     import cupy as cp
     import numpy as np
 
-    from fluxpy.kernels import cudnn, cudnn_graph
+    from fluxpy.kernels import cudnn
+    from fluxpy.kernels.cudnn import graph as cudnn_graph
+    from fluxpy.kernels.cudnn import legacy
     from fluxpy.ops.dims import ConvDims
 
     cudnn.set_options(allow_tf32=False)
@@ -76,9 +79,9 @@ def main():
             "graph": (lambda: cudnn_graph.conv_bias_act_forward(x, w, b, "relu", cd),
                       lambda: cudnn_graph.conv_backward_data(dy, w, cd),
                       lambda: cudnn_graph.conv_backward_filter(x, dy, cd)),
-            "legacy": (lambda: cudnn.conv_bias_act_forward(x, w, b, "relu", cd),
-                       lambda: cudnn.conv_backward_data(dy, w, cd),
-                       lambda: cudnn.conv_backward_filter(x, dy, cd)),
+            "legacy": (lambda: legacy.conv_bias_act_forward(x, w, b, "relu", cd),
+                       lambda: legacy.conv_backward_data(dy, w, cd),
+                       lambda: legacy.conv_backward_filter(x, dy, cd)),
         }
         if torch is not None:
             tx, tw, tb, tdy = (torch.as_tensor(a, device="cuda") for a in (x, w, b, dy))

@@ -1,53 +1,49 @@
-"""CuPy kernels for convolution and pooling: cuDNN (:mod:`fluxpy.kernels.cudnn`) and small RawKernels.
+"""The glue from fluxpy's convolution ops to cuDNN (:mod:`fluxpy.kernels.cudnn`) for CuPy arrays.
 
-:func:`register` puts them in the kernel table (:func:`fluxpy.kernels.register`) under ``"cupy"``,
-so the rules of :mod:`fluxpy.ops.conv` and :mod:`fluxpy.ops.pool` run on the GPU unchanged:
+:data:`KERNELS` maps op names to the functions the kernel table holds under ``"cupy"``
+(:func:`fluxpy.kernels.register`), with the signatures of :mod:`fluxpy.kernels.cpu`'s:
 
 ==============================  ===============================================================
-``conv_forward``                ``cudnnConvolutionForward``
-``conv_backward_data``          ``cudnnConvolutionBackwardData`` (also ``conv_transpose``)
-``conv_backward_filter``        ``cudnnConvolutionBackwardFilter``
-``conv_bias_act_forward``       ``cudnnConvolutionBiasActivationForward`` (relu, identity)
-``conv_bias_act_backward``      ``(dz, db)`` from the output: ``dz = dy * (y > 0)`` for relu,
-                                ``db`` by :func:`fluxpy.kernels.reduce.mapreduce` (one pass that
-                                also writes ``dz``) or ``cudnnConvolutionBackwardBias``
-                                (:func:`set_bias_grad`)
-``maxpool_*``, ``meanpool_*``   RawKernels (below)
+``conv_forward``                the graph API's convolution (:mod:`fluxpy.kernels.cudnn.graph`)
+``conv_backward_data``          its backward data (also ``conv_transpose``)
+``conv_backward_filter``        its backward filter
+``conv_bias_act_forward``       ``act(conv(x, w) + b)`` in one graph, relu or identity, ``b`` or None
+``conv_bias_act_backward``      ``(dz, db)`` from the output: ``dz = dy * (y > 0)`` for relu, ``db``
+                                by :func:`fluxpy.kernels.reduce.mapreduce` (one pass that also writes
+                                ``dz``) or ``cudnnConvolutionBackwardBias`` (:func:`set_bias_grad`)
 ==============================  ===============================================================
 
-**Pooling.** cuDNN's max-pool backward does not say which of tied maxima gets the gradient, and
-the CPU path sends it to the *first* maximum of each window (row-major, as PyTorch). So pooling
-uses four small gather kernels, one thread per output (forward) or per input pixel (backward),
-no atomics, so the result is deterministic and matches the CPU path on ties:
+The four convolution kernels are the graph module's own functions, registered as they are (no
+extra Python frame per call); each falls back per problem to the legacy call of
+:mod:`fluxpy.kernels.cudnn.legacy`, and ``conv_bias_act_forward`` composes conv, bias and relu
+itself where cuDNN refuses the fusion, so every kernel returns a result. :data:`LEGACY_KERNELS` is
+the same table on the legacy calls alone (for comparisons and benchmarks).
 
-- ``maxpool_forward``: the max over each window (padding never wins; NaN propagates);
-- ``maxpool_backward``: each input pixel sums ``dy`` over the windows that contain it and whose
-  first maximum (the first ``x == y`` in the window) is that pixel;
-- ``maxpool_gather`` (the adjoint, for second derivatives), ``meanpool_forward`` (zero padding
-  counted: divides by ``R*S``) and ``meanpool_backward``.
+The module imports without CuPy; cuDNN is loaded on the first convolution, and where it cannot run
+that call raises a ``RuntimeError`` saying why (see :func:`fluxpy.kernels.cudnn.available`).
 
-Windows are given by per-axis start/end arrays, so regular and adaptive pools share the
-kernels. float16 is computed in float32 (exact for max). The module imports without CuPy;
-:func:`register` then does nothing and returns False.
-
->>> isinstance(register(), bool)
+>>> sorted(KERNELS)
+['conv_backward_data', 'conv_backward_filter', 'conv_bias_act_backward', 'conv_bias_act_forward', 'conv_forward']
+>>> sorted(LEGACY_KERNELS) == sorted(KERNELS)
 True
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Optional
 
 from ..backend import cupy
-from . import register as _register
+from .cudnn import graph, legacy
+from .cudnn.geometry import ConvDimsLike
+from .reduce import mapreduce
 
-__all__ = ["register", "set_bias_grad", "get_bias_grad", "conv_bias_act_forward", "conv_bias_act_backward",
-           "maxpool_forward", "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"]
+
+__all__ = ["KERNELS", "LEGACY_KERNELS", "set_bias_grad", "get_bias_grad", "conv_bias_act_backward"]
 
 _BIAS_GRAD = ["mapreduce"]
 
 
-def set_bias_grad(how):
-    """``set_bias_grad("mapreduce" | "cudnn")``: how the conv bias gradient is summed; returns the previous.
+def set_bias_grad(how: str) -> str:
+    """How the conv bias gradient is summed, ``"mapreduce"`` or ``"cudnn"``; returns the previous choice.
 
     ``"mapreduce"`` (default): fluxpy's reduce kernel, which for relu also applies the mask and
     writes ``dz`` in the same pass; ``"cudnn"``: a mask kernel, then ``cudnnConvolutionBackwardBias``.
@@ -61,23 +57,13 @@ def set_bias_grad(how):
     return old
 
 
-def get_bias_grad():
+def get_bias_grad() -> str:
     """The current bias-gradient route, ``"mapreduce"`` or ``"cudnn"``.
 
     >>> get_bias_grad() in ("mapreduce", "cudnn")
     True
     """
     return _BIAS_GRAD[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# Convolution
-
-
-def conv_bias_act_forward(x, w, b, kind, cdims):
-    """``act(conv(x, w) + b)`` for ``kind`` in ``("relu", "identity")``; None if cuDNN refuses the fusion."""
-    from . import cudnn
-    return cudnn.conv_bias_act_forward(x, w, b, kind, cdims)
 
 
 _relu_mask = None
@@ -90,20 +76,19 @@ def _mask(dy, y):
     return _relu_mask(dy, y)
 
 
-def conv_bias_act_backward(dy, y, kind, cdims, need_b):
-    """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``), ``db`` its sum
-    over ``(0, 2, 3)`` when ``need_b`` (else None)."""
+def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: ConvDimsLike,
+                           need_b: bool) -> tuple[cupy.ndarray, Optional[cupy.ndarray]]:
+    """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``: ``dy * (y > 0)`` for
+    ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None)."""
     if y.dtype != dy.dtype:
         dy = dy.astype(y.dtype)
     if not dy.flags.c_contiguous:
         dy = cupy.ascontiguousarray(dy)
     if _BIAS_GRAD[0] == "cudnn":
-        from .cudnn import conv_backward_bias
         dz = _mask(dy, y) if kind == "relu" else dy
-        return dz, (conv_backward_bias(dz, cdims) if need_b else None)
+        return dz, (legacy.conv_backward_bias(dz, cdims) if need_b else None)
     if not need_b:
         return (_mask(dy, y) if kind == "relu" else dy), None
-    from .reduce import mapreduce
     if kind == "relu":
         dz = cupy.empty_like(dy)
         db = mapreduce(dy, (0, 2, 3), map="x * (y > 0)", y=y, out_mapped=dz)
@@ -111,252 +96,20 @@ def conv_bias_act_backward(dy, y, kind, cdims, need_b):
     return dy, mapreduce(dy, (0, 2, 3))
 
 
-def _conv_forward(x, w, cdims):
-    from .cudnn import conv_forward
-    return conv_forward(x, w, cdims)
-
-
-def _conv_backward_data(dy, w, cdims):
-    from .cudnn import conv_backward_data
-    return conv_backward_data(dy, w, cdims)
-
-
-def _conv_backward_filter(x, dy, cdims):
-    from .cudnn import conv_backward_filter
-    return conv_backward_filter(x, dy, cdims)
-
-
-# ---------------------------------------------------------------------------------------------
-# Pooling
-
-_POOL_SOURCE = r"""
-#define IDX long long
-extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                       const int* hs, const int* he, const int* ws, const int* we) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
-    const T* xc = x + nc * H * W;
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    T m = xc[h0 * W + w0];
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) {
-            T v = xc[h * W + w];
-            if (v > m || (v != v && m == m)) m = v;
-        }
-    y[i] = m;
+KERNELS = {
+    "conv_forward": graph.conv_forward,
+    "conv_backward_data": graph.conv_backward_data,
+    "conv_backward_filter": graph.conv_backward_filter,
+    "conv_bias_act_forward": graph.conv_bias_act_forward,
+    "conv_bias_act_backward": conv_bias_act_backward,
 }
+"""Op name -> CuPy convolution kernel, for :func:`fluxpy.kernels.register` (what fluxpy uses by default)."""
 
-__device__ __forceinline__ int first_max(const T* xc, T yv, int h0, int h1, int w0, int w1, int W) {
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w)
-            if (xc[h * W + w] == yv) return h * W + w;
-    return -1;
+LEGACY_KERNELS = {
+    "conv_forward": legacy.conv_forward,
+    "conv_backward_data": legacy.conv_backward_data,
+    "conv_backward_filter": legacy.conv_backward_filter,
+    "conv_bias_act_forward": legacy.conv_bias_act_forward,
+    "conv_bias_act_backward": conv_bias_act_backward,
 }
-
-extern "C" __global__ void maxpool_bwd(const T* dy, const T* x, const T* y, T* dx, IDX total, int H, int W,
-                                       int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
-                                       const int* plo, const int* phi, const int* qlo, const int* qhi) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int w = (int)(i % W); IDX t = i / W; int h = (int)(t % H); IDX nc = t / H;
-    const T* xc = x + nc * H * W;
-    const T* yc = y + nc * P * Q;
-    const T* dyc = dy + nc * P * Q;
-    int me = h * W + w;
-    T acc = 0;
-    for (int p = plo[h]; p <= phi[h]; ++p) {
-        int h0 = max(hs[p], 0), h1 = min(he[p], H);
-        for (int q = qlo[w]; q <= qhi[w]; ++q) {
-            int w0 = max(ws[q], 0), w1 = min(we[q], W);
-            if (first_max(xc, yc[p * Q + q], h0, h1, w0, w1, W) == me) acc += dyc[p * Q + q];
-        }
-    }
-    dx[i] = acc;
-}
-
-extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
-                                          int P, int Q, const int* hs, const int* he, const int* ws, const int* we) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    int at = first_max(x + nc * H * W, y[i], h0, h1, w0, w1, W);
-    out[i] = at < 0 ? (T)0 : dx[nc * H * W + at];
-}
-
-extern "C" __global__ void meanpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                        const int* hs, const int* he, const int* ws, const int* we, T inv) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
-    const T* xc = x + nc * H * W;
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    T acc = 0;
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) acc += xc[h * W + w];
-    y[i] = acc * inv;
-}
-
-extern "C" __global__ void meanpool_bwd(const T* dy, T* dx, IDX total, int H, int W, int P, int Q,
-                                        const int* plo, const int* phi, const int* qlo, const int* qhi, T inv) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    int w = (int)(i % W); IDX t = i / W; int h = (int)(t % H); IDX nc = t / H;
-    const T* dyc = dy + nc * P * Q;
-    T acc = 0;
-    for (int p = plo[h]; p <= phi[h]; ++p)
-        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += dyc[p * Q + q];
-    dx[i] = acc * inv;
-}
-"""
-
-_modules = {}
-_windows = {}
-_THREADS = 256
-
-
-def _fn(name, dtype):
-    key = (name, dtype)
-    f = _modules.get(key)
-    if f is None:
-        ctype = "double" if dtype == np.float64 else "float"
-        mod = _modules.get(ctype)
-        if mod is None:
-            mod = _modules[ctype] = cupy.RawModule(code="#define T " + ctype + "\n" + _POOL_SOURCE,
-                                                   options=("--std=c++11",))
-        f = _modules[key] = mod.get_function(name)
-    return f
-
-
-def _axis_windows(rows, pad_before, size):
-    """Per-axis arrays: window start/end (in unpadded coordinates) and, per pixel, the first and
-    last window containing it (an empty range where none does)."""
-    start = rows[:, 0] - pad_before
-    end = rows[:, -1] + 1 - pad_before
-    pix = np.arange(size)[:, None]
-    inside = (start[None, :] <= pix) & (end[None, :] > pix)
-    any_ = inside.any(axis=1)
-    lo = np.where(any_, inside.argmax(axis=1), 1)
-    hi = np.where(any_, inside.shape[1] - 1 - inside[:, ::-1].argmax(axis=1), 0)
-    return [a.astype(np.int32) for a in (start, end, lo, hi)]
-
-
-def _geometry(pdims):
-    key = (pdims, cupy.cuda.runtime.getDevice())
-    g = _windows.get(key)
-    if g is None:
-        n, c, h, w = pdims.x_shape
-        top, left = pdims.pad[0], pdims.pad[2]
-        hs, he, plo, phi = _axis_windows(pdims.window_rows(), top, h)
-        ws, we, qlo, qhi = _axis_windows(pdims.window_cols(), left, w)
-        arrays = tuple(cupy.asarray(a) for a in (hs, he, ws, we, plo, phi, qlo, qhi))
-        p, q = pdims.y_shape[2:]
-        g = _windows[key] = (np.int32(h), np.int32(w), np.int32(p), np.int32(q), arrays)
-    return g
-
-
-def _compute_dtype(dtype):
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
-
-
-def _as(a, dtype):
-    if a.dtype != dtype:
-        a = a.astype(dtype)
-    if not a.flags.c_contiguous:
-        a = cupy.ascontiguousarray(a)
-    return a
-
-
-def _launch(name, dtype, total, args):
-    if total:
-        _fn(name, dtype)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
-
-
-def maxpool_forward(x, pdims):
-    """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`."""
-    ct = _compute_dtype(x.dtype)
-    xc = _as(x, ct)
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=ct)
-    _launch("maxpool_fwd", ct, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we))
-    return y if ct == x.dtype else y.astype(x.dtype)
-
-
-def maxpool_backward(dy, x, y, pdims):
-    """Each ``dy`` to the first maximum of its window, as :func:`fluxpy.kernels.cpu.maxpool_backward`."""
-    out = np.result_type(dy.dtype, x.dtype)
-    ct = _compute_dtype(out)
-    h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=ct)
-    _launch("maxpool_bwd", ct, dx.size, (_as(dy, ct), _as(x, ct), _as(y, ct), dx, np.int64(dx.size), h, w, p, q,
-                                         hs, he, ws, we, plo, phi, qlo, qhi))
-    return dx if ct == out else dx.astype(out)
-
-
-def maxpool_gather(dx, x, y, pdims):
-    """``dx`` read at each window's first maximum, as :func:`fluxpy.kernels.cpu.maxpool_gather`."""
-    ct = _compute_dtype(np.result_type(dx.dtype, x.dtype))
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    out = cupy.empty(pdims.y_shape, dtype=ct)
-    _launch("maxpool_gather", ct, out.size, (_as(dx, ct), _as(x, ct), _as(y, ct), out, np.int64(out.size), h, w, p,
-                                             q, hs, he, ws, we))
-    return out if out.dtype == dx.dtype else out.astype(dx.dtype)
-
-
-def _check_regular(pdims):
-    if pdims.adaptive:
-        raise ValueError("meanpool kernels take regular PoolDims; adaptive means are averaging matrices")
-
-
-def meanpool_forward(x, pdims):
-    """The mean of each window, zero padding counted, as :func:`fluxpy.kernels.cpu.meanpool_forward`."""
-    _check_regular(pdims)
-    out = np.result_type(x.dtype, np.float32)
-    ct = _compute_dtype(out)
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=ct)
-    inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_fwd", ct, y.size, (_as(x, ct), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
-    return y
-
-
-def meanpool_backward(dy, pdims):
-    """``dy / (R*S)`` spread over each window, as :func:`fluxpy.kernels.cpu.meanpool_backward`."""
-    _check_regular(pdims)
-    ct = _compute_dtype(dy.dtype)
-    h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=ct)
-    inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_bwd", ct, dx.size, (_as(dy, ct), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
-    return dx if ct == dy.dtype else dx.astype(dy.dtype)
-
-
-# ---------------------------------------------------------------------------------------------
-
-_REGISTERED = {
-    "conv_forward": _conv_forward, "conv_backward_data": _conv_backward_data,
-    "conv_backward_filter": _conv_backward_filter, "conv_bias_act_forward": conv_bias_act_forward,
-    "conv_bias_act_backward": conv_bias_act_backward, "maxpool_forward": maxpool_forward,
-    "maxpool_backward": maxpool_backward, "maxpool_gather": maxpool_gather, "meanpool_forward": meanpool_forward,
-    "meanpool_backward": meanpool_backward,
-}
-
-
-def register():
-    """Register the CuPy kernels for conv and pooling; False (and nothing registered) without CuPy.
-
-    cuDNN itself is loaded on the first convolution; where it is missing that call raises a
-    ``RuntimeError`` saying why (see :func:`fluxpy.kernels.cudnn.available`).
-
-    >>> register() == (cupy is not None)
-    True
-    """
-    if cupy is None:
-        return False
-    from . import cudnn
-    for name, fn in _REGISTERED.items():
-        _register(name, "cupy", fn)
-    for name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "conv_bias_act_forward"):
-        _register(name, "cupy", getattr(cudnn, name))   # direct: no extra Python frame per call
-    return True
+"""The same ops on cuDNN's legacy calls only (``cudnnConvolution*``), to compare against :data:`KERNELS`."""

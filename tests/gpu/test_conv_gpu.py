@@ -27,8 +27,8 @@ def _cp():
 def _isolated_cache(tmp_path_factory):
     """Algorithm choices go to a temporary cache, and the kernels are registered."""
     import os
-    from fluxpy.kernels import cuda_conv, cudnn
-    assert cuda_conv.register()
+    from fluxpy.kernels import cudnn, gpu
+    assert gpu.register()
     old = os.environ.get("FLUXPY_CACHE")
     os.environ["FLUXPY_CACHE"] = str(tmp_path_factory.mktemp("fluxpy_cache"))
     cudnn.clear_cache()
@@ -225,22 +225,29 @@ def test_second_derivative_of_conv_on_gpu():
     np.testing.assert_allclose(got.get(), ref, rtol=1e-10, atol=1e-10)
 
 
-def test_wrong_channels_fail_before_cudnn(monkeypatch):
+def test_wrong_channels_fail_before_cudnn():
+    """A wrong channel count raises before any cuDNN kernel of the table is called (spies in the table)."""
     cp = _cp()
-    from fluxpy.kernels import cudnn
+    from fluxpy import kernels
+    from fluxpy.kernels import cuda_conv
     calls = []
-    for name in ("plan", "conv_forward", "conv_bias_act_forward", "_handle"):
-        real = getattr(cudnn, name)
-        monkeypatch.setattr(cudnn, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
-    x = cp.ones((2, 3, 8, 8), cp.float32)
-    with pytest.raises(ValueError, match=r"conv expects x.shape\[1\] == w.shape\[1\] \* groups == 4"):
-        conv(x, cp.ones((4, 4, 3, 3), cp.float32))
-    with pytest.raises(ValueError, match=r"x.shape\[1\]"):
-        conv_bias_act(x, cp.ones((4, 4, 3, 3), cp.float32), cp.zeros(4, cp.float32), A.relu)
-    layer = fluxpy.gpu(fluxpy.Conv((3, 3), 4, 8, fluxpy.relu))
-    with pytest.raises(Exception, match=r"x.shape\[1\] == 4"):
-        layer(x)
-    assert calls == [], calls
+    snap = kernels.snapshot()
+    try:
+        for name, real in cuda_conv.KERNELS.items():
+            kernels.register(name, "cupy", lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+        x = cp.ones((2, 3, 8, 8), cp.float32)
+        with pytest.raises(ValueError, match=r"conv expects x.shape\[1\] == w.shape\[1\] \* groups == 4"):
+            conv(x, cp.ones((4, 4, 3, 3), cp.float32))
+        with pytest.raises(ValueError, match=r"x.shape\[1\]"):
+            conv_bias_act(x, cp.ones((4, 4, 3, 3), cp.float32), cp.zeros(4, cp.float32), A.relu)
+        layer = fluxpy.gpu(fluxpy.Conv((3, 3), 4, 8, fluxpy.relu))
+        with pytest.raises(Exception, match=r"x.shape\[1\] == 4"):
+            layer(x)
+        assert calls == [], calls
+        conv(x, cp.ones((4, 3, 3, 3), cp.float32))   # the spies do see a valid call
+        assert calls == ["conv_forward"], calls
+    finally:
+        kernels.restore(snap)
 
 
 def test_conv_layer_on_gpu_matches_cpu():

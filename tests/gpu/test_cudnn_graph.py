@@ -1,7 +1,8 @@
-"""The cuDNN backend-graph convolutions (fluxpy.kernels.cudnn_graph) against the NumPy path and the legacy path.
+"""The cuDNN backend-graph convolutions (fluxpy.kernels.cudnn.graph) against the NumPy path and the legacy path.
 
 Needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
 """
+import contextlib
 import itertools
 
 import numpy as np
@@ -22,16 +23,29 @@ def _cp():
 
 @pytest.fixture()
 def graph(tmp_path, monkeypatch):
-    from fluxpy.kernels import cuda_conv, cudnn, cudnn_graph
+    """The graph module, with fluxpy's normal CuPy kernels registered (the graph versions) and empty caches."""
+    from fluxpy.kernels import cuda_conv, cudnn, gpu
     monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
     cudnn.clear_cache()
-    cudnn_graph.clear_cache()
-    assert cudnn_graph.register()
-    yield cudnn_graph
-    cudnn_graph.unregister()
-    cudnn_graph.clear_cache()
+    assert gpu.register()
+    assert fluxpy.kernels.lookup("conv_forward", _cp().empty(1)) is cuda_conv.KERNELS["conv_forward"]
+    assert cuda_conv.KERNELS["conv_forward"] is cudnn.graph.conv_forward
+    yield cudnn.graph
     cudnn.clear_cache()
-    assert cuda_conv.register()
+
+
+@contextlib.contextmanager
+def legacy_kernels():
+    """The kernel table with cuDNN's legacy calls for the convolution ops (restored afterwards)."""
+    from fluxpy import kernels
+    from fluxpy.kernels import cuda_conv
+    snap = kernels.snapshot()
+    try:
+        for name, fn in cuda_conv.LEGACY_KERNELS.items():
+            kernels.register(name, "cupy", fn)
+        yield
+    finally:
+        kernels.restore(snap)
 
 
 def _rel(got, ref):
@@ -144,10 +158,10 @@ def test_mnist_layers_take_the_graph_path(graph):
 
 
 def test_error_is_cudnn_error(graph):
-    from fluxpy.kernels.cudnn import CudnnError
-    graph._bind()
+    from fluxpy.kernels.cudnn import CudnnError, errors, library
+    library.require()
     with pytest.raises(CudnnError) as info:
-        graph._check(graph._fn.cudnnBackendFinalize(None), "cudnnBackendFinalize")
+        errors.check(library.fn.cudnnBackendFinalize(None), "cudnnBackendFinalize")
     assert "cudnnBackendFinalize" in str(info.value) and info.value.status != 0
 
 
@@ -189,9 +203,10 @@ def test_chain_gradient_matches_legacy(graph):
     s0 = graph.stats()
     l1, g1 = fluxpy.withgradient(loss, m)
     assert graph.stats()["executes"] >= s0["executes"] + 5
-    graph.unregister()
-    l0, g0 = fluxpy.withgradient(loss, m)
-    graph.register()
+    with legacy_kernels():
+        s1 = graph.stats()
+        l0, g0 = fluxpy.withgradient(loss, m)
+        assert graph.stats()["executes"] == s1["executes"]   # the legacy calls ran
     np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5)
     leaves0, leaves1 = [], []
     fluxpy.fmap(lambda a: leaves0.append(a) or a, g0[0])
@@ -205,7 +220,7 @@ def test_chain_gradient_matches_legacy(graph):
 
 def test_the_legacy_call_keeps_a_problem_where_it_is_faster(monkeypatch):
     import cupy as cp
-    from fluxpy.kernels import cudnn_graph as G
+    from fluxpy.kernels.cudnn import graph as G
     from fluxpy.ops.dims import ConvDims
     rng = np.random.default_rng(11)
     x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))

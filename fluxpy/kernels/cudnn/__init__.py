@@ -1,0 +1,50 @@
+"""fluxpy's binding of cuDNN 9 (``libcudnn.so.9``) with ctypes, on CuPy pointers.
+
+CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, module by module:
+
+- :mod:`~fluxpy.kernels.cudnn.library`: finding and loading the library (the ``nvidia-cudnn-cu13``
+  wheel or the system), the bound functions, :func:`available`, :func:`version`;
+- :mod:`~fluxpy.kernels.cudnn.errors`: :class:`CudnnError` (naming the call, the status and the
+  problem) and the one status check;
+- :mod:`~fluxpy.kernels.cudnn.handle`: the options (:func:`set_options`, :func:`get_options`), one
+  handle per device bound to CuPy's current stream, the workspace per (device, stream);
+- :mod:`~fluxpy.kernels.cudnn.descriptors`: the enums, the legacy descriptors and the backend
+  API's descriptor calls;
+- :mod:`~fluxpy.kernels.cudnn.geometry`: the asymmetric-padding split, padding the input, cropping
+  ``dx``, contiguous and aligned arrays (for both paths);
+- :mod:`~fluxpy.kernels.cudnn.legacy`: the ``cudnnConvolution*`` calls, the per-problem
+  :class:`Plan`, algorithm search and its disk cache (:func:`cache_file`, :func:`stats`);
+- :mod:`~fluxpy.kernels.cudnn.graph`: the backend (graph) API: execution plans per problem,
+  autotuned, falling back per problem to the legacy calls.
+
+Which of these the kernel table uses for CuPy arrays is decided by :mod:`fluxpy.kernels.cuda_conv`.
+The package imports without CuPy or cuDNN; :func:`available` says whether it can run and why not.
+
+>>> ok, why = available()
+>>> isinstance(ok, bool) and isinstance(why, str)
+True
+>>> sorted(get_options())
+['allow_tf32', 'deterministic', 'disk_cache', 'workspace_limit']
+"""
+from __future__ import annotations
+
+from . import descriptors, errors, geometry, graph, handle, legacy, library
+from .errors import STATUS_NAMES, CudnnError
+from .handle import get_options, set_options
+from .legacy import Plan, cache_file, plan, stats
+from .library import available, version
+
+__all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "set_options", "get_options", "clear_cache",
+           "stats", "cache_file", "plan", "Plan", "library", "errors", "handle", "descriptors", "geometry", "legacy",
+           "graph"]
+
+
+def clear_cache(memory: bool = True, disk: bool = False) -> None:
+    """Forget the legacy plans and algorithm choices, the workspaces and the graph path's execution plans in
+    memory; with ``disk=True`` also delete the algorithm cache file (:func:`cache_file`).
+
+    >>> clear_cache()
+    """
+    legacy.clear_cache(memory=memory, disk=disk)
+    if memory:
+        graph.clear_cache()

@@ -1,0 +1,668 @@
+"""Convolutions through cuDNN's backend (graph) API, with execution plans built once per problem and
+autotuned, falling back per problem to the legacy calls (:mod:`fluxpy.kernels.cudnn.legacy`).
+
+cuDNN 9 implements the legacy per-call API on top of its graph engine and redoes much of that work
+on every call (25-57 us of host time per call, measured). This module builds the operation graph,
+asks the heuristics for engine configurations, finalizes an execution plan **once per problem**
+(kind, shapes, dtype, mode, options, autotune width, device) and caches it (:class:`GraphPlan`); a
+call is then only a variant pack (data pointers + workspace, itself cached per pointer set) and one
+``cudnnBackendExecute``.
+
+Graphs (``GraphPlan.kind``):
+
+- ``fwd_relu`` / ``fwd_identity``: ``CONVOLUTION_FORWARD -> POINTWISE ADD (bias (1,K,1,1)) ->
+  POINTWISE RELU_FWD`` (identity: no relu); ``fwd_relu_nob``: conv -> relu; ``fwd``: the convolution
+  alone.
+- ``bwd_data``: ``CONVOLUTION_BACKWARD_DATA``; ``bwd_filter``: ``CONVOLUTION_BACKWARD_FILTER``.
+
+Engine choice: ``CUDNN_HEUR_MODE_A`` (then ``FALLBACK``) configurations in order, filtered as
+PyTorch filters them: never ``DOWN_CONVERT_INPUTS``; float32 without ``allow_tf32`` never
+``TENSOR_CORE``; ``deterministic`` never ``NONDETERMINISTIC``; plans whose workspace exceeds
+``workspace_limit`` are dropped (the options are :func:`fluxpy.kernels.cudnn.set_options`'s).
+Runtime-compiled engines are only tried when no precompiled one finalizes. With autotuning on
+(:func:`set_autotune`, default 8) up to that many finalized plans (those of ``HEUR_MODE_A``, then of
+``FALLBACK``) are timed once on the call's own buffers (one warm run, then 5 under events) and the
+fastest kept (as ``torch.backends.cudnn.benchmark``).
+
+What the graph path does not plan (float16, or any problem where no engine configuration finalizes)
+runs through the legacy functions unchanged: :func:`conv_forward`, :func:`conv_bias_act_forward`,
+:func:`conv_backward_data` and :func:`conv_backward_filter` have the legacy signatures and fall back
+per problem. With autotuning, the legacy call on the same buffers is timed too and keeps the problem
+where it takes under :data:`LEGACY_MARGIN` of the plan's time (seen once: a 512-channel 3x3 layer at
+7x7, batch 256, where the legacy search found a kernel the TF32-free graph engines do not offer).
+Asymmetric padding is handled by :mod:`fluxpy.kernels.cudnn.geometry`, as on the legacy path.
+
+The module imports without CuPy or cuDNN:
+
+>>> sorted(stats())
+['builds', 'executes', 'fallbacks', 'hits', 'legacy_faster', 'vpack_builds', 'vpack_hits']
+>>> get_autotune() >= 0
+True
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import numpy as np
+
+from ...backend import cupy
+from . import legacy, library
+from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
+                          A_BF_CONV, A_BF_DW, A_BF_DY, A_BF_X, A_CFG_ENGINE, A_CONV_COMP_TYPE, A_CONV_DILATIONS,
+                          A_CONV_DIMS, A_CONV_MODE, A_CONV_POST_PAD, A_CONV_PRE_PAD, A_CONV_STRIDES,
+                          A_ENGINE_BEHAVIOR_NOTE, A_ENGINE_INDEX, A_ENGINE_NUMERICAL_NOTE, A_FWD_ALPHA, A_FWD_BETA,
+                          A_FWD_CONV, A_FWD_W, A_FWD_X, A_FWD_Y, A_GRAPH_HANDLE, A_GRAPH_OPS, A_HEUR_GRAPH,
+                          A_HEUR_MODE, A_HEUR_RESULTS, A_PLAN_CONFIG, A_PLAN_HANDLE, A_PLAN_WORKSPACE,
+                          A_POINTWISE_MATH_PREC, A_POINTWISE_MODE, A_PW_B, A_PW_DESC, A_PW_X, A_PW_Y, A_T_ALIGN,
+                          A_T_DIMS, A_T_DTYPE, A_T_STRIDES, A_T_UID, A_T_VIRTUAL, A_VP_PTRS, A_VP_UIDS,
+                          A_VP_WORKSPACE, BEHAVIOR_RUNTIME_COMPILATION, D_CONVOLUTION, D_ENGINE, D_ENGINECFG,
+                          D_ENGINEHEUR, D_EXECUTION_PLAN, D_OP_CONV_BWD_DATA, D_OP_CONV_BWD_FILTER, D_OP_CONV_FWD,
+                          D_OP_POINTWISE, D_OPERATIONGRAPH, D_POINTWISE, D_TENSOR, D_VARIANT_PACK, DATA_DOUBLE,
+                          HEUR_MODE_A, HEUR_MODE_FALLBACK, NOTE_DOWN_CONVERT_INPUTS, NOTE_NONDETERMINISTIC,
+                          NOTE_TENSOR_CORE, PW_ADD, PW_RELU_FWD, T_BACKEND_DESCRIPTOR, T_BEHAVIOR_NOTE, T_BOOLEAN,
+                          T_CONVOLUTION_MODE, T_DATA_TYPE, T_DOUBLE, T_FLOAT, T_HANDLE, T_HEUR_MODE, T_INT64,
+                          T_NUMERICAL_NOTE, T_POINTWISE_MODE, T_VOID_PTR, backend_create, backend_destroy,
+                          backend_finalize, backend_set, compute_type, conv_mode, data_type, describe, int64s,
+                          pointers, scalars)
+from .errors import CudnnError, check
+from .geometry import ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, pad_input, split_pad
+from .handle import OPTIONS, get_handle, options_key, workspace
+from .library import fn
+
+__all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
+           "clear_cache", "set_autotune", "get_autotune", "plan_info", "fallback_reasons", "GraphPlan",
+           "LEGACY_MARGIN"]
+
+GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}   # float16 runs on the legacy path
+UID_X, UID_W, UID_Y, UID_B, UID_V1, UID_V2 = 1, 2, 3, 4, 5, 6   # tensor uids (dx is UID_X, dy UID_Y, dw UID_W)
+VPACK_LIMIT = 64                                                # variant packs kept per plan
+
+LEGACY_MARGIN = 0.8
+"""With autotuning, the legacy call keeps a problem where it takes under this fraction of the plan's time."""
+
+_i64 = ctypes.c_int64
+_P = ctypes.c_void_p
+
+
+# ---------------------------------------------------------------------------------------------
+# Options, statistics, caches
+
+_AUTOTUNE = [8]
+_GROUPS = [True]       # False: grouped convolutions run on the legacy path
+_stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds": 0, "vpack_hits": 0,
+          "legacy_faster": 0}
+_plans = {}            # key -> GraphPlan, or None where the legacy path runs
+_why = {}              # key -> why the graph path could not plan it
+
+
+def set_autotune(n: int) -> int:
+    """Time up to ``n`` finalized plans per problem once and keep the fastest (0: the first that finalizes,
+    heuristics' order). Returns the previous value; plans built already are kept.
+
+    >>> old = set_autotune(0); _ = set_autotune(old); old >= 0
+    True
+    """
+    old, _AUTOTUNE[0] = _AUTOTUNE[0], int(n)
+    return old
+
+
+def get_autotune() -> int:
+    """The autotune width (see :func:`set_autotune`)."""
+    return _AUTOTUNE[0]
+
+
+def stats() -> dict:
+    """Counters: ``builds`` (problems planned), ``hits`` (calls served by a cached plan), ``fallbacks`` (calls
+    that ran the legacy path), ``executes``, ``vpack_builds``, ``vpack_hits``, ``legacy_faster`` (problems the
+    timed legacy call kept)."""
+    return dict(_stats)
+
+
+def fallback_reasons() -> dict:
+    """``{problem: reason}`` for the problems the graph path sent to the legacy path."""
+    return {str(k): v for k, v in _why.items()}
+
+
+def plan_info() -> list:
+    """One dict per cached plan: kind, shapes, engine global index, workspace, candidates timed (ms)."""
+    out = []
+    for p in _plans.values():
+        if p is not None:
+            out.append({"kind": p.kind, "x": p.x_shape, "w": p.cdims.w_shape, "dtype": str(p.dtype),
+                        "engine": p.engine, "workspace": p.ws_size, "tuned": p.tuned})
+    return out
+
+
+def clear_cache() -> None:
+    """Forget (and destroy) every cached plan.
+
+    >>> clear_cache()
+    """
+    plans = [p for p in _plans.values() if p is not None]
+    _plans.clear()
+    _why.clear()
+    if library.loaded():
+        for p in plans:
+            p.destroy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+
+def _packed(shape):
+    n, c, h, w = shape
+    return (c * h * w, h * w, w, 1)
+
+
+# kind -> (operation type, attributes of its x, w, y tensors, of the convolution, alpha, beta; name in errors)
+_CONV_OPS = {
+    "fwd": (D_OP_CONV_FWD, (A_FWD_X, A_FWD_W, A_FWD_Y), A_FWD_CONV, A_FWD_ALPHA, A_FWD_BETA,
+            "convolution forward op"),
+    "bwd_data": (D_OP_CONV_BWD_DATA, (A_BD_DX, A_BD_W, A_BD_DY), A_BD_CONV, A_BD_ALPHA, A_BD_BETA,
+                 "convolution backward data op"),
+    "bwd_filter": (D_OP_CONV_BWD_FILTER, (A_BF_X, A_BF_DW, A_BF_DY), A_BF_CONV, A_BF_ALPHA, A_BF_BETA,
+                   "convolution backward filter op"),
+}
+FORWARD_KINDS = ("fwd", "fwd_relu", "fwd_identity", "fwd_relu_nob")
+
+
+class GraphPlan:
+    """The operation graph and the finalized execution plan of one problem.
+
+    ``kind`` is ``"fwd"``, ``"fwd_relu"``, ``"fwd_identity"`` (conv + bias [+ relu]), ``"fwd_relu_nob"``
+    (conv + relu, no bias), ``"bwd_data"`` or ``"bwd_filter"``. ``x_shape`` is the input as cuDNN sees it
+    (padded by ``extra_pad`` where the padding is asymmetric, as the legacy ``Plan``).
+    """
+
+    def __init__(self, kind, cdims, dtype):
+        if kind not in FORWARD_KINDS and kind not in _CONV_OPS:
+            raise ValueError(f"unknown graph kind {kind!r}")
+        self.kind, self.cdims, self.dtype = kind, cdims, np.dtype(dtype)
+        self.sym_pad, self.extra_pad, self.x_shape = split_pad(cdims)
+        self.compute = compute_type(self.dtype)
+        self.one, self.zero = scalars(self.dtype)   # kept alive: the ops hold their addresses
+        self._keep = []          # every descriptor, destroyed with the plan
+        self.handle = None
+        self.graph = None
+        self.plan = None
+        self.engine = None
+        self.ws_size = 0
+        self.tuned = []
+        self.vpacks = {}
+        self.uids = None
+        self.n_ptrs = 0
+
+    def describe(self) -> str:
+        """The problem in words (for errors)."""
+        return f"{self.kind}: {describe(self.cdims, self.dtype, self.x_shape)}"
+
+    # -- building ------------------------------------------------------------------------------
+    def _desc(self, kind):
+        d = backend_create(kind)
+        self._keep.append(d)
+        return d
+
+    def _set(self, desc, attr, atype, values):
+        backend_set(desc, attr, atype, values, self.describe)
+
+    def _tensor(self, uid, shape, dtype_enum, virtual=False):
+        d = self._desc(D_TENSOR)
+        self._set(d, A_T_DTYPE, T_DATA_TYPE, ctypes.c_int(dtype_enum))
+        self._set(d, A_T_DIMS, T_INT64, int64s(*shape))
+        self._set(d, A_T_STRIDES, T_INT64, int64s(*_packed(shape)))
+        self._set(d, A_T_UID, T_INT64, _i64(uid))
+        self._set(d, A_T_ALIGN, T_INT64, _i64(ALIGN))
+        if virtual:
+            self._set(d, A_T_VIRTUAL, T_BOOLEAN, ctypes.c_bool(True))
+        backend_finalize(d, "cudnnBackendFinalize(tensor)", self.describe)
+        return d
+
+    def _convolution(self):
+        c = self.cdims
+        conv = self._desc(D_CONVOLUTION)
+        self._set(conv, A_CONV_COMP_TYPE, T_DATA_TYPE, ctypes.c_int(self.compute))
+        self._set(conv, A_CONV_MODE, T_CONVOLUTION_MODE, ctypes.c_int(conv_mode(c)))
+        self._set(conv, A_CONV_DIMS, T_INT64, _i64(2))
+        self._set(conv, A_CONV_DILATIONS, T_INT64, int64s(*c.dilation))
+        self._set(conv, A_CONV_STRIDES, T_INT64, int64s(*c.stride))
+        self._set(conv, A_CONV_PRE_PAD, T_INT64, int64s(*self.sym_pad))
+        self._set(conv, A_CONV_POST_PAD, T_INT64, int64s(*self.sym_pad))
+        backend_finalize(conv, "cudnnBackendFinalize(convolution)", self.describe)
+        return conv
+
+    def _conv_op(self, which, xd, wd, yd, conv):
+        """The convolution operation ``which`` (a key of ``_CONV_OPS``) on tensors ``xd``, ``wd``, ``yd``."""
+        op_type, (ax, aw, ay), aconv, aalpha, abeta, name = _CONV_OPS[which]
+        stype = T_DOUBLE if self.compute == DATA_DOUBLE else T_FLOAT
+        op = self._desc(op_type)
+        self._set(op, ax, T_BACKEND_DESCRIPTOR, _P(xd))
+        self._set(op, aw, T_BACKEND_DESCRIPTOR, _P(wd))
+        self._set(op, ay, T_BACKEND_DESCRIPTOR, _P(yd))
+        self._set(op, aconv, T_BACKEND_DESCRIPTOR, _P(conv))
+        self._set(op, aalpha, stype, self.one)
+        self._set(op, abeta, stype, self.zero)
+        backend_finalize(op, f"cudnnBackendFinalize({name})", self.describe)
+        return op
+
+    def _pointwise(self, mode, xd, yd, bd=None):
+        pw = self._desc(D_POINTWISE)
+        self._set(pw, A_POINTWISE_MODE, T_POINTWISE_MODE, ctypes.c_int(mode))
+        self._set(pw, A_POINTWISE_MATH_PREC, T_DATA_TYPE, ctypes.c_int(self.compute))
+        backend_finalize(pw, "cudnnBackendFinalize(pointwise)", self.describe)
+        op = self._desc(D_OP_POINTWISE)
+        self._set(op, A_PW_DESC, T_BACKEND_DESCRIPTOR, _P(pw))
+        self._set(op, A_PW_X, T_BACKEND_DESCRIPTOR, _P(xd))
+        if bd is not None:
+            self._set(op, A_PW_B, T_BACKEND_DESCRIPTOR, _P(bd))
+        self._set(op, A_PW_Y, T_BACKEND_DESCRIPTOR, _P(yd))
+        backend_finalize(op, "cudnnBackendFinalize(pointwise op)", self.describe)
+        return op
+
+    def _forward_ops(self, conv, xd, wd, dt):
+        """The operations and tensor uids of a forward kind: conv [-> add bias] [-> relu]."""
+        kind, c = self.kind, self.cdims
+        fused = kind != "fwd"
+        with_bias = kind in ("fwd_relu", "fwd_identity")
+        with_relu = kind in ("fwd_relu", "fwd_relu_nob")
+        yd = self._tensor(UID_Y, c.y_shape, dt)
+        cur = self._tensor(UID_V1, c.y_shape, self.compute, virtual=True) if fused else yd
+        ops = [self._conv_op("fwd", xd, wd, cur, conv)]
+        uids = [UID_X, UID_W, UID_Y]
+        if with_bias:
+            bd = self._tensor(UID_B, (1, c.w_shape[0], 1, 1), dt)
+            out = self._tensor(UID_V2, c.y_shape, self.compute, virtual=True) if with_relu else yd
+            ops.append(self._pointwise(PW_ADD, cur, out, bd))
+            cur = out
+            uids.append(UID_B)
+        if with_relu:
+            ops.append(self._pointwise(PW_RELU_FWD, cur, yd))
+        return ops, uids
+
+    def build(self, handle: int) -> None:
+        """Build and finalize the operation graph on ``handle`` (raises :class:`CudnnError`)."""
+        c = self.cdims
+        dt = data_type(self.dtype)
+        conv = self._convolution()
+        xd = self._tensor(UID_X, self.x_shape, dt)
+        wd = self._tensor(UID_W, c.w_shape, dt)
+        if self.kind in FORWARD_KINDS:
+            ops, uids = self._forward_ops(conv, xd, wd, dt)
+        else:
+            dyd = self._tensor(UID_Y, c.y_shape, dt)
+            ops, uids = [self._conv_op(self.kind, xd, wd, dyd, conv)], [UID_X, UID_W, UID_Y]
+        self.uids = int64s(*uids)
+        self.n_ptrs = len(uids)
+        graph = self._desc(D_OPERATIONGRAPH)
+        self._set(graph, A_GRAPH_HANDLE, T_HANDLE, _P(handle))
+        self._set(graph, A_GRAPH_OPS, T_BACKEND_DESCRIPTOR, pointers(*ops))
+        backend_finalize(graph, "cudnnBackendFinalize(operation graph)", self.describe)
+        self.graph = graph
+        self.handle = handle
+
+    def configs(self, mode: int) -> list:
+        """The engine configurations the heuristics of ``mode`` propose, in order (descriptors)."""
+        what = self.describe
+        heur = self._desc(D_ENGINEHEUR)
+        self._set(heur, A_HEUR_GRAPH, T_BACKEND_DESCRIPTOR, _P(self.graph))
+        self._set(heur, A_HEUR_MODE, T_HEUR_MODE, ctypes.c_int(mode))
+        backend_finalize(heur, "cudnnBackendFinalize(engine heuristics)", what)
+        count = _i64()
+        check(fn.cudnnBackendGetAttribute(heur, A_HEUR_RESULTS, T_BACKEND_DESCRIPTOR, 0, ctypes.byref(count), None),
+              "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS count)", what)
+        n = count.value
+        if n <= 0:
+            return []
+        cfgs = pointers(*[self._desc(D_ENGINECFG) for _ in range(n)])
+        got = _i64()
+        check(fn.cudnnBackendGetAttribute(heur, A_HEUR_RESULTS, T_BACKEND_DESCRIPTOR, n, ctypes.byref(got), cfgs),
+              "cudnnBackendGetAttribute(ENGINEHEUR_RESULTS)", what)
+        return list(cfgs[:got.value])
+
+    def notes(self, cfg: int) -> tuple:
+        """``(engine global index, numerical notes, behavior notes)`` of an engine configuration."""
+        eng = self._desc(D_ENGINE)
+        got = _i64()
+        check(fn.cudnnBackendGetAttribute(cfg, A_CFG_ENGINE, T_BACKEND_DESCRIPTOR, 1, ctypes.byref(got),
+                                          pointers(eng)),
+              "cudnnBackendGetAttribute(ENGINECFG_ENGINE)", self.describe)
+        idx = _i64(-1)
+        fn.cudnnBackendGetAttribute(eng, A_ENGINE_INDEX, T_INT64, 1, ctypes.byref(got), ctypes.byref(idx))
+        num = (ctypes.c_int * 16)()
+        n_num = _i64(0)
+        if fn.cudnnBackendGetAttribute(eng, A_ENGINE_NUMERICAL_NOTE, T_NUMERICAL_NOTE, 16, ctypes.byref(n_num), num):
+            n_num.value = 0
+        beh = (ctypes.c_int * 16)()
+        n_beh = _i64(0)
+        if fn.cudnnBackendGetAttribute(eng, A_ENGINE_BEHAVIOR_NOTE, T_BEHAVIOR_NOTE, 16, ctypes.byref(n_beh), beh):
+            n_beh.value = 0
+        return int(idx.value), set(num[:n_num.value]), set(beh[:n_beh.value])
+
+    def try_plan(self, cfg: int):
+        """A finalized execution plan of ``cfg`` and its workspace size, or None."""
+        plan = backend_create(D_EXECUTION_PLAN)
+        ok = False
+        try:
+            if fn.cudnnBackendSetAttribute(plan, A_PLAN_HANDLE, T_HANDLE, 1, ctypes.byref(_P(self.handle))):
+                return None
+            if fn.cudnnBackendSetAttribute(plan, A_PLAN_CONFIG, T_BACKEND_DESCRIPTOR, 1, ctypes.byref(_P(cfg))):
+                return None
+            if fn.cudnnBackendFinalize(plan):
+                return None
+            ws = _i64(0)
+            got = _i64()
+            check(fn.cudnnBackendGetAttribute(plan, A_PLAN_WORKSPACE, T_INT64, 1, ctypes.byref(got),
+                                              ctypes.byref(ws)),
+                  "cudnnBackendGetAttribute(EXECUTION_PLAN_WORKSPACE_SIZE)", self.describe)
+            ok = True
+            return plan, int(ws.value)
+        finally:
+            if not ok:
+                backend_destroy(plan)
+
+    def destroy(self) -> None:
+        """Free the variant packs, the execution plan and every descriptor."""
+        for vp in self.vpacks.values():
+            backend_destroy(vp[0])
+        self.vpacks.clear()
+        if self.plan:
+            backend_destroy(self.plan)
+        self.plan = None
+        for d in reversed(self._keep):
+            backend_destroy(d)
+        self._keep = []
+
+    # -- running -------------------------------------------------------------------------------
+    def vpack(self, ptrs: tuple, ws: int) -> int:
+        """The finalized variant pack for data pointers ``ptrs`` (a tuple) and workspace ``ws`` (cached)."""
+        key = ptrs + (ws,)
+        vp = self.vpacks.get(key)
+        if vp is not None:
+            _stats["vpack_hits"] += 1
+            return vp[0]
+        d = backend_create(D_VARIANT_PACK)
+        arr = (_P * self.n_ptrs)(*ptrs)
+        wsp = _P(ws)
+        try:
+            check(fn.cudnnBackendSetAttribute(d, A_VP_PTRS, T_VOID_PTR, self.n_ptrs, arr),
+                  "cudnnBackendSetAttribute(VARIANT_PACK_DATA_POINTERS)", self.describe)
+            check(fn.cudnnBackendSetAttribute(d, A_VP_UIDS, T_INT64, self.n_ptrs, self.uids),
+                  "cudnnBackendSetAttribute(VARIANT_PACK_UNIQUE_IDS)", self.describe)
+            check(fn.cudnnBackendSetAttribute(d, A_VP_WORKSPACE, T_VOID_PTR, 1, ctypes.byref(wsp)),
+                  "cudnnBackendSetAttribute(VARIANT_PACK_WORKSPACE)", self.describe)
+            check(fn.cudnnBackendFinalize(d), "cudnnBackendFinalize(variant pack)", self.describe)
+        except CudnnError:
+            backend_destroy(d)
+            raise
+        if len(self.vpacks) >= VPACK_LIMIT:
+            old = self.vpacks.pop(next(iter(self.vpacks)))
+            backend_destroy(old[0])
+        self.vpacks[key] = (d, arr, wsp)
+        _stats["vpack_builds"] += 1
+        return d
+
+    def execute(self, handle: int, ptrs: tuple, plan=None, ws_size=None) -> None:
+        """``cudnnBackendExecute`` of this plan (or of ``plan``, a candidate, with its ``ws_size``) on ``ptrs``."""
+        plan = self.plan if plan is None else plan
+        ws_size = self.ws_size if ws_size is None else ws_size
+        ws = workspace(ws_size)
+        vp = self.vpack(ptrs, ws)
+        check(fn.cudnnBackendExecute(handle, plan, vp), "cudnnBackendExecute", self.describe)
+        _stats["executes"] += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing and timing the execution plan
+
+def _usable(num, fp32):
+    """Whether an engine with numerical notes ``num`` obeys the options."""
+    if NOTE_DOWN_CONVERT_INPUTS in num:
+        return False
+    if fp32 and not OPTIONS["allow_tf32"] and NOTE_TENSOR_CORE in num:
+        return False
+    return not (OPTIONS["deterministic"] and NOTE_NONDETERMINISTIC in num)
+
+
+def _finalized(p, want):
+    """Up to ``want`` finalized ``(plan, workspace, engine)`` candidates in heuristics order (``HEUR_MODE_A``,
+    then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for later."""
+    fp32 = p.dtype == np.float32
+    limit = OPTIONS["workspace_limit"]
+    found, later, seen = [], [], set()
+    for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
+        try:
+            cfgs = p.configs(mode)
+        except CudnnError:
+            continue
+        for cfg in cfgs:
+            try:
+                idx, num, beh = p.notes(cfg)
+            except CudnnError:
+                continue
+            if not _usable(num, fp32):
+                continue
+            if BEHAVIOR_RUNTIME_COMPILATION in beh:
+                later.append((idx, cfg))
+                continue
+            if (mode, idx) in seen:
+                continue
+            seen.add((mode, idx))
+            got = p.try_plan(cfg)
+            if got is None:
+                continue
+            if got[1] > limit:
+                backend_destroy(got[0])
+                continue
+            found.append((got[0], got[1], idx))
+            if len(found) >= want:
+                break
+        if len(found) >= want or (found and want == 1):
+            break   # with autotuning, the FALLBACK heuristics' configurations join the pool
+    return found, later
+
+
+def _runtime_compiled(p, later):
+    """The first runtime-compiled configuration that finalizes within the workspace limit, as a candidate list."""
+    limit = OPTIONS["workspace_limit"]
+    for idx, cfg in later:
+        got = p.try_plan(cfg)
+        if got is not None and got[1] <= limit:
+            return [(got[0], got[1], idx)]
+        if got is not None:
+            backend_destroy(got[0])
+    return []
+
+
+def _choose(p, handle, ptrs):
+    """Finalize execution plans in heuristics order (filtered by the options) and keep one (timed if asked)."""
+    found, later = _finalized(p, max(1, _AUTOTUNE[0]))
+    if not found:
+        found = _runtime_compiled(p, later)
+    if not found:
+        return False
+    best = _time(p, handle, ptrs, found) if len(found) > 1 else 0
+    p.plan, p.ws_size, p.engine = found[best]
+    for i, f in enumerate(found):
+        if i != best:
+            backend_destroy(f[0])
+    return True
+
+
+def _events_ms(run, n=5):
+    """Milliseconds per call of ``run()``: once to warm up, then ``n`` back-to-back calls under CUDA events
+    from an idle stream, so that host time between launches counts as it does in a training step (work
+    already queued would otherwise hide it); inf if it fails."""
+    try:
+        run()
+        cupy.cuda.get_current_stream().synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(n):
+            run()
+        end.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / n
+    except (CudnnError, cupy.cuda.memory.OutOfMemoryError):
+        return float("inf")
+
+
+def _time(p, handle, ptrs, found):
+    """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms`."""
+    times = []
+    for plan, ws, idx in found:
+        t = _events_ms(lambda: p.execute(handle, ptrs, plan, ws))
+        # the variant packs were made for this plan's workspace pointer: they are valid for any plan
+        times.append(t)
+        p.tuned.append((idx, round(t, 4)))
+    return int(np.argmin(times))
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan cache
+
+_MISSING = object()
+
+
+def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None):
+    """``(plan, buffers)``: the cached :class:`GraphPlan` of the problem (built on first use, on the call's own
+    buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run: no plan finalizes, or
+    (with autotuning) ``legacy_call()``, the legacy call on the same arguments, is clearly faster."""
+    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], cupy.cuda.runtime.getDevice())
+    p = _plans.get(key, _MISSING)
+    if p is not _MISSING:
+        if p is None:
+            return None, None
+        _stats["hits"] += 1
+        return p, bufs(p, *args)
+    _stats["builds"] += 1
+    if cdims.groups > 1 and not _GROUPS[0]:
+        _why[key] = "groups > 1 run on the legacy path"
+        _plans[key] = None
+        return None, None
+    p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call)
+    _plans[key] = p
+    return p, got
+
+
+def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call):
+    """A new plan and the call's buffers, or ``(None, None)`` with the reason in ``_why[key]``."""
+    p = GraphPlan(kind, cdims, dtype)
+    got = None
+    try:
+        p.build(handle)
+        got = bufs(p, *args)
+        ok = _choose(p, handle, got[0])
+    except CudnnError as err:
+        ok = False
+        _why[key] = str(err)
+    if ok and legacy_call is not None and _AUTOTUNE[0]:
+        t_graph = _events_ms(lambda: p.execute(handle, got[0]))
+        t_legacy = _events_ms(legacy_call)
+        p.tuned.append(("legacy", round(t_legacy, 4)))
+        if t_legacy < LEGACY_MARGIN * t_graph:
+            _why[key] = f"the legacy call was faster ({t_legacy:.4f} ms against {t_graph:.4f} ms)"
+            _stats["legacy_faster"] += 1
+            ok = False
+    if not ok:
+        _why.setdefault(key, f"no engine configuration finalized for {p.describe()}")
+        p.destroy()
+        return None, None
+    return p, got
+
+
+# ---------------------------------------------------------------------------------------------
+# The operations (the legacy signatures)
+
+def _graph_contiguous(a, dtype):
+    return aligned(contiguous(a, dtype))
+
+
+def _fwd_bufs(p, x, w, b, dtype):
+    x = aligned(pad_input(x, p.extra_pad))
+    w = _graph_contiguous(w, dtype)
+    y = cupy.empty(p.cdims.y_shape, dtype=dtype)
+    if b is None:
+        return (x.data.ptr, w.data.ptr, y.data.ptr), y, (x, w)
+    b = _graph_contiguous(b, dtype)
+    return (x.data.ptr, w.data.ptr, y.data.ptr, b.data.ptr), y, (x, w, b)
+
+
+def _bwd_data_bufs(p, dy, w, dtype):
+    dy = _graph_contiguous(dy, dtype)
+    w = _graph_contiguous(w, dtype)
+    dx = cupy.empty(p.x_shape, dtype=dtype)
+    return (dx.data.ptr, w.data.ptr, dy.data.ptr), dx, (dy, w)
+
+
+def _bwd_filter_bufs(p, x, dy, dtype):
+    x = aligned(pad_input(x, p.extra_pad))
+    dy = _graph_contiguous(dy, dtype)
+    dw = cupy.empty(p.cdims.w_shape, dtype=dtype)
+    return (x.data.ptr, dw.data.ptr, dy.data.ptr), dw, (x, dy)
+
+
+def conv_forward(x: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
+    """The convolution through a cached execution plan (the legacy call where the problem has none)."""
+    return _forward("fwd", x, w, None, cdims)
+
+
+def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: Optional[cupy.ndarray], kind: str,
+                          cdims: ConvDimsLike) -> cupy.ndarray:
+    """``act(conv(x, w) + b)`` for ``kind`` ``"relu"`` or ``"identity"`` in one graph (conv -> add bias -> relu);
+    ``b`` None: no bias. Where the problem has no plan, the legacy fused call (which composes where cuDNN
+    refuses the fusion): there is always a result."""
+    if kind == "relu":
+        gkind = "fwd_relu" if b is not None else "fwd_relu_nob"
+    elif kind == "identity":
+        gkind = "fwd_identity" if b is not None else "fwd"
+    else:
+        return legacy.conv_bias_act_forward(x, w, b, kind, cdims)
+    return _forward(gkind, x, w, b, cdims)
+
+
+def _forward(gkind, x, w, b, cdims):
+    dtype = x.dtype
+    if dtype in GRAPH_DTYPES:
+        handle = get_handle()
+        p, got = _get(gkind, cdims, dtype, handle, _fwd_bufs, (x, w, b, dtype),
+                      legacy_call=lambda: _legacy_forward(gkind, x, w, b, cdims))
+        if p is not None:
+            p.execute(handle, got[0])
+            return got[1]
+    _stats["fallbacks"] += 1
+    return _legacy_forward(gkind, x, w, b, cdims)
+
+
+def _legacy_forward(gkind, x, w, b, cdims):
+    if gkind == "fwd":
+        return legacy.conv_forward(x, w, cdims)
+    kind = "relu" if gkind.startswith("fwd_relu") else "identity"
+    return legacy.conv_bias_act_forward(x, w, b, kind, cdims)
+
+
+def conv_backward_data(dy: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
+    """``dx`` of shape ``cdims.x_shape`` through a cached execution plan (the legacy call where there is none)."""
+    dtype = w.dtype
+    if dtype in GRAPH_DTYPES:
+        handle = get_handle()
+        p, got = _get("bwd_data", cdims, dtype, handle, _bwd_data_bufs, (dy, w, dtype),
+                      legacy_call=lambda: legacy.conv_backward_data(dy, w, cdims))
+        if p is not None:
+            p.execute(handle, got[0])
+            return crop_dx(got[1], p.extra_pad)
+    _stats["fallbacks"] += 1
+    return legacy.conv_backward_data(dy, w, cdims)
+
+
+def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
+    """``dw`` of shape ``cdims.w_shape`` through a cached execution plan (the legacy call where there is none)."""
+    dtype = x.dtype
+    if dtype in GRAPH_DTYPES:
+        handle = get_handle()
+        p, got = _get("bwd_filter", cdims, dtype, handle, _bwd_filter_bufs, (x, dy, dtype),
+                      legacy_call=lambda: legacy.conv_backward_filter(x, dy, cdims))
+        if p is not None:
+            p.execute(handle, got[0])
+            return got[1]
+    _stats["fallbacks"] += 1
+    return legacy.conv_backward_filter(x, dy, cdims)

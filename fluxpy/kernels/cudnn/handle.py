@@ -1,0 +1,124 @@
+"""The options of the binding, one cuDNN handle per device bound to CuPy's current stream, and the
+workspace per (device, stream).
+
+Options (:func:`set_options`): ``allow_tf32``, ``deterministic``, ``workspace_limit``, ``disk_cache``;
+:data:`OPTIONS` is the live table (read it; change it with :func:`set_options`), and
+:func:`options_key` the part of it that selects algorithms and plans (a cache key).
+
+>>> sorted(get_options())
+['allow_tf32', 'deterministic', 'disk_cache', 'workspace_limit']
+"""
+from __future__ import annotations
+
+import ctypes
+
+from ...backend import cupy
+from .errors import check
+from .library import fn, require
+
+__all__ = ["set_options", "get_options", "options_key", "OPTIONS", "get_handle", "workspace", "clear_workspaces"]
+
+OPTIONS = {"allow_tf32": False, "deterministic": False, "workspace_limit": 4 << 30, "disk_cache": True}
+_options_key = (False, False, 4 << 30)
+
+
+def set_options(**options) -> dict:
+    """Set any of ``allow_tf32``, ``deterministic``, ``workspace_limit``, ``disk_cache`` (None: unchanged).
+
+    - ``allow_tf32`` (default False): float32 convolutions may use TF32 tensor cores (about 3e-4
+      relative error). Off, they run with ``CUDNN_FMA_MATH``. float16 always may use tensor cores;
+      float64 never does.
+    - ``deterministic`` (default False): only algorithms that cuDNN marks deterministic.
+    - ``workspace_limit`` (default 4 GiB): the most workspace, in bytes, an algorithm may take.
+    - ``disk_cache`` (default True): read and write the algorithm choices on disk.
+
+    Returns the previous options (a dict), so ``set_options(**old)`` restores them. Changing
+    the first three selects algorithms afresh (they are part of the cache key).
+
+    >>> old = set_options(deterministic=True)
+    >>> get_options()["deterministic"]
+    True
+    >>> _ = set_options(**old)
+    """
+    global _options_key
+    old = dict(OPTIONS)
+    for k, v in options.items():
+        if k not in OPTIONS:
+            raise TypeError(f"set_options: unknown option {k!r}; expected one of {sorted(OPTIONS)}")
+        if v is None:
+            continue
+        OPTIONS[k] = int(v) if k == "workspace_limit" else bool(v)
+    _options_key = (OPTIONS["allow_tf32"], OPTIONS["deterministic"], OPTIONS["workspace_limit"])
+    return old
+
+
+def get_options() -> dict:
+    """The current options (a copy).
+
+    >>> get_options()["allow_tf32"] in (True, False)
+    True
+    """
+    return dict(OPTIONS)
+
+
+def options_key() -> tuple:
+    """``(allow_tf32, deterministic, workspace_limit)``: the options that plans and algorithm choices depend on.
+
+    >>> options_key() == tuple(get_options()[k] for k in ("allow_tf32", "deterministic", "workspace_limit"))
+    True
+    """
+    return _options_key
+
+
+class _Handle:
+    __slots__ = ("ptr", "stream")
+
+    def __init__(self, ptr):
+        self.ptr, self.stream = ptr, -1
+
+
+_handles = {}         # device -> _Handle
+_workspaces = {}      # (device, stream) -> MemoryPointer, grown on demand and reused call after call
+
+
+def get_handle() -> int:
+    """The ``cudnnHandle_t`` (an int) of the current device, bound to CuPy's current stream.
+
+    Created on a device's first use (raising ``RuntimeError`` saying why where cuDNN cannot run);
+    ``cudnnSetStream`` whenever the current stream has changed since the last call."""
+    dev = cupy.cuda.runtime.getDevice()
+    h = _handles.get(dev)
+    if h is None:
+        require()
+        p = ctypes.c_void_p()
+        check(fn.cudnnCreate(ctypes.byref(p)), "cudnnCreate", f"device {dev}")
+        h = _handles[dev] = _Handle(p.value)
+    s = cupy.cuda.get_current_stream().ptr
+    if s != h.stream:
+        check(fn.cudnnSetStream(h.ptr, s), "cudnnSetStream", f"stream {s:#x}")
+        h.stream = s
+    return h.ptr
+
+
+def workspace(nbytes: int) -> int:
+    """A workspace pointer of at least ``nbytes`` for the current device and stream (0 for 0 bytes).
+
+    One buffer per (device, stream), kept between calls: work on one stream runs in order, so the
+    next call may reuse it. Raises CuPy's OutOfMemoryError when it cannot grow."""
+    if not nbytes:
+        return 0
+    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
+    mem = _workspaces.get(key)
+    if mem is None or mem.mem.size < nbytes:
+        _workspaces.pop(key, None)
+        mem = None
+        _workspaces[key] = mem = cupy.cuda.alloc(max(nbytes, 1 << 20))
+    return mem.ptr
+
+
+def clear_workspaces() -> None:
+    """Give every workspace back to CuPy's memory pool.
+
+    >>> clear_workspaces()
+    """
+    _workspaces.clear()
