@@ -210,7 +210,8 @@ def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):
         hd = cudnn.handle.get_handle()
         fn = cudnn.library.fn
         one, zero = ctypes.addressof(p.one), ctypes.addressof(p.zero)
-        (fa, fm, fmem), (da, dm, dmem), (wa, wm, wmem) = p.algos["fwd"][0], p.algos["bwd_data"][0], p.algos["bwd_filter"][0]
+        (fa, fm, fmem), (da, _, dmem), (wa, _, wmem) = (p.algos["fwd"][0], p.algos["bwd_data"][0],
+                                                         p.algos["bwd_filter"][0])
         ws = cp.cuda.alloc(max(fmem, dmem, wmem, 1 << 20))
         out = cp.empty(cd.y_shape, cp.float32)
         dx = cp.empty(x.shape, cp.float32)

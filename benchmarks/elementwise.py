@@ -97,12 +97,8 @@ def main():
 
     import cupy as cp
 
-    import fluxpy
-    from fluxpy import broadcast
     from fluxpy.kernels import elementwise as E
     from fluxpy.kernels import gpu
-    from fluxpy.ops.activations import relu
-    from fluxpy.ops.bias_act import bias_act
     try:
         import torch
     except Exception:   # pragma: no cover
@@ -113,79 +109,112 @@ def main():
     timer = Timer(cp, args.reps)
     rng = np.random.default_rng(0)
     rows = []
-
-    def tt(a):
-        return torch.from_dlpack(a) if torch is not None else None
-
     for xs, bs in SHAPES:
         x = cp.asarray(rng.standard_normal(xs).astype(np.float32))
         b = cp.asarray(rng.standard_normal(bs).astype(np.float32))
         dy = cp.asarray(rng.standard_normal(xs).astype(np.float32))
-        for fname, f, tf in (("tanh(1.5x+b)*x", tanh_affine, torch_tanh_affine),
-                             ("gelu(x+b)", gelu_bias, torch_gelu_bias)):
-            def fused():
-                y, back = fluxpy.pullback(lambda x, b: broadcast(f, x, b), x, b)
-                back(dy)
+        rows += broadcast_rows(cp, torch, timer, x, b, dy, xs, bs)
+        rows += bias_act_rows(torch, timer, x, b, dy, xs, bs)
+        rows.append(bias_grad_row(cp, timer, x, b, dy, xs, bs))
+    print_table(rows, name, E.BIAS_GRAD_FUSED)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(gpu=name, rows=rows), fh, indent=1)
 
-            def unfused():
-                y, back = fluxpy.pullback(lambda x, b: f(x, b), x, b)
-                back(dy)
-            # the same results both ways (a sanity check before timing)
-            y0, back0 = fluxpy.pullback(lambda x, b: broadcast(f, x, b), x, b)
-            y1, back1 = fluxpy.pullback(lambda x, b: f(x, b), x, b)
-            for a, c in zip((y0,) + back0(dy), (y1,) + back1(dy)):
-                assert float(cp.max(cp.abs(a - c))) <= 1e-3 * (1 + float(cp.max(cp.abs(c)))), fname
-            row = dict(case=f"broadcast {fname} fwd+bwd", shape=f"{xs} + {bs}",
-                       fused=timer.both(fused), unfused=timer.both(unfused))
-            if torch is not None:
-                txs, tbs, tdy = tt(x).clone().requires_grad_(), tt(b).clone().requires_grad_(), tt(dy)
-                g = tf(torch)
 
-                def torch_run():
-                    txs.grad = tbs.grad = None
-                    g(txs, tbs).backward(tdy)
-                row["torch"] = timer.both(torch_run)
-            rows.append(row)
+def _torch_view(torch, a):
+    return torch.from_dlpack(a) if torch is not None else None
 
-        # bias_act relu: fwd + bwd
-        def ba():
-            y, back = fluxpy.pullback(lambda x, b: bias_act(x, b, relu), x, b)
+
+def broadcast_rows(cp, torch, timer, x, b, dy, xs, bs):
+    """Rows timing the forward + pullback of ``broadcast(f, x, b)`` for each ``f``: fused, op by op, and
+    PyTorch eager."""
+    import fluxpy
+    from fluxpy import broadcast
+    rows = []
+    for fname, f, tf in (("tanh(1.5x+b)*x", tanh_affine, torch_tanh_affine),
+                         ("gelu(x+b)", gelu_bias, torch_gelu_bias)):
+        def fused():
+            y, back = fluxpy.pullback(lambda x, b: broadcast(f, x, b), x, b)
             back(dy)
 
-        def ba_fwd():
-            bias_act(x, b, relu)
-        row = dict(case="bias_act relu fwd+bwd", shape=f"{xs} + {bs}", fused=timer.both(ba))
-        old = E.BIAS_GRAD_FUSED
-        E.BIAS_GRAD_FUSED = not old
-        row["fused_alt"] = timer.both(ba)
-        E.BIAS_GRAD_FUSED = old
+        def unfused():
+            y, back = fluxpy.pullback(lambda x, b: f(x, b), x, b)
+            back(dy)
+        # the same results both ways (a sanity check before timing)
+        y0, back0 = fluxpy.pullback(lambda x, b: broadcast(f, x, b), x, b)
+        y1, back1 = fluxpy.pullback(lambda x, b: f(x, b), x, b)
+        for a, c in zip((y0,) + back0(dy), (y1,) + back1(dy)):
+            assert float(cp.max(cp.abs(a - c))) <= 1e-3 * (1 + float(cp.max(cp.abs(c)))), fname
+        row = dict(case=f"broadcast {fname} fwd+bwd", shape=f"{xs} + {bs}",
+                   fused=timer.both(fused), unfused=timer.both(unfused))
         if torch is not None:
-            txs, tbs, tdy = tt(x).clone().requires_grad_(), tt(b).clone().requires_grad_(), tt(dy)
+            txs, tbs = _torch_view(torch, x).clone().requires_grad_(), _torch_view(torch, b).clone().requires_grad_()
+            tdy = _torch_view(torch, dy)
+            g = tf(torch)
 
-            def torch_ba():
+            def torch_run():
                 txs.grad = tbs.grad = None
-                torch.relu(txs + tbs).backward(tdy)
-
-            def torch_fwd():
-                with torch.no_grad():
-                    torch.relu(txs + tbs)
-            row["torch"] = timer.both(torch_ba)
+                g(txs, tbs).backward(tdy)
+            row["torch"] = timer.both(torch_run)
         rows.append(row)
-        row = dict(case="bias_act relu fwd", shape=f"{xs} + {bs}", fused=timer.both(ba_fwd))
-        if torch is not None:
-            row["torch"] = timer.both(torch_fwd)
-        rows.append(row)
+    return rows
 
-        # the backward alone: one map+reduce pass vs elementwise then reduce
-        y = bias_act(x, b, relu)
-        one = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True))
-        two = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False))
-        da, db_ = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True)
-        dc, dd = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False)
-        assert bool(cp.all(da == dc)) and float(cp.max(cp.abs(db_ - dd))) <= 1e-3 * (1 + float(cp.max(cp.abs(dd))))
-        rows.append(dict(case="bias_act relu bwd: dx+db one pass | dx then db", shape=f"{xs} + {bs}",
-                         fused=one, unfused=two))
 
+def bias_act_rows(torch, timer, x, b, dy, xs, bs):
+    """Rows timing ``bias_act(x, b, relu)``: forward + backward (both bias-gradient variants) and forward
+    alone, against PyTorch's ``relu(x + b)``."""
+    import fluxpy
+    from fluxpy.kernels import elementwise as E
+    from fluxpy.ops.activations import relu
+    from fluxpy.ops.bias_act import bias_act
+
+    def ba():
+        y, back = fluxpy.pullback(lambda x, b: bias_act(x, b, relu), x, b)
+        back(dy)
+
+    def ba_fwd():
+        bias_act(x, b, relu)
+    row = dict(case="bias_act relu fwd+bwd", shape=f"{xs} + {bs}", fused=timer.both(ba))
+    old = E.BIAS_GRAD_FUSED
+    E.BIAS_GRAD_FUSED = not old
+    row["fused_alt"] = timer.both(ba)
+    E.BIAS_GRAD_FUSED = old
+    if torch is not None:
+        txs, tbs = _torch_view(torch, x).clone().requires_grad_(), _torch_view(torch, b).clone().requires_grad_()
+        tdy = _torch_view(torch, dy)
+
+        def torch_ba():
+            txs.grad = tbs.grad = None
+            torch.relu(txs + tbs).backward(tdy)
+
+        def torch_fwd():
+            with torch.no_grad():
+                torch.relu(txs + tbs)
+        row["torch"] = timer.both(torch_ba)
+    rows = [row]
+    row = dict(case="bias_act relu fwd", shape=f"{xs} + {bs}", fused=timer.both(ba_fwd))
+    if torch is not None:
+        row["torch"] = timer.both(torch_fwd)
+    rows.append(row)
+    return rows
+
+
+def bias_grad_row(cp, timer, x, b, dy, xs, bs):
+    """The bias_act backward alone: one map+reduce pass against an elementwise ``dx`` then the reduction."""
+    from fluxpy.kernels import elementwise as E
+    from fluxpy.ops.activations import relu
+    from fluxpy.ops.bias_act import bias_act
+    y = bias_act(x, b, relu)
+    one = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True))
+    two = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False))
+    da, db_ = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True)
+    dc, dd = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False)
+    assert bool(cp.all(da == dc)) and float(cp.max(cp.abs(db_ - dd))) <= 1e-3 * (1 + float(cp.max(cp.abs(dd))))
+    return dict(case="bias_act relu bwd: dx+db one pass | dx then db", shape=f"{xs} + {bs}", fused=one, unfused=two)
+
+
+def print_table(rows, name, bias_grad_fused):
     def fmt(v):
         return "" if v is None else f"{v[0]:.1f} / {v[1]:.1f}"
     print(f"\n### fluxpy fused elementwise kernels, {name}, float32, median us (gpu / wall)\n")
@@ -195,11 +224,8 @@ def main():
         alt = r.get("unfused", r.get("fused_alt"))
         print(f"| {r['case']} | {r['shape']} | {fmt(r['fused'])} | {fmt(alt)} | {fmt(r.get('torch'))} |")
     print("\nfluxpy alt: op-by-op broadcast for `broadcast` rows; the other bias-gradient variant "
-          f"(BIAS_GRAD_FUSED={not E.BIAS_GRAD_FUSED}) for `bias_act fwd+bwd`; elementwise-then-reduce "
+          f"(BIAS_GRAD_FUSED={not bias_grad_fused}) for `bias_act fwd+bwd`; elementwise-then-reduce "
           "for the `bwd` rows.")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(gpu=name, rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":

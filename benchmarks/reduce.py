@@ -129,7 +129,20 @@ def main(argv=None):
     print(f"# {name}, {info['date']}: copy {copy_gbs:.0f} GB/s (memcpy D2D), {copyto_gbs:.0f} GB/s (cupy.copyto); "
           f"{info['sm_count']} SMs, L2 {b.l2 >> 20} MB; cupy {cp.__version__}, torch {torch.__version__}", flush=True)
 
-    # host cost per call (back-to-back, tiny input): where Python's launch cost puts the floor
+    host = host_costs(cp, torch, R, b)
+    info["host_us_per_call"] = host
+    print("# host us per call:", {k: round(v, 2) for k, v in host.items()}, flush=True)
+
+    cases = CASES if not args.cases else [CASES[int(i)] for i in args.cases.split(",")]
+    rows = [measure_case(cp, torch, R, b, shape, axes, info, args) for shape, axes in cases]
+    print_table(rows, name, info["date"], copy_gbs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(info=info, rows=rows), f, indent=1)
+
+
+def host_costs(cp, torch, R, b):
+    """Host us per call, back to back on a tiny input: where Python's launch cost puts the floor."""
     xs = cp.random.standard_normal((64, 16, 14, 14), dtype=np.float32)
     ts = torch.from_dlpack(xs)
 
@@ -142,64 +155,70 @@ def main(argv=None):
         dt = time.perf_counter() - t
         cp.cuda.Device().synchronize()
         return dt / n * 1e6
-    host = dict(mapreduce=per_call(lambda: R.mapreduce(xs, (0, 2, 3))),
+    return dict(mapreduce=per_call(lambda: R.mapreduce(xs, (0, 2, 3))),
                 bare_rawkernel_launch=per_call(lambda: b.spin((1,), (1,), (np.int64(0),))),
                 cupy_empty=per_call(lambda: cp.empty((16,), dtype=np.float32)),
                 torch_sum=per_call(lambda: torch.sum(ts, dim=(0, 2, 3))))
-    info["host_us_per_call"] = host
-    print("# host us per call:", {k: round(v, 2) for k, v in host.items()}, flush=True)
 
-    cases = CASES if not args.cases else [CASES[int(i)] for i in args.cases.split(",")]
-    rows = []
-    for shape, axes in cases:
-        bufs, pool = b.buffers(shape)
-        tbufs = [torch.from_dlpack(x) for x in bufs]
-        nbytes = math.prod(shape) * 4
-        calls = (100 if args.quick else 400) if nbytes < (64 << 20) else (25 if args.quick else 75)
-        f_fx = lambda x: R.mapreduce(x, axes, "sum")  # noqa: E731
-        f_cp = lambda x: cp.sum(x, axis=axes)  # noqa: E731
-        f_th = lambda t: torch.sum(t, dim=axes)  # noqa: E731
-        # correctness against float64 first
-        ref = torch.sum(tbufs[0].double(), dim=axes)
-        got = torch.from_dlpack(f_fx(bufs[0])).double()
-        relerr = float((got - ref).norm() / ref.norm())
-        assert relerr < 1e-5, f"{shape} over {axes}: relative error {relerr}"
-        p = R.plan(shape, axes, np.float32, sm_count=info["sm_count"])
-        fx, fx_all = b.gpu_us(f_fx, bufs, calls)
-        th, _ = b.gpu_us(f_th, tbufs, calls)
-        cu, _ = b.gpu_us(f_cp, bufs, max(10, calls // 4))
-        wall_calls = max(20, calls // 2)
-        row = dict(shape=list(shape), axes=list(axes), mb=nbytes / 1e6, fluxpy_us=fx, torch_us=th, cupy_us=cu,
-                   fluxpy_gbs=nbytes / fx / 1e3, torch_gbs=nbytes / th / 1e3, cupy_gbs=nbytes / cu / 1e3,
-                   ratio=fx / th, pct_copy=100 * (nbytes / fx / 1e3) / copy_gbs,
-                   fluxpy_wall_us=b.wall_us(f_fx, bufs, wall_calls), torch_wall_us=b.wall_us(f_th, tbufs, wall_calls),
-                   fluxpy_p10_us=float(np.percentile(fx_all, 10)), fluxpy_p90_us=float(np.percentile(fx_all, 90)),
-                   relerr=relerr, nbuf=len(bufs), plan={k: v for k, v in p.items() if k != "transpose"})
-        if args.sweep:
-            sweep = {}
-            base = (R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE)
-            settings = [(b_, base[1], base[2], base[3]) for b_ in (3, 4, 5, 6)] + \
-                [(base[0], base[1], u, c) for u in (4, 8) for c in (0, 1, 2) if (u, c) != base[2:]]
-            for bps, mbb, unroll, cache in settings:
-                R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = bps, mbb, unroll, cache
-                R._calls.clear()
-                try:
-                    sweep[f"bps{bps}_u{unroll}_c{cache}"] = b.gpu_us(f_fx, bufs, max(25, calls // 4))[0]
-                except Exception as err:  # a variant that does not compile is reported, not fatal
-                    sweep[f"bps{bps}_u{unroll}_c{cache}"] = repr(err)[:200]
-            R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = base
-            R._calls.clear()
-            row["sweep_us"] = sweep
-            print("  sweep", shape, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in sweep.items()},
-                  flush=True)
-        rows.append(row)
-        print(f"  {shape} over {axes}: fluxpy {fx:.1f} us, torch {th:.1f} us, cupy {cu:.1f} us, "
-              f"wall {row['fluxpy_wall_us']:.1f}/{row['torch_wall_us']:.1f} us, plan {row['plan']}", flush=True)
-        del bufs, tbufs, pool
-        cp.get_default_memory_pool().free_all_blocks()
 
+def measure_case(cp, torch, R, b, shape, axes, info, args):
+    """One table row: fluxpy, torch and cupy on one (shape, axes), after a float64 correctness check."""
+    bufs, pool = b.buffers(shape)
+    tbufs = [torch.from_dlpack(x) for x in bufs]
+    nbytes = math.prod(shape) * 4
+    calls = (100 if args.quick else 400) if nbytes < (64 << 20) else (25 if args.quick else 75)
+    f_fx = lambda x: R.mapreduce(x, axes, "sum")  # noqa: E731
+    f_cp = lambda x: cp.sum(x, axis=axes)  # noqa: E731
+    f_th = lambda t: torch.sum(t, dim=axes)  # noqa: E731
+    # correctness against float64 first
+    ref = torch.sum(tbufs[0].double(), dim=axes)
+    got = torch.from_dlpack(f_fx(bufs[0])).double()
+    relerr = float((got - ref).norm() / ref.norm())
+    assert relerr < 1e-5, f"{shape} over {axes}: relative error {relerr}"
+    p = R.plan(shape, axes, np.float32, sm_count=info["sm_count"])
+    fx, fx_all = b.gpu_us(f_fx, bufs, calls)
+    th, _ = b.gpu_us(f_th, tbufs, calls)
+    cu, _ = b.gpu_us(f_cp, bufs, max(10, calls // 4))
+    wall_calls = max(20, calls // 2)
+    copy_gbs = info["copy_gbs"]
+    row = dict(shape=list(shape), axes=list(axes), mb=nbytes / 1e6, fluxpy_us=fx, torch_us=th, cupy_us=cu,
+               fluxpy_gbs=nbytes / fx / 1e3, torch_gbs=nbytes / th / 1e3, cupy_gbs=nbytes / cu / 1e3,
+               ratio=fx / th, pct_copy=100 * (nbytes / fx / 1e3) / copy_gbs,
+               fluxpy_wall_us=b.wall_us(f_fx, bufs, wall_calls), torch_wall_us=b.wall_us(f_th, tbufs, wall_calls),
+               fluxpy_p10_us=float(np.percentile(fx_all, 10)), fluxpy_p90_us=float(np.percentile(fx_all, 90)),
+               relerr=relerr, nbuf=len(bufs), plan={k: v for k, v in p.items() if k != "transpose"})
+    if args.sweep:
+        row["sweep_us"] = sweep_launch_settings(R, b, f_fx, bufs, calls)
+        print("  sweep", shape, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row["sweep_us"].items()},
+              flush=True)
+    print(f"  {shape} over {axes}: fluxpy {fx:.1f} us, torch {th:.1f} us, cupy {cu:.1f} us, "
+          f"wall {row['fluxpy_wall_us']:.1f}/{row['torch_wall_us']:.1f} us, plan {row['plan']}", flush=True)
+    del bufs, tbufs, pool
+    cp.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def sweep_launch_settings(R, b, f_fx, bufs, calls):
+    """fluxpy's GPU time over BLOCKS_PER_SM and (UNROLL, CACHE) settings; the module's defaults restored after."""
+    sweep = {}
+    base = (R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE)
+    settings = [(b_, base[1], base[2], base[3]) for b_ in (3, 4, 5, 6)] + \
+        [(base[0], base[1], u, c) for u in (4, 8) for c in (0, 1, 2) if (u, c) != base[2:]]
+    for bps, mbb, unroll, cache in settings:
+        R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = bps, mbb, unroll, cache
+        R._calls.clear()
+        try:
+            sweep[f"bps{bps}_u{unroll}_c{cache}"] = b.gpu_us(f_fx, bufs, max(25, calls // 4))[0]
+        except Exception as err:  # a variant that does not compile is reported, not fatal
+            sweep[f"bps{bps}_u{unroll}_c{cache}"] = repr(err)[:200]
+    R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = base
+    R._calls.clear()
+    return sweep
+
+
+def print_table(rows, name, date, copy_gbs):
     print()
-    print(f"GPU: {name}, {info['date']}; copy bandwidth {copy_gbs:.0f} GB/s (read+write, 1 GB D2D memcpy); "
+    print(f"GPU: {name}, {date}; copy bandwidth {copy_gbs:.0f} GB/s (read+write, 1 GB D2D memcpy); "
           f"float32; GPU time per call, median")
     print()
     print("| shape | axes | MB | fluxpy us | torch us | cupy us | fluxpy GB/s | fluxpy/torch | % copy BW "
@@ -209,9 +228,6 @@ def main(argv=None):
         print(f"| {tuple(r['shape'])} | {tuple(r['axes'])} | {r['mb']:.2f} | {r['fluxpy_us']:.1f} | "
               f"{r['torch_us']:.1f} | {r['cupy_us']:.1f} | {r['fluxpy_gbs']:.0f} | {r['ratio']:.2f} | "
               f"{r['pct_copy']:.0f}% | {r['fluxpy_wall_us']:.1f} / {r['torch_wall_us']:.1f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ runs on NumPy (CPU) and CuPy (GPU).
 >>> model(np.ones((4, 3), np.float32)).shape
 (4, 1)
 """
+from __future__ import annotations
+
 from . import losses, ops, optimise
 from .autodiff import (Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad, primitive, pullback,
                        stop_gradient, value_of, withgradient)
@@ -61,5 +63,6 @@ __all__ = [
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
-    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist", "MNISTUnavailableError",
+    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
+    "MNISTUnavailableError",
 ]

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
-from .backend import get_array_module, is_float_array
+from .backend import Array, get_array_module, is_float_array
 from .functors import fmap, fmapstructure
 
 __all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
@@ -85,7 +86,7 @@ class Tracked:
     __fluxpy_tracked__ = True
     __array_priority__ = 1000.0
 
-    def __init__(self, value, level, parents=(), pullback=None):
+    def __init__(self, value: Array, level: int, parents: tuple = (), pullback: Callable | None = None) -> None:
         self.value = value
         self.level = level
         self.parents = parents
@@ -111,7 +112,7 @@ class Tracked:
     def __float__(self):
         return float(value_of(self))
 
-    def item(self):
+    def item(self) -> Any:
         """The Python number held by a one-element value (not differentiable)."""
         return value_of(self).item()
 
@@ -152,7 +153,7 @@ class Tracked:
         return self
 
 
-def is_tracked(x) -> bool:
+def is_tracked(x: Any) -> bool:
     """True for a value recorded on a tape.
 
     >>> import numpy as np
@@ -162,7 +163,7 @@ def is_tracked(x) -> bool:
     return type(x) is Tracked
 
 
-def value_of(x):
+def value_of(x: Any) -> Any:
     """The plain array behind a (possibly nested) Tracked value; ``x`` itself otherwise.
 
     >>> import numpy as np
@@ -174,8 +175,8 @@ def value_of(x):
     return x
 
 
-def stop_gradient(x):
-    """``stop_gradient(x)``: the value of ``x`` with no gradient flowing through it.
+def stop_gradient(x: Any) -> Any:
+    """The value of ``x`` with no gradient flowing through it.
 
     >>> import numpy as np
     >>> gradient(lambda x: (x * stop_gradient(x)).sum(), np.array([3.0]))
@@ -196,7 +197,8 @@ class Primitive:
     Rules must compute with fluxpy ops (not raw NumPy) where a value may be tracked, so that
     they can be differentiated again.
     """
-    def __init__(self, name, rule, impl=None, needs_mask=False, doc=None):
+    def __init__(self, name: str, rule: Callable, impl: Callable | None = None, needs_mask: bool = False,
+                 doc: str | None = None) -> None:
         self.name = name
         self.rule = rule
         self.needs_mask = needs_mask
@@ -210,7 +212,7 @@ class Primitive:
     def __repr__(self):
         return f"<fluxpy primitive {self.name}>"
 
-    def __call__(self, *args, **kw):
+    def __call__(self, *args: Any, **kw: Any) -> Any:
         top = 0
         for a in args:
             if type(a) is Tracked and a.level > top:
@@ -238,7 +240,8 @@ class Primitive:
         return Tracked(y, top, tuple(parents), back)
 
 
-def primitive(rule=None, *, name=None, impl=None, needs_mask=False):
+def primitive(rule: Callable | None = None, *, name: str | None = None, impl: Callable | None = None,
+              needs_mask: bool = False) -> Primitive | Callable[[Callable], Primitive]:
     """Define a differentiable op from its rule (usable as a decorator).
 
     The rule returns ``(y, pullback)``; ``pullback(dy)`` returns a tuple with one cotangent
@@ -262,7 +265,7 @@ def primitive(rule=None, *, name=None, impl=None, needs_mask=False):
 
 
 @contextmanager
-def no_grad():
+def no_grad() -> Iterator[None]:
     """Inside ``with no_grad():`` ops record nothing: results are plain arrays.
 
     >>> import numpy as np
@@ -421,8 +424,8 @@ def _call_recording(f, args):
         _recording -= 1
 
 
-def withgradient(f, *args):
-    """``withgradient(f, *args)`` -> ``(f(*args), gradients)``.
+def withgradient(f: Callable, *args: Any) -> tuple[Any, tuple]:
+    """The value of scalar ``f(*args)`` together with its gradients: ``(f(*args), gradients)``.
 
     ``gradients`` has one entry per argument, shaped like it (see :func:`gradient`).
 
@@ -442,8 +445,8 @@ def withgradient(f, *args):
     return y.value, _shape_grads(args, boxes, _backprop(y, _ones_like(y.value)))
 
 
-def gradient(f, *args):
-    """``gradient(f, *args)``: the gradient of scalar ``f`` with respect to each argument.
+def gradient(f: Callable, *args: Any) -> tuple:
+    """The gradient of scalar ``f`` with respect to each argument.
 
     Returns a tuple with one entry per argument. Each mirrors its argument: an array for an
     array, the same nesting for tuples, lists and dicts, a dict of field name to gradient for a
@@ -456,8 +459,9 @@ def gradient(f, *args):
     return withgradient(f, *args)[1]
 
 
-def pullback(f, *args):
-    """``pullback(f, *args)`` -> ``(y, back)``; ``back(dy)`` returns the gradients for cotangent ``dy``.
+def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
+    """The value ``y = f(*args)`` and the function ``back`` that maps a cotangent ``dy`` to the gradients:
+    ``(y, back)``.
 
     ``f`` may return an array of any shape; ``dy`` must have that shape.
 

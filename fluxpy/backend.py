@@ -9,6 +9,9 @@ True
 """
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
 try:  # CuPy is optional (the ``cuda`` extra); any failure just means "no GPU backend".
@@ -21,9 +24,11 @@ except Exception as err:  # pragma: no cover - depends on the machine
 cupy = _cupy
 
 __all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
-           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds"]
+           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds", "Array"]
 
 default_float = np.float32
+
+Array = Any  # a NumPy or CuPy ndarray, or a Tracked value (fluxpy.autodiff) wrapping one
 
 
 class GPUUnavailableError(RuntimeError):
@@ -37,8 +42,8 @@ def _unwrap(x):
     return x
 
 
-def get_array_module(*xs):
-    """``get_array_module(*xs)`` -> ``numpy`` or ``cupy``, whichever module owns the arrays.
+def get_array_module(*xs: Any) -> ModuleType:
+    """The array module, ``numpy`` or ``cupy``, that owns the arrays among ``xs``.
 
     Tracked values are looked through. Mixing NumPy and CuPy arrays is an error
     that names both.
@@ -67,7 +72,7 @@ def _mixed_message(xs):
         ": move them with fluxpy.gpu(...) or fluxpy.cpu(...)"
 
 
-def is_array(x) -> bool:
+def is_array(x: Any) -> bool:
     """True for a NumPy or CuPy ndarray (not for Python numbers or Tracked values).
 
     >>> import numpy as np
@@ -77,7 +82,7 @@ def is_array(x) -> bool:
     return isinstance(x, np.ndarray) or (cupy is not None and isinstance(x, cupy.ndarray))
 
 
-def is_float_array(x) -> bool:
+def is_float_array(x: Any) -> bool:
     """True for a NumPy/CuPy array of a floating dtype: the arrays that gradients flow to.
 
     >>> import numpy as np
@@ -87,7 +92,7 @@ def is_float_array(x) -> bool:
     return is_array(x) and np.issubdtype(x.dtype, np.floating)
 
 
-def reduced_axes(gshape, shape):
+def reduced_axes(gshape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
     """The axes of a broadcast result ``gshape`` to sum so it collapses to ``shape``.
 
     >>> reduced_axes((4, 2, 3), (2, 1))
@@ -101,7 +106,7 @@ def reduced_axes(gshape, shape):
 
 
 def gpu_available() -> tuple[bool, str]:
-    """``(usable, reason)``: whether a CUDA GPU can be used through CuPy, and if not, why.
+    """Whether a CUDA GPU can be used through CuPy, and if not, why: ``(usable, reason)``.
 
     >>> ok, why = gpu_available()
     >>> isinstance(ok, bool) and isinstance(why, str)
@@ -118,7 +123,7 @@ def gpu_available() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s)"
 
 
-def to_gpu(a):
+def to_gpu(a: Array) -> Array:
     """A CuPy copy of a NumPy array (a CuPy array as it is); raises :class:`GPUUnavailableError`, saying why,
     when no GPU is usable. :func:`fluxpy.gpu` moves whole model trees with it.
 
@@ -134,7 +139,7 @@ def to_gpu(a):
     return cupy.asarray(a)
 
 
-def to_cpu(a):
+def to_cpu(a: Any) -> Any:
     """A NumPy copy of a CuPy array; anything else as it is. :func:`fluxpy.cpu` moves whole trees with it.
 
     >>> import numpy as np
@@ -146,8 +151,9 @@ def to_cpu(a):
     return a
 
 
-def copy_into(dst, src) -> None:
-    """``dst[...] = src`` across devices: ``src`` is moved to ``dst``'s device first.
+def copy_into(dst: Array, src: Array) -> None:
+    """Copy ``src`` into ``dst`` in place (``dst[...] = src``), across devices: ``src`` is moved to ``dst``'s
+    device first.
 
     >>> import numpy as np
     >>> dst = np.zeros(2); copy_into(dst, np.ones(2)); dst
@@ -156,7 +162,7 @@ def copy_into(dst, src) -> None:
     dst[...] = get_array_module(dst).asarray(to_cpu(src) if isinstance(dst, np.ndarray) else src)
 
 
-def record_event():
+def record_event() -> Any:
     """A CUDA event recorded now on the current stream, for timing GPU work (:func:`fluxpy.profile`).
 
     >>> callable(record_event)
@@ -167,7 +173,7 @@ def record_event():
     return event
 
 
-def event_seconds(start, end) -> float:
+def event_seconds(start: Any, end: Any) -> float:
     """Seconds of GPU time between two :func:`record_event` events (waits for ``end``).
 
     >>> callable(event_seconds)

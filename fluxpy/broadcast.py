@@ -1,4 +1,4 @@
-"""``broadcast(f, *xs)``: a scalar function applied elementwise with broadcasting, as one differentiable op.
+"""A scalar function applied elementwise with broadcasting, as one differentiable op: :func:`broadcast`.
 
 The derivative is taken in forward mode inside the pullback (dual numbers, :mod:`fluxpy.dual`, as
 Flux does with ForwardDiff), so the tape holds one node however long ``f`` is. Both directions go
@@ -11,12 +11,12 @@ array([[0. , 2.5]])
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from .autodiff import Primitive, value_of
-from .backend import get_array_module
+from .autodiff import Primitive
+from .backend import Array, get_array_module
 from .dual import cotangents
 from .kernels import find
 from .ops.fused import fused_op
@@ -49,8 +49,8 @@ def _broadcast_cotangents(f, wanted, dy, *xs):
 
 
 broadcast_backward = fused_op("broadcast_backward", _broadcast_cotangents, doc="""
-    ``[dy * ∂f/∂x_i for i in wanted]``, unreduced (the broadcast shape), ``None`` where ``f`` ignores
-    ``x_i``: the cotangents of :func:`broadcast`, one kernel on the GPU.
+    The cotangents of :func:`broadcast`, ``[dy * ∂f/∂x_i for i in wanted]``, unreduced (the broadcast
+    shape), ``None`` where ``f`` ignores ``x_i``; one kernel on the GPU.
 
     >>> import numpy as np
     >>> broadcast_backward(lambda x, y: x * y, (0, 1), np.ones(2), np.array([2.0, 3.0]), np.array(4.0))
@@ -75,7 +75,7 @@ def _broadcast_rule(needs, f, *xs):
 _broadcast = Primitive("broadcast", _broadcast_rule, impl=_broadcast_impl, needs_mask=True)
 
 
-def broadcast(f: Callable, *xs):
+def broadcast(f: Callable, *xs: Array) -> Array:
     """``f`` applied elementwise with NumPy broadcasting, as one differentiable op.
 
     ``f`` is a scalar function written with arithmetic and NumPy elementwise functions

@@ -23,12 +23,14 @@ import struct
 import tempfile
 import urllib.request
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .autodiff import value_of
-from .backend import get_array_module, is_array
+from .backend import Array, get_array_module, is_array
 from .functors import cpu, gpu
 
 __all__ = ["DataLoader", "onehotbatch", "onecold", "load_mnist", "read_idx", "write_idx", "mnist_cache_dir",
@@ -58,7 +60,7 @@ def _device_mover(device):
 
 
 class DataLoader:
-    """``DataLoader(data, batchsize=1, shuffle=False, partial=True, rng=None, device=None)``: mini-batches of ``data``.
+    """Mini-batches of ``data``, one per step of iteration.
 
     ``data`` is an array or a tuple/list of arrays whose FIRST axis indexes observations (all of
     the same length). Iterating gives one batch per step: an array, or a tuple of arrays
@@ -76,7 +78,8 @@ class DataLoader:
     [0, 1, 2, 3, 4]
     """
 
-    def __init__(self, data, batchsize=1, shuffle=False, partial=True, rng=None, device=None):
+    def __init__(self, data: Array | Sequence[Array], batchsize: int = 1, shuffle: bool = False, partial: bool = True,
+                 rng: np.random.Generator | int | None = None, device: str | Callable | None = None) -> None:
         self.data = data
         self.is_tuple = isinstance(data, (tuple, list))
         arrays = list(data) if self.is_tuple else [data]
@@ -132,8 +135,8 @@ def _describe_data(data):
 # One-hot labels
 
 
-def onehotbatch(labels, classes):
-    """``onehotbatch(labels, classes)`` -> a ``(batch, nclasses)`` float32 array, one 1 per row.
+def onehotbatch(labels: Array | Sequence, classes: Sequence | int) -> Array:
+    """The one-hot encoding of ``labels``: a ``(batch, nclasses)`` float32 array, one 1 per row.
 
     ``classes`` is the sequence of possible labels (``range(10)``, ``"abc"``, ...) or an int
     ``n`` for ``range(n)``; column ``j`` stands for ``classes[j]``. A label not in ``classes``
@@ -171,16 +174,19 @@ def _class_columns(labels, classes):
         columns = order[pos]
         bad = keys[columns] != labels
     if np.any(bad):
-        raise ValueError(f"onehotbatch: label {labels[np.argmax(bad)].item()!r} is not one of the classes {_show(classes)}")
+        raise ValueError(f"onehotbatch: label {labels[np.argmax(bad)].item()!r} is not one of the classes "
+                         f"{_show(classes)}")
     return columns
 
 
 def _show(classes):
-    return repr(classes) if isinstance(classes, (range, str)) else repr([getattr(c, "item", lambda: c)() for c in list(classes)[:20]])
+    if isinstance(classes, (range, str)):
+        return repr(classes)
+    return repr([getattr(c, "item", lambda: c)() for c in list(classes)[:20]])  # noqa: B023  (called at once)
 
 
-def onecold(y, classes=None):
-    """``onecold(y, classes=None)``: the index of the largest entry along the last axis, or ``classes[index]``.
+def onecold(y: Array, classes: Sequence | None = None) -> Any:
+    """The index of the largest entry along the last axis, or ``classes[index]`` when ``classes`` is given.
 
     The inverse of :func:`onehotbatch`, and the predicted class of a row of scores. Works on
     NumPy and CuPy arrays and on Tracked values (no gradient).
@@ -208,8 +214,8 @@ def onecold(y, classes=None):
 _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-def read_idx(path):
-    """``read_idx(path)``: the array stored in an IDX file (raw, or gzip-compressed when the name ends in .gz).
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """The array stored in an IDX file (raw, or gzip-compressed when the name ends in .gz).
 
     The header gives the element type and the dimensions; the data size must match them.
 
@@ -237,8 +243,8 @@ def read_idx(path):
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def write_idx(path, array):
-    """``write_idx(path, array)``: store ``array`` (uint8, int8, int16, int32, float32 or float64) as an IDX file.
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+    """Store ``array`` (uint8, int8, int16, int32, float32 or float64) as an IDX file.
 
     Gzip-compressed when ``path`` ends in .gz. The inverse of :func:`read_idx`.
 
@@ -300,8 +306,9 @@ def mnist_cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "fluxpy") / "mnist"
 
 
-def load_mnist(split="train", data_dir=None, *, download=True, verbose=True):
-    """``load_mnist(split="train"|"test", data_dir=None)`` -> ``(images, labels)``.
+def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, *, download: bool = True,
+               verbose: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The MNIST ``split`` (``"train"`` or ``"test"``) as ``(images, labels)``.
 
     ``images`` is float32 ``(N, 1, 28, 28)`` in ``[0, 1]``, ``labels`` int64 ``(N,)``; ``N`` comes
     from the files (60,000/10,000 for the full sets). The IDX files

@@ -13,10 +13,13 @@ values (so duals differentiate again) or the compiler's symbols.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .autodiff import is_tracked, value_of
+from .backend import Array
 
 __all__ = ["Dual", "partials", "derivative", "cotangents"]
 
@@ -24,7 +27,7 @@ __all__ = ["Dual", "partials", "derivative", "cotangents"]
 
 
 class Dual:
-    """``Dual(v, d)``: a value ``v`` with partial derivatives ``d`` (a tuple, one per seed).
+    """A value ``v`` with its partial derivatives ``d`` (a tuple, one per seed).
 
     Arithmetic and the NumPy ufuncs used by activations propagate the partials. Values and
     partials are arrays or Tracked values, so duals can be differentiated again.
@@ -36,7 +39,7 @@ class Dual:
     __slots__ = ("v", "d")
     __array_priority__ = 2000.0
 
-    def __init__(self, v, d):
+    def __init__(self, v: Any, d: tuple) -> None:
         self.v = v
         self.d = d
 
@@ -133,7 +136,7 @@ def _dual_tanh(x):
 
 
 def _where(mask, a, b):
-    """``where(mask, a, b)`` on arrays, Tracked values or the GPU tracer's symbols.
+    """``a`` where ``mask`` holds, else ``b``, on arrays, Tracked values or the GPU tracer's symbols.
 
     A Tracked operand goes to fluxpy's ``where`` through its ``__array_function__`` directly: through
     ``np.where`` a CuPy mask would claim the call first and reject the Tracked value.
@@ -188,7 +191,7 @@ _DUAL_UFUNCS = {
 }
 
 
-def partials(f, xs, wanted):
+def partials(f: Callable, xs: Sequence, wanted: Sequence[int]) -> list:
     """The elementwise partial derivatives of ``f(*xs)`` with respect to the arguments ``wanted`` (indices):
     a list aligned with ``wanted``, ``None`` for each where ``f`` ignores all its arguments.
 
@@ -206,8 +209,9 @@ def partials(f, xs, wanted):
     return [None if _is_literal_zero(p) else p for p in out.d]
 
 
-def cotangents(f, xs, wanted, dy):
-    """``[dy * ∂f/∂x_i for i in wanted]`` in ``dy``'s dtype, unreduced; ``None`` where ``f`` ignores ``x_i``.
+def cotangents(f: Callable, xs: Sequence, wanted: Sequence[int], dy: Array) -> list:
+    """The cotangents ``[dy * ∂f/∂x_i for i in wanted]`` in ``dy``'s dtype, unreduced; ``None`` where ``f``
+    ignores ``x_i``.
 
     >>> import numpy as np
     >>> cotangents(lambda x, y: x * y, (np.array([2.0, 3.0]), np.array(4.0)), (0, 1), np.ones(2))
@@ -222,8 +226,8 @@ def cotangents(f, xs, wanted, dy):
     return out
 
 
-def derivative(act, z):
-    """``act'(z)`` elementwise, in ``z``'s dtype; None when ``act`` ignores its argument.
+def derivative(act: Callable, z: Array) -> Array | None:
+    """The derivative ``act'(z)`` elementwise, in ``z``'s dtype; None when ``act`` ignores its argument.
 
     >>> import numpy as np
     >>> derivative(np.tanh, np.zeros(2))

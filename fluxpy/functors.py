@@ -22,10 +22,12 @@ from __future__ import annotations
 import copy
 import functools
 import types
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .backend import copy_into, is_array, to_cpu, to_gpu
+from .backend import Array, copy_into, is_array, to_cpu, to_gpu
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf", "gpu", "cpu"]
 
@@ -33,7 +35,8 @@ _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, t
               functools.partial, np.ufunc)
 
 
-def layer(cls=None, *, children=None, trainable=None):
+def layer(cls: type | None = None, *, children: Sequence[str] | None = None,
+          trainable: Sequence[str] | None = None) -> type | Callable[[type], type]:
     """Class decorator declaring a layer's children and trainable arrays.
 
     ``children``: attribute names that form the tree (default: every public
@@ -55,7 +58,7 @@ def layer(cls=None, *, children=None, trainable=None):
     return decorate(cls) if cls is not None else decorate
 
 
-def is_leaf(x) -> bool:
+def is_leaf(x: Any) -> bool:
     """True when ``x`` has no children: arrays, numbers, strings, functions, ``None``.
 
     >>> import numpy as np
@@ -65,8 +68,8 @@ def is_leaf(x) -> bool:
     return children(x) is None
 
 
-def children(x):
-    """``children(x)`` -> list of ``(key, child)`` pairs, or ``None`` for a leaf.
+def children(x: Any) -> list[tuple[Any, Any]] | None:
+    """The children of node ``x`` as a list of ``(key, child)`` pairs, or ``None`` for a leaf.
 
     Keys are indices for tuples and lists, keys for dicts, attribute names for objects.
 
@@ -111,8 +114,8 @@ def _rebuild(x, new_kids):
     return out
 
 
-def fmap(f, x, *, cache=None):
-    """``fmap(f, x)``: a copy of tree ``x`` with every leaf replaced by ``f(leaf)``.
+def fmap(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
+    """A copy of tree ``x`` with every leaf replaced by ``f(leaf)``.
 
     Shared leaves and nodes (the same object twice, e.g. tied weights) stay shared.
 
@@ -130,7 +133,7 @@ def fmap(f, x, *, cache=None):
     return y
 
 
-def fmapstructure(f, x, *, cache=None):
+def fmapstructure(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
     """Like :func:`fmap`, but objects become dicts of their children (how gradients are shaped).
 
     >>> import numpy as np
@@ -151,7 +154,7 @@ def fmapstructure(f, x, *, cache=None):
     return dict(mapped)
 
 
-def trainables(model) -> list:
+def trainables(model: Any) -> list[Array]:
     """The distinct trainable arrays of a model, in tree order.
 
     >>> import numpy as np
@@ -176,8 +179,8 @@ def trainables(model) -> list:
     return out
 
 
-def state(model):
-    """``state(model)``: the model's arrays (trainable or not) as nested dicts and lists.
+def state(model: Any) -> Any:
+    """The model's arrays (trainable or not) as nested dicts and lists.
 
     Non-array leaves are left out; the arrays are the model's own (not copies).
 
@@ -201,8 +204,8 @@ def _empty(st):
         st.values() if isinstance(st, dict) else st)))
 
 
-def loadstate(model, st, *, path="model"):
-    """``loadstate(model, state)``: copy the arrays of ``state`` into ``model`` in place.
+def loadstate(model: Any, st: Any, *, path: str = "model") -> Any:
+    """Copy the arrays of the state ``st`` (as :func:`state` gives) into ``model`` in place; returns ``model``.
 
     Every array must match the model's in shape; a mismatch names the path.
 
@@ -249,7 +252,7 @@ def _describe(x):
     return type(x).__name__
 
 
-def gpu(x):
+def gpu(x: Any) -> Any:
     """A copy of an array, or of a whole model tree, with every array on the GPU (Flux's ``gpu``).
 
     Raises :class:`fluxpy.GPUUnavailableError`, saying why, when no GPU is usable.
@@ -264,7 +267,7 @@ def gpu(x):
     return fmap(lambda a: to_gpu(a) if is_array(a) else a, x)
 
 
-def cpu(x):
+def cpu(x: Any) -> Any:
     """A copy of an array or model tree with every array as a NumPy array (Flux's ``cpu``).
 
     >>> import numpy as np

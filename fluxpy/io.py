@@ -1,4 +1,4 @@
-"""Saving and loading a model's arrays: ``save(path, model)`` and ``load(path, model)``.
+"""Saving and loading a model's arrays: :func:`save` and :func:`load`.
 
 The model's :func:`fluxpy.state` (every array, trainable or not) is written to a NumPy ``.npz``
 file under flattened keys such as ``"layers.0.weight"``. ``load`` copies them back into a model
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,8 @@ from .functors import cpu, loadstate, state
 __all__ = ["save", "load", "flat_state"]
 
 
-def flat_state(model) -> dict:
-    """``flat_state(model)``: ``{"layers.0.weight": array, ...}``, the model's arrays under dotted paths.
+def flat_state(model: Any) -> dict:
+    """The model's arrays under dotted paths: ``{"layers.0.weight": array, ...}``.
 
     >>> import numpy as np
     >>> sorted(flat_state({"a": [np.ones(1), None, np.zeros(2)]}))
@@ -49,8 +50,8 @@ def flat_state(model) -> dict:
     return out
 
 
-def save(path, model):
-    """``save(path, model)``: write every array of ``model`` to the ``.npz`` file ``path`` (NumPy arrays).
+def save(path: str | os.PathLike, model: Any) -> None:
+    """Write every array of ``model`` to the ``.npz`` file ``path`` (as NumPy arrays).
 
     The suffix ``.npz`` is added when missing, as ``numpy.savez`` does. Keys are the dotted
     paths of :func:`flat_state`.
@@ -70,8 +71,8 @@ def save(path, model):
     os.replace(tmp, path)  # never leave a half-written file under the real name
 
 
-def load(path, model):
-    """``load(path, model)``: copy the arrays saved in ``path`` into ``model`` in place, and return ``model``.
+def load(path: str | os.PathLike, model: Any) -> Any:
+    """Copy the arrays saved in ``path`` into ``model`` in place, and return ``model``.
 
     The file must hold exactly the model's arrays (same keys, same shapes); otherwise a
     ``ValueError`` names the missing, unexpected or mismatched keys with both shapes. Values

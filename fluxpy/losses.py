@@ -19,11 +19,12 @@ array([[-0.333,  0.167,  0.167],
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 
 import numpy as np
 
 from .autodiff import value_of
-from .backend import is_array
+from .backend import Array, is_array
 from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
@@ -71,8 +72,8 @@ def _xlogy(x, y):
     return x * basic.log(basic.where(value_of(x) == 0, 1, y))
 
 
-def mse(yhat, y, *, agg=mean):
-    """``mse(ŷ, y; agg=mean) = agg((ŷ - y)^2)``: the mean squared error.
+def mse(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The mean squared error, ``agg((ŷ - y)^2)`` (``agg=mean`` by default).
 
     >>> import numpy as np
     >>> float(mse(np.array([1.0, 2.0]), np.array([1.0, 4.0])))
@@ -83,8 +84,8 @@ def mse(yhat, y, *, agg=mean):
     return _aggregate(agg, d * d)
 
 
-def mae(yhat, y, *, agg=mean):
-    """``mae(ŷ, y; agg=mean) = agg(|ŷ - y|)``: the mean absolute error.
+def mae(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The mean absolute error, ``agg(|ŷ - y|)`` (``agg=mean`` by default).
 
     >>> import numpy as np
     >>> float(mae(np.array([1.0, 2.0]), np.array([0.0, 4.0])))
@@ -94,10 +95,11 @@ def mae(yhat, y, *, agg=mean):
     return _aggregate(agg, basic.abs(yhat - y))
 
 
-def huber_loss(yhat, y, *, agg=mean, delta=1.0):
-    """``huber_loss(ŷ, y; agg=mean, delta=1)``: ``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - delta/2)``.
+def huber_loss(yhat: Array, y: Array, *, agg: Callable = mean, delta: float = 1.0) -> Array:
+    """The Huber loss: ``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - delta/2)``, reduced by ``agg``.
 
-    ``d = ŷ - y``; quadratic near zero, linear (robust to outliers) beyond ``delta``.
+    ``d = ŷ - y``; quadratic near zero, linear (robust to outliers) beyond ``delta`` (default 1);
+    ``agg=mean`` by default.
 
     >>> import numpy as np
     >>> huber_loss(np.array([0.5, 3.0]), np.zeros(2), agg=lambda l: l)
@@ -109,10 +111,11 @@ def huber_loss(yhat, y, *, agg=mean, delta=1.0):
     return _aggregate(agg, basic.where(small, 0.5 * err * err, delta * (err - 0.5 * delta)))
 
 
-def crossentropy(yhat, y, *, agg=mean, eps=None):
-    """``crossentropy(ŷ, y; agg=mean, eps=machine epsilon) = agg(-sum(xlogy(y, ŷ + eps), axis=-1))``.
+def crossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
+    """The cross-entropy of probabilities ``ŷ`` against targets ``y``.
 
-    ``xlogy(y, p) = y log(p)``, and 0 where ``y == 0``.
+    ``agg(-sum(xlogy(y, ŷ + eps), axis=-1))`` with ``xlogy(y, p) = y log(p)``, and 0 where ``y == 0``.
+    ``agg=mean`` by default; ``eps`` defaults to the machine epsilon of ``ŷ``'s dtype.
 
     ``ŷ`` are probabilities (e.g. a softmax output) with classes on the last axis; ``y`` are
     one-hot or soft targets. Prefer :func:`logitcrossentropy` on logits: it is more stable.
@@ -125,10 +128,10 @@ def crossentropy(yhat, y, *, agg=mean, eps=None):
     return _aggregate(agg, -_sum(_xlogy(y, yhat + _eps(yhat, eps)), axis=-1))
 
 
-def logitcrossentropy(yhat, y, *, agg=mean):
-    """``logitcrossentropy(ŷ, y; agg=mean) = agg(-sum(y * logsoftmax(ŷ), axis=-1))``.
+def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The cross-entropy computed from logits: ``agg(-sum(y * logsoftmax(ŷ), axis=-1))``.
 
-    ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape
+    ``agg=mean`` by default. ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape
     ``(batch, classes)``; ``y`` one-hot or soft targets of the same shape (see
     :func:`label_smoothing`). PyTorch's ``cross_entropy`` with probability targets.
 
@@ -146,11 +149,12 @@ def logitcrossentropy(yhat, y, *, agg=mean):
     return _aggregate(agg, -_sum(y * logsoftmax(yhat, axis=-1), axis=-1))
 
 
-def binarycrossentropy(yhat, y, *, agg=mean, eps=None):
-    """``binarycrossentropy(ŷ, y; agg=mean, eps) = agg(-xlogy(y, ŷ + eps) - xlogy(1 - y, 1 - ŷ + eps))``.
+def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
+    """The binary cross-entropy: ``agg(-xlogy(y, ŷ + eps) - xlogy(1 - y, 1 - ŷ + eps))``.
 
     ``ŷ`` are probabilities (e.g. a sigmoid output), ``y`` targets in [0, 1]; elementwise, no
-    class axis. Prefer :func:`logitbinarycrossentropy` on logits.
+    class axis. ``agg=mean`` and ``eps`` (machine epsilon) by default, as :func:`crossentropy`.
+    Prefer :func:`logitbinarycrossentropy` on logits.
 
     >>> import numpy as np
     >>> round(float(binarycrossentropy(np.array([0.75]), np.array([1.0]))), 4)
@@ -161,11 +165,11 @@ def binarycrossentropy(yhat, y, *, agg=mean, eps=None):
     return _aggregate(agg, -_xlogy(y, yhat + e) - _xlogy(1 - y, 1 - yhat + e))
 
 
-def logitbinarycrossentropy(yhat, y, *, agg=mean):
-    """``logitbinarycrossentropy(ŷ, y; agg=mean) = agg((1 - y) ŷ + softplus(-ŷ))``.
+def logitbinarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The binary cross-entropy computed from logits: ``agg((1 - y) ŷ + softplus(-ŷ))``.
 
-    ``binarycrossentropy(sigmoid(ŷ), y)`` computed stably from logits (``-log sigmoid(ŷ) =
-    softplus(-ŷ)``); PyTorch's ``binary_cross_entropy_with_logits``.
+    ``agg=mean`` by default. ``binarycrossentropy(sigmoid(ŷ), y)`` computed stably from logits
+    (``-log sigmoid(ŷ) = softplus(-ŷ)``); PyTorch's ``binary_cross_entropy_with_logits``.
 
     >>> import numpy as np
     >>> round(float(logitbinarycrossentropy(np.array([0.0]), np.array([1.0]))), 4)
@@ -175,11 +179,11 @@ def logitbinarycrossentropy(yhat, y, *, agg=mean):
     return _aggregate(agg, (1 - y) * yhat + softplus(-yhat))
 
 
-def kldivergence(yhat, y, *, agg=mean, eps=None):
-    """``kldivergence(ŷ, y; agg=mean, eps) = agg(sum(xlogy(y, y), axis=-1)) + crossentropy(ŷ, y; agg, eps)``.
+def kldivergence(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
+    """The Kullback-Leibler divergence of the distribution ``ŷ`` from the target ``y``.
 
-    The Kullback-Leibler divergence of the distribution ``ŷ`` from the target ``y`` (classes on
-    the last axis); 0 when they agree (up to ``eps``).
+    ``agg(sum(xlogy(y, y), axis=-1)) + crossentropy(ŷ, y; agg, eps)``, classes on the last axis, with
+    ``agg`` and ``eps`` as :func:`crossentropy`; 0 when the two agree (up to ``eps``).
 
     >>> import numpy as np
     >>> p = np.array([[0.25, 0.75]])
@@ -191,12 +195,12 @@ def kldivergence(yhat, y, *, agg=mean, eps=None):
     return entropy + crossentropy(yhat, y, agg=agg, eps=eps)
 
 
-def label_smoothing(y, alpha, axis=-1):
-    """``label_smoothing(y, alpha, axis=-1) = y (1 - alpha) + alpha / size(y, axis)``.
+def label_smoothing(y: Array, alpha: float, axis: int | None = -1) -> Array:
+    """Targets smoothed towards the uniform distribution: ``y (1 - alpha) + alpha / size(y, axis)``.
 
-    Smooths one-hot targets with classes on ``axis``; ``axis=None`` smooths binary targets
-    (``y (1 - alpha) + alpha / 2``). ``alpha`` must lie in (0, 1). Flux's ``label_smoothing``
-    (``dims=1`` and ``dims=0``).
+    Smooths one-hot targets with classes on ``axis`` (the last by default); ``axis=None`` smooths
+    binary targets (``y (1 - alpha) + alpha / 2``). ``alpha`` must lie in (0, 1). Flux's
+    ``label_smoothing`` (``dims=1`` and ``dims=0``).
 
     >>> import numpy as np
     >>> label_smoothing(np.array([[0.0, 1.0, 0.0, 0.0]]), 0.2)

@@ -23,11 +23,12 @@ array([ 0.7, -1.7])
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from .autodiff import value_of
-from .backend import get_array_module, is_array, is_float_array
+from .backend import Array, get_array_module, is_array, is_float_array
 from .kernels import find
 from .functors import _trainable_keys, children
 
@@ -55,13 +56,13 @@ class Rule:
     array([0.9, 1.1])
     """
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return None
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         raise NotImplementedError
 
-    def step(self, state, x, dx):
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
         """``x -= step`` in place; returns the new state."""
         state, step = self.apply(state, x, dx)
         x -= step
@@ -70,7 +71,7 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class Descent(Rule):
-    """``Descent(eta=0.1)``: plain gradient descent, ``step = eta * dx``.
+    """Plain gradient descent, ``step = eta * dx``.
 
     >>> import numpy as np
     >>> w = np.array([1.0, 2.0])
@@ -80,10 +81,10 @@ class Descent(Rule):
     """
     eta: float = 0.1
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         return state, self.eta * dx
 
-    def step(self, state, x, dx):
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
         kernel = find("descent_update", x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
@@ -93,7 +94,7 @@ class Descent(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class Momentum(Rule):
-    """``Momentum(eta=0.01, rho=0.9)``: ``v = rho v + eta dx``, ``step = v``.
+    """Gradient descent with momentum: ``v = rho v + eta dx``, ``step = v``.
 
     PyTorch's ``SGD(lr=eta, momentum=rho)`` (its buffer is ``v / eta``).
 
@@ -108,15 +109,15 @@ class Momentum(Rule):
     eta: float = 0.01
     rho: float = 0.9
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return get_array_module(x).zeros_like(x)
 
-    def apply(self, v, x, dx):
+    def apply(self, v: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         v *= self.rho
         v += self.eta * dx
         return v, v
 
-    def step(self, v, x, dx):
+    def step(self, v: Any, x: Array, dx: Array) -> Any:
         kernel = find("momentum_update", x, dx)
         if kernel is None:
             return Rule.step(self, v, x, dx)
@@ -126,7 +127,7 @@ class Momentum(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class Nesterov(Rule):
-    """``Nesterov(eta=0.001, rho=0.9)``: Nesterov momentum, as Optimisers.jl writes it.
+    """Nesterov momentum, as Optimisers.jl writes it.
 
     ``step = (1 + rho) eta dx - rho^2 v`` then ``v = rho v - eta dx``; the same steps as
     PyTorch's ``SGD(lr=eta, momentum=rho, nesterov=True)``.
@@ -140,10 +141,10 @@ class Nesterov(Rule):
     eta: float = 0.001
     rho: float = 0.9
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return get_array_module(x).zeros_like(x)
 
-    def apply(self, vel, x, dx):
+    def apply(self, vel: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         eta, rho = self.eta, self.rho
         step = ((1 + rho) * eta) * dx - (rho * rho) * vel
         vel *= rho
@@ -153,7 +154,7 @@ class Nesterov(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class RMSProp(Rule):
-    """``RMSProp(eta=0.001, rho=0.9, eps=1e-8, centred=False)``.
+    """RMSProp: the gradient divided by a running root mean square of past gradients.
 
     ``quad = rho quad + (1 - rho) dx^2``; if centred also ``lin = rho lin + (1 - rho) dx``;
     ``step = eta dx / (sqrt(quad - lin^2) + eps)`` (eps outside the root, as Optimisers.jl and
@@ -170,11 +171,11 @@ class RMSProp(Rule):
     eps: float = 1e-8
     centred: bool = False
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         xp = get_array_module(x)
         return xp.zeros_like(x), (xp.zeros_like(x) if self.centred else None)
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         xp = get_array_module(x)
         quad, lin = state
         rho = self.rho
@@ -210,7 +211,7 @@ def _adam_init(x, beta):
 
 @dataclasses.dataclass(frozen=True)
 class Adam(Rule):
-    """``Adam(eta=0.001, beta=(0.9, 0.999), eps=1e-8)``.
+    """Adam: steps from bias-corrected running moments of the gradient.
 
     ``m = b1 m + (1 - b1) dx``, ``v = b2 v + (1 - b2) dx^2``,
     ``step = eta (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``: Optimisers.jl's bias
@@ -226,15 +227,15 @@ class Adam(Rule):
     beta: tuple = (0.9, 0.999)
     eps: float = 1e-8
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return _adam_init(x, self.beta)
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         direction, state = _adam_direction(state, dx, self.beta, self.eps, get_array_module(x))
         direction *= self.eta
         return state, direction
 
-    def step(self, state, x, dx):
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
         kernel = find("adam_update", x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
@@ -244,7 +245,7 @@ class Adam(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class AdamW(Rule):
-    """``AdamW(eta=0.001, beta=(0.9, 0.999), lambd=0.0, eps=1e-8)``: Adam with decoupled weight decay.
+    """Adam with decoupled weight decay.
 
     ``step = eta (adam_direction + lambd x)``, i.e. Optimisers.jl's
     ``OptimiserChain(Adam(eta, beta, eps), WeightDecay(eta * lambd))`` and PyTorch's
@@ -261,10 +262,10 @@ class AdamW(Rule):
     lambd: float = 0.0
     eps: float = 1e-8
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return _adam_init(x, self.beta)
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         direction, state = _adam_direction(state, dx, self.beta, self.eps, get_array_module(x))
         if self.lambd:
             direction += self.lambd * x
@@ -274,7 +275,7 @@ class AdamW(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class WeightDecay(Rule):
-    """``WeightDecay(lambd=5e-4)``: adds ``lambd * x`` to the gradient (L2 regularisation).
+    """Adds ``lambd * x`` to the gradient (L2 regularisation).
 
     Put it before the optimiser in a chain: ``OptimiserChain(WeightDecay(1e-2), Adam(3e-4))``.
 
@@ -286,13 +287,13 @@ class WeightDecay(Rule):
     """
     lambd: float = 5e-4
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         return state, dx + self.lambd * x
 
 
 @dataclasses.dataclass(frozen=True)
 class ClipGrad(Rule):
-    """``ClipGrad(delta=10)``: clamps every gradient entry to ``[-delta, delta]``.
+    """Clamps every gradient entry to ``[-delta, delta]``.
 
     >>> import numpy as np
     >>> w = np.zeros(2)
@@ -302,13 +303,13 @@ class ClipGrad(Rule):
     """
     delta: float = 10.0
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         return state, get_array_module(x).clip(dx, -self.delta, self.delta)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClipNorm(Rule):
-    """``ClipNorm(omega=10, p=2, throw=True)``: rescales each array's gradient so its ``p``-norm is at most ``omega``.
+    """Rescales each array's gradient so that its ``p``-norm is at most ``omega``.
 
     With ``throw`` a non-finite norm is an error naming the array's shape.
 
@@ -322,7 +323,7 @@ class ClipNorm(Rule):
     p: float = 2
     throw: bool = True
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         xp = get_array_module(x)
         norm = xp.linalg.norm(dx.ravel(), ord=self.p)
         # As Flux's ClipNorm: with throw, the check reads the norm on the host (a sync on the GPU).
@@ -335,14 +336,14 @@ class ClipNorm(Rule):
 
 
 class OptimiserChain(Rule):
-    """``OptimiserChain(*rules)``: applies the rules in turn, each to the previous one's step.
+    """Applies its rules in turn, each to the previous one's step.
 
     >>> import numpy as np
     >>> OptimiserChain(ClipGrad(1.0), Adam())
     OptimiserChain(ClipGrad(delta=1.0), Adam(eta=0.001, beta=(0.9, 0.999), eps=1e-08))
     """
 
-    def __init__(self, *rules):
+    def __init__(self, *rules: Rule) -> None:
         for r in rules:
             _check_rule(r, "OptimiserChain")
         self.rules = tuple(rules)
@@ -355,10 +356,10 @@ class OptimiserChain(Rule):
 
     __hash__ = None
 
-    def init(self, x):
+    def init(self, x: Array) -> Any:
         return tuple(r.init(x) for r in self.rules)
 
-    def apply(self, state, x, dx):
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         new = []
         for rule, s in zip(self.rules, state):
             s, dx = rule.apply(s, x, dx)
@@ -384,7 +385,7 @@ class Leaf:
     """
     __slots__ = ("rule", "state", "frozen")
 
-    def __init__(self, rule, state, frozen=False):
+    def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
         self.state = state
         self.frozen = frozen
@@ -402,8 +403,8 @@ def _node(model, items):
     return dict(items)
 
 
-def setup(rule, model):
-    """``setup(rule, model) -> state``: a tree like ``model`` with a :class:`Leaf` at each trainable float array.
+def setup(rule: Rule, model: Any) -> Any:
+    """The optimiser state of ``model``: a tree like it with a :class:`Leaf` at each trainable float array.
 
     Only the children named ``trainable`` by a :func:`fluxpy.layer` class get leaves; an array
     used twice in the model (tied weights) gets one leaf, shared.
@@ -442,8 +443,8 @@ def _sub(path, key):
     return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
 
 
-def update(state, model, grad):
-    """``update(state, model, grad) -> (state, model)``: one optimisation step, in place.
+def update(state: Any, model: Any, grad: Any) -> tuple[Any, Any]:
+    """One optimisation step, in place; returns ``(state, model)``.
 
     ``grad`` is the gradient of the model as ``fluxpy.gradient`` returns it (dicts for objects,
     ``None`` where there is no gradient). Every trainable array ``x`` becomes ``x - step``,
@@ -537,8 +538,8 @@ def _adjusted(rule, changes, used):
     return dataclasses.replace(rule, **mine) if mine else rule
 
 
-def adjust(state, eta=None, **hyper):
-    """``adjust(state, eta=None, **hyper) -> state``: change hyperparameters of every rule in the tree, in place.
+def adjust(state: Any, eta: float | None = None, **hyper: Any) -> Any:
+    """Change hyperparameters of every rule in the state tree, in place; returns ``state``.
 
     ``adjust(state, 1e-4)`` sets the learning rate ``eta``; keywords set other fields
     (``adjust(state, rho=0.8)``). Rules in a chain without that field are left alone; a name
@@ -564,8 +565,8 @@ def adjust(state, eta=None, **hyper):
     return state
 
 
-def freeze(state):
-    """``freeze(state)``: skip the leaves of this (sub)tree in later updates, until :func:`thaw`.
+def freeze(state: Any) -> Any:
+    """Skip the leaves of this state (sub)tree in later updates, until :func:`thaw`; returns ``state``.
 
     >>> import numpy as np
     >>> model = {"a": np.ones(1), "b": np.ones(1)}
@@ -580,8 +581,8 @@ def freeze(state):
     return state
 
 
-def thaw(state):
-    """``thaw(state)``: undo :func:`freeze` on every leaf of this (sub)tree.
+def thaw(state: Any) -> Any:
+    """Undo :func:`freeze` on every leaf of this state (sub)tree; returns ``state``.
 
     >>> import numpy as np
     >>> st = freeze(setup(Descent(), np.ones(1)))

@@ -1,4 +1,4 @@
-"""``fluxpy.profile()``: where a step's time goes, per primitive and per pullback.
+"""Where a step's time goes, per primitive and per pullback: :func:`profile`.
 
 Inside ``with profile() as prof:`` every primitive call and every pullback run by the backward
 pass is timed on the host (``perf_counter``) and, for CuPy work, on the GPU (CUDA events on the
@@ -66,7 +66,7 @@ class Profile:
     (first to last event of the block) describe the whole block.
     """
 
-    def __init__(self, gpu=None, print_table=True):
+    def __init__(self, gpu: bool | None = None, print_table: bool = True) -> None:
         self.use_gpu = gpu_available()[0] if gpu is None else bool(gpu)
         self.print_table = print_table
         self.top = []      # finished top-level frames
@@ -88,7 +88,7 @@ class Profile:
             self._stack.pop()
             (self._stack[-1].children if self._stack else self.top).append(frame)
 
-    def __enter__(self):
+    def __enter__(self) -> Profile:
         original_call = Primitive.__call__
         self._saved = (original_call, autodiff._pullback_hook)
 
@@ -103,7 +103,7 @@ class Profile:
         self._block = _Frame("(block)", self.use_gpu)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         Primitive.__call__, autodiff._pullback_hook = self._saved
         self._block.stop()
         if self.use_gpu:
@@ -116,7 +116,7 @@ class Profile:
 
     # -- results ---------------------------------------------------------------------------
 
-    def rows(self):
+    def rows(self) -> list[ProfileRow]:
         """Per-op totals of exclusive time, as :class:`ProfileRow`, in no particular order."""
         table = {}
 
@@ -132,7 +132,7 @@ class Profile:
             visit(f)
         return list(table.values())
 
-    def table(self):
+    def table(self) -> str:
         """The markdown table printed on exit."""
         rows = self.rows()
         key = (lambda r: r.gpu_s) if self.use_gpu else (lambda r: r.host_s)
@@ -155,11 +155,12 @@ class Profile:
         return "\n".join(lines + ["", summary])
 
 
-def profile(gpu=None, print_table=True):
-    """``with fluxpy.profile() as prof:`` time each primitive and pullback; print a table on exit.
+def profile(gpu: bool | None = None, print_table: bool = True) -> Profile:
+    """A context that times each primitive and pullback run inside it, and prints a table on exit.
 
-    ``gpu``: time with CUDA events too (default: when a GPU is usable). ``print_table=False``
-    keeps quiet; ``prof.table()`` and ``prof.rows()`` give the results.
+    Used as ``with fluxpy.profile() as prof:``. ``gpu``: time with CUDA events too (default: when a
+    GPU is usable). ``print_table=False`` keeps quiet; ``prof.table()`` and ``prof.rows()`` give the
+    results.
 
     >>> import numpy as np
     >>> import fluxpy

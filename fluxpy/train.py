@@ -1,4 +1,4 @@
-"""``train(loss, model, data, opt_state)``: the training loop of ``Flux.train!``.
+"""The training loop of ``Flux.train!``: :func:`train`.
 
 For each batch, ``fluxpy.withgradient(lambda m: loss(m, *batch), model)`` gives the loss and
 the model's gradient, and :func:`fluxpy.optimise.update` applies it in place. A progress bar
@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .autodiff import value_of, withgradient
 from .optimise import update
@@ -38,13 +40,14 @@ class TrainingDiverged(FloatingPointError):
     (True, 2, 7)
     """
 
-    def __init__(self, message, epoch, batch, loss):
+    def __init__(self, message: str, epoch: int, batch: int, loss: float) -> None:
         super().__init__(message)
         self.epoch, self.batch, self.loss = epoch, batch, loss
 
 
-def train(loss, model, data, opt_state, epochs=1, progress=True):
-    """``train(loss, model, data, opt_state, epochs=1, progress=True)`` -> the list of per-batch losses.
+def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1,
+          progress: bool = True) -> list[float]:
+    """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
     is splatted; any other batch is passed as one argument), and the model is updated in place
@@ -58,10 +61,10 @@ def train(loss, model, data, opt_state, epochs=1, progress=True):
     >>> from fluxpy.optimise import Descent, setup
     >>> model = {"w": np.array([1.0])}
     >>> train(lambda m, x: (m["w"] * x).sum(), model, [(np.array([np.nan]),)], setup(Descent(0.1), model),
-    ...       progress=False)
+    ...       progress=False)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fluxpy.train.TrainingDiverged: train: the loss is nan at epoch 1, batch 1; stopping before the update (lower the learning rate, or check the data and the loss)
+    fluxpy.train.TrainingDiverged: train: the loss is nan at epoch 1, batch 1; stopping before the update (lower ...)
     """
     losses = []
     for epoch in range(1, epochs + 1):
@@ -69,7 +72,7 @@ def train(loss, model, data, opt_state, epochs=1, progress=True):
         seen, start = 0, time.perf_counter()
         for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
             args = batch if isinstance(batch, tuple) else (batch,)
-            value, (grad,) = withgradient(lambda m: loss(m, *args), model)
+            value, (grad,) = withgradient(lambda m: loss(m, *args), model)  # noqa: B023  (called at once)
             value = float(value_of(value))
             if not math.isfinite(value):
                 if bar is not None:

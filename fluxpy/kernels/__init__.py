@@ -21,7 +21,7 @@ where CuPy is present. :func:`snapshot` and :func:`restore` put the table back e
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..backend import get_array_module
 

@@ -23,6 +23,8 @@ array([[[[10., 18.],
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -37,8 +39,8 @@ __all__ = ["pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_
 # Padding
 
 
-def pad_input(x, pad, value=0):
-    """``pad_input(x, pad, value=0)``: ``x`` (N, C, H, W) padded by ``pad = (top, bottom, left, right)``.
+def pad_input(x: np.ndarray, pad: tuple[int, int, int, int], value: float = 0) -> np.ndarray:
+    """``x`` (N, C, H, W) padded with ``value`` by ``pad = (top, bottom, left, right)``.
 
     >>> pad_input(np.ones((1, 1, 1, 2)), (1, 0, 0, 1))[0, 0]
     array([[0., 0., 0.],
@@ -57,8 +59,8 @@ def pad_input(x, pad, value=0):
     return out
 
 
-def crop_input(xp, pad):
-    """``crop_input(xp, pad)``: the inverse of :func:`pad_input`, a view of ``xp`` without its padding.
+def crop_input(xp: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+    """The inverse of :func:`pad_input`: a view of ``xp`` without its padding.
 
     >>> crop_input(np.ones((1, 1, 3, 4)), (1, 1, 0, 2)).shape
     (1, 1, 1, 2)
@@ -113,8 +115,8 @@ def _grid_view(xcn, cdims, offset=(0, 0), kernel_axes=True):
     return as_strided(start, shape=(c, n, p, q), strides=(bc, bn, bh * sh, bw * sw))
 
 
-def im2col(x, cdims):
-    """``im2col(x, cdims)``: columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W); ``y = w @ cols``.
+def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
+    """The columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W), so that ``y = w @ cols``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> x = np.arange(9.0).reshape(1, 1, 3, 3)
@@ -134,8 +136,8 @@ def im2col(x, cdims):
     return view.reshape(g, (c // g) * r * s, n * p * q)
 
 
-def col2im(cols, cdims):
-    """``col2im(cols, cdims)``: the adjoint of :func:`im2col`, columns summed back into ``(N, C, H, W)``.
+def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:
+    """The adjoint of :func:`im2col`: columns summed back into ``(N, C, H, W)``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), stride=(1, 2))
@@ -175,8 +177,8 @@ def _channel_major_dy(dy, cdims):
     return out.reshape(g, k // g, n * p * width)
 
 
-def conv_forward(x, w, cdims):
-    """``conv_forward(x, w, cdims)``: ``y`` of shape ``cdims.y_shape``, as ``w @ im2col(x)``.
+def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
+    """The convolution ``y`` of shape ``cdims.y_shape``, as ``w @ im2col(x)``.
 
     ``y[n, k, p, q] = sum_{c, r, s} w[k, c, r, s] * xpad[n, c, p*sh + r*dh, q*sw + s*dw]``, the kernel
     flipped unless ``cdims.flipped`` and ``c`` running over the group of ``k`` (see the module example).
@@ -187,9 +189,9 @@ def conv_forward(x, w, cdims):
     return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
 
 
-def conv_backward_data(dy, w, cdims):
-    """``conv_backward_data(dy, w, cdims)``: the gradient of :func:`conv_forward` with respect to ``x``,
-    ``col2im(w^T @ dy)``, shape ``cdims.x_shape``.
+def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
+    """The gradient of :func:`conv_forward` with respect to ``x``, ``col2im(w^T @ dy)``, shape
+    ``cdims.x_shape``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2))
@@ -202,9 +204,9 @@ def conv_backward_data(dy, w, cdims):
     return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims)), cdims)
 
 
-def conv_backward_filter(x, dy, cdims):
-    """``conv_backward_filter(x, dy, cdims)``: the gradient of :func:`conv_forward` with respect to ``w``,
-    ``dy @ im2col(x)^T`` (batch and pixels form one contraction axis), shape ``cdims.w_shape``.
+def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarray:
+    """The gradient of :func:`conv_forward` with respect to ``w``, ``dy @ im2col(x)^T`` (batch and
+    pixels form one contraction axis), shape ``cdims.w_shape``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), flipped=True)
@@ -273,8 +275,8 @@ def _scatter_add(dst, index, values):
         np.add.at(dst, index, values)
 
 
-def maxpool_forward(x, pdims):
-    """``maxpool_forward(x, pdims)``: the largest element of each window (padding counts as ``-inf``).
+def maxpool_forward(x: np.ndarray, pdims: Any) -> np.ndarray:
+    """The largest element of each window (padding counts as ``-inf``).
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
@@ -306,8 +308,8 @@ def _first_maxima(x, y, pdims):
         yield index, hit
 
 
-def maxpool_argmax(x, pdims, y=None):
-    """``maxpool_argmax(x, pdims, y=None)``: the kernel offset ``r*S + s`` of each window's first maximum.
+def maxpool_argmax(x: np.ndarray, pdims: Any, y: np.ndarray | None = None) -> np.ndarray:
+    """The kernel offset ``r*S + s`` of each window's first maximum.
 
     ``y``, the forward's output, saves recomputing it.
 
@@ -325,9 +327,9 @@ def maxpool_argmax(x, pdims, y=None):
     return arg
 
 
-def maxpool_backward(dy, x, y, pdims):
-    """``maxpool_backward(dy, x, y, pdims)``: the gradient of :func:`maxpool_forward`; each ``dy`` goes to
-    the first maximum of its window, found by comparing with the forward's output ``y``.
+def maxpool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -> np.ndarray:
+    """The gradient of :func:`maxpool_forward`: each ``dy`` goes to the first maximum of its window,
+    found by comparing with the forward's output ``y``.
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> x = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])
@@ -345,9 +347,9 @@ def maxpool_backward(dy, x, y, pdims):
     return crop_input(dxp, pdims.pad)
 
 
-def maxpool_gather(dx, x, y, pdims):
-    """``maxpool_gather(dx, x, y, pdims)``: the adjoint of :func:`maxpool_backward` in ``dy``, ``dx`` read at
-    each window's first maximum of ``x``.
+def maxpool_gather(dx: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -> np.ndarray:
+    """The adjoint of :func:`maxpool_backward` in ``dy``: ``dx`` read at each window's first maximum of
+    ``x``.
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> x = np.array([[[[1.0, 3.0], [3.0, 0.0]]]])
@@ -369,8 +371,8 @@ def _check_regular(pdims):
         raise ValueError("meanpool kernels take regular PoolDims; adaptive means are averaging matrices")
 
 
-def meanpool_forward(x, pdims):
-    """``meanpool_forward(x, pdims)``: the mean of each window, zero padding counted (``count_include_pad``).
+def meanpool_forward(x: np.ndarray, pdims: Any) -> np.ndarray:
+    """The mean of each window, zero padding counted (``count_include_pad``).
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> x = np.ones((1, 1, 2, 2))
@@ -390,8 +392,8 @@ def meanpool_forward(x, pdims):
     return y
 
 
-def meanpool_backward(dy, pdims):
-    """``meanpool_backward(dy, pdims)``: the gradient of :func:`meanpool_forward`, ``dy / (R*S)`` per window.
+def meanpool_backward(dy: np.ndarray, pdims: Any) -> np.ndarray:
+    """The gradient of :func:`meanpool_forward`, ``dy / (R*S)`` per window.
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> meanpool_backward(np.ones((1, 1, 1, 1)), PoolDims.from_array(np.ones((1, 1, 2, 2)), 2))[0, 0]

@@ -29,7 +29,6 @@ True
 """
 from __future__ import annotations
 
-from typing import Optional
 
 from ..backend import cupy
 from .cudnn import graph, legacy
@@ -77,7 +76,7 @@ def _mask(dy, y):
 
 
 def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: ConvDimsLike,
-                           need_b: bool) -> tuple[cupy.ndarray, Optional[cupy.ndarray]]:
+                           need_b: bool) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``: ``dy * (y > 0)`` for
     ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None)."""
     if y.dtype != dy.dtype:

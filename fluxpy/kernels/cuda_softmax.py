@@ -2,9 +2,9 @@
 
 The loss of an ``(N, C)`` batch of logits against one-hot or soft targets is
 ``l[n] = sum(y[n]) * logsumexp(ŷ[n]) - <y[n], ŷ[n]>`` and its gradient
-``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, against a dozen CuPy
-calls for the composition (max, subtract, exp, sum, log, multiply, ...), each of which costs tens
-of microseconds of host time. Accumulation is in float32 for float32 inputs, float64 for float64;
+``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, where the composition
+takes a dozen CuPy calls (max, subtract, exp, sum, log, multiply, ...), each with its own host
+launch cost. Accumulation is in float32 for float32 inputs, float64 for float64;
 other dtypes and non-contiguous inputs are turned down (their ``supports`` is false), so the op's
 composite runs for them.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import cupy
+from ..backend import Array, cupy
 
 __all__ = ["logit_crossentropy_rows", "logit_crossentropy_rows_backward", "KERNELS"]
 
@@ -88,8 +88,8 @@ def _blocks(n):
     return ((n + rows_per_block - 1) // rows_per_block,)
 
 
-def logit_crossentropy_rows(yhat, y):
-    """``-sum(y * logsoftmax(ŷ), axis=1)`` for CuPy ``(N, C)`` arrays, one kernel."""
+def logit_crossentropy_rows(yhat: Array, y: Array) -> Array:
+    """The row cross-entropies ``-sum(y * logsoftmax(ŷ), axis=1)`` of CuPy ``(N, C)`` arrays, one kernel."""
     n, c = yhat.shape
     out = cupy.empty(n, dtype=yhat.dtype)
     if n:
@@ -97,8 +97,9 @@ def logit_crossentropy_rows(yhat, y):
     return out
 
 
-def logit_crossentropy_rows_backward(dl, yhat, y):
-    """``dl[:, None] * (softmax(ŷ) * sum(y, axis=1) - y)`` for CuPy arrays, one kernel."""
+def logit_crossentropy_rows_backward(dl: Array, yhat: Array, y: Array) -> Array:
+    """The cotangent of the logits, ``dl[:, None] * (softmax(ŷ) * sum(y, axis=1) - y)``, for CuPy arrays,
+    one kernel."""
     n, c = yhat.shape
     dx = cupy.empty_like(yhat)
     if n:

@@ -39,10 +39,12 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..backend import cupy, reduced_axes
+from ..backend import Array, cupy, reduced_axes
 from ..dual import Dual, cotangents
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
@@ -54,7 +56,7 @@ stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
 
 BIAS_GRAD_FUSED = True
 """bias_act backward: compute dx and db in one map+reduce pass (``mapreduce(..., out_mapped=dx)``)
-rather than an elementwise kernel followed by a reduction (set from benchmarks/elementwise.py)."""
+rather than an elementwise kernel followed by a reduction (benchmarks/elementwise.py times both)."""
 
 
 class Untraceable(Exception):
@@ -62,7 +64,7 @@ class Untraceable(Exception):
 
 
 class FusionFallbackWarning(UserWarning):
-    """``broadcast(f, ...)`` on CuPy arrays could not fuse ``f`` and runs op by op instead."""
+    """Warns that ``broadcast(f, ...)`` on CuPy arrays could not fuse ``f`` and runs it op by op instead."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,7 +103,9 @@ class _Trace:
             return "true" if c else "false"
         f = float(c)
         if math.isnan(f):
-            return "__int_as_float(0x7fc00000)" if self.ctype == "float" else "__longlong_as_double(0x7ff8000000000000LL)"
+            if self.ctype == "float":
+                return "__int_as_float(0x7fc00000)"
+            return "__longlong_as_double(0x7ff8000000000000LL)"
         if math.isinf(f):
             if self.ctype == "float":
                 return f"(({'-' if f < 0 else ''}__int_as_float(0x7f800000)))"
@@ -128,7 +132,7 @@ class Sym:
     __slots__ = ("tr", "name", "kind")
     __array_priority__ = 1500.0
 
-    def __init__(self, tr, name, kind="f"):
+    def __init__(self, tr: _Trace, name: str, kind: str = "f") -> None:
         self.tr = tr
         self.name = name
         self.kind = kind
@@ -137,10 +141,12 @@ class Sym:
         return f"Sym({self.name})"
 
     # values as C text in the compute type or as a condition
-    def f(self):
+    def f(self) -> str:
+        """This value as C text in the compute type."""
         return self.name if self.kind == "f" else f"(({self.tr.ctype}){self.name})"
 
-    def b(self):
+    def b(self) -> str:
+        """This value as C text of a condition (bool)."""
         return self.name if self.kind == "b" else f"({self.name} != 0)"
 
     def _text(self, o):
@@ -396,7 +402,7 @@ def _result_dtype(f, dtypes):
     return np.asarray(out).dtype
 
 
-def trace_source(f, dtypes, wanted=(), dy_dtype=None):
+def trace_source(f: Callable, dtypes: Sequence, wanted: Sequence[int] = (), dy_dtype: Any = None) -> _Source:
     """C code for ``f`` on arguments of ``dtypes`` (a NumPy dtype per array argument, ``None`` for a
     Python scalar): a :class:`_Source` with the forward body and, when ``wanted`` (argument
     indices) is not empty, the pullback body. Raises :class:`Untraceable` when ``f`` cannot be
@@ -410,71 +416,86 @@ def trace_source(f, dtypes, wanted=(), dy_dtype=None):
     g0 = dy * (double)(t2);
     """
     dtypes = [None if d is None else np.dtype(d) for d in dtypes]
-    try:
-        rdt = _result_dtype(f, dtypes)
-    except Exception as err:
-        raise Untraceable(f"f fails on NumPy arrays of {dtypes}: {err!r}") from None
-    if rdt not in _CTYPE:
-        raise Untraceable(f"result dtype {rdt} (fused kernels compute in float32 or float64)")
-    ctype = _CTYPE[rdt]
+    rdt = _traced_dtype(f, dtypes)
     stats["traces"] += 1
-
-    def run(make):
-        tr = _Trace(ctype)
-        for i, d in enumerate(dtypes):   # inputs of another dtype are converted once, up front
-            if d is not None and d != rdt:
-                tr.lines.append(f"{ctype} a{i} = ({ctype})x{i};")
-        args = [make(tr, i) for i in range(len(dtypes))]
-        with np.errstate(all="ignore"):
-            try:
-                out = f(*args)
-            except Untraceable:
-                raise
-            except Exception as err:
-                raise Untraceable(f"{type(err).__name__}: {err}") from None
-        return tr, out
-
-    def name(i):
-        return f"a{i}" if dtypes[i] is not None and dtypes[i] != rdt else f"x{i}"
-
-    tr, out = run(lambda tr, i: Sym(tr, name(i)))
+    tr, out = _run_trace(f, dtypes, rdt, lambda tr, i: Sym(tr, _arg_name(dtypes, rdt, i)))
     if type(out) is not Sym:
         raise Untraceable("f does not return a traced value")
     forward = "\n".join(tr.lines + [f"y = {out.f()};"])
     backward = None
     grad_index = ()
     if wanted:
-        k = len(wanted)
-        pos = {i: j for j, i in enumerate(wanted)}
-
-        def make(tr, i):
-            s = Sym(tr, name(i))
-            if i in pos:
-                return Dual(s, tuple(1 if m == pos[i] else 0 for m in range(k)))
-            return s
-        tr, out = run(make)
-        dct = _CTYPE.get(np.dtype(dy_dtype or rdt))
-        if dct is None:
-            raise Untraceable(f"cotangent dtype {dy_dtype}")
-        lines = list(tr.lines)
-        gi = []
-        if type(out) is Dual:
-            for i, p in zip(wanted, out.d):
-                if isinstance(p, int) and not isinstance(p, bool) and p == 0:
-                    continue   # f never used argument i
-                if type(p) is Sym:
-                    text = p.f()
-                elif isinstance(p, _NUMBER):
-                    text = tr.const(p)
-                else:
-                    raise Untraceable(f"a partial derivative of type {type(p).__name__}")
-                lines.append(f"g{i} = dy * ({dct})({text});")
-                gi.append(i)
-        elif type(out) is not Sym:
-            raise Untraceable("f does not return a traced value")
-        backward = "\n".join(lines)
-        grad_index = tuple(gi)
+        backward, grad_index = _backward_source(f, dtypes, rdt, wanted, dy_dtype)
     return _Source(forward, backward, grad_index, rdt)
+
+
+def _traced_dtype(f, dtypes):
+    """The dtype of ``f`` on ``dtypes``; :class:`Untraceable` where ``f`` fails or its dtype is not one that
+    fused kernels compute in."""
+    try:
+        rdt = _result_dtype(f, dtypes)
+    except Exception as err:
+        raise Untraceable(f"f fails on NumPy arrays of {dtypes}: {err!r}") from None
+    if rdt not in _CTYPE:
+        raise Untraceable(f"result dtype {rdt} (fused kernels compute in float32 or float64)")
+    return rdt
+
+
+def _arg_name(dtypes, rdt, i):
+    """The C name of argument ``i``: ``a<i>`` (its converted copy) when its dtype is not ``rdt``, else ``x<i>``."""
+    return f"a{i}" if dtypes[i] is not None and dtypes[i] != rdt else f"x{i}"
+
+
+def _run_trace(f, dtypes, rdt, make):
+    """One trace of ``f`` on the arguments ``make(tr, i)``: ``(trace, output)``."""
+    ctype = _CTYPE[rdt]
+    tr = _Trace(ctype)
+    for i, d in enumerate(dtypes):   # inputs of another dtype are converted once, up front
+        if d is not None and d != rdt:
+            tr.lines.append(f"{ctype} a{i} = ({ctype})x{i};")
+    args = [make(tr, i) for i in range(len(dtypes))]
+    with np.errstate(all="ignore"):
+        try:
+            out = f(*args)
+        except Untraceable:
+            raise
+        except Exception as err:
+            raise Untraceable(f"{type(err).__name__}: {err}") from None
+    return tr, out
+
+
+def _backward_source(f, dtypes, rdt, wanted, dy_dtype):
+    """The pullback body (``g<i> = dy * df/dx_i``, from dual numbers over ``Sym`` values) and the
+    argument indices it writes."""
+    k = len(wanted)
+    pos = {i: j for j, i in enumerate(wanted)}
+
+    def make(tr, i):
+        s = Sym(tr, _arg_name(dtypes, rdt, i))
+        if i in pos:
+            return Dual(s, tuple(1 if m == pos[i] else 0 for m in range(k)))
+        return s
+    tr, out = _run_trace(f, dtypes, rdt, make)
+    dct = _CTYPE.get(np.dtype(dy_dtype or rdt))
+    if dct is None:
+        raise Untraceable(f"cotangent dtype {dy_dtype}")
+    lines = list(tr.lines)
+    gi = []
+    if type(out) is Dual:
+        for i, p in zip(wanted, out.d):
+            if isinstance(p, int) and not isinstance(p, bool) and p == 0:
+                continue   # f never used argument i
+            if type(p) is Sym:
+                text = p.f()
+            elif isinstance(p, _NUMBER):
+                text = tr.const(p)
+            else:
+                raise Untraceable(f"a partial derivative of type {type(p).__name__}")
+            lines.append(f"g{i} = dy * ({dct})({text});")
+            gi.append(i)
+    elif type(out) is not Sym:
+        raise Untraceable("f does not return a traced value")
+    return "\n".join(lines), tuple(gi)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +532,7 @@ _failed = {}
 _warned = set()
 
 
-def clear_cache():
+def clear_cache() -> None:
     """Forget every compiled kernel and failed trace (CuPy keeps its own binary cache)."""
     _kernels.clear()
     _failed.clear()
@@ -595,8 +616,8 @@ def _plain(xs):
     return seen
 
 
-def fused_forward(f, *xs):
-    """``f(*xs)`` elementwise with broadcasting, as one kernel (the ``broadcast`` kernel for CuPy).
+def fused_forward(f: Callable, *xs: Any) -> Array:
+    """The elementwise ``f(*xs)`` with broadcasting, as one kernel (the ``broadcast`` kernel for CuPy).
 
     Where ``f`` cannot be compiled it runs ``f(*xs)`` op by op on the GPU (noted once per function
     with a :class:`FusionFallbackWarning`). ``xs`` are CuPy arrays and Python numbers.
@@ -605,7 +626,7 @@ def fused_forward(f, *xs):
     return f(*xs) if hit is None else hit[0](*xs)
 
 
-def fused_pullback(f, wanted, dy, *xs):
+def fused_pullback(f: Callable, wanted: Sequence[int], dy: Array, *xs: Any) -> list:
     """The unreduced cotangents ``dy * df/dx_i`` for ``i`` in ``wanted``, in one kernel (the
     ``broadcast_backward`` kernel for CuPy): a list aligned with ``wanted``, ``None`` where ``f``
     ignores the argument, each of the broadcast shape and ``dy``'s dtype. Where ``f`` cannot be
@@ -631,14 +652,14 @@ def fused_pullback(f, wanted, dy, *xs):
 # bias_act on CuPy arrays
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _act_with_bias(act):
     def bias_then_act(x, b):
         return act(x + b)
     return bias_then_act
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _act_alone(act):
     def act_alone(x):
         return act(x)
@@ -652,8 +673,8 @@ def _act_fn(act, has_bias):
         return lambda *xs: act(xs[0] + xs[1]) if has_bias else act(xs[0])
 
 
-def bias_act_forward(x, b, act):
-    """``act(x + b)`` in one kernel (b broadcast), the ``bias_act`` kernel for CuPy."""
+def bias_act_forward(x: Array, b: Array | None, act: Callable) -> Array:
+    """The bias and activation ``act(x + b)`` in one kernel (``b`` broadcast): the ``bias_act`` kernel for CuPy."""
     fn = _act_fn(act, b is not None)
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
 
@@ -676,13 +697,14 @@ def _dz_kernel(kind):
     return k
 
 
-def bias_act_output_backward_supports(kind, y, dy, *_):
+def bias_act_output_backward_supports(kind: str, y: Any, dy: Any, *_: Any) -> bool:
     """The arrays :func:`bias_act_output_backward` handles: CuPy, one float32/float64 dtype, one shape."""
     return type(y) is cupy.ndarray and type(dy) is cupy.ndarray and y.dtype == dy.dtype \
         and y.shape == dy.shape and y.dtype in _CTYPE
 
 
-def bias_act_output_backward(kind, y, dy, bshape, need_x, need_b, fused=None):
+def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, ...] | None, need_x: bool,
+                             need_b: bool, fused: bool | None = None) -> tuple[Array | None, Array | None]:
     """``(dx, db)`` for an activation whose derivative comes from its output ``y`` (the
     ``bias_act_backward`` kernel for CuPy).
 
@@ -714,7 +736,7 @@ def bias_act_output_backward(kind, y, dy, bshape, need_x, need_b, fused=None):
     return (dz if need_x else None), db
 
 
-def bias_act_generic_backward(x, b, act, dy):
+def bias_act_generic_backward(x: Array, b: Array | None, act: Callable, dy: Array) -> Array | None:
     """``dz = dy * act'(x + b)`` in one kernel for any traceable activation (the ``bias_act_derivative``
     kernel for CuPy); None where ``act`` ignores its input."""
     fn = _act_fn(act, b is not None)
@@ -735,7 +757,7 @@ def _opt_kernel(name, ins, outs, body):
     return k
 
 
-def descent_update(x, dx, eta):
+def descent_update(x: Array, dx: Array, eta: float) -> None:
     """``x -= eta * dx`` in place, one kernel.
 
     >>> descent_update.__name__
@@ -744,14 +766,15 @@ def descent_update(x, dx, eta):
     _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
 
 
-def momentum_update(x, dx, v, eta, rho):
+def momentum_update(x: Array, dx: Array, v: Array, eta: float, rho: float) -> None:
     """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum)."""
     t = x.dtype.type
     _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
                 "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
 
 
-def adam_update(x, dx, m, v, eta, beta, eps, b1t, b2t):
+def adam_update(x: Array, dx: Array, m: Array, v: Array, eta: float, beta: tuple[float, float], eps: float,
+                b1t: float, b2t: float) -> tuple[float, float]:
     """One Adam step in place (fluxpy.optimise.Adam's formulas; ``b1t``, ``b2t`` = beta^t before this step).
 
     ``m = b1 m + (1-b1) dx``, ``v = b2 v + (1-b2) dx^2``,
@@ -788,7 +811,7 @@ def _adam_raw(dtype):
     return k
 
 
-def update_supports(x, dx):
+def update_supports(x: Any, dx: Any) -> bool:
     """The parameters the fused updates handle: CuPy arrays of one shape and float32/float64 dtype."""
     return type(x) is cupy.ndarray and type(dx) is cupy.ndarray and dx.dtype == x.dtype \
         and x.dtype in _CTYPE and dx.shape == x.shape

@@ -1,4 +1,4 @@
-"""``mapreduce(x, axes, op)``: a deterministic mapreducedim CUDA kernel for CuPy arrays.
+"""A deterministic mapreducedim CUDA kernel for CuPy arrays: :func:`mapreduce`.
 
 ``mapreduce(x, axes, op="sum", map=None, y=None)`` computes ``op`` over ``axes`` of
 ``map(x, y)`` (``map`` a small C expression, applied on the fly) in one pass over memory. It is
@@ -53,10 +53,11 @@ True
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from ..backend import cupy
+from ..backend import Array, cupy
 
 __all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
 
@@ -64,7 +65,7 @@ AVAILABLE = cupy is not None
 """True when CuPy imported (a GPU may still be missing; see :func:`fluxpy.gpu_available`)."""
 
 
-def unavailable_reason():
+def unavailable_reason() -> str | None:
     """Why :func:`mapreduce` cannot run here, or ``None`` if it can.
 
     >>> r = unavailable_reason()
@@ -439,7 +440,8 @@ def _module(dtype, acc, op, map_expr, has_y, has_outm=False):
     mod = _modules.get(key)
     if mod is None:
         src = _SOURCE % dict(T=_STORAGE[dtype], ACC=_ACC[acc], IS_HALF=int(dtype == np.float16),
-                             OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y), HAS_OUTM=int(has_outm),
+                             OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y),
+                             HAS_OUTM=int(has_outm),
                              MAP=map_expr or "x", THREADS=THREADS, UNROLL=UNROLL, CACHE=CACHE,
                              INSTANCES="\n".join(f"INSTANCE({v})" for v in _vec_widths(dtype)))
         mod = cupy.RawModule(code=src)
@@ -480,7 +482,7 @@ def _runs(shape, axes):
     return runs
 
 
-def canonical_form(shape, axes):
+def canonical_form(shape: tuple[int, ...], axes: int | tuple[int, ...] | None) -> tuple[int, int, int] | None:
     """``(R_outer, K, R_inner)`` for reducing ``shape`` over ``axes``, or ``None`` if kept axes are split.
 
     Size-1 axes are dropped and adjacent axes of one kind merged. A full reduction is
@@ -528,7 +530,8 @@ def _pow2_floor(n):
     return 1 << (max(1, int(n)).bit_length() - 1)
 
 
-def plan(shape, axes, dtype=np.float32, vec=None, sm_count=132):
+def plan(shape: tuple[int, ...], axes: int | tuple[int, ...] | None, dtype: Any = np.float32, vec: int | None = None,
+         sm_count: int = 132) -> dict:
     """The launch a reduction of ``shape`` over ``axes`` gets: a dict (kernel, grid, block, split...).
 
     Pure Python (no GPU needed); :func:`mapreduce` uses it with the real vector width and
@@ -556,18 +559,28 @@ def plan(shape, axes, dtype=np.float32, vec=None, sm_count=132):
     target = BLOCKS_PER_SM * sm_count
     nbytes = O * K * I * dtype.itemsize
     if I == 1:
-        V = vec or _pick_vec_len(dtype, K)
-        KV = K // V
-        TX = min(32, 1 << max(0, (KV - 1).bit_length()))
-        TY = THREADS // TX
-        bx = -(-KV // TX)
-        S = min(target // bx, nbytes // bx // MIN_BLOCK_BYTES, -(-O // TY))
-        S = max(1, S)
-        R = -(-O // S)
-        S = -(-O // R)
-        return dict(kernel="columns", V=V, TX=TX, grid=(bx, S), S=S, R=R, O=O, K=K, I=I, transpose=transpose,
-                    count=O, partials=S * K if S > 1 else 0, counters=bx if S > 1 else 0)
-    V = vec or _pick_vec_len(dtype, I)
+        return _columns_plan(O, K, I, vec or _pick_vec_len(dtype, K), target, nbytes, transpose)
+    return _segments_plan(O, K, I, vec or _pick_vec_len(dtype, I), target, nbytes, transpose)
+
+
+def _columns_plan(O, K, I, V, target, nbytes, transpose):
+    """The launch of the ``columns`` kernel (``R_inner == 1``): ``TX`` threads across ``K / V`` vector
+    columns, the ``O`` rows split over ``S`` blocks of ``R`` rows."""
+    KV = K // V
+    TX = min(32, 1 << max(0, (KV - 1).bit_length()))
+    TY = THREADS // TX
+    bx = -(-KV // TX)
+    S = min(target // bx, nbytes // bx // MIN_BLOCK_BYTES, -(-O // TY))
+    S = max(1, S)
+    R = -(-O // S)
+    S = -(-O // R)
+    return dict(kernel="columns", V=V, TX=TX, grid=(bx, S), S=S, R=R, O=O, K=K, I=I, transpose=transpose,
+                count=O, partials=S * K if S > 1 else 0, counters=bx if S > 1 else 0)
+
+
+def _segments_plan(O, K, I, V, target, nbytes, transpose):
+    """The launch of the ``segments`` kernel (``R_inner > 1``): ``G`` threads per kept index, its
+    ``O * I / V`` vector items split over ``S`` blocks in chunks."""
     I4 = I // V
     P = O * I4
     # threads per kept index: at most a quarter of its vector items, and no more than one wave of
@@ -610,11 +623,12 @@ def _workspace(dev, partial_bytes, n_counters):
     return ws
 
 
-def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None, out_mapped=None):
-    """``mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims=False, out=None, out_mapped=None)``.
+def mapreduce(x: Array, axes: int | tuple[int, ...] | None = None, op: str = "sum", map: str | None = None,
+              y: Array | None = None, acc_dtype: Any = None, keepdims: bool = False, out: Array | None = None,
+              out_mapped: Array | None = None) -> Array:
+    """``op`` (a sum, mean or max) over ``axes`` of ``map(x, y)``, in one deterministic pass over memory.
 
-    ``op`` over ``axes`` of ``map(x, y)``, computed elementwise on the fly:
-    ``out[k] = op_{i in axes} map(x[i, k], y[i, k])``.
+    ``out[k] = op_{i in axes} map(x[i, k], y[i, k])``, with ``map`` computed elementwise on the fly.
 
     - ``x``: a CuPy array of float16, float32 or float64 (any shape, any strides; non-contiguous
       input is copied to C order first).
@@ -648,29 +662,56 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
     if cupy is None:
         raise RuntimeError("fluxpy.kernels.reduce.mapreduce needs CuPy, which could not be imported")
     has_y = y is not None
-    if has_y and y.shape != x.shape:
-        raise ValueError(f"mapreduce: y must have x's shape {x.shape}, got {y.shape}")
     has_m = out_mapped is not None
-    if has_m and (out_mapped.shape != x.shape or out_mapped.dtype != x.dtype or not out_mapped.flags.c_contiguous):
-        raise ValueError(f"mapreduce: out_mapped must be a C-contiguous {x.dtype} array of shape {x.shape}, "
-                         f"got {out_mapped.dtype} {out_mapped.shape}")
+    _check_operands(x, y, out_mapped)
     if x.size == 0:
         ax = _normalize_axes(axes, x.ndim)
         return _empty_case(x, ax, op, _out_shape(x.shape, ax, keepdims), out)
     dev = x.device.id
-    try:   # the fast path: everything but the pointers is cached per call signature
-        key = (x.shape, axes, x.dtype, op, map, has_y, acc_dtype, keepdims, dev, UNROLL, CACHE, BLOCKS_PER_SM,
+    dtype, oshape, launch, shape, ax, acc = _call_entry(x, axes, op, map, has_y, acc_dtype, keepdims, dev, has_m)
+    fn, grid, scalars, transpose, V, ws = launch
+    x, y = _kernel_inputs(x, y, dtype, transpose, has_m, axes)
+    if V > 1 and _misaligned(V * dtype.itemsize, x, y, out_mapped):
+        fn, grid, scalars, transpose, V, ws = _make_launch(shape, ax, dtype, acc, op, map, has_y, dev,
+                                                           [a for a in (x, y, out_mapped) if a is not None], has_m)
+    res = _result_array(out, oshape, dtype)
+    if ws is not None:
+        part, cnt = _workspace(dev, *ws)
+    else:
+        part = cnt = res   # not touched by the kernel when the reduction is not split
+    fn(grid, (THREADS,), (x, x if y is None else y, res, out_mapped if has_m else res, part, cnt) + scalars)
+    return res
+
+
+def _check_operands(x, y, out_mapped):
+    """Raise unless ``y`` (if given) has ``x``'s shape and ``out_mapped`` (if given) is C-contiguous like ``x``."""
+    if y is not None and y.shape != x.shape:
+        raise ValueError(f"mapreduce: y must have x's shape {x.shape}, got {y.shape}")
+    if out_mapped is not None and (out_mapped.shape != x.shape or out_mapped.dtype != x.dtype
+                                   or not out_mapped.flags.c_contiguous):
+        raise ValueError(f"mapreduce: out_mapped must be a C-contiguous {x.dtype} array of shape {x.shape}, "
+                         f"got {out_mapped.dtype} {out_mapped.shape}")
+
+
+def _call_entry(x, axes, op, map_expr, has_y, acc_dtype, keepdims, dev, has_m):
+    """The prepared launch of this call signature: everything but the pointers, cached in ``_calls``."""
+    try:
+        key = (x.shape, axes, x.dtype, op, map_expr, has_y, acc_dtype, keepdims, dev, UNROLL, CACHE, BLOCKS_PER_SM,
                MIN_BLOCK_BYTES, has_m)
         entry = _calls.get(key)
     except TypeError:   # unhashable axes (a list)
         key, entry = None, None
     if entry is None:
-        entry = _prepare(x.shape, x.dtype, axes, op, map, has_y, acc_dtype, keepdims, dev, has_m)
+        entry = _prepare(x.shape, x.dtype, axes, op, map_expr, has_y, acc_dtype, keepdims, dev, has_m)
         if key is not None:
             _calls[key] = entry
-    dtype, oshape, launch, shape, ax, acc = entry
-    fn, grid, scalars, transpose, V, ws = launch
-    if has_y and y.dtype != dtype:
+    return entry
+
+
+def _kernel_inputs(x, y, dtype, transpose, has_m, axes):
+    """``x`` and ``y`` as the kernels read them: ``y`` in ``x``'s dtype, both C-contiguous, transposed
+    (reduced axes first) where the launch says so."""
+    if y is not None and y.dtype != dtype:
         y = y.astype(dtype)
     if transpose is not None:
         if has_m:
@@ -681,26 +722,26 @@ def mapreduce(x, axes=None, op="sum", map=None, y=None, acc_dtype=None, keepdims
     else:
         if not x.flags.c_contiguous:
             x = cupy.ascontiguousarray(x)
-        if has_y and not y.flags.c_contiguous:
+        if y is not None and not y.flags.c_contiguous:
             y = cupy.ascontiguousarray(y)
-    if V > 1 and (x.data.ptr % (V * dtype.itemsize) or (has_y and y.data.ptr % (V * dtype.itemsize))
-                  or (has_m and out_mapped.data.ptr % (V * dtype.itemsize))):
-        fn, grid, scalars, transpose, V, ws = _make_launch(shape, ax, dtype, acc, op, map, has_y, dev,
-                                                           [a for a in (x, y, out_mapped) if a is not None], has_m)
-    if out is None:
-        res = cupy.empty(oshape, dtype=dtype)
-    else:
-        if out.shape != oshape or out.dtype != dtype or not out.flags.c_contiguous:
-            raise ValueError(f"mapreduce: out must be a C-contiguous {dtype} array of shape {oshape}, "
-                             f"got {out.dtype} {out.shape}")
-        res = out
-    if ws is not None:
-        part, cnt = _workspace(dev, *ws)
-    else:
-        part = cnt = res   # not touched by the kernel when the reduction is not split
-    fn(grid, (THREADS,), (x, x if y is None else y, res, out_mapped if has_m else res, part, cnt) + scalars)
-    return res
+    return x, y
 
+
+def _misaligned(vec_bytes, x, y, out_mapped):
+    """True when the data of ``x``, ``y`` or ``out_mapped`` (where given) does not start on a ``vec_bytes``
+    boundary, which the vector loads need."""
+    return bool(x.data.ptr % vec_bytes or (y is not None and y.data.ptr % vec_bytes)
+                or (out_mapped is not None and out_mapped.data.ptr % vec_bytes))
+
+
+def _result_array(out, oshape, dtype):
+    """A new result array, or ``out`` once checked to fit."""
+    if out is None:
+        return cupy.empty(oshape, dtype=dtype)
+    if out.shape != oshape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"mapreduce: out must be a C-contiguous {dtype} array of shape {oshape}, "
+                         f"got {out.dtype} {out.shape}")
+    return out
 
 _calls = {}
 
@@ -755,7 +796,7 @@ def _empty_case(x, ax, op, oshape, out):
     return res
 
 
-def unbroadcast_sum(grad, axes, shape):
+def unbroadcast_sum(grad: Array, axes: tuple[int, ...], shape: tuple[int, ...]) -> Array:
     """``grad`` summed over ``axes``, as ``shape``: the ``sum`` kernel for CuPy arrays, behind
     :func:`fluxpy.unbroadcast` and :func:`fluxpy.sum`.
 
@@ -771,7 +812,7 @@ def unbroadcast_sum(grad, axes, shape):
     return mapreduce(grad, axes, "sum").reshape(shape)
 
 
-def sum_supports(x, *_):
+def sum_supports(x: Any, *_: Any) -> bool:
     """The arrays the ``sum`` kernel takes: CuPy, floating, at least 1-d."""
     return type(x) is cupy.ndarray and x.ndim > 0 and x.dtype.kind == "f"
 

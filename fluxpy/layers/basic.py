@@ -5,7 +5,7 @@ layers: SkipConnection and Parallel.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

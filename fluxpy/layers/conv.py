@@ -5,7 +5,7 @@ makes one fused call: the convolution, the bias and the activation.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..functors import layer
 from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)

@@ -3,7 +3,8 @@ train/test mode that BatchNorm and Dropout follow (``istraining``, ``trainmode``
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import define_tracked_ops, value_of
+from ..backend import Array
 from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, minimum, multiply, negative, power,
                     sign, sin, sqrt, square, subtract, tanh, where)
 from .linalg import dot, matmul
@@ -41,8 +42,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "softmax", "logsoftmax"]
 
 
-def clip(x, lo=None, hi=None):
-    """``clip(x, lo, hi)``: ``x`` limited to ``[lo, hi]`` (either may be None).
+def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:
+    """``x`` limited to ``[lo, hi]`` elementwise (either bound may be None).
 
     >>> import numpy as np
     >>> clip(np.array([-2.0, 0.5, 3.0]), -1.0, 1.0)

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ..autodiff import Primitive, value_of
+from ..backend import Array
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
            "hardtanh"]
@@ -29,8 +30,8 @@ _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
 
 
-def identity(x):
-    """``identity(x) = x``: no activation.
+def identity(x: Array) -> Array:
+    """No activation: ``x`` itself.
 
     >>> import numpy as np
     >>> identity(np.array([-1.0, 2.0]))
@@ -49,7 +50,8 @@ def _relu_rule(x):
 
 # A primitive rather than np.where(x > 0, x, 0): NumPy's where is ~12x slower than maximum on
 # float32 conv activations, and the rule needs only the output.
-relu = Primitive("relu", _relu_rule, impl=lambda x: np.maximum(x, 0), doc="""``relu(x) = max(x, 0)``; its derivative at 0 is 0.
+relu = Primitive("relu", _relu_rule, impl=lambda x: np.maximum(x, 0), doc="""
+    The rectified linear unit, ``max(x, 0)``; its derivative at 0 is 0.
 
     >>> import numpy as np
     >>> relu(np.array([-1.0, 0.0, 2.0]))
@@ -57,8 +59,8 @@ relu = Primitive("relu", _relu_rule, impl=lambda x: np.maximum(x, 0), doc="""``r
     """)
 
 
-def leakyrelu(x, a=0.01):
-    """``leakyrelu(x, a=0.01) = x if x > 0 else a * x``.
+def leakyrelu(x: Array, a: float = 0.01) -> Array:
+    """The leaky ReLU: ``x if x > 0 else a * x``.
 
     >>> import numpy as np
     >>> leakyrelu(np.array([-2.0, 3.0]), a=0.1)
@@ -67,8 +69,8 @@ def leakyrelu(x, a=0.01):
     return np.where(x > 0, x, a * x)
 
 
-def relu6(x):
-    """``relu6(x) = min(max(x, 0), 6)``.
+def relu6(x: Array) -> Array:
+    """ReLU capped at 6: ``min(max(x, 0), 6)``.
 
     >>> import numpy as np
     >>> relu6(np.array([-1.0, 3.0, 9.0]))
@@ -82,8 +84,8 @@ def _neg_abs(x):
     return np.where(x > 0, -x, x)
 
 
-def elu(x, a=1.0):
-    """``elu(x, a=1.0) = x if x > 0 else a * (exp(x) - 1)``.
+def elu(x: Array, a: float = 1.0) -> Array:
+    """The exponential linear unit: ``x if x > 0 else a * (exp(x) - 1)``.
 
     >>> import numpy as np
     >>> elu(np.array([-1.0, 2.0])).round(4)
@@ -93,8 +95,8 @@ def elu(x, a=1.0):
     return np.where(x > 0, x, a * np.expm1(np.where(x > 0, 0, x)))
 
 
-def gelu(x):
-    """``gelu(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
+def gelu(x: Array) -> Array:
+    """The Gaussian error linear unit: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
     This is the tanh approximation of ``x * Phi(x)``, as Flux/NNlib's ``gelu`` (PyTorch's
     ``gelu(x, approximate="tanh")``), not the exact erf form.
@@ -106,8 +108,8 @@ def gelu(x):
     return 0.5 * x * (1 + np.tanh(_GELU_LAMBDA * (x + _GELU_ALPHA * x ** 3)))
 
 
-def sigmoid(x):
-    """``sigmoid(x) = 1 / (1 + exp(-x))``, computed without overflow for any ``x``.
+def sigmoid(x: Array) -> Array:
+    """The logistic sigmoid, ``1 / (1 + exp(-x))``, computed without overflow for any ``x``.
 
     >>> import numpy as np
     >>> sigmoid(np.array([-1000.0, 0.0, 1000.0]))
@@ -118,8 +120,8 @@ def sigmoid(x):
     return np.where(x > 0, 1, t) / (1 + t)
 
 
-def swish(x):
-    """``swish(x) = x * sigmoid(x)`` (also called SiLU).
+def swish(x: Array) -> Array:
+    """Swish, also called SiLU: ``x * sigmoid(x)``.
 
     >>> import numpy as np
     >>> swish(np.array([0.0, 1.0])).round(4)
@@ -128,8 +130,8 @@ def swish(x):
     return x * sigmoid(x)
 
 
-def tanh(x):
-    """``tanh(x)``: the hyperbolic tangent.
+def tanh(x: Array) -> Array:
+    """The hyperbolic tangent.
 
     >>> import numpy as np
     >>> tanh(np.array([0.0, 100.0]))
@@ -138,8 +140,8 @@ def tanh(x):
     return np.tanh(x)
 
 
-def softplus(x):
-    """``softplus(x) = log(1 + exp(x))``, computed without overflow as ``log1p(exp(-|x|)) + relu(x)``.
+def softplus(x: Array) -> Array:
+    """The softplus ``log(1 + exp(x))``, computed without overflow as ``log1p(exp(-|x|)) + relu(x)``.
 
     >>> import numpy as np
     >>> softplus(np.array([-100.0, 0.0, 100.0])).round(4)
@@ -148,8 +150,8 @@ def softplus(x):
     return np.log1p(np.exp(_neg_abs(x))) + relu(x)
 
 
-def hardtanh(x):
-    """``hardtanh(x) = min(max(x, -1), 1)``.
+def hardtanh(x: Array) -> Array:
+    """``x`` clamped to ``[-1, 1]``: ``min(max(x, -1), 1)``.
 
     >>> import numpy as np
     >>> hardtanh(np.array([-3.0, 0.5, 2.0]))

@@ -17,7 +17,7 @@ import operator
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import get_array_module
+from ..backend import Array, get_array_module
 from .shape import unbroadcast
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
@@ -102,8 +102,8 @@ def _unary(name, ufunc, deriv):
     return prim
 
 
-def sign(x):
-    """``sign(x)``: -1, 0 or 1 elementwise; not differentiable (a plain array).
+def sign(x: Array) -> Array:
+    """The sign of ``x``, -1, 0 or 1 elementwise; not differentiable (a plain array).
 
     >>> import numpy as np
     >>> sign(np.array([-2.0, 0.0, 3.0]))
@@ -164,8 +164,8 @@ def _where_rule(needs, cond, a, b):
 _where = Primitive("where", _where_rule, impl=_where_impl, needs_mask=True)
 
 
-def where(cond, a, b):
-    """``where(cond, a, b)``: ``a`` where ``cond`` holds, else ``b``; differentiable in ``a`` and ``b``.
+def where(cond: Array, a: Array | float, b: Array | float) -> Array:
+    """``a`` where ``cond`` holds, else ``b``; differentiable in ``a`` and ``b``.
 
     >>> import numpy as np
     >>> where(np.array([True, False]), np.ones(2), 0.0)

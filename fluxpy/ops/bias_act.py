@@ -1,4 +1,4 @@
-"""Fused bias and activation, ``bias_act(x, b, act) = act(x + b)`` (NNlib ``src/bias_act.jl``).
+"""Fused bias and activation, ``act(x + b)`` as one op: :func:`bias_act` (NNlib ``src/bias_act.jl``).
 
 One primitive. For ``identity``, ``relu``, ``tanh`` and ``sigmoid`` the pullback needs only
 the output ``y`` (``relu' = y > 0``, ``tanh' = 1 - y^2``, ``sigmoid' = y (1 - y)``): it is
@@ -17,11 +17,12 @@ array([[0. , 2.5],
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..autodiff import Primitive, value_of
+from ..backend import Array
 from ..dual import derivative
 from ..kernels import find
 from . import basic
@@ -69,9 +70,10 @@ def _from_output_backward(kind, y, dy, bshape, need_x, need_b):
 
 
 bias_act_backward = fused_op("bias_act_backward", _from_output_backward, doc="""
-    ``(dx, db)`` of ``bias_act`` for an activation ``kind`` ("identity", "relu", "tanh", "sigmoid")
-    whose derivative is a function of the output ``y``: ``dx = dy * act'(y)``, ``db = unbroadcast(dx,
-    bshape)``; ``None`` for what is not needed. One pass on the GPU (``dx`` written while ``db`` sums).
+    The cotangents ``(dx, db)`` of ``bias_act`` for an activation ``kind`` ("identity", "relu", "tanh",
+    "sigmoid") whose derivative is a function of the output ``y``: ``dx = dy * act'(y)``,
+    ``db = unbroadcast(dx, bshape)``; ``None`` for what is not needed. One pass on the GPU (``dx``
+    written while ``db`` sums).
 
     >>> import numpy as np
     >>> bias_act_backward("relu", np.array([[0.0, 2.0]]), np.array([[5.0, 5.0]]), (2,), True, True)
@@ -85,8 +87,8 @@ def _derivative_backward(x, b, act, dy):
 
 
 bias_act_derivative = fused_op("bias_act_derivative", _derivative_backward, doc="""
-    ``dz = dy * act'(x + b)`` for any elementwise ``act`` (dual numbers; one kernel on the GPU);
-    ``None`` where ``act`` ignores its input.
+    The cotangent ``dz = dy * act'(x + b)`` for any elementwise ``act`` (dual numbers; one kernel on
+    the GPU); ``None`` where ``act`` ignores its input.
 
     >>> import numpy as np
     >>> bias_act_derivative(np.zeros(2), None, np.tanh, np.array([1.0, 2.0]))
@@ -125,8 +127,8 @@ def _bias_act_rule(needs, x, b, act):
 _bias_act = Primitive("bias_act", _bias_act_rule, impl=_bias_act_impl, needs_mask=True)
 
 
-def bias_act(x, b=None, act=identity):
-    """``bias_act(x, b=None, act=identity) = act(x + b)``, one differentiable op.
+def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = identity) -> Array:
+    """Bias and activation, ``act(x + b)``, as one differentiable op.
 
     ``b`` must broadcast to ``x``'s shape (Dense passes ``(out,)`` for ``x @ W.T`` of shape
     ``(batch, out)``; Conv passes ``reshape(b, (1, K, 1, 1))``); ``None`` or ``False`` means no

@@ -29,8 +29,11 @@ array([[4., 4.],
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..autodiff import Primitive, value_of
-from ..backend import get_array_module
+from ..backend import Array, get_array_module
 from ..kernels import find, lookup
 from .activations import identity, relu
 from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe, memoised
@@ -90,8 +93,10 @@ _conv_backward_filter = Primitive("conv_backward_filter", _conv_backward_filter_
 _DIMS = {}   # validated ConvDims by (shapes, dtypes, options): saves ~6 us of checks per call
 
 
-def conv_dims(x, w, stride=1, pad=0, dilation=1, groups=1, flipped=False):
-    """``ConvDims.from_arrays(x, w, ...)``, memoised on hashable options (the same errors otherwise).
+def conv_dims(x: Array, w: Array, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
+              dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False) -> ConvDims:
+    """The :class:`ConvDims` of ``conv(x, w, ...)`` (:meth:`ConvDims.from_arrays`), memoised on hashable
+    options; the same errors otherwise.
 
     >>> import numpy as np
     >>> conv_dims(np.ones((1, 2, 5, 5)), np.ones((3, 2, 3, 3)), pad=1).y_shape
@@ -104,8 +109,9 @@ def conv_dims(x, w, stride=1, pad=0, dilation=1, groups=1, flipped=False):
                                                              groups=groups, flipped=flipped))
 
 
-def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
-    """``conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``: 2-D convolution.
+def conv(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
+         dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False) -> Array:
+    """The 2-D convolution of ``x`` with the kernel ``w``.
 
     ``y[n, k, p, q] = sum_{c, r, s} w[k, c, R-1-r, S-1-s] * xpad[n, g*C/G + c, p*sh + r*dh, q*sw + s*dw]``
     where ``g = k // (K/G)`` is the group of output channel ``k`` and ``xpad`` is ``x`` zero-padded;
@@ -138,8 +144,8 @@ def conv(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False):
     return _conv(x, w, cdims)
 
 
-def conv_backward_data(dy, w, cdims):
-    """``conv_backward_data(dy, w, cdims)``: the gradient of ``conv`` with respect to ``x``.
+def conv_backward_data(dy: Array, w: Array, cdims: ConvDims) -> Array:
+    """The gradient of ``conv`` with respect to ``x``.
 
     ``dx = ∂/∂x <conv(x, w), dy>``, the adjoint of ``x -> conv(x, w)``; shape ``cdims.x_shape``.
     ``dy`` is ``cdims.y_shape`` ``(N, K, P, Q)``, ``w`` is ``cdims.w_shape``; ``cdims`` is the
@@ -158,8 +164,8 @@ def conv_backward_data(dy, w, cdims):
     return _conv_backward_data(dy, w, cdims)
 
 
-def conv_backward_filter(x, dy, cdims):
-    """``conv_backward_filter(x, dy, cdims)``: the gradient of ``conv`` with respect to ``w``.
+def conv_backward_filter(x: Array, dy: Array, cdims: ConvDims) -> Array:
+    """The gradient of ``conv`` with respect to ``w``.
 
     ``dw = ∂/∂w <conv(x, w), dy>``; shape ``cdims.w_shape``. ``x`` is ``cdims.x_shape``, ``dy``
     is ``cdims.y_shape``. Differentiable in ``x`` and ``dy``.
@@ -212,12 +218,13 @@ def _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding
                                 groups=groups, flipped=flipped, op=op)
 
 
-def conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, output_padding=0):
-    """``conv_transpose(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, output_padding=0)``.
+def conv_transpose(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
+                   dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False,
+                   output_padding: int | tuple[int, int] = 0) -> Array:
+    """The transposed convolution (PyTorch's ``conv_transpose2d``, Flux's ``ConvTranspose``).
 
-    The transposed convolution (PyTorch's ``conv_transpose2d``, Flux's ``ConvTranspose``): the
-    gradient of ``conv`` with respect to its input, ``conv_backward_data(x, w, cdims)``, where
-    ``cdims`` describes the forward conv from the output back to ``x``.
+    It is the gradient of ``conv`` with respect to its input, ``conv_backward_data(x, w, cdims)``,
+    where ``cdims`` describes the forward conv from the output back to ``x``.
 
     Shapes: ``x`` ``(N, C_in, H, W)``; ``w`` ``(C_in, C_out/groups, R, S)``, PyTorch's layout for
     ``conv_transpose2d`` (the forward conv's ``(K, C/groups, R, S)`` with ``K = C_in``); output
@@ -264,9 +271,9 @@ def _bias_backward(dy, y, kind, cdims, need_b):
 
 
 conv_bias_act_backward = fused_op("conv_bias_act_backward", _bias_backward, doc="""
-    ``(dz, db)``: the cotangent of ``conv + b`` from the output ``y`` of :func:`conv_bias_act` (``dz = dy *
-    (y > 0)`` for ``kind="relu"``, ``dy`` for ``"identity"``) and, with ``need_b``, its sum over
-    ``(0, 2, 3)``; on the GPU one pass writes ``dz`` while it sums ``db``.
+    The cotangents ``(dz, db)`` of ``conv + b``, from the output ``y`` of :func:`conv_bias_act`:
+    ``dz = dy * (y > 0)`` for ``kind="relu"``, ``dy`` for ``"identity"``, and, with ``need_b``,
+    ``db``, its sum over ``(0, 2, 3)``; on the GPU one pass writes ``dz`` while it sums ``db``.
 
     >>> import numpy as np
     >>> dz, db = conv_bias_act_backward(np.ones((1, 2, 1, 1)), np.array([[[[0.0]], [[3.0]]]]), "relu", None, True)
@@ -296,11 +303,12 @@ def _fused_kind(act):
         return None
 
 
-def conv_bias_act(x, w, b, act=None, **options):
-    """``conv_bias_act(x, w, b, act=identity, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``.
+def conv_bias_act(x: Array, w: Array, b: Array | bool | None, act: Callable | None = None, **options: Any) -> Array:
+    """The convolution with bias and activation, ``act(conv(x, w) + b)``.
 
-    ``act(conv(x, w) + b)`` with ``b`` of shape ``(K,)`` added per output channel. ``b=None`` or
-    ``False`` means no bias; ``act=None`` is the identity. Keywords as :func:`conv`.
+    ``b`` of shape ``(K,)`` is added per output channel. ``b=None`` or ``False`` means no bias;
+    ``act=None`` (the default) is the identity. Keywords as :func:`conv` (``stride=1, pad=0,
+    dilation=1, groups=1, flipped=False``).
 
     For ``relu`` and ``identity`` it is one primitive: on the GPU one
     ``cudnnConvolutionBiasActivationForward``; its pullback computes ``dz`` from the output alone

@@ -16,7 +16,9 @@ Layout is NCHW: ``x`` is ``(N, C, H, W)``, a convolution weight ``(K, C/groups, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +27,9 @@ __all__ = ["ConvDims", "PoolDims", "AdaptivePoolDims", "describe", "memoised"]
 _MEMO_LIMIT = 4096
 
 
-def memoised(cache, key, build):
-    """``build()`` once per hashable ``key`` in the dict ``cache``; an unhashable key just builds.
+def memoised(cache: dict, key: Hashable, build: Callable[[], Any]) -> Any:
+    """The result of ``build()``, built once per hashable ``key`` and kept in the dict ``cache``; an
+    unhashable key just builds.
 
     Dims are validated once per problem: the checks cost several microseconds per op call.
 
@@ -45,8 +48,8 @@ def memoised(cache, key, build):
     return found
 
 
-def describe(name, a):
-    """``"x of shape (5, 3, 9, 9) float32"``: how errors name an argument.
+def describe(name: str, a: Any) -> str:
+    """How errors name an argument: ``"x of shape (5, 3, 9, 9) float32"``.
 
     >>> import numpy as np
     >>> describe("x", np.ones((2, 3), np.float32))
@@ -112,21 +115,22 @@ class _Padded:
     """``padded_hw`` for dims that hold ``x_shape`` (N, C, H, W) and ``pad`` (top, bottom, left, right)."""
 
     @property
-    def padded_hw(self):
-        """``(H + top + bottom, W + left + right)``."""
+    def padded_hw(self) -> tuple[int, int]:
+        """The padded input's height and width, ``(H + top + bottom, W + left + right)``."""
         t, b, l, r = self.pad
         return self.x_shape[2] + t + b, self.x_shape[3] + l + r
 
 
 @dataclass(frozen=True)
 class ConvDims(_Padded):
-    """``ConvDims.from_arrays(x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False)``.
+    """The geometry of ``conv(x, w)`` (NNlib's ``DenseConvDims``), built by :meth:`from_arrays`.
 
-    The geometry of ``conv(x, w)`` (NNlib's ``DenseConvDims``). ``x`` is ``(N, C, H, W)``, ``w`` is
+    ``x`` is ``(N, C, H, W)``, ``w`` is
     ``(K, C/groups, R, S)``, the output ``y_shape`` is ``(N, K, P, Q)`` with
     ``P = (H + top + bottom - dilation_h*(R-1) - 1) // stride_h + 1`` (``Q`` likewise).
 
-    Keywords: ``stride`` and ``dilation``, an int or a pair; ``pad``, an int, a pair ``(ph, pw)``,
+    Keywords (defaults ``stride=1, pad=0, dilation=1, groups=1, flipped=False``): ``stride`` and
+    ``dilation``, an int or a pair; ``pad``, an int, a pair ``(ph, pw)``,
     a 4-tuple ``(top, bottom, left, right)`` or ``"same"`` (output ``ceil(H / stride)``, padding
     split as TensorFlow's SAME, the odd pixel at the bottom/right); ``groups`` divides ``C`` and
     ``K``; ``flipped=False`` is true convolution (the kernel is flipped, as Flux's ``Conv``),
@@ -153,7 +157,9 @@ class ConvDims(_Padded):
     flipped: bool = False
 
     @classmethod
-    def from_arrays(cls, x, w, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, op="conv"):
+    def from_arrays(cls, x: Any, w: Any, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
+                    dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False,
+                    op: str = "conv") -> ConvDims:
         """Validate ``x``, ``w`` (anything with ``.shape`` and ``.dtype``) and the options; see the class.
 
         ``op`` is the name that errors give (``"conv"``; a layer or ``conv_transpose`` passes its own).
@@ -166,7 +172,9 @@ class ConvDims(_Padded):
         return cls._validated(op, x, w, stride, pad, dilation, groups, flipped)
 
     @classmethod
-    def from_shapes(cls, x_shape, w_shape, *, stride=1, pad=0, dilation=1, groups=1, flipped=False, op="conv"):
+    def from_shapes(cls, x_shape: tuple[int, ...], w_shape: tuple[int, ...], *, stride: int | tuple[int, int] = 1,
+                    pad: int | tuple[int, ...] | str = 0, dilation: int | tuple[int, int] = 1, groups: int = 1,
+                    flipped: bool = False, op: str = "conv") -> ConvDims:
         """As :meth:`from_arrays`, from shapes alone (no dtype check).
 
         >>> ConvDims.from_shapes((1, 1, 4, 4), (1, 1, 2, 2), pad=(0, 1, 0, 1)).y_shape
@@ -184,7 +192,7 @@ class ConvDims(_Padded):
         if not _is_int(groups) or groups < 1:
             raise ValueError(f"{op} expects groups to be a positive int, got {groups!r}")
         groups = int(groups)
-        (n, c, h, wd), (k, cg, r, s) = tuple(x.shape), tuple(w.shape)
+        (_, c, h, wd), (k, cg, r, s) = tuple(x.shape), tuple(w.shape)
         if min(r, s, k, cg) < 1:
             raise ValueError(f"{op} expects a non-empty kernel, got {describe('w', w)}")
         if k % groups:
@@ -204,36 +212,36 @@ class ConvDims(_Padded):
                    bool(flipped))
 
     @property
-    def kernel_hw(self):
+    def kernel_hw(self) -> tuple[int, int]:
         """``(R, S)``, the kernel's height and width."""
         return self.w_shape[2:]
 
     @property
-    def dilated_kernel_hw(self):
+    def dilated_kernel_hw(self) -> tuple[int, int]:
         """``dilation * (kernel - 1) + 1`` per axis: the span of one window."""
         return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.kernel_hw))
 
     @property
-    def out_hw(self):
+    def out_hw(self) -> tuple[int, int]:
         """``(P, Q)``, the output's height and width."""
         return tuple(_out_size(p, k, s) for p, k, s in zip(self.padded_hw, self.dilated_kernel_hw, self.stride))
 
     @property
-    def y_shape(self):
+    def y_shape(self) -> tuple[int, int, int, int]:
         """``(N, K, P, Q)``, the shape of ``conv(x, w)``."""
         return (self.x_shape[0], self.w_shape[0]) + self.out_hw
 
-    def check_y(self, op, dy):
+    def check_y(self, op: str, dy: Any) -> None:
         """Raise unless ``dy`` has the output shape (for the backward kernels)."""
         if tuple(dy.shape) != self.y_shape:
             raise ValueError(f"{op} expects dy of shape {self.y_shape} (the conv output), got {describe('dy', dy)}")
 
-    def check_x(self, op, x):
+    def check_x(self, op: str, x: Any) -> None:
         """Raise unless ``x`` has the input shape."""
         if tuple(x.shape) != self.x_shape:
             raise ValueError(f"{op} expects x of shape {self.x_shape}, got {describe('x', x)}")
 
-    def check_w(self, op, w):
+    def check_w(self, op: str, w: Any) -> None:
         """Raise unless ``w`` has the weight shape."""
         if tuple(w.shape) != self.w_shape:
             raise ValueError(f"{op} expects w of shape {self.w_shape}, got {describe('w', w)}")
@@ -249,7 +257,7 @@ class _Shaped:
 
 @dataclass(frozen=True)
 class PoolDims(_Padded):
-    """``PoolDims.from_array(x, kernel, stride=None, pad=0, op="maxpool")``: the geometry of a pooling.
+    """The geometry of a pooling, built by :meth:`from_array`.
 
     ``kernel`` and ``stride`` are ints or pairs (``stride`` defaults to ``kernel``); ``pad`` is an
     int, a pair, a 4-tuple ``(top, bottom, left, right)`` or ``"same"``, and must be smaller than
@@ -270,7 +278,8 @@ class PoolDims(_Padded):
     adaptive = False
 
     @classmethod
-    def from_array(cls, x, kernel, stride=None, pad=0, op="maxpool"):
+    def from_array(cls, x: Any, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+                   pad: int | tuple[int, ...] | str = 0, op: str = "maxpool") -> PoolDims:
         """Validate ``x`` (anything with ``.shape``) and the options; see the class. ``op`` names errors."""
         _check_4d(op, "x", x, "(N, C, H, W)")
         kernel = _pair(op, "kernel", kernel)
@@ -286,20 +295,20 @@ class PoolDims(_Padded):
         return cls(tuple(int(v) for v in x.shape), kernel, stride, pad)
 
     @property
-    def out_hw(self):
+    def out_hw(self) -> tuple[int, int]:
         """``(P, Q)``, the output's height and width."""
         return tuple(_out_size(p, k, s) for p, k, s in zip(self.padded_hw, self.kernel, self.stride))
 
     @property
-    def y_shape(self):
+    def y_shape(self) -> tuple[int, int, int, int]:
         """``(N, C, P, Q)``, the pool's output shape."""
         return tuple(self.x_shape[:2]) + self.out_hw
 
-    def window_rows(self):
+    def window_rows(self) -> np.ndarray:
         """``(P, R)`` array: the padded-image row of each window's each kernel row."""
         return _regular_windows(self.out_hw[0], self.kernel[0], self.stride[0])
 
-    def window_cols(self):
+    def window_cols(self) -> np.ndarray:
         """``(Q, S)`` array: the padded-image column of each window's each kernel column."""
         return _regular_windows(self.out_hw[1], self.kernel[1], self.stride[1])
 
@@ -316,7 +325,7 @@ def _adaptive_bins(size, n_out):
 
 @dataclass(frozen=True)
 class AdaptivePoolDims:
-    """``AdaptivePoolDims.from_array(x, out_hw, op="adaptive_maxpool")``: bins giving an ``(N, C, *out_hw)`` output.
+    """The geometry of an adaptive pooling: bins giving an ``(N, C, *out_hw)`` output, built by :meth:`from_array`.
 
     Bin ``i`` of an axis of size ``H`` with ``P`` outputs spans ``floor(i*H/P)`` to ``ceil((i+1)*H/P)``
     (PyTorch's rule); bins may overlap and differ in size. No padding. ``window_rows`` lists the rows
@@ -334,7 +343,7 @@ class AdaptivePoolDims:
     adaptive = True
 
     @classmethod
-    def from_array(cls, x, out_hw, op="adaptive_maxpool"):
+    def from_array(cls, x: Any, out_hw: int | tuple[int, int], op: str = "adaptive_maxpool") -> AdaptivePoolDims:
         """Validate ``x`` and ``out_hw`` (an int or a pair); see the class. ``op`` names errors."""
         _check_4d(op, "x", x, "(N, C, H, W)")
         out_hw = _pair(op, "the output size", out_hw)
@@ -344,29 +353,29 @@ class AdaptivePoolDims:
         return cls(tuple(int(v) for v in x.shape), out_hw)
 
     @property
-    def padded_hw(self):
+    def padded_hw(self) -> tuple[int, int]:
         """``(H, W)``: adaptive pools do not pad."""
         return tuple(self.x_shape[2:])
 
     @property
-    def y_shape(self):
-        """``(N, C, *out_hw)``."""
+    def y_shape(self) -> tuple[int, int, int, int]:
+        """The output shape, ``(N, C, *out_hw)``."""
         return tuple(self.x_shape[:2]) + self.out_hw
 
     @property
-    def kernel(self):
+    def kernel(self) -> tuple[int, int]:
         """The largest bin, ``(Lh, Lw)``: the window size the kernels gather."""
         return tuple(int((e - s).max()) for s, e in map(_adaptive_bins, self.x_shape[2:], self.out_hw))
 
-    def window_rows(self):
+    def window_rows(self) -> np.ndarray:
         """``(P, Lh)`` array of rows per bin; short bins repeat their last row (harmless for a max)."""
         return _padded_bins(self.x_shape[2], self.out_hw[0])
 
-    def window_cols(self):
+    def window_cols(self) -> np.ndarray:
         """``(Q, Lw)`` array of columns per bin, as :meth:`window_rows`."""
         return _padded_bins(self.x_shape[3], self.out_hw[1])
 
-    def averaging_matrices(self):
+    def averaging_matrices(self) -> tuple[np.ndarray, np.ndarray]:
         """``(A_h, A_w)`` of shapes ``(P, H)`` and ``(Q, W)``: ``y = A_h @ x @ A_w.T`` is the adaptive mean."""
         return tuple(_averaging_matrix(size, n) for size, n in zip(self.x_shape[2:], self.out_hw))
 

@@ -10,11 +10,12 @@ The mask is a plain array (a constant for the tape), so the gradient is ``dy * m
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import get_array_module
+from ..backend import Array, get_array_module
 from .reduce import normalize_axis
 
 __all__ = ["dropout", "dropout_mask"]
@@ -34,8 +35,8 @@ def _check_p(p):
         raise ValueError(f"dropout: p must be a probability in [0, 1), got {p!r}")
 
 
-def dropout_mask(x, p, *, rng=None, dims=None):
-    """``dropout_mask(x, p; rng, dims)``: the scaled keep-mask ``(u >= p) / (1 - p)`` with ``u ~ U[0, 1)``.
+def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None) -> Array:
+    """The scaled keep-mask of dropout, ``(u >= p) / (1 - p)`` with ``u ~ U[0, 1)``.
 
     The mask has ``x``'s size along ``dims`` and size 1 along the other axes (it is shared
     there, as Flux's ``dims``); ``dims=None`` means every axis. Its dtype is ``x``'s.
@@ -55,8 +56,9 @@ def dropout_mask(x, p, *, rng=None, dims=None):
     return (u >= p).astype(v.dtype) * (1 / (1 - p))
 
 
-def dropout(x, p, *, rng=None, dims=None, active=True):
-    """``dropout(x, p; rng=None, dims=None, active=True)``: ``x * mask`` with ``mask = (u >= p) / (1 - p)``.
+def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None,
+            active: bool = True) -> Array:
+    """Inverted dropout: ``x * mask`` with ``mask = (u >= p) / (1 - p)``.
 
     Each entry of ``x`` is zeroed with probability ``p`` and the others are scaled by
     ``1/(1-p)``, so the expectation is ``x``. ``dims`` (an axis or tuple of axes) are the axes

@@ -14,7 +14,7 @@ array([2., 2.])
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..autodiff import Tracked
 from ..kernels import find

@@ -9,9 +9,9 @@
 """
 from __future__ import annotations
 
-from .shape import unbroadcast
 from ..autodiff import Primitive
-from .shape import expand_dims, reshape, swapaxes
+from ..backend import Array
+from .shape import expand_dims, reshape, swapaxes, unbroadcast
 
 __all__ = ["matmul", "dot"]
 
@@ -52,8 +52,8 @@ def _matmul_rule(needs, a, b):
 _matmul = Primitive("matmul", _matmul_rule, impl=_matmul_impl, needs_mask=True)
 
 
-def matmul(a, b):
-    """``matmul(a, b)`` is ``a @ b``: matrix product over the last two axes, batch axes broadcast.
+def matmul(a: Array, b: Array) -> Array:
+    """The matrix product ``a @ b`` over the last two axes, batch axes broadcast.
 
     >>> import numpy as np
     >>> matmul(np.ones((5, 2, 3)), np.ones((3, 4))).shape
@@ -65,8 +65,8 @@ def matmul(a, b):
     return _matmul(a, b)
 
 
-def dot(a, b):
-    """``dot(a, b)``: ``numpy.dot`` for vectors and matrices (the same as ``matmul`` there).
+def dot(a: Array, b: Array) -> Array:
+    """The dot product of vectors or matrices, as ``numpy.dot`` (the same as ``matmul`` there).
 
     >>> import numpy as np
     >>> float(dot(np.ones(3), np.ones(3)))

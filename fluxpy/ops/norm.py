@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
+from ..backend import Array
 from .basic import sqrt
 from .reduce import mean as _mean
 from .reduce import normalize_axis
@@ -59,10 +60,10 @@ def _normalised(x, axes, eps):
     return _normalise(x, mu, var, axes=axes, eps=eps), mu, var
 
 
-def normalise(x, axis=-1, eps=1e-5):
-    """``normalise(x, axis=-1, eps=1e-5) = (x - mean(x)) / sqrt(var(x) + eps)`` over ``axis``.
+def normalise(x: Array, axis: int | tuple[int, ...] | None = -1, eps: float = 1e-5) -> Array:
+    """``x`` normalised over ``axis``: ``(x - mean(x)) / sqrt(var(x) + eps)``.
 
-    ``axis`` is an int, a tuple, or None for all axes; the variance is biased. Flux's
+    ``axis`` is an int (the last by default), a tuple, or None for all axes; the variance is biased. Flux's
     ``normalise``, with the axis convention of NumPy.
 
     >>> import numpy as np
@@ -97,8 +98,9 @@ def _affine(xhat, gamma, beta, shape):
     return xhat
 
 
-def batchnorm_train(x, gamma=None, beta=None, eps=1e-5):
-    """``batchnorm_train(x, gamma, beta, eps=1e-5) -> (y, mean, var)``: batch norm with batch statistics.
+def batchnorm_train(x: Array, gamma: Array | None = None, beta: Array | None = None,
+                    eps: float = 1e-5) -> tuple[Array, Array, Array]:
+    """Batch norm with batch statistics; returns ``(y, mean, var)``.
 
     ``x`` is ``(N, C, ...)``; statistics are taken over every axis but the channel axis 1.
     ``y = (x - mean) / sqrt(var + eps) * gamma + beta`` with ``gamma``, ``beta`` of shape
@@ -121,8 +123,9 @@ def batchnorm_train(x, gamma=None, beta=None, eps=1e-5):
     return y, mu.reshape(-1), var.reshape(-1)
 
 
-def batchnorm_infer(x, gamma, beta, running_mean, running_var, eps=1e-5):
-    """``batchnorm_infer(x, gamma, beta, running_mean, running_var, eps=1e-5)``: batch norm with fixed statistics.
+def batchnorm_infer(x: Array, gamma: Array | None, beta: Array | None, running_mean: Array, running_var: Array,
+                    eps: float = 1e-5) -> Array:
+    """Batch norm with fixed statistics ``running_mean`` and ``running_var``.
 
     ``y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta`` along the channel
     axis 1 of ``x`` (``(N, C, ...)``); every parameter is ``(C,)`` (``gamma``/``beta`` may be
@@ -144,10 +147,11 @@ def batchnorm_infer(x, gamma, beta, running_mean, running_var, eps=1e-5):
     return x * reshape(scale, shape) + reshape(shift, shape)
 
 
-def layernorm(x, gamma=None, beta=None, axes=-1, eps=1e-5):
-    """``layernorm(x, gamma, beta, axes=-1, eps=1e-5) = normalise(x, axes) * gamma + beta``.
+def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
+              axes: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Array:
+    """Layer norm: ``normalise(x, axes) * gamma + beta``.
 
-    Statistics are per sample, over ``axes`` (an int or tuple; PyTorch's ``layer_norm`` with
+    Statistics are per sample, over ``axes`` (an int or tuple, the last axis by default; PyTorch's ``layer_norm`` with
     ``normalized_shape = x.shape[-k:]`` is ``axes=(-k, ..., -1)``). ``gamma`` and ``beta``
     broadcast against ``x``, usually with the shape of the normalised axes (None for none).
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive
-from ..backend import get_array_module
+from ..backend import Array, get_array_module
 from ..kernels import lookup
 from .dims import AdaptivePoolDims, PoolDims, describe, memoised
 from .linalg import matmul
@@ -36,8 +36,9 @@ __all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive
 _DIMS = {}
 
 
-def pool_dims(x, kernel, stride=None, pad=0, op="maxpool"):
-    """``PoolDims.from_array(x, kernel, stride, pad, op=op)``, memoised per shape and options.
+def pool_dims(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+              pad: int | tuple[int, ...] | str = 0, op: str = "maxpool") -> PoolDims:
+    """The :class:`PoolDims` of a pooling (:meth:`PoolDims.from_array`), memoised per shape and options.
 
     >>> import numpy as np
     >>> pool_dims(np.ones((1, 1, 4, 4)), 2).y_shape
@@ -110,8 +111,9 @@ _meanpool_backward = Primitive("meanpool_backward", _meanpool_backward_rule,
 # Public ops
 
 
-def maxpool(x, kernel, stride=None, pad=0):
-    """``maxpool(x, kernel, stride=None, pad=0)``: the maximum over each window.
+def maxpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+            pad: int | tuple[int, ...] | str = 0) -> Array:
+    """The maximum over each window of ``x``.
 
     ``y[n, c, p, q] = max_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s]`` with ``xpad`` padded by
     ``-inf``. ``x`` ``(N, C, H, W)`` -> ``(N, C, P, Q)``, ``P = (H + top + bottom - R) // sh + 1``.
@@ -132,8 +134,9 @@ def maxpool(x, kernel, stride=None, pad=0):
     return _maxpool(x, pool_dims(x, kernel, stride, pad, op="maxpool"))
 
 
-def meanpool(x, kernel, stride=None, pad=0):
-    """``meanpool(x, kernel, stride=None, pad=0)``: the mean over each window.
+def meanpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+             pad: int | tuple[int, ...] | str = 0) -> Array:
+    """The mean over each window of ``x``.
 
     ``y[n, c, p, q] = sum_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s] / (R*S)`` with ``xpad``
     zero-padded: padding counts in the mean (PyTorch's ``avg_pool2d`` default,
@@ -150,8 +153,8 @@ def meanpool(x, kernel, stride=None, pad=0):
     return _meanpool(x, pool_dims(x, kernel, stride, pad, op="meanpool"))
 
 
-def maxpool_backward(dy, x, y, pdims):
-    """``maxpool_backward(dy, x, y, pdims)``: the gradient of ``maxpool`` with respect to ``x``.
+def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePoolDims) -> Array:
+    """The gradient of ``maxpool`` with respect to ``x``.
 
     Each ``dy[n, c, p, q]`` goes to the first maximum of window ``(p, q)`` of ``x``; the result has
     ``x``'s shape. ``y = maxpool(x)`` and ``pdims`` (a :class:`~fluxpy.ops.dims.PoolDims`) are those of
@@ -168,8 +171,8 @@ def maxpool_backward(dy, x, y, pdims):
     return _maxpool_backward(dy, x, y, pdims)
 
 
-def meanpool_backward(dy, pdims):
-    """``meanpool_backward(dy, pdims)``: the gradient of ``meanpool``, ``dy / (R*S)`` spread over each window.
+def meanpool_backward(dy: Array, pdims: PoolDims) -> Array:
+    """The gradient of ``meanpool``, ``dy / (R*S)`` spread over each window.
 
     Returns shape ``pdims.x_shape``; differentiable in ``dy`` (its pullback is ``meanpool``).
 
@@ -189,8 +192,8 @@ def _check_pool_arrays(op, pdims, dy, x=None):
         raise ValueError(f"{op} expects x of shape {pdims.x_shape}, got {describe('x', x)}")
 
 
-def global_maxpool(x):
-    """``global_maxpool(x)``: the maximum over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+def global_maxpool(x: Array) -> Array:
+    """The maximum over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
 
     The gradient goes to the first maximum, as :func:`maxpool` with ``kernel=(H, W)``.
 
@@ -202,8 +205,8 @@ def global_maxpool(x):
     return _maxpool(x, PoolDims.from_array(x, tuple(x.shape[2:]), op="global_maxpool"))
 
 
-def global_meanpool(x):
-    """``global_meanpool(x)``: the mean over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+def global_meanpool(x: Array) -> Array:
+    """The mean over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
 
     >>> import numpy as np
     >>> global_meanpool(np.arange(8.0).reshape(1, 2, 2, 2))[:, :, 0, 0]
@@ -218,8 +221,8 @@ def _check_image(op, x):
         raise ValueError(f"{op} expects x of 4 dimensions (N, C, H, W), got {describe('x', x)}")
 
 
-def adaptive_maxpool(x, out_hw):
-    """``adaptive_maxpool(x, out_hw)``: max pooling to a fixed output size ``(N, C, *out_hw)``.
+def adaptive_maxpool(x: Array, out_hw: int | tuple[int, int]) -> Array:
+    """Max pooling to a fixed output size ``(N, C, *out_hw)``.
 
     Output ``(i, j)`` is the maximum over rows ``floor(i*H/P) <= h < ceil((i+1)*H/P)`` and the
     columns likewise (PyTorch's ``adaptive_max_pool2d`` bins, which may overlap). ``out_hw``: an
@@ -233,8 +236,8 @@ def adaptive_maxpool(x, out_hw):
     return _maxpool(x, AdaptivePoolDims.from_array(x, out_hw, op="adaptive_maxpool"))
 
 
-def adaptive_meanpool(x, out_hw):
-    """``adaptive_meanpool(x, out_hw)``: mean pooling to a fixed output size ``(N, C, *out_hw)``.
+def adaptive_meanpool(x: Array, out_hw: int | tuple[int, int]) -> Array:
+    """Mean pooling to a fixed output size ``(N, C, *out_hw)``.
 
     The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so
     ``y = A_h @ x @ A_w.T`` with averaging matrices ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``: two

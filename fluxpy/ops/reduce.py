@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive, value_of
+from ..backend import Array
 from ..kernels import find
 from .shape import broadcast_to, reshape
 
 __all__ = ["sum", "mean", "max", "min", "normalize_axis"]
 
 
-def normalize_axis(axis, ndim, op="reduce"):
+def normalize_axis(axis: int | tuple[int, ...] | None, ndim: int, op: str = "reduce") -> tuple[int, ...] | None:
     """``axis`` (None, an int or a tuple, negatives allowed) as a sorted tuple of axes, or None.
 
     >>> normalize_axis(-1, 3), normalize_axis((0, 2), 3), normalize_axis(None, 2)
@@ -69,8 +70,8 @@ def _sum_impl(x, axes, keepdims):
 _sum = Primitive("sum", _sum_rule, impl=_sum_impl)
 
 
-def sum(x, axis=None, keepdims=False):
-    """``sum(x, axis=None, keepdims=False)``: the sum over ``axis`` (all axes by default).
+def sum(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Array:
+    """The sum over ``axis`` (all axes by default).
 
     >>> import numpy as np
     >>> sum(np.ones((2, 3)), axis=0)
@@ -79,8 +80,8 @@ def sum(x, axis=None, keepdims=False):
     return _sum(x, normalize_axis(axis, x.ndim, "sum"), keepdims)
 
 
-def mean(x, axis=None, keepdims=False):
-    """``mean(x, axis=None, keepdims=False)``: the mean over ``axis`` (all axes by default).
+def mean(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Array:
+    """The mean over ``axis`` (all axes by default).
 
     >>> import numpy as np
     >>> mean(np.arange(4.0).reshape(2, 2), axis=1)
@@ -120,8 +121,8 @@ _max = _extremum("max", "max")
 _min = _extremum("min", "min")
 
 
-def max(x, axis=None, keepdims=False):
-    """``max(x, axis=None, keepdims=False)``: the largest element over ``axis``; ties share the gradient.
+def max(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Array:
+    """The largest element over ``axis`` (all axes by default); ties share the gradient.
 
     >>> import numpy as np
     >>> max(np.array([[1.0, 5.0], [7.0, 2.0]]), axis=1)
@@ -130,8 +131,8 @@ def max(x, axis=None, keepdims=False):
     return _max(x, normalize_axis(axis, x.ndim, "max"), keepdims)
 
 
-def min(x, axis=None, keepdims=False):
-    """``min(x, axis=None, keepdims=False)``: the smallest element over ``axis``; ties share the gradient.
+def min(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Array:
+    """The smallest element over ``axis`` (all axes by default); ties share the gradient.
 
     >>> import numpy as np
     >>> min(np.array([[1.0, 5.0], [7.0, 2.0]]), axis=0)

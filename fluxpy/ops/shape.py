@@ -9,14 +9,17 @@ Each rule's pullback is written with these same ops, so they differentiate twice
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import get_array_module, reduced_axes
+from ..backend import Array, get_array_module, reduced_axes
 from ..kernels import find
 
-__all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add", "concatenate", "stack", "astype",
-           "swapaxes", "squeeze", "expand_dims", "ravel"]
+__all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add",
+           "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel"]
 
 
 def _normalize_shape(shape):
@@ -44,8 +47,8 @@ def _reshape_impl(x, shape):
 _reshape = Primitive("reshape", _reshape_rule, impl=_reshape_impl)
 
 
-def reshape(x, shape):
-    """``reshape(x, shape)``: the same elements in a new shape (one entry may be -1).
+def reshape(x: Array, shape: int | Sequence[int]) -> Array:
+    """The same elements in a new shape (one entry may be -1).
 
     >>> import numpy as np
     >>> reshape(np.arange(6.0), (2, -1)).shape
@@ -65,8 +68,8 @@ def _transpose_rule(x, axes):
 _transpose = Primitive("transpose", _transpose_rule, impl=lambda x, axes: x.transpose(axes))
 
 
-def transpose(x, axes=None):
-    """``transpose(x, axes=None)``: permute axes (reverse them by default), as ``numpy.transpose``.
+def transpose(x: Array, axes: Sequence[int] | None = None) -> Array:
+    """``x`` with its axes permuted (reversed by default), as ``numpy.transpose``.
 
     >>> import numpy as np
     >>> transpose(np.ones((2, 3, 4)), (2, 0, 1)).shape
@@ -79,8 +82,8 @@ def transpose(x, axes=None):
     return _transpose(x, axes)
 
 
-def swapaxes(x, a, b):
-    """``swapaxes(x, a, b)``: exchange two axes.
+def swapaxes(x: Array, a: int, b: int) -> Array:
+    """``x`` with the two axes ``a`` and ``b`` exchanged.
 
     >>> import numpy as np
     >>> swapaxes(np.ones((2, 3, 4)), -1, -2).shape
@@ -110,8 +113,8 @@ def _broadcast_to_rule(x, shape):
 _broadcast_to = Primitive("broadcast_to", _broadcast_to_rule, impl=_broadcast_to_impl)
 
 
-def broadcast_to(x, shape):
-    """``broadcast_to(x, shape)``: a read-only broadcast view; its gradient is ``unbroadcast``.
+def broadcast_to(x: Array, shape: int | Sequence[int]) -> Array:
+    """A read-only view of ``x`` broadcast to ``shape``; its gradient is ``unbroadcast``.
 
     >>> import numpy as np
     >>> broadcast_to(np.ones(3), (2, 3)).shape
@@ -145,8 +148,8 @@ def _unbroadcast_rule(g, shape):
 _unbroadcast = Primitive("unbroadcast", _unbroadcast_rule, impl=_unbroadcast_impl)
 
 
-def unbroadcast(grad, shape):
-    """``unbroadcast(grad, shape)``: ``grad`` summed down to ``shape``; ``grad`` itself when shapes match.
+def unbroadcast(grad: Array, shape: Sequence[int]) -> Array:
+    """``grad`` summed down to ``shape``; ``grad`` itself when the shapes match.
 
     >>> import numpy as np
     >>> unbroadcast(np.ones((2, 3)), (3,))
@@ -191,8 +194,8 @@ def _getitem_impl(x, index):
 _getitem = Primitive("getitem", _getitem_rule, impl=_getitem_impl)
 
 
-def getitem(x, index):
-    """``getitem(x, index)`` is ``x[index]``; the gradient scatters back, repeated indices accumulate.
+def getitem(x: Array, index: Any) -> Array:
+    """``x[index]``, differentiable: the gradient scatters back, repeated indices accumulate.
 
     >>> import numpy as np
     >>> getitem(np.arange(5.0), slice(1, 3))
@@ -220,8 +223,8 @@ def _scatter_add_rule(dy, shape, index):
 _scatter_add = Primitive("scatter_add", _scatter_add_rule, impl=_scatter_add_impl)
 
 
-def scatter_add(values, shape, index):
-    """``scatter_add(values, shape, index)``: zeros of ``shape`` with ``values`` added at ``x[index]``.
+def scatter_add(values: Array, shape: int | Sequence[int], index: Any) -> Array:
+    """Zeros of ``shape`` with ``values`` added at the positions that ``[index]`` selects.
 
     The adjoint of :func:`getitem`; repeated indices accumulate.
 
@@ -255,8 +258,8 @@ def _concat_impl(*xs, axis):
 _concat = Primitive("concatenate", _concat_rule, impl=_concat_impl)
 
 
-def concatenate(arrays, axis=0):
-    """``concatenate(arrays, axis=0)``: join arrays along an existing axis.
+def concatenate(arrays: Sequence[Array], axis: int = 0) -> Array:
+    """The arrays joined along an existing axis (the first by default).
 
     >>> import numpy as np
     >>> concatenate([np.ones((1, 2)), np.zeros((2, 2))]).shape
@@ -287,8 +290,8 @@ def _stack_impl(*xs, axis):
 _stack = Primitive("stack", _stack_rule, impl=_stack_impl)
 
 
-def stack(arrays, axis=0):
-    """``stack(arrays, axis=0)``: join equal-shaped arrays along a new axis.
+def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
+    """Equal-shaped arrays joined along a new axis (the first by default).
 
     >>> import numpy as np
     >>> stack([np.ones(2), np.zeros(2)], axis=1).shape
@@ -311,8 +314,8 @@ def _astype_rule(x, dtype):
 _astype = Primitive("astype", _astype_rule, impl=lambda x, dtype: x.astype(dtype, copy=False))
 
 
-def astype(x, dtype):
-    """``astype(x, dtype)``: convert dtype; the gradient is converted back.
+def astype(x: Array, dtype: Any) -> Array:
+    """``x`` converted to ``dtype``; the gradient is converted back.
 
     >>> import numpy as np
     >>> astype(np.ones(2), np.float32).dtype
@@ -321,8 +324,8 @@ def astype(x, dtype):
     return _astype(x, np.dtype(dtype))
 
 
-def squeeze(x, axis=None):
-    """``squeeze(x, axis=None)``: drop size-1 axes (all of them, or those named).
+def squeeze(x: Array, axis: int | tuple[int, ...] | None = None) -> Array:
+    """``x`` without its size-1 axes (all of them, or those named).
 
     >>> import numpy as np
     >>> squeeze(np.ones((1, 3, 1))).shape
@@ -340,8 +343,8 @@ def squeeze(x, axis=None):
     return reshape(x, new)
 
 
-def expand_dims(x, axis):
-    """``expand_dims(x, axis)``: insert a size-1 axis.
+def expand_dims(x: Array, axis: int) -> Array:
+    """``x`` with a size-1 axis inserted at ``axis``.
 
     >>> import numpy as np
     >>> expand_dims(np.ones(3), 0).shape
@@ -353,8 +356,8 @@ def expand_dims(x, axis):
     return reshape(x, tuple(shape))
 
 
-def ravel(x):
-    """``ravel(x)``: flatten to one axis.
+def ravel(x: Array) -> Array:
+    """``x`` flattened to one axis.
 
     >>> import numpy as np
     >>> ravel(np.ones((2, 3))).shape

@@ -1,4 +1,4 @@
-"""``softmax`` and ``logsoftmax`` along an axis, stable for any input, with hand-written rules.
+"""Softmax and log-softmax along an axis, stable for any input, with hand-written rules.
 
 The default axis is the last one: the class axis of ``(batch, classes)`` scores.
 
@@ -12,7 +12,7 @@ array([[0.5, 0.5]])
 from __future__ import annotations
 
 from ..autodiff import Primitive
-from ..backend import get_array_module
+from ..backend import Array, get_array_module
 from ..kernels import find
 from .basic import exp
 from .fused import fused_op
@@ -64,10 +64,10 @@ def _logsoftmax_rule(x, axes):
 _logsoftmax = Primitive("logsoftmax", _logsoftmax_rule, impl=_logsoftmax_impl)
 
 
-def softmax(x, axis=-1):
-    """``softmax(x, axis=-1) = exp(x) / sum(exp(x), axis)``, computed as ``exp(x - max(x))``.
+def softmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
+    """The softmax ``exp(x) / sum(exp(x), axis)``, computed as ``exp(x - max(x))``.
 
-    ``axis`` is an int or a tuple of ints. The pullback is ``y * (dy - sum(dy * y, axis))``.
+    ``axis`` is an int (the last by default) or a tuple of ints. The pullback is ``y * (dy - sum(dy * y, axis))``.
 
     >>> import numpy as np
     >>> softmax(np.log(np.array([[1.0, 3.0], [2.0, 2.0]])))
@@ -80,10 +80,10 @@ def softmax(x, axis=-1):
     return _softmax(x, normalize_axis(axis, x.ndim, "softmax"))
 
 
-def logsoftmax(x, axis=-1):
-    """``logsoftmax(x, axis=-1) = x - log(sum(exp(x), axis))``, stable for large ``|x|``.
+def logsoftmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
+    """The log-softmax ``x - log(sum(exp(x), axis))``, stable for large ``|x|``.
 
-    ``axis`` is an int or a tuple of ints. The pullback is ``dy - exp(y) * sum(dy, axis)``.
+    ``axis`` is an int (the last by default) or a tuple of ints. The pullback is ``dy - exp(y) * sum(dy, axis)``.
 
     >>> import numpy as np
     >>> logsoftmax(np.array([0.0, 1000.0]))
@@ -132,8 +132,8 @@ _crossentropy_rows = Primitive("logit_crossentropy_rows", _crossentropy_rows_rul
                                needs_mask=True)
 
 
-def logit_crossentropy_rows(yhat, y):
-    """``logit_crossentropy_rows(ŷ, y)``: ``-sum(y * logsoftmax(ŷ), axis=1)`` for ``(N, C)`` logits, one op.
+def logit_crossentropy_rows(yhat: Array, y: Array) -> Array:
+    """The cross-entropy of each row of ``(N, C)`` logits, ``-sum(y * logsoftmax(ŷ), axis=1)``, as one op.
 
     ``y`` are one-hot or soft targets of the same shape. The pullback is
     ``dl * (softmax(ŷ) * sum(y) - y)``; on the GPU each direction is one kernel (a warp per row).

@@ -11,16 +11,12 @@ import numpy as np
 import pytest
 
 import fluxpy
+from devices import cupy_module
 from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_bias_act, conv_transpose
 from fluxpy.ops.pool import adaptive_maxpool, global_maxpool, maxpool, meanpool
 
 pytestmark = pytest.mark.gpu
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,7 +48,7 @@ TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 5e-3}
 
 def compare(f, args, dtype, seed=0, tol=None):
     """f and the gradient of <f, ct> in every float argument: NumPy float64 versus CuPy ``dtype``."""
-    cp = _cp()
+    cp = cupy_module()
     tol = TOL[dtype] if tol is None else tol
     rng = np.random.default_rng(seed)
     args64 = [a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args]
@@ -149,7 +145,7 @@ POOLS = [
 @pytest.mark.parametrize("ties", [False, True])
 def test_pools_match_cpu(dtype, ties):
     """Forward and gradient, including ties (small integers), where the gradient goes to the first max."""
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(6)
     x = rng.integers(0, 3, (2, 3, 7, 8)).astype(dtype) if ties else rng.standard_normal((2, 3, 7, 8)).astype(dtype)
     for f, name in POOLS:
@@ -165,7 +161,7 @@ def test_pools_match_cpu(dtype, ties):
 
 
 def test_maxpool_second_order_on_gpu():
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 2, 6, 6))
     v = rng.standard_normal(x.shape)
@@ -183,7 +179,7 @@ def test_maxpool_second_order_on_gpu():
 
 def _fd_check(f, args, eps=1e-6, seed=8):
     """Directional derivative of <f(args), ct> by central differences, all on the GPU in float64."""
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(seed)
     y, back = fluxpy.pullback(f, *args)
     ct = cp.asarray(rng.standard_normal(y.shape))
@@ -199,7 +195,7 @@ def _fd_check(f, args, eps=1e-6, seed=8):
 
 
 def test_gradients_against_finite_differences_on_gpu():
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(9)
     x = cp.asarray(rng.standard_normal((2, 4, 8, 7)))
     w = cp.asarray(rng.standard_normal((6, 2, 3, 3)))
@@ -211,7 +207,7 @@ def test_gradients_against_finite_differences_on_gpu():
 
 def test_second_derivative_of_conv_on_gpu():
     """Double backward through conv_backward_data/filter on cuDNN agrees with the CPU."""
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(10)
     x, w = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))
     v = rng.standard_normal(x.shape)
@@ -227,7 +223,7 @@ def test_second_derivative_of_conv_on_gpu():
 
 def test_wrong_channels_fail_before_cudnn():
     """A wrong channel count raises before any cuDNN kernel of the table is called (spies in the table)."""
-    cp = _cp()
+    cp = cupy_module()
     from fluxpy import kernels
     from fluxpy.kernels import cuda_conv
     calls = []
@@ -251,7 +247,7 @@ def test_wrong_channels_fail_before_cudnn():
 
 
 def test_conv_layer_on_gpu_matches_cpu():
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(11)
     model = fluxpy.Chain(fluxpy.Conv((3, 3), 1, 16, fluxpy.relu, pad=1, rng=rng), fluxpy.MaxPool((2, 2)),
                          fluxpy.Conv((3, 3), 16, 8, fluxpy.relu, pad=1, rng=rng), fluxpy.MeanPool((2, 2)))

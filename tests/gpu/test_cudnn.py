@@ -9,14 +9,10 @@ import os
 import numpy as np
 import pytest
 
+from devices import cupy_module
 from fluxpy.ops.dims import ConvDims
 
 pytestmark = pytest.mark.gpu
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 @pytest.fixture()
@@ -31,7 +27,7 @@ def cudnn(tmp_path, monkeypatch):
 
 
 def _problem(rng, n=4, c=8, h=12, k=16, r=3, dtype=np.float32, **opts):
-    cp = _cp()
+    cp = cupy_module()
     x = cp.asarray(rng.standard_normal((n, c, h, h)).astype(dtype))
     w = cp.asarray(rng.standard_normal((k, c // opts.get("groups", 1), r, r)).astype(dtype))
     return x, w, ConvDims.from_arrays(x, w, **opts)
@@ -55,7 +51,7 @@ def test_forced_error_names_status(cudnn):
 
 def test_fused_forward_ignores_garbage_output_memory(cudnn):
     """alpha2 = 0 with z = y: cuDNN must not read the (uninitialised) output; poison it with NaN."""
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(0)
     x, w, cd = _problem(rng, flipped=True, pad=1)
     b = cp.asarray(rng.standard_normal(cd.y_shape[1]).astype(np.float32))
@@ -74,7 +70,7 @@ def test_fused_forward_ignores_garbage_output_memory(cudnn):
 
 def test_refused_fusion_composes(cudnn):
     """Where cuDNN refuses the fused call the legacy kernel composes conv, bias and relu: never None."""
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(12)
     x, w, cd = _problem(rng, pad=(0, 1, 1, 0))
     b = cp.asarray(rng.standard_normal(cd.y_shape[1]).astype(np.float32))
@@ -89,7 +85,7 @@ def test_refused_fusion_composes(cudnn):
 
 
 def test_algorithm_cache_written_and_reused(cudnn):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(1)
     x, w, cd = _problem(rng, stride=2, pad=1)
     before = cudnn.stats()
@@ -116,7 +112,7 @@ def test_algorithm_cache_written_and_reused(cudnn):
 
 
 def test_deterministic_mode(cudnn):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(2)
     cudnn.set_options(deterministic=True)
     x, w, cd = _problem(rng, n=32, c=32, h=14, k=32, pad=1)
@@ -130,7 +126,6 @@ def test_deterministic_mode(cudnn):
 
 
 def test_tf32_switch_and_dtypes(cudnn):
-    cp = _cp()
     rng = np.random.default_rng(3)
     for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5), (np.float16, 3e-3)):
         x, w, cd = _problem(rng, n=2, c=16, h=10, k=16, dtype=dtype, pad=1, flipped=True)
@@ -152,7 +147,7 @@ def _cpu_conv(x, w, cd):
 
 
 def test_bias_gradient_both_ways_agree(cudnn):
-    cp = _cp()
+    cp = cupy_module()
     from fluxpy.kernels import cuda_conv
     rng = np.random.default_rng(4)
     x, w, cd = _problem(rng, n=8, c=8, h=14, k=16, pad=1)
@@ -173,7 +168,7 @@ def test_bias_gradient_both_ways_agree(cudnn):
 
 
 def test_non_default_stream(cudnn):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(5)
     x, w, cd = _problem(rng, pad=1)
     y0 = cudnn.legacy.conv_forward(x, w, cd)
@@ -185,7 +180,7 @@ def test_non_default_stream(cudnn):
 
 
 def test_workspace_limit_zero_still_runs(cudnn):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(6)
     cudnn.set_options(workspace_limit=0)
     x, w, cd = _problem(rng, pad=1, stride=2)

@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 
 import fluxpy
+from devices import cupy_module
 from fluxpy import losses as L
 from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_dims
 
 pytestmark = pytest.mark.gpu
-
-
-def _cp():
-    import cupy
-    return cupy
 
 
 @pytest.fixture()
@@ -28,7 +24,7 @@ def graph(tmp_path, monkeypatch):
     monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
     cudnn.clear_cache()
     assert gpu.register()
-    assert fluxpy.kernels.lookup("conv_forward", _cp().empty(1)) is cuda_conv.KERNELS["conv_forward"]
+    assert fluxpy.kernels.lookup("conv_forward", cupy_module().empty(1)) is cuda_conv.KERNELS["conv_forward"]
     assert cuda_conv.KERNELS["conv_forward"] is cudnn.graph.conv_forward
     yield cudnn.graph
     cudnn.clear_cache()
@@ -61,7 +57,7 @@ TOL = 1e-4
 
 @pytest.mark.parametrize("stride,pad,dilation,flipped", GRID)
 def test_forward_and_backward_match_numpy(graph, stride, pad, dilation, flipped):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(hash((stride, str(pad), dilation, flipped)) % 2**32)
     x = rng.standard_normal((3, 5, 11, 10)).astype(np.float32)
     w = rng.standard_normal((6, 5, 3, 3)).astype(np.float32)
@@ -87,7 +83,7 @@ def test_forward_and_backward_match_numpy(graph, stride, pad, dilation, flipped)
 
 
 def test_groups_and_asymmetric_pad(graph):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 4, 9, 9))
     b = rng.standard_normal(6)
@@ -105,7 +101,7 @@ def test_groups_and_asymmetric_pad(graph):
 
 
 def test_float64_and_float16(graph):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 3, 8, 8))
     w = rng.standard_normal((4, 3, 3, 3))
@@ -118,7 +114,7 @@ def test_float64_and_float16(graph):
 
 
 def test_plan_cache_hit_on_second_call(graph):
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(5)
     xg = cp.asarray(rng.standard_normal((8, 4, 12, 12)).astype(np.float32))
     wg = cp.asarray(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
@@ -142,7 +138,7 @@ def test_plan_cache_hit_on_second_call(graph):
 
 
 def test_mnist_layers_take_the_graph_path(graph):
-    cp = _cp()
+    cp = cupy_module()
     for n, c, h, k in ((128, 1, 28, 16), (128, 16, 14, 32), (128, 32, 7, 32)):
         x = cp.ones((n, c, h, h), np.float32)
         w = cp.ones((k, c, 3, 3), np.float32)
@@ -167,7 +163,7 @@ def test_error_is_cudnn_error(graph):
 
 def test_deterministic_and_tf32_options_replan(graph):
     from fluxpy.kernels import cudnn
-    cp = _cp()
+    cp = cupy_module()
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 8, 10, 10))
     w = rng.standard_normal((8, 8, 3, 3))
@@ -194,7 +190,7 @@ def _mnist_chain(seed=0):
 
 
 def test_chain_gradient_matches_legacy(graph):
-    cp = _cp()
+    cp = cupy_module()
     r = np.random.default_rng(7)
     x = cp.asarray(r.standard_normal((16, 1, 28, 28)).astype(np.float32))
     y = cp.asarray(np.eye(10, dtype=np.float32)[r.integers(0, 10, 16)])

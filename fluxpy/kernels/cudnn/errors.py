@@ -9,7 +9,7 @@ CUDNN_STATUS_NOT_SUPPORTED
 """
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 from . import library
 
@@ -30,7 +30,8 @@ STATUS_NAMES = {
     3005: "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER",
     3006: "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART", 3007: "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH",
     3008: "CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING",
-    3009: "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE", 3010: "CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT",
+    3009: "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE",
+    3010: "CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT",
     3011: "CUDNN_STATUS_NOT_SUPPORTED_PADDING", 3012: "CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM",
     3013: "CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API", 4000: "CUDNN_STATUS_INTERNAL_ERROR",
     4001: "CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED", 4002: "CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE",
@@ -82,7 +83,7 @@ class CudnnError(RuntimeError):
         super().__init__(msg)
 
 
-def check(status: int, call: str, shapes: Union[str, Callable[[], str]] = "") -> None:
+def check(status: int, call: str, shapes: str | Callable[[], str] = "") -> None:
     """Raise :class:`CudnnError` for a non-zero ``status`` of ``call``; ``shapes`` (a string, or a function
     giving one, called only on failure) says which problem it was."""
     if status:

@@ -15,7 +15,7 @@ True
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Protocol
+from typing import NamedTuple, Protocol
 
 from ...backend import cupy
 
@@ -42,7 +42,7 @@ class PadSplit(NamedTuple):
     """``sym_pad`` ``(ph, pw)`` for cuDNN, ``extra_pad`` ``(top, bottom, left, right)`` that the input is padded
     by first (None where the padding is symmetric), and ``x_shape``, the input as cuDNN sees it."""
     sym_pad: tuple
-    extra_pad: Optional[tuple]
+    extra_pad: tuple | None
     x_shape: tuple
 
 

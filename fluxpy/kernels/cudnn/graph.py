@@ -42,7 +42,6 @@ True
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
 
 import numpy as np
 
@@ -510,7 +509,7 @@ def _time(p, handle, ptrs, found):
     """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms`."""
     times = []
     for plan, ws, idx in found:
-        t = _events_ms(lambda: p.execute(handle, ptrs, plan, ws))
+        t = _events_ms(lambda plan=plan, ws=ws: p.execute(handle, ptrs, plan, ws))
         # the variant packs were made for this plan's workspace pointer: they are valid for any plan
         times.append(t)
         p.tuned.append((idx, round(t, 4)))
@@ -606,7 +605,7 @@ def conv_forward(x: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.
     return _forward("fwd", x, w, None, cdims)
 
 
-def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: Optional[cupy.ndarray], kind: str,
+def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: cupy.ndarray | None, kind: str,
                           cdims: ConvDimsLike) -> cupy.ndarray:
     """``act(conv(x, w) + b)`` for ``kind`` ``"relu"`` or ``"identity"`` in one graph (conv -> add bias -> relu);
     ``b`` None: no bias. Where the problem has no plan, the legacy fused call (which composes where cuDNN

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from typing import Optional
 
 import numpy as np
 
@@ -389,7 +388,7 @@ def conv_forward(x: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.
     return y
 
 
-def compose_bias_act(y: cupy.ndarray, b: Optional[cupy.ndarray], kind: str) -> cupy.ndarray:
+def compose_bias_act(y: cupy.ndarray, b: cupy.ndarray | None, kind: str) -> cupy.ndarray:
     """``act(y + b)`` in place on ``y`` (``b`` of shape ``(K,)`` or None; ``kind`` ``"relu"`` or ``"identity"``):
     what the fused call computes, for where cuDNN refuses it."""
     if b is not None:
@@ -399,7 +398,7 @@ def compose_bias_act(y: cupy.ndarray, b: Optional[cupy.ndarray], kind: str) -> c
     return y
 
 
-def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: Optional[cupy.ndarray], kind: str,
+def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: cupy.ndarray | None, kind: str,
                           cdims: ConvDimsLike) -> cupy.ndarray:
     """``act(conv(x, w) + b)`` in one ``cudnnConvolutionBiasActivationForward`` for ``kind`` ``"relu"`` or
     ``"identity"``; ``b`` is ``(K,)`` or None (no bias).
