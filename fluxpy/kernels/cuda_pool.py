@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from ..backend import cupy
+from .cuda_arrays import contiguous
 
 __all__ = ["KERNELS", "maxpool_forward", "maxpool_backward", "maxpool_gather", "meanpool_forward",
            "meanpool_backward"]
@@ -181,14 +182,6 @@ def _compute_dtype(dtype):
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
-def _as(a, dtype):
-    if a.dtype != dtype:
-        a = a.astype(dtype)
-    if not a.flags.c_contiguous:
-        a = cupy.ascontiguousarray(a)
-    return a
-
-
 def _launch(name, dtype, total, args):
     if total:
         _function(name, dtype)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
@@ -197,7 +190,7 @@ def _launch(name, dtype, total, args):
 def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`."""
     ct = _compute_dtype(x.dtype)
-    xc = _as(x, ct)
+    xc = contiguous(x, ct)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     y = cupy.empty(pdims.y_shape, dtype=ct)
     _launch("maxpool_fwd", ct, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we))
@@ -210,7 +203,8 @@ def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: 
     ct = _compute_dtype(out)
     h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
     dx = cupy.empty(pdims.x_shape, dtype=ct)
-    _launch("maxpool_bwd", ct, dx.size, (_as(dy, ct), _as(x, ct), _as(y, ct), dx, np.int64(dx.size), h, w, p, q,
+    dy, x, y = (contiguous(a, ct) for a in (dy, x, y))
+    _launch("maxpool_bwd", ct, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
                                          hs, he, ws, we, plo, phi, qlo, qhi))
     return dx if ct == out else dx.astype(out)
 
@@ -220,9 +214,10 @@ def maxpool_gather(dx: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: Po
     ct = _compute_dtype(np.result_type(dx.dtype, x.dtype))
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     out = cupy.empty(pdims.y_shape, dtype=ct)
-    _launch("maxpool_gather", ct, out.size, (_as(dx, ct), _as(x, ct), _as(y, ct), out, np.int64(out.size), h, w, p,
-                                             q, hs, he, ws, we))
-    return out if out.dtype == dx.dtype else out.astype(dx.dtype)
+    dtype = dx.dtype
+    dx, x, y = (contiguous(a, ct) for a in (dx, x, y))
+    _launch("maxpool_gather", ct, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we))
+    return out if out.dtype == dtype else out.astype(dtype)
 
 
 def _check_regular(pdims):
@@ -238,7 +233,7 @@ def meanpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     y = cupy.empty(pdims.y_shape, dtype=ct)
     inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_fwd", ct, y.size, (_as(x, ct), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
+    _launch("meanpool_fwd", ct, y.size, (contiguous(x, ct), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
     return y
 
 
@@ -249,7 +244,8 @@ def meanpool_backward(dy: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
     dx = cupy.empty(pdims.x_shape, dtype=ct)
     inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_bwd", ct, dx.size, (_as(dy, ct), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
+    _launch("meanpool_bwd", ct, dx.size,
+            (contiguous(dy, ct), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
     return dx if ct == dy.dtype else dx.astype(dy.dtype)
 
 

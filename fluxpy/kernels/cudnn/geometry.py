@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from ...backend import cupy
+from ..cuda_arrays import contiguous
 
 __all__ = ["ConvDimsLike", "PadSplit", "split_pad", "pad_input", "crop_dx", "contiguous", "aligned", "ALIGN"]
 
@@ -73,15 +74,6 @@ def crop_dx(dx, extra_pad):
         return dx
     t, b, l, r = extra_pad
     return cupy.ascontiguousarray(dx[:, :, t:dx.shape[2] - b, l:dx.shape[3] - r])
-
-
-def contiguous(a, dtype):
-    """``a`` (CuPy) as ``dtype`` in C order, copied only where needed."""
-    if a.dtype != dtype:
-        a = a.astype(dtype)
-    if not a.flags.c_contiguous:
-        a = cupy.ascontiguousarray(a)
-    return a
 
 
 def aligned(a):
