@@ -17,6 +17,7 @@ module                  kernels
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
 ``cuda_pool``           ``maxpool_*``, ``meanpool_*``
 ``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
+``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
@@ -34,8 +35,8 @@ _before: list[dict] = []   # the table as it was before register(), while regist
 
 
 def _modules():
-    from . import cuda_conv, cuda_pool, cuda_softmax, elementwise, reduce
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax)
+    from . import cuda_conv, cuda_norm, cuda_pool, cuda_softmax, elementwise, reduce
+    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm)
 
 
 def register() -> bool:

@@ -23,8 +23,8 @@ import threading
 
 from ...backend import cupy
 
-__all__ = ["fn", "SIGNATURES", "load", "loaded", "load_error", "library_path", "available", "version", "require",
-           "wheel_dirs", "candidates"]
+__all__ = ["fn", "SIGNATURES", "OPTIONAL_SIGNATURES", "has", "load", "loaded", "load_error", "library_path",
+           "available", "version", "require", "wheel_dirs", "candidates"]
 
 _lib = None
 _load_error = None
@@ -84,6 +84,17 @@ SIGNATURES = {
     "cudnnBackendExecute": ([_P, _P, _P], _I),
 }
 """``{name: (argtypes, restype)}`` of every cuDNN function fluxpy calls."""
+
+OPTIONAL_SIGNATURES = {
+    # legacy batch normalisation (deprecated in cuDNN 9, still shipped): bound where the library has them
+    "cudnnDeriveBNTensorDescriptor": ([_P, _P, _I], _I),
+    "cudnnBatchNormalizationForwardTraining": ([_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D, _P, _P, _D, _P, _P],
+                                               _I),
+    "cudnnBatchNormalizationForwardInference": ([_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D], _I),
+    "cudnnBatchNormalizationBackward": ([_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D, _P,
+                                         _P], _I),
+}
+"""Functions bound only where the loaded library exports them (``has(name)`` says which)."""
 
 
 class Functions:
@@ -156,6 +167,20 @@ def _bind(lib):
         f = getattr(lib, name)
         f.argtypes, f.restype = args, res
         setattr(fn, name, f)
+    for name, (args, res) in OPTIONAL_SIGNATURES.items():
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.argtypes, f.restype = args, res
+            setattr(fn, name, f)
+
+
+def has(name: str) -> bool:
+    """Whether the loaded library has the function ``name`` (False before it is loaded).
+
+    >>> has("cudnnNoSuchFunction")
+    False
+    """
+    return hasattr(fn, name)
 
 
 def load() -> ctypes.CDLL | None:

@@ -1,0 +1,175 @@
+"""Batch normalisation in training as one primitive each way, with the running statistics updated on the device.
+
+``batchnorm(x, gamma, beta, running_mean, running_var; momentum, eps)`` normalises ``x`` (``(N, C, ...)``)
+with the batch's per-channel statistics over every axis but 1:
+
+    y = (x - mean) / sqrt(var + eps) * gamma + beta
+
+and moves the running statistics towards the batch's, in place: ``running = (1 - momentum) * running +
+momentum * batch``, the variance unbiased (``var * m / (m - 1)``, ``m = x.size // C``), as Flux and PyTorch.
+The forward saves only the mean and ``invstd = 1 / sqrt(var + eps)``; the pullback is
+:func:`batchnorm_backward`, with ``xhat = (x - mean) * invstd`` and ``m`` values per channel:
+
+    dbeta = sum(dy),  dgamma = sum(dy * xhat),  dx = gamma * invstd * (dy - dbeta / m - xhat * dgamma / m)
+
+Both directions go through the kernel table (``batchnorm_forward``, ``batchnorm_backward``: on the GPU one
+cuDNN call each); the CPU runs the same formulas with NumPy. Differentiated again (a nested ``gradient``),
+the statistics are recomputed with fluxpy ops so the outer tape sees how they depend on ``x``.
+
+>>> import numpy as np
+>>> x = np.array([[0.0, 1.0], [2.0, 5.0]])
+>>> rm, rv = np.zeros(2), np.ones(2)
+>>> batchnorm(x, np.ones(2), np.zeros(2), rm, rv, momentum=0.5, eps=0.0)
+array([[-1., -1.],
+       [ 1.,  1.]])
+>>> rm, rv
+(array([0.5, 1.5]), array([1.5, 4.5]))
+"""
+from __future__ import annotations
+
+from ..autodiff import Primitive, is_tracked, value_of
+from ..backend import Array, get_array_module
+from ..kernels import find
+from .basic import sqrt
+from .fused import fused_op
+from .reduce import mean as _mean
+from .reduce import sum as _sum
+from .shape import reshape
+
+__all__ = ["batchnorm", "batchnorm_backward"]
+
+
+def _axes(x):
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _channel_shape(x):
+    return (1, x.shape[1]) + (1,) * (x.ndim - 2)
+
+
+def _count(x):
+    return x.size // x.shape[1]
+
+
+def _update_running(running_mean, running_var, mean, var, momentum, m):
+    """``running = (1 - momentum) * running + momentum * batch`` in place (the variance unbiased)."""
+    if running_mean is None:
+        return
+    running_mean *= 1 - momentum
+    running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
+    running_var *= 1 - momentum
+    running_var += (momentum * m / (m - 1) * var).astype(running_var.dtype, copy=False)
+
+
+def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps):
+    """The forward on plain arrays of any module: ``(y, mean, invstd)``, the running statistics updated."""
+    xp = get_array_module(x)
+    shape = _channel_shape(x)
+    mean = x.mean(axis=_axes(x))
+    xc = x - mean.reshape(shape)
+    var = (xc * xc).mean(axis=_axes(x))
+    invstd = 1 / xp.sqrt(var + eps)
+    y = xc * invstd.reshape(shape)
+    if gamma is not None:
+        y *= gamma.reshape(shape)
+    if beta is not None:
+        y += beta.reshape(shape)
+    _update_running(running_mean, running_var, mean, var, momentum, _count(x))
+    return y, mean, invstd
+
+
+def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps):
+    """The forward with fluxpy ops, for values an outer tape tracks."""
+    shape = _channel_shape(x)
+    mean = _mean(x, _axes(x))
+    xc = x - reshape(mean, shape)
+    var = _mean(xc * xc, _axes(x))
+    invstd = 1 / sqrt(var + eps)
+    y = xc * reshape(invstd, shape)
+    if gamma is not None:
+        y = y * reshape(gamma, shape)
+    if beta is not None:
+        y = y + reshape(beta, shape)
+    _update_running(running_mean, running_var, value_of(mean), value_of(var), momentum, _count(x))
+    return y, mean, invstd
+
+
+def _forward(x, gamma, beta, running_mean, running_var, momentum, eps):
+    kernel = find("batchnorm_forward", x, gamma, beta, running_mean, running_var)
+    if kernel is None:
+        return _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps)
+    return kernel(x, gamma, beta, running_mean, running_var, momentum, eps)
+
+
+def _backward_ops(dy, x, gamma, mean, invstd, eps):
+    shape = _channel_shape(x)
+    axes = _axes(x)
+    m = _count(x)
+    xhat = (x - reshape(mean, shape)) * reshape(invstd, shape)
+    dbeta = _sum(dy, axes)
+    dgamma = _sum(dy * xhat, axes)
+    scale = invstd if gamma is None else gamma * invstd
+    dx = reshape(scale, shape) * (dy - reshape(dbeta / m, shape) - xhat * reshape(dgamma / m, shape))
+    return dx, dgamma, dbeta
+
+
+batchnorm_backward = fused_op("batchnorm_backward", _backward_ops, doc="""
+    ``(dx, dgamma, dbeta)`` of :func:`batchnorm` from the saved ``mean`` and ``invstd`` (one cuDNN call on
+    the GPU; the formulas of the module docstring otherwise).
+
+    >>> import numpy as np
+    >>> x = np.array([[0.0], [2.0]])
+    >>> dx, dgamma, dbeta = batchnorm_backward(np.array([[1.0], [3.0]]), x, None, np.array([1.0]), np.array([1.0]), 0.0)
+    >>> dx.ravel(), dgamma, dbeta
+    (array([0., 0.]), array([2.]), array([4.]))
+    """)
+
+
+def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, eps):
+    if is_tracked(x) or is_tracked(gamma) or is_tracked(beta):
+        y, mean, invstd = _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps)
+    else:
+        y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps)
+
+    def batchnorm_pullback(dy):
+        dx, dgamma, dbeta = batchnorm_backward(dy, x, gamma, mean, invstd, eps)
+        return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
+                None, None, None, None)
+    return y, batchnorm_pullback
+
+
+_batchnorm = Primitive("batchnorm", _batchnorm_rule, needs_mask=True,
+                       impl=lambda *args: _forward(*args)[0])
+
+
+def _check(x, **params):
+    if not hasattr(x, "ndim") or x.ndim < 2:
+        raise ValueError(f"batchnorm expects x of shape (N, C, ...) with the channels on axis 1, got "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    c = x.shape[1]
+    for name, p in params.items():
+        if p is not None and tuple(p.shape) != (c,):
+            raise ValueError(f"batchnorm expects {name} of shape ({c},) for x of shape {tuple(x.shape)}, "
+                             f"got {tuple(p.shape)}")
+    if _count(x) < 2:
+        raise ValueError(f"batchnorm expects more than one value per channel in training, got x of shape "
+                         f"{tuple(x.shape)}")
+
+
+def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, running_mean: Array | None = None,
+              running_var: Array | None = None, *, momentum: float = 0.1, eps: float = 1e-5) -> Array:
+    """Batch normalisation with the batch's statistics (training), updating the running statistics in place.
+
+    ``x`` is ``(N, C, ...)``; ``gamma``, ``beta``, ``running_mean``, ``running_var`` are ``(C,)`` arrays or None
+    (no scale, no shift, no running statistics). See the module docstring for the formulas.
+
+    >>> import numpy as np
+    >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0)
+    array([[-1., -1.],
+           [ 1.,  1.]])
+    """
+    running_mean, running_var = value_of(running_mean), value_of(running_var)
+    _check(x, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batchnorm expects both running_mean and running_var, or neither")
+    return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps)

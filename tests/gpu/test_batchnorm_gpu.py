@@ -1,0 +1,81 @@
+"""cuDNN's batch norm through fluxpy.ops.batchnorm against the CPU path, and the composite it falls back to."""
+import numpy as np
+import pytest
+
+import fluxpy
+from devices import assert_matches_cpu, cupy_module
+from fluxpy import kernels
+from fluxpy.ops.batchnorm import batchnorm
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(8, 3), (6, 4, 5), (16, 8, 7, 7), (32, 16, 4, 4), (3, 2, 1, 9)]
+
+
+def _case(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x = rng.standard_normal(shape) * 2 + 0.5
+    g, b = rng.standard_normal(c), rng.standard_normal(c)
+    rm, rv = rng.standard_normal(c), rng.random(c) + 0.5
+    dy = rng.standard_normal(shape)
+    return [a.astype(dtype) for a in (x, g, b, rm, rv, dy)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-4)])
+def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol):
+    cp = cupy_module()
+    x, g, b, rm, rv, dy = _case(shape, dtype, 0)
+    xg, gg, bg, rmg, rvg, dyg = (cp.asarray(a) for a in (x, g, b, rm, rv, dy))
+    assert kernels.find("batchnorm_forward", xg, gg, bg, rmg, rvg) is not None, "cuDNN's kernel is used"
+    rm64, rv64 = rm.astype(np.float64), rv.astype(np.float64)
+
+    def f(bn_args):
+        return lambda x, g, b: (batchnorm(x, g, b, *bn_args, momentum=0.2, eps=1e-3) * dy_of(x)).sum()
+
+    def dy_of(x):
+        return dyg if isinstance(x, cp.ndarray) or isinstance(fluxpy.value_of(x), cp.ndarray) else dy.astype(np.float64)
+
+    y = batchnorm(xg, gg, bg, rmg, rvg, momentum=0.2, eps=1e-3)
+    yc = batchnorm(*(a.astype(np.float64) for a in (x, g, b)), rm64, rv64, momentum=0.2, eps=1e-3)
+    assert_matches_cpu(y, yc, rtol=tol, atol=tol)
+    assert_matches_cpu(rmg, rm64, rtol=tol, atol=tol)
+    assert_matches_cpu(rvg, rv64, rtol=tol, atol=tol)
+    got = fluxpy.gradient(f(()), xg, gg, bg)
+    ref = fluxpy.gradient(f(()), *(a.astype(np.float64) for a in (x, g, b)))
+    for a, r in zip(got, ref):
+        assert_matches_cpu(a, r, rtol=10 * tol, atol=10 * tol)
+
+
+def test_without_affine_or_running_statistics():
+    cp = cupy_module()
+    x = np.random.default_rng(1).standard_normal((8, 4, 3, 3))
+    y = batchnorm(cp.asarray(x))
+    assert_matches_cpu(y, batchnorm(x), rtol=1e-10, atol=1e-10)
+    gx, = fluxpy.gradient(lambda x: (batchnorm(x) ** 3).sum(), cp.asarray(x))
+    cx, = fluxpy.gradient(lambda x: (batchnorm(x) ** 3).sum(), x)
+    assert_matches_cpu(gx, cx, rtol=1e-8, atol=1e-9)
+
+
+def test_second_derivatives_on_the_gpu_take_the_composite():
+    cp = cupy_module()
+    rng = np.random.default_rng(2)
+    x, g = rng.standard_normal((6, 2, 3, 3)), rng.standard_normal(2)
+
+    def hvp(x, g):
+        gx, gg = fluxpy.gradient(lambda x, g: (batchnorm(x, g, None, eps=1e-2) ** 3).sum(), x, g)
+        return (gx * gx).sum() + (gg * gg).sum()
+    got = fluxpy.gradient(hvp, cp.asarray(x), cp.asarray(g))
+    ref = fluxpy.gradient(hvp, x, g)
+    for a, r in zip(got, ref):
+        assert_matches_cpu(a, r, rtol=1e-8, atol=1e-9)
+
+
+def test_mixed_parameter_dtypes_take_the_composite():
+    cp = cupy_module()
+    x = cp.asarray(np.random.default_rng(3).standard_normal((8, 3)).astype(np.float32))
+    g64 = cp.ones(3, dtype=cp.float64)
+    assert kernels.find("batchnorm_forward", x, g64, None, None, None) is None
+    y = batchnorm(x, g64)
+    assert y.shape == x.shape

@@ -1,0 +1,109 @@
+"""The batchnorm primitive (fluxpy.ops.batchnorm): values, running statistics, first and second derivatives."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy.ops.batchnorm import batchnorm, batchnorm_backward
+from fluxpy.ops.norm import batchnorm_train
+from gradcheck import check_grad, check_second_order
+
+
+@st.composite
+def problems(draw):
+    ndim = draw(st.integers(2, 4))
+    n = draw(st.integers(2, 4))
+    c = draw(st.integers(1, 3))
+    rest = tuple(draw(st.integers(1, 3)) for _ in range(ndim - 2))
+    affine = draw(st.booleans())
+    return (n, c) + rest, affine, draw(st.integers(0, 2**31 - 1))
+
+
+def _reference(x, gamma, beta, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    if gamma is not None:
+        y = y * gamma.reshape(shape) + beta.reshape(shape)
+    return y, mean.ravel(), var.ravel()
+
+
+@given(problem=problems())
+def test_values_and_running_statistics(problem):
+    shape, affine, seed = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 3 + 1
+    c = shape[1]
+    gamma, beta = (rng.standard_normal(c), rng.standard_normal(c)) if affine else (None, None)
+    rm, rv = rng.standard_normal(c), rng.random(c) + 0.5
+    rm0, rv0 = rm.copy(), rv.copy()
+    y = batchnorm(x, gamma, beta, rm, rv, momentum=0.3, eps=1e-3)
+    ref, mean, var = _reference(x, gamma, beta, 1e-3)
+    np.testing.assert_allclose(y, ref, rtol=1e-10, atol=1e-10)
+    m = x.size // c
+    np.testing.assert_allclose(rm, 0.7 * rm0 + 0.3 * mean, rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.7 * rv0 + 0.3 * var * m / (m - 1), rtol=1e-12)
+    # the composite of fluxpy.ops.norm computes the same
+    y2, _, _ = batchnorm_train(x, gamma, beta, 1e-3)
+    np.testing.assert_allclose(y, y2, rtol=1e-10, atol=1e-10)
+
+
+@given(problem=problems())
+def test_gradients_against_finite_differences(problem):
+    shape, affine, seed = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    c = shape[1]
+    if affine:
+        check_grad(lambda x, g, b: batchnorm(x, g, b, eps=1e-2), x, rng.standard_normal(c), rng.standard_normal(c),
+                   rng=rng, rtol=1e-5, atol=1e-7)
+    else:
+        check_grad(lambda x: batchnorm(x, eps=1e-2), x, rng=rng, rtol=1e-5, atol=1e-7)
+
+
+@given(problem=problems())
+def test_second_derivatives(problem):
+    shape, affine, seed = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    c = shape[1]
+    g, b = rng.standard_normal(c), rng.standard_normal(c)
+    check_second_order(lambda x, g, b: batchnorm(x, g, b, eps=1e-2) ** 2, x, g, b, rng=rng, rtol=1e-4, atol=1e-6)
+
+
+def test_the_running_statistics_move_once_per_call_inside_gradient():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 4, 4))
+    rm, rv = np.zeros(3), np.ones(3)
+    fluxpy.gradient(lambda x: (batchnorm(x, None, None, rm, rv, momentum=1.0) ** 2).sum(), x)
+    np.testing.assert_allclose(rm, x.mean(axis=(0, 2, 3)), rtol=1e-12)
+
+
+def test_backward_op_matches_the_gradient():
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal((5, 2, 3)), rng.standard_normal((5, 2, 3))
+    g = rng.standard_normal(2)
+    _, back = fluxpy.pullback(lambda x, g: batchnorm(x, g, None, eps=1e-3), x, g)
+    dx, dg = back(dy)
+    mean = x.mean(axis=(0, 2))
+    invstd = 1 / np.sqrt(x.var(axis=(0, 2)) + 1e-3)
+    dx2, dg2, db2 = batchnorm_backward(dy, x, g, mean, invstd, 1e-3)
+    np.testing.assert_allclose(dx, dx2, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dg, dg2, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(db2, dy.sum(axis=(0, 2)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(x=np.ones(3)), r"batchnorm expects x of shape \(N, C, \.\.\.\)"),
+    (dict(x=np.ones((1, 3))), "more than one value per channel in training"),
+    (dict(x=np.ones((4, 3)), gamma=np.ones(2)), r"gamma of shape \(3,\)"),
+    (dict(x=np.ones((4, 3)), running_mean=np.zeros(3)), "both running_mean and running_var"),
+])
+def test_bad_input_is_refused_before_anything_changes(bad, message):
+    rv = np.ones(3)
+    with pytest.raises(ValueError, match=message):
+        batchnorm(**bad)
+    assert np.all(rv == 1)
