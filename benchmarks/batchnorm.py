@@ -1,0 +1,128 @@
+"""Batch norm in training, forward + backward, fluxpy against ``torch.nn.functional.batch_norm``.
+
+For each shape, float32, NCHW: one training forward (batch statistics, running statistics updated) and the
+backward of a fixed cotangent (``dx``, ``dgamma``, ``dbeta``), timed as a pair:
+
+- fluxpy: ``fluxpy.pullback`` of :func:`fluxpy.ops.batchnorm.batchnorm`, then the pullback (on the GPU one
+  cuDNN call each way);
+- PyTorch: ``F.batch_norm(x, rm, rv, w, b, training=True)`` then ``y.backward(dy)`` (autograd);
+- the composite it replaced: ``fluxpy.ops.norm.batchnorm_train`` (normalise + affine) plus the running
+  statistics update, as the layer did before.
+
+Timing: CUDA events around each call after warm-up, median of the repetitions; ``gpu us`` queues the calls
+behind a spin kernel so only GPU time counts, ``wall us`` does not (what a host-bound step pays). ``GB/s``
+counts the minimum traffic of the pair, 5 x the bytes of ``x`` (forward: read x, write y; backward: read x and
+dy, write dx), against a device-to-device copy of the same size measured in the same run (read + write).
+
+Run: ``PYTHONPATH=. python3 benchmarks/batchnorm.py [--reps N] [--json out.json]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+from elementwise import Timer
+
+SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (512, 32, 16, 16), (64, 64, 64, 64), (256, 256, 14, 14)]
+
+
+def fluxpy_pair(cp, x, g, b, rm, rv, dy):
+    import fluxpy
+    from fluxpy.ops.batchnorm import batchnorm
+
+    def run():
+        _, back = fluxpy.pullback(lambda x, g, b: batchnorm(x, g, b, rm, rv), x, g, b)
+        return back(dy)
+    return run
+
+
+def composite_pair(cp, x, g, b, rm, rv, dy):
+    import fluxpy
+    from fluxpy.ops.norm import batchnorm_train
+
+    def run():
+        def f(x, g, b):
+            y, mean, var = batchnorm_train(x, g, b)
+            m = x.size // x.shape[1]
+            rm[...] = 0.9 * rm + 0.1 * mean
+            rv[...] = 0.9 * rv + 0.1 * var * m / (m - 1)
+            return y
+        _, back = fluxpy.pullback(f, x, g, b)
+        return back(dy)
+    return run
+
+
+def torch_pair(torch, x, g, b, rm, rv, dy):
+    import torch.nn.functional as F
+    x, g, b = (torch.from_dlpack(a).clone().requires_grad_(True) for a in (x, g, b))
+    rm, rv, dy = (torch.from_dlpack(a).clone() for a in (rm, rv, dy))
+
+    def run():
+        x.grad = g.grad = b.grad = None
+        y = F.batch_norm(x, rm, rv, g, b, training=True, momentum=0.1, eps=1e-5)
+        y.backward(dy)
+    return run
+
+
+def copy_us(cp, timer, nbytes):
+    src = cp.empty(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    src[...] = 1
+    return timer(lambda: cp.copyto(dst, src), True)
+
+
+def measure(cp, torch, timer, shape):
+    rng = np.random.default_rng(0)
+    c = shape[1]
+    x = cp.asarray(rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5)
+    dy = cp.asarray(rng.standard_normal(shape, dtype=np.float32))
+    g = cp.asarray(rng.standard_normal(c, dtype=np.float32))
+    b = cp.asarray(rng.standard_normal(c, dtype=np.float32))
+    rm, rv = cp.zeros(c, cp.float32), cp.ones(c, cp.float32)
+    row = {"shape": list(shape), "mbytes": x.nbytes / 1e6}
+    row["fluxpy_gpu_us"], row["fluxpy_wall_us"] = timer.both(fluxpy_pair(cp, x, g, b, rm, rv, dy))
+    row["composite_gpu_us"], row["composite_wall_us"] = timer.both(composite_pair(cp, x, g, b, rm.copy(), rv.copy(),
+                                                                                 dy))
+    if torch is not None:
+        row["torch_gpu_us"], row["torch_wall_us"] = timer.both(torch_pair(torch, x, g, b, rm, rv, dy))
+    copy = copy_us(cp, timer, x.nbytes)
+    row["copy_gbs"] = 2 * x.nbytes / copy / 1e3
+    row["fluxpy_gbs"] = 5 * x.nbytes / row["fluxpy_gpu_us"] / 1e3
+    row["fluxpy_share_of_copy"] = row["fluxpy_gbs"] / row["copy_gbs"]
+    row["fluxpy_us"], row["torch_us"] = row["fluxpy_gpu_us"], row.get("torch_gpu_us")   # what run.py compares
+    return row
+
+
+def print_table(rows):
+    print("| shape | MB | fluxpy gpu us | PyTorch gpu us | ratio | fluxpy wall us | PyTorch wall us | composite gpu us "
+          "| fluxpy GB/s | share of copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        t = r.get("torch_gpu_us")
+        ratio = f"{r['fluxpy_gpu_us'] / t:.2f}" if t else "-"
+        print(f"| {tuple(r['shape'])} | {r['mbytes']:.0f} | {r['fluxpy_gpu_us']:.1f} | {t or 0:.1f} | {ratio} | "
+              f"{r['fluxpy_wall_us']:.1f} | {r.get('torch_wall_us', 0):.1f} | {r['composite_gpu_us']:.1f} | "
+              f"{r['fluxpy_gbs']:.0f} | {r['fluxpy_share_of_copy']:.0%} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--json")
+    args = p.parse_args()
+    import cupy as cp
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    timer = Timer(cp, args.reps)
+    rows = [measure(cp, torch, timer, s) for s in SHAPES]
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
