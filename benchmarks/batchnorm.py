@@ -3,8 +3,9 @@
 For each shape, float32, NCHW: one training forward (batch statistics, running statistics updated) and the
 backward of a fixed cotangent (``dx``, ``dgamma``, ``dbeta``), timed as a pair:
 
-- fluxpy: ``fluxpy.pullback`` of :func:`fluxpy.ops.batchnorm.batchnorm`, then the pullback (on the GPU one
-  cuDNN call each way);
+- fluxpy: ``fluxpy.pullback`` of :func:`fluxpy.ops.batchnorm.batchnorm`, then the pullback, with the kernels
+  kept per direction (``auto``), and with each implementation forced: fluxpy's own two launches each way
+  and cuDNN's one call each way (:mod:`fluxpy.kernels.cuda_norm`);
 - PyTorch: ``F.batch_norm(x, rm, rv, w, b, training=True)`` then ``y.backward(dy)`` (autograd);
 - the composite it replaced: ``fluxpy.ops.norm.batchnorm_train`` (normalise + affine) plus the running
   statistics update, as the layer did before.
@@ -80,7 +81,13 @@ def measure(cp, torch, timer, shape):
     g = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     b = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     rm, rv = cp.zeros(c, cp.float32), cp.ones(c, cp.float32)
+    from fluxpy.kernels import cuda_norm
     row = {"shape": list(shape), "mbytes": x.nbytes / 1e6}
+    for impl in ("fluxpy", "cudnn"):   # each implementation alone, then the one kept per direction ("auto")
+        old = cuda_norm.set_impl(impl)
+        row[f"{impl}_kernels_gpu_us"], row[f"{impl}_kernels_wall_us"] = timer.both(
+            fluxpy_pair(cp, x, g, b, rm, rv, dy))
+        cuda_norm.set_impl(old)
     row["fluxpy_gpu_us"], row["fluxpy_wall_us"] = timer.both(fluxpy_pair(cp, x, g, b, rm, rv, dy))
     row["composite_gpu_us"], row["composite_wall_us"] = timer.both(composite_pair(cp, x, g, b, rm.copy(), rv.copy(),
                                                                                  dy))
@@ -95,14 +102,15 @@ def measure(cp, torch, timer, shape):
 
 
 def print_table(rows):
-    print("| shape | MB | fluxpy gpu us | PyTorch gpu us | ratio | fluxpy wall us | PyTorch wall us | composite gpu us "
-          "| fluxpy GB/s | share of copy |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| shape | MB | fluxpy gpu us | PyTorch gpu us | ratio | fluxpy wall us | PyTorch wall us | own kernels us "
+          "| cuDNN us | composite gpu us | fluxpy GB/s | share of copy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         t = r.get("torch_gpu_us")
         ratio = f"{r['fluxpy_gpu_us'] / t:.2f}" if t else "-"
         print(f"| {tuple(r['shape'])} | {r['mbytes']:.0f} | {r['fluxpy_gpu_us']:.1f} | {t or 0:.1f} | {ratio} | "
-              f"{r['fluxpy_wall_us']:.1f} | {r.get('torch_wall_us', 0):.1f} | {r['composite_gpu_us']:.1f} | "
+              f"{r['fluxpy_wall_us']:.1f} | {r.get('torch_wall_us', 0):.1f} | {r['fluxpy_kernels_gpu_us']:.1f} | "
+              f"{r['cudnn_kernels_gpu_us']:.1f} | {r['composite_gpu_us']:.1f} | "
               f"{r['fluxpy_gbs']:.0f} | {r['fluxpy_share_of_copy']:.0%} |")
 
 

@@ -1,9 +1,11 @@
-"""Batch normalisation on the GPU: the glue from :mod:`fluxpy.ops.batchnorm` to cuDNN's calls.
+"""Batch normalisation on the GPU: the glue from :mod:`fluxpy.ops.batchnorm` to a kernel, chosen per problem.
 
-``batchnorm_forward`` and ``batchnorm_backward`` take the op's arguments and run one cuDNN call each
-(:mod:`fluxpy.kernels.cudnn.batchnorm`). Their ``supports`` predicates accept what cuDNN takes: CuPy
-arrays of 2 to 4 axes in float16, float32 or float64, with parameters and statistics in cuDNN's
-parameter dtype (float32, float64 for float64 inputs); other calls run the op's composite.
+Two implementations: fluxpy's own kernels (:mod:`fluxpy.kernels.cuda_bn`, float32/float64, two launches
+each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, also float16). Where both take a problem
+(shape, dtype, device), the first call times each direction of both on the call's own arrays (the running
+statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times,
+:func:`set_impl` forces one (``"fluxpy"``, ``"cudnn"`` or ``"auto"``). The ``supports`` predicates accept
+what either takes; other calls run the op's composite.
 
 >>> sorted(KERNELS)
 ['batchnorm_backward', 'batchnorm_forward']
@@ -13,14 +15,38 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from . import cuda_bn
 from .cudnn import batchnorm as bn
 
-__all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS"]
+__all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "set_impl", "choices"]
 
 _DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_IMPL = ["auto"]
+_choices: dict = {}   # (direction, shape, dtype, device) -> (name, {name: us})
 
 
-def _fits(x, *params):
+def set_impl(name: str) -> str:
+    """Use ``"fluxpy"``'s kernels, ``"cudnn"``'s, or the faster per problem (``"auto"``); returns the old setting.
+
+    >>> set_impl(set_impl("auto"))
+    'auto'
+    """
+    if name not in ("auto", "fluxpy", "cudnn"):
+        raise ValueError(f"set_impl expects 'auto', 'fluxpy' or 'cudnn', got {name!r}")
+    old, _IMPL[0] = _IMPL[0], name
+    return old
+
+
+def choices() -> dict:
+    """``{(direction, shape, dtype): (kept, {implementation: microseconds})}`` for the problems timed so far.
+
+    >>> isinstance(choices(), dict)
+    True
+    """
+    return {k[:3]: v for k, v in _choices.items()}
+
+
+def _cudnn_fits(x, *params):
     if type(x) is not cupy.ndarray or x.dtype not in _DTYPES or not bn.supported_ndim(x.ndim):
         return False
     pdt = bn.param_dtype(x.dtype)
@@ -28,24 +54,63 @@ def _fits(x, *params):
 
 
 def forward_supports(x, gamma, beta, running_mean, running_var, *_):
-    """The calls cuDNN's training forward takes."""
-    return _fits(x, gamma, beta, running_mean, running_var)
+    """The calls one of the implementations takes."""
+    params = (gamma, beta, running_mean, running_var)
+    return cuda_bn.supports(x, *params) or _cudnn_fits(x, *params)
 
 
 def backward_supports(dy, x, gamma, mean, invstd, *_):
-    """The calls cuDNN's backward takes: ``dy`` like ``x``, the statistics saved by the forward."""
-    return type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and _fits(x, gamma, mean,
-                                                                                                  invstd)
+    """The calls one of the implementations takes: ``dy`` like ``x``, the statistics saved by the forward."""
+    if type(dy) is not cupy.ndarray or dy.dtype != x.dtype or dy.shape != x.shape:
+        return False
+    return cuda_bn.supports(x, gamma, mean, invstd) or _cudnn_fits(x, gamma, mean, invstd)
+
+
+def _time_us(run, reps=3):
+    run()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1000.0 / reps
+
+
+def _pick(direction, x, ours_ok, cudnn_ok, candidates):
+    """The implementation to run: forced, the only one that fits, or the faster one timed on first use."""
+    if not cudnn_ok:
+        return "fluxpy"
+    if not ours_ok:
+        return "cudnn"
+    if _IMPL[0] != "auto":
+        return _IMPL[0]
+    key = (direction, x.shape, x.dtype, x.device.id)
+    hit = _choices.get(key)
+    if hit is None:
+        times = {name: _time_us(run) for name, run in candidates().items()}
+        hit = _choices[key] = (min(times, key=times.get), times)
+    return hit[0]
 
 
 def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps):
-    """``(y, mean, invstd)`` in one ``cudnnBatchNormalizationForwardTraining``; running statistics updated."""
-    return bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps)
+    """``(y, mean, invstd)``, the running statistics updated in place, by the kernel kept for this problem."""
+    params = (gamma, beta, running_mean, running_var)
+    name = _pick("forward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
+        "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps),
+        "cudnn": lambda: bn.forward_training(x, gamma, beta, None, None, momentum, eps)})
+    impl = cuda_bn.forward_training if name == "fluxpy" else bn.forward_training
+    return impl(x, gamma, beta, running_mean, running_var, momentum, eps)
 
 
 def batchnorm_backward(dy, x, gamma, mean, invstd, eps):
-    """``(dx, dgamma, dbeta)`` in one ``cudnnBatchNormalizationBackward``."""
-    return bn.backward(dy, x, gamma, mean, invstd, eps)
+    """``(dx, dgamma, dbeta)`` by the kernel kept for this problem."""
+    params = (gamma, mean, invstd)
+    dy = cupy.ascontiguousarray(dy)
+    name = _pick("backward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
+        "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, mean, invstd, eps),
+        "cudnn": lambda: bn.backward(dy, x, gamma, mean, invstd, eps)})
+    return (cuda_bn.backward if name == "fluxpy" else bn.backward)(dy, x, gamma, mean, invstd, eps)
 
 
 KERNELS = {

@@ -22,9 +22,17 @@ def _case(shape, dtype, seed):
     return [a.astype(dtype) for a in (x, g, b, rm, rv, dy)]
 
 
+@pytest.fixture(params=["fluxpy", "cudnn", "auto"])
+def impl(request):
+    from fluxpy.kernels import cuda_norm
+    old = cuda_norm.set_impl(request.param)
+    yield request.param
+    cuda_norm.set_impl(old)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-4)])
-def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol):
+def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol, impl):
     cp = cupy_module()
     x, g, b, rm, rv, dy = _case(shape, dtype, 0)
     xg, gg, bg, rmg, rvg, dyg = (cp.asarray(a) for a in (x, g, b, rm, rv, dy))
@@ -79,3 +87,38 @@ def test_mixed_parameter_dtypes_take_the_composite():
     assert kernels.find("batchnorm_forward", x, g64, None, None, None) is None
     y = batchnorm(x, g64)
     assert y.shape == x.shape
+
+
+def test_own_kernels_are_deterministic_and_accurate_with_a_large_mean():
+    cp = cupy_module()
+    from fluxpy.kernels import cuda_bn
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((64, 8, 33, 17)) * 0.5 + 1000.0).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    xg, dyg = cp.asarray(x), cp.asarray(dy)
+    first = [a.get() for a in cuda_bn.forward_training(xg, None, None, None, None, 0.1, 1e-5)]
+    for _ in range(5):
+        again = [a.get() for a in cuda_bn.forward_training(xg, None, None, None, None, 0.1, 1e-5)]
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
+    np.testing.assert_allclose(first[1], mean, rtol=1e-7)
+    np.testing.assert_allclose(first[2], 1 / np.sqrt(var + 1e-5), rtol=2e-3)   # var 0.25 under a mean of 1000
+    g = cuda_bn.backward(dyg, xg, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
+    g2 = cuda_bn.backward(dyg, xg, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
+    assert all(a.get().tobytes() == b.get().tobytes() for a, b in zip(g, g2))
+
+
+def test_the_kept_implementation_is_reported():
+    cp = cupy_module()
+    from fluxpy.kernels import cuda_norm
+    old = cuda_norm.set_impl("auto")
+    try:
+        x = cp.asarray(np.random.default_rng(5).standard_normal((16, 4, 6, 6)).astype(np.float32))
+        fluxpy.gradient(lambda x: (batchnorm(x) ** 2).sum(), x)
+        kept = {k: v for k, v in cuda_norm.choices().items() if k[1] == (16, 4, 6, 6)}
+        assert {k[0] for k in kept} == {"forward", "backward"}
+        for name, times in kept.values():
+            assert name in ("fluxpy", "cudnn") and set(times) == {"fluxpy", "cudnn"}
+    finally:
+        cuda_norm.set_impl(old)
