@@ -30,8 +30,7 @@ _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply")
 _THREADS = 256
 
 _SOURCE = r"""
-template <typename A>
-__device__ __forceinline__ void block_sum2(A& a, A& b, A* sh) {
+__device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_down_sync(0xffffffff, a, o);
         b += __shfl_down_sync(0xffffffff, b, o);
@@ -40,8 +39,8 @@ __device__ __forceinline__ void block_sum2(A& a, A& b, A* sh) {
     if (lane == 0) { sh[warp] = a; sh[32 + warp] = b; }
     __syncthreads();
     if (warp == 0) {
-        a = lane < nw ? sh[lane] : (A)0;
-        b = lane < nw ? sh[32 + lane] : (A)0;
+        a = lane < nw ? sh[lane] : (ACC)0;
+        b = lane < nw ? sh[32 + lane] : (ACC)0;
         for (int o = 16; o > 0; o >>= 1) {
             a += __shfl_down_sync(0xffffffff, a, o);
             b += __shfl_down_sync(0xffffffff, b, o);
@@ -50,7 +49,6 @@ __device__ __forceinline__ void block_sum2(A& a, A& b, A* sh) {
 }
 
 // The last block of channel c to arrive adds the S partials of that channel in a fixed order (warp 0).
-template <typename A>
 __device__ __forceinline__ bool last_block(int* counter, int S) {
     __shared__ bool last;
     __threadfence();
@@ -64,8 +62,7 @@ __device__ __forceinline__ bool last_block(int* counter, int S) {
     return last;
 }
 
-template <typename A>
-__device__ __forceinline__ void sum_partials(const A* p1, const A* p2, int S, A& s1, A& s2) {
+__device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S, ACC& s1, ACC& s2) {
     s1 = 0; s2 = 0;
     for (int i = threadIdx.x; i < S; i += 32) { s1 += p1[i]; s2 += p2[i]; }
     for (int o = 16; o > 0; o >>= 1) {
@@ -75,93 +72,93 @@ __device__ __forceinline__ void sum_partials(const A* p1, const A* p2, int S, A&
 }
 
 extern "C" __global__ void bn_stats(const T* x, long long HW, long long C, long long M, int S,
-                                     A* part1, A* part2, int* counters, const P* gamma, const P* beta,
-                                     P* mean_out, P* invstd_out, A* scale, A* shift,
-                                     P* running_mean, P* running_var, double momentum, double eps) {
-    __shared__ A sh[64];
+                                     ACC* part1, ACC* part2, int* counters, const PAR* gamma, const PAR* beta,
+                                     PAR* mean_out, PAR* invstd_out, ACC* scale, ACC* shift,
+                                     PAR* running_mean, PAR* running_var, double momentum, double eps) {
+    __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
     const long long chunk = (M + S - 1) / S;
     const long long lo = s * chunk, hi = min(M, lo + chunk);
-    const A K = (A)x[c * HW];
-    A s1 = 0, s2 = 0;
+    const ACC K = (ACC)x[c * HW];
+    ACC s1 = 0, s2 = 0;
     for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         long long n = i / HW, j = i - n * HW;
-        A d = (A)x[(n * C + c) * HW + j] - K;
+        ACC d = (ACC)x[(n * C + c) * HW + j] - K;
         s1 += d; s2 += d * d;
     }
-    block_sum2<A>(s1, s2, sh);
+    block_sum2(s1, s2, sh);
     if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
-    if (!last_block<A>(counters + c, S)) return;
+    if (!last_block(counters + c, S)) return;
     if (threadIdx.x >= 32) return;
-    A t1, t2;
-    sum_partials<A>(part1 + c * S, part2 + c * S, S, t1, t2);
+    ACC t1, t2;
+    sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
     if (threadIdx.x == 0) {
-        A m = (A)M;
-        A dm = t1 / m;
-        A var = t2 / m - dm * dm;
-        if (var < (A)0) var = 0;
-        A mu = K + dm;
-        A inv = (A)1 / sqrt(var + (A)eps);
-        A g = gamma ? (A)gamma[c] : (A)1, b = beta ? (A)beta[c] : (A)0;
-        mean_out[c] = (P)mu; invstd_out[c] = (P)inv;
+        ACC m = (ACC)M;
+        ACC dm = t1 / m;
+        ACC var = t2 / m - dm * dm;
+        if (var < (ACC)0) var = 0;
+        ACC mu = K + dm;
+        ACC inv = (ACC)1 / sqrt(var + (ACC)eps);
+        ACC g = gamma ? (ACC)gamma[c] : (ACC)1, b = beta ? (ACC)beta[c] : (ACC)0;
+        mean_out[c] = (PAR)mu; invstd_out[c] = (PAR)inv;
         scale[c] = g * inv; shift[c] = b - mu * g * inv;
         if (running_mean) {
-            running_mean[c] = (P)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);
+            running_mean[c] = (PAR)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);
             double unbiased = (double)var * (double)m / (double)(m - 1);
-            running_var[c] = (P)((1 - momentum) * (double)running_var[c] + momentum * unbiased);
+            running_var[c] = (PAR)((1 - momentum) * (double)running_var[c] + momentum * unbiased);
         }
     }
 }
 
-extern "C" __global__ void bn_apply(const T* x, T* y, const A* scale, const A* shift, long long HW, long long C,
+extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long HW, long long C,
                                      long long total) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         long long c = (i / HW) % C;
-        y[i] = (T)((A)x[i] * scale[c] + shift[c]);
+        y[i] = (T)((ACC)x[i] * scale[c] + shift[c]);
     }
 }
 
-extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const P* mean, const P* invstd, const P* gamma,
-                                         long long HW, long long C, long long M, int S, A* part1, A* part2,
-                                         int* counters, P* dgamma, P* dbeta, A* ca, A* cb, A* ck) {
-    __shared__ A sh[64];
+extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const PAR* mean, const PAR* invstd, const PAR* gamma,
+                                         long long HW, long long C, long long M, int S, ACC* part1, ACC* part2,
+                                         int* counters, PAR* dgamma, PAR* dbeta, ACC* ca, ACC* cb, ACC* ck) {
+    __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
     const long long chunk = (M + S - 1) / S;
     const long long lo = s * chunk, hi = min(M, lo + chunk);
-    const A mu = (A)mean[c];
-    A s1 = 0, s2 = 0;
+    const ACC mu = (ACC)mean[c];
+    ACC s1 = 0, s2 = 0;
     for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         long long n = i / HW, j = i - n * HW;
         long long k = (n * C + c) * HW + j;
-        A g = (A)dy[k];
-        s1 += g; s2 += g * ((A)x[k] - mu);
+        ACC g = (ACC)dy[k];
+        s1 += g; s2 += g * ((ACC)x[k] - mu);
     }
-    block_sum2<A>(s1, s2, sh);
+    block_sum2(s1, s2, sh);
     if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
-    if (!last_block<A>(counters + c, S)) return;
+    if (!last_block(counters + c, S)) return;
     if (threadIdx.x >= 32) return;
-    A t1, t2;
-    sum_partials<A>(part1 + c * S, part2 + c * S, S, t1, t2);
+    ACC t1, t2;
+    sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
     if (threadIdx.x == 0) {
-        A inv = (A)invstd[c], m = (A)M;
-        A g = gamma ? (A)gamma[c] : (A)1;
-        A dg = inv * t2;
-        dbeta[c] = (P)t1; dgamma[c] = (P)dg;
-        A a = g * inv;
-        A b = -a * inv * dg / m;
+        ACC inv = (ACC)invstd[c], m = (ACC)M;
+        ACC g = gamma ? (ACC)gamma[c] : (ACC)1;
+        ACC dg = inv * t2;
+        dbeta[c] = (PAR)t1; dgamma[c] = (PAR)dg;
+        ACC a = g * inv;
+        ACC b = -a * inv * dg / m;
         ca[c] = a; cb[c] = b; ck[c] = -a * t1 / m - b * mu;
     }
 }
 
-extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const A* ca, const A* cb, const A* ck,
+extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
                                          long long HW, long long C, long long total) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         long long c = (i / HW) % C;
-        dx[i] = (T)(ca[c] * (A)dy[i] + cb[c] * (A)x[i] + ck[c]);
+        dx[i] = (T)(ca[c] * (ACC)dy[i] + cb[c] * (ACC)x[i] + ck[c]);
     }
 }
 """
@@ -176,7 +173,7 @@ def _fn(name, dtype):
     mod = _modules.get(dtype)
     if mod is None:
         t = _TYPES[dtype]
-        mod = _modules[dtype] = cupy.RawModule(code=f"#define T {t}\n#define A {t}\n#define P {t}\n" + _SOURCE,
+        mod = _modules[dtype] = cupy.RawModule(code=f"#define T {t}\n#define ACC {t}\n#define PAR {t}\n" + _SOURCE,
                                                options=("--std=c++14",))
     return mod.get_function(name)
 
