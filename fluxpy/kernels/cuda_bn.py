@@ -3,13 +3,13 @@
 Training forward:
 
 1. ``bn_stats``: a grid of ``(S, C)`` blocks; block ``(s, c)`` sums ``d = x - K`` and ``d * d`` over its
-   slice of channel ``c`` (``K`` = the channel's first element, so the shifted sums keep the variance
+   rows ``n`` of channel ``c`` (16-byte vectors where rows allow) (``K`` = the channel's first element, so the shifted sums keep the variance
    accurate when the mean is large), reduces them in the block, and writes one partial. The last block
    of a channel to finish (an integer counter, reset by that block) adds the ``S`` partials in a fixed
    order, so the result does not depend on timing (no float atomics), and writes ``mean``, ``invstd``,
    the per-channel ``scale = gamma * invstd`` and ``shift = beta - mean * scale``, and moves the running
    statistics (the variance unbiased).
-2. ``bn_apply``: ``y = x * scale[c] + shift[c]``.
+2. ``bn_apply``: ``y = x * scale[c] + shift[c]``, a block per (row, chunk): no division per element.
 
 Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and its last block writes
 ``dbeta``, ``dgamma = invstd * sum(dy (x - mean))`` and the coefficients of ``dx = a[c] dy + b[c] x + k[c]``;
@@ -30,6 +30,7 @@ _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply")
 _THREADS = 256
 
 _SOURCE = r"""
+// T: data, ACC: accumulation and parameters, VT/VW: the vector type and width for aligned rows.
 __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_down_sync(0xffffffff, a, o);
@@ -48,7 +49,7 @@ __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     }
 }
 
-// The last block of channel c to arrive adds the S partials of that channel in a fixed order (warp 0).
+// True in the last block of a channel to arrive (an integer counter, reset by that block).
 __device__ __forceinline__ bool last_block(int* counter, int S) {
     __shared__ bool last;
     __threadfence();
@@ -62,6 +63,7 @@ __device__ __forceinline__ bool last_block(int* counter, int S) {
     return last;
 }
 
+// The S partials of a channel added in a fixed order by warp 0.
 __device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S, ACC& s1, ACC& s2) {
     s1 = 0; s2 = 0;
     for (int i = threadIdx.x; i < S; i += 32) { s1 += p1[i]; s2 += p2[i]; }
@@ -71,22 +73,44 @@ __device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S
     }
 }
 
-extern "C" __global__ void bn_stats(const T* x, long long HW, long long C, long long M, int S,
-                                     ACC* part1, ACC* part2, int* counters, const PAR* gamma, const PAR* beta,
-                                     PAR* mean_out, PAR* invstd_out, ACC* scale, ACC* shift,
-                                     PAR* running_mean, PAR* running_var, double momentum, double eps) {
+// Sums of f(a[k], b[k]) over rows [rlo, rhi) of channel c: f = (a - K, (a - K)^2) or (a, a (b - K)).
+#define ROW_SUMS(EXPR1, EXPR2)                                                                          \
+    if (vec) {                                                                                          \
+        const int hv = (int)(HW / VW);                                                                  \
+        for (long long n = rlo; n < rhi; ++n) {                                                        \
+            const long long base = (n * C + c) * HW;                                                    \
+            const VT* av = (const VT*)(a + base);                                                       \
+            const VT* bv = (const VT*)(b + base);                                                       \
+            for (int j = threadIdx.x; j < hv; j += blockDim.x) {                                        \
+                VT va = av[j], vb = bv[j];                                                              \
+                const T* pa = (const T*)&va; const T* pb = (const T*)&vb;                               \
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) {                                        \
+                    ACC A_ = (ACC)pa[u], B_ = (ACC)pb[u]; s1 += EXPR1; s2 += EXPR2;                     \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+    } else {                                                                                            \
+        const unsigned hw = (unsigned)HW;                                                               \
+        const unsigned total = (unsigned)((rhi - rlo) * HW);                                            \
+        for (unsigned i = threadIdx.x; i < total; i += blockDim.x) {                                    \
+            unsigned n = i / hw, j = i - n * hw;                                                        \
+            long long k = ((rlo + n) * C + c) * HW + j;                                                 \
+            ACC A_ = (ACC)a[k], B_ = (ACC)b[k]; s1 += EXPR1; s2 += EXPR2;                               \
+        }                                                                                               \
+    }
+
+extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long long HW, int S, int vec,
+                                     ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
+                                     ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
+                                     ACC* running_mean, ACC* running_var, double momentum, double eps) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
-    const long long chunk = (M + S - 1) / S;
-    const long long lo = s * chunk, hi = min(M, lo + chunk);
+    const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
+    const T* a = x; const T* b = x;
     const ACC K = (ACC)x[c * HW];
     ACC s1 = 0, s2 = 0;
-    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        long long n = i / HW, j = i - n * HW;
-        ACC d = (ACC)x[(n * C + c) * HW + j] - K;
-        s1 += d; s2 += d * d;
-    }
+    ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
     block_sum2(s1, s2, sh);
     if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
     if (!last_block(counters + c, S)) return;
@@ -94,48 +118,60 @@ extern "C" __global__ void bn_stats(const T* x, long long HW, long long C, long 
     ACC t1, t2;
     sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
     if (threadIdx.x == 0) {
+        const long long M = N * HW;
         ACC m = (ACC)M;
         ACC dm = t1 / m;
         ACC var = t2 / m - dm * dm;
         if (var < (ACC)0) var = 0;
         ACC mu = K + dm;
         ACC inv = (ACC)1 / sqrt(var + (ACC)eps);
-        ACC g = gamma ? (ACC)gamma[c] : (ACC)1, b = beta ? (ACC)beta[c] : (ACC)0;
-        mean_out[c] = (PAR)mu; invstd_out[c] = (PAR)inv;
-        scale[c] = g * inv; shift[c] = b - mu * g * inv;
+        ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;
+        mean_out[c] = mu; invstd_out[c] = inv;
+        scale[c] = g * inv; shift[c] = bb - mu * g * inv;
         if (running_mean) {
-            running_mean[c] = (PAR)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);
-            double unbiased = (double)var * (double)m / (double)(m - 1);
-            running_var[c] = (PAR)((1 - momentum) * (double)running_var[c] + momentum * unbiased);
+            double unbiased = (double)var * (double)M / (double)(M - 1);
+            running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);
+            running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);
         }
     }
 }
 
-extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long HW, long long C,
-                                     long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long c = (i / HW) % C;
-        y[i] = (T)((ACC)x[i] * scale[c] + shift[c]);
+// y = x * scale[c] + shift[c]: block (row, chunk), row = n * C + c.
+extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long C, long long HW,
+                                     int vec) {
+    const long long row = blockIdx.x;
+    const long long c = row % C;
+    const ACC sc = scale[c], sf = shift[c];
+    const long long base = row * HW;
+    if (vec) {
+        const VT* xv = (const VT*)(x + base);
+        VT* yv = (VT*)(y + base);
+        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
+             j += (long long)gridDim.y * blockDim.x) {
+            VT v = xv[j];
+            T* p = (T*)&v;
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)((ACC)p[u] * sc + sf);
+            yv[j] = v;
+        }
+    } else {
+        const long long step = (long long)gridDim.y * blockDim.x;
+        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
+            y[base + j] = (T)((ACC)x[base + j] * sc + sf);
     }
 }
 
-extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const PAR* mean, const PAR* invstd, const PAR* gamma,
-                                         long long HW, long long C, long long M, int S, ACC* part1, ACC* part2,
-                                         int* counters, PAR* dgamma, PAR* dbeta, ACC* ca, ACC* cb, ACC* ck) {
+extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
+                                         const ACC* gamma, long long N, long long C, long long HW, int S, int vec,
+                                         ACC* part1, ACC* part2, int* counters, ACC* dgamma, ACC* dbeta, ACC* ca,
+                                         ACC* cb, ACC* ck) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
-    const long long chunk = (M + S - 1) / S;
-    const long long lo = s * chunk, hi = min(M, lo + chunk);
-    const ACC mu = (ACC)mean[c];
+    const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
+    const T* a = dy; const T* b = x;
+    const ACC K = mean[c];
     ACC s1 = 0, s2 = 0;
-    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        long long n = i / HW, j = i - n * HW;
-        long long k = (n * C + c) * HW + j;
-        ACC g = (ACC)dy[k];
-        s1 += g; s2 += g * ((ACC)x[k] - mu);
-    }
+    ROW_SUMS(A_, A_ * (B_ - K))
     block_sum2(s1, s2, sh);
     if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
     if (!last_block(counters + c, S)) return;
@@ -143,27 +179,43 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const PAR* mean
     ACC t1, t2;
     sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
     if (threadIdx.x == 0) {
-        ACC inv = (ACC)invstd[c], m = (ACC)M;
-        ACC g = gamma ? (ACC)gamma[c] : (ACC)1;
+        ACC inv = invstd[c], m = (ACC)(N * HW);
+        ACC g = gamma ? gamma[c] : (ACC)1;
         ACC dg = inv * t2;
-        dbeta[c] = (PAR)t1; dgamma[c] = (PAR)dg;
-        ACC a = g * inv;
-        ACC b = -a * inv * dg / m;
-        ca[c] = a; cb[c] = b; ck[c] = -a * t1 / m - b * mu;
+        dbeta[c] = t1; dgamma[c] = dg;
+        ACC aa = g * inv;
+        ACC bb = -aa * inv * dg / m;
+        ca[c] = aa; cb[c] = bb; ck[c] = -aa * t1 / m - bb * K;
     }
 }
 
+// dx = a[c] dy + b[c] x + k[c]
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
-                                         long long HW, long long C, long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long c = (i / HW) % C;
-        dx[i] = (T)(ca[c] * (ACC)dy[i] + cb[c] * (ACC)x[i] + ck[c]);
+                                         long long C, long long HW, int vec) {
+    const long long row = blockIdx.x;
+    const long long c = row % C;
+    const ACC a = ca[c], b = cb[c], k = ck[c];
+    const long long base = row * HW;
+    if (vec) {
+        const VT* gv = (const VT*)(dy + base);
+        const VT* xv = (const VT*)(x + base);
+        VT* ov = (VT*)(dx + base);
+        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
+             j += (long long)gridDim.y * blockDim.x) {
+            VT g = gv[j], v = xv[j], o;
+            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) po[u] = (T)(a * (ACC)pg[u] + b * (ACC)pv[u] + k);
+            ov[j] = o;
+        }
+    } else {
+        const long long step = (long long)gridDim.y * blockDim.x;
+        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
+            dx[base + j] = (T)(a * (ACC)dy[base + j] + b * (ACC)x[base + j] + k);
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_TYPES = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
 _modules: dict = {}
 _counters: dict = {}   # (device, stream) -> int32 counters, left at zero by the kernels
 _sm: dict = {}
@@ -172,9 +224,9 @@ _sm: dict = {}
 def _fn(name, dtype):
     mod = _modules.get(dtype)
     if mod is None:
-        t = _TYPES[dtype]
-        mod = _modules[dtype] = cupy.RawModule(code=f"#define T {t}\n#define ACC {t}\n#define PAR {t}\n" + _SOURCE,
-                                               options=("--std=c++14",))
+        t, vt, vw = _TYPES[dtype]
+        head = f"#define T {t}\n#define ACC {t}\n#define VT {vt}\n#define VW {vw}\n"
+        mod = _modules[dtype] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
     return mod.get_function(name)
 
 
@@ -186,16 +238,35 @@ def supports(x, *params) -> bool:
 
 def _geometry(x):
     n, c = x.shape[0], x.shape[1]
-    hw = x.size // (n * c)
-    return c, hw, n * hw
+    return n, c, x.size // (n * c)
 
 
-def _splits(c, m, dev):
+def _sm_count(dev):
     sm = _sm.get(dev)
     if sm is None:
         sm = _sm[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
-    want = max(1, -(-4 * sm // c))
-    return int(max(1, min(want, -(-m // (_THREADS * 4)), 1024)))
+    return sm
+
+
+def _vec(hw, dtype, *arrays):
+    """Whether rows can be read as vectors: whole vectors per row, 16-byte aligned arrays."""
+    return int(hw % _TYPES[dtype][2] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
+
+
+def _reduce_launch(n, c, hw, vec, dtype, dev):
+    """``(S, threads)``: row splits per channel (about four blocks per SM in all) and the block size."""
+    s = int(max(1, min(n, -(-4 * _sm_count(dev) // c), 1024)))
+    s = -(-n // -(-n // s))   # every block gets at least one row
+    width = hw // _TYPES[dtype][2] if vec else n * hw // s
+    threads = 256 if width >= 256 else max(32, 1 << (max(1, width) - 1).bit_length())
+    return s, threads
+
+
+def _apply_launch(n, c, hw, vec, dtype):
+    width = hw // _TYPES[dtype][2] if vec else hw
+    threads = 256 if width >= 256 else max(32, 1 << (max(1, width) - 1).bit_length())
+    chunks = max(1, min(-(-width // (threads * 4)), 65535))
+    return (n * c, chunks), (threads,)
 
 
 def _counter(c):
@@ -204,10 +275,6 @@ def _counter(c):
     if buf is None or buf.size < c:
         buf = _counters[key] = cupy.zeros(max(c, 1024), dtype=cupy.int32)
     return buf
-
-
-def _grid(total):
-    return (min(-(-total // _THREADS), 65535),)
 
 
 _NULL = np.uint64(0)
@@ -219,34 +286,36 @@ def _p(a):
 
 def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float):
     """``(y, mean, invstd)`` in two launches; the running statistics (or None) are moved in place."""
-    c, hw, m = _geometry(x)
-    s = _splits(c, m, x.device.id)
+    n, c, hw = _geometry(x)
     dt = x.dtype
-    part = cupy.empty((2, c * s), dt)
-    mean, invstd = cupy.empty(c, dt), cupy.empty(c, dt)
-    coef = cupy.empty((2, c), dt)
-    _fn("bn_stats", dt)((s, c), (_THREADS,), (
-        x, np.int64(hw), np.int64(c), np.int64(m), np.int32(s), part[0], part[1], _counter(c), _p(gamma), _p(beta),
-        mean, invstd, coef[0], coef[1], _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
     y = cupy.empty_like(x)
-    _fn("bn_apply", dt)(_grid(x.size), (_THREADS,), (x, y, coef[0], coef[1], np.int64(hw), np.int64(c),
-                                                      np.int64(x.size)))
-    return y, mean, invstd
+    vec = _vec(hw, dt, x, y)
+    s, threads = _reduce_launch(n, c, hw, vec, dt, x.device.id)
+    part = cupy.empty((2, c * s), dt)
+    stats = cupy.empty((4, c), dt)   # mean, invstd, scale, shift
+    _fn("bn_stats", dt)((s, c), (threads,), (
+        x, np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(vec), part[0], part[1], _counter(c),
+        _p(gamma), _p(beta), stats[0], stats[1], stats[2], stats[3], _p(running_mean), _p(running_var),
+        np.float64(momentum), np.float64(eps)))
+    grid, block = _apply_launch(n, c, hw, vec, dt)
+    _fn("bn_apply", dt)(grid, block, (x, y, stats[2], stats[3], np.int64(c), np.int64(hw), np.int32(vec)))
+    return y, stats[0], stats[1]
 
 
 def backward(dy, x, gamma, mean, invstd, eps: float):
     """``(dx, dgamma, dbeta)`` in two launches."""
-    c, hw, m = _geometry(x)
-    s = _splits(c, m, x.device.id)
+    n, c, hw = _geometry(x)
     dt = x.dtype
     dy = cupy.ascontiguousarray(dy)
-    part = cupy.empty((2, c * s), dt)
-    grads = cupy.empty((2, c), dt)
-    coef = cupy.empty((3, c), dt)
-    _fn("bn_bwd_stats", dt)((s, c), (_THREADS,), (
-        dy, x, mean, invstd, _p(gamma), np.int64(hw), np.int64(c), np.int64(m), np.int32(s), part[0], part[1],
-        _counter(c), grads[0], grads[1], coef[0], coef[1], coef[2]))
     dx = cupy.empty_like(x)
-    _fn("bn_bwd_apply", dt)(_grid(x.size), (_THREADS,), (dy, x, dx, coef[0], coef[1], coef[2], np.int64(hw),
-                                                          np.int64(c), np.int64(x.size)))
-    return dx, grads[0], grads[1]
+    vec = _vec(hw, dt, x, dy, dx)
+    s, threads = _reduce_launch(n, c, hw, vec, dt, x.device.id)
+    part = cupy.empty((2, c * s), dt)
+    out = cupy.empty((5, c), dt)   # dgamma, dbeta, and the coefficients a, b, k of dx
+    _fn("bn_bwd_stats", dt)((s, c), (threads,), (
+        dy, x, mean, invstd, _p(gamma), np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(vec), part[0],
+        part[1], _counter(c), out[0], out[1], out[2], out[3], out[4]))
+    grid, block = _apply_launch(n, c, hw, vec, dt)
+    _fn("bn_bwd_apply", dt)(grid, block, (dy, x, dx, out[2], out[3], out[4], np.int64(c), np.int64(hw),
+                                          np.int32(vec)))
+    return dx, out[0], out[1]
