@@ -3,8 +3,9 @@
 Training forward:
 
 1. ``bn_stats``: a grid of ``(S, C)`` blocks; block ``(s, c)`` sums ``d = x - K`` and ``d * d`` over its
-   rows ``n`` of channel ``c`` (16-byte vectors where rows allow) (``K`` = the channel's first element, so the shifted sums keep the variance
-   accurate when the mean is large), reduces them in the block, and writes one partial. The last block
+   rows ``n`` of channel ``c``, with 16-byte vectors where rows allow (``K`` = the channel's first element,
+   so the shifted sums keep the variance accurate when the mean is large), reduces them in the block, and
+   writes one partial. The last block
    of a channel to finish (an integer counter, reset by that block) adds the ``S`` partials in a fixed
    order, so the result does not depend on timing (no float atomics), and writes ``mean``, ``invstd``,
    the per-channel ``scale = gamma * invstd`` and ``shift = beta - mean * scale``, and moves the running
