@@ -137,9 +137,26 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long l
     }
 }
 
-// y = x * scale[c] + shift[c]: block (row, chunk), row = n * C + c.
+// y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * C + c; or, for short rows (flat), a
+// grid-stride loop over the whole tensor with 32-bit index arithmetic.
 extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long C, long long HW,
-                                     int vec) {
+                                     int vec, int flat, unsigned total) {
+    if (flat) {
+        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+            const unsigned c = (i / hv) % cc;
+            const ACC sc = scale[c], sf = shift[c];
+            if (vec) {
+                VT v = ((const VT*)x)[i];
+                T* p = (T*)&v;
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)((ACC)p[u] * sc + sf);
+                ((VT*)y)[i] = v;
+            } else {
+                y[i] = (T)((ACC)x[i] * sc + sf);
+            }
+        }
+        return;
+    }
     const long long row = blockIdx.x;
     const long long c = row % C;
     const ACC sc = scale[c], sf = shift[c];
@@ -190,9 +207,25 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
     }
 }
 
-// dx = a[c] dy + b[c] x + k[c]
+// dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
-                                         long long C, long long HW, int vec) {
+                                         long long C, long long HW, int vec, int flat, unsigned total) {
+    if (flat) {
+        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+            const unsigned c = (i / hv) % cc;
+            const ACC a = ca[c], b = cb[c], k = ck[c];
+            if (vec) {
+                VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
+                const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) po[u] = (T)(a * (ACC)pg[u] + b * (ACC)pv[u] + k);
+                ((VT*)dx)[i] = o;
+            } else {
+                dx[i] = (T)(a * (ACC)dy[i] + b * (ACC)x[i] + k);
+            }
+        }
+        return;
+    }
     const long long row = blockIdx.x;
     const long long c = row % C;
     const ACC a = ca[c], b = cb[c], k = ck[c];
@@ -255,19 +288,26 @@ def _vec(hw, dtype, *arrays):
 
 
 def _reduce_launch(n, c, hw, vec, dtype, dev):
-    """``(S, threads)``: row splits per channel (about four blocks per SM in all) and the block size."""
+    """``(S, threads, vec)``: row splits per channel (about four blocks per SM in all), the block size, and
+    whether rows are read as vectors (rows of at least 64 vectors; shorter rows are read flat)."""
     s = int(max(1, min(n, -(-4 * _sm_count(dev) // c), 1024)))
     s = -(-n // -(-n // s))   # every block gets at least one row
-    width = hw // _TYPES[dtype][2] if vec else n * hw // s
-    threads = 256 if width >= 256 else max(32, 1 << (max(1, width) - 1).bit_length())
-    return s, threads
+    width = hw // _TYPES[dtype][2]
+    if not vec or width < 64:
+        return s, 256, 0
+    return s, (256 if width >= 256 else 1 << (width - 1).bit_length()), 1
 
 
-def _apply_launch(n, c, hw, vec, dtype):
+def _apply_launch(x, vec, dtype):
+    """``(grid, block, flat, total)``: a block per row chunk for rows of 256 vectors or more, else a flat
+    grid-stride loop (32-bit indices, so only below 2**32 items)."""
+    n, c, hw = _geometry(x)
     width = hw // _TYPES[dtype][2] if vec else hw
-    threads = 256 if width >= 256 else max(32, 1 << (max(1, width) - 1).bit_length())
-    chunks = max(1, min(-(-width // (threads * 4)), 65535))
-    return (n * c, chunks), (threads,)
+    total = x.size // _TYPES[dtype][2] if vec else x.size
+    if width < 256 and total < 2**32:
+        return (min(-(-total // 256), 32 * _sm_count(x.device.id)),), (256,), 1, total
+    chunks = max(1, min(-(-width // 1024), 65535))
+    return (n * c, chunks), (256,), 0, 0
 
 
 def _counter(c):
@@ -291,15 +331,16 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     dt = x.dtype
     y = cupy.empty_like(x)
     vec = _vec(hw, dt, x, y)
-    s, threads = _reduce_launch(n, c, hw, vec, dt, x.device.id)
+    s, threads, row_vec = _reduce_launch(n, c, hw, vec, dt, x.device.id)
     part = cupy.empty((2, c * s), dt)
     stats = cupy.empty((4, c), dt)   # mean, invstd, scale, shift
     _fn("bn_stats", dt)((s, c), (threads,), (
-        x, np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(vec), part[0], part[1], _counter(c),
+        x, np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec), part[0], part[1], _counter(c),
         _p(gamma), _p(beta), stats[0], stats[1], stats[2], stats[3], _p(running_mean), _p(running_var),
         np.float64(momentum), np.float64(eps)))
-    grid, block = _apply_launch(n, c, hw, vec, dt)
-    _fn("bn_apply", dt)(grid, block, (x, y, stats[2], stats[3], np.int64(c), np.int64(hw), np.int32(vec)))
+    grid, block, flat, total = _apply_launch(x, vec, dt)
+    _fn("bn_apply", dt)(grid, block, (x, y, stats[2], stats[3], np.int64(c), np.int64(hw), np.int32(vec),
+                                      np.int32(flat), np.uint32(total)))
     return y, stats[0], stats[1]
 
 
@@ -310,13 +351,13 @@ def backward(dy, x, gamma, mean, invstd, eps: float):
     dy = cupy.ascontiguousarray(dy)
     dx = cupy.empty_like(x)
     vec = _vec(hw, dt, x, dy, dx)
-    s, threads = _reduce_launch(n, c, hw, vec, dt, x.device.id)
+    s, threads, row_vec = _reduce_launch(n, c, hw, vec, dt, x.device.id)
     part = cupy.empty((2, c * s), dt)
     out = cupy.empty((5, c), dt)   # dgamma, dbeta, and the coefficients a, b, k of dx
     _fn("bn_bwd_stats", dt)((s, c), (threads,), (
-        dy, x, mean, invstd, _p(gamma), np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(vec), part[0],
+        dy, x, mean, invstd, _p(gamma), np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec), part[0],
         part[1], _counter(c), out[0], out[1], out[2], out[3], out[4]))
-    grid, block = _apply_launch(n, c, hw, vec, dt)
+    grid, block, flat, total = _apply_launch(x, vec, dt)
     _fn("bn_bwd_apply", dt)(grid, block, (dy, x, dx, out[2], out[3], out[4], np.int64(c), np.int64(hw),
-                                          np.int32(vec)))
+                                          np.int32(vec), np.int32(flat), np.uint32(total)))
     return dx, out[0], out[1]
