@@ -4,9 +4,14 @@
 ``lenet5``: today's model-zoo LeNet-5. ``torch_twin(torch, model)`` builds the same network in
 PyTorch with the same weights (fluxpy's ``Conv`` is a true convolution, so PyTorch's
 cross-correlating ``Conv2d`` gets the flipped kernels).
+
+``resnet20`` (CIFAR, 3x32x32) and ``resnet18`` (3x64x64): residual nets of fluxpy's public layers
+(``RESNETS``); ``resnet_twin(torch, model)`` builds any tree of those layers in PyTorch, written as
+torchvision writes its ResNets (in-place add and ReLU), with the same weights.
 """
 from __future__ import annotations
 
+import operator
 import sys
 from pathlib import Path
 
@@ -14,7 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
+from fluxpy.layers import (BatchNorm, Chain, Conv, CrossCor, Dense, GlobalMeanPool, MaxPool, Parallel,  # noqa: E402
+                           SkipConnection, flatten, kaiming_normal)
+from fluxpy.autodiff import Primitive  # noqa: E402
 from fluxpy.ops.activations import identity, relu  # noqa: E402
 
 
@@ -67,3 +74,182 @@ def _copy(torch, module, weight, bias):
     with torch.no_grad():
         module.weight.copy_(torch.from_numpy(np.ascontiguousarray(weight)))
         module.bias.copy_(torch.from_numpy(np.ascontiguousarray(bias)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Residual nets (He et al. 2016) of fluxpy's public layers, and their PyTorch twin.
+#
+# A basic block is   conv3x3(stride) -> BatchNorm(relu) -> conv3x3 -> BatchNorm,  added to the shortcut, then relu:
+#   Chain(SkipConnection(body, +), relu)                       where the shapes agree (identity shortcut);
+#   Chain(Parallel(+, body, Chain(conv1x1(stride), BatchNorm)), relu)   where they do not (projection shortcut).
+# Every conv is bias-free (the BatchNorm after it has the shift), He-normal initialised (fan_in), and by default
+# a CrossCor (PyTorch's conv2d; the twin copies the kernels as they are). BatchNorm: eps 1e-5, momentum 0.1, as
+# PyTorch's defaults.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _conv(conv, kernel, cin, cout, rng, stride=1):
+    return conv((kernel, kernel), cin, cout, stride=stride, pad=kernel // 2, bias=False, init=kaiming_normal, rng=rng)
+
+
+def basic_block(cin, cout, stride=1, *, rng=None, conv=CrossCor):
+    """ResNet's basic block ``relu(body(x) + shortcut(x))``, the shortcut a projection when the shape changes."""
+    body = Chain(_conv(conv, 3, cin, cout, rng, stride), BatchNorm(cout, relu),
+                 _conv(conv, 3, cout, cout, rng), BatchNorm(cout))
+    if stride == 1 and cin == cout:
+        return Chain(SkipConnection(body, operator.add), relu)
+    shortcut = Chain(_conv(conv, 1, cin, cout, rng, stride), BatchNorm(cout))
+    return Chain(Parallel(operator.add, body, shortcut), relu)
+
+
+def _resnet(rng, stem_width, stages, classes, conv):
+    """Stem ``conv3x3(3 => stem_width), BatchNorm(relu)``, then ``stages`` of ``(width, blocks, stride)``, global
+    mean pool, ``Dense(width => classes)``."""
+    rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
+    layers = [_conv(conv, 3, 3, stem_width, rng), BatchNorm(stem_width, relu)]
+    cin = stem_width
+    for width, blocks, stride in stages:
+        stage = []
+        for i in range(blocks):
+            stage.append(basic_block(cin, width, stride if i == 0 else 1, rng=rng, conv=conv))
+            cin = width
+        layers.append(Chain(stage))
+    return Chain(*layers, GlobalMeanPool(), flatten, Dense(cin, classes, rng=rng))
+
+
+def resnet20(rng=None, classes=10, conv=CrossCor):
+    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): 3x32x32 inputs, stem 3 => 16, three stages of three
+    basic blocks of 16, 32, 64 channels (32x32, 16x16, 8x8), the first block of stages 2 and 3 with stride 2 and a
+    projection shortcut (conv1x1 stride 2 + BatchNorm; the paper's option B), Dense(64 => 10).
+    272,474 trainable parameters (``RESNET20_PARAMETERS``)."""
+    return _resnet(rng, 16, [(16, 3, 1), (32, 3, 2), (64, 3, 2)], classes, conv)
+
+
+def resnet18(rng=None, classes=200, conv=CrossCor):
+    """ResNet-18 for 3x64x64 inputs (Tiny-ImageNet size, 200 classes): torchvision's ResNet-18 (stages of two
+    basic blocks of 64, 128, 256, 512 channels, projection shortcuts where the shape changes) with the CIFAR-style
+    stem, a 3x3 stride-1 conv 3 => 64 + BatchNorm(relu) and NO max pool, in place of the 7x7 stride-2 conv and
+    max pool. So stage 1 runs at the full 64x64 (then 32, 16, 8): about 2.3 GFLOPs (multiply-adds) per image
+    forward, a compute-heavy net beside ResNet-20's small, launch-bound convolutions.
+    11,271,432 trainable parameters with 200 classes (``RESNET18_PARAMETERS``)."""
+    return _resnet(rng, 64, [(64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)], classes, conv)
+
+
+RESNETS = {"resnet20": (resnet20, (3, 32, 32), 10), "resnet18": (resnet18, (3, 64, 64), 200)}
+"""name -> (constructor(rng), input shape (C, H, W), classes)."""
+RESNET20_PARAMETERS = 272_474
+RESNET18_PARAMETERS = 11_271_432
+
+
+def resnet_twin(torch, model):
+    """The same network and weights in PyTorch (an ``nn.Module`` on the CPU; move it yourself).
+
+    Handles Chain, Conv / CrossCor (any bias, relu or no activation), BatchNorm (2-d inputs of 4-d images, relu
+    or none; the running statistics copied too), Dense, SkipConnection and Parallel with ``operator.add``,
+    GlobalMeanPool, MaxPool, ``flatten`` and ``relu``. Written as torchvision's ResNets: ``nn.ReLU(inplace=True)``
+    and the residual sum added in place into the body's output (``out += shortcut(x)``). fluxpy's ``Conv`` is a
+    true convolution, so its kernels are flipped for PyTorch's cross-correlation; a ``CrossCor``'s are copied as
+    they are. Each module takes its layer's dtype (float64 for a model converted with ``fluxpy.f64``, else float32).
+    """
+    nn = torch.nn
+
+    class Residual(nn.Module):
+        """``out = body(x); out += shortcut(x)`` (the identity when shortcut is None), as torchvision's blocks."""
+
+        def __init__(self, body, shortcut=None):
+            super().__init__()
+            self.body, self.shortcut = body, shortcut
+
+        def forward(self, x):
+            out = self.body(x)
+            out += x if self.shortcut is None else self.shortcut(x)
+            return out
+
+    def act(layer, module):
+        a = getattr(layer, "act", identity)
+        if _same_op(a, identity):
+            return module
+        if _same_op(a, relu):
+            return nn.Sequential(module, nn.ReLU(inplace=True))
+        raise TypeError(f"resnet_twin: no PyTorch twin for the activation of {layer!r}")
+
+    def param(t):
+        return torch.from_numpy(np.ascontiguousarray(t))
+
+    def dtype(a):
+        return torch.float64 if a is not None and a.dtype == np.float64 else torch.float32
+
+    def convert(layer):
+        if isinstance(layer, Chain):
+            return nn.Sequential(*(convert(f) for f in layer))
+        if isinstance(layer, Conv):  # and CrossCor
+            if layer.groups != 1 or layer.dilation not in (1, (1, 1)):
+                raise TypeError(f"resnet_twin: groups and dilation are not supported: {layer!r}")
+            k, c, r, s = layer.weight.shape
+            conv = nn.Conv2d(c, k, (r, s), stride=layer.stride, padding=_torch_pad(layer.pad),
+                             bias=layer.bias is not None, dtype=dtype(layer.weight))
+            w = layer.weight if layer.flipped else layer.weight[:, :, ::-1, ::-1]
+            with torch.no_grad():
+                conv.weight.copy_(param(w))
+                if layer.bias is not None:
+                    conv.bias.copy_(param(layer.bias))
+            return act(layer, conv)
+        if isinstance(layer, BatchNorm):
+            bn = nn.BatchNorm2d(layer.channels, eps=layer.eps, momentum=layer.momentum,
+                                affine=layer.gamma is not None, track_running_stats=layer.running_mean is not None,
+                                dtype=dtype(layer.gamma if layer.gamma is not None else layer.running_mean))
+            with torch.no_grad():
+                if layer.gamma is not None:
+                    bn.weight.copy_(param(layer.gamma))
+                    bn.bias.copy_(param(layer.beta))
+                if layer.running_mean is not None:
+                    bn.running_mean.copy_(param(layer.running_mean))
+                    bn.running_var.copy_(param(layer.running_var))
+            return act(layer, bn)
+        if isinstance(layer, Dense):
+            out, inp = layer.weight.shape
+            lin = nn.Linear(inp, out, bias=layer.bias is not None, dtype=dtype(layer.weight))
+            with torch.no_grad():
+                lin.weight.copy_(param(layer.weight))
+                if layer.bias is not None:
+                    lin.bias.copy_(param(layer.bias))
+            return act(layer, lin)
+        if isinstance(layer, SkipConnection) and layer.connection is operator.add:
+            return Residual(convert(layer.layers))
+        if isinstance(layer, Parallel) and layer.connection is operator.add and len(layer) == 2:
+            return Residual(convert(layer[0]), convert(layer[1]))
+        if isinstance(layer, GlobalMeanPool):
+            return nn.AdaptiveAvgPool2d(1)
+        if isinstance(layer, MaxPool):
+            return nn.MaxPool2d(layer.kernel, layer.stride, padding=_torch_pad(layer.pad))
+        if layer is flatten:
+            return nn.Flatten()
+        if _same_op(layer, relu):
+            return nn.ReLU(inplace=True)
+        raise TypeError(f"resnet_twin: no PyTorch twin for {layer!r}")
+
+    return convert(model)
+
+
+def _same_op(f, op):
+    """``f is op``, or a copy of that op: ``fluxpy.gpu``/``cpu``/``f64`` copy an activation that stands alone in a
+    Chain (a ``Primitive`` is a tree node to ``fluxpy.functors``, with public fields), so ``gpu(m)[i] is relu`` fails."""
+    return f is op or (isinstance(f, Primitive) and isinstance(op, Primitive) and f.name == op.name
+                       and f.rule is op.rule)
+
+
+def _torch_pad(pad):
+    """fluxpy's symmetric ``pad`` (an int, a pair, or a 4-tuple with equal sides) as PyTorch's ``padding``."""
+    if isinstance(pad, int):
+        return pad
+    pad = tuple(pad) if not isinstance(pad, str) else pad
+    if isinstance(pad, tuple) and len(pad) == 2:
+        return pad
+    if isinstance(pad, tuple) and len(pad) == 4 and pad[0] == pad[1] and pad[2] == pad[3]:
+        return (pad[0], pad[2])
+    raise TypeError(f"resnet_twin: no PyTorch padding for pad={pad!r}")
+
+
+def parameter_count(model):
+    """The number of trainable parameters (``fluxpy.trainables``: running statistics excluded)."""
+    from fluxpy import trainables
+    return sum(int(np.prod(p.shape)) for p in trainables(model))
