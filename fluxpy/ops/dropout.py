@@ -16,23 +16,16 @@ import numpy as np
 
 from ..autodiff import value_of
 from ..backend import Array, get_array_module
+from ..random import as_rng, rng_for
 from .reduce import normalize_axis
 
 __all__ = ["dropout", "dropout_mask"]
 
-_default_rngs = {}
-
-
-def _default_rng(xp):
-    """One generator per array module (NumPy's or CuPy's ``random.default_rng()``), made on first use."""
-    if xp not in _default_rngs:
-        _default_rngs[xp] = xp.random.default_rng()
-    return _default_rngs[xp]
-
 
 def _check_p(p):
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
-        raise ValueError(f"dropout: p must be a probability in [0, 1), got {p!r}")
+        shown = repr(p) if isinstance(p, numbers.Real) else f"{type(p).__name__}"
+        raise ValueError(f"dropout: p must be a probability in [0, 1), got {shown}")
 
 
 def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None) -> Array:
@@ -50,9 +43,14 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     xp = get_array_module(v)
     axes = normalize_axis(dims, v.ndim, "dropout")
     shape = tuple(v.shape) if axes is None else tuple(s if i in axes else 1 for i, s in enumerate(v.shape))
-    rng = _default_rng(xp) if rng is None else rng
+    if rng is None:
+        rng = rng_for(xp)
+    elif not hasattr(rng, "random"):
+        rng = as_rng(rng, "dropout")  # a seed; anything else is a TypeError naming dropout
     dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float32
     u = rng.random(shape, dtype=dtype)
+    if get_array_module(u) is not xp:  # a NumPy generator for device arrays: the mask is drawn on the host
+        u = xp.asarray(u)
     return (u >= p).astype(v.dtype) * (1 / (1 - p))
 
 
@@ -63,8 +61,10 @@ def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] 
     Each entry of ``x`` is zeroed with probability ``p`` and the others are scaled by
     ``1/(1-p)``, so the expectation is ``x``. ``dims`` (an axis or tuple of axes) are the axes
     along which the mask varies; it is shared along all others (``dims=(0, 1)`` on NCHW drops
-    whole channels). ``rng`` is a ``numpy.random.Generator`` for NumPy arrays or a CuPy
-    generator for CuPy arrays (default: one per array module). ``active=False`` or ``p == 0``
+    whole channels). ``rng`` is a ``numpy.random.Generator`` or an int seed (for CuPy arrays
+    the mask is then drawn on the host and moved), or a CuPy generator for CuPy arrays; by default the global
+    generator of the array module (:func:`fluxpy.random.rng_for`), which :func:`fluxpy.seed`
+    resets, so masks repeat from run to run after ``fluxpy.seed(n)``. ``active=False`` or ``p == 0``
     returns ``x`` unchanged. ``p`` outside ``[0, 1)`` is an error.
 
     >>> import numpy as np
