@@ -10,6 +10,15 @@ runs on NumPy (CPU) and CuPy (GPU).
 >>> model = fluxpy.Chain(fluxpy.Dense(3, 2, fluxpy.relu), fluxpy.Dense(2, 1))
 >>> model(np.ones((4, 3), np.float32)).shape
 (4, 1)
+
+``from fluxpy import *`` brings in the public names but never shadows Python's builtins: the array
+reductions ``fluxpy.sum``, ``fluxpy.max``, ``fluxpy.min`` and ``fluxpy.abs`` are reached through
+the module (or ``fluxpy.ops``).
+
+>>> ns = {}
+>>> exec("from fluxpy import *", ns)
+>>> "sum" in ns or "max" in ns, float(fluxpy.sum(np.ones(3)))
+(False, 3.0)
 """
 from __future__ import annotations
 
@@ -22,15 +31,15 @@ from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehot
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import load, save
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
-                     DimensionMismatch, Dropout, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm, MaxPool, MeanPool,
-                     Parallel, SkipConnection, f32, f64, flatten, glorot_normal, glorot_uniform, istraining,
-                     kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
+                     DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm,
+                     MaxPool, MeanPool, Parallel, SkipConnection, f32, f64, flatten, glorot_normal, glorot_uniform,
+                     istraining, kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
                      logitcrossentropy, mae, mse)
-from .ops import (abs, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu, hardtanh,
-                  identity, leakyrelu, log, log1p, logsoftmax, matmul, max, maximum, maxpool, mean, meanpool, min,
-                  minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, sum, swish, tanh,
-                  transpose, where)
+from .ops import (bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu, hardtanh,
+                  identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool, minimum, relu,
+                  relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh, transpose, where)
+from .ops import abs, max, min, sum  # noqa: F401  (fluxpy.sum etc.; kept out of __all__, see the docstring)
 from .profile import profile
 from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
                        WeightDecay, adjust, freeze, setup, thaw, update)
@@ -49,16 +58,16 @@ __all__ = [
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
     "fmapstructure", "trainables", "state", "loadstate", "save", "load",
-    # ops
-    "ops", "abs", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "max", "maximum", "mean",
-    "min", "minimum", "reshape", "sin", "sqrt", "stack", "sum", "tanh", "transpose", "where", "bias_act", "conv",
+    # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
+    "ops", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "maximum", "mean",
+    "minimum", "reshape", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
     "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout", "Embedding",
-    "SkipConnection", "Parallel", "DimensionMismatch", "istraining", "trainmode", "testmode", "f32", "f64",
-    "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32",
+    "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32",
+    "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",

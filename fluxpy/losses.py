@@ -1,11 +1,32 @@
-"""Loss functions, as Flux's ``Flux.Losses``.
+"""Loss functions, as Flux's ``Flux.Losses``, with their inputs checked before anything is computed.
 
 Every loss takes the prediction ``ŷ`` first and the target ``y`` second, requires them to have
 the same shape, and reduces with ``agg`` (default: the mean; pass ``sum``, ``np.sum`` or
 ``lambda l: l`` for the unreduced losses). Classification losses treat the LAST axis as the
 class axis of ``(batch, classes)``: they sum over classes, then ``agg`` runs over the rest
 (so the default is the mean over the batch, as Flux's). Targets may be one-hot arrays of any
-dtype; integer and boolean ones are cast to ``ŷ``'s dtype.
+dtype; integer and boolean ones are cast to ``ŷ``'s dtype. :func:`logitcrossentropy` also takes
+integer class indices of shape ``ŷ.shape[:-1]`` (PyTorch's ``cross_entropy(logits, target)``).
+
+**Checks.** A wrong input is an error that names the loss, says what it expected and what it got.
+Shape checks are always on and cost nothing: ``ŷ`` and ``y`` of different shapes, an empty batch, a
+0-d input to a classification loss, ``agg`` that is not a function. *Value* checks read the data:
+probabilities ``ŷ`` outside [0, 1] for :func:`crossentropy`, :func:`binarycrossentropy` and
+:func:`kldivergence` (logits passed by mistake), targets ``y`` outside [0, 1] for those and for the
+logit losses, class indices outside ``[0, C)``. Reading a CuPy array's values makes the host wait
+for the GPU, so the policy, set by :func:`check_values` or the environment variable
+``FLUXPY_CHECKS`` at import, is:
+
+- ``"auto"`` (the default): values are checked on NumPy arrays, not on CuPy arrays (no host sync
+  is ever added on the GPU). There, class indices out of range still cannot pass silently: their
+  rows of the loss are NaN (which :func:`fluxpy.train` reports as a divergence).
+- ``True`` (``FLUXPY_CHECKS=1``): values are checked on every device, a host sync per check on the
+  GPU: for debugging.
+- ``False`` (``FLUXPY_CHECKS=0``): no value checks anywhere.
+
+Tracked values (inside :func:`fluxpy.gradient`) are checked on their values; a check never goes
+on the tape. NaN is not a domain error: a NaN loss is left to report itself (as
+:class:`fluxpy.TrainingDiverged` does).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -15,16 +36,26 @@ dtype; integer and boolean ones are cast to ``ŷ``'s dtype.
 >>> gradient(lambda l: logitcrossentropy(l, y), logits)[0].round(3)
 array([[-0.333,  0.167,  0.167],
        [ 0.167,  0.167, -0.333]])
+>>> round(float(logitcrossentropy(logits, np.array([0, 2]))), 4)   # the same, from class indices
+1.0986
+>>> crossentropy(np.array([[2.0, -1.0]]), np.array([[1.0, 0.0]]))
+Traceback (most recent call last):
+...
+ValueError: crossentropy expects ŷ in [0, 1] (probabilities), got values from -1 to 2 in ŷ of shape (1, 2) float64; \
+for logits use logitcrossentropy(ŷ, y), or apply softmax first
 """
 from __future__ import annotations
 
 import builtins
+import math
+import numbers
+import os
 from collections.abc import Callable
 
 import numpy as np
 
 from .autodiff import value_of
-from .backend import Array, is_array
+from .backend import Array, get_array_module, is_array
 from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
@@ -33,7 +64,83 @@ from .ops.shape import reshape
 from .ops.softmax import logit_crossentropy_rows, logsoftmax
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
-           "logitbinarycrossentropy", "kldivergence", "label_smoothing"]
+           "logitbinarycrossentropy", "kldivergence", "label_smoothing", "check_values"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The value-check policy
+
+
+def _policy_from_env(text):
+    text = (text or "").strip().lower()
+    if text in ("", "auto"):
+        return "auto"
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"FLUXPY_CHECKS must be 1, 0 or auto, got {text!r}")
+
+
+_POLICY = [_policy_from_env(os.environ.get("FLUXPY_CHECKS"))]
+
+
+def check_values(mode: bool | str | None = None) -> bool | str:
+    """Sets when the losses check their inputs' values, and returns the previous setting.
+
+    ``mode``: ``"auto"`` (the default: NumPy arrays only, so no host sync on the GPU), ``True``
+    (every device: a host sync per check on the GPU, for debugging) or ``False`` (never); ``None``
+    only returns the current setting. The environment variable ``FLUXPY_CHECKS`` (``1``, ``0`` or
+    ``auto``) sets it at import. Shape checks are always on. See the module docstring.
+
+    >>> previous = check_values(True)   # check values on every device (debugging)
+    >>> check_values()
+    True
+    >>> _ = check_values(previous)      # back to the setting before
+    """
+    old = _POLICY[0]
+    if mode is not None:
+        if not (mode is True or mode is False or mode == "auto"):
+            raise ValueError(f"check_values expects True, False or \"auto\", got {mode!r}")
+        _POLICY[0] = mode
+    return old
+
+
+def _values_checked(v):
+    """Whether to read the values of the plain array ``v`` under the current policy."""
+    policy = _POLICY[0]
+    if policy == "auto":
+        return isinstance(v, np.ndarray)
+    return policy and is_array(v)
+
+
+def _describe(name, a):
+    v = value_of(a)
+    if not hasattr(v, "shape"):
+        return f"{name} a {type(v).__name__}"
+    return f"{name} of shape {tuple(v.shape)} {v.dtype}"
+
+
+def _extremes(v):
+    """``(min, max)`` ignoring NaN, as text (only on the error path)."""
+    xp = get_array_module(v)
+    finite = v[~xp.isnan(v)] if v.dtype.kind in "fc" else v
+    return f"{float(finite.min()):.4g}", f"{float(finite.max()):.4g}"
+
+
+def _require_unit_interval(name, what, label, a, hint=""):
+    """Raise unless every value of ``a`` lies in [0, 1] (NaN passes), under the check policy."""
+    v = value_of(a)
+    if not is_array(v) or v.dtype.kind == "b" or not _values_checked(v):
+        return
+    if bool(((v < 0) | (v > 1)).any()):
+        lo, hi = _extremes(v)
+        raise ValueError(f"{name} expects {label} in [0, 1] ({what}), got values from {lo} to {hi} in "
+                         f"{_describe(label, a)}{hint}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape checks: always on
 
 
 def _aggregate(agg, losses):
@@ -47,16 +154,48 @@ def _shape(a):
     return tuple(getattr(a, "shape", ()))
 
 
-def _check(name, yhat, y):
-    """Check shapes (naming the loss) and cast integer/boolean targets to ``ŷ``'s dtype."""
+def _is_labels(yhat, y):
+    """True when ``y`` holds integer class indices for ``ŷ``: integer dtype, shape ``ŷ.shape[:-1]``."""
+    shape = _shape(yhat)
+    dtype = getattr(value_of(y), "dtype", None)
+    return (len(shape) >= 1 and dtype is not None and np.dtype(dtype).kind in "iu"
+            and _shape(y) == shape[:-1])
+
+
+def _check_options(name, agg, eps=None):
+    if not callable(agg):
+        raise TypeError(f"{name} expects agg to be a function such as fluxpy.mean, sum or lambda l: l, got {agg!r}")
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0):
+        raise ValueError(f"{name} expects eps to be None or a number >= 0, got {eps!r}")
+
+
+def _check(name, yhat, y, *, classes=False, labels_hint="", probabilities="", targets=""):
+    """Check shapes (naming the loss), then values under the policy, and cast integer/boolean targets to ``ŷ``'s dtype.
+
+    ``probabilities``: ŷ must lie in [0, 1] (the text is the hint for logits); ``targets``: y must lie in [0, 1]
+    (the text says what y is).
+    """
     if _shape(yhat) != _shape(y):
         hint = ""
-        if len(_shape(y)) == len(_shape(yhat)) - 1 and np.issubdtype(getattr(value_of(y), "dtype", float), np.integer):
-            hint = "; y looks like class indices: one-hot encode it along the last axis"
+        if classes and _is_labels(yhat, y):
+            hint = labels_hint or "; y looks like class indices: one-hot encode it along the last axis"
         raise ValueError(f"{name} expects ŷ and y of the same shape, got {_shape(yhat)} and {_shape(y)}{hint}")
+    _check_not_empty(name, yhat, classes)
+    if probabilities:
+        _require_unit_interval(name, _PROBABILITIES, "ŷ", yhat, probabilities)
+    if targets:
+        _require_unit_interval(name, targets, "y", y)
     if is_array(y) and y.dtype.kind in "biu":
         y = y.astype(value_of(yhat).dtype)
     return y
+
+
+def _check_not_empty(name, yhat, classes):
+    shape = _shape(yhat)
+    if classes and len(shape) == 0:
+        raise ValueError(f"{name} expects ŷ with the classes on its last axis, got a 0-d {_describe('ŷ', yhat)}")
+    if math.prod(shape) == 0:
+        raise ValueError(f"{name} expects a non-empty batch, got {_describe('ŷ', yhat)}")
 
 
 def _eps(yhat, eps):
@@ -72,6 +211,14 @@ def _xlogy(x, y):
     return x * basic.log(basic.where(value_of(x) == 0, 1, y))
 
 
+_PROBABILITIES = "probabilities"
+_TARGETS = "one-hot or soft targets"
+
+
+# ---------------------------------------------------------------------------------------------
+# Regression
+
+
 def mse(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
     """The mean squared error, ``agg((ŷ - y)^2)`` (``agg=mean`` by default).
 
@@ -79,6 +226,7 @@ def mse(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
     >>> float(mse(np.array([1.0, 2.0]), np.array([1.0, 4.0])))
     2.0
     """
+    _check_options("mse", agg)
     y = _check("mse", yhat, y)
     d = yhat - y
     return _aggregate(agg, d * d)
@@ -91,6 +239,7 @@ def mae(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
     >>> float(mae(np.array([1.0, 2.0]), np.array([0.0, 4.0])))
     1.5
     """
+    _check_options("mae", agg)
     y = _check("mae", yhat, y)
     return _aggregate(agg, basic.abs(yhat - y))
 
@@ -98,17 +247,27 @@ def mae(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
 def huber_loss(yhat: Array, y: Array, *, agg: Callable = mean, delta: float = 1.0) -> Array:
     """The Huber loss: ``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - delta/2)``, reduced by ``agg``.
 
-    ``d = ŷ - y``; quadratic near zero, linear (robust to outliers) beyond ``delta`` (default 1);
-    ``agg=mean`` by default.
+    ``d = ŷ - y``; quadratic near zero, linear (robust to outliers) beyond ``delta`` (default 1,
+    must be > 0); ``agg=mean`` by default.
 
     >>> import numpy as np
     >>> huber_loss(np.array([0.5, 3.0]), np.zeros(2), agg=lambda l: l)
     array([0.125, 2.5  ])
     """
+    _check_options("huber_loss", agg)
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not delta > 0:
+        raise ValueError(f"huber_loss expects delta to be a number > 0, got {delta!r}")
     y = _check("huber_loss", yhat, y)
     err = basic.abs(yhat - y)
     small = value_of(err) < delta
     return _aggregate(agg, basic.where(small, 0.5 * err * err, delta * (err - 0.5 * delta)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Classification
+
+_INDEX_HINT = ("; y looks like class indices: one-hot encode it along the last axis (fluxpy.onehotbatch), or pass "
+               "logits to logitcrossentropy(ŷ, y), which takes class indices")
 
 
 def crossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
@@ -117,30 +276,85 @@ def crossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | No
     ``agg(-sum(xlogy(y, ŷ + eps), axis=-1))`` with ``xlogy(y, p) = y log(p)``, and 0 where ``y == 0``.
     ``agg=mean`` by default; ``eps`` defaults to the machine epsilon of ``ŷ``'s dtype.
 
-    ``ŷ`` are probabilities (e.g. a softmax output) with classes on the last axis; ``y`` are
-    one-hot or soft targets. Prefer :func:`logitcrossentropy` on logits: it is more stable.
+    ``ŷ`` are probabilities in [0, 1] (e.g. a softmax output) with classes on the last axis; ``y``
+    are one-hot or soft targets in [0, 1] (values checked as the module docstring says). Prefer
+    :func:`logitcrossentropy` on logits: it is more stable.
 
     >>> import numpy as np
     >>> round(float(crossentropy(np.array([[0.25, 0.75]]), np.array([[0.0, 1.0]]))), 4)
     0.2877
     """
-    y = _check("crossentropy", yhat, y)
+    _check_options("crossentropy", agg, eps)
+    y = _check("crossentropy", yhat, y, classes=True, labels_hint=_INDEX_HINT, targets=_TARGETS,
+               probabilities="; for logits use logitcrossentropy(ŷ, y), or apply softmax first")
+    return _crossentropy(yhat, y, agg, eps)
+
+
+def _crossentropy(yhat, y, agg, eps):
     return _aggregate(agg, -_sum(_xlogy(y, yhat + _eps(yhat, eps)), axis=-1))
 
 
-def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+def _one_hot(labels, classes, dtype, checked):
+    """``(..., classes)`` one-hot rows of ``dtype``; rows of NaN for indices outside [0, classes) when unchecked."""
+    xp = get_array_module(labels)
+    unsigned = labels.astype(np.int64, copy=False).view(np.uint64)   # a negative index becomes a huge one
+    hot = unsigned[..., None] == xp.arange(classes, dtype=np.uint64)
+    y = hot.astype(dtype)
+    if not checked:   # no host sync to look at the indices: make a bad one poison its row instead (0/0 = NaN)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y /= (unsigned < classes)[..., None]
+    return y
+
+
+def _labels_to_targets(yhat, labels):
+    labels = value_of(labels)
+    classes = _shape(yhat)[-1]
+    _check_not_empty("logitcrossentropy", yhat, True)
+    checked = _values_checked(labels)
+    if checked and labels.size:
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= classes:
+            raise ValueError(f"logitcrossentropy expects class indices in [0, {classes}) (ŷ has {classes} classes on "
+                             f"its last axis), got values from {lo} to {hi} in {_describe('y', labels)}")
+    return _one_hot(labels, classes, value_of(yhat).dtype, checked)
+
+
+def _smoothed(y, alpha, classes):
+    return y if alpha == 0 else y * (1 - alpha) + alpha / classes
+
+
+def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoothing: float = 0.0) -> Array:
     """The cross-entropy computed from logits: ``agg(-sum(y * logsoftmax(ŷ), axis=-1))``.
 
-    ``agg=mean`` by default. ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape
-    ``(batch, classes)``; ``y`` one-hot or soft targets of the same shape (see
-    :func:`label_smoothing`). PyTorch's ``cross_entropy`` with probability targets.
+    ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape ``(..., classes)``.
+    ``y`` is either one-hot or soft targets of the same shape, in [0, 1] (PyTorch's
+    ``cross_entropy`` with probability targets), or integer class indices of shape ``ŷ.shape[:-1]``
+    with values in ``[0, classes)`` (PyTorch's ``cross_entropy(logits, target)``; they are one-hot
+    encoded inside, so both forms run the same fused op). ``agg=mean`` by default.
+    ``label_smoothing=alpha`` in [0, 1) smooths the targets towards the uniform distribution first,
+    ``y (1 - alpha) + alpha / classes``, as :func:`label_smoothing` and PyTorch's keyword.
 
     >>> import numpy as np
     >>> round(float(logitcrossentropy(np.array([[0.0, np.log(3.0)]]), np.array([[0, 1]]))), 4)
     0.2877
+    >>> round(float(logitcrossentropy(np.array([[0.0, np.log(3.0)]]), np.array([1]))), 4)
+    0.2877
+    >>> logitcrossentropy(np.zeros((2, 3)), np.array([0, 3]))
+    Traceback (most recent call last):
+    ...
+    ValueError: logitcrossentropy expects class indices in [0, 3) (ŷ has 3 classes on its last axis), \
+got values from 0 to 3 in y of shape (2,) int64
     """
-    y = _check("logitcrossentropy", yhat, y)
+    _check_options("logitcrossentropy", agg)
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) or \
+            not 0 <= label_smoothing < 1:
+        raise ValueError(f"logitcrossentropy expects label_smoothing in [0, 1), got {label_smoothing!r}")
+    if _is_labels(yhat, y):
+        y = _labels_to_targets(yhat, y)
+    else:
+        y = _check("logitcrossentropy", yhat, y, classes=True, targets=_TARGETS)
     shape = _shape(yhat)
+    y = _smoothed(y, label_smoothing, shape[-1])
     if len(shape) == 2:
         return _aggregate(agg, logit_crossentropy_rows(yhat, y))
     if len(shape) > 2:   # (..., C): one row per leading index
@@ -152,15 +366,17 @@ def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
 def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
     """The binary cross-entropy: ``agg(-xlogy(y, ŷ + eps) - xlogy(1 - y, 1 - ŷ + eps))``.
 
-    ``ŷ`` are probabilities (e.g. a sigmoid output), ``y`` targets in [0, 1]; elementwise, no
-    class axis. ``agg=mean`` and ``eps`` (machine epsilon) by default, as :func:`crossentropy`.
+    ``ŷ`` are probabilities in [0, 1] (e.g. a sigmoid output), ``y`` targets in [0, 1]; elementwise,
+    no class axis. ``agg=mean`` and ``eps`` (machine epsilon) by default, as :func:`crossentropy`.
     Prefer :func:`logitbinarycrossentropy` on logits.
 
     >>> import numpy as np
     >>> round(float(binarycrossentropy(np.array([0.75]), np.array([1.0]))), 4)
     0.2877
     """
-    y = _check("binarycrossentropy", yhat, y)
+    _check_options("binarycrossentropy", agg, eps)
+    y = _check("binarycrossentropy", yhat, y, targets="binary targets",
+               probabilities="; for logits use logitbinarycrossentropy(ŷ, y), or apply sigmoid first")
     e = _eps(yhat, eps)
     return _aggregate(agg, -_xlogy(y, yhat + e) - _xlogy(1 - y, 1 - yhat + e))
 
@@ -169,13 +385,15 @@ def logitbinarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> A
     """The binary cross-entropy computed from logits: ``agg((1 - y) ŷ + softplus(-ŷ))``.
 
     ``agg=mean`` by default. ``binarycrossentropy(sigmoid(ŷ), y)`` computed stably from logits
-    (``-log sigmoid(ŷ) = softplus(-ŷ)``); PyTorch's ``binary_cross_entropy_with_logits``.
+    (``-log sigmoid(ŷ) = softplus(-ŷ)``), targets ``y`` in [0, 1]; PyTorch's
+    ``binary_cross_entropy_with_logits``.
 
     >>> import numpy as np
     >>> round(float(logitbinarycrossentropy(np.array([0.0]), np.array([1.0]))), 4)
     0.6931
     """
-    y = _check("logitbinarycrossentropy", yhat, y)
+    _check_options("logitbinarycrossentropy", agg)
+    y = _check("logitbinarycrossentropy", yhat, y, targets="binary targets")
     return _aggregate(agg, (1 - y) * yhat + softplus(-yhat))
 
 
@@ -183,16 +401,19 @@ def kldivergence(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | No
     """The Kullback-Leibler divergence of the distribution ``ŷ`` from the target ``y``.
 
     ``agg(sum(xlogy(y, y), axis=-1)) + crossentropy(ŷ, y; agg, eps)``, classes on the last axis, with
-    ``agg`` and ``eps`` as :func:`crossentropy`; 0 when the two agree (up to ``eps``).
+    ``agg`` and ``eps`` as :func:`crossentropy`; 0 when the two agree (up to ``eps``). Both are
+    probabilities, in [0, 1].
 
     >>> import numpy as np
     >>> p = np.array([[0.25, 0.75]])
     >>> abs(float(kldivergence(p, p, eps=0.0))) < 1e-15
     True
     """
-    y = _check("kldivergence", yhat, y)
+    _check_options("kldivergence", agg, eps)
+    y = _check("kldivergence", yhat, y, classes=True, labels_hint=_INDEX_HINT, targets=_PROBABILITIES,
+               probabilities="; apply softmax to logits first")
     entropy = _aggregate(agg, _sum(_xlogy(y, y), axis=-1))
-    return entropy + crossentropy(yhat, y, agg=agg, eps=eps)
+    return entropy + _crossentropy(yhat, y, agg, eps)
 
 
 def label_smoothing(y: Array, alpha: float, axis: int | None = -1) -> Array:
@@ -200,7 +421,8 @@ def label_smoothing(y: Array, alpha: float, axis: int | None = -1) -> Array:
 
     Smooths one-hot targets with classes on ``axis`` (the last by default); ``axis=None`` smooths
     binary targets (``y (1 - alpha) + alpha / 2``). ``alpha`` must lie in (0, 1). Flux's
-    ``label_smoothing`` (``dims=1`` and ``dims=0``).
+    ``label_smoothing`` (``dims=1`` and ``dims=0``). For class indices, use
+    ``logitcrossentropy(ŷ, labels, label_smoothing=alpha)``.
 
     >>> import numpy as np
     >>> label_smoothing(np.array([[0.0, 1.0, 0.0, 0.0]]), 0.2)
@@ -208,7 +430,10 @@ def label_smoothing(y: Array, alpha: float, axis: int | None = -1) -> Array:
     >>> label_smoothing(np.array([0.0, 1.0]), 0.2, axis=None)
     array([0.1, 0.9])
     """
-    if not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
         raise ValueError(f"label_smoothing: alpha must lie in (0, 1), got {alpha!r}")
-    n = 2 if axis is None else _shape(y)[axis]
+    shape = _shape(y)
+    if axis is not None and not (isinstance(axis, (int, np.integer)) and -len(shape) <= axis < len(shape)):
+        raise ValueError(f"label_smoothing: axis must be None or an axis of y, got {axis!r} for {_describe('y', y)}")
+    n = 2 if axis is None else shape[axis]
     return y * (1 - alpha) + alpha / n

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from . import autodiff
 from .autodiff import Primitive
-from .backend import event_seconds, gpu_available, record_event
+from .backend import GPUUnavailableError, event_seconds, gpu_available, record_event
 
 __all__ = ["profile", "Profile", "ProfileRow"]
 
@@ -67,7 +67,13 @@ class Profile:
     """
 
     def __init__(self, gpu: bool | None = None, print_table: bool = True) -> None:
-        self.use_gpu = gpu_available()[0] if gpu is None else bool(gpu)
+        if not (gpu is None or isinstance(gpu, bool)):
+            raise ValueError(f"profile: gpu must be True, False or None (time the GPU when one is usable), got {gpu!r}")
+        usable, why = gpu_available()
+        if gpu and not usable:
+            raise GPUUnavailableError(f"profile(gpu=True) times the GPU with CUDA events, but no GPU is usable: {why}; "
+                                      f"use profile(gpu=False) (host times only), or profile() to decide by itself")
+        self.use_gpu = usable if gpu is None else gpu
         self.print_table = print_table
         self.top = []      # finished top-level frames
         self._stack = []
@@ -159,7 +165,8 @@ def profile(gpu: bool | None = None, print_table: bool = True) -> Profile:
     """A context that times each primitive and pullback run inside it, and prints a table on exit.
 
     Used as ``with fluxpy.profile() as prof:``. ``gpu``: time with CUDA events too (default: when a
-    GPU is usable). ``print_table=False`` keeps quiet; ``prof.table()`` and ``prof.rows()`` give the
+    GPU is usable; ``gpu=True`` without a usable GPU raises :class:`fluxpy.GPUUnavailableError`
+    saying why). ``print_table=False`` keeps quiet; ``prof.table()`` and ``prof.rows()`` give the
     results.
 
     >>> import numpy as np

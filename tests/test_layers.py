@@ -406,7 +406,7 @@ def test_skipconnection_and_parallel_gradient(seed):
     par = Parallel(lambda a, b: fluxpy.concatenate([a, b], axis=1), Dense(3, 2, rng=rng), Dense(3, 4, tanh, rng=rng))
     layer, _ = check_layer(par, x64(rng, 2, 3), rng=rng)
     assert layer(x64(rng, 2, 3)).shape == (2, 6)
-    a, b = x64(rng, 2, 3), x64(rng, 5, 3)
+    a, b = x64(rng, 2, 3).astype(np.float32), x64(rng, 5, 3).astype(np.float32)
     assert Parallel(lambda u, v: (u.shape, v.shape), Dense(3, 2), Dense(3, 4))(a, b) == ((2, 2), (5, 4))
 
 

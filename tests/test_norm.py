@@ -175,8 +175,34 @@ def test_layernorm_matches_torch():
 def test_layernorm_errors():
     with pytest.raises(ValueError, match=r"layernorm: gamma of shape \(4,\) does not broadcast to x of shape \(2, 3\)"):
         layernorm(np.ones((2, 3)), np.ones(4), None)
-    with pytest.raises(ValueError, match="normalise: axis 2 is out of range"):
+    with pytest.raises(ValueError, match="layernorm: axis 2 is out of range"):   # names the op called
         layernorm(np.ones((2, 3)), None, None, axes=2)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: normalise(np.ones(1)), r"normalise expects more than 1 value along axis -1, got x of shape \(1,\)"),
+    (lambda: normalise(np.ones((3, 1)), axis=1), r"normalise expects more than 1 value along axis 1, got x of shape \(3, 1\)"),
+    (lambda: normalise(np.ones((0, 4)), axis=None), r"normalise expects more than 1 value along axis None"),
+    (lambda: batchnorm_train(np.ones((1, 3))),
+     r"batchnorm_train expects more than 1 value per channel \(x.size // x.shape\[1\]\), got x of shape \(1, 3\)"),
+    (lambda: batchnorm_train(np.ones((1, 3, 1, 1))), r"batchnorm_train expects more than 1 value per channel"),
+    (lambda: batchnorm_train(np.ones((0, 3))), r"batchnorm_train expects more than 1 value per channel"),
+    (lambda: layernorm(np.ones((2, 1))), r"layernorm expects more than 1 value along axes -1, got x of shape \(2, 1\)"),
+    (lambda: layernorm(np.ones((2, 1, 1)), axes=(-2, -1)), r"layernorm expects more than 1 value along axes \(-2, -1\)"),
+])
+def test_normalising_a_single_value_is_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@given(n=st.integers(1, 3), c=st.integers(1, 3), hw=st.integers(1, 2))
+def test_batchnorm_train_refuses_exactly_the_single_value_channels(n, c, hw):
+    x = np.random.default_rng(n).standard_normal((n, c, hw, hw))
+    if n * hw * hw < 2:
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            batchnorm_train(x)
+    else:
+        assert batchnorm_train(x)[0].shape == x.shape
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,3 +35,19 @@ def test_profile_of_a_model_step_names_conv_ops():
     names = {r.name for r in prof.rows()}
     assert {"conv_backward_filter", "maxpool", "maxpool_backward", "logit_crossentropy_rows"} <= names
     assert "| conv_backward_filter |" in prof.table()
+
+
+def test_profile_gpu_true_without_a_gpu_says_why(monkeypatch):
+    import sys
+
+    import pytest
+    P = sys.modules["fluxpy.profile"]   # fluxpy.profile is the function of the same name
+    monkeypatch.setattr(P, "gpu_available", lambda: (False, "CuPy could not be imported (no cupy here)"))
+    with pytest.raises(fluxpy.GPUUnavailableError) as err:
+        fluxpy.profile(gpu=True)
+    assert str(err.value).startswith("profile(gpu=True) times the GPU with CUDA events, but no GPU is usable: "
+                                     "CuPy could not be imported (no cupy here); use profile(gpu=False)")
+    assert fluxpy.autodiff._pullback_hook is None   # nothing patched
+    assert fluxpy.profile(print_table=False).use_gpu is False   # the default decides by itself
+    with pytest.raises(ValueError, match="profile: gpu must be True, False or None"):
+        fluxpy.profile(gpu="yes")

@@ -2,8 +2,11 @@
 
 Each ``__call__`` checks the input's shape, then calls ops; layers hold no backward code and no
 device code (move a model with :func:`fluxpy.gpu` / :func:`fluxpy.cpu`). A wrong input raises
-:class:`DimensionMismatch` naming the layer before any kernel runs; inside a :class:`Chain` the
-message also says which layer (by its index, as ``chain[i]``).
+:class:`DimensionMismatch` (a wrong shape) or :class:`DTypeMismatch` (a dtype other than the
+parameters', e.g. float64 data into a float32 model) naming the layer before any kernel runs;
+inside a :class:`Chain` the message also says which layer (by its index, as ``chain[i]``). A
+constructor given a bad size or option (``Dense(3.5, 2)``, ``Conv(..., groups=0)``, an activation
+that is not callable) raises at once, naming the layer.
 
 Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in)`` and
 ``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
@@ -11,8 +14,8 @@ Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in
 The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, Dropout and the train/test mode),
 ``init`` (initialisers), ``convert`` (f32, f64), ``show`` (printing) and ``_checks`` (input
-checks and :class:`DimensionMismatch`). The families import from ``init``, ``show`` and
-``_checks``, never from each other.
+checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
+``init``, ``show`` and ``_checks``, never from each other.
 
 >>> import numpy as np
 >>> import fluxpy
@@ -25,7 +28,7 @@ checks and :class:`DimensionMismatch`). The families import from ``init``, ``sho
 """
 from __future__ import annotations
 
-from ._checks import DimensionMismatch
+from ._checks import DimensionMismatch, DTypeMismatch
 from .basic import Chain, Dense, Embedding, Parallel, SkipConnection, flatten
 from .conv import Conv, ConvTranspose, CrossCor
 from .convert import f32, f64
@@ -35,6 +38,6 @@ from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPo
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
            "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout",
-           "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "istraining", "trainmode", "testmode",
-           "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32",
-           "ones32", "nfan"]
+           "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode",
+           "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32",
+           "zeros32", "ones32", "nfan"]

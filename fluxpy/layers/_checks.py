@@ -1,14 +1,19 @@
-"""Argument and input checks shared by the layers, and :class:`DimensionMismatch`, the error they raise.
+"""Argument and input checks shared by the layers, and the errors they raise: :class:`DimensionMismatch` and
+:class:`DTypeMismatch`.
 
 A layer checks its input before any op runs, so a wrong shape is reported against the layer
 (``Conv((3, 3), 2 => 3) expects x.shape[1] == 2, got (5, 4, 9, 9) float32``) rather than deep
-inside a kernel.
+inside a kernel; so is an input whose dtype differs from the layer's parameters, with the
+conversion that fixes it. Constructors check their sizes and options, naming the layer.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
+
+from ..ops.activations import identity
 
 # What a layer takes and returns: a NumPy or CuPy array, or a Tracked one inside gradient.
 Array = Any
@@ -27,8 +32,26 @@ class DimensionMismatch(ValueError):
     """
 
 
+class DTypeMismatch(TypeError):
+    """A layer was given an input whose dtype differs from its parameters'; the message names the layer and says
+    how to convert (the input with ``x.astype``, or the model with :func:`fluxpy.f32` / :func:`fluxpy.f64`).
+
+    A float32 layer never silently computes in float64 (slowly, returning float64) or on integers.
+
+    >>> import numpy as np
+    >>> from fluxpy.layers import Dense
+    >>> try:
+    ...     Dense(3, 2)(np.ones((4, 3)))
+    ... except DTypeMismatch as err:
+    ...     print(err)
+    Dense(3 => 2) expects x of dtype float32 (its parameters' dtype), got (4, 3) float64: convert the input \
+with x.astype(np.float32), or the model with fluxpy.f64(model)
+    """
+
+
 # Tracebacks (and the doctests that show them) print the name users import.
 DimensionMismatch.__module__ = "fluxpy.layers"
+DTypeMismatch.__module__ = "fluxpy.layers"
 
 
 def _describe_input(x):
@@ -39,6 +62,75 @@ def _describe_input(x):
 
 def _fail(layer, expectation, x):
     raise DimensionMismatch(f"{layer!r} expects {expectation}, got {_describe_input(x)}")
+
+
+def _require_dtype(layer, x, dtype):
+    """Raise :class:`DTypeMismatch` unless ``x`` has the parameters' ``dtype`` (``x`` already shape-checked)."""
+    if x.dtype != dtype:
+        _fail_dtype(layer, f"x of dtype {np.dtype(dtype).name} (its parameters' dtype)", x, np.dtype(dtype))
+
+
+def _require_float(layer, x):
+    """Raise :class:`DTypeMismatch` unless ``x`` is floating-point (for layers without parameters)."""
+    if np.dtype(x.dtype).kind != "f":
+        _fail_dtype(layer, "a floating-point x", x, np.dtype(np.float32))
+
+
+def _fail_dtype(layer, expectation, x, want):
+    got = np.dtype(x.dtype)
+    hint = f"convert the input with x.astype(np.{want.name})"
+    model = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+    if got.kind == "f" and got in model and got != want:
+        hint += f", or the model with fluxpy.{model[got]}(model)"
+    raise DTypeMismatch(f"{layer!r} expects {expectation}, got {_describe_input(x)}: {hint}")
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _positive_int(who, name, value):
+    """``value`` as an int, which must be >= 1."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{who}: {name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _callable(who, name, f):
+    """``f``, which must be callable."""
+    if not callable(f):
+        raise TypeError(f"{who}: {name} must be callable, got {f!r}")
+    return f
+
+
+def _activation(who, act):
+    """The activation ``act``, callable (``None`` means none: :func:`identity`)."""
+    if act is None:
+        return identity
+    if not callable(act):
+        raise TypeError(f"{who}: act must be callable (a function such as relu, or None), got {act!r}")
+    return act
+
+
+def _number(who, name, value, low, high=None, low_open=False):
+    """``value``, a real number in [low, high] ((low, high] with ``low_open``)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+        (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
+        raise ValueError(f"{who}: {name} must be a number {bound}, got {value!r}")
+    return value
+
+
+def _pad_option(who, pad):
+    """``pad``, checked: a non-negative int, a pair, a 4-tuple ``(top, bottom, left, right)`` or ``"same"``."""
+    if isinstance(pad, str) and pad == "same":
+        return pad
+    values = (pad,) if _is_int(pad) else tuple(pad) if isinstance(pad, (tuple, list)) and len(pad) in (2, 4) else ()
+    if not values or not all(_is_int(v) and v >= 0 for v in values):
+        raise ValueError(f"{who}: pad must be a non-negative int, a pair (ph, pw), a 4-tuple (top, bottom, left, "
+                         f"right) or \"same\", got {pad!r}")
+    return pad
 
 
 def _require_ndim(layer, x, ndim, layout):
@@ -60,10 +152,11 @@ def _renamed(layer, err, op):
     return DimensionMismatch(msg)
 
 
-def _pair(name, value):
-    pair = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in pair):
-        raise ValueError(f"{name} must be a positive int or a pair of them, got {value!r}")
+def _pair(name, value, minimum=1):
+    pair = (value, value) if _is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else None
+    if pair is None or len(pair) != 2 or not all(_is_int(v) and v >= minimum for v in pair):
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name} must be a {kind} int or a pair of them, got {value!r}")
     return tuple(int(v) for v in pair)
 
 
@@ -71,6 +164,6 @@ def _given_bias(bias, shape, name):
     """``bias=False`` -> None; an array -> itself (shape-checked)."""
     if bias is False or bias is None:
         return None
-    if tuple(getattr(bias, "shape", ())) != shape:
+    if not hasattr(bias, "shape") or tuple(bias.shape) != shape:
         raise ValueError(f"{name}: bias must be True, False or an array of shape {shape}, got {bias!r}")
     return bias

@@ -15,7 +15,8 @@ from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the d
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.shape import reshape, transpose
-from ._checks import Array, DimensionMismatch, _describe_input, _fail, _given_bias
+from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _describe_input, _fail,
+                      _given_bias, _positive_int, _require_dtype)
 from .init import RNG, glorot_uniform, randn32, zeros32
 from .show import _act_part, _block_repr, _fname, _inside_repr, _layer_repr
 
@@ -52,8 +53,8 @@ class Chain:
         for i, f in enumerate(self.layers):
             try:
                 x = f(x)
-            except DimensionMismatch as err:
-                raise DimensionMismatch(f"Chain layer {i}: {err}") from None
+            except (DimensionMismatch, DTypeMismatch) as err:
+                raise type(err)(f"Chain layer {i}: {err}") from None
         return x
 
     def __getitem__(self, index):
@@ -77,10 +78,11 @@ class Chain:
 class Dense:
     """A fully connected layer: ``y = act(x @ weight.T + bias)``.
 
-    ``x`` is ``(batch, in)`` (any leading axes, or a single ``(in,)`` vector); ``weight`` is
-    ``(out, in)``, made by ``init(out, in, rng=rng)``; ``rng`` is a ``numpy.random.Generator`` or
-    a seed. ``bias`` is ``(out,)``: zeros for ``bias=True``, ``None`` for ``bias=False``, or the
-    array given.
+    ``x`` is ``(batch, in)`` (any leading axes, or a single ``(in,)`` vector) of the weight's dtype
+    (float32 unless converted with :func:`f64`; another dtype is a :class:`DTypeMismatch`);
+    ``weight`` is ``(out, in)``, made by ``init(out, in, rng=rng)``; ``rng`` is a
+    ``numpy.random.Generator`` or a seed. ``bias`` is ``(out,)``: zeros for ``bias=True``, ``None``
+    for ``bias=False``, or the array given.
 
     >>> import numpy as np
     >>> d = Dense(288, 10)
@@ -94,9 +96,11 @@ class Dense:
 
     def __init__(self, in_features: int, out_features: int, act: Callable = identity, bias: bool | Array = True,
                  init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        self.weight = init(out_features, in_features, rng=rng)
+        in_features = _positive_int("Dense", "in_features", in_features)
+        out_features = _positive_int("Dense", "out_features", out_features)
+        self.act = _activation("Dense", act)
+        self.weight = _callable("Dense", "init", init)(out_features, in_features, rng=rng)
         self.bias = zeros32(out_features) if bias is True else _given_bias(bias, (out_features,), "Dense")
-        self.act = act
 
     @property
     def in_features(self):
@@ -109,6 +113,7 @@ class Dense:
     def __call__(self, x: Array) -> Array:
         if not hasattr(x, "shape") or len(x.shape) < 1 or x.shape[-1] != self.in_features:
             _fail(self, f"x.shape[-1] == {self.in_features}", x)
+        _require_dtype(self, x, self.weight.dtype)
         return bias_act(matmul(x, transpose(self.weight)), self.bias, self.act)
 
     def __repr__(self):
@@ -142,7 +147,8 @@ class Embedding:
     """
 
     def __init__(self, n: int, dim: int, init: Callable = randn32, rng: RNG = None) -> None:
-        self.weight = init(n, dim, rng=rng)
+        n, dim = _positive_int("Embedding", "n", n), _positive_int("Embedding", "dim", dim)
+        self.weight = _callable("Embedding", "init", init)(n, dim, rng=rng)
 
     def __call__(self, x: Array | int) -> Array:
         x = value_of(x)
@@ -170,8 +176,8 @@ class SkipConnection:
     """
 
     def __init__(self, layers: Callable, connection: Callable) -> None:
-        self.layers = layers
-        self.connection = connection
+        self.layers = _callable("SkipConnection", "layers", layers)
+        self.connection = _callable("SkipConnection", "connection", connection)
 
     def __call__(self, x: Array) -> Array:
         return self.connection(self.layers(x), x)
@@ -195,7 +201,9 @@ class Parallel:
     def __init__(self, connection: Callable, *layers: Callable | Sequence[Callable]) -> None:
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
-        self.connection = connection
+        self.connection = _callable("Parallel", "connection", connection)
+        for i, f in enumerate(layers):
+            _callable("Parallel", f"layer {i}", f)
         self.layers = tuple(layers)
 
     def __call__(self, *xs: Array) -> Array:

@@ -12,7 +12,8 @@ from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the d
 from ..ops.bias_act import bias_act
 from ..ops.conv import conv_bias_act, conv_dims, conv_transpose
 from ..ops.shape import reshape
-from ._checks import Array, _given_bias, _pair, _renamed, _require_channels
+from ._checks import (Array, _activation, _callable, _given_bias, _pad_option, _pair, _positive_int, _renamed,
+                      _require_channels, _require_dtype)
 from .init import RNG, glorot_uniform, ones32, zeros32  # noqa: F401  (ones32: used by the docstring examples)
 from .show import _act_part, _options
 
@@ -26,6 +27,7 @@ class Conv:
     *kernel)``, made by ``init``; ``bias`` is ``(cout,)``, as for :class:`Dense`. ``kernel``,
     ``stride`` and ``dilation`` are ints or pairs; ``pad`` is an int, a pair, a 4-tuple
     ``(top, bottom, left, right)`` or ``"same"``; ``groups`` must divide ``cin`` and ``cout``.
+    The constructor checks all of these; ``x`` must have the weight's dtype (see :class:`Dense`).
     Flux writes ``Conv((3, 3), 1 => 16, relu; pad=1)``; here it is ``Conv((3, 3), 1, 16, relu,
     pad=1)``, and ``repr`` prints Flux's form.
 
@@ -44,12 +46,12 @@ class Conv:
                  stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool | Array = True,
                  init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        kernel = _pair(f"{type(self).__name__}: kernel", kernel)
-        if cin % groups or cout % groups:
-            raise ValueError(f"{type(self).__name__}: groups == {groups} must divide cin == {cin} and cout == {cout}")
-        self.weight = init(cout, cin // groups, *kernel, rng=rng)
-        self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), type(self).__name__)
-        self.act = act
+        name = type(self).__name__
+        kernel, cin, cout, groups = _conv_sizes(name, kernel, cin, cout, groups)
+        _check_geometry(name, stride, pad, dilation)
+        self.act = _activation(name, act)
+        self.weight = _callable(name, "init", init)(cout, cin // groups, *kernel, rng=rng)
+        self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), name)
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
 
     @property
@@ -66,6 +68,7 @@ class Conv:
 
     def __call__(self, x: Array) -> Array:
         _require_channels(self, x, self.in_channels)
+        _require_dtype(self, x, self.weight.dtype)
         try:
             conv_dims(x, self.weight, **self._options())
         except ValueError as err:
@@ -115,12 +118,17 @@ class ConvTranspose:
                  stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, int] = 1, groups: int = 1, output_padding: int | tuple[int, int] = 0,
                  bias: bool | Array = True, init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        kernel = _pair("ConvTranspose: kernel", kernel)
-        if cin % groups or cout % groups:
-            raise ValueError(f"ConvTranspose: groups == {groups} must divide cin == {cin} and cout == {cout}")
-        self.weight = init(cin, cout // groups, *kernel, rng=rng)
+        kernel, cin, cout, groups = _conv_sizes("ConvTranspose", kernel, cin, cout, groups)
+        step = _check_geometry("ConvTranspose", stride, pad, dilation)
+        out_pad = _pair("ConvTranspose: output_padding", output_padding, minimum=0)
+        if out_pad[0] >= step[0] or out_pad[1] >= step[1]:
+            raise ValueError(f"ConvTranspose: output_padding must be smaller than stride {step}, got "
+                             f"{output_padding!r}")
+        if isinstance(pad, str) and any(out_pad):
+            raise ValueError(f"ConvTranspose: output_padding must be 0 with pad=\"same\", got {output_padding!r}")
+        self.act = _activation("ConvTranspose", act)
+        self.weight = _callable("ConvTranspose", "init", init)(cin, cout // groups, *kernel, rng=rng)
         self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), "ConvTranspose")
-        self.act = act
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
         self.output_padding = output_padding
 
@@ -134,6 +142,7 @@ class ConvTranspose:
 
     def __call__(self, x: Array) -> Array:
         _require_channels(self, x, self.in_channels)
+        _require_dtype(self, x, self.weight.dtype)
         try:  # conv_transpose validates the geometry before it runs any kernel
             y = conv_transpose(x, self.weight, stride=self.stride, pad=self.pad, dilation=self.dilation,
                                groups=self.groups, flipped=self.flipped, output_padding=self.output_padding)
@@ -148,3 +157,21 @@ class ConvTranspose:
                 + _options([("pad", self.pad, 0), ("stride", self.stride, 1), ("dilation", self.dilation, 1),
                             ("groups", self.groups, 1), ("output_padding", self.output_padding, 0)])
                 + ("" if self.bias is not None else ", bias=False") + ")")
+
+
+def _conv_sizes(name, kernel, cin, cout, groups):
+    """Checked ``(kernel pair, cin, cout, groups)``: positive ints, ``groups`` dividing both channel counts."""
+    kernel = _pair(f"{name}: kernel", kernel)
+    cin, cout = _positive_int(name, "cin", cin), _positive_int(name, "cout", cout)
+    groups = _positive_int(name, "groups", groups)
+    if cin % groups or cout % groups:
+        raise ValueError(f"{name}: groups == {groups} must divide cin == {cin} and cout == {cout}")
+    return kernel, cin, cout, groups
+
+
+def _check_geometry(name, stride, pad, dilation):
+    """Check ``stride``, ``pad`` and ``dilation`` when the layer is built (each call checks them against x again);
+    returns the stride as a pair."""
+    _pad_option(name, pad)
+    _pair(f"{name}: dilation", dilation)
+    return _pair(f"{name}: stride", stride)

@@ -3,8 +3,10 @@ train/test mode that BatchNorm and Dropout follow (``istraining``, ``trainmode``
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+import numbers
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +16,7 @@ from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import dropout
 from ..ops.norm import batchnorm_infer, batchnorm_train, layernorm
-from ._checks import Array, _fail
+from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_dtype, _require_float)
 from .init import ones32, zeros32
 from .show import _act_part
 
@@ -87,6 +89,11 @@ def testmode(model, mode: bool | str = True):
 testmode.__test__ = False  # not a test, whatever pytest guesses from the name
 
 
+def _check_active(who, active):
+    if not (active is None or isinstance(active, bool)):
+        raise ValueError(f"{who}: active must be True, False or None (automatic), got {active!r}")
+
+
 def _is_active(layer, *xs):
     return istraining(*xs) if layer.active is None else layer.active
 
@@ -108,6 +115,11 @@ class BatchNorm:
     the running statistics are children (saved, moved to the GPU) but not trainable, and with
     ``track_stats=False`` there are none and the batch's statistics are always used.
 
+    Batch statistics need more than one value per channel (``x.size // C > 1``): with one, the
+    output would be ``beta`` whatever ``x`` and the running variance would go to zero, so that is an
+    error (as PyTorch's), raised before the running statistics change. ``x`` must have the
+    parameters' dtype (see :class:`Dense`).
+
     >>> import numpy as np, fluxpy
     >>> bn = BatchNorm(2)
     >>> x = np.arange(8, dtype=np.float32).reshape(4, 2)
@@ -116,11 +128,21 @@ class BatchNorm:
     >>> _ = fluxpy.gradient(lambda m: m(x).sum(), bn)   # training: stats move
     >>> bn.running_mean
     array([0.3, 0.4], dtype=float32)
+    >>> trainmode(bn)(np.ones((1, 2), np.float32))
+    Traceback (most recent call last):
+    ...
+    fluxpy.layers.DimensionMismatch: BatchNorm(2, active=True) expects more than 1 value per channel when using \
+batch statistics (training, or track_stats=False), got (1, 2) float32
     """
     _has_mode = True
 
     def __init__(self, channels: int, act: Callable = identity, eps: float = 1e-5, momentum: float = 0.1,
                  affine: bool = True, track_stats: bool = True, active: bool | None = None) -> None:
+        channels = _positive_int("BatchNorm", "channels", channels)
+        act = _activation("BatchNorm", act)
+        _number("BatchNorm", "eps", eps, 0)
+        _number("BatchNorm", "momentum", momentum, 0, 1)
+        _check_active("BatchNorm", active)
         self.gamma = ones32(channels) if affine else None
         self.beta = zeros32(channels) if affine else None
         self.running_mean = zeros32(channels) if track_stats else None
@@ -131,7 +153,15 @@ class BatchNorm:
     def __call__(self, x: Array) -> Array:
         if not hasattr(x, "shape") or len(x.shape) < 2 or x.shape[1] != self.channels:
             _fail(self, f"x.shape[1] == {self.channels} (x of shape (N, C, ...))", x)
+        params = self.gamma if self.gamma is not None else self.running_mean
+        if params is not None:
+            _require_dtype(self, x, params.dtype)
+        else:
+            _require_float(self, x)
         if self.running_mean is None or _is_active(self, x, self.gamma, self.beta):
+            if math.prod(x.shape) // self.channels < 2:
+                _fail(self, "more than 1 value per channel when using batch statistics (training, or "
+                            "track_stats=False)", x)
             y, mean, var = batchnorm_train(x, self.gamma, self.beta, self.eps)
             if self.running_mean is not None:
                 self._track(mean, var, x.size // self.channels)
@@ -162,7 +192,9 @@ class LayerNorm:
 
     The statistics are per sample over the last ``len(shape)`` axes, which must equal ``shape``
     (an int or tuple); ``gamma`` (ones) and ``beta`` (zeros) have that shape, and are absent with
-    ``affine=False``. PyTorch's ``LayerNorm(shape)``.
+    ``affine=False``. PyTorch's ``LayerNorm(shape)``. The sizes must be positive ints normalising more
+    than one value (over one, the output would be ``beta`` whatever ``x``), and ``x`` must have the
+    parameters' dtype (see :class:`Dense`).
 
     >>> import numpy as np
     >>> ln = LayerNorm(4)
@@ -172,15 +204,26 @@ class LayerNorm:
 
     def __init__(self, shape: int | tuple[int, ...], act: Callable = identity, eps: float = 1e-5,
                  affine: bool = True) -> None:
-        self.shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        dims = (shape,) if _is_int(shape) else tuple(shape) if isinstance(shape, (tuple, list)) else None
+        if not dims or not all(_is_int(d) and d >= 1 for d in dims):
+            raise ValueError(f"LayerNorm: shape must be a positive int or a tuple of them, got {shape!r}")
+        self.shape = tuple(int(d) for d in dims)
+        if math.prod(self.shape) < 2:
+            raise ValueError(f"LayerNorm: shape {shape!r} normalises a single value, whose output is always beta; "
+                             f"normalise more than one")
+        self.act = _activation("LayerNorm", act)
+        self.eps = _number("LayerNorm", "eps", eps, 0)
         self.gamma = ones32(self.shape) if affine else None
         self.beta = zeros32(self.shape) if affine else None
-        self.act, self.eps = act, eps
 
     def __call__(self, x: Array) -> Array:
         k = len(self.shape)
         if not hasattr(x, "shape") or tuple(x.shape[-k:]) != self.shape or len(x.shape) < k:
             _fail(self, f"x.shape[-{k}:] == {self.shape}", x)
+        if self.gamma is not None:
+            _require_dtype(self, x, self.gamma.dtype)
+        else:
+            _require_float(self, x)
         y = layernorm(x, self.gamma, self.beta, tuple(range(-k, 0)), self.eps)
         return y if self.act is identity else bias_act(y, None, self.act)
 
@@ -212,8 +255,11 @@ class Dropout:
 
     def __init__(self, p: float, dims: int | tuple[int, ...] | None = None, rng: Any = None,
                  active: bool | None = None) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
             raise ValueError(f"Dropout: p must be a probability in [0, 1), got {p!r}")
+        if not (dims is None or _is_int(dims) or (isinstance(dims, tuple) and all(_is_int(d) for d in dims))):
+            raise ValueError(f"Dropout: dims must be None, an axis or a tuple of axes, got {dims!r}")
+        _check_active("Dropout", active)
         self.p, self.dims, self.active = p, dims, active
         self.rng = rng if rng is None or hasattr(rng, "random") else np.random.default_rng(rng)
 

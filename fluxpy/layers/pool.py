@@ -1,6 +1,7 @@
 """Pooling layers: MaxPool, MeanPool and their global and adaptive forms (in Flux, part of ``src/layers/conv.jl``).
 
-All take images ``(N, C, H, W)`` and pool each channel separately.
+All take floating-point images ``(N, C, H, W)`` and pool each channel separately; the constructors
+check their options, naming the layer.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ..functors import layer
 from ..ops.dims import AdaptivePoolDims
 from ..ops.pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, meanpool,
                         pool_dims)
-from ._checks import Array, _pair, _renamed, _require_ndim
+from ._checks import Array, _pad_option, _pair, _renamed, _require_float, _require_ndim
 from .show import _options
 
 
@@ -16,7 +17,8 @@ from .show import _options
 class MaxPool:
     """The largest value of each ``kernel`` window; ``stride`` defaults to ``kernel``.
 
-    ``(N, C, H, W)`` -> ``(N, C, (H + pad_h - kh) // sh + 1, ...)``.
+    ``(N, C, H, W)`` -> ``(N, C, (H + pad_h - kh) // sh + 1, ...)``. ``pad`` is an int, a pair, a
+    4-tuple ``(top, bottom, left, right)`` or ``"same"``, smaller than the kernel on every side.
 
     >>> import numpy as np
     >>> p = MaxPool((2, 2))
@@ -28,12 +30,20 @@ class MaxPool:
 
     def __init__(self, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
                  pad: int | tuple[int, ...] = 0) -> None:
-        self.kernel = _pair(f"{type(self).__name__}: kernel", kernel)
-        self.stride = self.kernel if stride is None else _pair(f"{type(self).__name__}: stride", stride)
-        self.pad = pad
+        name = type(self).__name__
+        self.kernel = _pair(f"{name}: kernel", kernel)
+        self.stride = self.kernel if stride is None else _pair(f"{name}: stride", stride)
+        self.pad = _pad_option(name, pad)
+        if not isinstance(pad, str):
+            pads = (pad,) * 4 if not isinstance(pad, (tuple, list)) else \
+                (pad[0], pad[0], pad[1], pad[1]) if len(pad) == 2 else tuple(pad)
+            if max(pads[:2]) >= self.kernel[0] or max(pads[2:]) >= self.kernel[1]:
+                raise ValueError(f"{name}: pad must be smaller than the kernel {self.kernel} on every side, "
+                                 f"got {pad!r}")
 
     def __call__(self, x: Array) -> Array:
         _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_float(self, x)
         try:
             pool_dims(x, self.kernel, self.stride, self.pad, op=self._op_name)
         except ValueError as err:
@@ -71,6 +81,7 @@ class GlobalMaxPool:
 
     def __call__(self, x: Array) -> Array:
         _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_float(self, x)
         return type(self)._op(x)
 
     def __repr__(self):
@@ -105,6 +116,7 @@ class AdaptiveMaxPool:
 
     def __call__(self, x: Array) -> Array:
         _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_float(self, x)
         try:
             AdaptivePoolDims.from_array(x, self.out_hw, op=self._op_name)
         except ValueError as err:

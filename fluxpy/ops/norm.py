@@ -7,7 +7,8 @@ primitive with the hand-written rule
 
 (means over the same axes). The affine ``xhat * gamma + beta`` is ordinary broadcasting,
 whose gradients go through ``unbroadcast``. Variances are biased (divided by the count), as
-in Flux and PyTorch.
+in Flux and PyTorch. Each op refuses to normalise over fewer than two values (the result would be 0
+whatever the input, the variance 0), naming itself, before any arithmetic.
 
 >>> import numpy as np
 >>> x = np.array([[1.0, 3.0], [2.0, 6.0]])
@@ -16,6 +17,8 @@ array([[-1., -1.],
        [ 1.,  1.]])
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -54,6 +57,16 @@ def _normalise_rule(x, mu, var, axes, eps):
 _normalise = Primitive("normalise", _normalise_rule)
 
 
+def _count(x, axes):
+    return math.prod(x.shape[a] for a in axes)
+
+
+def _require_values(name, x, axes, what):
+    """Raise unless more than one value of ``x`` lies along ``axes`` (a shape check, no data read)."""
+    if _count(x, axes) < 2:
+        raise ValueError(f"{name} expects more than 1 value {what}, got x of shape {tuple(x.shape)}")
+
+
 def _normalised(x, axes, eps):
     """``(xhat, mu, var)``: ``mu`` and ``var`` are plain arrays with kept dimensions."""
     mu, var = _moments(value_of(x), axes)
@@ -73,6 +86,7 @@ def normalise(x: Array, axis: int | tuple[int, ...] | None = -1, eps: float = 1e
     axes = normalize_axis(axis, x.ndim, "normalise")
     if axes is None:
         axes = tuple(range(x.ndim))
+    _require_values("normalise", x, axes, f"along axis {axis!r}")
     return _normalised(x, axes, eps)[0]
 
 
@@ -118,6 +132,7 @@ def batchnorm_train(x: Array, gamma: Array | None = None, beta: Array | None = N
     """
     _check_channel_params("batchnorm_train", x, gamma=gamma, beta=beta)
     axes = (0,) + tuple(range(2, x.ndim))
+    _require_values("batchnorm_train", x, axes, "per channel (x.size // x.shape[1])")
     xhat, mu, var = _normalised(x, axes, eps)
     y = _affine(xhat, gamma, beta, _channel_shape(x))
     return y, mu.reshape(-1), var.reshape(-1)
@@ -169,4 +184,6 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
             if not ok:
                 raise ValueError(f"layernorm: {name} of shape {tuple(p.shape)} does not broadcast to x of shape "
                                  f"{tuple(x.shape)}")
+    dims = normalize_axis(axes, x.ndim, "layernorm")
+    _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     return _affine(normalise(x, axes, eps), gamma, beta, None)

@@ -49,3 +49,52 @@ def test_the_kernels_run_and_non_contiguous_inputs_fall_back():
     np.testing.assert_allclose(cp.asnumpy(logit_crossentropy_rows_backward(dl, yhat, y)),
                                cp.asnumpy(logit_crossentropy_rows_backward(dl, cp.asfortranarray(yhat), y)),
                                rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("shape", [(128, 10), (7, 33), (3, 4, 5)])
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_class_indices_on_the_gpu_match_the_cpu(dtype, rtol, shape, alpha):
+    import cupy as cp
+    rng = np.random.default_rng(sum(shape))
+    yhat = (rng.standard_normal(shape) * 4).astype(dtype)
+    labels = rng.integers(0, shape[-1], shape[:-1])
+
+    def run(xp):
+        return fluxpy.withgradient(lambda a: fluxpy.logitcrossentropy(a, xp.asarray(labels), label_smoothing=alpha),
+                                   xp.asarray(yhat))
+    value_cpu, (g_cpu,) = run(np)
+    value_gpu, (g_gpu,) = run(cp)
+    assert isinstance(g_gpu, cp.ndarray) and g_gpu.dtype == dtype
+    np.testing.assert_allclose(float(value_gpu), float(value_cpu), rtol=rtol)
+    np.testing.assert_allclose(cp.asnumpy(g_gpu), g_cpu, rtol=rtol, atol=rtol * 1e-2)
+
+
+def test_class_indices_on_the_gpu_use_the_fused_kernel():
+    import cupy as cp
+    from fluxpy import kernels
+    from fluxpy import losses as L
+    from fluxpy.kernels import cuda_softmax as K
+    yhat = cp.zeros((4, 3), np.float32)
+    target = L._one_hot(cp.asarray([0, 1, 2, 0]), 3, np.float32, checked=True)
+    assert kernels.find("logit_crossentropy_rows", yhat, target) is K.logit_crossentropy_rows
+
+
+def test_value_checks_on_the_gpu_follow_the_policy():
+    import cupy as cp
+    from fluxpy import losses as L
+    logits, y = cp.asarray([[2.0, -1.0]]), cp.asarray([[1.0, 0.0]])
+    labels = cp.asarray([0, 3, -1])
+    previous = L.check_values("auto")
+    try:
+        assert not L._values_checked(logits)
+        L.crossentropy(logits, y)   # "auto": values on the GPU are not read (no host sync)
+        rows = cp.asnumpy(fluxpy.logitcrossentropy(cp.zeros((3, 3)), labels, agg=lambda l: l))
+        assert np.isfinite(rows[0]) and np.isnan(rows[1:]).all()   # bad class indices poison their rows
+        L.check_values(True)
+        with pytest.raises(ValueError, match="crossentropy expects ŷ in"):
+            L.crossentropy(logits, y)
+        with pytest.raises(ValueError, match=r"class indices in \[0, 3\).*got values from -1 to 3"):
+            fluxpy.logitcrossentropy(cp.zeros((3, 3)), labels)
+    finally:
+        L.check_values(previous)
