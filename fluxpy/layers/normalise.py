@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import in_gradient, is_tracked, value_of
+from ..autodiff import in_gradient, is_tracked
 from ..functors import children, layer
 from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import dropout
-from ..ops.norm import batchnorm_infer, batchnorm_train, layernorm
+from ..ops.batchnorm import batchnorm
+from ..ops.norm import batchnorm_infer, layernorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_dtype, _require_float)
 from .init import ones32, zeros32
 from .show import _act_part
@@ -162,21 +163,12 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
             if math.prod(x.shape) // self.channels < 2:
                 _fail(self, "more than 1 value per channel when using batch statistics (training, or "
                             "track_stats=False)", x)
-            y, mean, var = batchnorm_train(x, self.gamma, self.beta, self.eps)
-            if self.running_mean is not None:
-                self._track(mean, var, x.size // self.channels)
+            # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
+            y = batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
+                          eps=self.eps)
         else:
             y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
         return y if self.act is identity else bias_act(y, None, self.act)
-
-    def _track(self, mean, var, m):
-        # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
-        mom = self.momentum
-        running_mean, running_var = value_of(self.running_mean), value_of(self.running_var)
-        running_mean *= 1 - mom
-        running_mean += (mom * mean).astype(running_mean.dtype)
-        running_var *= 1 - mom
-        running_var += (mom * m / max(m - 1, 1) * var).astype(running_var.dtype)
 
     def __repr__(self):
         opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",
