@@ -17,8 +17,10 @@ autograd's trace levels): second derivatives come for free.
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
 import operator
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,12 +31,33 @@ from .backend import Array, get_array_module, is_float_array
 from .functors import fmap, fmapstructure
 
 __all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
-           "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops"]
+           "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
+           "DetachedGradientWarning"]
 
 _levels = itertools.count(1)
-_no_grad_depth = 0
 _pullback_hook = None  # fluxpy.profile wraps each pullback while it records
-_recording = 0         # how many gradient/pullback calls are running their function now
+# Per thread and per asyncio task (a new thread starts at the defaults): how many ``no_grad`` blocks are open, and
+# how many gradient/pullback calls are running their function now. One thread training never switches another
+# thread's Dropout/BatchNorm to training mode, and one thread's ``no_grad`` never turns off another's gradients.
+_no_grad_depth: contextvars.ContextVar[int] = contextvars.ContextVar("fluxpy_no_grad_depth", default=0)
+_recording: contextvars.ContextVar[int] = contextvars.ContextVar("fluxpy_recording", default=0)
+
+
+class DetachedGradientWarning(UserWarning):
+    """:func:`gradient` or :func:`withgradient` (or :func:`pullback`) of a function whose result does not
+    depend on its arguments: every gradient is ``None``.
+
+    A warning and not an error, because Zygote returns ``nothing`` there without complaint and a
+    function that ignores some inputs is legal; :func:`fluxpy.train` turns it into an error. Make
+    it one everywhere with ``warnings.simplefilter("error", DetachedGradientWarning)``.
+
+    >>> import warnings, numpy as np
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     g = gradient(lambda x: np.float64(3.0), np.ones(2))
+    >>> g, caught[0].category.__name__
+    ((None,), 'DetachedGradientWarning')
+    """
 
 
 # The ops behind Tracked's operators and methods, by name: fluxpy.ops defines them with
@@ -75,7 +98,10 @@ class Tracked:
     ``parents`` it was computed from and the ``pullback`` that maps its cotangent to theirs.
 
     Tracked values behave like arrays: arithmetic, indexing, ``.T``, ``.sum()``, and NumPy
-    functions such as ``np.exp`` all dispatch to differentiable fluxpy ops.
+    functions such as ``np.exp`` all dispatch to differentiable fluxpy ops. Comparisons give plain
+    boolean arrays. Turning one into a Python number or a plain array (``float()``, ``int()``,
+    ``bool()``, ``.item()``, ``.tolist()``, ``np.asarray``) is a ``TypeError``: the result would carry
+    no gradient, silently. :func:`value_of` reads the value on purpose.
 
     >>> import numpy as np
     >>> g, = gradient(lambda x: np.exp(x)[1:].sum(), np.zeros(3))
@@ -106,21 +132,42 @@ class Tracked:
     def __repr__(self):
         return f"Tracked({self.value!r}, level={self.level})"
 
+    def __format__(self, spec):
+        # Formatting makes a string, which no computation can use by mistake: f"{loss:.4f}" prints the value.
+        return format(value_of(self), spec)
+
+    # Turning a Tracked value into a plain number or array would cut it off the tape: the function
+    # would go on with a constant and every gradient would be None (or wrong), silently. All refuse.
     def __bool__(self):
-        return bool(value_of(self))
+        raise TypeError(_detached_message(
+            "bool()", "an if, and, or, not or assert on it",
+            "compare instead (x > 0 gives a plain boolean array, so `if (x > 0).any():` works)"))
 
     def __float__(self):
-        return float(value_of(self))
+        raise TypeError(_detached_message("float()"))
 
-    def item(self) -> Any:
-        """The Python number held by a one-element value (not differentiable)."""
-        return value_of(self).item()
+    def __int__(self):
+        raise TypeError(_detached_message("int()"))
+
+    def __complex__(self):
+        raise TypeError(_detached_message("complex()"))
+
+    def __index__(self):
+        raise TypeError(_detached_message("using it as an index or size (__index__)"))
+
+    def __round__(self, ndigits=None):
+        raise TypeError(_detached_message("round()"))
+
+    def item(self, *args) -> Any:
+        """Refused: the Python number would carry no gradient; use :func:`value_of` (``value_of(x).item()``)."""
+        raise TypeError(_detached_message(".item()"))
+
+    def tolist(self) -> Any:
+        """Refused: the Python list would carry no gradient; use :func:`value_of` (``value_of(x).tolist()``)."""
+        raise TypeError(_detached_message(".tolist()"))
 
     def __array__(self, dtype=None, copy=None):
-        raise TypeError(
-            "a fluxpy Tracked value cannot be turned into a plain array inside a function being "
-            "differentiated (the gradient would be lost silently); use fluxpy ops or NumPy functions "
-            "on it, or fluxpy.value_of(x) to read its value without a gradient")
+        raise TypeError(_detached_message("np.asarray() (turning it into a plain array)"))
 
     __add__, __radd__ = _forward("add"), _forward("add", reflected=True)
     __sub__, __rsub__ = _forward("subtract"), _forward("subtract", reflected=True)
@@ -151,6 +198,15 @@ class Tracked:
 
     def __pos__(self):
         return self
+
+
+def _detached_message(what, how="", instead=""):
+    how = f" ({how})" if how else ""
+    instead = f"; {instead}" if instead else ""
+    return (f"{what} of a fluxpy Tracked value{how}: inside a function being differentiated this would "
+            "detach the result from the tape, so the gradient would be lost silently (None or wrong)"
+            f"{instead}; compute with fluxpy ops or NumPy functions on the value itself, or use "
+            "fluxpy.value_of(x) to read its value on purpose, without a gradient")
 
 
 def is_tracked(x: Any) -> bool:
@@ -219,7 +275,7 @@ class Primitive:
                 top = a.level
         if not top:
             return self.impl(*args, **kw)
-        if _no_grad_depth:
+        if _no_grad_depth.get():
             return self.impl(*[value_of(a) for a in args], **kw)
         return self._record(top, args, kw)
 
@@ -268,19 +324,21 @@ def primitive(rule: Callable | None = None, *, name: str | None = None, impl: Ca
 def no_grad() -> Iterator[None]:
     """Inside ``with no_grad():`` ops record nothing: results are plain arrays.
 
+    It holds for the current thread (and asyncio task) only: another thread's gradients go on.
+
     >>> import numpy as np
     >>> def f(x):
     ...     with no_grad():
-    ...         return (x * 2).sum()
-    >>> gradient(f, np.ones(2))
-    (None,)
+    ...         y = x * 2
+    ...     return (x * y).sum()
+    >>> gradient(f, np.ones(2))   # y is a constant: d/dx (x * 2x held fixed) = 2x
+    (array([2., 2.]),)
     """
-    global _no_grad_depth
-    _no_grad_depth += 1
+    token = _no_grad_depth.set(_no_grad_depth.get() + 1)
     try:
         yield
     finally:
-        _no_grad_depth -= 1
+        _no_grad_depth.reset(token)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,9 +460,11 @@ def _is_scalar(y):
 
 
 def in_gradient() -> bool:
-    """True while the function given to :func:`gradient`, :func:`withgradient` or :func:`pullback` runs.
+    """True while the function given to :func:`gradient`, :func:`withgradient` or :func:`pullback` runs
+    in this thread (or asyncio task).
 
-    Layers such as Dropout and BatchNorm train only then (Flux's ``istraining``).
+    Layers such as Dropout and BatchNorm train only then (Flux's ``istraining``). Another thread
+    running inference meanwhile sees ``False``.
 
     >>> import numpy as np
     >>> in_gradient()
@@ -412,37 +472,60 @@ def in_gradient() -> bool:
     >>> gradient(lambda x: x.sum() * float(in_gradient()), np.ones(2))
     (array([1., 1.]),)
     """
-    return _recording > 0
+    return _recording.get() > 0
 
 
 def _call_recording(f, args):
-    global _recording
-    _recording += 1
+    token = _recording.set(_recording.get() + 1)
     try:
         return f(*args)
     finally:
-        _recording -= 1
+        _recording.reset(token)
+
+
+def _detached_reason(who, y, boxes, tracked):
+    """Why every gradient is None (for :class:`DetachedGradientWarning` and train's error)."""
+    if not boxes.by_leaf:
+        return (f"{who}: no argument holds a float array (or is a Python float), so there is nothing to "
+                "differentiate and every gradient is None")
+    if tracked:
+        return (f"{who}: the result of the function reaches its arguments only through steps without a "
+                "gradient, so every gradient is None")
+    return (f"{who}: the result of the function ({_describe(y)}) does not depend on its arguments, so every "
+            "gradient is None; was it computed from a global or a copy instead of the argument, or through "
+            "value_of, stop_gradient or no_grad?")
+
+
+def _withgradient(f, args, who, fname="f"):
+    """``(value, gradients, detached)``; ``detached`` is None or the reason every gradient is None."""
+    level = next(_levels)
+    boxed, boxes = _box_args(args, level)
+    y = _call_recording(f, boxed)
+    if not _is_scalar(y):
+        raise ValueError(f"{who}: {fname} must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
+                         "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
+    if type(y) is not Tracked or y.level != level:
+        return y, tuple(fmapstructure(lambda leaf: None, a) for a in args), _detached_reason(who, y, boxes, False)
+    leaf_grads = _backprop(y, _ones_like(y.value))
+    detached = None if leaf_grads else _detached_reason(who, y, boxes, True)
+    return y.value, _shape_grads(args, boxes, leaf_grads), detached
 
 
 def withgradient(f: Callable, *args: Any) -> tuple[Any, tuple]:
     """The value of scalar ``f(*args)`` together with its gradients: ``(f(*args), gradients)``.
 
-    ``gradients`` has one entry per argument, shaped like it (see :func:`gradient`).
+    ``gradients`` has one entry per argument, shaped like it (see :func:`gradient`), including the
+    :class:`DetachedGradientWarning` when the result does not depend on any argument.
 
     >>> import numpy as np
     >>> val, (g,) = withgradient(lambda x: (x * x).sum(), np.array([1.0, 2.0]))
     >>> float(val), g
     (5.0, array([2., 4.]))
     """
-    level = next(_levels)
-    boxed, boxes = _box_args(args, level)
-    y = _call_recording(f, boxed)
-    if not _is_scalar(y):
-        raise ValueError(f"gradient: f must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
-                         "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
-    if type(y) is not Tracked or y.level != level:
-        return y, tuple(fmapstructure(lambda leaf: None, a) for a in args)
-    return y.value, _shape_grads(args, boxes, _backprop(y, _ones_like(y.value)))
+    value, grads, detached = _withgradient(f, args, "withgradient")
+    if detached:
+        warnings.warn(detached, DetachedGradientWarning, stacklevel=2)
+    return value, grads
 
 
 def gradient(f: Callable, *args: Any) -> tuple:
@@ -452,18 +535,29 @@ def gradient(f: Callable, *args: Any) -> tuple:
     array, the same nesting for tuples, lists and dicts, a dict of field name to gradient for a
     model object, and ``None`` for leaves that are not differentiable or not used.
 
+    When the result does not depend on any argument at all (it was computed from a global, or
+    through :func:`value_of`, :func:`stop_gradient` or :func:`no_grad`), every gradient is ``None``
+    and a :class:`DetachedGradientWarning` says so. Zygote returns ``nothing`` there silently; a
+    warning rather than an error keeps such code legal while making the mistake visible. Turning
+    a tracked value into a Python number (``float(loss)``, ``loss.item()``, ``if loss:``) inside
+    ``f`` is a ``TypeError``, as is ``np.asarray`` of it.
+
     >>> import numpy as np
     >>> gradient(lambda d: (d["w"] * 2).sum(), {"w": np.ones(2), "n": 3})
     ({'w': array([2., 2.]), 'n': None},)
     """
-    return withgradient(f, *args)[1]
+    _, grads, detached = _withgradient(f, args, "gradient")
+    if detached:
+        warnings.warn(detached, DetachedGradientWarning, stacklevel=2)
+    return grads
 
 
 def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     """The value ``y = f(*args)`` and the function ``back`` that maps a cotangent ``dy`` to the gradients:
     ``(y, back)``.
 
-    ``f`` may return an array of any shape; ``dy`` must have that shape.
+    ``f`` may return an array of any shape; ``dy`` must have that shape. A result that does not
+    depend on any argument gives a :class:`DetachedGradientWarning` (and ``back`` gives ``None``s).
 
     >>> import numpy as np
     >>> y, back = pullback(lambda x: x * 2, np.ones(2))
@@ -475,6 +569,8 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     y = _call_recording(f, boxed)
     tracked = type(y) is Tracked and y.level == level
     value = y.value if tracked else y
+    if not tracked:
+        warnings.warn(_detached_reason("pullback", y, boxes, False), DetachedGradientWarning, stacklevel=2)
 
     def back(dy):
         shape = getattr(value_of(value), "shape", ())

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, copy_into, is_array, to_cpu, to_gpu
+from .backend import Array, copy_into, get_array_module, is_array, to_cpu, to_gpu
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf", "gpu", "cpu"]
 
@@ -207,19 +207,44 @@ def _empty(st):
 def loadstate(model: Any, st: Any, *, path: str = "model") -> Any:
     """Copy the arrays of the state ``st`` (as :func:`state` gives) into ``model`` in place; returns ``model``.
 
-    Every array must match the model's in shape; a mismatch names the path.
+    All or nothing: every array is checked before any is copied, so an error (a ``ValueError``
+    naming the path) leaves the model exactly as it was. The state must have the model's structure
+    (no missing or extra fields) and an array of the model's shape at each array, whose values the
+    model's dtype holds: float into float (no finite value may overflow to infinity, e.g. 1e300 into
+    float32), integers into float or int only where each value is exact, never complex into real,
+    bool into numbers, or strings and objects into anything. The values are cast to the model's
+    dtypes and copied to its device.
 
     >>> import numpy as np
     >>> m = {"w": np.zeros(2)}
     >>> _ = loadstate(m, {"w": np.array([1.0, 2.0])})
     >>> m["w"]
     array([1., 2.])
+    >>> loadstate({"w": np.zeros(1, np.float32)}, {"w": np.array([1e300])})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: loadstate: model.w is float32, but the state holds float64 values such as 1e+300 that overflow it ...
     """
+    copies: list = []
+    try:
+        _plan_load(model, st, path, copies, {})
+    except ValueError as err:
+        raise ValueError(f"{err}; nothing was loaded") from None
+    for dst, src in copies:
+        copy_into(dst, src)
+    return model
+
+
+def _plan_load(model, st, path, copies, seen):
+    """Checks ``st`` against ``model`` and lists the ``(destination, source)`` copies; changes nothing."""
     kids = children(model)
     if kids is None:
         if is_array(model):
-            _copy_into(model, st, path)
-        return model
+            _plan_copy(model, st, path, copies, seen)
+        elif st is not None:
+            raise ValueError(f"loadstate: {path} is {_describe(model, article=True)} in the model, not an array, but "
+                             f"the state has {_describe(st, article=True)} there")
+        return
     if isinstance(model, (tuple, list)):
         if not isinstance(st, (tuple, list)) or len(st) != len(model):
             raise ValueError(f"loadstate: {path} expects a list of {len(model)} entries, got {_describe(st)}")
@@ -227,6 +252,11 @@ def loadstate(model: Any, st: Any, *, path: str = "model") -> Any:
     else:
         if not isinstance(st, dict):
             raise ValueError(f"loadstate: {path} expects a dict of fields, got {_describe(st)}")
+        names = {k for k, _ in kids}
+        extra = [str(k) for k in st if k not in names]
+        if extra:
+            raise ValueError(f"loadstate: the state has fields {sorted(extra)} that {path} ({type(model).__name__}) "
+                             "does not have; was it saved from another model?")
         pairs = [(k, v, st.get(k)) for k, v in kids]
     for k, v, s in pairs:
         sub = f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}"
@@ -234,22 +264,79 @@ def loadstate(model: Any, st: Any, *, path: str = "model") -> Any:
             if not _empty(state(v)):
                 raise ValueError(f"loadstate: {sub} is missing from the state")
             continue
-        loadstate(v, s, path=sub)
-    return model
+        _plan_load(v, s, sub, copies, seen)
 
 
-def _copy_into(dst, src, path):
-    if not hasattr(src, "shape"):
-        raise ValueError(f"loadstate: {path} expects an array of shape {dst.shape}, got {_describe(src)}")
+def _plan_copy(dst, src, path, copies, seen):
+    if not hasattr(src, "shape") or not hasattr(src, "dtype"):
+        raise ValueError(f"loadstate: {path} expects an array of shape {tuple(dst.shape)}, got {_describe(src)}")
     if tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"loadstate: {path} expects shape {tuple(dst.shape)}, got {tuple(src.shape)}")
-    copy_into(dst, src)
+    if not getattr(getattr(dst, "flags", None), "writeable", True):
+        raise ValueError(f"loadstate: {path} is a read-only array in the model, so it cannot be loaded in place")
+    first = seen.get(id(dst))
+    if first is not None:  # one array at two paths (tied weights): the state must agree at both
+        other_path, other = first
+        if other is not src and not _same_values(other, src):
+            raise ValueError(f"loadstate: {other_path} and {path} are one array in the model (tied weights), but "
+                             "the state has different values at the two")
+        return
+    seen[id(dst)] = (path, src)
+    copies.append((dst, _cast_for(dst, src, path)))
 
 
-def _describe(x):
+def _same_values(a, b):
+    a, b = to_cpu(a), to_cpu(b)
+    return tuple(a.shape) == tuple(b.shape) and bool(np.array_equal(a, b))
+
+
+def _kind(dtype):
+    """The dtype's kind, with the extension floats (ml_dtypes' bfloat16, float8_*) as ``"f"``."""
+    if dtype.kind == "V" and dtype.name.startswith(("bfloat", "float")):
+        return "f"
+    return dtype.kind
+
+
+_ACCEPTS = {"f": "fiu", "c": "fciu", "i": "iu", "u": "iu", "b": "b"}  # the model's kind -> the state's kinds it takes
+
+
+def _cast_for(dst, src, path):
+    """``src`` as ``dst``'s dtype, on ``src``'s device; raises where a value would change other than by rounding."""
+    if src.dtype == dst.dtype:
+        return src
+    into, got = _kind(dst.dtype), _kind(src.dtype)
+    if got not in _ACCEPTS.get(into, ""):
+        raise ValueError(f"loadstate: {path} is {dst.dtype} in the model, but the state holds {src.dtype} values, "
+                         f"which do not convert to it ({_WHY.get((into, got), 'a different kind of value')})")
+    xp = get_array_module(src)
+    with np.errstate(all="ignore"):
+        cast = src.astype(dst.dtype)
+        if got in "iu":   # integers: each must come back exactly (in range, and exact in a float), sign kept
+            bad = (cast.astype(src.dtype) != src) | ((cast < 0) != (src < 0))
+            what = "that it cannot hold exactly"
+        else:             # floats: a finite value must stay finite (no overflow to infinity)
+            bad = xp.isfinite(src) & ~xp.isfinite(cast)
+            what = "that overflow it to infinity"
+        if bool(bad.any()):
+            example = to_cpu(src[bad].ravel()[:1])[0].item()
+            raise ValueError(f"loadstate: {path} is {dst.dtype}, but the state holds {src.dtype} values such as "
+                             f"{example!r} {what}")
+    return cast
+
+
+_WHY = {("f", "c"): "the imaginary part would be dropped", ("i", "c"): "the imaginary part would be dropped",
+        ("u", "c"): "the imaginary part would be dropped", ("i", "f"): "the fractions would be cut off",
+        ("u", "f"): "the fractions would be cut off", ("f", "b"): "booleans do not load into numbers",
+        ("c", "b"): "booleans do not load into numbers", ("i", "b"): "booleans do not load into numbers",
+        ("u", "b"): "booleans do not load into numbers"}
+
+
+def _describe(x, article=False):
     if hasattr(x, "shape"):
-        return f"{type(x).__name__} of shape {tuple(x.shape)}"
-    return type(x).__name__
+        text = f"{type(x).__name__} of shape {tuple(x.shape)}"
+    else:
+        text = type(x).__name__
+    return f"a {text}" if article else text
 
 
 def gpu(x: Any) -> Any:

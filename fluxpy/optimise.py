@@ -23,6 +23,7 @@ array([ 0.7, -1.7])
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -56,11 +57,22 @@ class Rule:
     array([0.9, 1.1])
     """
 
+    #: Whether the rule refuses a NaN or infinite gradient (``ClipNorm(throw=True)``): :func:`update` then checks
+    #: the gradients of its arrays for non-finite values (one reduction over all of them) before changing any.
+    needs_finite = False
+
     def init(self, x: Array) -> Any:
         return None
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         raise NotImplementedError
+
+    def check(self, x: Array, dx: Array) -> None:
+        """Raise (a ``ValueError``) if this rule refuses the gradient ``dx`` of ``x``; nothing by default.
+
+        :func:`update` calls it, before any array or state changes, for an array whose gradient is
+        not finite when the rule sets ``needs_finite``.
+        """
 
     def step(self, state: Any, x: Array, dx: Array) -> Any:
         """``x -= step`` in place; returns the new state."""
@@ -323,13 +335,26 @@ class ClipNorm(Rule):
     p: float = 2
     throw: bool = True
 
-    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+    # With throw, update checks every gradient for NaN/Inf before changing anything, so that a refused
+    # gradient leaves the whole model as it was (the check in apply stays, for a chain whose earlier rules
+    # make a finite gradient infinite).
+    needs_finite = property(lambda self: self.throw)
+
+    def check(self, x: Array, dx: Array) -> None:
+        self._norm(x, dx)
+
+    def _norm(self, x, dx):
         xp = get_array_module(x)
         norm = xp.linalg.norm(dx.ravel(), ord=self.p)
         # As Flux's ClipNorm: with throw, the check reads the norm on the host (a sync on the GPU).
         if self.throw and not bool(xp.isfinite(norm)):
             raise ValueError(f"ClipNorm: the gradient has {self.p}-norm {float(norm)}, for an array of shape "
                              f"{tuple(x.shape)} and dtype {x.dtype}")
+        return norm
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        xp = get_array_module(x)
+        norm = self._norm(x, dx)
         with np.errstate(divide="ignore"):   # a zero gradient: scale by min(1, inf) = 1
             scale = xp.minimum(1, self.omega / norm)
         return state, dx * scale.astype(dx.dtype)
@@ -347,6 +372,7 @@ class OptimiserChain(Rule):
         for r in rules:
             _check_rule(r, "OptimiserChain")
         self.rules = tuple(rules)
+        self.needs_finite = any(r.needs_finite for r in self.rules)
 
     def __repr__(self):
         return f"OptimiserChain({', '.join(map(repr, self.rules))})"
@@ -358,6 +384,10 @@ class OptimiserChain(Rule):
 
     def init(self, x: Array) -> Any:
         return tuple(r.init(x) for r in self.rules)
+
+    def check(self, x: Array, dx: Array) -> None:
+        for r in self.rules:
+            r.check(x, dx)
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         new = []
@@ -383,12 +413,13 @@ class Leaf:
     >>> setup(Descent(), np.ones(2))
     Leaf(Descent(eta=0.1))
     """
-    __slots__ = ("rule", "state", "frozen")
+    __slots__ = ("rule", "state", "frozen", "_fits")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
         self.state = state
         self.frozen = frozen
+        self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
@@ -407,12 +438,17 @@ def setup(rule: Rule, model: Any) -> Any:
     """The optimiser state of ``model``: a tree like it with a :class:`Leaf` at each trainable float array.
 
     Only the children named ``trainable`` by a :func:`fluxpy.layer` class get leaves; an array
-    used twice in the model (tied weights) gets one leaf, shared.
+    used twice in the model (tied weights) gets one leaf, shared. Set the model up where it will
+    train (after :func:`fluxpy.gpu`, :func:`fluxpy.f64`, ...): :func:`update` refuses a state whose
+    arrays no longer fit the model's in shape, dtype or device.
 
     >>> import numpy as np
     >>> setup(Momentum(), {"w": np.ones(2), "n": 3, "idx": np.arange(2)})
     {'w': Leaf(Momentum(eta=0.01, rho=0.9)), 'n': None, 'idx': None}
     """
+    if not isinstance(rule, Rule) and isinstance(model, Rule):
+        raise TypeError(f"setup expects the rule first, then the model: setup({model!r}, model), got a "
+                        f"{type(rule).__name__} first")
     _check_rule(rule, "setup")
     leaves = {}
 
@@ -443,14 +479,32 @@ def _sub(path, key):
     return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
 
 
-def update(state: Any, model: Any, grad: Any) -> tuple[Any, Any]:
+def _path(keys):
+    """``("layers", 0, "weight")`` -> ``"model.layers[0].weight"`` (paths are kept as tuples until an error)."""
+    out = "model"
+    for k in keys:
+        out = _sub(out, k)
+    return out
+
+
+def _array_text(a):
+    return f"{type(a).__module__.split('.')[0]} array of shape {tuple(a.shape)} and dtype {a.dtype}"
+
+
+def update(state: Any, model: Any, grad: Any, *, check_finite: bool = False) -> tuple[Any, Any]:
     """One optimisation step, in place; returns ``(state, model)``.
 
     ``grad`` is the gradient of the model as ``fluxpy.gradient`` returns it (dicts for objects,
     ``None`` where there is no gradient). Every trainable array ``x`` becomes ``x - step``,
     written into ``x`` itself; frozen leaves are skipped; a tied array is stepped once (its
-    gradient is already the total). A gradient that does not fit the model is an error naming
-    the path.
+    gradient is already the total).
+
+    All or nothing: the whole gradient tree is checked against the state and the model first
+    (structure, shapes, a float gradient on the parameter's device, optimiser state that fits each
+    array), and only then is any array or state changed, so an error (naming the path) leaves
+    both exactly as they were. ``check_finite=True`` also refuses a gradient with a NaN or
+    infinite entry (a ``FloatingPointError`` naming the array), at the cost of one reduction over
+    all gradients and one device sync; :func:`fluxpy.train` does this check by default.
 
     >>> import numpy as np
     >>> import fluxpy
@@ -461,54 +515,236 @@ def update(state: Any, model: Any, grad: Any) -> tuple[Any, Any]:
     >>> model
     [array([0., 0.]), array([3.])]
     """
-    _update(state, model, grad, "model", set())
+    plan = _plan(state, model, grad, "update")
+    _check_gradients(plan, check_finite, "update")
+    _apply(plan)
     return state, model
 
 
-def _update(st, x, g, path, done):
+_ALL = object()  # stands for "a gradient everywhere": _plan then checks the state against the model alone
+
+
+def _plan(state, model, grad, who):
+    """Every ``(leaf, x, dx, path)`` that an update would step, each checked; raises before anything changes.
+
+    With ``grad=_ALL``, checks the whole state tree against the model (``dx`` is then ``None``).
+    """
+    if isinstance(state, Rule):
+        raise TypeError(f"{who}: got the rule {state!r} where the optimiser state belongs; make the state once with "
+                        f"state = fluxpy.setup({state!r}, model) and pass that state (to every {who} call)")
+    plan, seen = [], {}
+    _walk(state, model, grad, (), plan, seen, who)
+    return plan
+
+
+def _walk(st, x, g, path, plan, seen, who):
     if st is None or g is None:
         return
-    if isinstance(st, Leaf):
-        _step(st, x, g, path, done)
+    if type(st) is Leaf:
+        _plan_leaf(st, x, g, path, plan, seen, who)
         return
+    if not isinstance(st, (dict, list, tuple)):
+        _bad_state(st, x, path, who)
     kids = children(x)
     if kids is None:
-        raise ValueError(f"update: the state tree has a node at {path} but the model has {_describe(x)} there; "
-                         "was the model changed after setup?")
+        raise ValueError(f"{who}: the state tree has a node at {_path(path)} but the model has {_describe(x)} there; "
+                         "was the state set up for another model, or the model changed after setup?")
+    everywhere = g is _ALL
     if isinstance(x, (tuple, list)):
-        if not isinstance(g, (tuple, list)) or len(g) != len(x):
-            hint = "" if not (isinstance(g, tuple) and len(g) == 1) else \
-                "; pass gradient(f, model)[0], not the whole tuple"
-            raise ValueError(f"update: {path} is a {type(x).__name__} of {len(x)}, so its gradient should be a "
-                             f"tuple or list of {len(x)}, got {_describe(g)}{hint}")
-        pairs = [(k, v, g[k]) for k, v in kids]
-    else:
+        if not isinstance(st, (tuple, list)) or len(st) != len(x):
+            raise ValueError(f"{who}: {_path(path)} is a {type(x).__name__} of {len(x)} but the optimiser state has "
+                             f"{_describe(st)} there; was the state set up for another model?{_state_hint(st, x)}")
+        if not everywhere and (not isinstance(g, (tuple, list)) or len(g) != len(x)):
+            hint = _grad_hint(g, path)
+            raise ValueError(f"{who}: {_path(path)} is a {type(x).__name__} of {len(x)}, so its gradient should be "
+                             f"a tuple or list of {len(x)}, got {_describe(g)}{hint}")
+        for (k, v), sk in zip(kids, st):
+            _walk(sk, v, g if everywhere else g[k], path + (k,), plan, seen, who)
+        return
+    if not isinstance(st, dict) or len(st) != len(kids) or any(k not in st for k, _ in kids):
+        raise ValueError(f"{who}: {_path(path)} is {_describe(x)} with fields {[str(k) for k, _ in kids]} but the "
+                         f"optimiser state has {_describe(st)} there; was the state set up for another model?"
+                         f"{_state_hint(st, x)}")
+    if not everywhere:
         if not isinstance(g, dict):
-            hint = "; pass gradient(f, model)[0], not the whole tuple" if isinstance(g, tuple) and len(g) == 1 else ""
-            raise ValueError(f"update: {path} is {_describe(x)}, so its gradient should be a dict of its fields, "
-                             f"got {_describe(g)}{hint}")
-        extra = set(g) - {k for k, _ in kids}
-        if extra:
-            raise ValueError(f"update: the gradient for {path} has fields {sorted(map(str, extra))} that "
+            hint = _grad_hint(g, path)
+            raise ValueError(f"{who}: {_path(path)} is {_describe(x)}, so its gradient should be a dict of its "
+                             f"fields, got {_describe(g)}{hint}")
+        if len(g) > len(kids) or any(k not in st for k in g):
+            extra = [str(k) for k in g if k not in st]
+            raise ValueError(f"{who}: the gradient for {_path(path)} has fields {sorted(extra)} that "
                              f"{_describe(x)} does not have")
-        pairs = [(k, v, g.get(k)) for k, v in kids]
-    for k, v, gk in pairs:
-        _update(st[k], v, gk, _sub(path, k), done)
+    for k, v in kids:
+        _walk(st[k], v, g if everywhere else g.get(k), path + (k,), plan, seen, who)
 
 
-def _step(leaf, x, g, path, done):
-    if id(leaf) in done:
-        return
-    done.add(id(leaf))
-    dx = value_of(g)
+def _grad_hint(g, path):
+    """A hint for the gradient trees that are really a whole return value (on the error path only)."""
+    if path or not isinstance(g, tuple):
+        return ""
+    if len(g) == 1:
+        return "; pass gradient(f, model)[0], not the whole tuple"
+    if len(g) == 2 and isinstance(g[1], tuple):
+        return "; this looks like withgradient's (value, gradients): pass gradients[0]"
+    return ""
+
+
+def _state_hint(st, x):
+    if isinstance(st, tuple) and len(st) == 2 and st[1] is x:
+        return (" It looks like the (state, model) pair that update returns: keep its first element "
+                "(state, model = update(state, model, grad))")
+    return ""
+
+
+def _bad_state(st, x, path, who):
+    what = f"the rule {st!r}" if isinstance(st, Rule) else _describe(st)
+    where = "" if not path else f" at {_path(path)}"
+    raise TypeError(f"{who}: the optimiser state{where} should be the tree that fluxpy.setup(rule, model) returns "
+                    f"(Leaf objects in dicts, lists and tuples), got {what}; make it with state = setup(rule, model)")
+
+
+def _plan_leaf(leaf, x, g, path, plan, seen, who):
     if not is_array(x):
-        raise ValueError(f"update: the state tree has an array at {path} but the model has {_describe(x)}")
-    if not hasattr(dx, "shape") or tuple(dx.shape) != tuple(x.shape):  # NumPy scalars do for 0-d arrays
-        raise ValueError(f"update: the gradient for {path} should be an array of shape {tuple(x.shape)}, "
-                         f"got {_describe(dx)}")
-    if leaf.frozen:
+        raise ValueError(f"{who}: the state tree has an array at {_path(path)} but the model has {_describe(x)}; "
+                         "was the state set up for another model?")
+    first = seen.get(id(leaf))
+    if first is not None:  # a leaf shared by two paths: the model must hold one array (tied) there
+        _check_tied(first, x, g, path, who)
         return
-    leaf.state = leaf.rule.step(leaf.state, x, dx)
+    other = seen.get(id(x))
+    if other is not None:
+        raise ValueError(f"{who}: the model holds one array (tied weights) at {_path(other[2])} and {_path(path)}, "
+                         "but the optimiser state has a separate leaf at each, so it would be stepped twice; was the "
+                         "state set up for another (untied) model?")
+    _check_leaf_state(leaf, x, path, who)
+    if g is _ALL:
+        dx = None
+    else:
+        dx = value_of(g)
+        if type(dx) is not type(x) or dx.shape != x.shape or dx.dtype.kind != "f":
+            _bad_gradient(x, dx, path, who)
+    seen[id(leaf)] = seen[id(x)] = (x, g, path)
+    plan.append((leaf, x, dx, path))
+
+
+def _bad_gradient(x, dx, path, who):
+    where = f"{who}: the gradient for {_path(path)}"
+    if not hasattr(dx, "shape") or not hasattr(dx, "dtype"):  # NumPy scalars do for 0-d arrays
+        raise ValueError(f"{where} should be an array of shape {tuple(x.shape)}, got {_describe(dx)}")
+    if tuple(dx.shape) != tuple(x.shape):
+        raise ValueError(f"{where} should be an array of shape {tuple(x.shape)}, got {_describe(dx)}")
+    if dx.dtype.kind != "f":
+        raise TypeError(f"{where} should be a float array (the parameter is {x.dtype}), got dtype {dx.dtype}; a "
+                        "complex, integer or boolean gradient cannot step a float parameter")
+    on_cpu = isinstance(dx, (np.ndarray, np.generic))   # NumPy scalars do for 0-d arrays; subclasses do too
+    if on_cpu != isinstance(x, np.ndarray) or not (on_cpu or is_array(dx)):
+        raise TypeError(f"{where} is a {_array_text(dx)} but the parameter is a {_array_text(x)}: both must be on "
+                        "one device (move the gradient or the model with fluxpy.gpu / fluxpy.cpu)")
+
+
+def _check_tied(first, x, g, path, who):
+    x0, g0, path0 = first
+    if x0 is not x:
+        raise ValueError(f"{who}: the optimiser state shares one leaf between {_path(path0)} and {_path(path)} (tied "
+                         "weights), but the model has different arrays there; was the state set up for another model?")
+    if g is _ALL or g0 is g:
+        return
+    a, b = value_of(g0), value_of(g)
+    if not (hasattr(b, "shape") and tuple(b.shape) == tuple(x.shape) and
+            bool(get_array_module(a, b).array_equal(a, b))):
+        raise ValueError(f"{who}: {_path(path0)} and {_path(path)} are one array (tied weights), so they take one "
+                         "gradient (the total, as fluxpy.gradient gives at both), but the gradient tree has different "
+                         "values at the two")
+
+
+def _state_arrays(s, out):
+    if is_array(s):
+        out.append(s)
+    elif type(s) is tuple or type(s) is list:
+        for v in s:
+            _state_arrays(v, out)
+    return out
+
+
+def _check_leaf_state(leaf, x, path, who):
+    key = (id(x), type(x), x.shape, x.dtype)
+    if leaf._fits == key:  # the array the state was found to fit last time (rules keep their arrays' shapes)
+        return
+    for a in _state_arrays(leaf.state, []):
+        if type(a) is not type(x) or a.shape != x.shape or a.dtype != x.dtype:
+            raise ValueError(f"{who}: the optimiser state at {_path(path)} holds a {_array_text(a)}, but the model has "
+                             f"a {_array_text(x)} there; was the state set up for another model, or the model moved or "
+                             "converted after setup? Call setup(rule, model) again for the model as it is now")
+    leaf._fits = key
+
+
+def _check_gradients(plan, check_finite, who):
+    """Refuse NaN/Inf gradients before any change: all of them with ``check_finite``, else only where a rule says so.
+
+    One reduction over every gradient checked and one read of its result; the slow search for the
+    offending array runs only when that finds something.
+    """
+    if check_finite:
+        todo = [(leaf, x, dx, path) for leaf, x, dx, path in plan if not leaf.frozen]
+    else:
+        todo = [(leaf, x, dx, path) for leaf, x, dx, path in plan if leaf.rule.needs_finite and not leaf.frozen]
+    if not todo or _read_finite(_finite_total([t[2] for t in todo])):
+        return
+    for leaf, x, dx, path in _nonfinite(todo):
+        if leaf.rule.needs_finite:
+            try:
+                leaf.rule.check(x, dx)
+            except ValueError as err:
+                raise ValueError(f"{who}: {err}, at {_path(path)}; nothing was updated") from None
+        if check_finite:
+            raise FloatingPointError(f"{who}: the gradient for {_path(path)} has {_count_nonfinite(dx)}; "
+                                     "nothing was updated")
+
+
+def _finite_total(arrays):
+    """A scalar (on the arrays' device) that is finite when every entry of ``arrays`` is.
+
+    A NaN or an infinity anywhere makes it NaN or infinite; it may also overflow for huge finite
+    entries, which only costs the exact search in :func:`_nonfinite`. On the GPU: one concatenation
+    and one float64 reduction; NumPy takes each array's sum of squares, with no copy.
+    """
+    try:
+        xp = get_array_module(*arrays)
+    except TypeError:  # NumPy and CuPy arrays mixed: one total per array (a slow path, never the normal one)
+        return [_finite_total([a]) for a in arrays]
+    if xp is np:  # the sum of squares: the fastest NumPy reduction here (an overflow only sends us the slow way)
+        total = 0.0
+        for a in arrays:
+            a = a.ravel()
+            total += np.dot(a, a) if a.dtype.itemsize >= 4 else a.sum(dtype=np.float64)  # float16 squares overflow
+        return total
+    flat = arrays[0].ravel() if len(arrays) == 1 else xp.concatenate([a.ravel() for a in arrays])
+    return flat.sum(dtype=xp.float64)
+
+
+def _read_finite(total):
+    """Reads :func:`_finite_total`'s result on the host (the one sync of the check)."""
+    if isinstance(total, list):
+        return all(_read_finite(t) for t in total)
+    return math.isfinite(float(total))
+
+
+def _nonfinite(entries):
+    """The entries ``(leaf, x, dx, path)`` whose gradient has a NaN or an infinity (one sync per array: error path)."""
+    return [e for e in entries if not bool(get_array_module(e[2]).isfinite(e[2]).all())]
+
+
+def _count_nonfinite(dx):
+    xp = get_array_module(dx)
+    nan, inf = int(xp.isnan(dx).sum()), int(xp.isinf(dx).sum())
+    parts = [f"{n} {name}" for n, name in ((nan, "NaN"), (inf, "infinite")) if n]
+    return f"{' and '.join(parts)} entries (of {dx.size}, shape {tuple(dx.shape)}, dtype {dx.dtype})"
+
+
+def _apply(plan):
+    for leaf, x, dx, _ in plan:
+        if not leaf.frozen:
+            leaf.state = leaf.rule.step(leaf.state, x, dx)
 
 
 def _leaves(tree):

@@ -2,8 +2,10 @@
 
 For each batch, ``fluxpy.withgradient(lambda m: loss(m, *batch), model)`` gives the loss and
 the model's gradient, and :func:`fluxpy.optimise.update` applies it in place. A progress bar
-(tqdm when installed, plain lines otherwise) shows the loss and the throughput; a loss that
-becomes NaN or infinite stops training with an error naming the epoch and the batch.
+(tqdm when installed, plain lines otherwise) shows the loss and the throughput. Each step is
+checked before it changes anything: a NaN or infinite loss or gradient (or, as an option, a
+loss grown past ``max_loss_ratio``) stops training with :class:`TrainingDiverged` naming the
+epoch, the batch and the parameter, and a loss that gives the model no gradient is an error.
 
 >>> import numpy as np
 >>> from fluxpy.layers import Dense
@@ -19,43 +21,66 @@ becomes NaN or infinite stops training with an error naming the epoch and the ba
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .autodiff import value_of, withgradient
-from .optimise import update
+from .autodiff import _withgradient, value_of
+from .backend import get_array_module
+from .functors import state
+from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
+                       _plan, _read_finite)
 
 __all__ = ["train", "TrainingDiverged"]
 
 
 class TrainingDiverged(FloatingPointError):
-    """The loss became NaN or infinite; ``epoch`` and ``batch`` (both counted from 1) say where.
+    """Training went wrong numerically: a NaN or infinite loss or gradient, or a loss that grew past
+    ``max_loss_ratio``. ``epoch`` and ``batch`` (both counted from 1) say where, ``loss`` is that batch's
+    loss, and ``path`` names the parameter whose gradient was not finite (``None`` otherwise).
 
     A ``FloatingPointError``, so ``except FloatingPointError`` catches it too.
 
     >>> err = TrainingDiverged("train: the loss is nan at epoch 2, batch 7", 2, 7, float("nan"))
-    >>> isinstance(err, FloatingPointError), err.epoch, err.batch
-    (True, 2, 7)
+    >>> isinstance(err, FloatingPointError), err.epoch, err.batch, err.path
+    (True, 2, 7, None)
     """
 
-    def __init__(self, message: str, epoch: int, batch: int, loss: float) -> None:
+    def __init__(self, message: str, epoch: int, batch: int, loss: float, path: str | None = None) -> None:
         super().__init__(message)
-        self.epoch, self.batch, self.loss = epoch, batch, loss
+        self.epoch, self.batch, self.loss, self.path = epoch, batch, loss, path
 
 
-def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1,
-          progress: bool = True) -> list[float]:
+def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
+          check_finite: bool = True, max_loss_ratio: float | None = None) -> list[float]:
     """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
     is splatted; any other batch is passed as one argument), and the model is updated in place
     with ``opt_state`` (from :func:`fluxpy.optimise.setup`), ``epochs`` times over ``data``.
     ``progress=True`` shows a bar with the loss and the images (observations) per second: tqdm
-    when installed, otherwise one plain line per epoch on stderr. A NaN or infinite loss raises
-    :class:`TrainingDiverged` (a ``FloatingPointError``) naming the epoch and batch, before the
-    update. Returns the losses as floats, all epochs in order.
+    when installed, otherwise one plain line per epoch on stderr. Returns the losses as floats,
+    all epochs in order.
+
+    Every step is checked before the model changes, and stops with :class:`TrainingDiverged` (a
+    ``FloatingPointError``) naming the epoch and the batch when:
+
+    - the loss is NaN or infinite;
+    - ``check_finite`` (the default) and a gradient has a NaN or infinite entry; the error names the
+      parameter (``err.path``). The check is one reduction over all gradients, read together with
+      the loss (no sync per parameter); ``check_finite=False`` skips it;
+    - ``max_loss_ratio`` is given and the loss exceeds ``max_loss_ratio`` times the first batch's
+      loss (of this call; the loss must be positive then): ``max_loss_ratio=1e4`` stops a run whose
+      loss grew ten-thousandfold.
+
+    A loss that gives no gradient to any trainable array (computed from a global model instead of
+    its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a
+    step would change nothing. The arguments are checked before the first batch: ``opt_state``
+    must be ``setup(rule, model)`` for this model (not a rule), ``data`` iterable (a one-pass
+    iterator only with ``epochs=1``).
 
     >>> import numpy as np
     >>> from fluxpy.optimise import Descent, setup
@@ -66,28 +91,125 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     ...
     fluxpy.train.TrainingDiverged: train: the loss is nan at epoch 1, batch 1; stopping before the update (lower ...)
     """
-    losses = []
+    _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
+    losses: list[float] = []
+    first = None
     for epoch in range(1, epochs + 1):
         bar = _progress_bar(data, epoch, epochs) if progress else None
-        seen, start = 0, time.perf_counter()
-        for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
-            args = batch if isinstance(batch, tuple) else (batch,)
-            value, (grad,) = withgradient(lambda m: loss(m, *args), model)  # noqa: B023  (called at once)
-            value = float(value_of(value))
-            if not math.isfinite(value):
+        seen, start, batches = 0, time.perf_counter(), 0
+        try:
+            for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
+                args = batch if isinstance(batch, tuple) else (batch,)
+                value = _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)
+                if first is None:
+                    first = value
+                losses.append(value)
+                batches += 1
+                seen += _count(args[0])
                 if bar is not None:
-                    bar.close()
-                raise TrainingDiverged(f"train: the loss is {value} at epoch {epoch}, batch {batch_number}; stopping "
-                                       "before the update (lower the learning rate, or check the data and the loss)",
-                                       epoch, batch_number, value)
-            update(opt_state, model, grad)
-            losses.append(value)
-            seen += _count(args[0])
+                    bar.show(value, seen / max(time.perf_counter() - start, 1e-9))
+        finally:
             if bar is not None:
-                bar.show(value, seen / max(time.perf_counter() - start, 1e-9))
-        if bar is not None:
-            bar.close()
+                bar.close()
+        if not batches:
+            raise ValueError(f"train: data gave no batches in epoch {epoch}" + (
+                "; an iterator that is used up after one pass cannot train several epochs: pass a list or a "
+                "DataLoader" if epoch > 1 else ""))
     return losses
+
+
+def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_ratio, first):
+    """One checked training step; returns the loss. Raises, with the model untouched, when anything is wrong."""
+    where = f"epoch {epoch}, batch {batch}"
+    value, (grad,), detached = _withgradient(lambda m: loss(m, *args), (model,), f"train ({where})", "the loss")
+    plan = _plan(opt_state, model, grad, "train")
+    if not plan:
+        why = detached or ("its gradient reaches no trainable array (only constants, or arrays that the model's "
+                           "layers do not declare trainable)")
+        raise ValueError(f"train: the loss at {where} gives no gradient to any trainable array of the model, so the "
+                         f"step would change nothing ({why}); the loss must be computed from the model it is "
+                         "given as its first argument, loss(model, *batch)")
+    total = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen]) if check_finite else None
+    value = float(value_of(value))  # the step's one wait for the device; the total enqueued above is done by then
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"train: the loss is {value} at {where}; stopping before the update (lower the "
+                               f"learning rate, or check the data and the loss){_buffers_note(model)}",
+                               epoch, batch, value)
+    if total is not None and not _read_finite(total):
+        bad = _nonfinite([e for e in plan if not e[0].frozen])
+        if bad:
+            _, _, dx, path = bad[0]
+            raise TrainingDiverged(f"train: the gradient for {_path(path)} has {_count_nonfinite(dx)} at {where} "
+                                   f"(the loss is {value:.6g}); stopping before the update (lower the learning rate, "
+                                   f"or look for a log, sqrt or division at zero in the loss or the model)"
+                                   f"{_buffers_note(model)}", epoch, batch, value, _path(path))
+    if max_loss_ratio is not None:
+        if first is None and value <= 0:
+            raise ValueError(f"train: max_loss_ratio compares every loss with the first batch's, which is {value} "
+                             "(not positive); leave max_loss_ratio out for this loss")
+        if first is not None and value > max_loss_ratio * first:
+            raise TrainingDiverged(f"train: the loss {value:.6g} at {where} is more than max_loss_ratio="
+                                   f"{max_loss_ratio:g} times the first batch's loss {first:.6g}; stopping before "
+                                   f"the update (lower the learning rate){_buffers_note(model)}", epoch, batch,
+                                   value)
+    _check_gradients(plan, False, "train")  # what the rules refuse (ClipNorm): before any change
+    _apply(plan)
+    return value
+
+
+def _buffers_note(model):
+    """On the error path: the model's arrays that hold NaN or Inf now. The forward pass of the failed batch may
+    have written them (BatchNorm's running statistics); train does not roll those back."""
+    bad = []
+
+    def walk(st, keys):
+        if isinstance(st, dict):
+            for k, v in st.items():
+                walk(v, keys + (k,))
+        elif isinstance(st, list):
+            for i, v in enumerate(st):
+                walk(v, keys + (i,))
+        elif st is not None and st.dtype.kind in "fc" and not bool(get_array_module(st).isfinite(st).all()):
+            bad.append(_path(keys))
+    walk(state(model), ())
+    if not bad:
+        return ""
+    return (f"; note that the model now holds NaN or Inf in {', '.join(bad)} (arrays written during the forward "
+            "pass, such as BatchNorm's running statistics, are not rolled back)")
+
+
+def _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio):
+    """The mistakes that would otherwise fail late, or silently: before the first batch (and any change)."""
+    if isinstance(model, types.FunctionType) and not isinstance(loss, types.FunctionType):
+        raise TypeError(f"train: model is a function ({model!r}); the arguments are train(loss, model, data, "
+                        "opt_state), with loss(model, *batch)")
+    if not callable(loss):
+        raise TypeError(f"train: loss must be a function called as loss(model, *batch), got {_short(loss)}")
+    if isinstance(model, Rule):
+        raise TypeError(f"train: model is the rule {model!r}; the arguments are train(loss, model, data, "
+                        "opt_state) with opt_state = setup(rule, model)")
+    if isinstance(opt_state, Rule):
+        raise TypeError(f"train: got the rule {opt_state!r} as the optimiser state; make the state once with "
+                        f"opt_state = fluxpy.setup({opt_state!r}, model) and pass that")
+    if not isinstance(data, Iterable) and not hasattr(data, "__getitem__"):
+        raise TypeError(f"train: data must be an iterable of batches (a DataLoader, or a list of (x, y) tuples), "
+                        f"got {_short(data)}")
+    if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs < 0:
+        raise ValueError(f"train: epochs must be an int >= 0, got {epochs!r}")
+    if epochs > 1 and isinstance(data, Iterator):
+        raise ValueError(f"train: data is a {type(data).__name__}, an iterator that is used up after one pass, so "
+                         f"epochs={epochs} would train on nothing after the first; pass a list or a DataLoader")
+    if max_loss_ratio is not None and (isinstance(max_loss_ratio, bool) or not isinstance(
+            max_loss_ratio, numbers.Real) or not max_loss_ratio > 1):
+        raise ValueError(f"train: max_loss_ratio must be a number > 1 (e.g. 1e4), or None, got {max_loss_ratio!r}")
+    if not _plan(opt_state, model, _ALL, "train"):
+        raise ValueError("train: the optimiser state has no trainable array, so there is nothing to train; "
+                         "make it with setup(rule, model) for a model that holds float arrays")
+
+
+def _short(x):
+    text = repr(x)
+    return f"{type(x).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def _count(x):
