@@ -23,26 +23,28 @@ the module (or ``fluxpy.ops``).
 from __future__ import annotations
 
 from . import losses, ops, optimise
-from .autodiff import (Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad, primitive, pullback,
-                       stop_gradient, value_of, withgradient)
+from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad,
+                       primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
-from .io import load, save
+from .io import CheckpointError, load, save
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm,
                      MaxPool, MeanPool, Parallel, SkipConnection, f32, f64, flatten, glorot_normal, glorot_uniform,
                      istraining, kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
                      logitcrossentropy, mae, mse)
-from .ops import (bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu, hardtanh,
-                  identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool, minimum, relu,
-                  relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh, transpose, where)
+from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu,
+                  hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
+                  minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh, transpose,
+                  where)
 from .ops import abs, max, min, sum  # noqa: F401  (fluxpy.sum etc.; kept out of __all__, see the docstring)
 from .profile import profile
 from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
                        WeightDecay, adjust, freeze, setup, thaw, update)
+from .random import seed
 from .train import TrainingDiverged, train
 
 from .kernels import gpu as _gpu_kernels  # noqa: E402  (last: routes CuPy arrays to fluxpy's CUDA kernels)
@@ -54,14 +56,14 @@ __version__ = "0.1.0"
 __all__ = [
     # autodiff
     "gradient", "withgradient", "pullback", "primitive", "Primitive", "Tracked", "no_grad", "stop_gradient",
-    "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast",
+    "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "trainables", "state", "loadstate", "save", "load",
+    "fmapstructure", "trainables", "state", "loadstate", "save", "load", "CheckpointError", "seed",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "maximum", "mean",
     "minimum", "reshape", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
-    "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax",
+    "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",

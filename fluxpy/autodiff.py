@@ -18,8 +18,11 @@ autograd's trace levels): second derivatives come for free.
 from __future__ import annotations
 
 import contextvars
+import importlib
 import itertools
 import operator
+import pickle
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -265,6 +268,20 @@ class Primitive:
         self.__doc__ = doc
         self.__wrapped__ = impl
 
+    __fluxpy_leaf__ = True   # a leaf of model trees (fluxpy.functors), not a node with children
+
+    def __reduce__(self):
+        """Pickle as a reference to a module-level name holding this primitive (its rule's module first)."""
+        homes = [getattr(self.rule, "__module__", None), getattr(self.impl, "__module__", None)]
+        homes += sorted(m for m in list(sys.modules) if m == "fluxpy" or m.startswith("fluxpy."))
+        for home in dict.fromkeys(h for h in homes if h):
+            module = sys.modules.get(home)
+            for name, value in list(vars(module).items()) if module is not None else ():
+                if value is self and not name.startswith("__"):
+                    return _primitive_named, (home, name)
+        raise pickle.PicklingError(f"cannot pickle {self!r}: no module-level name holds it; define it at the top "
+                                   "level of a module (as fluxpy's ops are) so that it pickles by name")
+
     def __repr__(self):
         return f"<fluxpy primitive {self.name}>"
 
@@ -294,6 +311,18 @@ class Primitive:
         else:
             y, back = self.rule(*vals, **kw)
         return Tracked(y, top, tuple(parents), back)
+
+
+def _primitive_named(module: str, name: str) -> Primitive:
+    """The primitive stored as ``module.name`` (what unpickling a primitive calls).
+
+    >>> _primitive_named("fluxpy.ops.activations", "relu").name
+    'relu'
+    """
+    found = getattr(importlib.import_module(module), name, None)
+    if not isinstance(found, Primitive):
+        raise pickle.UnpicklingError(f"{module}.{name} is not a fluxpy primitive (got {found!r})")
+    return found
 
 
 def primitive(rule: Callable | None = None, *, name: str | None = None, impl: Callable | None = None,

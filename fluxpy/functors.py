@@ -80,7 +80,8 @@ def children(x: Any) -> list[tuple[Any, Any]] | None:
         return list(enumerate(x))
     if isinstance(x, dict):
         return list(x.items())
-    if is_array(x) or getattr(x, "__fluxpy_tracked__", False) or isinstance(x, _NOT_NODES):
+    if is_array(x) or getattr(x, "__fluxpy_tracked__", False) or isinstance(x, _NOT_NODES) \
+            or getattr(type(x), "__fluxpy_leaf__", False):
         return None
     names = getattr(type(x), "__fluxpy_children__", None)
     if names is not None:

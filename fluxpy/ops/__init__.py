@@ -24,6 +24,7 @@ from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, rav
 from .activations import elu, gelu, hardtanh, identity, leakyrelu, relu, relu6, sigmoid, softplus, swish
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
+from .batchnorm import batchnorm
 from .dims import AdaptivePoolDims, ConvDims, PoolDims
 from .dropout import dropout, dropout_mask
 from .norm import batchnorm_infer, batchnorm_train, layernorm, normalise
@@ -31,15 +32,17 @@ from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_m
                    meanpool, meanpool_backward)
 from .softmax import logsoftmax, softmax
 
-__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs", "sin",
-           "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "sum", "mean", "max", "min",
+# sum, max, min and abs are fluxpy.ops.sum and so on, but not in __all__: `import *` must not shadow the builtins
+__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin",
+           "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean",
            "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack",
            "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip",
            "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
            "bias_act", "conv", "conv_transpose", "conv_bias_act", "conv_backward_data", "conv_backward_filter",
-           "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout", "dropout_mask", "normalise", "batchnorm_train",
-           "batchnorm_infer", "layernorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool",
-           "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "softmax", "logsoftmax"]
+           "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout", "dropout_mask", "normalise", "batchnorm",
+           "batchnorm_train", "batchnorm_infer", "layernorm", "maxpool", "meanpool", "global_maxpool",
+           "global_meanpool", "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward",
+           "softmax", "logsoftmax"]
 
 
 def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:

@@ -9,8 +9,8 @@ Parameters are keywords; fix them with ``functools.partial`` (``partial(leakyrel
 
 Every activation pickles, so a model holding one does (``pickle.dumps(Dense(2, 3, relu))``): the
 plain functions by name, as Python does, and the primitives (``relu`` here, ``fluxpy.tanh`` and
-the other elementwise ops) by the module-level name they are reachable at, registered below with
-:mod:`copyreg`; unpickling gives back the same object, so ``act is relu`` still holds.
+the other elementwise ops) by the module-level name they are reachable at (``Primitive.__reduce__``);
+unpickling gives back the same object, so ``act is relu`` still holds.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -21,11 +21,7 @@ array([0., 2.])
 """
 from __future__ import annotations
 
-import copyreg
-import importlib
 import math
-import pickle
-import sys
 
 import numpy as np
 
@@ -167,35 +163,3 @@ def hardtanh(x: Array) -> Array:
     array([-1. ,  0.5,  1. ])
     """
     return np.where(x > 1, 1, np.where(x < -1, -1, x))
-
-
-# ---------------------------------------------------------------------------------------------
-# Pickling primitives by name (a Primitive holds closures and lambdas, which pickle cannot store)
-
-
-def _primitive_named(module: str, name: str) -> Primitive:
-    """The primitive stored as ``module.name`` (what unpickling a primitive calls).
-
-    >>> _primitive_named("fluxpy.ops.activations", "relu") is relu
-    True
-    """
-    found = getattr(importlib.import_module(module), name, None)
-    if not isinstance(found, Primitive):
-        raise pickle.UnpicklingError(f"{module}.{name} is not a fluxpy primitive (got {found!r})")
-    return found
-
-
-def _reduce_primitive(prim):
-    """Pickle ``prim`` as a reference to a module-level name that holds it: its rule's module first, then fluxpy's."""
-    homes = [getattr(prim.rule, "__module__", None), getattr(prim.impl, "__module__", None)]
-    homes += sorted(m for m in list(sys.modules) if m == "fluxpy" or m.startswith("fluxpy."))
-    for home in dict.fromkeys(h for h in homes if h):
-        module = sys.modules.get(home)
-        for name, value in list(vars(module).items()) if module is not None else ():
-            if value is prim and not name.startswith("__"):
-                return _primitive_named, (home, name)
-    raise pickle.PicklingError(f"cannot pickle {prim!r}: no module-level name holds it; define it at the top level "
-                               f"of a module (as fluxpy's ops are) so that it pickles by name")
-
-
-copyreg.pickle(Primitive, _reduce_primitive)
