@@ -251,7 +251,6 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
 
 _TYPES = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
 _modules: dict = {}
-_counters: dict = {}   # (device, stream) -> int32 counters, left at zero by the kernels
 _sm: dict = {}
 
 
@@ -283,7 +282,8 @@ def _sm_count(dev):
 
 
 def _vec(hw, dtype, *arrays):
-    """Whether rows can be read as vectors: whole vectors per row, 16-byte aligned arrays."""
+    """Whether rows can be read as vectors: whole vectors per row, 16-byte aligned inputs (CuPy allocates
+    outputs aligned)."""
     return int(hw % _TYPES[dtype][2] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
 
 
@@ -298,24 +298,53 @@ def _reduce_launch(n, c, hw, vec, dtype, dev):
     return s, (256 if width >= 256 else 1 << (width - 1).bit_length()), 1
 
 
-def _apply_launch(x, vec, dtype):
+def _apply_launch(n, c, hw, vec, dtype, dev):
     """``(grid, block, flat, total)``: a block per row chunk for rows of 256 vectors or more, else a flat
     grid-stride loop (32-bit indices, so only below 2**32 items)."""
-    n, c, hw = _geometry(x)
     width = hw // _TYPES[dtype][2] if vec else hw
-    total = x.size // _TYPES[dtype][2] if vec else x.size
+    total = n * c * hw // _TYPES[dtype][2] if vec else n * c * hw
     if width < 256 and total < 2**32:
-        return (min(-(-total // 256), 32 * _sm_count(x.device.id)),), (256,), 1, total
+        return (min(-(-total // 256), 32 * _sm_count(dev)),), (256,), 1, total
     chunks = max(1, min(-(-width // 1024), 65535))
     return (n * c, chunks), (256,), 0, 0
 
 
-def _counter(c):
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    buf = _counters.get(key)
-    if buf is None or buf.size < c:
-        buf = _counters[key] = cupy.zeros(max(c, 1024), dtype=cupy.int32)
-    return buf
+class _Plan:
+    """Everything about one problem that does not change from call to call: the kernels, the launch shapes,
+    the scalar arguments, and the scratch buffers (partials, counters), kept per (shape, dtype, alignment,
+    device, stream) so a call only allocates its outputs and launches."""
+    __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
+                 "counter", "c")
+
+    def __init__(self, shape, dtype, vec, dev):
+        n, c = shape[0], shape[1]
+        hw = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
+        s, threads, row_vec = _reduce_launch(n, c, hw, vec, dtype, dev)
+        self.stats, self.apply = _fn("bn_stats", dtype), _fn("bn_apply", dtype)
+        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats", dtype), _fn("bn_bwd_apply", dtype)
+        self.red = ((s, c), (threads,))
+        grid, block, flat, total = _apply_launch(n, c, hw, vec, dtype, dev)
+        self.app = (grid, block)
+        self.c = c
+        self.scalars = (np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec))
+        self.app_scalars = (np.int64(c), np.int64(hw), np.int32(vec), np.int32(flat), np.uint32(total))
+        part = cupy.empty((2, c * s), dtype)
+        self.part = (part[0], part[1])
+        self.counter = cupy.zeros(c, dtype=cupy.int32)   # left at zero by the kernels
+
+
+_plans: dict = {}
+
+
+def _plan(x, *others):
+    n, c, hw = _geometry(x)
+    vec = _vec(hw, x.dtype, x, *others)
+    dev = x.device.id
+    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr)
+    p = _plans.get(key)
+    if p is None:
+        p = _plans[key] = _Plan(x.shape, x.dtype, vec, dev)
+    return p
 
 
 _NULL = np.uint64(0)
@@ -327,37 +356,23 @@ def _p(a):
 
 def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float):
     """``(y, mean, invstd)`` in two launches; the running statistics (or None) are moved in place."""
-    n, c, hw = _geometry(x)
-    dt = x.dtype
+    p = _plan(x)
     y = cupy.empty_like(x)
-    vec = _vec(hw, dt, x, y)
-    s, threads, row_vec = _reduce_launch(n, c, hw, vec, dt, x.device.id)
-    part = cupy.empty((2, c * s), dt)
-    stats = cupy.empty((4, c), dt)   # mean, invstd, scale, shift
-    _fn("bn_stats", dt)((s, c), (threads,), (
-        x, np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec), part[0], part[1], _counter(c),
-        _p(gamma), _p(beta), stats[0], stats[1], stats[2], stats[3], _p(running_mean), _p(running_var),
-        np.float64(momentum), np.float64(eps)))
-    grid, block, flat, total = _apply_launch(x, vec, dt)
-    _fn("bn_apply", dt)(grid, block, (x, y, stats[2], stats[3], np.int64(c), np.int64(hw), np.int32(vec),
-                                      np.int32(flat), np.uint32(total)))
-    return y, stats[0], stats[1]
+    stats = cupy.empty((4, p.c), x.dtype)   # mean, invstd, scale, shift
+    mean, invstd, scale, shift = stats
+    p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
+                     _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
+    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
+    return y, mean, invstd
 
 
 def backward(dy, x, gamma, mean, invstd, eps: float):
     """``(dx, dgamma, dbeta)`` in two launches."""
-    n, c, hw = _geometry(x)
-    dt = x.dtype
     dy = cupy.ascontiguousarray(dy)
+    p = _plan(x, dy)
     dx = cupy.empty_like(x)
-    vec = _vec(hw, dt, x, dy, dx)
-    s, threads, row_vec = _reduce_launch(n, c, hw, vec, dt, x.device.id)
-    part = cupy.empty((2, c * s), dt)
-    out = cupy.empty((5, c), dt)   # dgamma, dbeta, and the coefficients a, b, k of dx
-    _fn("bn_bwd_stats", dt)((s, c), (threads,), (
-        dy, x, mean, invstd, _p(gamma), np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec), part[0],
-        part[1], _counter(c), out[0], out[1], out[2], out[3], out[4]))
-    grid, block, flat, total = _apply_launch(x, vec, dt)
-    _fn("bn_bwd_apply", dt)(grid, block, (dy, x, dx, out[2], out[3], out[4], np.int64(c), np.int64(hw),
-                                          np.int32(vec), np.int32(flat), np.uint32(total)))
-    return dx, out[0], out[1]
+    out = cupy.empty((5, p.c), x.dtype)   # dgamma, dbeta, and the coefficients a, b, k of dx
+    dgamma, dbeta, a, b, k = out
+    p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), *p.scalars, *p.part, p.counter, dgamma, dbeta, a, b, k))
+    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars))
+    return dx, dgamma, dbeta

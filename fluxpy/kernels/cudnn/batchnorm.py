@@ -42,7 +42,12 @@ def available() -> bool:
     >>> available() in (True, False)
     True
     """
-    return cupy is not None and load() is not None and all(has(c) for c in _CALLS)
+    if not _available:
+        _available.append(cupy is not None and load() is not None and all(has(c) for c in _CALLS))
+    return _available[0]
+
+
+_available: list = []   # the answer, once asked (the library does not change in a process)
 
 
 def supported_ndim(ndim: int) -> bool:
