@@ -413,16 +413,27 @@ class Leaf:
     >>> setup(Descent(), np.ones(2))
     Leaf(Descent(eta=0.1))
     """
-    __slots__ = ("rule", "state", "frozen", "_fits")
+    __slots__ = ("rule", "state", "frozen", "_fits", "_steps")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
         self.state = state
         self.frozen = frozen
         self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
+        self._steps = None  # the _Steps of the last update whose plan began at this leaf (a cache)
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
+
+    # Copies and pickles hold the rule, the state and the flag; update's caches (which refer to the model's
+    # arrays) are left behind and made again.
+    def __getstate__(self):
+        return self.rule, self.state, self.frozen
+
+    def __setstate__(self, saved):
+        if len(saved) == 2 and isinstance(saved[1], dict):   # pickled by an older fluxpy: (None, its slots)
+            saved = saved[1]["rule"], saved[1]["state"], saved[1].get("frozen", False)
+        self.__init__(*saved)
 
 
 def _node(model, items):
@@ -742,9 +753,137 @@ def _count_nonfinite(dx):
 
 
 def _apply(plan):
-    for leaf, x, dx, _ in plan:
-        if not leaf.frozen:
-            leaf.state = leaf.rule.step(leaf.state, x, dx)
+    """Steps every unfrozen leaf of ``plan``: groups of Adam leaves in one multi-tensor call each, where a kernel
+    takes them, every other leaf by its rule's ``step`` (see :class:`_Steps`, cached on the plan's first leaf)."""
+    if not plan:
+        return
+    anchor = plan[0][0]
+    steps = anchor._steps
+    if steps is None or not steps.fits(plan):
+        steps = anchor._steps = _Steps(plan)
+    steps.run(plan)
+
+
+class _Steps:
+    """How :func:`update` steps one plan: which leaves go alone and which together, built once and reused.
+
+    A group is the unfrozen leaves whose rule is exactly :class:`Adam` with equal hyperparameters and equal
+    bias-correction state ``(b1t, b2t)`` (values and Python types alike), whose parameters have one array type and
+    dtype and share no memory with any other parameter of the plan (so that stepping them together is stepping
+    them one by one). Each step a group asks the kernel table for ``adam_update_many`` (one call for the whole
+    group, and every leaf's state becomes exactly what ``Adam.step`` makes); where there is none (NumPy, or a call
+    the kernel declines) its leaves step one by one. AdamW and chains step leaf by leaf. Leaves and groups step
+    in the plan's order.
+
+    Reused while the plan has the same leaves in the same order, each with the same array, the same rule object,
+    the same ``frozen`` flag and, for a grouped leaf, the same state object as the last step left it; anything
+    else (``adjust``, ``freeze``, ``thaw``, a new array, a state put in by hand) builds it again. Checking that is
+    a few identity tests per leaf.
+    """
+    __slots__ = ("sig", "states", "order")
+
+    def __init__(self, plan):
+        self.sig = [(leaf, x, leaf.rule, leaf.frozen) for leaf, x, _, _ in plan]
+        self.states = [None] * len(plan)   # a grouped leaf's state as the last step left it; None: not grouped
+        shared = _sharing_memory(plan)
+        groups, order = {}, []
+        for i, (leaf, x, _, _) in enumerate(plan):
+            if leaf.frozen:
+                continue
+            key = None if i in shared else _adam_group_key(leaf, x)
+            if key is None:
+                order.append(i)
+                continue
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = _AdamGroup(leaf.rule, leaf.state[2])
+                order.append(group)
+            group.add(i, leaf, x)
+            self.states[i] = leaf.state
+        self.order = order
+
+    def fits(self, plan):
+        if len(plan) != len(self.sig):
+            return False
+        for (leaf, x, _, _), (leaf0, x0, rule0, frozen0), state0 in zip(plan, self.sig, self.states):
+            if leaf is not leaf0 or x is not x0 or leaf.rule is not rule0 or leaf.frozen is not frozen0 or \
+                    (state0 is not None and leaf.state is not state0):
+                return False
+        return True
+
+    def run(self, plan):
+        for item in self.order:
+            if type(item) is int:
+                leaf, x, dx, _ = plan[item]
+                leaf.state = leaf.rule.step(leaf.state, x, dx)
+            else:
+                item.step(plan, self.states)
+
+
+class _AdamGroup:
+    """Adam leaves that one ``adam_update_many`` call steps: their plan indices, leaves, parameters and moments."""
+    __slots__ = ("rule", "bt", "index", "leaves", "xs", "ms", "vs")
+
+    def __init__(self, rule, bt):
+        self.rule, self.bt = rule, bt
+        self.index, self.leaves, self.xs, self.ms, self.vs = [], [], [], [], []
+
+    def add(self, i, leaf, x):
+        self.index.append(i)
+        self.leaves.append(leaf)
+        self.xs.append(x)
+        self.ms.append(leaf.state[0])
+        self.vs.append(leaf.state[1])
+
+    def step(self, plan, states):
+        xs, ms, vs = self.xs, self.ms, self.vs
+        dxs = [plan[i][2] for i in self.index]
+        kernel = find("adam_update_many", xs[0], xs, dxs, ms, vs)
+        if kernel is None:  # leaf by leaf, as Adam.step; the next step's states are recorded (and checked) all the same
+            for i, leaf, x, dx in zip(self.index, self.leaves, xs, dxs):
+                leaf.state = states[i] = leaf.rule.step(leaf.state, x, dx)
+            self.bt = self.leaves[0].state[2]
+            return
+        rule = self.rule
+        b1t, b2t = self.bt
+        self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t))
+        for i, leaf, m, v in zip(self.index, self.leaves, ms, vs):
+            leaf.state = states[i] = (m, v, bt)
+
+
+def _typed(v):
+    return type(v), v
+
+
+def _adam_group_key(leaf, x):
+    """What an Adam leaf's group is known by (None: the leaf steps alone): array type and dtype, the rule's
+    hyperparameters and the bias-correction state, each value with its type (so that a group's shared next
+    ``(b1t, b2t)`` is what every leaf's own ``Adam.step`` would make)."""
+    rule, state = leaf.rule, leaf.state
+    if type(rule) is not Adam or type(state) is not tuple or len(state) != 3:
+        return None
+    bt, beta = state[2], rule.beta
+    if type(bt) is not tuple or len(bt) != 2 or type(beta) not in (tuple, list) or len(beta) != 2:
+        return None
+    key = (type(x), x.dtype, _typed(rule.eta), _typed(beta[0]), _typed(beta[1]), _typed(rule.eps),
+           _typed(bt[0]), _typed(bt[1]))
+    try:
+        hash(key)
+    except TypeError:   # an array or a list as a hyperparameter: that leaf steps alone
+        return None
+    return key
+
+
+def _sharing_memory(plan):
+    """The plan indices of parameters that may share memory with another parameter of the plan (views of one
+    array or buffer): they step alone, in the plan's order, as before there were groups."""
+    by_owner = {}
+    for i, (_, x, _, _) in enumerate(plan):
+        owner = x
+        while getattr(owner, "base", None) is not None:   # a view's base, up to the array or buffer that owns it
+            owner = owner.base
+        by_owner.setdefault(id(owner), []).append(i)
+    return {i for idx in by_owner.values() if len(idx) > 1 for i in idx}
 
 
 def _leaves(tree):

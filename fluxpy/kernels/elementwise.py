@@ -817,6 +817,163 @@ def update_supports(x: Any, dx: Any) -> bool:
         and x.dtype in _CTYPE and dx.shape == x.shape
 
 
+# ---------------------------------------------------------------------------------------------
+# Multi-tensor Adam: every parameter of a list in one launch (PyTorch's fused/foreach Adam)
+#
+# The launch takes a table of device pointers BY VALUE, as a kernel parameter (as PyTorch's multi_tensor_apply
+# does): no device-side table, no host-to-device copy, no cache to keep in step with the arrays. A table holds
+# _MANY_CAP tensors (x, dx, m and v pointers and the start of each tensor in the concatenated index space), which
+# keeps the kernel's parameters inside CUDA's classic 4 KiB; a longer list takes one launch per _MANY_CAP tensors.
+
+_MANY_CAP = 96
+_MANY_TABLE = np.dtype([("t", np.int64, (5 * _MANY_CAP + 1,))])   # one table: a size-1 array CuPy passes by value
+_MANY_THREADS = 256
+_MANY_ITEMS = 4           # elements per thread in a block's chunk of the concatenated index space
+_MANY_MAX_BLOCKS = 65535  # more elements than that many chunks: the blocks stride over them
+_adam_many_kernels = {}
+# C-contiguity of a CuPy array: its cdef attribute where there is one (a few times faster than .flags)
+_c_contiguous = ((lambda a: a._c_contiguous) if cupy is not None and hasattr(cupy.ndarray, "_c_contiguous")
+                 else (lambda a: a.flags.c_contiguous))
+
+
+def adam_many_source(dtype: Any) -> str:
+    """The CUDA source of :func:`adam_update_many`'s kernel for ``dtype`` (float32 or float64).
+
+    Each block takes chunks of ``_MANY_THREADS * _MANY_ITEMS`` elements of the tensors laid end to end; it finds
+    the tensor holding a chunk's first element by a binary search over the start offsets, and each thread then
+    walks forward through the tensors as its index grows (skipping empty ones). The per-element arithmetic is
+    the per-parameter kernel's (``_ADAM_BODY``), so both round alike.
+
+    >>> src = adam_many_source(np.float32)
+    >>> "fluxpy_adam_many" in src and "#define T float" in src
+    True
+    """
+    body = _ADAM_BODY.replace("[i]", "[j]")
+    return (f"#define T {_CTYPE[np.dtype(dtype)]}\n#define CAP {_MANY_CAP}\n#define ITEMS {_MANY_ITEMS}\n" + r"""
+struct AdamTensors {  // CAP tensors; start[k] is where tensor k begins in the concatenated index space
+  T* x[CAP];
+  const T* dx[CAP];
+  T* m[CAP];
+  T* v[CAP];
+  long long start[CAP + 1];
+};
+
+extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count, const T b1, const T c1,
+                                            const T b2, const T c2, const T s1, const T s2, const T eps,
+                                            const T eta) {
+  const long long total = t.start[count];
+  const long long chunk = (long long)blockDim.x * ITEMS;
+  for (long long first = (long long)blockIdx.x * chunk; first < total; first += (long long)gridDim.x * chunk) {
+    int lo = 0, hi = count - 1;  // the last tensor k with start[k] <= first: the (non-empty) one holding it
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (t.start[mid] <= first) lo = mid; else hi = mid - 1;
+    }
+    int k = lo;
+    long long begin = t.start[k], end = t.start[k + 1];
+    T* x = t.x[k];
+    const T* dx = t.dx[k];
+    T* m = t.m[k];
+    T* v = t.v[k];
+    const long long last = first + chunk < total ? first + chunk : total;
+    for (long long e = first + threadIdx.x; e < last; e += blockDim.x) {
+      if (e >= end) {
+        do { ++k; begin = end; end = t.start[k + 1]; } while (e >= end);
+        x = t.x[k]; dx = t.dx[k]; m = t.m[k]; v = t.v[k];
+      }
+      const long long j = e - begin;
+      """ + body + """
+    }
+  }
+}
+""")
+
+
+def _adam_many_raw(dtype):
+    k = _adam_many_kernels.get(dtype)
+    if k is None:
+        k = _adam_many_kernels[dtype] = cupy.RawKernel(adam_many_source(dtype), "fluxpy_adam_many")
+    return k
+
+
+def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Array], vs: Sequence[Array],
+                     eta: float, beta: tuple[float, float], eps: float, b1t: float, b2t: float) -> tuple[float, float]:
+    """One Adam step for every parameter ``xs[k]`` (gradient ``dxs[k]``, moments ``ms[k]``, ``vs[k]``) in place, in
+    one kernel launch (one per 96 parameters); returns the next ``(b1t, b2t)``.
+
+    The formulas and the rounding of :func:`adam_update`, which it replaces for a list of parameters sharing
+    ``eta``, ``beta``, ``eps`` and the bias-correction state ``b1t``, ``b2t`` (``beta^t`` before this step).
+    The arrays are CuPy arrays of one float dtype, ``xs``, ``ms``, ``vs`` C-contiguous, each ``dxs[k]`` of its
+    parameter's shape (a strided gradient is copied first); :func:`adam_update_many_supports` says which calls
+    it takes. The parameters must not share memory with one another (fluxpy.optimise groups only those that
+    don't). Host cost: the table of pointers, read from the arrays on every call, and one launch.
+
+    >>> adam_update_many.__name__
+    'adam_update_many'
+    """
+    dtype = xs[0].dtype
+    t = dtype.type
+    b1, b2 = beta
+    scalars = (t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 / (1 - b1t)), t(1 / (1 - b2t)), t(eps), t(eta))
+    kernel = _adam_many_raw(dtype)
+    strided = []   # contiguous copies of strided gradients, alive until their launch is queued
+    cap = _MANY_CAP
+    for lo in range(0, len(xs), cap):
+        part = slice(lo, lo + cap)
+        x, dx, m, v = xs[part], dxs[part], ms[part], vs[part]
+        count = len(x)
+        table = np.zeros(5 * cap + 1, np.int64)
+        table[:count] = [a.data.ptr for a in x]
+        table[cap:cap + count] = [a.data.ptr if _c_contiguous(a) else _contiguous_copy(a, strided).data.ptr
+                                  for a in dx]
+        table[2 * cap:2 * cap + count] = [a.data.ptr for a in m]
+        table[3 * cap:3 * cap + count] = [a.data.ptr for a in v]
+        np.cumsum([a.size for a in x], out=table[4 * cap + 1:4 * cap + 1 + count])
+        total = int(table[4 * cap + count])
+        if total:
+            blocks = min(-(-total // (_MANY_THREADS * _MANY_ITEMS)), _MANY_MAX_BLOCKS)
+            kernel((blocks,), (_MANY_THREADS,), (table.view(_MANY_TABLE), np.int32(count), *scalars))
+    return b1t * b1, b2t * b2
+
+
+def _contiguous_copy(a, keep):
+    a = cupy.ascontiguousarray(a)
+    keep.append(a)
+    return a
+
+
+def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence, vs: Sequence) -> bool:
+    """The calls :func:`adam_update_many` takes: lists of one length (at least one) of CuPy arrays of one
+    float32/float64 dtype, ``xs``, ``ms``, ``vs`` C-contiguous, every array of its parameter's shape.
+
+    ``x`` is one of the parameters, passed first so that :func:`fluxpy.kernels.find` (which looks at array
+    arguments, not into lists) picks the array module: ``find("adam_update_many", xs[0], xs, dxs, ms, vs)``.
+    Every array is checked on every call (the gradients are new each step).
+
+    >>> adam_update_many_supports.__name__
+    'adam_update_many_supports'
+    """
+    nd = cupy.ndarray
+    n = len(xs)
+    if n == 0 or len(dxs) != n or len(ms) != n or len(vs) != n or type(xs[0]) is not nd:
+        return False
+    dt = xs[0].dtype
+    if dt not in _CTYPE:
+        return False
+    contiguous = _c_contiguous
+    for a, d, m, v in zip(xs, dxs, ms, vs):
+        if type(a) is not nd or type(d) is not nd or type(m) is not nd or type(v) is not nd:
+            return False
+        if a.dtype != dt or d.dtype != dt or m.dtype != dt or v.dtype != dt:
+            return False
+        if not (contiguous(a) and contiguous(m) and contiguous(v)):
+            return False
+        s = a.shape
+        if d.shape != s or m.shape != s or v.shape != s:
+            return False
+    return True
+
+
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
 KERNELS = {
     "broadcast": (fused_forward, None),
@@ -827,4 +984,5 @@ KERNELS = {
     "descent_update": (descent_update, update_supports),
     "momentum_update": (momentum_update, update_supports),
     "adam_update": (adam_update, update_supports),
+    "adam_update_many": (adam_update_many, adam_update_many_supports),
 }
