@@ -715,22 +715,23 @@ def _check_gradients(plan, check_finite, who):
 def _finite_total(arrays):
     """A scalar (on the arrays' device) that is finite when every entry of ``arrays`` is.
 
-    A NaN or an infinity anywhere makes it NaN or infinite; it may also overflow for huge finite
-    entries, which only costs the exact search in :func:`_nonfinite`. On the GPU: one concatenation
-    and one float64 reduction; NumPy takes each array's sum of squares, with no copy.
+    The ``finite_total`` kernel where one takes the list (the GPU: one launch, 0 or NaN); else each array's
+    sum of squares (the fastest NumPy reduction; NaN or infinite where an entry is, and it may also overflow for
+    huge finite entries, which only costs the exact search in :func:`_nonfinite`).
     """
+    if not arrays:
+        return 0.0
     try:
-        xp = get_array_module(*arrays)
+        kernel = find("finite_total", arrays[0], arrays)
     except TypeError:  # NumPy and CuPy arrays mixed: one total per array (a slow path, never the normal one)
         return [_finite_total([a]) for a in arrays]
-    if xp is np:  # the sum of squares: the fastest NumPy reduction here (an overflow only sends us the slow way)
-        total = 0.0
-        for a in arrays:
-            a = a.ravel()
-            total += np.dot(a, a) if a.dtype.itemsize >= 4 else a.sum(dtype=np.float64)  # float16 squares overflow
-        return total
-    flat = arrays[0].ravel() if len(arrays) == 1 else xp.concatenate([a.ravel() for a in arrays])
-    return flat.sum(dtype=xp.float64)
+    if kernel is not None:
+        return kernel(arrays[0], arrays)
+    total = 0.0
+    for a in arrays:
+        a = a.ravel()
+        total = total + (a @ a if a.dtype.itemsize >= 4 else a.sum(dtype=np.float64))  # float16 squares overflow
+    return total
 
 
 def _read_finite(total):

@@ -974,6 +974,57 @@ def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence,
     return True
 
 
+# ---------------------------------------------------------------------------------------------
+# Whether a list of arrays is all finite, in one launch (the divergence check of fluxpy.train)
+
+_FINITE_TABLE = np.dtype([("p", np.int64, (_MANY_CAP,)), ("n", np.int64, (_MANY_CAP,))])
+_FINITE_SOURCE = r"""
+struct Arrays { long long p[CAP]; long long n[CAP]; };
+extern "C" __global__ void fluxpy_nonfinite(const Arrays t, double* out) {
+    const T* a = (const T*)t.p[blockIdx.y];
+    const long long n = t.n[blockIdx.y];
+    bool bad = false;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        bad |= !isfinite(a[i]);
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *out = __longlong_as_double(0x7ff8000000000000LL);   // NaN
+}
+"""
+_finite_kernels = {}
+
+
+def finite_total_supports(x: Any, arrays: Sequence) -> bool:
+    """The lists :func:`finite_total` takes: CuPy float32/float64 arrays, C-contiguous (``x`` is the first,
+    for the array module)."""
+    return all(type(a) is cupy.ndarray and a.dtype in _CTYPE and _c_contiguous(a) for a in arrays)
+
+
+def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
+    """A 0-d float64 CuPy array: 0 when every entry of ``arrays`` is finite, NaN otherwise; one launch per 96
+    arrays of a dtype, no sync (the caller reads it once).
+
+    >>> finite_total.__name__
+    'finite_total'
+    """
+    out = cupy.zeros((), dtype=cupy.float64)
+    by_dtype: dict = {}
+    for a in arrays:
+        if a.size:
+            by_dtype.setdefault(a.dtype, []).append(a)
+    for dtype, group in by_dtype.items():
+        k = _finite_kernels.get(dtype)
+        if k is None:
+            src = f"#define T {_CTYPE[dtype]}\n#define CAP {_MANY_CAP}\n" + _FINITE_SOURCE
+            k = _finite_kernels[dtype] = cupy.RawKernel(src, "fluxpy_nonfinite")
+        for lo in range(0, len(group), _MANY_CAP):
+            part = group[lo:lo + _MANY_CAP]
+            table = np.zeros(1, _FINITE_TABLE)
+            table["p"][0, :len(part)] = [a.data.ptr for a in part]
+            table["n"][0, :len(part)] = [a.size for a in part]
+            blocks = min(-(-max(a.size for a in part) // 1024), 64)
+            k((blocks, len(part)), (256,), (table, out))
+    return out
+
+
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
 KERNELS = {
     "broadcast": (fused_forward, None),
@@ -985,4 +1036,5 @@ KERNELS = {
     "momentum_update": (momentum_update, update_supports),
     "adam_update": (adam_update, update_supports),
     "adam_update_many": (adam_update_many, adam_update_many_supports),
+    "finite_total": (finite_total, finite_total_supports),
 }

@@ -145,3 +145,25 @@ def test_loadstate_checks_values_on_their_device():
     with pytest.raises(ValueError, match=r"model\.a is float32, but the state holds int64 values such as 16777217"):
         fluxpy.loadstate(host, {"a": cp.asarray([1, 2**24 + 1], cp.int64)})
     assert host_bytes(model) == before and not host["a"].any()
+
+
+def test_the_finite_check_is_one_kernel_and_finds_every_kind_of_non_finite():
+    import cupy as cp
+    from fluxpy import kernels
+    from fluxpy.optimise import _finite_total, _read_finite
+    rng = np.random.default_rng(9)
+    arrays = [cp.asarray(rng.standard_normal(n).astype(dt)) for n, dt in
+              [(1, np.float32), (1000, np.float32), (4097, np.float64), (0, np.float32), (70000, np.float32)]]
+    assert kernels.find("finite_total", arrays[0], arrays) is not None
+    assert _read_finite(_finite_total(arrays))
+    for k in (0, 1, 2, 4):
+        for bad in (np.nan, np.inf, -np.inf):
+            a = arrays[k]
+            saved = a[-1].copy()
+            a[-1] = bad
+            assert not _read_finite(_finite_total(arrays)), (k, bad)
+            a[-1] = saved
+    big = [cp.asarray(rng.standard_normal(3).astype(np.float32)) for _ in range(200)]   # three launches
+    assert _read_finite(_finite_total(big))
+    big[150][1] = np.nan
+    assert not _read_finite(_finite_total(big))
