@@ -715,9 +715,9 @@ def _check_gradients(plan, check_finite, who):
 def _finite_total(arrays):
     """A scalar (on the arrays' device) that is finite when every entry of ``arrays`` is.
 
-    The ``finite_total`` kernel where one takes the list (the GPU: one launch, 0 or NaN); else each array's
-    sum of squares (the fastest NumPy reduction; NaN or infinite where an entry is, and it may also overflow for
-    huge finite entries, which only costs the exact search in :func:`_nonfinite`).
+    The ``finite_total`` kernel where one takes the list (the GPU: one launch, 0 or NaN); else the float64 sum
+    of each array (NaN or infinite where an entry is; it overflows only past 1e308, which then costs the exact
+    search in :func:`_nonfinite`).
     """
     if not arrays:
         return 0.0
@@ -729,8 +729,7 @@ def _finite_total(arrays):
         return kernel(arrays[0], arrays)
     total = 0.0
     for a in arrays:
-        a = a.ravel()
-        total = total + (a @ a if a.dtype.itemsize >= 4 else a.sum(dtype=np.float64))  # float16 squares overflow
+        total = total + a.sum(dtype=np.float64)
     return total
 
 
