@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,22 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
 from models import MODELS, torch_twin  # noqa: E402
+from resnet_step import timed_rounds  # noqa: E402
 
 LEARNING_RATE = 1e-3
 
 
 def _timed_rounds(step, sync, steps, rounds, warmup):
-    for _ in range(warmup):
-        step()
-    sync()
-    per_step = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        per_step.append((time.perf_counter() - t0) / steps)
-    return statistics.median(per_step)
+    return statistics.median(timed_rounds(step, sync, steps, rounds, warmup))
 
 
 def fluxpy_case(model, x, labels, device):
