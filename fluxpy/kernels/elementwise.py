@@ -993,14 +993,14 @@ _finite_kernels = {}
 
 
 def finite_total_supports(x: Any, arrays: Sequence) -> bool:
-    """The lists :func:`finite_total` takes: CuPy float32/float64 arrays, C-contiguous (``x`` is the first,
-    for the array module)."""
-    return all(type(a) is cupy.ndarray and a.dtype in _CTYPE and _c_contiguous(a) for a in arrays)
+    """The lists :func:`finite_total` takes: CuPy float32/float64 arrays (``x`` is the first, for the array
+    module)."""
+    return all(type(a) is cupy.ndarray and a.dtype in _CTYPE for a in arrays)
 
 
 def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     """A 0-d float64 CuPy array: 0 when every entry of ``arrays`` is finite, NaN otherwise; one launch per 96
-    arrays of a dtype, no sync (the caller reads it once).
+    arrays of a dtype, no sync (the caller reads it once). Strided arrays are copied to C order first.
 
     >>> finite_total.__name__
     'finite_total'
@@ -1008,8 +1008,8 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     out = cupy.zeros((), dtype=cupy.float64)
     by_dtype: dict = {}
     for a in arrays:
-        if a.size:
-            by_dtype.setdefault(a.dtype, []).append(a)
+        if a.size:   # a strided gradient (a transposed matmul's) is read through a contiguous copy
+            by_dtype.setdefault(a.dtype, []).append(a if _c_contiguous(a) else cupy.ascontiguousarray(a))
     for dtype, group in by_dtype.items():
         k = _finite_kernels.get(dtype)
         if k is None:

@@ -163,6 +163,11 @@ def test_the_finite_check_is_one_kernel_and_finds_every_kind_of_non_finite():
             a[-1] = bad
             assert not _read_finite(_finite_total(arrays)), (k, bad)
             a[-1] = saved
+    strided = cp.asarray(rng.standard_normal((40, 30)).astype(np.float32)).T   # a transposed matmul's gradient
+    assert kernels.find("finite_total", strided, [strided]) is not None
+    assert _read_finite(_finite_total([strided]))
+    strided[3, 7] = np.inf
+    assert not _read_finite(_finite_total([strided]))
     big = [cp.asarray(rng.standard_normal(3).astype(np.float32)) for _ in range(200)]   # three launches
     assert _read_finite(_finite_total(big))
     big[150][1] = np.nan
