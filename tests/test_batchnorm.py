@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
+from fluxpy.ops.activations import relu
 from fluxpy.ops.batchnorm import batchnorm, batchnorm_backward
 from fluxpy.ops.norm import batchnorm_train
 from gradcheck import check_grad, check_second_order
@@ -74,6 +75,29 @@ def test_second_derivatives(problem):
     check_second_order(lambda x, g, b: batchnorm(x, g, b, eps=1e-2) ** 2, x, g, b, rng=rng, rtol=1e-4, atol=1e-6)
 
 
+@given(problem=problems())
+def test_relu_fused_equals_relu_after_and_differentiates(problem):
+    shape, affine, seed = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    c = shape[1]
+    g, b = (rng.standard_normal(c), rng.standard_normal(c)) if affine else (None, None)
+    np.testing.assert_allclose(batchnorm(x, g, b, act=relu, eps=1e-2), np.maximum(batchnorm(x, g, b, eps=1e-2), 0),
+                               rtol=1e-12, atol=1e-12)
+    y = batchnorm(x, g, b, eps=1e-2)
+    if np.min(np.abs(y)) < 1e-4:   # finite differences across relu's kink
+        return
+    if affine:
+        check_grad(lambda x, g, b: batchnorm(x, g, b, eps=1e-2, act=relu), x, g, b, rng=rng, rtol=1e-5, atol=1e-7)
+    else:
+        check_grad(lambda x: batchnorm(x, eps=1e-2, act=relu), x, rng=rng, rtol=1e-5, atol=1e-7)
+
+
+def test_other_activations_are_refused():
+    with pytest.raises(ValueError, match="batchnorm fuses act=relu or act=None"):
+        batchnorm(np.ones((4, 2)), act=np.tanh)
+
+
 def test_the_running_statistics_move_once_per_call_inside_gradient():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 3, 4, 4))
@@ -90,7 +114,7 @@ def test_backward_op_matches_the_gradient():
     dx, dg = back(dy)
     mean = x.mean(axis=(0, 2))
     invstd = 1 / np.sqrt(x.var(axis=(0, 2)) + 1e-3)
-    dx2, dg2, db2 = batchnorm_backward(dy, x, g, mean, invstd, 1e-3)
+    dx2, dg2, db2 = batchnorm_backward(dy, x, None, g, None, mean, invstd, 1e-3, "identity")
     np.testing.assert_allclose(dx, dx2, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(dg, dg2, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(db2, dy.sum(axis=(0, 2)), rtol=1e-12)

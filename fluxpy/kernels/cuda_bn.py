@@ -139,8 +139,10 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long l
 
 // y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * C + c; or, for short rows (flat), a
 // grid-stride loop over the whole tensor with 32-bit index arithmetic.
+#define ACT(v) (relu && (v) < (ACC)0 ? (ACC)0 : (v))
+
 extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long C, long long HW,
-                                     int vec, int flat, unsigned total) {
+                                     int vec, int flat, unsigned total, int relu) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -149,10 +151,10 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
             if (vec) {
                 VT v = ((const VT*)x)[i];
                 T* p = (T*)&v;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)((ACC)p[u] * sc + sf);
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)ACT((ACC)p[u] * sc + sf);
                 ((VT*)y)[i] = v;
             } else {
-                y[i] = (T)((ACC)x[i] * sc + sf);
+                y[i] = (T)ACT((ACC)x[i] * sc + sf);
             }
         }
         return;
@@ -168,28 +170,34 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
              j += (long long)gridDim.y * blockDim.x) {
             VT v = xv[j];
             T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)((ACC)p[u] * sc + sf);
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)ACT((ACC)p[u] * sc + sf);
             yv[j] = v;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            y[base + j] = (T)((ACC)x[base + j] * sc + sf);
+            y[base + j] = (T)ACT((ACC)x[base + j] * sc + sf);
     }
 }
 
+// With relu, dy is masked where the forward's output was not positive: that output, x * scale + shift, is
+// recomputed from x with the forward's own scale and shift (the same expressions, so the same rounding).
+#define MASKED(g, xv) ((relu && (xv) * sc + sf <= (ACC)0) ? (ACC)0 : (g))
+
 extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
-                                         const ACC* gamma, long long N, long long C, long long HW, int S, int vec,
-                                         ACC* part1, ACC* part2, int* counters, ACC* dgamma, ACC* dbeta, ACC* ca,
-                                         ACC* cb, ACC* ck) {
+                                         const ACC* gamma, const ACC* beta, long long N, long long C, long long HW,
+                                         int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
+                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
     const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
     const T* a = dy; const T* b = x;
     const ACC K = mean[c];
+    const ACC g0 = gamma ? gamma[c] : (ACC)1, b0 = beta ? beta[c] : (ACC)0, inv0 = invstd[c];
+    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
     ACC s1 = 0, s2 = 0;
-    ROW_SUMS(A_, A_ * (B_ - K))
+    ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
     block_sum2(s1, s2, sh);
     if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
     if (!last_block(counters + c, S)) return;
@@ -204,47 +212,58 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
         ACC aa = g * inv;
         ACC bb = -aa * inv * dg / m;
         ca[c] = aa; cb[c] = bb; ck[c] = -aa * t1 / m - bb * K;
+        csc[c] = sc; csf[c] = sf;
     }
 }
 
 // dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
-                                         long long C, long long HW, int vec, int flat, unsigned total) {
+                                         long long C, long long HW, int vec, int flat, unsigned total,
+                                         const ACC* csc, const ACC* csf, int relu) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
-            const ACC a = ca[c], b = cb[c], k = ck[c];
+            const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
             if (vec) {
                 VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
                 const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) po[u] = (T)(a * (ACC)pg[u] + b * (ACC)pv[u] + k);
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                    ACC xv = (ACC)pv[u];
+                    po[u] = (T)(a * MASKED((ACC)pg[u], xv) + b * xv + k);
+                }
                 ((VT*)dx)[i] = o;
             } else {
-                dx[i] = (T)(a * (ACC)dy[i] + b * (ACC)x[i] + k);
+                ACC xv = (ACC)x[i];
+                dx[i] = (T)(a * MASKED((ACC)dy[i], xv) + b * xv + k);
             }
         }
         return;
     }
     const long long row = blockIdx.x;
     const long long c = row % C;
-    const ACC a = ca[c], b = cb[c], k = ck[c];
+    const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
     const long long base = row * HW;
     if (vec) {
         const VT* gv = (const VT*)(dy + base);
-        const VT* xv = (const VT*)(x + base);
+        const VT* xvp = (const VT*)(x + base);
         VT* ov = (VT*)(dx + base);
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
              j += (long long)gridDim.y * blockDim.x) {
-            VT g = gv[j], v = xv[j], o;
+            VT g = gv[j], v = xvp[j], o;
             const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) po[u] = (T)(a * (ACC)pg[u] + b * (ACC)pv[u] + k);
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                ACC xv = (ACC)pv[u];
+                po[u] = (T)(a * MASKED((ACC)pg[u], xv) + b * xv + k);
+            }
             ov[j] = o;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
-        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            dx[base + j] = (T)(a * (ACC)dy[base + j] + b * (ACC)x[base + j] + k);
+        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step) {
+            ACC xv = (ACC)x[base + j];
+            dx[base + j] = (T)(a * MASKED((ACC)dy[base + j], xv) + b * xv + k);
+        }
     }
 }
 """
@@ -354,25 +373,29 @@ def _p(a):
     return _NULL if a is None else a
 
 
-def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float):
-    """``(y, mean, invstd)`` in two launches; the running statistics (or None) are moved in place."""
+def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, relu: bool = False):
+    """``(y, mean, invstd)`` in two launches (``y`` through relu when ``relu``); the running statistics (or None)
+    are moved in place."""
     p = _plan(x)
     y = cupy.empty_like(x)
     stats = cupy.empty((4, p.c), x.dtype)   # mean, invstd, scale, shift
     mean, invstd, scale, shift = stats
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
                      _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
-    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
+    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars, np.int32(relu)))
     return y, mean, invstd
 
 
-def backward(dy, x, gamma, mean, invstd, eps: float):
-    """``(dx, dgamma, dbeta)`` in two launches."""
+def backward(dy, x, gamma, beta, mean, invstd, eps: float, relu: bool = False):
+    """``(dx, dgamma, dbeta)`` in two launches; with ``relu``, ``dy`` is first masked where the forward's output
+    was not positive (recomputed from ``x``, so ``y`` is not needed)."""
     dy = cupy.ascontiguousarray(dy)
     p = _plan(x, dy)
     dx = cupy.empty_like(x)
-    out = cupy.empty((5, p.c), x.dtype)   # dgamma, dbeta, and the coefficients a, b, k of dx
-    dgamma, dbeta, a, b, k = out
-    p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), *p.scalars, *p.part, p.counter, dgamma, dbeta, a, b, k))
-    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars))
+    out = cupy.empty((7, p.c), x.dtype)   # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
+    dgamma, dbeta, a, b, k, sc, sf = out
+    r = np.int32(relu)
+    p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
+                         a, b, k, sc, sf, r))
+    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf, r))
     return dx, dgamma, dbeta

@@ -59,11 +59,11 @@ def forward_supports(x, gamma, beta, running_mean, running_var, *_):
     return cuda_bn.supports(x, *params) or _cudnn_fits(x, *params)
 
 
-def backward_supports(dy, x, gamma, mean, invstd, *_):
+def backward_supports(dy, x, y, gamma, beta, mean, invstd, *_):
     """The calls one of the implementations takes: ``dy`` like ``x``, the statistics saved by the forward."""
     if type(dy) is not cupy.ndarray or dy.dtype != x.dtype or dy.shape != x.shape:
         return False
-    return cuda_bn.supports(x, gamma, mean, invstd) or _cudnn_fits(x, gamma, mean, invstd)
+    return cuda_bn.supports(x, gamma, beta, mean, invstd) or _cudnn_fits(x, gamma, beta, mean, invstd)
 
 
 _SPIN = r"""
@@ -106,24 +106,42 @@ def _pick(direction, x, ours_ok, cudnn_ok, candidates):
     return hit[0]
 
 
-def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps):
-    """``(y, mean, invstd)``, the running statistics updated in place, by the kernel kept for this problem."""
+def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, relu):
+    y, mean, invstd = bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps)
+    if relu:   # cuDNN's legacy batch norm fuses no activation on NCHW data
+        cupy.maximum(y, 0, out=y)
+    return y, mean, invstd
+
+
+def _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu):
+    if relu:
+        dy = dy * (y > 0)
+    return bn.backward(dy, x, gamma, mean, invstd, eps)
+
+
+def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
+    """``(y, mean, invstd)`` (``y`` through relu for ``kind="relu"``), the running statistics updated in place,
+    by the kernel kept for this problem."""
     params = (gamma, beta, running_mean, running_var)
+    relu = kind == "relu"
     name = _pick("forward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
-        "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps),
-        "cudnn": lambda: bn.forward_training(x, gamma, beta, None, None, momentum, eps)})
-    impl = cuda_bn.forward_training if name == "fluxpy" else bn.forward_training
-    return impl(x, gamma, beta, running_mean, running_var, momentum, eps)
+        "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps, relu),
+        "cudnn": lambda: _cudnn_forward(x, gamma, beta, None, None, momentum, eps, relu)})
+    impl = cuda_bn.forward_training if name == "fluxpy" else _cudnn_forward
+    return impl(x, gamma, beta, running_mean, running_var, momentum, eps, relu)
 
 
-def batchnorm_backward(dy, x, gamma, mean, invstd, eps):
-    """``(dx, dgamma, dbeta)`` by the kernel kept for this problem."""
-    params = (gamma, mean, invstd)
+def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, kind):
+    """``(dx, dgamma, dbeta)`` by the kernel kept for this problem (``dy`` masked by ``y > 0`` for relu)."""
+    params = (gamma, beta, mean, invstd)
+    relu = kind == "relu"
     dy = cupy.ascontiguousarray(dy)
     name = _pick("backward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
-        "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, mean, invstd, eps),
-        "cudnn": lambda: bn.backward(dy, x, gamma, mean, invstd, eps)})
-    return (cuda_bn.backward if name == "fluxpy" else bn.backward)(dy, x, gamma, mean, invstd, eps)
+        "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, relu),
+        "cudnn": lambda: _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu)})
+    if name == "fluxpy":
+        return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, relu)
+    return _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu)
 
 
 KERNELS = {

@@ -15,7 +15,7 @@ from ..functors import children, layer
 from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import dropout
-from ..ops.batchnorm import batchnorm
+from ..ops.batchnorm import batchnorm, fused_kind
 from ..ops.norm import batchnorm_infer, layernorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_dtype, _require_float)
 from .init import ones32, zeros32
@@ -164,8 +164,10 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
                 _fail(self, "more than 1 value per channel when using batch statistics (training, or "
                             "track_stats=False)", x)
             # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
+            fused = fused_kind(self.act) is not None
             y = batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
-                          eps=self.eps)
+                          eps=self.eps, act=self.act if fused else None)
+            return y if fused else bias_act(y, None, self.act)
         else:
             y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
         return y if self.act is identity else bias_act(y, None, self.act)

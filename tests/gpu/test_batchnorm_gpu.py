@@ -32,7 +32,8 @@ def impl(request):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-4)])
-def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol, impl):
+@pytest.mark.parametrize("act", [None, fluxpy.relu])
+def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol, impl, act):
     cp = cupy_module()
     x, g, b, rm, rv, dy = _case(shape, dtype, 0)
     xg, gg, bg, rmg, rvg, dyg = (cp.asarray(a) for a in (x, g, b, rm, rv, dy))
@@ -40,13 +41,13 @@ def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol, im
     rm64, rv64 = rm.astype(np.float64), rv.astype(np.float64)
 
     def f(bn_args):
-        return lambda x, g, b: (batchnorm(x, g, b, *bn_args, momentum=0.2, eps=1e-3) * dy_of(x)).sum()
+        return lambda x, g, b: (batchnorm(x, g, b, *bn_args, momentum=0.2, eps=1e-3, act=act) * dy_of(x)).sum()
 
     def dy_of(x):
         return dyg if isinstance(x, cp.ndarray) or isinstance(fluxpy.value_of(x), cp.ndarray) else dy.astype(np.float64)
 
-    y = batchnorm(xg, gg, bg, rmg, rvg, momentum=0.2, eps=1e-3)
-    yc = batchnorm(*(a.astype(np.float64) for a in (x, g, b)), rm64, rv64, momentum=0.2, eps=1e-3)
+    y = batchnorm(xg, gg, bg, rmg, rvg, momentum=0.2, eps=1e-3, act=act)
+    yc = batchnorm(*(a.astype(np.float64) for a in (x, g, b)), rm64, rv64, momentum=0.2, eps=1e-3, act=act)
     assert_matches_cpu(y, yc, rtol=tol, atol=tol)
     assert_matches_cpu(rmg, rm64, rtol=tol, atol=tol)
     assert_matches_cpu(rvg, rv64, rtol=tol, atol=tol)
@@ -104,8 +105,8 @@ def test_own_kernels_are_deterministic_and_accurate_with_a_large_mean():
     mean, var = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
     np.testing.assert_allclose(first[1], mean, rtol=1e-7)
     np.testing.assert_allclose(first[2], 1 / np.sqrt(var + 1e-5), rtol=2e-3)   # var 0.25 under a mean of 1000
-    g = cuda_bn.backward(dyg, xg, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
-    g2 = cuda_bn.backward(dyg, xg, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
+    g = cuda_bn.backward(dyg, xg, None, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
+    g2 = cuda_bn.backward(dyg, xg, None, None, cp.asarray(first[1]), cp.asarray(first[2]), 1e-5)
     assert all(a.get().tobytes() == b.get().tobytes() for a, b in zip(g, g2))
 
 
