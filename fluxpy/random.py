@@ -40,7 +40,8 @@ RNG = np.random.Generator | int | None
 
 _generator = np.random.Generator(np.random.PCG64())  # fresh entropy until seed() is called
 _seed: list = [None]  # the last seed given to seed(); None: fresh entropy
-_device_generators: dict = {}  # array module -> its generator (CuPy's), made on first use
+_device_generators: dict = {np: _generator}  # array module -> its generator: NumPy's is the global one,
+# another module's (CuPy's) is made on first use
 
 
 def seed(n: int) -> None:
@@ -67,6 +68,7 @@ def seed(n: int) -> None:
     _generator.bit_generator.state = np.random.PCG64(int(n)).state
     _seed[0] = int(n)
     _device_generators.clear()
+    _device_generators[np] = _generator
 
 
 def default_rng() -> np.random.Generator:
@@ -117,8 +119,6 @@ def rng_for(xp: Any) -> Any:
     >>> rng_for(np) is default_rng()
     True
     """
-    if xp is np:
-        return _generator
     gen = _device_generators.get(xp)
     if gen is None:
         gen = xp.random.default_rng(_derived_seed(getattr(xp, "__name__", repr(xp))))

@@ -98,6 +98,18 @@ def test_only_backend_and_kernels_know_cupy():
         assert "cupy" not in names, f"{m} uses cupy: device code belongs in fluxpy/backend.py or fluxpy/kernels/"
 
 
+def test_no_device_branches_outside_backend_and_kernels():
+    """Ops, layers and training code never ask which array module they run on (``xp is np`` and the like)."""
+    for m, path in _modules().items():
+        if m == "fluxpy.backend" or m.startswith("fluxpy.kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                sides = [node.left, *node.comparators]   # `xp is np`, not `func is np.where`
+                names = {n.id for n in sides if isinstance(n, ast.Name)}
+                assert not names & {"np", "numpy", "cupy"}, f"{m}:{node.lineno} branches on the array module"
+
+
 def test_one_registry():
     """Only fluxpy.kernels registers kernels: no module keeps a table of its own keyed by array type."""
     for m, path in _modules().items():
