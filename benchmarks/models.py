@@ -140,6 +140,24 @@ RESNET20_PARAMETERS = 272_474
 RESNET18_PARAMETERS = 11_271_432
 
 
+def torch_adam_step(torch, net, x, labels, device, lr):
+    """``(step, first loss)``: ``step()`` is one Adam step of the PyTorch ``net`` on the batch ``x`` (NumPy)
+    with cross-entropy on the class indices ``labels``, on ``device`` ("gpu" or "cpu")."""
+    dev = "cuda" if device == "gpu" else "cpu"
+    net = net.to(dev)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    tx, ty = torch.from_numpy(x).to(dev), torch.from_numpy(labels).to(dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(net(tx), ty)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    first = float(step())
+    return step, first
+
+
 def resnet_twin(torch, model):
     """The same network and weights in PyTorch (an ``nn.Module`` on the CPU; move it yourself).
 

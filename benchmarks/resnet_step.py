@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import RESNETS, resnet_twin  # noqa: E402
+from models import RESNETS, resnet_twin, torch_adam_step  # noqa: E402
 
 LEARNING_RATE = 1e-3
 CASES = (("resnet20", 128), ("resnet20", 512), ("resnet18", 64))
@@ -103,19 +103,7 @@ def fluxpy_case(model, x, labels, classes, device):
 
 def torch_case(torch, model_cpu, x, labels, device):
     """``(step, first loss)`` of the PyTorch twin of ``model_cpu`` (its weights copied before fluxpy trains)."""
-    dev = "cuda" if device == "gpu" else "cpu"
-    net = resnet_twin(torch, model_cpu).to(dev).train()
-    opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE)
-    tx, ty = torch.from_numpy(x).to(dev), torch.from_numpy(labels).to(dev)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(net(tx), ty)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    first = float(step())
-    return step, first
+    return torch_adam_step(torch, resnet_twin(torch, model_cpu).train(), x, labels, device, LEARNING_RATE)
 
 
 # ----------------------------------------------------------------------------------------------- measurements

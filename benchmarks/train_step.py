@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import MODELS, torch_twin  # noqa: E402
+from models import MODELS, torch_adam_step, torch_twin  # noqa: E402
 from resnet_step import timed_rounds  # noqa: E402
 
 LEARNING_RATE = 1e-3
@@ -52,19 +52,8 @@ def fluxpy_case(model, x, labels, device):
 
 
 def torch_case(torch, model_cpu, x, labels, device):
-    dev = "cuda" if device == "gpu" else "cpu"
-    net = torch_twin(torch, model_cpu).to(dev)
-    opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE)
-    tx, ty = torch.from_numpy(x).to(dev), torch.from_numpy(labels).to(dev)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(net(tx), ty)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    first = float(step())
-    return step, first
+    """``(step, first loss)`` of the PyTorch twin of ``model_cpu`` (its weights copied before fluxpy trains)."""
+    return torch_adam_step(torch, torch_twin(torch, model_cpu), x, labels, device, LEARNING_RATE)
 
 
 def run(batches=(128, 1024), models=("reference", "lenet5"), steps=50, rounds=5, warmup=10, device=None,
