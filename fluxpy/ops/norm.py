@@ -23,8 +23,9 @@ import math
 import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
-from ..backend import Array
+from ..backend import Array, get_array_module
 from .basic import sqrt
+from .batchnorm import batchnorm
 from .reduce import mean as _mean
 from .reduce import normalize_axis
 from .shape import reshape
@@ -133,9 +134,13 @@ def batchnorm_train(x: Array, gamma: Array | None = None, beta: Array | None = N
     _check_channel_params("batchnorm_train", x, gamma=gamma, beta=beta)
     axes = (0,) + tuple(range(2, x.ndim))
     _require_values("batchnorm_train", x, axes, "per channel (x.size // x.shape[1])")
-    xhat, mu, var = _normalised(x, axes, eps)
-    y = _affine(xhat, gamma, beta, _channel_shape(x))
-    return y, mu.reshape(-1), var.reshape(-1)
+    # The batchnorm primitive, with running statistics that momentum 1 sets to the batch's.
+    v = value_of(x)
+    xp, c, m = get_array_module(v), v.shape[1], v.size // v.shape[1]
+    mean, var = xp.zeros(c, v.dtype), xp.ones(c, v.dtype)
+    y = batchnorm(x, gamma, beta, mean, var, momentum=1.0, eps=eps)
+    var *= (m - 1) / m   # back from the unbiased running variance to the biased one used to normalise
+    return y, mean, var
 
 
 def batchnorm_infer(x: Array, gamma: Array | None, beta: Array | None, running_mean: Array, running_var: Array,
