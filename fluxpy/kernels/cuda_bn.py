@@ -74,6 +74,18 @@ __device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S
     }
 }
 
+// The block's sums (s1, s2) written as partial s of its channel; true in one thread, thread 0 of the channel's
+// last block to arrive, which then holds the channel's totals (t1, t2), added in a fixed order.
+__device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* part1, ACC* part2, int* counter,
+                                               int s, int S, ACC& t1, ACC& t2) {
+    block_sum2(s1, s2, sh);
+    if (threadIdx.x == 0) { part1[s] = s1; part2[s] = s2; }
+    if (!last_block(counter, S)) return false;
+    if (threadIdx.x >= 32) return false;
+    sum_partials(part1, part2, S, t1, t2);
+    return threadIdx.x == 0;
+}
+
 // Sums of f(a[k], b[k]) over rows [rlo, rhi) of channel c: f = (a - K, (a - K)^2) or (a, a (b - K)).
 #define ROW_SUMS(EXPR1, EXPR2)                                                                          \
     if (vec) {                                                                                          \
@@ -112,13 +124,8 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long l
     const ACC K = (ACC)x[c * HW];
     ACC s1 = 0, s2 = 0;
     ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
-    block_sum2(s1, s2, sh);
-    if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
-    if (!last_block(counters + c, S)) return;
-    if (threadIdx.x >= 32) return;
     ACC t1, t2;
-    sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
-    if (threadIdx.x == 0) {
+    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2)) {
         const long long M = N * HW;
         ACC m = (ACC)M;
         ACC dm = t1 / m;
@@ -198,13 +205,8 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
     const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
     ACC s1 = 0, s2 = 0;
     ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
-    block_sum2(s1, s2, sh);
-    if (threadIdx.x == 0) { part1[c * S + s] = s1; part2[c * S + s] = s2; }
-    if (!last_block(counters + c, S)) return;
-    if (threadIdx.x >= 32) return;
     ACC t1, t2;
-    sum_partials(part1 + c * S, part2 + c * S, S, t1, t2);
-    if (threadIdx.x == 0) {
+    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2)) {
         ACC inv = invstd[c], m = (ACC)(N * HW);
         ACC g = gamma ? gamma[c] : (ACC)1;
         ACC dg = inv * t2;
