@@ -45,8 +45,9 @@ def composite_pair(cp, x, g, b, rm, rv, dy):
     def run():
         def f(x, g, b):
             axes = (0, 2, 3)
-            xv = fluxpy.value_of(x)
-            mean, var = xv.mean(axis=axes), xv.var(axis=axes)
+            xv = fluxpy.value_of(x)   # the statistics as the layer took them: fluxpy's mean, twice
+            mean = fluxpy.mean(xv, axis=axes)
+            var = fluxpy.mean((xv - mean.reshape(1, -1, 1, 1)) ** 2, axis=axes)
             m = x.size // x.shape[1]
             rm[...] = 0.9 * rm + 0.1 * mean
             rv[...] = 0.9 * rv + 0.1 * var * m / (m - 1)
