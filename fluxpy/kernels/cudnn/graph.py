@@ -66,7 +66,7 @@ from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_
                           pointers, scalars)
 from .errors import CudnnError, check
 from .geometry import ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, pad_input, split_pad
-from .handle import OPTIONS, get_handle, options_key, workspace
+from .handle import OPTIONS, get_handle, options_key, trim_workspaces, workspace
 from .library import fn
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
@@ -424,8 +424,14 @@ def _usable(num, fp32):
 
 def _finalized(p, want):
     """Up to ``want`` finalized ``(plan, workspace, engine)`` candidates in heuristics order (``HEUR_MODE_A``,
-    then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for later."""
+    then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for later.
+
+    Float32 with ``allow_tf32`` gets ``want`` tensor-core candidates AND ``want`` without tensor cores: the
+    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes make them slower
+    than the FMA engines (measured: a ResNet-20 step at batch 128), so allowing TF32 must not drop those."""
     fp32 = p.dtype == np.float32
+    split = fp32 and OPTIONS["allow_tf32"]
+    quota = {True: want, False: want} if split else {None: want}
     limit = OPTIONS["workspace_limit"]
     found, later, seen = [], [], set()
     for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
@@ -438,7 +444,8 @@ def _finalized(p, want):
                 idx, num, beh = p.notes(cfg)
             except CudnnError:
                 continue
-            if not _usable(num, fp32):
+            pool = (NOTE_TENSOR_CORE in num) if split else None
+            if not _usable(num, fp32) or quota[pool] <= 0:
                 continue
             if BEHAVIOR_RUNTIME_COMPILATION in beh:
                 later.append((idx, cfg))
@@ -453,9 +460,10 @@ def _finalized(p, want):
                 backend_destroy(got[0])
                 continue
             found.append((got[0], got[1], idx))
-            if len(found) >= want:
+            quota[pool] -= 1
+            if max(quota.values()) <= 0:
                 break
-        if len(found) >= want or (found and want == 1):
+        if max(quota.values()) <= 0 or (found and want == 1):
             break   # with autotuning, the FALLBACK heuristics' configurations join the pool
     return found, later
 
@@ -505,15 +513,22 @@ def _events_ms(run, n=5):
         return float("inf")
 
 
+SAME_SPEED = 1.03
+"""Timed plans within this factor of the fastest count as equally fast: the one with the least workspace wins."""
+
+
 def _time(p, handle, ptrs, found):
-    """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms`."""
+    """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms` (the smallest workspace
+    among those within :data:`SAME_SPEED` of the fastest: the workspace is memory held for the whole run)."""
     times = []
     for plan, ws, idx in found:
         t = _events_ms(lambda plan=plan, ws=ws: p.execute(handle, ptrs, plan, ws))
         # the variant packs were made for this plan's workspace pointer: they are valid for any plan
         times.append(t)
         p.tuned.append((idx, round(t, 4)))
-    return int(np.argmin(times))
+    fastest = min(times)
+    near = [i for i, t in enumerate(times) if t <= SAME_SPEED * fastest]
+    return min(near, key=lambda i: (found[i][1], times[i]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +555,8 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None):
         return None, None
     p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call)
     _plans[key] = p
+    # the candidates timed (and the legacy call) grew the workspace; keep only what the kept plans use
+    trim_workspaces(max((q.ws_size for q in _plans.values() if q is not None), default=0))
     return p, got
 
 
