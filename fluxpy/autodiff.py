@@ -393,11 +393,18 @@ def _toposort(root):
     return order
 
 
-def _backprop(root, seed):
-    """Cotangents of the leaves (nodes without a pullback) reached from ``root``: {id: grad}."""
+def _backprop(root, seed, release=True):
+    """Cotangents of the leaves (nodes without a pullback) reached from ``root``: {id: grad}.
+
+    With ``release`` (a tape walked once, as by :func:`gradient`), each node lets go of its pullback and
+    parents as soon as its pullback has run, so the arrays saved for the backward pass and the forward
+    values are freed as the walk goes (as PyTorch frees saved tensors), not all at its end."""
     grads = {id(root): seed}
     leaves = {}
-    for node in _toposort(root):
+    order = _toposort(root)
+    for i, node in enumerate(order):
+        if release:
+            order[i] = None
         g = grads.pop(id(node), None)
         if g is None:
             continue
@@ -405,13 +412,23 @@ def _backprop(root, seed):
             leaves[id(node)] = g
             continue
         back = node.pullback if _pullback_hook is None else _pullback_hook(node.pullback)
-        for p, gp in zip(node.parents, back(g)):
+        parents, cotangents = node.parents, back(g)
+        if release:
+            node.pullback, node.parents = _used_pullback, ()
+        del back, g
+        for p, gp in zip(parents, cotangents):
             if p is None or gp is None:
                 continue
             k = id(p)
             prev = grads.get(k)
             grads[k] = gp if prev is None else prev + gp
+        del parents, cotangents
     return leaves
+
+
+def _used_pullback(dy):
+    raise RuntimeError("this value's pullback has already run: the tape of gradient/withgradient is walked once "
+                       "and freed as it goes; use fluxpy.pullback for a backward pass you call more than once")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,7 +625,7 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
                              f"got {tuple(getattr(dy, 'shape', ()))}")
         if not tracked:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
-        return _shape_grads(args, boxes, _backprop(y, dy))
+        return _shape_grads(args, boxes, _backprop(y, dy, release=False))
     return value, back
 
 
