@@ -5,13 +5,15 @@ layers: SkipConnection and Parallel.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..autodiff import value_of
 from ..functors import layer
-from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)
+from ..ops import basic as _ops
+from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.shape import reshape, transpose
@@ -50,11 +52,19 @@ class Chain:
         self.layers = tuple(layers)
 
     def __call__(self, x: Array) -> Array:
-        for i, f in enumerate(self.layers):
+        layers = self.layers
+        n, i = len(layers), 0
+        while i < n:
+            f = layers[i]
             try:
+                if i + 1 < n and layers[i + 1] is relu and _joins_by_add(f):
+                    x = f._add_relu(x)   # the residual join and the relu after it: one op (see _add_relu)
+                    i += 2
+                    continue
                 x = f(x)
             except (DimensionMismatch, DTypeMismatch) as err:
                 raise type(err)(f"Chain layer {i}: {err}") from None
+            i += 1
         return x
 
     def __getitem__(self, index):
@@ -182,6 +192,10 @@ class SkipConnection:
     def __call__(self, x: Array) -> Array:
         return self.connection(self.layers(x), x)
 
+    def _add_relu(self, x):
+        """``relu(self(x))`` where the connection adds (what a Chain runs for ``SkipConnection(f, +), relu``)."""
+        return _add_relu(self.layers(x), x)
+
     def __repr__(self):
         return f"SkipConnection({_layer_repr(self.layers)}, {_fname(self.connection)})"
 
@@ -214,6 +228,10 @@ class Parallel:
                                     f"got {len(xs)}")
         return self.connection(*(f(x) for f, x in zip(self.layers, xs)))
 
+    def _add_relu(self, x):
+        """``relu(self(x))`` for two layers joined by adding (what a Chain runs for ``Parallel(+, f, g), relu``)."""
+        return _add_relu(self.layers[0](x), self.layers[1](x))
+
     def __getitem__(self, index):
         return self.layers[index]
 
@@ -222,3 +240,30 @@ class Parallel:
 
     def __repr__(self):
         return f"Parallel({_fname(self.connection)}, {', '.join(_layer_repr(f) for f in self.layers)})"
+
+
+def _joins_by_add(f) -> bool:
+    """Whether ``f`` is a residual join by addition: ``SkipConnection(body, +)`` or ``Parallel(+, a, b)``."""
+    kind = type(f)
+    if kind is SkipConnection:
+        return f.connection is operator.add or f.connection is _ops.add
+    if kind is Parallel:
+        return len(f.layers) == 2 and (f.connection is operator.add or f.connection is _ops.add)
+    return False
+
+
+def _add_relu(a: Array, b: Array) -> Array:
+    """``relu(a + b)`` as one op (``bias_act(a, b, relu)``) where ``a`` and ``b`` agree in shape and dtype.
+
+    A Chain runs a residual join followed by ``relu`` through it: one kernel each way instead of two, and
+    the sum is never stored (the pullback needs only the output), as PyTorch's in-place ``add_`` + ``relu_``.
+
+    >>> import numpy as np
+    >>> _add_relu(np.array([1.0, -3.0]), np.array([1.0, 1.0]))
+    array([2., 0.])
+    """
+    va, vb = value_of(a), value_of(b)
+    if getattr(va, "shape", None) == getattr(vb, "shape", None) and getattr(va, "dtype", None) == \
+            getattr(vb, "dtype", None) is not None:
+        return bias_act(a, b, relu)
+    return relu(a + b)
