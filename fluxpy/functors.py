@@ -76,21 +76,42 @@ def children(x: Any) -> list[tuple[Any, Any]] | None:
     >>> children((5, 6))
     [(0, 5), (1, 6)]
     """
-    if isinstance(x, (tuple, list)):
+    kind = _kinds.get(type(x)) or _classify(x)
+    if kind is _SEQ:
         return list(enumerate(x))
-    if isinstance(x, dict):
+    if kind is _DICT:
         return list(x.items())
-    if is_array(x) or getattr(x, "__fluxpy_tracked__", False) or isinstance(x, _NOT_NODES) \
+    if kind is _LEAF:
+        return None
+    if kind is _ATTRS:
+        d = getattr(x, "__dict__", None)
+        if d is None:
+            return None
+        kids = [(k, v) for k, v in d.items() if not k.startswith("_")]
+        return kids or None  # an object with no public fields is a leaf (as Flux's `nothing`)
+    return [(n, getattr(x, n)) for n in kind]
+
+
+# What kind of node each type is, found once per type (a model walk asks it for every node, every step):
+# a leaf, a tuple or list, a dict, an object with declared children (the tuple of their names), or an
+# object whose public attributes are its children.
+_LEAF, _SEQ, _DICT, _ATTRS = (object() for _ in range(4))
+_kinds: dict[type, Any] = {}
+
+
+def _classify(x):
+    if isinstance(x, (tuple, list)):
+        kind = _SEQ
+    elif isinstance(x, dict):
+        kind = _DICT
+    elif is_array(x) or getattr(x, "__fluxpy_tracked__", False) or isinstance(x, _NOT_NODES) \
             or getattr(type(x), "__fluxpy_leaf__", False):
-        return None
-    names = getattr(type(x), "__fluxpy_children__", None)
-    if names is not None:
-        return [(n, getattr(x, n)) for n in names]
-    d = getattr(x, "__dict__", None)
-    if d is None:
-        return None
-    kids = [(k, v) for k, v in d.items() if not k.startswith("_")]
-    return kids or None  # an object with no public fields is a leaf (as Flux's `nothing`)
+        kind = _LEAF
+    else:
+        names = getattr(type(x), "__fluxpy_children__", None)
+        kind = _ATTRS if names is None else tuple(names)
+    _kinds[type(x)] = kind
+    return kind
 
 
 def _trainable_keys(x):
@@ -109,10 +130,37 @@ def _rebuild(x, new_kids):
         out = copy.copy(x)
         out.update(new_kids)
         return out
-    out = copy.copy(x)
+    out = _shallow_copy(x)
     for k, v in new_kids:
         object.__setattr__(out, k, v)
     return out
+
+
+def _shallow_copy(x):
+    """``copy.copy(x)``, without its generic machinery for plain objects (a new instance sharing a copy of the
+    attribute dict): the model is rebuilt this way on every gradient call."""
+    cls = type(x)
+    plain = _plain_types.get(cls)
+    if plain is None:
+        plain = _plain_types[cls] = _copies_plainly(cls, x)
+    if not plain:
+        return copy.copy(x)
+    out = object.__new__(cls)
+    out.__dict__.update(x.__dict__)
+    return out
+
+
+_plain_types: dict[type, bool] = {}
+
+
+def _copies_plainly(cls, x):
+    """Whether ``copy.copy`` of an instance of ``cls`` is just a new instance with a copy of ``__dict__``."""
+    default_state = getattr(object, "__getstate__", None)
+    return (hasattr(x, "__dict__") and cls.__new__ is object.__new__
+            and not any("__slots__" in c.__dict__ for c in cls.__mro__)
+            and getattr(cls, "__copy__", None) is None and getattr(cls, "__setstate__", None) is None
+            and getattr(cls, "__getstate__", None) is default_state
+            and cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__)
 
 
 def fmap(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
