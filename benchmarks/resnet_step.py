@@ -29,9 +29,8 @@ What is measured, per case and side, in this order:
   fluxpy: the most bytes in use in CuPy's default memory pool, tracked exactly at every pool malloc and
   free by a ``cupy.cuda.MemoryHook`` (block sizes as the pool rounds them, to 512 B), starting from
   ``used_bytes()`` before the first measured step; it counts every live array (parameters, Adam moments,
-  the batch, activations kept for the backward pass, gradients, temporaries) and the cuDNN workspace
-  fluxpy keeps (allocated from the pool; cleared at the start of each case so that no bigger case before
-  it inflates it). PyTorch: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``:
+  the batch, activations kept for the backward pass, gradients, temporaries) and the cuDNN workspaces
+  (taken from the pool for each call). PyTorch: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``:
   bytes in live tensors of its caching allocator (parameters, the ``.grad`` tensors that PyTorch keeps
   from one step to the next, Adam state, the batch, activations, temporaries, cuDNN workspaces, all
   rounded to 512 B). Neither counts the CUDA context, library handles or code. ``start`` is what was in
@@ -226,8 +225,6 @@ def reset_case(torch, device):
     if device != "gpu":
         return
     import cupy
-    from fluxpy.kernels.cudnn import handle
-    handle.clear_workspaces()
     cupy.cuda.runtime.deviceSynchronize()
     cupy.get_default_memory_pool().free_all_blocks()
     if torch is not None:

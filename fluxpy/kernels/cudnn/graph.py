@@ -66,7 +66,7 @@ from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_
                           pointers, scalars)
 from .errors import CudnnError, check
 from .geometry import ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, pad_input, split_pad
-from .handle import OPTIONS, get_handle, options_key, trim_workspaces, workspace
+from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
@@ -404,8 +404,8 @@ class GraphPlan:
         """``cudnnBackendExecute`` of this plan (or of ``plan``, a candidate, with its ``ws_size``) on ``ptrs``."""
         plan = self.plan if plan is None else plan
         ws_size = self.ws_size if ws_size is None else ws_size
-        ws = workspace(ws_size)
-        vp = self.vpack(ptrs, ws)
+        ws = Workspace(ws_size)
+        vp = self.vpack(ptrs, ws.ptr)
         check(fn.cudnnBackendExecute(handle, plan, vp), "cudnnBackendExecute", self.describe)
         _stats["executes"] += 1
 
@@ -555,8 +555,6 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None):
         return None, None
     p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call)
     _plans[key] = p
-    # the candidates timed (and the legacy call) grew the workspace; keep only what the kept plans use
-    trim_workspaces(max((q.ws_size for q in _plans.values() if q is not None), default=0))
     return p, got
 
 

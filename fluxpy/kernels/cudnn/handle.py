@@ -1,5 +1,5 @@
 """The options of the binding, one cuDNN handle per device bound to CuPy's current stream, and the
-workspace per (device, stream).
+workspace of a call (:class:`Workspace`, from CuPy's pool for that call only).
 
 Options (:func:`set_options`): ``allow_tf32``, ``deterministic``, ``workspace_limit``, ``disk_cache``;
 :data:`OPTIONS` is the live table (read it; change it with :func:`set_options`), and
@@ -16,8 +16,7 @@ from ...backend import cupy
 from .errors import check
 from .library import fn, require
 
-__all__ = ["set_options", "get_options", "options_key", "OPTIONS", "get_handle", "workspace", "clear_workspaces",
-           "trim_workspaces"]
+__all__ = ["set_options", "get_options", "options_key", "OPTIONS", "get_handle", "Workspace"]
 
 OPTIONS = {"allow_tf32": False, "deterministic": False, "workspace_limit": 4 << 30, "disk_cache": True}
 _options_key = (False, False, 4 << 30)
@@ -79,7 +78,6 @@ class _Handle:
 
 
 _handles = {}         # device -> _Handle
-_workspaces = {}      # (device, stream) -> MemoryPointer, grown on demand and reused call after call
 
 
 def get_handle() -> int:
@@ -101,38 +99,21 @@ def get_handle() -> int:
     return h.ptr
 
 
-def workspace(nbytes: int) -> int:
-    """A workspace pointer of at least ``nbytes`` for the current device and stream (0 for 0 bytes).
+class Workspace:
+    """Workspace memory for one cuDNN call: ``ptr`` (0 for none); hold the object until the call is queued.
 
-    One buffer per (device, stream), kept between calls: work on one stream runs in order, so the
-    next call may reuse it. Raises CuPy's OutOfMemoryError when it cannot grow."""
-    if not nbytes:
-        return 0
-    key = (cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr)
-    mem = _workspaces.get(key)
-    if mem is None or mem.mem.size < nbytes:
-        _workspaces.pop(key, None)
-        mem = None
-        _workspaces[key] = mem = cupy.cuda.alloc(max(nbytes, 1 << 20))
-    return mem.ptr
+    Taken from CuPy's memory pool per call and given back right after, as PyTorch does: the pool keeps
+    freed blocks per stream, so work already queued on this stream finishes before a later allocation
+    can reuse the block, and the workspace is in use only while a call runs (a buffer kept between calls
+    holds the largest workspace for the whole run: 142 MB of a 460 MB ResNet-20 step, measured).
 
-
-def trim_workspaces(nbytes: int) -> None:
-    """Give back every workspace larger than ``nbytes`` (the most that the kept algorithms need).
-
-    Autotuning runs candidates that ask for far more workspace than the one kept; without this the
-    largest candidate's buffer would stay in use for the rest of the run (142 MB of a 460 MB
-    ResNet-20 step, measured). A later call that needs more grows the buffer again.
-
-    >>> trim_workspaces(1 << 20)
+    >>> Workspace(0).ptr
+    0
     """
-    for key in [k for k, mem in _workspaces.items() if mem.mem.size > max(nbytes, 1 << 20)]:
-        del _workspaces[key]
+    __slots__ = ("mem", "ptr")
+
+    def __init__(self, nbytes: int) -> None:
+        self.mem = cupy.cuda.alloc(nbytes) if nbytes else None
+        self.ptr = self.mem.ptr if nbytes else 0
 
 
-def clear_workspaces() -> None:
-    """Give every workspace back to CuPy's memory pool.
-
-    >>> clear_workspaces()
-    """
-    _workspaces.clear()

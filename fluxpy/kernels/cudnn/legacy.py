@@ -13,8 +13,8 @@ Every function takes C-contiguous-able CuPy arrays and a :class:`fluxpy.ops.dims
 - Algorithms: on a problem's first use ``cudnnFind*AlgorithmEx`` times them; the ranked list is
   kept in memory and in a JSON file per GPU model and cuDNN version under
   ``$FLUXPY_CACHE/cudnn`` (default ``~/.cache/fluxpy/cudnn``, :func:`cache_file`). The workspace
-  (:func:`fluxpy.kernels.cudnn.handle.workspace`) is limited by the ``workspace_limit`` option; when
-  it cannot grow, the next algorithm needing less is used.
+  (:class:`fluxpy.kernels.cudnn.handle.Workspace`, taken per call) is limited by the ``workspace_limit``
+  option; when it cannot be had, the next algorithm needing less is used.
 - float16 (computed in float32: ``PSEUDO_HALF_CONFIG``), float32 and float64.
 
 The module imports without CuPy or cuDNN.
@@ -36,7 +36,7 @@ from .descriptors import (activation_descriptor, convolution_descriptor, describ
                           scalars, tensor_descriptor)
 from .errors import BAD_PARAM, NOT_SUPPORTED, CudnnError, check
 from .geometry import ConvDimsLike, contiguous, crop_dx, pad_input, split_pad
-from .handle import OPTIONS, clear_workspaces, get_handle, options_key, workspace
+from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
 
 __all__ = ["Plan", "plan", "stats", "clear_cache", "cache_file", "conv_forward", "conv_bias_act_forward",
@@ -160,7 +160,7 @@ def plan(cdims: ConvDimsLike, dtype) -> Plan:
 
 
 def clear_cache(memory: bool = True, disk: bool = False) -> None:
-    """Forget the plans, algorithm choices and workspaces in memory, and with ``disk=True`` delete the cache file.
+    """Forget the plans and algorithm choices in memory, and with ``disk=True`` delete the cache file.
 
     >>> clear_cache()
     """
@@ -168,7 +168,6 @@ def clear_cache(memory: bool = True, disk: bool = False) -> None:
     if memory:
         plans = list(_plans.values())
         _plans.clear()
-        clear_workspaces()
         _disk = None
         if library.loaded():
             for p in plans:
@@ -353,14 +352,14 @@ def _run(kind, p, h, a, b, out, f, call, pre, post):
     last = None
     for algo, math, memory in rows:
         try:
-            ws = workspace(memory)
+            ws = Workspace(memory)
         except _oom_types() as err:
             _stats["oom_fallbacks"] += 1
             last = err
             continue
         if math != p.cur_math:
             p.set_math(math)
-        status = f(*pre, algo, ws, memory, *post)
+        status = f(*pre, algo, ws.ptr, memory, *post)
         if status == 0:
             return
         last = CudnnError(call, status, p.describe(), f"algorithm {ALGO_NAMES.get(kind, FWD_ALGOS)[algo]}")
