@@ -33,7 +33,7 @@ import numpy as np
 from .backend import Array, get_array_module, is_float_array
 from .functors import fmap, fmapstructure
 
-__all__ = ["Tracked", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
+__all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
            "DetachedGradientWarning"]
 
@@ -96,9 +96,24 @@ def _compare(op):
     return lambda a, b: op(value_of(a), value_of(b))
 
 
+class Node:
+    """A step of the tape: the ``parents`` (the Nodes of the inputs it was computed from, ``None`` for
+    constants) and the ``pullback`` that maps its cotangent to theirs (``None`` for an input).
+
+    A Node holds no value: the forward value lives in its :class:`Tracked` for as long as the user's code
+    (or a pullback that saved it) keeps it, so values that no pullback needs are freed during the forward
+    pass, as PyTorch frees outputs that no backward function saved.
+    """
+    __slots__ = ("parents", "pullback")
+
+    def __init__(self, parents: tuple = (), pullback: Callable | None = None) -> None:
+        self.parents = parents
+        self.pullback = pullback
+
+
 class Tracked:
-    """An array recorded on a tape: ``value`` (an array, or a Tracked of an outer level), the
-    ``parents`` it was computed from and the ``pullback`` that maps its cotangent to theirs.
+    """An array recorded on a tape: ``value`` (an array, or a Tracked of an outer level) and the tape
+    ``node`` (:class:`Node`) that says what it was computed from and how to pull cotangents back.
 
     Tracked values behave like arrays: arithmetic, indexing, ``.T``, ``.sum()``, and NumPy
     functions such as ``np.exp`` all dispatch to differentiable fluxpy ops. Comparisons give plain
@@ -111,15 +126,14 @@ class Tracked:
     >>> g
     array([0., 1., 1.])
     """
-    __slots__ = ("value", "level", "parents", "pullback", "__weakref__")
+    __slots__ = ("value", "level", "node", "__weakref__")
     __fluxpy_tracked__ = True
     __array_priority__ = 1000.0
 
-    def __init__(self, value: Array, level: int, parents: tuple = (), pullback: Callable | None = None) -> None:
+    def __init__(self, value: Array, level: int, node: Node | None = None) -> None:
         self.value = value
         self.level = level
-        self.parents = parents
-        self.pullback = pullback
+        self.node = Node() if node is None else node
 
     shape = property(lambda self: self.value.shape)
     dtype = property(lambda self: self.value.dtype)
@@ -302,7 +316,7 @@ class Primitive:
         for a in args:
             if type(a) is Tracked and a.level == top:
                 vals.append(a.value)
-                parents.append(a)
+                parents.append(a.node)
             else:
                 vals.append(a)
                 parents.append(None)
@@ -310,7 +324,7 @@ class Primitive:
             y, back = self.rule(tuple(p is not None for p in parents), *vals, **kw)
         else:
             y, back = self.rule(*vals, **kw)
-        return Tracked(y, top, tuple(parents), back)
+        return Tracked(y, top, Node(tuple(parents), back))
 
 
 def _primitive_named(module: str, name: str) -> Primitive:
@@ -375,7 +389,7 @@ def no_grad() -> Iterator[None]:
 
 
 def _toposort(root):
-    """Nodes reachable from ``root`` through ``parents``, each after all nodes that use it."""
+    """The :class:`Node` s reachable from ``root`` through ``parents``, each after all nodes that use it."""
     order, visited, stack = [], set(), [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -394,7 +408,7 @@ def _toposort(root):
 
 
 def _backprop(root, seed, release=True):
-    """Cotangents of the leaves (nodes without a pullback) reached from ``root``: {id: grad}.
+    """Cotangents of the leaves (nodes without a pullback) reached from the :class:`Node` ``root``: {id: grad}.
 
     With ``release`` (a tape walked once, as by :func:`gradient`), each node lets go of its pullback and
     parents as soon as its pullback has run, so the arrays saved for the backward pass and the forward
@@ -467,7 +481,7 @@ class _Boxes:
         entry = self.by_leaf.get(id(x))
         if entry is None:
             return None
-        g = leaf_grads.get(id(entry[1]))
+        g = leaf_grads.get(id(entry[1].node))
         if g is None:
             return None
         if isinstance(x, float):
@@ -552,7 +566,7 @@ def _withgradient(f, args, who, fname="f"):
                          "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
     if type(y) is not Tracked or y.level != level:
         return y, tuple(fmapstructure(lambda leaf: None, a) for a in args), _detached_reason(who, y, boxes, False)
-    leaf_grads = _backprop(y, _ones_like(y.value))
+    leaf_grads = _backprop(y.node, _ones_like(y.value))
     detached = None if leaf_grads else _detached_reason(who, y, boxes, True)
     return y.value, _shape_grads(args, boxes, leaf_grads), detached
 
@@ -625,7 +639,7 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
                              f"got {tuple(getattr(dy, 'shape', ()))}")
         if not tracked:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
-        return _shape_grads(args, boxes, _backprop(y, dy, release=False))
+        return _shape_grads(args, boxes, _backprop(y.node, dy, release=False))
     return value, back
 
 

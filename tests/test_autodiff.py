@@ -247,3 +247,34 @@ def test_tracked_behaves_like_an_array(n, m):
         assert len(rows) == n
         return (x.T.reshape(m * n) ** 2).sum() + x.mean() + x.max(axis=0).sum() + rows[0].sum()
     check_grad(f, rng.standard_normal((n, m)))
+
+
+def test_values_that_no_pullback_saves_are_freed_during_the_forward_pass():
+    import gc
+    import weakref
+    refs = []
+
+    def f(x):
+        h = x + 1.0                      # add saves nothing; sum saves only the shape
+        refs.append(weakref.ref(h.value))
+        return (h + 1.0).sum()
+    x = np.random.default_rng(0).standard_normal(5)
+    y, back = fluxpy.pullback(f, x)      # the tape is alive: back can still run
+    gc.collect()
+    assert refs[0]() is None, "the tape keeps an intermediate value that no pullback needs"
+    np.testing.assert_array_equal(back(np.float64(1.0))[0], np.ones(5))
+
+
+def test_gradient_frees_the_saved_arrays_as_the_backward_pass_goes():
+    import weakref
+    seen = []
+
+    def f(x):
+        h = x * x                        # multiply saves x (the argument) and nothing else
+        e = np.exp(h)                    # exp saves its output
+        seen.append(weakref.ref(e.value))
+        return e.sum()
+    x = np.random.default_rng(1).standard_normal(4)
+    g, = fluxpy.gradient(f, x)
+    np.testing.assert_allclose(g, 2 * x * np.exp(x * x))
+    assert seen[0]() is None

@@ -52,7 +52,7 @@ def test_broadcast_second_order(name, pair, seed):
 def test_broadcast_is_one_node_on_the_tape():
     def f(x):
         y = broadcast(lambda v: np.tanh(v) * v + v ** 2, x)
-        assert y.parents[1] is x  # one op, whose parents are (f, x)
+        assert y.node.parents[1] is x.node  # one op, whose parents are (f, x)
         return y.sum()
     check_grad(lambda x: broadcast(lambda v: np.tanh(v) * v + v ** 2, x), np.linspace(-1, 1, 5))
     fluxpy.gradient(f, np.ones(3))

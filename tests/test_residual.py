@@ -27,10 +27,10 @@ def _nodes(f, *args):
 
     def g(*xs):
         y = f(*xs)
-        stack = [y]
+        stack = [y.node]
         while stack:
             n = stack.pop()
-            if fluxpy.is_tracked(n) and n.pullback is not None and all(n is not s for s in seen):
+            if n.pullback is not None and all(n is not s for s in seen):
                 seen.append(n)
                 stack.extend(p for p in n.parents if p is not None)
         return y.sum()
