@@ -44,16 +44,21 @@ def _checked(name, fn):
     return impl
 
 
-def _binary(name, fn, grads):
-    """A broadcasting binary primitive; ``grads(a, b, y, dy, needs)`` gives the unreduced cotangents."""
+def _binary(name, fn, grads, saves="aby"):
+    """A broadcasting binary primitive; ``grads(a, b, y, dy, needs)`` gives the unreduced cotangents.
+
+    ``saves`` names what ``grads`` reads (of ``a``, ``b``, ``y``); the others reach it as ``None``, so the
+    pullback does not keep them alive until the backward pass."""
     prim = None
+    keep_a, keep_b, keep_y = ("a" in saves), ("b" in saves), ("y" in saves)
 
     def rule(needs, a, b):
         y = prim(a, b)
         sa, sb = _shape(a), _shape(b)
+        ka, kb, ky = (a if keep_a else None), (b if keep_b else None), (y if keep_y else None)
 
         def pullback(dy):
-            da, db = grads(a, b, y, dy, needs)
+            da, db = grads(ka, kb, ky, dy, needs)
             return (unbroadcast(da, sa) if needs[0] else None, unbroadcast(db, sb) if needs[1] else None)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
@@ -78,24 +83,27 @@ def _pow_grads(a, b, y, dy, needs):
     return da, db
 
 
-add = _binary("add", operator.add, lambda a, b, y, dy, n: (dy, dy))
-subtract = _binary("subtract", operator.sub, lambda a, b, y, dy, n: (dy, -dy if n[1] else None))
+add = _binary("add", operator.add, lambda a, b, y, dy, n: (dy, dy), saves="")
+subtract = _binary("subtract", operator.sub, lambda a, b, y, dy, n: (dy, -dy if n[1] else None), saves="")
 multiply = _binary("multiply", operator.mul,
-                   lambda a, b, y, dy, n: (dy * b if n[0] else None, dy * a if n[1] else None))
+                   lambda a, b, y, dy, n: (dy * b if n[0] else None, dy * a if n[1] else None), saves="ab")
 divide = _binary("divide", operator.truediv,
-                 lambda a, b, y, dy, n: (dy / b if n[0] else None, -(dy * y) / b if n[1] else None))
+                 lambda a, b, y, dy, n: (dy / b if n[0] else None, -(dy * y) / b if n[1] else None), saves="by")
 power = _binary("power", operator.pow, _pow_grads)
 
 
-def _unary(name, ufunc, deriv):
-    """A unary elementwise primitive; ``deriv(x, y, dy)`` is the input cotangent."""
+def _unary(name, ufunc, deriv, saves="xy"):
+    """A unary elementwise primitive; ``deriv(x, y, dy)`` is the input cotangent; ``saves`` names what it reads
+    (of ``x`` and ``y``: the other reaches it as ``None``, not kept alive until the backward pass)."""
     prim = None
+    keep_x, keep_y = ("x" in saves), ("y" in saves)
 
     def rule(x):
         y = prim(x)
+        kx, ky = (x if keep_x else None), (y if keep_y else None)
 
         def pullback(dy):
-            return (deriv(x, y, dy),)
+            return (deriv(kx, ky, dy),)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
     prim = Primitive(name, rule, impl=ufunc)
@@ -112,17 +120,17 @@ def sign(x: Array) -> Array:
     return np.sign(value_of(x))
 
 
-negative = _unary("negative", np.negative, lambda x, y, dy: -dy)
-exp = _unary("exp", np.exp, lambda x, y, dy: dy * y)
-log = _unary("log", np.log, lambda x, y, dy: dy / x)
-sqrt = _unary("sqrt", np.sqrt, lambda x, y, dy: dy * 0.5 / y)
-tanh = _unary("tanh", np.tanh, lambda x, y, dy: dy * (1 - y * y))
-abs = _unary("abs", np.absolute, lambda x, y, dy: dy * sign(x))
-sin = _unary("sin", np.sin, lambda x, y, dy: dy * cos(x))
-cos = _unary("cos", np.cos, lambda x, y, dy: -(dy * sin(x)))
-log1p = _unary("log1p", np.log1p, lambda x, y, dy: dy / (1 + x))
-expm1 = _unary("expm1", np.expm1, lambda x, y, dy: dy * (y + 1))
-square = _unary("square", np.square, lambda x, y, dy: dy * (2 * x))
+negative = _unary("negative", np.negative, lambda x, y, dy: -dy, saves="")
+exp = _unary("exp", np.exp, lambda x, y, dy: dy * y, saves="y")
+log = _unary("log", np.log, lambda x, y, dy: dy / x, saves="x")
+sqrt = _unary("sqrt", np.sqrt, lambda x, y, dy: dy * 0.5 / y, saves="y")
+tanh = _unary("tanh", np.tanh, lambda x, y, dy: dy * (1 - y * y), saves="y")
+abs = _unary("abs", np.absolute, lambda x, y, dy: dy * sign(x), saves="x")
+sin = _unary("sin", np.sin, lambda x, y, dy: dy * cos(x), saves="x")
+cos = _unary("cos", np.cos, lambda x, y, dy: -(dy * sin(x)), saves="x")
+log1p = _unary("log1p", np.log1p, lambda x, y, dy: dy / (1 + x), saves="x")
+expm1 = _unary("expm1", np.expm1, lambda x, y, dy: dy * (y + 1), saves="y")
+square = _unary("square", np.square, lambda x, y, dy: dy * (2 * x), saves="x")
 
 
 def _select_weights(a, b, y, wins):

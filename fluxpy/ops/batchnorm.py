@@ -142,8 +142,10 @@ def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, 
     else:
         y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
 
+    y_saved = y if kind == "relu" else None   # only the relu mask reads the output: otherwise it is not kept
+
     def batchnorm_pullback(dy):
-        dx, dgamma, dbeta = batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, kind)
+        dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, kind)
         return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
                 None, None, None, None, None)
     return y, batchnorm_pullback
