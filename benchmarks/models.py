@@ -6,7 +6,8 @@ PyTorch with the same weights (fluxpy's ``Conv`` is a true convolution, so PyTor
 cross-correlating ``Conv2d`` gets the flipped kernels).
 
 ``resnet20`` (CIFAR, 3x32x32) and ``resnet18`` (3x64x64): residual nets of fluxpy's public layers
-(``RESNETS``); ``resnet_twin(torch, model)`` builds any tree of those layers in PyTorch, written as
+(``RESNETS``; built by ``fluxpy.models`` and re-exported here, with ``basic_block``, ``parameter_count`` and the
+parameter counts); ``resnet_twin(torch, model)`` builds any tree of those layers in PyTorch, written as
 torchvision writes its ResNets (in-place add and ReLU), with the same weights.
 """
 from __future__ import annotations
@@ -19,9 +20,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from fluxpy.layers import (BatchNorm, Chain, Conv, CrossCor, Dense, GlobalMeanPool, MaxPool, Parallel,  # noqa: E402
-                           SkipConnection, flatten, kaiming_normal)
+from fluxpy.layers import (BatchNorm, Chain, Conv, Dense, GlobalMeanPool, MaxPool, Parallel,  # noqa: E402
+                           SkipConnection, flatten)
 from fluxpy.autodiff import Primitive  # noqa: E402
+from fluxpy.models import (RESNET18_PARAMETERS, RESNET20_PARAMETERS, RESNETS, basic_block,  # noqa: E402, F401
+                           parameter_count, resnet18, resnet20)
 from fluxpy.ops.activations import identity, relu  # noqa: E402
 
 
@@ -77,68 +80,9 @@ def _copy(torch, module, weight, bias):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Residual nets (He et al. 2016) of fluxpy's public layers, and their PyTorch twin.
-#
-# A basic block is   conv3x3(stride) -> BatchNorm(relu) -> conv3x3 -> BatchNorm,  added to the shortcut, then relu:
-#   Chain(SkipConnection(body, +), relu)                       where the shapes agree (identity shortcut);
-#   Chain(Parallel(+, body, Chain(conv1x1(stride), BatchNorm)), relu)   where they do not (projection shortcut).
-# Every conv is bias-free (the BatchNorm after it has the shift), He-normal initialised (fan_in), and by default
-# a CrossCor (PyTorch's conv2d; the twin copies the kernels as they are). BatchNorm: eps 1e-5, momentum 0.1, as
-# PyTorch's defaults.
+# Residual nets (He et al. 2016) of fluxpy's public layers: built by fluxpy.models (imported above); their
+# PyTorch twin.
 # ---------------------------------------------------------------------------------------------------------------
-
-def _conv(conv, kernel, cin, cout, rng, stride=1):
-    return conv((kernel, kernel), cin, cout, stride=stride, pad=kernel // 2, bias=False, init=kaiming_normal, rng=rng)
-
-
-def basic_block(cin, cout, stride=1, *, rng=None, conv=CrossCor):
-    """ResNet's basic block ``relu(body(x) + shortcut(x))``, the shortcut a projection when the shape changes."""
-    body = Chain(_conv(conv, 3, cin, cout, rng, stride), BatchNorm(cout, relu),
-                 _conv(conv, 3, cout, cout, rng), BatchNorm(cout))
-    if stride == 1 and cin == cout:
-        return Chain(SkipConnection(body, operator.add), relu)
-    shortcut = Chain(_conv(conv, 1, cin, cout, rng, stride), BatchNorm(cout))
-    return Chain(Parallel(operator.add, body, shortcut), relu)
-
-
-def _resnet(rng, stem_width, stages, classes, conv):
-    """Stem ``conv3x3(3 => stem_width), BatchNorm(relu)``, then ``stages`` of ``(width, blocks, stride)``, global
-    mean pool, ``Dense(width => classes)``."""
-    rng = np.random.default_rng(rng) if not isinstance(rng, np.random.Generator) else rng
-    layers = [_conv(conv, 3, 3, stem_width, rng), BatchNorm(stem_width, relu)]
-    cin = stem_width
-    for width, blocks, stride in stages:
-        stage = []
-        for i in range(blocks):
-            stage.append(basic_block(cin, width, stride if i == 0 else 1, rng=rng, conv=conv))
-            cin = width
-        layers.append(Chain(stage))
-    return Chain(*layers, GlobalMeanPool(), flatten, Dense(cin, classes, rng=rng))
-
-
-def resnet20(rng=None, classes=10, conv=CrossCor):
-    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): 3x32x32 inputs, stem 3 => 16, three stages of three
-    basic blocks of 16, 32, 64 channels (32x32, 16x16, 8x8), the first block of stages 2 and 3 with stride 2 and a
-    projection shortcut (conv1x1 stride 2 + BatchNorm; the paper's option B), Dense(64 => 10).
-    272,474 trainable parameters (``RESNET20_PARAMETERS``)."""
-    return _resnet(rng, 16, [(16, 3, 1), (32, 3, 2), (64, 3, 2)], classes, conv)
-
-
-def resnet18(rng=None, classes=200, conv=CrossCor):
-    """ResNet-18 for 3x64x64 inputs (Tiny-ImageNet size, 200 classes): torchvision's ResNet-18 (stages of two
-    basic blocks of 64, 128, 256, 512 channels, projection shortcuts where the shape changes) with the CIFAR-style
-    stem, a 3x3 stride-1 conv 3 => 64 + BatchNorm(relu) and NO max pool, in place of the 7x7 stride-2 conv and
-    max pool. So stage 1 runs at the full 64x64 (then 32, 16, 8): about 2.3 GFLOPs (multiply-adds) per image
-    forward, a compute-heavy net beside ResNet-20's small, launch-bound convolutions.
-    11,271,432 trainable parameters with 200 classes (``RESNET18_PARAMETERS``)."""
-    return _resnet(rng, 64, [(64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)], classes, conv)
-
-
-RESNETS = {"resnet20": (resnet20, (3, 32, 32), 10), "resnet18": (resnet18, (3, 64, 64), 200)}
-"""name -> (constructor(rng), input shape (C, H, W), classes)."""
-RESNET20_PARAMETERS = 272_474
-RESNET18_PARAMETERS = 11_271_432
-
 
 def torch_adam_step(torch, net, x, labels, device, lr):
     """``(step, first loss)``: ``step()`` is one Adam step of the PyTorch ``net`` on the batch ``x`` (NumPy)
@@ -266,8 +210,3 @@ def _torch_pad(pad):
         return (pad[0], pad[2])
     raise TypeError(f"resnet_twin: no PyTorch padding for pad={pad!r}")
 
-
-def parameter_count(model):
-    """The number of trainable parameters (``fluxpy.trainables``: running statistics excluded)."""
-    from fluxpy import trainables
-    return sum(int(np.prod(p.shape)) for p in trainables(model))
