@@ -22,11 +22,12 @@ the module (or ``fluxpy.ops``).
 """
 from __future__ import annotations
 
-from . import losses, ops, optimise
+from . import augment, cifar, losses, models, ops, optimise, schedules
 from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad,
                        primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
+from .cifar import CIFARUnavailableError, load_cifar10
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import CheckpointError, load, save
@@ -75,5 +76,5 @@ __all__ = [
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
-    "MNISTUnavailableError",
+    "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "augment", "schedules", "models",
 ]
