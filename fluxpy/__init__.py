@@ -76,5 +76,5 @@ __all__ = [
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
-    "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "augment", "schedules", "models",
+    "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "cifar", "augment", "schedules", "models",
 ]
