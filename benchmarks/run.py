@@ -25,6 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "train_step": ["--json", "{json}"],
+    "data_path": ["--json", "{json}"],
     "batchnorm": ["--json", "{json}"],
     "resnet_step": ["--json", "{json}"],
     "reduce": ["--json", "{json}"],

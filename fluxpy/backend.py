@@ -9,6 +9,9 @@ True
 """
 from __future__ import annotations
 
+import ctypes
+import threading
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -24,7 +27,8 @@ except Exception as err:  # pragma: no cover - depends on the machine
 cupy = _cupy
 
 __all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
-           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds", "Array"]
+           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds", "HostToDevice",
+           "host_to_device", "read_scalars", "Array"]
 
 default_float = np.float32
 
@@ -180,3 +184,217 @@ def event_seconds(start: Any, end: Any) -> float:
     True
     """
     return cupy.cuda.get_elapsed_time(start, end) / 1e3
+
+
+def read_scalars(*xs: Any) -> list[float]:
+    """``[float(x) for x in xs]``, with one wait for the GPU however many of ``xs`` are on it.
+
+    Each ``x`` is anything ``float`` takes: a number, a 0-d NumPy or CuPy array. The 0-d CuPy
+    arrays on the current device are copied into one pinned host buffer on the current stream and
+    read after one synchronisation of that stream (``float`` of each costs a synchronous copy of
+    its own); the rest go to ``float`` as they are.
+
+    >>> import numpy as np
+    >>> read_scalars(np.float32(1.5), np.array(2.0), 3)
+    [1.5, 2.0, 3.0]
+    """
+    device = _current_device_scalars(xs)
+    if not device:
+        return [float(x) for x in xs]
+    buffer = _scalar_buffer(sum(-(-x.nbytes // 8) * 8 for x in device))
+    stream = cupy.cuda.get_current_stream()
+    address, offsets, offset = buffer.ptr, {}, 0
+    for x in device:
+        x.data.copy_to_host_async(ctypes.c_void_p(address + offset), x.nbytes, stream)
+        offsets[id(x)] = offset
+        offset += -(-x.nbytes // 8) * 8
+    stream.synchronize()
+    raw = np.frombuffer(buffer, np.uint8, offset)
+    return [float(raw[offsets[id(x)]:offsets[id(x)] + x.nbytes].view(x.dtype)[0]) if id(x) in offsets else float(x)
+            for x in xs]
+
+
+def _current_device_scalars(xs):
+    """The 0-d CuPy arrays among ``xs`` that live on the current device (each once)."""
+    if cupy is None:
+        return []
+    found = [x for x in xs if isinstance(x, cupy.ndarray) and x.ndim == 0]
+    if not found:
+        return []
+    here = cupy.cuda.runtime.getDevice()
+    return list({id(x): x for x in found if x.data.device_id == here}.values())
+
+
+_scalar_buffers = threading.local()   # one pinned buffer per thread: read_scalars is called from any thread
+
+
+def _scalar_buffer(nbytes):
+    buffer, size = getattr(_scalar_buffers, "pinned", (None, 0))
+    if size < nbytes:
+        size = max(nbytes, 64)
+        buffer = cupy.cuda.alloc_pinned_memory(size)
+        _scalar_buffers.pinned = (buffer, size)
+    return buffer
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-to-device copies ahead of use: pinned staging buffers, a side stream, events
+
+
+def host_to_device(sources: Sequence[Any], rows: int, slots: int = 3) -> HostToDevice | None:
+    """A :class:`HostToDevice` copier for batches of up to ``rows`` rows of ``sources``, or ``None`` where it does
+    not apply: no usable GPU, or a source that is not a NumPy array of a native-order number or bool dtype (such
+    batches take :func:`to_gpu`, which raises or refuses as before).
+
+    >>> import numpy as np
+    >>> copier = host_to_device([np.array(["a", "b"])], rows=2)
+    >>> copier is None   # strings never go through pinned buffers (and no GPU here in any case)
+    True
+    """
+    if not gpu_available()[0] or not all(_pinnable(s) for s in sources):
+        return None
+    return HostToDevice(sources, rows, slots)
+
+
+def _pinnable(x):
+    return isinstance(x, np.ndarray) and x.dtype.kind in "biufc" and x.dtype.isnative and x.ndim >= 1
+
+
+class HostToDevice:
+    """Copies batches of rows of host arrays to the GPU ahead of their use.
+
+    ``stage(index)`` gathers the rows ``index`` (a slice, or an integer array such as a piece of
+    a shuffled order) of every source straight into a pinned (page-locked) host buffer, one
+    gather and no other host copy, and enqueues ONE copy of them all into a fresh block of device
+    memory on a side stream (``self.stream``); it returns at once. ``ready(staged)`` makes the
+    current stream wait for that copy (an event: no host sync) and returns one device array per
+    source, views of the batch's own block (from CuPy's memory pool; no later batch writes
+    into it).
+
+    ``slots`` pinned buffers are used in rotation; before one is written again the host waits
+    for the copy that last read it (normally long finished). The side stream first waits for
+    the work already on the current stream, because the pool may hand out memory that this
+    work still reads; so the copy of batch i+1, staged before step i is launched, overlaps
+    step i. The arrays come from the pool of the stream current at ``stage``: use them there.
+
+    >>> import numpy as np
+    >>> HostToDevice.__name__, callable(host_to_device)   # needs a GPU: see tests/gpu/test_prefetch_gpu.py
+    ('HostToDevice', True)
+    """
+
+    def __init__(self, sources: Sequence[np.ndarray], rows: int, slots: int = 3) -> None:
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise ValueError(f"HostToDevice expects rows to be an int >= 1, got {rows!r}")
+        if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"HostToDevice expects slots to be an int >= 1, got {slots!r}")
+        if not sources or not all(_pinnable(s) for s in sources):
+            raise TypeError("HostToDevice expects NumPy arrays of a native-order number or bool dtype, with an axis "
+                            f"of rows, got {[_summary(s) for s in sources]}")
+        self.sources = list(sources)
+        self.rows = int(rows)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._offsets, self._nbytes = _layout(self.sources, self.rows)
+        self._last_row_bytes = _row_bytes(self.sources[-1])
+        self._slots: list[tuple[Any, list[np.ndarray]] | None] = [None] * int(slots)   # (host address, views)
+        self._copied: list[Any] = [None] * int(slots)   # per slot: the event of the last copy out of it
+        self._pinned: list[Any] = [None] * int(slots)   # per slot: the pinned memory (kept alive here)
+        self._next = 0
+
+    def stage(self, index: slice | np.ndarray) -> tuple[list[Any], Any]:
+        """Gather rows ``index`` of every source into the next pinned slot and enqueue their copy to the GPU."""
+        count = _check_index(index, len(self.sources[0]), self.rows)
+        slot = self._next
+        self._next = (slot + 1) % len(self._slots)
+        if self._copied[slot] is not None:
+            self._copied[slot].synchronize()
+        address, buffers = self._slots[slot] or self._make_slot(slot)
+        for src, buffer in zip(self.sources, buffers):
+            _gather(src, index, buffer[:count])
+        block = cupy.cuda.alloc(self._nbytes)   # the current stream's pool
+        self.stream.wait_event(_event(cupy.cuda.get_current_stream()))
+        block.copy_from_host_async(address, self._offsets[-1] + count * self._last_row_bytes, self.stream)
+        done = _event(self.stream)
+        self._copied[slot] = done
+        arrays = [cupy.ndarray((count,) + b.shape[1:], b.dtype, block + offset)
+                  for b, offset in zip(buffers, self._offsets)]
+        return arrays, done
+
+    def ready(self, staged: tuple[list[Any], Any]) -> list[Any]:
+        """The device arrays of ``staged``, once the current stream has been told to wait for their copy."""
+        arrays, done = staged
+        cupy.cuda.get_current_stream().wait_event(done)
+        return arrays
+
+    def synchronize(self) -> None:
+        """Wait on the host until every copy enqueued so far has finished."""
+        self.stream.synchronize()
+
+    def _make_slot(self, slot):
+        memory = cupy.cuda.alloc_pinned_memory(self._nbytes)
+        raw = np.frombuffer(memory, np.uint8, self._nbytes)
+        buffers = [raw[offset:offset + self.rows * _row_bytes(src)].view(src.dtype).reshape(
+            (self.rows,) + tuple(src.shape[1:])) for src, offset in zip(self.sources, self._offsets)]
+        self._pinned[slot] = memory
+        self._slots[slot] = (ctypes.c_void_p(memory.ptr), buffers)
+        return self._slots[slot]
+
+    def __del__(self):
+        # The pinned memory goes back to CuPy's pool with this object; no copy may still read it then.
+        try:
+            self.stream.synchronize()
+        except Exception:  # interpreter shutdown, or the CUDA context already gone
+            pass
+
+
+_ALIGN = 256   # bytes: each source's rows start at such an offset of a slot (and of the device block)
+
+
+def _row_bytes(src):
+    return int(np.prod(src.shape[1:], dtype=np.int64)) * src.dtype.itemsize
+
+
+def _layout(sources, rows):
+    """The byte offset of each source's ``rows`` rows in one buffer, each aligned, and the buffer's size (>= 1)."""
+    offsets, end = [], 0
+    for src in sources:
+        start = -(-end // _ALIGN) * _ALIGN
+        offsets.append(start)
+        end = start + rows * _row_bytes(src)
+    return offsets, max(end, 1)
+
+
+def _event(stream):
+    """A CUDA event (no timing) recorded now on ``stream``."""
+    event = cupy.cuda.Event(disable_timing=True)
+    event.record(stream)
+    return event
+
+
+def _check_index(index, nobs, rows):
+    """``index`` picks at most ``rows`` rows, all in ``range(nobs)``; a clear error otherwise (before any copy)."""
+    if isinstance(index, slice):
+        count = len(range(*index.indices(nobs)))
+    else:
+        index = np.asarray(index)
+        if index.ndim != 1 or index.dtype.kind not in "iu":
+            raise TypeError(f"HostToDevice.stage expects a slice or a 1-d integer array of rows, got "
+                            f"{_summary(index)}")
+        count = len(index)
+        if count and (index.min() < 0 or index.max() >= nobs):
+            raise IndexError(f"HostToDevice.stage expects row indices in [0, {nobs}), got values from "
+                             f"{index.min()} to {index.max()}")
+    if count > rows:
+        raise ValueError(f"HostToDevice.stage expects at most rows={rows} rows per batch, got {count}")
+    return count
+
+
+def _gather(src, index, out):
+    """Rows ``index`` of ``src`` written into ``out`` (as many rows), with no intermediate copy."""
+    if isinstance(index, slice):
+        np.copyto(out, src[index])
+    else:
+        np.take(src, index, axis=0, out=out, mode="clip")   # "clip": no buffering of out (mode="raise" buffers)
+
+
+def _summary(x):
+    return f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}".strip()

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .autodiff import value_of
-from .backend import Array, get_array_module, is_array
+from .backend import Array, get_array_module, host_to_device, is_array
 from .functors import cpu, gpu
 from .random import as_rng
 
@@ -117,10 +117,21 @@ class DataLoader:
 
     ``shuffle=True`` draws a new order every epoch from ``rng``: a ``numpy.random.Generator``,
     an int seed, or ``None`` for fluxpy's global generator (reset by :func:`fluxpy.seed`).
-    ``partial=False`` drops a last, smaller batch. ``device="gpu"`` moves each batch with
-    :func:`fluxpy.gpu` (``"cpu"`` with :func:`fluxpy.cpu`; any function works). ``len(loader)``
-    is the number of batches. Empty data, arrays of different lengths, a ``batchsize`` that is
-    not an int >= 1 and a non-bool ``shuffle`` or ``partial`` are errors.
+    ``partial=False`` drops a last, smaller batch. ``device="gpu"`` moves each batch to the GPU
+    (``"cpu"`` with :func:`fluxpy.cpu`; any function works, applied to each array of a batch).
+    ``len(loader)`` is the number of batches. Empty data, arrays of different lengths, a
+    ``batchsize`` that is not an int >= 1 and a non-bool ``shuffle``, ``partial`` or ``prefetch``
+    are errors.
+
+    With ``device="gpu"``, a usable GPU and NumPy arrays of numbers, iteration prefetches
+    (``prefetch=True``, the default): before batch i is handed out, batch i+1 is gathered into
+    a pinned host buffer and its copy enqueued on a side CUDA stream, so that it overlaps the
+    caller's step i (:class:`fluxpy.backend.HostToDevice`). Each batch is its own set of device
+    arrays, ready for the CUDA stream current when it is handed out (that stream waits for the
+    copy; the host does not); no later batch overwrites it. Batch i+1 is read from ``data``
+    before batch i is handed out, so a change to ``data`` during iteration shows one batch later.
+    ``prefetch=False``, other data (strings, arrays already on the GPU) and no GPU take
+    :func:`fluxpy.gpu` per batch, as before.
 
     >>> import numpy as np
     >>> x = np.arange(5)
@@ -131,10 +142,13 @@ class DataLoader:
     [0, 1, 2, 3, 4]
     >>> [(x.tolist(), y.tolist()) for x, y in DataLoader(([1, 2, 3], ["a", "b", "c"]), batchsize=2)]
     [([1, 2], ['a', 'b']), ([3], ['c'])]
+    >>> DataLoader(x, device="gpu").prefetch, DataLoader(x, device="gpu", prefetch=False).prefetch
+    (True, False)
     """
 
     def __init__(self, data: Array | Sequence, batchsize: int = 1, shuffle: bool = False, partial: bool = True,
-                 rng: np.random.Generator | int | None = None, device: str | Callable | None = None) -> None:
+                 rng: np.random.Generator | int | None = None, device: str | Callable | None = None,
+                 prefetch: bool = True) -> None:
         self.is_tuple = isinstance(data, tuple)
         if self.is_tuple:
             if not data:
@@ -152,7 +166,7 @@ class DataLoader:
             raise TypeError(f"DataLoader expects batchsize to be an int >= 1, got {_describe(batchsize)}")
         if batchsize < 1:
             raise ValueError(f"DataLoader expects batchsize to be an int >= 1, got {int(batchsize)}")
-        for name, flag in (("shuffle", shuffle), ("partial", partial)):
+        for name, flag in (("shuffle", shuffle), ("partial", partial), ("prefetch", prefetch)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader expects {name} to be True or False, got {_describe(flag)}")
         self.rng = as_rng(rng, "DataLoader")
@@ -162,6 +176,7 @@ class DataLoader:
         self.batchsize = int(batchsize)
         self.shuffle = bool(shuffle)
         self.partial = bool(partial)
+        self.prefetch = bool(prefetch)
         self.device = device
 
     def __len__(self):
@@ -170,21 +185,63 @@ class DataLoader:
 
     def __iter__(self):
         order = self.rng.permutation(self.nobs) if self.shuffle else None
-        for i in range(len(self)):
-            start, stop = i * self.batchsize, min((i + 1) * self.batchsize, self.nobs)
-            index = slice(start, stop) if order is None else order[start:stop]
-            yield self._batch(index)
+        indices = (self._index(order, i) for i in range(len(self)))
+        copier = self._prefetcher()
+        if copier is None:
+            for index in indices:
+                yield self._batch(index)
+        else:
+            yield from _prefetched(copier, indices, self._pack)
+
+    def _index(self, order, i):
+        start, stop = i * self.batchsize, min((i + 1) * self.batchsize, self.nobs)
+        return slice(start, stop) if order is None else order[start:stop]
+
+    def _prefetcher(self):
+        """A host-to-device copier for one iteration (``device="gpu"`` with ``prefetch``); ``None`` where none applies.
+
+        Each iteration has its own (pinned buffers come from CuPy's pool), so that iterations at once, in one
+        thread or several, share nothing.
+        """
+        if not (self.prefetch and isinstance(self.device, str) and self.device == "gpu"):
+            return None
+        return host_to_device(self.arrays, self.batchsize)
 
     def _batch(self, index):
         parts = [a[index] for a in self.arrays]
         if self._move is not None:
             parts = [self._move(p) for p in parts]
+        return self._pack(parts)
+
+    def _pack(self, parts):
         return tuple(parts) if self.is_tuple else parts[0]
 
     def __repr__(self):
         shapes = ", ".join(str(tuple(a.shape)) for a in self.arrays)
         return (f"DataLoader({'(' + shapes + ')' if self.is_tuple else shapes}, batchsize={self.batchsize}, "
                 f"shuffle={self.shuffle}, partial={self.partial}): {len(self)} batches")
+
+
+def _prefetched(copier, indices, pack):
+    """The batches of ``indices``, each staged on ``copier`` one batch ahead of its hand-out.
+
+    ``copier.stage(index)`` starts moving a batch (and returns at once), ``copier.ready(staged)``
+    finishes it into a list of arrays, one per source. Batch i+1 is staged before batch i is handed
+    out, so its copy runs while the caller works on batch i. A batch staged but never handed out
+    (the caller stopped early) is still finished, so that no copy into memory outlives its batch.
+    """
+    pending = None   # staged, not yet handed out
+    try:
+        for index in indices:
+            previous, pending = pending, copier.stage(index)
+            if previous is not None:
+                yield pack(copier.ready(previous))
+        if pending is not None:
+            last, pending = pending, None
+            yield pack(copier.ready(last))
+    finally:
+        if pending is not None:
+            copier.ready(pending)
 
 
 # ---------------------------------------------------------------------------------------------

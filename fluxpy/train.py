@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .autodiff import _withgradient, value_of
-from .backend import get_array_module
+from .backend import get_array_module, read_scalars
 from .functors import state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
                        _plan, _read_finite)
@@ -130,12 +130,12 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
                          f"step would change nothing ({why}); the loss must be computed from the model it is "
                          "given as its first argument, loss(model, *batch)")
     total = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen]) if check_finite else None
-    value = float(value_of(value))  # the step's one wait for the device; the total enqueued above is done by then
+    value, finite = _read_loss_and_total(value_of(value), total)   # the step's one wait for the device
     if not math.isfinite(value):
         raise TrainingDiverged(f"train: the loss is {value} at {where}; stopping before the update (lower the "
                                f"learning rate, or check the data and the loss){_buffers_note(model)}",
                                epoch, batch, value)
-    if total is not None and not _read_finite(total):
+    if not finite:
         bad = _nonfinite([e for e in plan if not e[0].frozen])
         if bad:
             _, _, dx, path = bad[0]
@@ -155,6 +155,17 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
     _check_gradients(plan, False, "train")  # what the rules refuse (ClipNorm): before any change
     _apply(plan)
     return value
+
+
+def _read_loss_and_total(value, total):
+    """The loss as a float, and whether :func:`_finite_total`'s ``total`` (None: not checked) is finite; a loss and a
+    total on the GPU come back with one wait (:func:`fluxpy.backend.read_scalars`; ``float`` of each waits twice)."""
+    if total is None:
+        return float(value), True
+    if isinstance(total, list):   # NumPy and CuPy gradients mixed: one total per array (never the normal path)
+        return float(value), _read_finite(total)
+    loss, total = read_scalars(value, total)
+    return loss, math.isfinite(total)
 
 
 def _buffers_note(model):

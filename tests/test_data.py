@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+import fluxpy
 import fluxpy.data as data
 from fluxpy.data import (DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch, read_idx,
                          write_idx)
@@ -142,6 +143,112 @@ def test_device_gpu_moves_batches():
     import cupy
     batch = next(iter(DataLoader((np.ones((4, 2)), np.arange(4)), batchsize=2, device="gpu")))
     assert all(isinstance(b, cupy.ndarray) for b in batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefetching with device="gpu": the pipeline's logic, with a fake copier in place of fluxpy.backend.HostToDevice
+
+
+class FakeCopier:
+    """Stands in for HostToDevice: ``stage`` gathers on the host (copies), ``ready`` hands them out; logs both."""
+
+    def __init__(self, sources, rows):
+        self.sources, self.rows, self.log = sources, rows, []
+
+    def stage(self, index):
+        parts = [np.array(s[index]) for s in self.sources]
+        self.log.append(("stage", int(parts[0].flat[0])))
+        return parts
+
+    def ready(self, staged):
+        self.log.append(("ready", int(staged[0].flat[0])))
+        return staged
+
+
+@pytest.fixture
+def fake_copier(monkeypatch):
+    made = []
+
+    def factory(sources, rows):
+        made.append(FakeCopier(sources, rows))
+        return made[-1]
+    monkeypatch.setattr(data, "host_to_device", factory)
+    return made
+
+
+def test_prefetch_stages_the_next_batch_before_handing_out_the_current_one(fake_copier):
+    loader = DataLoader((np.arange(10), np.arange(10) * 10), batchsize=4, device="gpu")
+    it = iter(loader)
+    first = next(it)
+    copier = fake_copier[0]
+    assert copier.rows == 4 and copier.log == [("stage", 0), ("stage", 4), ("ready", 0)]
+    second = next(it)
+    assert copier.log[3:] == [("stage", 8), ("ready", 4)]
+    third = next(it)
+    assert copier.log[5:] == [("ready", 8)]                  # nothing left to stage
+    assert [b[0].tolist() for b in (first, second, third)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert third[1].tolist() == [80, 90] and isinstance(third, tuple)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_prefetched_batches_equal_the_plain_ones(fake_copier, shuffle, partial, as_tuple):
+    x = np.arange(23 * 2).reshape(23, 2)
+    source = (x, x[:, 0] * 3) if as_tuple else x
+    kw = dict(batchsize=5, shuffle=shuffle, partial=partial, rng=4)
+    got, plain = list(DataLoader(source, device="gpu", **kw)), list(DataLoader(source, **kw))
+    assert len(got) == len(plain) == (5 if partial else 4)
+    for g, p in zip(got, plain):
+        g, p = (g, p) if as_tuple else ((g,), (p,))
+        assert all(np.array_equal(a, b) for a, b in zip(g, p))
+    assert len(fake_copier) == 1                              # one copier per iteration
+
+
+def test_each_iteration_has_its_own_copier_and_an_abandoned_batch_is_finished(fake_copier):
+    loader = DataLoader(np.arange(12), batchsize=3, device="gpu")
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    # batches 0..2 staged, 0 and 1 handed out; leaving the loop finishes the staged batch 2 as well
+    assert fake_copier[0].log == [("stage", 0), ("stage", 3), ("ready", 0), ("stage", 6), ("ready", 3),
+                                  ("ready", 6)]
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert len(fake_copier) == 2 and len(fake_copier[1].log) == 8
+    pairs = list(zip(loader, loader))                          # two iterations at once: two copiers
+    assert len(fake_copier) == 4 and all(np.array_equal(a, b) for a, b in pairs)
+
+
+@pytest.mark.parametrize("device, prefetch", [(None, True), ("cpu", True), ("gpu", False), ("function", True)])
+def test_only_device_gpu_with_prefetch_uses_a_copier(fake_copier, device, prefetch):
+    loader = DataLoader(np.arange(4), batchsize=2, device=(lambda a: a + 1) if device == "function" else device,
+                        prefetch=prefetch)
+    assert loader._prefetcher() is None and fake_copier == []
+    if device != "gpu":
+        assert [b.tolist() for b in loader] == ([[1, 2], [3, 4]] if device == "function" else [[0, 1], [2, 3]])
+        assert fake_copier == []
+
+
+def test_without_a_copier_device_gpu_moves_each_batch_as_before(monkeypatch):
+    """Where host_to_device says no (no GPU, strings, data on the GPU), batches go through fluxpy.gpu: without a
+    GPU that is the same error as before prefetching existed."""
+    monkeypatch.setattr(data, "host_to_device", lambda sources, rows: None)
+    loader = DataLoader((np.ones((4, 2)), np.arange(4)), batchsize=2, device="gpu")
+    ok, _ = fluxpy.gpu_available()
+    if ok:
+        pytest.skip("a GPU is present")
+    with pytest.raises(fluxpy.GPUUnavailableError, match="no usable GPU"):
+        next(iter(loader))
+
+
+def test_prefetch_must_be_a_bool():
+    with pytest.raises(TypeError, match="DataLoader expects prefetch to be True or False, got str 'no'"):
+        DataLoader(np.ones(3), device="gpu", prefetch="no")
+    assert DataLoader(np.ones(3), device="gpu").prefetch is True
+    assert repr(DataLoader(np.ones(3), device="gpu", prefetch=False)) == \
+        "DataLoader((3,), batchsize=1, shuffle=False, partial=True): 3 batches"
 
 
 # ---------------------------------------------------------------------------------------------
