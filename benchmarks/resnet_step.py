@@ -220,8 +220,12 @@ def set_tf32(on, torch, device):
 
 
 def reset_case(torch, device):
-    """Give every cached block back before a case, so that its reserved memory is its own."""
+    """Give every cached block back before a case, so that its reserved memory is its own; collect, then freeze
+    what is alive (the imports, both models) out of the cyclic collector's scans, as ``fluxpy.train`` does
+    while it runs (both sides are timed under the same setting)."""
+    gc.unfreeze()
     gc.collect()
+    gc.freeze()
     if device != "gpu":
         return
     import cupy

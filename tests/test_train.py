@@ -90,3 +90,20 @@ def test_progress_without_tqdm(capsys, monkeypatch):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("epoch 1/2: 4 batches, loss ") and lines[0].endswith("images/s")
+
+
+def test_train_freezes_the_startup_objects_only_while_it_runs():
+    import gc
+    model = {"w": np.array([1.0, 2.0])}
+    frozen_inside = []
+
+    def loss(m, x):
+        frozen_inside.append(gc.get_freeze_count())
+        return (m["w"] * x).sum()
+    before = gc.get_freeze_count()
+    train(loss, model, [(np.ones(2),)] * 3, setup(Descent(0.1), model), progress=False)
+    assert min(frozen_inside) > before            # the objects alive at the start were frozen during training
+    assert gc.get_freeze_count() == before        # and unfrozen when it ended
+    with pytest.raises(TrainingDiverged):
+        train(loss, model, [(np.array([np.nan, 1.0]),)], setup(Descent(0.1), model), progress=False)
+    assert gc.get_freeze_count() == before        # also after an error
