@@ -16,10 +16,12 @@ matmul and stays float32 either way).
 
 What is measured, per case and side, in this order:
 
-- step time: ``--warmup`` steps, a device synchronise, then ``--rounds`` rounds of ``--steps`` steps
-  launched back to back (no per-step synchronise, as a training loop that logs now and then), each round
-  timed by wall clock from a synchronised start to a synchronise at its end; per-step time = round time /
-  steps. Reported: the median over rounds with the 10th and 90th percentiles (linear interpolation).
+- step time: ``--warmup`` steps of each side, a device synchronise, then ``--rounds`` rounds of ``--steps``
+  steps launched back to back (no per-step synchronise, as a training loop that logs now and then), each
+  round timed by wall clock from a synchronised start to a synchronise at its end; per-step time = round
+  time / steps. The two sides' rounds alternate (fluxpy, PyTorch, fluxpy, ...), so that a slow spell of a
+  shared machine falls on both. Reported: the median over rounds with the 10th and 90th percentiles
+  (linear interpolation).
 - single steps: ``--single-steps`` steps, each one synchronised and timed alone by wall clock (host time
   and GPU time of that step, no overlap with the next). Reported: the slowest step over the median of this
   pass, how many steps took more than 1.5x that median, and their indices (to see periodic stalls). The
@@ -202,9 +204,16 @@ def torch_memory(torch, step, n):
                 end_mb=torch.cuda.memory_allocated() / MB)
 
 
-def measure(step, sync, a):
-    out = round_stats(timed_rounds(step, sync, a.steps, a.rounds, a.warmup))
-    out.update(single_stats(single_steps(step, sync, a.single_steps)))
+def alternating_rounds(sides, steps, rounds, warmup):
+    """:func:`timed_rounds` of each ``(step, sync)`` side, their rounds taken in turn; one list per side."""
+    for step, sync in sides:
+        for _ in range(warmup):
+            step()
+        sync()
+    out = [[] for _ in sides]
+    for _ in range(rounds):
+        for times, (step, sync) in zip(out, sides):
+            times.extend(timed_rounds(step, sync, steps, 1, 0))
     return out
 
 
@@ -271,14 +280,20 @@ def run_case(name, batch, tf32, torch, device, a):
     f_step, f_first, f_model = fluxpy_case(model, x, labels, classes, device)
     if not math.isfinite(f_first):
         raise RuntimeError(f"{name} batch {batch}: fluxpy's first loss is {f_first}")
-    f = measure(f_step, sync, a)
+    sides = [(f_step, sync)]
+    if torch is not None:
+        t_sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+        sides.append((t_step, t_sync))
+    per_step = alternating_rounds(sides, a.steps, a.rounds, a.warmup)
+    f = round_stats(per_step[0])
+    f.update(single_stats(single_steps(f_step, sync, a.single_steps)))
     f_mem = fluxpy_memory(f_step, sync, a.memory_steps) if device == "gpu" and a.memory_steps else None
     del f_step, f_model
     gc.collect()
     t = t_mem = None
     if torch is not None:
-        t_sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
-        t = measure(t_step, t_sync, a)
+        t = round_stats(per_step[1])
+        t.update(single_stats(single_steps(t_step, t_sync, a.single_steps)))
         if device == "gpu" and a.memory_steps:
             t_mem = torch_memory(torch, t_step, a.memory_steps)
             t_mem["reserved_mb"] = torch.cuda.max_memory_reserved() / MB
