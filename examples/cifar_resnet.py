@@ -37,13 +37,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # the examples' shared helpers (common.py)
 
-import fluxpy  # noqa: E402
+from common import pick_device, plot_curves, to_device  # noqa: E402
 from fluxpy.augment import normalise, random_crop, random_flip  # noqa: E402
 from fluxpy.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFARUnavailableError, cifar_cache_dir, load_cifar10  # noqa: E402
 from fluxpy.data import DataLoader, onecold  # noqa: E402
 from fluxpy.io import load, save  # noqa: E402
-from fluxpy.layers import Conv, testmode, trainmode  # noqa: E402
+from fluxpy.layers import testmode, trainmode  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
 from fluxpy.models import parameter_count, resnet20  # noqa: E402
 from fluxpy.optimise import Momentum, OptimiserChain, WeightDecay, adjust, setup  # noqa: E402
@@ -82,25 +83,6 @@ def parse_args(argv=None):
     if not 0 <= args.warmup < args.epochs:
         p.error(f"--warmup must be in 0 .. epochs - 1 = {args.epochs - 1}, got {args.warmup}")
     return args
-
-
-def pick_device(choice):
-    """"gpu" when asked for (an error if unusable) or, with "auto", when a GPU runs a small conv; else "cpu"."""
-    if choice == "cpu":
-        return "cpu"
-    ok, why = fluxpy.gpu_available()
-    if ok:
-        try:
-            probe = fluxpy.gpu(Conv((3, 3), 3, 2))
-            fluxpy.cpu(probe(fluxpy.gpu(np.zeros((1, 3, 5, 5), np.float32))))
-        except Exception as err:  # the GPU backend is installed but cannot run convolutions
-            ok, why = False, f"a GPU convolution failed: {err}"
-    if ok:
-        return "gpu"
-    if choice == "gpu":
-        raise SystemExit(f"--device gpu: no usable GPU ({why})")
-    print(f"no usable GPU ({why}); training on the CPU")
-    return "cpu"
 
 
 def load_data(args):
@@ -157,35 +139,6 @@ def accuracy(model, images, labels, device, batchsize=500):
     return correct / len(labels)
 
 
-def plot_curves(path, history):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: skipping the plot {path} (pip install matplotlib)")
-        return
-    epochs = np.arange(1, len(history["loss"]) + 1)
-    fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(1, 3, figsize=(14, 4))
-    ax_loss.plot(epochs, history["loss"], marker="o")
-    ax_loss.set(xlabel="epoch", ylabel="mean training loss", yscale="log", title="training loss")
-    ax_acc.plot(epochs, 100 * np.array(history["accuracy"]), marker="o", color="tab:green")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
-    ax_lr.plot(epochs, history["lr"], marker="o", color="tab:orange")
-    ax_lr.set(xlabel="epoch", ylabel="learning rate", title="learning rate")
-    for ax in (ax_loss, ax_acc, ax_lr):
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
-def to_device(model, device):
-    return fluxpy.gpu(model) if device == "gpu" else model
-
-
 def main(argv=None):
     args = parse_args(argv)
     device = pick_device(args.device)
@@ -217,7 +170,7 @@ def main(argv=None):
         print(f"epoch {epoch:3d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy "
               f"{100 * acc:.2f}%, lr {lr:.4g}, {seconds:.1f} s, {len(x_train) / seconds:.0f} images/s", flush=True)
 
-    plot_curves(args.plot, history)
+    plot_curves(args.plot, history, ("loss", "accuracy", "lr"))
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)
     save(args.save, model)
     fresh = load(args.save, to_device(resnet20(rng=args.seed + 1), device))

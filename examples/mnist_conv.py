@@ -26,7 +26,6 @@ gives the same initial weights and batch order.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 import warnings
@@ -35,8 +34,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # the examples' shared helpers (common.py)
 
 import fluxpy  # noqa: E402
+from common import pick_device, plot_curves, to_device  # noqa: E402
 from fluxpy.data import (DataLoader, MNISTUnavailableError, load_mnist, mnist_cache_dir, onecold,  # noqa: E402
                          onehotbatch)
 from fluxpy.io import load, save  # noqa: E402
@@ -45,6 +46,7 @@ from fluxpy.losses import logitcrossentropy  # noqa: E402
 from fluxpy.ops.activations import relu  # noqa: E402
 from fluxpy.optimise import Adam, OptimiserChain, WeightDecay, adjust, setup  # noqa: E402
 from fluxpy.random import seed  # noqa: E402
+from fluxpy.schedules import Constant, Cosine  # noqa: E402
 from fluxpy.train import train  # noqa: E402
 
 # Per model: how to build it and its default learning rate and weight decay.
@@ -99,29 +101,6 @@ def parse_args(argv=None):
     return args
 
 
-def pick_device(choice):
-    """"gpu" when asked for (an error if unusable) or, with "auto", when a GPU runs a small conv; else "cpu"."""
-    if choice == "cpu":
-        return "cpu"
-    ok, why = fluxpy.gpu_available()
-    if ok:
-        try:
-            probe = fluxpy.gpu(Conv((3, 3), 1, 2))
-            fluxpy.cpu(probe(fluxpy.gpu(np.zeros((1, 1, 5, 5), np.float32))))
-        except Exception as err:  # the GPU backend is installed but cannot run convolutions
-            ok, why = False, f"a GPU convolution failed: {err}"
-    if ok:
-        return "gpu"
-    if choice == "gpu":
-        raise SystemExit(f"--device gpu: no usable GPU ({why})")
-    print(f"no usable GPU ({why}); training on the CPU")
-    return "cpu"
-
-
-def to_device(model, device):
-    return fluxpy.gpu(model) if device == "gpu" else model
-
-
 def accuracy(model, images, labels, device, batchsize=1000):
     """The fraction of ``images`` whose predicted class is the label, evaluated in batches."""
     correct = 0
@@ -139,35 +118,11 @@ def make_optimiser(args):
     return OptimiserChain(WeightDecay(args.weight_decay), adam) if args.weight_decay else adam
 
 
-def learning_rate(args, epoch):
-    """The rate for ``epoch`` (from 1): cosine annealing from ``args.lr`` down to ``args.lr / 30`` in the last epoch."""
-    if args.schedule == "constant" or args.epochs == 1:
-        return args.lr
-    low = args.lr / 30
-    return low + 0.5 * (args.lr - low) * (1 + math.cos(math.pi * (epoch - 1) / (args.epochs - 1)))
-
-
-def plot_curves(path, history):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: skipping the plot {path} (pip install matplotlib)")
-        return
-    epochs = np.arange(1, len(history["loss"]) + 1)
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_loss.plot(epochs, history["loss"], marker="o")
-    ax_loss.set(xlabel="epoch", ylabel="mean training loss", yscale="log", title="training loss")
-    ax_acc.plot(epochs, 100 * np.array(history["accuracy"]), marker="o", color="tab:green")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    print(f"wrote {path}")
+def make_schedule(args):
+    """Cosine annealing from ``args.lr`` down to ``args.lr / 30`` in the last epoch, or a constant rate."""
+    if args.schedule == "constant":
+        return Constant(args.lr)
+    return Cosine(args.lr, args.lr / 30, args.epochs)
 
 
 def load_data(data_dir):
@@ -201,12 +156,13 @@ def main(argv=None):
     model = to_device(build(), device)  # weights from fluxpy's generator, seeded above
     print(model)
     opt_state = setup(make_optimiser(args), model)
+    schedule = make_schedule(args)
     loader = DataLoader((x_train, onehotbatch(y_train, range(10))), batchsize=args.batchsize, shuffle=True,
                         device="gpu" if device == "gpu" else None, prefetch=not args.no_prefetch)
 
     history = {"loss": [], "accuracy": [], "images_per_s": []}
     for epoch in range(1, args.epochs + 1):
-        adjust(opt_state, learning_rate(args, epoch))
+        adjust(opt_state, schedule(epoch))
         start = time.perf_counter()
         losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress)
         seconds = time.perf_counter() - start
