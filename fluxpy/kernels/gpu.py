@@ -18,6 +18,7 @@ module                  kernels
 ``cuda_pool``           ``maxpool_*``, ``meanpool_*``
 ``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
 ``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
+``cublas``              ``matmul`` (our cuBLAS binding: capturable)
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
@@ -35,8 +36,8 @@ _before: list[dict] = []   # the table as it was before register(), while regist
 
 
 def _modules():
-    from . import cuda_conv, cuda_norm, cuda_pool, cuda_softmax, elementwise, reduce
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm)
+    from . import cublas, cuda_conv, cuda_norm, cuda_pool, cuda_softmax, elementwise, reduce
+    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas)
 
 
 def register() -> bool:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from ..autodiff import Primitive
 from ..backend import Array
+from ..kernels import find
 from .shape import expand_dims, reshape, swapaxes, unbroadcast
 
 __all__ = ["matmul", "dot"]
 
 
 def _matmul_impl(a, b):
+    kernel = find("matmul", a, b)
+    if kernel is not None:
+        return kernel(a, b)
     try:
         return a @ b
     except ValueError:
