@@ -30,6 +30,7 @@ import numpy as np
 
 from .autodiff import value_of
 from .backend import Array, get_array_module, is_array, is_float_array
+from .capturing import on_replay, refuse
 from .kernels import find
 from .functors import _trainable_keys, children
 
@@ -205,6 +206,7 @@ class RMSProp(Rule):
 
 def _adam_direction(state, dx, beta, eps, xp):
     """Updates Adam's moments in place; returns the bias-corrected ``m / (sqrt(v) + eps)`` and the new state."""
+    refuse(_ALONE_IN_CAPTURE)
     m, v, (b1t, b2t) = state
     b1, b2 = beta
     m *= b1
@@ -214,6 +216,10 @@ def _adam_direction(state, dx, beta, eps, xp):
     denom = xp.sqrt(v * (1 / (1 - b2t)))
     denom += eps
     return (m * (1 / (1 - b1t))) / denom, (m, v, (b1t * b1, b2t * b2))
+
+
+_ALONE_IN_CAPTURE = ("Adam/AdamW stepping a parameter on its own (not in one multi-tensor launch with the others): "
+                     "its bias correction 1 / (1 - beta^t) is a host number, which a CUDA graph would freeze")
 
 
 def _adam_init(x, beta):
@@ -251,6 +257,7 @@ class Adam(Rule):
         kernel = find("adam_update", x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
+        refuse(_ALONE_IN_CAPTURE)
         m, v, (b1t, b2t) = state
         return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
 
@@ -821,11 +828,14 @@ class _Steps:
 
 
 class _AdamGroup:
-    """Adam leaves that one ``adam_update_many`` call steps: their plan indices, leaves, parameters and moments."""
-    __slots__ = ("rule", "bt", "index", "leaves", "xs", "ms", "vs")
+    """Adam leaves that one ``adam_update_many`` call steps: their plan indices, leaves, parameters and moments,
+    and the powers ``beta^t`` twice: ``bt`` on the host (what each leaf's state holds, as ``Adam.step`` makes it)
+    and ``powers`` on the device (what the kernel reads and advances, so that a replayed CUDA graph sees them
+    advance); both advance by the same float64 products."""
+    __slots__ = ("rule", "bt", "powers", "index", "leaves", "xs", "ms", "vs")
 
     def __init__(self, rule, bt):
-        self.rule, self.bt = rule, bt
+        self.rule, self.bt, self.powers = rule, bt, None
         self.index, self.leaves, self.xs, self.ms, self.vs = [], [], [], [], []
 
     def add(self, i, leaf, x):
@@ -846,9 +856,22 @@ class _AdamGroup:
             return
         rule = self.rule
         b1t, b2t = self.bt
-        self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t))
-        for i, leaf, m, v in zip(self.index, self.leaves, ms, vs):
+        if self.powers is None:
+            self.powers = get_array_module(xs[0]).array([b1t, b2t], dtype=np.float64)
+        self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t, powers=self.powers))
+        self._record_states(bt, states)
+        on_replay(lambda: self._advance_host(states))
+
+    def _record_states(self, bt, states):
+        for i, leaf in zip(self.index, self.leaves):
+            m, v, _ = leaf.state
             leaf.state = states[i] = (m, v, bt)
+
+    def _advance_host(self, states):
+        """The host side of one replayed step: ``bt`` advanced as the kernel advanced ``powers``."""
+        b1, b2 = self.rule.beta
+        self.bt = bt = (self.bt[0] * b1, self.bt[1] * b2)
+        self._record_states(bt, states)
 
 
 def _typed(v):

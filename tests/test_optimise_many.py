@@ -23,9 +23,11 @@ seeds = st.integers(0, 2**31 - 1)
 
 def numpy_adam_many(calls):
     """adam_update_many for NumPy arrays: Adam's CPU step for each parameter, recording ``(len(xs), eta)``."""
-    def adam_update_many(xs, dxs, ms, vs, eta, beta, eps, b1t, b2t):
+    def adam_update_many(xs, dxs, ms, vs, eta, beta, eps, b1t, b2t, powers=None):
         calls.append((len(xs), eta))
         b1, b2 = beta
+        assert powers is not None and powers.tolist() == [b1t, b2t]   # the device copy of beta^t keeps in step
+        powers *= beta
         for x, dx, m, v in zip(xs, dxs, ms, vs):
             m *= b1
             m += (1 - b1) * dx

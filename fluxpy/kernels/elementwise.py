@@ -859,8 +859,12 @@ struct AdamTensors {  // CAP tensors; start[k] is where tensor k begins in the c
 };
 
 extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count, const T b1, const T c1,
-                                            const T b2, const T c2, const T s1, const T s2, const T eps,
+                                            const T b2, const T c2, const double* bt, const T eps,
                                             const T eta) {
+  // the bias corrections from the powers beta^t on the device (so that a replayed graph sees them advance),
+  // rounded as the host rounds 1 / (1 - beta^t) for the per-parameter kernel
+  const T s1 = (T)(1.0 / (1.0 - bt[0]));
+  const T s2 = (T)(1.0 / (1.0 - bt[1]));
   const long long total = t.start[count];
   const long long chunk = (long long)blockDim.x * ITEMS;
   for (long long first = (long long)blockIdx.x * chunk; first < total; first += (long long)gridDim.x * chunk) {
@@ -886,23 +890,35 @@ extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count
     }
   }
 }
+
+extern "C" __global__ void fluxpy_adam_powers(double* bt, const double b1, const double b2) {
+  bt[0] *= b1;   // beta^t -> beta^(t+1), after every launch of the step has read them
+  bt[1] *= b2;
+}
 """)
 
 
 def _adam_many_raw(dtype):
     k = _adam_many_kernels.get(dtype)
     if k is None:
-        k = _adam_many_kernels[dtype] = cupy.RawKernel(adam_many_source(dtype), "fluxpy_adam_many")
+        module = cupy.RawModule(code=adam_many_source(dtype))
+        k = _adam_many_kernels[dtype] = (module.get_function("fluxpy_adam_many"),
+                                         module.get_function("fluxpy_adam_powers"))
     return k
 
 
 def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Array], vs: Sequence[Array],
-                     eta: float, beta: tuple[float, float], eps: float, b1t: float, b2t: float) -> tuple[float, float]:
+                     eta: float, beta: tuple[float, float], eps: float, b1t: float, b2t: float,
+                     powers: Array | None = None) -> tuple[float, float]:
     """One Adam step for every parameter ``xs[k]`` (gradient ``dxs[k]``, moments ``ms[k]``, ``vs[k]``) in place, in
     one kernel launch (one per 96 parameters); returns the next ``(b1t, b2t)``.
 
     The formulas and the rounding of :func:`adam_update`, which it replaces for a list of parameters sharing
     ``eta``, ``beta``, ``eps`` and the bias-correction state ``b1t``, ``b2t`` (``beta^t`` before this step).
+    The kernel reads ``beta^t`` from ``powers``, a float64 CuPy array ``[b1t, b2t]`` that a second, one-thread
+    launch then advances in place (``beta^t * beta``, the host's arithmetic): a captured step replayed from a
+    CUDA graph so sees them advance. The caller keeps ``powers`` equal to ``(b1t, b2t)``; without one a
+    temporary array is made from them.
     The arrays are CuPy arrays of one float dtype, ``xs``, ``ms``, ``vs`` C-contiguous, each ``dxs[k]`` of its
     parameter's shape (a strided gradient is copied first); :func:`adam_update_many_supports` says which calls
     it takes. The parameters must not share memory with one another (fluxpy.optimise groups only those that
@@ -914,8 +930,10 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
     dtype = xs[0].dtype
     t = dtype.type
     b1, b2 = beta
-    scalars = (t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 / (1 - b1t)), t(1 / (1 - b2t)), t(eps), t(eta))
-    kernel = _adam_many_raw(dtype)
+    if powers is None:
+        powers = cupy.array([b1t, b2t], dtype=np.float64)
+    scalars = (t(b1), t(1 - b1), t(b2), t(1 - b2), powers, t(eps), t(eta))
+    kernel, advance = _adam_many_raw(dtype)
     strided = []   # contiguous copies of strided gradients, alive until their launch is queued
     cap = _MANY_CAP
     for lo in range(0, len(xs), cap):
@@ -933,6 +951,7 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
         if total:
             blocks = min(-(-total // (_MANY_THREADS * _MANY_ITEMS)), _MANY_MAX_BLOCKS)
             kernel((blocks,), (_MANY_THREADS,), (table.view(_MANY_TABLE), np.int32(count), *scalars))
+    advance((1,), (1,), (powers, np.float64(b1), np.float64(b2)))
     return b1t * b1, b2t * b2
 
 

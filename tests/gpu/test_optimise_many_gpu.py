@@ -78,6 +78,7 @@ def run_three_ways(sizes, dtype, steps=4, seed=0, strided=()):
     cpu = [copies(xs), copies(ms), copies(vs)]
     eta, eps = 0.01, 1e-7
     bt_many = bt_each = bt_cpu = BETA
+    powers = cp.array(BETA, dtype=np.float64)   # the device copy of beta^t that the kernel reads and advances
     for _ in range(steps):
         dxs = [rng.standard_normal(n).astype(dtype) for n in sizes]
         dxs_gpu = to_gpu(dxs)
@@ -88,7 +89,8 @@ def run_three_ways(sizes, dtype, steps=4, seed=0, strided=()):
             assert not dxs_gpu[k].flags.c_contiguous
         x, m, v = many
         assert kernels.find("adam_update_many", x[0], x, dxs_gpu, m, v) is E.adam_update_many
-        bt_many = E.adam_update_many(x, dxs_gpu, m, v, eta, BETA, eps, *bt_many)
+        bt_many = E.adam_update_many(x, dxs_gpu, m, v, eta, BETA, eps, *bt_many, powers=powers)
+        assert powers.tolist() == list(bt_many)   # the same float64 products on both sides
         bt_each = per_parameter(each[0], dxs_gpu, each[1], each[2], eta, BETA, eps, *bt_each)
         bt_cpu = on_cpu(cpu[0], dxs, cpu[1], cpu[2], eta, BETA, eps, *bt_cpu)
         assert bt_many == bt_each == bt_cpu
@@ -120,7 +122,7 @@ def test_blocks_stride_over_a_long_list(monkeypatch):
     run_three_ways([1, 3000, 4097, 0, 2500], np.float64, steps=2)
 
 
-def test_only_empty_tensors_launch_nothing():
+def test_only_empty_tensors_change_nothing_but_the_powers():
     import cupy as cp
     xs = [cp.zeros((0, 3)), cp.zeros(0)]
     assert E.adam_update_many(xs, [cp.zeros((0, 3)), cp.zeros(0)], [cp.zeros((0, 3)), cp.zeros(0)],

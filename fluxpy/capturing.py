@@ -1,0 +1,71 @@
+"""What code running inside a CUDA-graph capture must know: whether a capture is under way, how to keep host-side
+state in step with the replays, and how to refuse.
+
+A captured training step (:class:`fluxpy.TrainStep`) runs the Python code of a step once, while the GPU work it
+queues is recorded into a graph; later steps replay the graph and run no Python at all. Two kinds of host-side
+work need care:
+
+- bookkeeping that each step must advance on the host too (Adam's bias-correction powers, kept on the host for
+  eager steps): the code registers it with :func:`on_replay`, and the step runs it after every replay;
+- values that a step computes on the host and hands to a kernel as a number (which the graph would freeze at
+  the captured value): such code calls :func:`refuse` while capturing, naming itself, and the step runs eagerly
+  with a warning instead.
+
+Outside a capture, :func:`on_replay` and :func:`refuse` do nothing.
+
+>>> capturing()
+False
+>>> with recording() as hooks:
+...     on_replay(lambda: None)
+...     capturing()
+True
+>>> len(hooks)
+1
+"""
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["capturing", "on_replay", "refuse", "recording", "CaptureUnsupported"]
+
+_hooks: contextvars.ContextVar[list | None] = contextvars.ContextVar("fluxpy_capture_hooks", default=None)
+
+
+class CaptureUnsupported(RuntimeError):
+    """Raised inside a capture by code whose work cannot be replayed from a graph; the message names it and why.
+
+    >>> str(CaptureUnsupported("Adam (a parameter stepped alone): its bias correction is a host number"))
+    'Adam (a parameter stepped alone): its bias correction is a host number'
+    """
+
+
+def capturing() -> bool:
+    """Whether a CUDA-graph capture of a step is under way in this thread (or asyncio task)."""
+    return _hooks.get() is not None
+
+
+def on_replay(hook: Callable[[], None]) -> None:
+    """While capturing, run ``hook()`` on the host after every replay of the graph (after the capture too);
+    otherwise nothing."""
+    hooks = _hooks.get()
+    if hooks is not None:
+        hooks.append(hook)
+
+
+def refuse(what: str) -> None:
+    """While capturing, raise :class:`CaptureUnsupported` with ``what`` (who refuses and why); otherwise nothing."""
+    if _hooks.get() is not None:
+        raise CaptureUnsupported(what)
+
+
+@contextmanager
+def recording() -> Iterator[list]:
+    """Mark this thread as capturing; yields the list that :func:`on_replay` fills."""
+    hooks: list = []
+    token = _hooks.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _hooks.reset(token)
