@@ -46,6 +46,7 @@ from .profile import profile
 from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
                        WeightDecay, adjust, freeze, setup, thaw, update)
 from .random import seed
+from .step import CaptureWarning, TrainStep
 from .train import TrainingDiverged, train
 
 from .kernels import gpu as _gpu_kernels  # noqa: E402  (last: routes CuPy arrays to fluxpy's CUDA kernels)
@@ -77,4 +78,5 @@ __all__ = [
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
     "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "cifar", "augment", "schedules", "models",
+    "TrainStep", "CaptureWarning",
 ]

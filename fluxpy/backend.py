@@ -155,6 +155,18 @@ def to_cpu(a: Any) -> Any:
     return a
 
 
+def gpu_device(x: Any) -> int | None:
+    """The CUDA device id of a CuPy array, None for anything else.
+
+    >>> import numpy as np
+    >>> gpu_device(np.ones(2)) is None
+    True
+    """
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return x.device.id
+    return None
+
+
 def copy_into(dst: Array, src: Array) -> None:
     """Copy ``src`` into ``dst`` in place (``dst[...] = src``), across devices: ``src`` is moved to ``dst``'s
     device first.
@@ -398,3 +410,61 @@ def _gather(src, index, out):
 
 def _summary(x):
     return f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}".strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs: the work a function queues, recorded once and replayed
+
+
+class CapturedGraph:
+    """A CUDA graph recorded from the GPU work that one call of a function queued (:func:`capture_graph`), with
+    the stream it replays on and the private memory pool its buffers came from.
+
+    The pool is used by nothing else, so the addresses the graph reads and writes stay its own between replays
+    (the pool's blocks live as long as this object or an array taken from them). :meth:`launch` orders the
+    replay after the work already queued on the current stream, and that stream's later work after the replay.
+
+    >>> CapturedGraph.__name__
+    'CapturedGraph'
+    """
+    __slots__ = ("graph", "stream", "pool")
+
+    def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
+        self.graph, self.stream, self.pool = graph, stream, pool
+
+    def launch(self) -> None:
+        """Replay the graph once, between the current stream's earlier and later work (no host wait)."""
+        current = cupy.cuda.get_current_stream()
+        self.stream.wait_event(current.record())
+        self.graph.launch(self.stream)
+        current.wait_event(self.stream.record())
+
+
+def capture_graph(fn: Any) -> tuple[CapturedGraph, Any]:
+    """``(graph, fn())``: the GPU work queued by one call of ``fn()`` recorded as a CUDA graph, NOT run.
+
+    ``fn`` runs on a stream of its own (after the current stream's queued work), in relaxed capture mode, with
+    its allocations taken from a new private memory pool. An exception from ``fn`` (or a CUDA call that cannot
+    be captured) ends the capture and propagates. Launch the graph (:meth:`CapturedGraph.launch`) to do the work.
+
+    >>> callable(capture_graph)
+    True
+    """
+    if cupy is None:
+        raise GPUUnavailableError(f"capture_graph needs CuPy: {_CUPY_IMPORT_ERROR}")
+    pool = cupy.cuda.MemoryPool()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", 2)
+    with cupy.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture(mode)
+        try:
+            result = fn()
+        except BaseException:
+            try:
+                stream.end_capture()
+            except Exception:   # the failed capture is invalidated; ending it is all that is needed
+                pass
+            raise
+        graph = stream.end_capture()
+    return CapturedGraph(graph, stream, pool), result

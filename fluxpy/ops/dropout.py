@@ -16,6 +16,7 @@ import numpy as np
 
 from ..autodiff import value_of
 from ..backend import Array, get_array_module
+from ..capturing import refuse
 from ..random import as_rng, rng_for
 from .reduce import normalize_axis
 
@@ -39,6 +40,8 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     (1, 2, 1)
     """
     _check_p(p)
+    refuse("dropout: its random numbers come from a generator whose position the host advances; a CUDA graph "
+           "would replay the same mask every step")
     v = value_of(x)
     xp = get_array_module(v)
     axes = normalize_axis(dims, v.ndim, "dropout")

@@ -1,0 +1,132 @@
+"""TrainStep on the GPU: steps replayed from a CUDA graph give what eager steps give, from the same start.
+
+cuDNN runs with ``deterministic=True`` here, so that two runs of the same step round alike and the weights can
+be compared bit for bit; every other kernel of these steps is deterministic. Checked: the MNIST reference net
+with Adam, a BatchNorm net with Momentum (running statistics too), a small ResNet-20 with Adam, a partial last
+batch (its own graph), Adam's host-side bias correction after replays, and a net with Dropout (which cannot be
+captured: one CaptureWarning, then the eager step).
+Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
+"""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+import fluxpy
+from fluxpy import (BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, MaxPool, TrainStep, flatten,
+                    logitcrossentropy, relu)
+from fluxpy.kernels.cudnn import set_options
+from fluxpy.models import resnet20
+from fluxpy.optimise import Adam, Momentum, setup
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_cudnn():
+    old = set_options(deterministic=True)
+    yield
+    set_options(**old)
+
+
+def _reference(rng):
+    return Chain(Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)), flatten, Dense(288, 10, rng=rng))
+
+
+def _bn_net(rng):
+    return Chain(Conv((3, 3), 1, 8, pad=1, bias=False, rng=rng), BatchNorm(8, relu), MaxPool((2, 2)),
+                 Conv((3, 3), 8, 8, pad=1, bias=False, rng=rng), BatchNorm(8), flatten, Dense(8 * 14 * 14, 10, rng=rng))
+
+
+def _batches(n, batch, shape, seed=0):
+    import cupy as cp
+    rng = np.random.default_rng(seed)
+    return [(cp.asarray(rng.standard_normal((batch, *shape), dtype=np.float32)),
+             cp.asarray(fluxpy.onehotbatch(rng.integers(0, 10, batch), range(10)))) for _ in range(n)]
+
+
+def _loss(m, x, y):
+    return logitcrossentropy(m(x), y)
+
+
+def _run_both(model, rule, batches):
+    """The same batches through a captured TrainStep and an eager one, from the same start; both models, the
+    steps, and the losses of each."""
+    captured_model, eager_model = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    captured = TrainStep(_loss, captured_model, setup(rule, captured_model))
+    eager = TrainStep(_loss, eager_model, setup(rule, eager_model), capture=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        got = [float(captured(x, y)) for x, y in batches]
+    want = [float(eager(x, y)) for x, y in batches]
+    return captured_model, eager_model, captured, eager, got, want
+
+
+def _assert_same_arrays(a, b):
+    import cupy as cp
+    for x, y in zip(fluxpy.trainables(a), fluxpy.trainables(b)):
+        np.testing.assert_array_equal(cp.asnumpy(x), cp.asnumpy(y))
+
+
+def test_reference_net_with_adam_replays_the_eager_steps_bit_for_bit():
+    model = _reference(np.random.default_rng(0))
+    cm, em, captured, eager, got, want = _run_both(model, Adam(1e-3), _batches(40, 32, (1, 28, 28)))
+    assert list(captured.captured().values()) == ["captured"]
+    assert got == want
+    _assert_same_arrays(cm, em)
+    # the host's bias-correction powers advanced with the replays, as the eager steps advanced them
+    leaves = [leaf for leaf in fluxpy.optimise._leaves(captured.opt_state)]
+    twins = [leaf for leaf in fluxpy.optimise._leaves(eager.opt_state)]
+    assert [leaf.state[2] for leaf in leaves] == [leaf.state[2] for leaf in twins]
+
+
+def test_batchnorm_net_with_momentum_and_its_running_statistics():
+    import cupy as cp
+    model = _bn_net(np.random.default_rng(1))
+    cm, em, captured, _, got, want = _run_both(model, Momentum(0.01), _batches(25, 16, (1, 28, 28), seed=1))
+    assert got == want
+    _assert_same_arrays(cm, em)
+    for a, b in ((cm[1], em[1]), (cm[4], em[4])):
+        np.testing.assert_array_equal(cp.asnumpy(a.running_mean), cp.asnumpy(b.running_mean))
+        np.testing.assert_array_equal(cp.asnumpy(a.running_var), cp.asnumpy(b.running_var))
+
+
+def test_a_small_resnet_with_adam():
+    model = resnet20(rng=np.random.default_rng(2))
+    cm, em, _, _, got, want = _run_both(model, Adam(1e-3), _batches(12, 8, (3, 32, 32), seed=2))
+    assert got == want
+    _assert_same_arrays(cm, em)
+
+
+def test_a_partial_last_batch_gets_its_own_graph():
+    model = _reference(np.random.default_rng(3))
+    full, part = _batches(6, 32, (1, 28, 28), seed=3), _batches(6, 7, (1, 28, 28), seed=4)
+    mixed = [b for pair in zip(full, part) for b in pair]
+    cm, em, captured, _, got, want = _run_both(model, Adam(1e-3), mixed)
+    assert sorted(captured.captured().values()) == ["captured", "captured"]
+    assert got == want
+    _assert_same_arrays(cm, em)
+
+
+def test_a_step_with_dropout_runs_eagerly_after_one_warning():
+    rng = np.random.default_rng(5)
+    model = fluxpy.gpu(Chain(flatten, Dense(784, 32, relu, rng=rng), Dropout(0.5), Dense(32, 10, rng=rng)))
+    step = TrainStep(_loss, model, setup(Adam(1e-3), model))
+    batches = _batches(6, 16, (1, 28, 28), seed=5)
+    with pytest.warns(CaptureWarning, match="dropout") as caught:
+        for x, y in batches:
+            assert np.isfinite(float(step(x, y)))
+    assert len([w for w in caught if w.category is CaptureWarning]) == 1
+    assert "dropout" in next(iter(step.captured().values()))
+
+
+def test_the_returned_losses_are_not_overwritten_by_later_replays():
+    model = fluxpy.gpu(_reference(np.random.default_rng(6)))
+    step = TrainStep(_loss, model, setup(Adam(1e-2), model))
+    batches = _batches(8, 32, (1, 28, 28), seed=6)
+    kept = [step(x, y) for x, y in batches]
+    values = [float(v) for v in kept]
+    assert len(set(values)) == len(values)   # each step's own loss, read after all of them ran
