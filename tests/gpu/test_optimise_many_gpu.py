@@ -162,9 +162,9 @@ def spy_on_many():
     calls = []
     real = E.adam_update_many
 
-    def spy(xs, dxs, ms, vs, *args):
+    def spy(xs, dxs, ms, vs, *args, **kw):
         calls.append(len(xs))
-        return real(xs, dxs, ms, vs, *args)
+        return real(xs, dxs, ms, vs, *args, **kw)
     before = kernels.snapshot()
     kernels.register("adam_update_many", "cupy", spy, E.adam_update_many_supports)
     try:
