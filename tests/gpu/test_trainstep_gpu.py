@@ -130,3 +130,38 @@ def test_the_returned_losses_are_not_overwritten_by_later_replays():
     kept = [step(x, y) for x, y in batches]
     values = [float(v) for v in kept]
     assert len(set(values)) == len(values)   # each step's own loss, read after all of them ran
+
+
+def _cpu_batches(n, batch, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, 1, 28, 28), dtype=np.float32),
+             fluxpy.onehotbatch(rng.integers(0, 10, batch), range(10))) for _ in range(n)]
+
+
+def test_train_with_capture_gives_the_eager_losses_and_weights():
+    model = _reference(np.random.default_rng(7))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(30, 32, 7)]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        got = fluxpy.train(_loss, captured, batches, setup(Adam(1e-3), captured), progress=False, capture=True)
+    want = fluxpy.train(_loss, eager, batches, setup(Adam(1e-3), eager), progress=False)
+    assert got == want
+    _assert_same_arrays(captured, eager)
+
+
+@pytest.mark.parametrize("bad_batch", [3, 12])   # during the warm-up, and long after the capture
+def test_train_with_capture_stops_where_the_eager_train_stops_and_leaves_the_same_weights(bad_batch):
+    model = _reference(np.random.default_rng(8))
+    host = _cpu_batches(20, 16, 8)
+    host[bad_batch - 1][0][0, 0, 0, 0] = np.nan
+    batches = [fluxpy.gpu(b) for b in host]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    errors = []
+    for m, capture in ((captured, True), (eager, False)):
+        with pytest.raises(fluxpy.TrainingDiverged) as caught:
+            fluxpy.train(_loss, m, batches, setup(Adam(1e-3), m), progress=False, capture=capture)
+        errors.append(caught.value)
+    assert [e.batch for e in errors] == [bad_batch, bad_batch]
+    assert str(errors[0]) == str(errors[1])   # the captured run reruns the bad batch eagerly: the same error
+    _assert_same_arrays(captured, eager)   # the captured run skipped the bad step's update on the device
