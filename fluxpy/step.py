@@ -42,10 +42,16 @@ class CaptureWarning(UserWarning):
 class _Signature:
     """What :class:`TrainStep` keeps per batch signature: eager steps so far, and the captured graph with its
     input buffers, its loss, and the host-side hooks to run after each replay (or why it runs eagerly)."""
-    __slots__ = ("seen", "graph", "inputs", "loss", "hooks", "eager_because")
+    __slots__ = ("seen", "graph", "inputs", "loss", "hooks", "eager_because", "config")
 
     def __init__(self):
         self.seen, self.graph, self.inputs, self.loss, self.hooks, self.eager_because = 0, None, None, None, (), None
+        self.config = ()
+
+    def config_changed(self) -> bool:
+        """Whether a leaf's rule or frozen flag changed since the capture (``adjust``, ``freeze``, ``thaw``): the
+        graph holds the old learning rate as a number, so it must be captured again."""
+        return any(leaf.rule is not rule or leaf.frozen is not frozen for leaf, rule, frozen in self.config)
 
 
 class TrainStep:
@@ -59,7 +65,9 @@ class TrainStep:
     its own) and runs it, and every later call copies the batch into the graph's input buffers and replays it.
     A batch of another shape (the last, partial one) gets its own warm-up and graph. The replayed step is the
     captured one: the model, the optimiser state and BatchNorm's running statistics change on the device as an
-    eager step changes them, and Adam's bias correction advances on the device and on the host alike.
+    eager step changes them, and Adam's bias correction advances on the device and on the host alike. After
+    ``adjust``, ``freeze`` or ``thaw`` (a learning-rate schedule) the next call steps eagerly and the one after
+    captures the step again.
 
     Where a step cannot be captured (an op that needs the host mid-step, e.g. Dropout's generator, or an
     optimiser whose step is a host number), that signature runs eagerly from then on, with one
@@ -87,6 +95,8 @@ class TrainStep:
         entry = self._signatures.get(key)
         if entry is None:
             entry = self._signatures[key] = _Signature()
+        if entry.graph is not None and entry.config_changed():
+            entry.graph, entry.seen = None, self.warmup - 1   # one eager step with the new rules, then capture again
         if entry.eager_because is not None or entry.seen < self.warmup:
             entry.seen += 1
             return self._eager(batch)
@@ -134,6 +144,7 @@ class TrainStep:
                           f"eagerly ({entry.eager_because})", CaptureWarning, stacklevel=3)
             return self._eager(batch)
         entry.graph, entry.inputs, entry.loss, entry.hooks = graph, inputs, loss, tuple(hooks)
+        entry.config = [(leaf, leaf.rule, leaf.frozen) for leaf, _ in before]
         graph.launch()   # the capture queued nothing: this is the step of this batch (its host side ran already)
         return loss.copy()
 
