@@ -105,6 +105,14 @@ class Node:
     A Node holds no value: the forward value lives in its :class:`Tracked` for as long as the user's code
     (or a pullback that saved it) keeps it, so values that no pullback needs are freed during the forward
     pass, as PyTorch frees outputs that no backward function saved.
+
+    >>> import numpy as np
+    >>> def f(x):
+    ...     y = x * 2
+    ...     assert y.node.parents[0] is x.node and x.node.pullback is None   # x is an input: no pullback
+    ...     return y.sum()
+    >>> gradient(f, np.ones(2))
+    (array([2., 2.]),)
     """
     __slots__ = ("parents", "pullback")
 

@@ -93,7 +93,16 @@ def is_float_array(x: Any) -> bool:
     >>> is_float_array(np.ones(2)), is_float_array(np.arange(2))
     (True, False)
     """
-    return is_array(x) and np.issubdtype(x.dtype, np.floating)
+    if not is_array(x):
+        return False
+    dtype = x.dtype
+    floating = _FLOATING.get(dtype)
+    if floating is None:   # np.issubdtype costs a microsecond: gradient asks it of every leaf of a model, every step
+        floating = _FLOATING[dtype] = bool(np.issubdtype(dtype, np.floating))
+    return floating
+
+
+_FLOATING: dict = {}   # dtype -> whether it is a floating dtype
 
 
 def reduced_axes(gshape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:

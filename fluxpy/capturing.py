@@ -43,20 +43,41 @@ class CaptureUnsupported(RuntimeError):
 
 
 def capturing() -> bool:
-    """Whether a CUDA-graph capture of a step is under way in this thread (or asyncio task)."""
+    """Whether a CUDA-graph capture of a step is under way in this thread (or asyncio task).
+
+    >>> capturing()
+    False
+    >>> with recording():
+    ...     print(capturing())
+    True
+    """
     return _hooks.get() is not None
 
 
 def on_replay(hook: Callable[[], None]) -> None:
-    """While capturing, run ``hook()`` on the host after every replay of the graph (after the capture too);
-    otherwise nothing."""
+    """While capturing, have ``hook()`` run on the host after every replay of the graph; otherwise nothing.
+
+    >>> with recording() as hooks:
+    ...     on_replay(lambda: print("replayed"))
+    >>> for hook in hooks:
+    ...     hook()
+    replayed
+    """
     hooks = _hooks.get()
     if hooks is not None:
         hooks.append(hook)
 
 
 def refuse(what: str) -> None:
-    """While capturing, raise :class:`CaptureUnsupported` with ``what`` (who refuses and why); otherwise nothing."""
+    """While capturing, raise :class:`CaptureUnsupported` with ``what`` (who refuses and why); otherwise nothing.
+
+    >>> refuse("a host number")   # not capturing: nothing happens
+    >>> with recording():
+    ...     refuse("dropout: a host-side generator")
+    Traceback (most recent call last):
+    ...
+    fluxpy.capturing.CaptureUnsupported: dropout: a host-side generator
+    """
     if _hooks.get() is not None:
         raise CaptureUnsupported(what)
 
@@ -87,7 +108,13 @@ def current_guard():
 
 @contextmanager
 def recording() -> Iterator[list]:
-    """Mark this thread as capturing; yields the list that :func:`on_replay` fills."""
+    """Mark this thread as capturing; yields the list that :func:`on_replay` fills.
+
+    >>> with recording() as hooks:
+    ...     on_replay(print)
+    >>> len(hooks), capturing()
+    (1, False)
+    """
     hooks: list = []
     token = _hooks.set(hooks)
     try:

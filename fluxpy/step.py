@@ -77,6 +77,15 @@ class TrainStep:
 
     Unlike :func:`fluxpy.train` (which takes ``capture=True`` too, and keeps its checks), a step does no check of
     its own: read the loss when you want to know it.
+
+    >>> import numpy as np
+    >>> from fluxpy.layers import Dense
+    >>> from fluxpy.optimise import Adam, setup
+    >>> m = Dense(2, 1, rng=0)
+    >>> step = TrainStep(lambda m, x: (m(x) ** 2).sum(), m, setup(Adam(0.1), m))
+    >>> losses = [float(step(np.ones((4, 2), np.float32))) for _ in range(20)]
+    >>> losses[-1] < losses[0]
+    True
     """
 
     def __init__(self, loss: Callable, model: Any, opt_state: Any, *, capture: bool = True, warmup: int = 2) -> None:

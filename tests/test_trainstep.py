@@ -72,3 +72,20 @@ def test_dropout_and_a_lone_adam_refuse_to_be_captured():
         w = np.ones(3)
         with pytest.raises(CaptureUnsupported, match="Adam"):
             update(setup(Adam(), w), w, np.ones(3))
+
+
+def test_a_changed_rule_or_frozen_flag_means_the_graph_is_stale():
+    from fluxpy.optimise import adjust, freeze, thaw
+    from fluxpy.step import _Signature
+    model = _net(0)
+    state = setup(Adam(0.01), model)
+    entry = _Signature()
+    entry.config = [(leaf, leaf.rule, leaf.frozen) for leaf in fluxpy.optimise._leaves(state)]
+    assert not entry.config_changed()
+    adjust(state, 0.001)                      # a new rule object on every leaf: the graph's eta is stale
+    assert entry.config_changed()
+    entry.config = [(leaf, leaf.rule, leaf.frozen) for leaf in fluxpy.optimise._leaves(state)]
+    freeze(state)
+    assert entry.config_changed()
+    thaw(state)
+    assert not entry.config_changed()

@@ -203,8 +203,15 @@ def _as_matrix(a):
 
 
 def matmul_supports(a, b) -> bool:
-    """The products :func:`matmul` computes (see the module docstring); others run as ``a @ b``."""
-    if type(a) is not cupy.ndarray or type(b) is not cupy.ndarray or a.dtype != b.dtype or a.dtype not in _GEMM:
+    """The products :func:`matmul` computes (see the module docstring); others run as ``a @ b``.
+
+    >>> import numpy as np
+    >>> matmul_supports(np.ones((2, 3)), np.ones((3, 4)))   # NumPy arrays: NumPy's own product
+    False
+    """
+    if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
+        return False
+    if a.dtype != b.dtype or a.dtype not in _GEMM:
         return False
     if a.ndim < 2 or b.ndim != 2 or a.shape[-1] != b.shape[0] or 0 in a.shape or 0 in b.shape:
         return False
@@ -220,6 +227,14 @@ def matmul(a, b):
 
     Row-major ``C = A B`` is column-major ``C.T = B.T A.T``: cuBLAS gets ``B`` first, ``A`` second, each
     with the transpose flag its layout needs, and writes ``C`` row-major.
+
+    >>> from fluxpy.backend import gpu_available
+    >>> product = None   # stays None without a GPU
+    >>> if gpu_available()[0]:
+    ...     a, w = cupy.arange(6, dtype=cupy.float32).reshape(2, 3), cupy.ones((4, 3), cupy.float32)
+    ...     product = matmul(a, w.T).tolist()   # w.T is column-major: no copy
+    >>> product in (None, [[3.0, 3.0, 3.0, 3.0], [12.0, 12.0, 12.0, 12.0]])
+    True
     """
     lib = _load()
     a2 = _as_matrix(a)
