@@ -70,7 +70,7 @@ class TrainStep:
     ``adjust``, ``freeze`` or ``thaw`` (a learning-rate schedule) the next call steps eagerly and the one after
     captures the step again.
 
-    Where a step cannot be captured (an op that needs the host mid-step, e.g. Dropout's generator, or an
+    Where a step cannot be captured (an op that needs the host mid-step, e.g. Dropout given a NumPy generator, or an
     optimiser whose step is a host number), that signature runs eagerly from then on, with one
     :class:`CaptureWarning` naming the reason, and the optimiser state as it was before the attempt. On the
     CPU, or with ``capture=False``, every call is the eager step.

@@ -3,8 +3,9 @@
 cuDNN runs with ``deterministic=True`` here, so that two runs of the same step round alike and the weights can
 be compared bit for bit; every other kernel of these steps is deterministic. Checked: the MNIST reference net
 with Adam, a BatchNorm net with Momentum (running statistics too), a small ResNet-20 with Adam, a partial last
-batch (its own graph), Adam's host-side bias correction after replays, and a net with Dropout (which cannot be
-captured: one CaptureWarning, then the eager step).
+batch (its own graph), Adam's host-side bias correction after replays, a net with Dropout (its masks drawn
+on the device: captured, the same as eager), and Dropout with a host generator (one CaptureWarning, then
+the eager step).
 Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
 """
 import copy
@@ -111,13 +112,32 @@ def test_a_partial_last_batch_gets_its_own_graph():
     _assert_same_arrays(cm, em)
 
 
-def test_a_step_with_dropout_runs_eagerly_after_one_warning():
-    rng = np.random.default_rng(5)
-    model = fluxpy.gpu(Chain(flatten, Dense(784, 32, relu, rng=rng), Dropout(0.5), Dense(32, 10, rng=rng)))
+def _dropout_net(rng, **kw):
+    return Chain(flatten, Dense(784, 32, relu, rng=rng), Dropout(0.5, **kw), Dense(32, 10, rng=rng))
+
+
+def test_a_net_with_dropout_replays_the_eager_steps_and_draws_new_masks():
+    model = _dropout_net(np.random.default_rng(5))
+    batches = _batches(12, 16, (1, 28, 28), seed=5)
+    runs = []
+    for capture in (True, False):   # the same seed: the same counters of the GPU's generator, step by step
+        fluxpy.seed(9)
+        m = fluxpy.gpu(copy.deepcopy(model))
+        step = TrainStep(_loss, m, setup(Adam(1e-3), m), capture=capture)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)
+            runs.append((m, [float(step(x, y)) for x, y in batches], step))
+    (cm, got, captured), (em, want, _) = runs
+    assert list(captured.captured().values()) == ["captured"]
+    assert got == want
+    _assert_same_arrays(cm, em)
+
+
+def test_dropout_with_a_host_generator_runs_eagerly_after_one_warning():
+    model = fluxpy.gpu(_dropout_net(np.random.default_rng(5), rng=0))   # a NumPy generator: drawn on the host
     step = TrainStep(_loss, model, setup(Adam(1e-3), model))
-    batches = _batches(6, 16, (1, 28, 28), seed=5)
     with pytest.warns(CaptureWarning, match="dropout") as caught:
-        for x, y in batches:
+        for x, y in _batches(6, 16, (1, 28, 28), seed=5):
             assert np.isfinite(float(step(x, y)))
     assert len([w for w in caught if w.category is CaptureWarning]) == 1
     assert "dropout" in next(iter(step.captured().values()))
