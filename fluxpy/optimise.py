@@ -81,6 +81,22 @@ class Rule:
         x -= step
         return state
 
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        """Whether :meth:`step` of ``x`` runs one kernel that skips itself on the device where the step's guard
+        flag is not finite (:func:`fluxpy.capturing.guarding`); a rule without one refuses a checked capture.
+
+        >>> import numpy as np
+        >>> Descent().guarded_kernel(np.ones(2), np.ones(2))   # NumPy: no kernel
+        False
+        """
+        return False
+
+
+def _guard() -> dict:
+    """The keyword a guarded update kernel takes: ``{"ok": flag}`` inside :func:`fluxpy.capturing.guarding`."""
+    flag = current_guard()
+    return {} if flag is None else {"ok": flag}
+
 
 @dataclasses.dataclass(frozen=True)
 class Descent(Rule):
@@ -101,8 +117,11 @@ class Descent(Rule):
         kernel = find("descent_update", x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
-        kernel(x, dx, self.eta)
+        kernel(x, dx, self.eta, **_guard())
         return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("descent_update", x, dx) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +153,11 @@ class Momentum(Rule):
         kernel = find("momentum_update", x, dx)
         if kernel is None:
             return Rule.step(self, v, x, dx)
-        kernel(x, dx, v, self.eta, self.rho)
+        kernel(x, dx, v, self.eta, self.rho, **_guard())
         return v
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("momentum_update", x, dx) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -823,7 +845,7 @@ class _Steps:
         for item in self.order:
             if type(item) is int:
                 leaf, x, dx, _ = plan[item]
-                if current_guard() is not None:
+                if current_guard() is not None and not leaf.rule.guarded_kernel(x, dx):
                     refuse(f"{leaf.rule!r} stepping a parameter on its own: its update cannot skip itself on the "
                            "device when the step's loss or gradients are not finite")
                 leaf.state = leaf.rule.step(leaf.state, x, dx)
@@ -864,10 +886,8 @@ class _AdamGroup:
         b1t, b2t = self.bt
         if self.powers is None:
             self.powers = self._shared_powers(get_array_module(xs[0]))
-        guard = current_guard()   # a step checked on the device: the kernel skips it where the flag is not finite
-        extra = {} if guard is None else {"ok": guard}
         self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t, powers=self.powers,
-                                    **extra))
+                                    **_guard()))   # a checked step: the kernel skips it where the flag is not finite
         self._record_states(bt, states)
         on_replay(lambda: self._advance_host(states))
 

@@ -757,20 +757,35 @@ def _opt_kernel(name, ins, outs, body):
     return k
 
 
-def descent_update(x: Array, dx: Array, eta: float) -> None:
-    """``x -= eta * dx`` in place, one kernel.
+def descent_update(x: Array, dx: Array, eta: float, ok: Array | None = None) -> None:
+    """``x -= eta * dx`` in place, one kernel; with ``ok`` (a device scalar, :func:`fluxpy.capturing.guarding`)
+    only where it is finite.
 
     >>> descent_update.__name__
     'descent_update'
     """
-    _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
+    if ok is None:
+        _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
+    else:
+        _opt_kernel("descent_guarded", "T dx, T eta, raw float64 ok", "T x",
+                    "if (isfinite(ok[0])) x -= eta * dx;")(dx, x.dtype.type(eta), _float64_scalar(ok), x)
 
 
-def momentum_update(x: Array, dx: Array, v: Array, eta: float, rho: float) -> None:
-    """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum)."""
+def momentum_update(x: Array, dx: Array, v: Array, eta: float, rho: float, ok: Array | None = None) -> None:
+    """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum); with ``ok`` (a device
+    scalar, :func:`fluxpy.capturing.guarding`) only where it is finite.
+
+    >>> momentum_update.__name__
+    'momentum_update'
+    """
     t = x.dtype.type
-    _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
-                "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
+    if ok is None:
+        _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
+                    "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
+    else:
+        _opt_kernel("momentum_guarded", "T dx, T eta, T rho, raw float64 ok", "T x, T v",
+                    "if (isfinite(ok[0])) { v = v * rho; v = v + eta * dx; x -= v; }")(
+            dx, t(eta), t(rho), _float64_scalar(ok), x, v)
 
 
 def adam_update(x: Array, dx: Array, m: Array, v: Array, eta: float, beta: tuple[float, float], eps: float,
