@@ -16,7 +16,6 @@ fluxpy sides on the CPU for two steps (the eager step there: no graph).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import MODELS, RESNETS, resnet_twin, torch_adam_step, torch_twin  # noqa: E402
+from models import MODELS, RESNETS, fluxpy_adam_step, resnet_twin, torch_adam_step, torch_twin  # noqa: E402
 from resnet_step import alternating_rounds, round_stats  # noqa: E402
 
 LEARNING_RATE = 1e-3
@@ -41,17 +40,6 @@ def make_case(name, batch, seed=0):
         return MODELS[name](rng), rng.random((batch, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, batch)
     ctor, shape, classes = RESNETS[name]
     return ctor(rng), rng.standard_normal((batch, *shape), dtype=np.float32), rng.integers(0, classes, batch)
-
-
-def fluxpy_side(model, x, labels, classes, device, capture):
-    """``(step, first loss)``: one TrainStep on a copy of ``model`` on ``device``, always given the same batch."""
-    y = fluxpy.onehotbatch(labels, range(classes))
-    move = fluxpy.gpu if device == "gpu" else fluxpy.cpu
-    model, x, y = move((copy.deepcopy(model), x, y))   # fluxpy.cpu keeps NumPy arrays as they are: copy first
-    step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), model,
-                            fluxpy.setup(fluxpy.Adam(LEARNING_RATE), model), capture=capture)
-    first = float(step(x, y))
-    return (lambda: step(x, y)), first
 
 
 def torch_graph_side(torch, net, x, labels, warmup=3):
@@ -96,9 +84,8 @@ def run_case(torch, name, batch, device, a):
         sides["torch eager"], firsts["torch eager"] = torch_adam_step(torch, twin(torch, model).train(), x, labels,
                                                                       device, LEARNING_RATE)
         sides["torch graph"], firsts["torch graph"] = torch_graph_side(torch, twin(torch, model).train(), x, labels)
-    sides["fluxpy eager"], firsts["fluxpy eager"] = fluxpy_side(model, x, labels, classes, device, capture=False)
-    sides["fluxpy captured"], firsts["fluxpy captured"] = fluxpy_side(model, x, labels, classes, device,
-                                                                      capture=True)
+    for side, capture in (("fluxpy eager", False), ("fluxpy captured", True)):
+        sides[side], firsts[side], _ = fluxpy_adam_step(model, x, labels, classes, device, LEARNING_RATE, capture)
     syncs = {k: (torch.cuda.synchronize if k.startswith("torch") else fluxpy_sync(device)) for k in sides}
     names = list(sides)
     per_step = alternating_rounds([(sides[k], syncs[k]) for k in names], a.steps, a.rounds, a.warmup)

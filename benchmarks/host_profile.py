@@ -29,7 +29,7 @@ def main(argv=None):
     model = MODELS[a.model](rng)
     x = rng.random((a.batch, 1, 28, 28), dtype=np.float32)
     labels = rng.integers(0, 10, a.batch)
-    step, _, _, _ = fluxpy_case(model, x, labels, "gpu")
+    step, _, _ = fluxpy_case(model, x, labels, "gpu")
     for _ in range(10):
         step()
     prof = cProfile.Profile()

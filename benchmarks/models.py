@@ -12,6 +12,7 @@ torchvision writes its ResNets (in-place add and ReLU), with the same weights.
 """
 from __future__ import annotations
 
+import copy
 import operator
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from fluxpy.layers import (BatchNorm, Chain, Conv, Dense, GlobalMeanPool, MaxPool, Parallel,  # noqa: E402
                            SkipConnection, flatten)
+import fluxpy  # noqa: E402
 from fluxpy.autodiff import Primitive  # noqa: E402
 from fluxpy.models import (RESNET18_PARAMETERS, RESNET20_PARAMETERS, RESNETS, basic_block,  # noqa: E402, F401
                            parameter_count, resnet18, resnet20)
@@ -83,6 +85,19 @@ def _copy(torch, module, weight, bias):
 # Residual nets (He et al. 2016) of fluxpy's public layers: built by fluxpy.models (imported above); their
 # PyTorch twin.
 # ---------------------------------------------------------------------------------------------------------------
+
+def fluxpy_adam_step(model, x, labels, classes, device, lr, capture=False):
+    """``(step, first loss, the model it trains)``: ``step()`` is one Adam step (``fluxpy.TrainStep``; ``capture``:
+    replayed from a CUDA graph on the GPU) of a copy of ``model`` on ``device``, with ``logitcrossentropy`` on the
+    one-hot ``labels``, always on the batch ``x`` (NumPy)."""
+    y = fluxpy.onehotbatch(labels, range(classes))
+    move = fluxpy.gpu if device == "gpu" else fluxpy.cpu
+    model, x, y = move((copy.deepcopy(model), x, y))   # fluxpy.cpu keeps NumPy arrays as they are: copy first
+    step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), model,
+                            fluxpy.setup(fluxpy.Adam(lr), model), capture=capture)
+    first = float(step(x, y))
+    return (lambda: step(x, y)), first, model
+
 
 def torch_adam_step(torch, net, x, labels, device, lr):
     """``(step, first loss)``: ``step()`` is one Adam step of the PyTorch ``net`` on the batch ``x`` (NumPy)

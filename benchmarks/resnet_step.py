@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import RESNETS, resnet_twin, torch_adam_step  # noqa: E402
+from models import RESNETS, fluxpy_adam_step, resnet_twin, torch_adam_step  # noqa: E402
 
 LEARNING_RATE = 1e-3
 CASES = (("resnet20", 128), ("resnet20", 512), ("resnet18", 64))
@@ -86,20 +86,8 @@ def make_case(name, batch, seed=0):
 
 
 def fluxpy_case(model, x, labels, classes, device):
-    """``(step, first loss)``; ``step()`` runs one training step on a copy of ``model`` on ``device``."""
-    y = fluxpy.onehotbatch(labels, range(classes))
-    model, x, y = (fluxpy.gpu if device == "gpu" else fluxpy.cpu)((model, x, y))   # the same tree copy either way
-    opt_state = fluxpy.setup(fluxpy.Adam(LEARNING_RATE), model)
-
-    def loss(m):
-        return fluxpy.logitcrossentropy(m(x), y)
-
-    def step():
-        value, (grad,) = fluxpy.withgradient(loss, model)
-        fluxpy.update(opt_state, model, grad)
-        return value
-    first = float(step())
-    return step, first, model
+    """``(step, first loss, model)`` of fluxpy's eager step on a copy of ``model`` (see ``models.fluxpy_adam_step``)."""
+    return fluxpy_adam_step(model, x, labels, classes, device, LEARNING_RATE)
 
 
 def torch_case(torch, model_cpu, x, labels, device):

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import MODELS, torch_adam_step, torch_twin  # noqa: E402
+from models import MODELS, fluxpy_adam_step, torch_adam_step, torch_twin  # noqa: E402
 from resnet_step import timed_rounds  # noqa: E402
 
 LEARNING_RATE = 1e-3
@@ -35,20 +35,8 @@ def _timed_rounds(step, sync, steps, rounds, warmup):
 
 
 def fluxpy_case(model, x, labels, device):
-    y = fluxpy.onehotbatch(labels, range(10))
-    if device == "gpu":
-        model, x, y = fluxpy.gpu((model, x, y))
-    opt_state = fluxpy.setup(fluxpy.Adam(LEARNING_RATE), model)
-
-    def loss(m):
-        return fluxpy.logitcrossentropy(m(x), y)
-
-    def step():
-        value, (grad,) = fluxpy.withgradient(loss, model)
-        fluxpy.update(opt_state, model, grad)
-        return value
-    first = float(step())
-    return step, first, model, loss
+    """``(step, first loss, model)`` of fluxpy's eager step on a copy of ``model`` (see ``models.fluxpy_adam_step``)."""
+    return fluxpy_adam_step(model, x, labels, 10, device, LEARNING_RATE)
 
 
 def torch_case(torch, model_cpu, x, labels, device):
@@ -78,7 +66,7 @@ def run(batches=(128, 1024), models=("reference", "lenet5"), steps=50, rounds=5,
             x = rng.random((batch, 1, 28, 28), dtype=np.float32)
             labels = rng.integers(0, 10, batch)
             t_step, t_first = torch_case(torch, model, x, labels, device)   # copies the weights first
-            f_step, f_first, f_model, f_loss = fluxpy_case(model, x, labels, device)
+            f_step, f_first, f_model = fluxpy_case(model, x, labels, device)
             f_time = _timed_rounds(f_step, sync, steps, rounds, warmup)
             t_time = _timed_rounds(t_step, torch_sync, steps, rounds, warmup)
             rows.append(dict(benchmark="train step", model=name, batch=batch, device=device,

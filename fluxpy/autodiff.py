@@ -18,13 +18,11 @@ autograd's trace levels): second derivatives come for free.
 from __future__ import annotations
 
 import contextvars
-import gc
 import importlib
 import itertools
 import operator
 import pickle
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Array, get_array_module, is_float_array
+from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
 
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
@@ -566,44 +565,9 @@ def _detached_reason(who, y, boxes, tracked):
             "value_of, stop_gradient or no_grad?")
 
 
-_collector = {"lock": threading.Lock(), "pauses": 0, "was_enabled": False}
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a tape is alive (restored as it was when the last
-    pause ends).
-
-    The tape is acyclic, so reference counting frees it; but the thousands of objects it makes per
-    step trigger collections mid-step, and those promote the live tape towards the oldest generation
-    until a full collection scans every object in the process: 200 ms stalls once every few dozen
-    ResNet steps with PyTorch imported (measured). Collections now happen between steps, when the tape
-    is gone.
-
-    >>> import gc
-    >>> with _collector_paused():
-    ...     paused = not gc.isenabled()
-    >>> paused, gc.isenabled()
-    (True, True)
-    """
-    c = _collector
-    with c["lock"]:
-        if c["pauses"] == 0:
-            c["was_enabled"] = gc.isenabled()
-            gc.disable()
-        c["pauses"] += 1
-    try:
-        yield
-    finally:
-        with c["lock"]:
-            c["pauses"] -= 1
-            if c["pauses"] == 0 and c["was_enabled"]:
-                gc.enable()
-
-
 def _withgradient(f, args, who, fname="f"):
     """``(value, gradients, detached)``; ``detached`` is None or the reason every gradient is None."""
-    with _collector_paused():
+    with paused_while_recording:   # see fluxpy.collector: no collector scans while the tape is alive
         return _withgradient_now(f, args, who, fname)
 
 

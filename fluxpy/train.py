@@ -20,19 +20,17 @@ epoch, the batch and the parameter, and a loss that gives the model no gradient 
 """
 from __future__ import annotations
 
-import gc
 import math
 import numbers
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .autodiff import _withgradient, value_of
 from .backend import get_array_module, read_scalars
+from .collector import frozen_while_training
 from .functors import state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
                        _plan, _read_finite)
@@ -108,34 +106,8 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
         raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
     captured = CheckedStep(loss, model, opt_state, check_gradients=check_finite) \
         if capture and max_loss_ratio is None else None
-    with _startup_objects_frozen():
+    with frozen_while_training:   # see fluxpy.collector: the objects alive now are not scanned while it trains
         return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured)
-
-
-_frozen = {"lock": threading.Lock(), "runs": 0}
-
-
-@contextmanager
-def _startup_objects_frozen():
-    """Every object alive when training starts (modules, data, the model) kept out of Python's cyclic
-    collector until the last running ``train`` ends (``gc.freeze``, then ``gc.unfreeze``).
-
-    A step makes thousands of short-lived objects; now and then the collector scans every object in
-    the process, and with a library such as PyTorch imported that scan took 20-175 ms in the middle
-    of a step (measured on a ResNet-20 step of 9 ms). Frozen objects are not scanned; cyclic garbage
-    among them waits until training ends.
-    """
-    with _frozen["lock"]:
-        if _frozen["runs"] == 0:
-            gc.freeze()
-        _frozen["runs"] += 1
-    try:
-        yield
-    finally:
-        with _frozen["lock"]:
-            _frozen["runs"] -= 1
-            if _frozen["runs"] == 0:
-                gc.unfreeze()
 
 
 def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured):

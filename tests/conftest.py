@@ -29,3 +29,16 @@ def pytest_collection_modifyitems(config, items):
                 reason, checked = _gpu_reason(), True
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
+
+
+@pytest.fixture
+def no_tqdm(monkeypatch):
+    """Makes ``import tqdm`` fail for the test, as on a machine without it (train's plain progress lines)."""
+    import builtins
+    real_import = builtins.__import__
+
+    def refuse_tqdm(name, *args, **kw):
+        if name.startswith("tqdm"):
+            raise ImportError("no tqdm")
+        return real_import(name, *args, **kw)
+    monkeypatch.setattr(builtins, "__import__", refuse_tqdm)

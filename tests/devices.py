@@ -26,3 +26,27 @@ def assert_matches_cpu(gpu, cpu, rtol=1e-6, atol=0.0):
     assert isinstance(gpu, cp.ndarray), f"expected a CuPy array, got {type(gpu).__name__}"
     assert gpu.shape == np.shape(cpu), f"shape {gpu.shape}, CPU {np.shape(cpu)}"
     np.testing.assert_allclose(cp.asnumpy(gpu).astype(np.float64), np.asarray(cpu, np.float64), rtol=rtol, atol=atol)
+
+
+def state_bytes(*trees):
+    """The bytes of every array in ``trees`` (models, optimiser states; NumPy or CuPy), in a fixed order: two
+    calls compare equal exactly when nothing was changed."""
+    import fluxpy
+    out = []
+
+    def walk(x):
+        if isinstance(x, fluxpy.optimise.Leaf):
+            walk(x.state)
+        elif fluxpy.backend.is_array(x):
+            out.append(np.asarray(fluxpy.cpu(x)).tobytes())
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif hasattr(x, "__dict__") and not callable(x):
+            walk(vars(x))
+    for t in trees:
+        walk(t)
+    return out

@@ -10,29 +10,9 @@ from fluxpy.losses import mse
 from fluxpy.ops.activations import relu
 from fluxpy.optimise import Adam, ClipNorm, Descent, OptimiserChain, freeze, setup
 from fluxpy.train import TrainingDiverged, train
+from devices import state_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")   # NumPy's divide-by-zero notes on the NaN paths
-
-
-def snapshot(*trees):
-    out = []
-
-    def walk(x):
-        if isinstance(x, fluxpy.optimise.Leaf):
-            walk(x.state)
-        elif isinstance(x, np.ndarray):
-            out.append(x.tobytes())
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif hasattr(x, "__dict__") and not callable(x):
-            walk(vars(x))
-    for t in trees:
-        walk(t)
-    return out
 
 
 def sqrt_model_loss(m, x):
@@ -54,20 +34,20 @@ def test_a_nan_gradient_names_the_batch_and_the_parameter_before_the_update():
     # batches 1 and 2 were applied, batch 3 not: compare with a run of the first two
     ref = {"b": np.array([1.0]), "a": np.array([1.0, 1.0])}
     train(sqrt_model_loss, ref, batches[:2], setup(Adam(0.1), ref), progress=False)
-    assert snapshot(model) == snapshot(ref)
+    assert state_bytes(model) == state_bytes(ref)
 
 
 def test_a_nan_gradient_in_a_layer_model():
     model = Chain(Dense(2, 3, relu, rng=0), Dense(3, 1, rng=1))
     state = setup(Adam(0.01), model)
     x = np.ones((4, 2), np.float32)
-    before = snapshot(model, state)
+    before = state_bytes(model, state)
 
     def loss(m, x):
         return mse(m(x), np.zeros((4, 1), np.float32)) + (m[1].bias * np.float32(np.nan)).sum() * 0
     with pytest.raises(TrainingDiverged, match="loss is nan"):
         train(loss, model, [(x,)], state, progress=False)
-    assert snapshot(model, state) == before
+    assert state_bytes(model, state) == before
 
     def loss(m, x):   # finite loss, infinite gradient for the last layer's bias only
         return mse(m(x), np.zeros((4, 1), np.float32)) + np.sqrt(m[1].bias - m[1].bias).sum()
@@ -75,7 +55,7 @@ def test_a_nan_gradient_in_a_layer_model():
             as err:
         train(loss, model, [(x,)], state, progress=False)
     assert err.value.path == "model.layers[1].bias"
-    assert snapshot(model, state) == before
+    assert state_bytes(model, state) == before
 
 
 def test_check_finite_false_skips_the_gradient_check():
@@ -89,11 +69,11 @@ def test_check_finite_false_skips_the_gradient_check():
 def test_a_clipnorm_rule_still_refuses_with_check_finite_off():
     model = {"b": np.array([1.0]), "a": np.array([1.0, 1.0])}
     state = setup(OptimiserChain(ClipNorm(1.0), Descent(0.1)), model)
-    before = snapshot(model, state)
+    before = state_bytes(model, state)
     with pytest.raises(ValueError, match=r"train: ClipNorm: the gradient has 2-norm nan.*at model\.a; nothing was "
                                          r"updated"):
         train(sqrt_model_loss, model, [(np.array([1.0, 0.0]),)], state, progress=False, check_finite=False)
-    assert snapshot(model, state) == before
+    assert state_bytes(model, state) == before
 
 
 def test_a_diverged_error_names_running_statistics_spoiled_by_the_forward_pass():
@@ -142,15 +122,7 @@ def test_max_loss_ratio_needs_a_positive_first_loss_and_a_sane_value():
                   max_loss_ratio=bad)
 
 
-def test_the_nan_loss_error_closes_the_progress_line(capsys, monkeypatch):
-    import builtins
-    real_import = builtins.__import__
-
-    def no_tqdm(name, *args, **kw):
-        if name.startswith("tqdm"):
-            raise ImportError("no tqdm")
-        return real_import(name, *args, **kw)
-    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+def test_the_nan_loss_error_closes_the_progress_line(capsys, no_tqdm):
     model = {"w": np.array([1.0])}
     with pytest.raises(TrainingDiverged):
         train(lambda m, x: (m["w"] * x).sum(), model, [(np.ones(1),), (np.array([np.nan]),)],
@@ -170,34 +142,34 @@ def problem():
 
 def test_a_rule_instead_of_the_state():
     model, data, loss = problem()
-    before = snapshot(model)
+    before = state_bytes(model)
     with pytest.raises(TypeError, match=r"train: got the rule Adam\(eta=0\.001, beta=\(0\.9, 0\.999\), eps=1e-08\) as "
                                         r"the optimiser state; make the state once with opt_state = fluxpy\.setup\("
                                         r"Adam\(eta=0\.001, beta=\(0\.9, 0\.999\), eps=1e-08\), model\)"):
         train(loss, model, data, fluxpy.Adam(), progress=False)
-    assert snapshot(model) == before   # not even BatchNorm's running statistics moved
+    assert state_bytes(model) == before   # not even BatchNorm's running statistics moved
 
 
 def test_other_objects_as_the_state():
     model, data, loss = problem()
-    before = snapshot(model)
+    before = state_bytes(model)
     for bad, message in [(model, r"the optimiser state should be the tree that fluxpy\.setup\(rule, model\) returns"),
                          ("adam", r"the optimiser state should be the tree .*got a str"),
                          (0.001, r"the optimiser state should be the tree .*got a float"),
                          (None, r"the optimiser state has no trainable array")]:
         with pytest.raises((TypeError, ValueError), match=message):
             train(loss, model, data, bad, progress=False)
-    assert snapshot(model) == before
+    assert state_bytes(model) == before
 
 
 def test_a_state_set_up_for_another_model():
     model, data, loss = problem()
-    before = snapshot(model)
+    before = state_bytes(model)
     for other in [Chain(Dense(2, 2), BatchNorm(2), Dense(2, 2)), Chain(Dense(2, 3), BatchNorm(3)),
                   fluxpy.f64(Chain(Dense(2, 2), BatchNorm(2))), Dense(2, 2)]:
         with pytest.raises(ValueError, match=r"^train: .*(set up for another model|moved or converted after setup)"):
             train(loss, model, data, setup(Adam(), other), progress=False)
-    assert snapshot(model) == before
+    assert state_bytes(model) == before
 
 
 def test_arguments_in_the_wrong_order():
@@ -249,11 +221,11 @@ def test_epochs_must_be_a_count():
 def test_a_loss_that_is_not_a_scalar_names_the_batch():
     model, data, loss = problem()
     state = setup(Adam(), model)
-    before = snapshot(model, state)
+    before = state_bytes(model, state)
     with pytest.raises(ValueError, match=r"train \(epoch 1, batch 1\): the loss must return a scalar \(a 0-d float "
                                          r"array or a number\), got an array of shape \(8, 2\)"):
         train(lambda m, x, y: m(x) - y, fluxpy.testmode(model), data, state, progress=False)
-    assert snapshot(model, state) == before   # (in test mode: BatchNorm's forward writes no running statistics)
+    assert state_bytes(model, state) == before   # (in test mode: BatchNorm's forward writes no running statistics)
 
 
 def test_a_dataloader_runs_through_all_the_checks():

@@ -1,5 +1,4 @@
 """train(): the loop, its return value, progress output and divergence errors."""
-import builtins
 
 import numpy as np
 import pytest
@@ -76,14 +75,7 @@ def test_progress_with_tqdm(capsys):
     assert "epoch 1/2" in err and "epoch 2/2" in err and "4/4" in err
 
 
-def test_progress_without_tqdm(capsys, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_tqdm(name, *args, **kw):
-        if name.startswith("tqdm"):
-            raise ImportError("no tqdm")
-        return real_import(name, *args, **kw)
-    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+def test_progress_without_tqdm(capsys, no_tqdm):
     x, y = regression_problem(32)
     model = Dense(3, 1)
     train(lambda m, x, y: mse(m(x), y), model, DataLoader((x, y), batchsize=8), setup(Adam(0.01), model), epochs=2)

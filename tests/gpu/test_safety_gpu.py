@@ -12,30 +12,9 @@ from fluxpy.losses import logitcrossentropy, mse
 from fluxpy.ops.activations import relu
 from fluxpy.optimise import Adam, ClipNorm, Momentum, OptimiserChain, _finite_total, _read_finite, setup, update
 from fluxpy.train import TrainingDiverged, train
+from devices import state_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
-
-
-def host_bytes(*trees):
-    import cupy as cp
-    out = []
-
-    def walk(x):
-        if isinstance(x, fluxpy.optimise.Leaf):
-            walk(x.state)
-        elif isinstance(x, (np.ndarray, cp.ndarray)):
-            out.append(cp.asnumpy(x).tobytes())
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif hasattr(x, "__dict__") and not callable(x):
-            walk(vars(x))
-    for t in trees:
-        walk(t)
-    return out
 
 
 def gpu_mlp():
@@ -77,7 +56,7 @@ def test_train_names_the_parameter_with_a_nan_gradient_on_the_gpu():
     model = gpu_mlp()
     state = setup(Adam(0.01), model)
     x = cp.ones((5, 4), cp.float32)
-    before = host_bytes(model, state)
+    before = state_bytes(model, state)
 
     def loss(m, x):   # finite loss; the last bias gets an infinite/NaN gradient
         return mse(m(x), cp.zeros((5, 3), cp.float32)) + fluxpy.sqrt(m[1].bias - m[1].bias).sum()
@@ -86,11 +65,11 @@ def test_train_names_the_parameter_with_a_nan_gradient_on_the_gpu():
         train(lambda m, x, bad: loss(m, x) if bad else mse(m(x), cp.zeros((5, 3), cp.float32)), model,
               [(x, False), (x, True)], state, progress=False)
     assert err.value.path == "model.layers[1].bias"
-    assert host_bytes(model, state) != before   # batch 1 was applied
-    after_first = host_bytes(model, state)
+    assert state_bytes(model, state) != before   # batch 1 was applied
+    after_first = state_bytes(model, state)
     with pytest.raises(TrainingDiverged, match="loss is nan"):
         train(lambda m, x: mse(m(x), cp.full((5, 3), cp.nan, cp.float32)), model, [(x,)], state, progress=False)
-    assert host_bytes(model, state) == after_first
+    assert state_bytes(model, state) == after_first
 
 
 def test_train_on_the_gpu_still_trains():
@@ -110,7 +89,7 @@ def test_device_mismatches_are_refused_before_any_change():
     state = setup(Adam(), model)
     x = cp.ones((2, 4), cp.float32)
     g, = fluxpy.gradient(lambda m: m(x).sum(), model)
-    before = host_bytes(model, state)
+    before = state_bytes(model, state)
     cpu_grad = fluxpy.cpu(g)
     with pytest.raises(TypeError, match=r"update: the gradient for model\.layers\[0\]\.weight is a numpy array .* but "
                                         r"the parameter is a cupy array .*both must be on one device"):
@@ -119,17 +98,17 @@ def test_device_mismatches_are_refused_before_any_change():
     with pytest.raises(ValueError, match=r"optimiser state at model\.layers\[0\]\.weight holds a numpy array .* but the "
                                          r"model has a cupy array .*moved or converted after setup"):
         update(cpu_state, model, g)
-    assert host_bytes(model, state) == before
+    assert state_bytes(model, state) == before
 
 
 def test_clipnorm_on_the_gpu_refuses_before_any_change():
     import cupy as cp
     model = [cp.ones(2, cp.float32), cp.ones(2, cp.float32)]
     state = setup(OptimiserChain(ClipNorm(1.0), Adam(0.1)), model)
-    before = host_bytes(model, state)
+    before = state_bytes(model, state)
     with pytest.raises(ValueError, match=r"ClipNorm: the gradient has 2-norm nan.*at model\[1\]; nothing was updated"):
         update(state, model, [cp.ones(2, cp.float32), cp.asarray([np.nan, 0.0], cp.float32)])
-    assert host_bytes(model, state) == before
+    assert state_bytes(model, state) == before
 
 
 def test_loadstate_checks_values_on_their_device():
@@ -138,13 +117,13 @@ def test_loadstate_checks_values_on_their_device():
     fluxpy.loadstate(model, {"a": np.array([1.0, 2.0]), "b": cp.asarray([3.0, 4.0])})
     np.testing.assert_array_equal(cp.asnumpy(model["a"]), [1.0, 2.0])
     assert isinstance(model["a"], cp.ndarray) and model["a"].dtype == cp.float32
-    before = host_bytes(model)
+    before = state_bytes(model)
     with pytest.raises(ValueError, match=r"model\.b is float32, but the state holds float64 values such as 1e\+300"):
         fluxpy.loadstate(model, {"a": np.ones(2), "b": cp.asarray([1.0, 1e300])})
     host = {"a": np.zeros(2, np.float32)}
     with pytest.raises(ValueError, match=r"model\.a is float32, but the state holds int64 values such as 16777217"):
         fluxpy.loadstate(host, {"a": cp.asarray([1, 2**24 + 1], cp.int64)})
-    assert host_bytes(model) == before and not host["a"].any()
+    assert state_bytes(model) == before and not host["a"].any()
 
 
 def test_the_finite_check_is_one_kernel_and_finds_every_kind_of_non_finite():
