@@ -112,8 +112,8 @@ def test_a_partial_last_batch_gets_its_own_graph():
     _assert_same_arrays(cm, em)
 
 
-def _dropout_net(rng, **kw):
-    return Chain(flatten, Dense(784, 32, relu, rng=rng), Dropout(0.5, **kw), Dense(32, 10, rng=rng))
+def _dropout_net(init_rng, **dropout_kw):
+    return Chain(flatten, Dense(784, 32, relu, rng=init_rng), Dropout(0.5, **dropout_kw), Dense(32, 10, rng=init_rng))
 
 
 def test_a_net_with_dropout_replays_the_eager_steps_and_draws_new_masks():
