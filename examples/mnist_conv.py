@@ -13,7 +13,9 @@ that the test accuracy is unchanged.
 
 On the GPU the training images stay in host memory (float32, converted once by ``load_mnist``;
 the labels one-hot encoded once) and the ``DataLoader`` copies the next batch to the GPU while
-the current one trains (``--no-prefetch``: each batch copied when it is needed, to compare).
+the current one trains (``--no-prefetch``: each batch copied when it is needed, to compare), and
+``train(..., capture=True)`` replays each step from a CUDA graph, with train's checks kept
+(``--no-capture``: the eager step, to compare).
 
 Data: ``--data-dir`` holding the MNIST IDX files (``train-images-idx3-ubyte.gz`` ..., raw or
 gzipped); by default the cache folder of ``fluxpy.data.load_mnist``. Missing files are
@@ -92,6 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no per-batch progress bar")
     p.add_argument("--no-prefetch", action="store_true",
                    help="move each batch to the GPU when it is needed instead of copying the next one ahead")
+    p.add_argument("--no-capture", action="store_true", help="eager steps on the GPU instead of a CUDA graph")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
@@ -164,7 +167,8 @@ def main(argv=None):
     for epoch in range(1, args.epochs + 1):
         adjust(opt_state, schedule(epoch))
         start = time.perf_counter()
-        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress)
+        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress,
+                       capture=device == "gpu" and not args.no_capture)
         seconds = time.perf_counter() - start
         acc = accuracy(model, x_test, y_test, device)
         history["loss"].append(float(np.mean(losses)))
@@ -174,7 +178,8 @@ def main(argv=None):
               f"{seconds:.2f} s, {history['images_per_s'][-1]:.0f} images/s", flush=True)
     if args.epochs > 1:   # the first epoch also builds and tunes the cuDNN plans
         print(f"training speed: {np.median(history['images_per_s'][1:]):.0f} images/s, the median over epochs 2 to "
-              f"{args.epochs} ({'no ' if args.no_prefetch or device != 'gpu' else ''}prefetching)")
+              f"{args.epochs} ({'no ' if args.no_prefetch or device != 'gpu' else ''}prefetching, "
+              f"{'captured' if device == 'gpu' and not args.no_capture else 'eager'} steps)")
 
     plot_curves(args.plot, history)
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)

@@ -28,9 +28,10 @@ import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["capturing", "on_replay", "refuse", "recording", "CaptureUnsupported"]
+__all__ = ["capturing", "on_replay", "refuse", "recording", "CaptureUnsupported", "guarding", "current_guard"]
 
 _hooks: contextvars.ContextVar[list | None] = contextvars.ContextVar("fluxpy_capture_hooks", default=None)
+_guard: contextvars.ContextVar = contextvars.ContextVar("fluxpy_update_guard", default=None)
 
 
 class CaptureUnsupported(RuntimeError):
@@ -79,6 +80,30 @@ def refuse(what: str) -> None:
     """
     if _hooks.get() is not None:
         raise CaptureUnsupported(what)
+
+
+@contextmanager
+def guarding(flag) -> Iterator[None]:
+    """Within the block, optimiser updates run only where the device scalar ``flag`` is finite (a captured step
+    checked on the device: the update of a step whose loss or gradients are not finite is skipped, there being
+    no host to ask). An update that cannot skip itself on the device refuses capture (:func:`refuse`).
+
+    >>> with guarding(0.0):
+    ...     current_guard()
+    0.0
+    >>> current_guard() is None
+    True
+    """
+    token = _guard.set(flag)
+    try:
+        yield
+    finally:
+        _guard.reset(token)
+
+
+def current_guard():
+    """The device flag of the innermost :func:`guarding` block, or None."""
+    return _guard.get()
 
 
 @contextmanager

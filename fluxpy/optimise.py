@@ -30,7 +30,7 @@ import numpy as np
 
 from .autodiff import value_of
 from .backend import Array, get_array_module, is_array, is_float_array
-from .capturing import on_replay, refuse
+from .capturing import current_guard, on_replay, refuse
 from .kernels import find
 from .functors import _trainable_keys, children
 
@@ -81,6 +81,22 @@ class Rule:
         x -= step
         return state
 
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        """Whether :meth:`step` of ``x`` runs one kernel that skips itself on the device where the step's guard
+        flag is not finite (:func:`fluxpy.capturing.guarding`); a rule without one refuses a checked capture.
+
+        >>> import numpy as np
+        >>> Descent().guarded_kernel(np.ones(2), np.ones(2))   # NumPy: no kernel
+        False
+        """
+        return False
+
+
+def _guard() -> dict:
+    """The keyword a guarded update kernel takes: ``{"ok": flag}`` inside :func:`fluxpy.capturing.guarding`."""
+    flag = current_guard()
+    return {} if flag is None else {"ok": flag}
+
 
 @dataclasses.dataclass(frozen=True)
 class Descent(Rule):
@@ -101,8 +117,11 @@ class Descent(Rule):
         kernel = find("descent_update", x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
-        kernel(x, dx, self.eta)
+        kernel(x, dx, self.eta, **_guard())
         return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("descent_update", x, dx) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +153,11 @@ class Momentum(Rule):
         kernel = find("momentum_update", x, dx)
         if kernel is None:
             return Rule.step(self, v, x, dx)
-        kernel(x, dx, v, self.eta, self.rho)
+        kernel(x, dx, v, self.eta, self.rho, **_guard())
         return v
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("momentum_update", x, dx) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,7 +442,7 @@ class Leaf:
     >>> setup(Descent(), np.ones(2))
     Leaf(Descent(eta=0.1))
     """
-    __slots__ = ("rule", "state", "frozen", "_fits", "_steps")
+    __slots__ = ("rule", "state", "frozen", "_fits", "_steps", "_powers")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
@@ -428,6 +450,7 @@ class Leaf:
         self.frozen = frozen
         self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
         self._steps = None  # the _Steps of the last update whose plan began at this leaf (a cache)
+        self._powers = None  # the device copy of Adam's beta^t that the multi-tensor kernel reads (see _AdamGroup)
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
@@ -822,6 +845,9 @@ class _Steps:
         for item in self.order:
             if type(item) is int:
                 leaf, x, dx, _ = plan[item]
+                if current_guard() is not None and not leaf.rule.guarded_kernel(x, dx):
+                    refuse(f"{leaf.rule!r} stepping a parameter on its own: its update cannot skip itself on the "
+                           "device when the step's loss or gradients are not finite")
                 leaf.state = leaf.rule.step(leaf.state, x, dx)
             else:
                 item.step(plan, self.states)
@@ -850,17 +876,32 @@ class _AdamGroup:
         dxs = [plan[i][2] for i in self.index]
         kernel = find("adam_update_many", xs[0], xs, dxs, ms, vs)
         if kernel is None:  # leaf by leaf, as Adam.step; the next step's states are recorded (and checked) all the same
+            self.powers = None
             for i, leaf, x, dx in zip(self.index, self.leaves, xs, dxs):
+                leaf._powers = None   # the host's beta^t moves on alone: a later kernel step starts a new copy
                 leaf.state = states[i] = leaf.rule.step(leaf.state, x, dx)
             self.bt = self.leaves[0].state[2]
             return
         rule = self.rule
         b1t, b2t = self.bt
         if self.powers is None:
-            self.powers = get_array_module(xs[0]).array([b1t, b2t], dtype=np.float64)
-        self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t, powers=self.powers))
+            self.powers = self._shared_powers(get_array_module(xs[0]))
+        self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t, powers=self.powers,
+                                    **_guard()))   # a checked step: the kernel skips it where the flag is not finite
         self._record_states(bt, states)
         on_replay(lambda: self._advance_host(states))
+
+    def _shared_powers(self, xp):
+        """The device ``beta^t`` of the group: the one its leaves share already (kept across regroupings, since a
+        captured CUDA graph holds its address), else a new one from the host's ``bt``, given to every leaf."""
+        shared = self.leaves[0]._powers   # (array, how many leaves share it): exactly this group's leaves, or none
+        if shared is not None and shared[1] == len(self.leaves) and all(leaf._powers is shared for leaf in self.leaves):
+            return shared[0]
+        powers = xp.array(list(self.bt), dtype=np.float64)
+        shared = (powers, len(self.leaves))
+        for leaf in self.leaves:
+            leaf._powers = shared
+        return powers
 
     def _record_states(self, bt, states):
         for i, leaf in zip(self.index, self.leaves):

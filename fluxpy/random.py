@@ -10,8 +10,11 @@ Without a call to ``seed`` the generator starts from fresh operating-system entr
 The NumPy generator is one ``numpy.random.Generator`` object for the whole process, reset in place
 by ``seed(n)`` to the stream of ``numpy.random.default_rng(n)``, so objects that hold it (a
 ``DataLoader`` made before ``seed``) follow the reset. Dropout masks of GPU arrays are drawn on the
-GPU by the array module's own generator (CuPy's ``random.default_rng``), made on first use from a
-seed derived from ``n``: reproducible from run to run, but not the same numbers as the CPU's.
+GPU by that module's generator, made on first use from a seed derived from ``n``: reproducible from
+run to run, but not the same numbers as the CPU's. The generator is the one registered for the module
+(:func:`set_generator_factory`: fluxpy's CUDA kernels register a Philox generator whose position lives
+on the device, so that a step captured as a CUDA graph draws new masks at every replay), else the
+module's own ``random.default_rng``.
 
 NumPy's legacy global state (``np.random.seed``, ``np.random.rand``) is a different generator:
 ``seed`` leaves it alone, and fluxpy never uses it.
@@ -33,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG"]
+__all__ = ["seed", "default_rng", "as_rng", "rng_for", "set_generator_factory", "RNG"]
 
 #: What an ``rng=`` argument accepts: a ``numpy.random.Generator``, a seed (an int >= 0), or ``None`` (the global one).
 RNG = np.random.Generator | int | None
@@ -42,6 +45,27 @@ _generator = np.random.Generator(np.random.PCG64())  # fresh entropy until seed(
 _seed: list = [None]  # the last seed given to seed(); None: fresh entropy
 _device_generators: dict = {np: _generator}  # array module -> its generator: NumPy's is the global one,
 # another module's (CuPy's) is made on first use
+_factories: dict = {}  # array module -> what makes its generator from a seed (else xp.random.default_rng)
+
+
+def set_generator_factory(xp: Any, factory: Any) -> Any:
+    """Make ``xp``'s global generator with ``factory(seed)`` from now on (None: ``xp.random.default_rng``);
+    returns the factory it replaces. The generator in use is dropped, so the next draw uses the new kind.
+
+    >>> class Fake:
+    ...     pass
+    >>> set_generator_factory(Fake, lambda s: ("made from", s)) is None
+    True
+    >>> seed(1); rng_for(Fake)[0]
+    'made from'
+    >>> set_generator_factory(Fake, None) is not None
+    True
+    """
+    old = _factories.pop(xp, None)
+    if factory is not None:
+        _factories[xp] = factory
+    _device_generators.pop(xp, None)
+    return old
 
 
 def seed(n: int) -> None:
@@ -121,7 +145,8 @@ def rng_for(xp: Any) -> Any:
     """
     gen = _device_generators.get(xp)
     if gen is None:
-        gen = xp.random.default_rng(_derived_seed(getattr(xp, "__name__", repr(xp))))
+        make = _factories.get(xp) or xp.random.default_rng
+        gen = make(_derived_seed(getattr(xp, "__name__", repr(xp))))
         _device_generators[xp] = gen
     return gen
 

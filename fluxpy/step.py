@@ -25,10 +25,10 @@ from typing import Any
 
 from .autodiff import withgradient
 from .backend import CapturedGraph, capture_graph, copy_into, get_array_module, gpu_device
-from .capturing import recording
-from .optimise import _leaves, update
+from .capturing import guarding, recording
+from .optimise import _apply, _check_gradients, _finite_total, _leaves, _plan, update
 
-__all__ = ["TrainStep", "CaptureWarning"]
+__all__ = ["TrainStep", "CaptureWarning", "CheckedStep"]
 
 
 class CaptureWarning(UserWarning):
@@ -41,12 +41,13 @@ class CaptureWarning(UserWarning):
 
 class _Signature:
     """What :class:`TrainStep` keeps per batch signature: eager steps so far, and the captured graph with its
-    input buffers, its loss, and the host-side hooks to run after each replay (or why it runs eagerly)."""
-    __slots__ = ("seen", "graph", "inputs", "loss", "hooks", "eager_because", "config")
+    input buffers and outputs, the host-side hooks to run after each replay, the optimiser's host state from
+    before the capture (for the first launch, whose host side ran during the capture), or why it runs eagerly."""
+    __slots__ = ("seen", "graph", "inputs", "outputs", "hooks", "before", "fresh", "eager_because", "config")
 
     def __init__(self):
-        self.seen, self.graph, self.inputs, self.loss, self.hooks, self.eager_because = 0, None, None, None, (), None
-        self.config = ()
+        self.seen, self.graph, self.inputs, self.outputs, self.hooks = 0, None, None, None, ()
+        self.before, self.fresh, self.eager_because, self.config = (), False, None, ()
 
     def config_changed(self) -> bool:
         """Whether a leaf's rule or frozen flag changed since the capture (``adjust``, ``freeze``, ``thaw``): the
@@ -69,13 +70,13 @@ class TrainStep:
     ``adjust``, ``freeze`` or ``thaw`` (a learning-rate schedule) the next call steps eagerly and the one after
     captures the step again.
 
-    Where a step cannot be captured (an op that needs the host mid-step, e.g. Dropout's generator, or an
+    Where a step cannot be captured (an op that needs the host mid-step, e.g. Dropout given a NumPy generator, or an
     optimiser whose step is a host number), that signature runs eagerly from then on, with one
     :class:`CaptureWarning` naming the reason, and the optimiser state as it was before the attempt. On the
     CPU, or with ``capture=False``, every call is the eager step.
 
-    Unlike :func:`fluxpy.train`, a step does no check of its own (no read of the loss, no finite-gradient check):
-    read the loss when you want to know it.
+    Unlike :func:`fluxpy.train` (which takes ``capture=True`` too, and keeps its checks), a step does no check of
+    its own: read the loss when you want to know it.
 
     >>> import numpy as np
     >>> from fluxpy.layers import Dense
@@ -98,20 +99,12 @@ class TrainStep:
         self._signatures: dict = {}
 
     def __call__(self, *batch: Any) -> Any:
-        key = self._signature(batch)
-        if key is None:
-            return self._eager(batch)
-        entry = self._signatures.get(key)
+        entry = self._entry_for(batch)
         if entry is None:
-            entry = self._signatures[key] = _Signature()
-        if entry.graph is not None and entry.config_changed():
-            entry.graph, entry.seen = None, self.warmup - 1   # one eager step with the new rules, then capture again
-        if entry.eager_because is not None or entry.seen < self.warmup:
-            entry.seen += 1
             return self._eager(batch)
-        if entry.graph is None:
-            return self._capture(entry, batch)
-        return self._replay(entry, batch)
+        outputs, commit, _ = self._launch(entry, batch)
+        commit()
+        return outputs[0].copy()   # the graph writes the next step's loss into the same buffer
 
     def captured(self) -> dict:
         """Per batch signature ``(device, shape, dtype) per argument``: ``"captured"``, ``"warming up"`` or why it
@@ -119,7 +112,18 @@ class TrainStep:
         return {key: ("captured" if e.graph is not None else e.eager_because or "warming up")
                 for key, e in self._signatures.items()}
 
-    # -- the three ways to run a step ----------------------------------------------------------------
+    # -- the step itself, eager and as the captured function -----------------------------------------
+
+    def _eager(self, batch):
+        value, (grad,) = withgradient(lambda m: self.loss(m, *batch), self.model)
+        update(self.opt_state, self.model, grad)
+        return value
+
+    def _captured_outputs(self, inputs):
+        """The step run while capturing; the arrays the graph writes that a call returns (the loss first)."""
+        return (self._eager(inputs),)
+
+    # -- signatures, capture and launch -------------------------------------------------------------
 
     def _signature(self, batch):
         if not self.capture or not batch:
@@ -132,36 +136,92 @@ class TrainStep:
             key.append((device, tuple(b.shape), b.dtype.str))
         return tuple(key)
 
-    def _eager(self, batch):
-        value, (grad,) = withgradient(lambda m: self.loss(m, *batch), self.model)
-        update(self.opt_state, self.model, grad)
-        return value
+    def _entry_for(self, batch):
+        """The captured signature of ``batch``, capturing it now if its warm-up is over; None: step eagerly."""
+        key = self._signature(batch)
+        if key is None:
+            return None
+        entry = self._signatures.get(key)
+        if entry is None:
+            entry = self._signatures[key] = _Signature()
+        if entry.graph is not None and entry.config_changed():
+            entry.graph, entry.seen = None, self.warmup - 1   # one eager step with the new rules, then capture again
+        if entry.eager_because is not None or entry.seen < self.warmup:
+            entry.seen += 1
+            return None
+        if entry.graph is None and not self._capture(entry, batch):
+            return None
+        return entry
 
     def _capture(self, entry, batch):
+        """Record the step into a graph (not run yet); False, after one warning, where it cannot be captured."""
         inputs = [get_array_module(b).empty_like(b) for b in batch]
-        for dst, src in zip(inputs, batch):
-            copy_into(dst, src)
         before = [(leaf, leaf.state) for leaf in _leaves(self.opt_state)]
         try:
             with recording() as hooks:
-                graph, loss = capture_graph(lambda: self._eager(inputs))
+                graph, outputs = capture_graph(lambda: self._captured_outputs(inputs))
         except Exception as err:   # nothing ran on the GPU: put the host-side optimiser state back, step eagerly
-            for leaf, state in before:
-                leaf.state = state
+            _restore(before)
             entry.eager_because = f"{type(err).__name__}: {err}"
             warnings.warn(f"TrainStep: the step cannot be captured as a CUDA graph, so batches of this shape run "
-                          f"eagerly ({entry.eager_because})", CaptureWarning, stacklevel=3)
-            return self._eager(batch)
-        entry.graph, entry.inputs, entry.loss, entry.hooks = graph, inputs, loss, tuple(hooks)
+                          f"eagerly ({entry.eager_because})", CaptureWarning, stacklevel=4)
+            return False
+        entry.graph, entry.inputs, entry.outputs, entry.hooks = graph, inputs, outputs, tuple(hooks)
+        entry.before, entry.fresh = before, True
         entry.config = [(leaf, leaf.rule, leaf.frozen) for leaf, _ in before]
-        graph.launch()   # the capture queued nothing: this is the step of this batch (its host side ran already)
-        return loss.copy()
+        return True
 
-    def _replay(self, entry, batch):
+    def _launch(self, entry, batch):
+        """Copy ``batch`` into the graph's inputs and launch it: ``(outputs, commit, undo)``. ``commit()`` brings the
+        host side of the optimiser up to the step (the replay hooks); ``undo()`` puts it back where a checked
+        step's update was skipped on the device. The first launch's host side ran during the capture."""
         for dst, src in zip(entry.inputs, batch):
             copy_into(dst, src)
         graph: CapturedGraph = entry.graph
         graph.launch()
-        for hook in entry.hooks:
-            hook()
-        return entry.loss.copy()   # the graph writes the next step's loss into the same buffer
+        if entry.fresh:
+            entry.fresh = False
+            before = entry.before
+            return entry.outputs, _nothing, lambda: _restore(before)
+        hooks = entry.hooks
+        return entry.outputs, lambda: [hook() for hook in hooks], _nothing
+
+
+def _nothing():
+    return None
+
+
+def _restore(states):
+    for leaf, state in states:
+        leaf.state = state
+
+
+class CheckedStep(TrainStep):
+    """The captured step that :func:`fluxpy.train` runs: the graph also computes a device scalar that is finite
+    only where the loss (and, with ``check_gradients``, every gradient) is, and the update runs on the device
+    only where it is (:func:`fluxpy.capturing.guarding`). :meth:`run` returns that scalar with the loss, and
+    what to do on the host either way; None where the batch steps eagerly this time (train's own checked step).
+    """
+
+    def __init__(self, loss: Callable, model: Any, opt_state: Any, *, check_gradients: bool = True,
+                 warmup: int = 2) -> None:
+        super().__init__(loss, model, opt_state, capture=True, warmup=warmup)
+        self.check_gradients = check_gradients
+
+    def _captured_outputs(self, inputs):
+        value, (grad,) = withgradient(lambda m: self.loss(m, *inputs), self.model)
+        plan = _plan(self.opt_state, self.model, grad, "train")
+        arrays = [value] + ([dx for leaf, _, dx, _ in plan if not leaf.frozen] if self.check_gradients else [])
+        total = _finite_total(arrays)
+        _check_gradients(plan, False, "train")   # what a rule refuses (ClipNorm reads: such a step is not captured)
+        with guarding(total):
+            _apply(plan)
+        return value, total
+
+    def run(self, *batch: Any):
+        """``(loss, total, commit, undo)`` of one replayed (or just captured) step, or None: step eagerly."""
+        entry = self._entry_for(batch)
+        if entry is None:
+            return None
+        (value, total), commit, undo = self._launch(entry, batch)
+        return value, total, commit, undo

@@ -34,6 +34,7 @@ from .collector import frozen_while_training
 from .functors import state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
                        _plan, _read_finite)
+from .step import CheckedStep
 
 __all__ = ["train", "TrainingDiverged"]
 
@@ -56,7 +57,7 @@ class TrainingDiverged(FloatingPointError):
 
 
 def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
-          check_finite: bool = True, max_loss_ratio: float | None = None) -> list[float]:
+          check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = False) -> list[float]:
     """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
@@ -77,6 +78,14 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
       loss (of this call; the loss must be positive then): ``max_loss_ratio=1e4`` stops a run whose
       loss grew ten-thousandfold.
 
+    ``capture=True``: on the GPU, after two eager steps per batch shape, each step is captured as a CUDA graph
+    and replayed (:class:`fluxpy.TrainStep`: no Python runs per step but the batch copy, the launch and the
+    check's read). The checks stay: the graph also finds whether the loss (and, with ``check_finite``, every
+    gradient) is finite and skips its update on the device where it is not; train then runs that batch again
+    eagerly, which raises :class:`TrainingDiverged` as above. A step that cannot be captured (Dropout, AdamW)
+    runs eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on
+    the CPU ``capture`` changes nothing.
+
     A loss that gives no gradient to any trainable array (computed from a global model instead of
     its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a
     step would change nothing. The arguments are checked before the first batch: ``opt_state``
@@ -93,11 +102,15 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     fluxpy.train.TrainingDiverged: train: the loss is nan at epoch 1, batch 1; stopping before the update (lower ...)
     """
     _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
+    if not isinstance(capture, bool):
+        raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
+    captured = CheckedStep(loss, model, opt_state, check_gradients=check_finite) \
+        if capture and max_loss_ratio is None else None
     with frozen_while_training:   # see fluxpy.collector: the objects alive now are not scanned while it trains
-        return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio)
+        return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured)
 
 
-def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio):
+def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured):
     losses: list[float] = []
     first = None
     for epoch in range(1, epochs + 1):
@@ -106,7 +119,10 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
         try:
             for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
                 args = batch if isinstance(batch, tuple) else (batch,)
-                value = _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)
+                value = _captured_step(captured, args) if captured is not None else None
+                if value is None:
+                    value = _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio,
+                                  first)
                 if first is None:
                     first = value
                 losses.append(value)
@@ -122,6 +138,22 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
                 "; an iterator that is used up after one pass cannot train several epochs: pass a list or a "
                 "DataLoader" if epoch > 1 else ""))
     return losses
+
+
+def _captured_step(captured, args):
+    """The loss of the batch's step replayed from its CUDA graph, or None where train must run it eagerly: the
+    batch's shape is warming up or cannot be captured, or the graph found a loss or gradient that is not finite
+    (it skipped the update on the device; the host's optimiser state is put back to match)."""
+    got = captured.run(*args)
+    if got is None:
+        return None
+    value, total, commit, undo = got
+    value, total = read_scalars(value, total)   # the step's one wait, as in the eager step
+    if math.isfinite(value) and math.isfinite(total):
+        commit()
+        return value
+    undo()
+    return None
 
 
 def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_ratio, first):

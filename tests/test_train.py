@@ -99,3 +99,19 @@ def test_train_freezes_the_startup_objects_only_while_it_runs():
     with pytest.raises(TrainingDiverged):
         train(loss, model, [(np.array([np.nan, 1.0]),)], setup(Descent(0.1), model), progress=False)
     assert gc.get_freeze_count() == before        # also after an error
+
+
+def test_capture_changes_nothing_on_the_cpu():
+    import copy
+    rng = np.random.default_rng(3)
+    model = Chain(Dense(4, 6, relu, rng=rng), Dense(6, 3, rng=rng))
+    twin = copy.deepcopy(model)
+    data = [(rng.standard_normal((5, 4)).astype(np.float32), onehotbatch(rng.integers(0, 3, 5), range(3)))
+            for _ in range(6)]
+    f = lambda m, x, y: logitcrossentropy(m(x), y)
+    got = train(f, model, data, setup(Adam(0.01), model), progress=False, capture=True)
+    want = train(f, twin, data, setup(Adam(0.01), twin), progress=False, capture=False)
+    assert got == want
+    np.testing.assert_array_equal(model[0].weight, twin[0].weight)
+    with pytest.raises(TypeError, match="train: capture must be True or False"):
+        train(f, model, data, setup(Adam(0.01), model), progress=False, capture="yes")

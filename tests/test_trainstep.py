@@ -89,3 +89,15 @@ def test_a_changed_rule_or_frozen_flag_means_the_graph_is_stale():
     assert entry.config_changed()
     thaw(state)
     assert not entry.config_changed()
+
+
+def test_a_checked_capture_takes_only_updates_that_can_skip_themselves_on_the_device():
+    from fluxpy.capturing import guarding
+    from fluxpy.optimise import Descent, Momentum, OptimiserChain, WeightDecay
+    for rule in (Descent(0.1), Momentum(0.1), OptimiserChain(WeightDecay(0.1), Adam(0.1))):
+        w = np.ones(3)
+        state = setup(rule, w)
+        with recording(), guarding(0.0):
+            with pytest.raises(CaptureUnsupported, match="cannot skip itself on the device"):
+                update(state, w, np.ones(3))   # NumPy has no guarded kernel: refused before any change
+        np.testing.assert_array_equal(w, np.ones(3))

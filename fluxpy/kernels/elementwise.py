@@ -757,20 +757,35 @@ def _opt_kernel(name, ins, outs, body):
     return k
 
 
-def descent_update(x: Array, dx: Array, eta: float) -> None:
-    """``x -= eta * dx`` in place, one kernel.
+def descent_update(x: Array, dx: Array, eta: float, ok: Array | None = None) -> None:
+    """``x -= eta * dx`` in place, one kernel; with ``ok`` (a device scalar, :func:`fluxpy.capturing.guarding`)
+    only where it is finite.
 
     >>> descent_update.__name__
     'descent_update'
     """
-    _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
+    if ok is None:
+        _opt_kernel("descent", "T dx, T eta", "T x", "x -= eta * dx;")(dx, x.dtype.type(eta), x)
+    else:
+        _opt_kernel("descent_guarded", "T dx, T eta, raw float64 ok", "T x",
+                    "if (isfinite(ok[0])) x -= eta * dx;")(dx, x.dtype.type(eta), _float64_scalar(ok), x)
 
 
-def momentum_update(x: Array, dx: Array, v: Array, eta: float, rho: float) -> None:
-    """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum)."""
+def momentum_update(x: Array, dx: Array, v: Array, eta: float, rho: float, ok: Array | None = None) -> None:
+    """``v = rho v + eta dx; x -= v`` in place, one kernel (fluxpy.optimise.Momentum); with ``ok`` (a device
+    scalar, :func:`fluxpy.capturing.guarding`) only where it is finite.
+
+    >>> momentum_update.__name__
+    'momentum_update'
+    """
     t = x.dtype.type
-    _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
-                "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
+    if ok is None:
+        _opt_kernel("momentum", "T dx, T eta, T rho", "T x, T v",
+                    "v = v * rho; v = v + eta * dx; x -= v;")(dx, t(eta), t(rho), x, v)
+    else:
+        _opt_kernel("momentum_guarded", "T dx, T eta, T rho, raw float64 ok", "T x, T v",
+                    "if (isfinite(ok[0])) { v = v * rho; v = v + eta * dx; x -= v; }")(
+            dx, t(eta), t(rho), _float64_scalar(ok), x, v)
 
 
 def adam_update(x: Array, dx: Array, m: Array, v: Array, eta: float, beta: tuple[float, float], eps: float,
@@ -860,7 +875,8 @@ struct AdamTensors {  // CAP tensors; start[k] is where tensor k begins in the c
 
 extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count, const T b1, const T c1,
                                             const T b2, const T c2, const double* bt, const T eps,
-                                            const T eta) {
+                                            const T eta, const double* ok) {
+  if (ok != nullptr && !isfinite(*ok)) return;   // a guarded step whose loss or gradients are not finite
   // the bias corrections from the powers beta^t on the device (so that a replayed graph sees them advance),
   // rounded as the host rounds 1 / (1 - beta^t) for the per-parameter kernel
   const T s1 = (T)(1.0 / (1.0 - bt[0]));
@@ -891,7 +907,8 @@ extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count
   }
 }
 
-extern "C" __global__ void fluxpy_adam_powers(double* bt, const double b1, const double b2) {
+extern "C" __global__ void fluxpy_adam_powers(double* bt, const double b1, const double b2, const double* ok) {
+  if (ok != nullptr && !isfinite(*ok)) return;
   bt[0] *= b1;   // beta^t -> beta^(t+1), after every launch of the step has read them
   bt[1] *= b2;
 }
@@ -909,7 +926,7 @@ def _adam_many_raw(dtype):
 
 def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Array], vs: Sequence[Array],
                      eta: float, beta: tuple[float, float], eps: float, b1t: float, b2t: float,
-                     powers: Array | None = None) -> tuple[float, float]:
+                     powers: Array | None = None, ok: Array | None = None) -> tuple[float, float]:
     """One Adam step for every parameter ``xs[k]`` (gradient ``dxs[k]``, moments ``ms[k]``, ``vs[k]``) in place, in
     one kernel launch (one per 96 parameters); returns the next ``(b1t, b2t)``.
 
@@ -918,7 +935,8 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
     The kernel reads ``beta^t`` from ``powers``, a float64 CuPy array ``[b1t, b2t]`` that a second, one-thread
     launch then advances in place (``beta^t * beta``, the host's arithmetic): a captured step replayed from a
     CUDA graph so sees them advance. The caller keeps ``powers`` equal to ``(b1t, b2t)``; without one a
-    temporary array is made from them.
+    temporary array is made from them. With ``ok`` (a device scalar) both launches change nothing unless it is
+    finite (a step checked on the device, :func:`fluxpy.capturing.guarding`).
     The arrays are CuPy arrays of one float dtype, ``xs``, ``ms``, ``vs`` C-contiguous, each ``dxs[k]`` of its
     parameter's shape (a strided gradient is copied first); :func:`adam_update_many_supports` says which calls
     it takes. The parameters must not share memory with one another (fluxpy.optimise groups only those that
@@ -933,6 +951,7 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
     if powers is None:
         powers = cupy.array([b1t, b2t], dtype=np.float64)
     scalars = (t(b1), t(1 - b1), t(b2), t(1 - b2), powers, t(eps), t(eta))
+    flag = np.uint64(0) if ok is None else _float64_scalar(ok)
     kernel, advance = _adam_many_raw(dtype)
     strided = []   # contiguous copies of strided gradients, alive until their launch is queued
     cap = _MANY_CAP
@@ -950,9 +969,16 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
         total = int(table[4 * cap + count])
         if total:
             blocks = min(-(-total // (_MANY_THREADS * _MANY_ITEMS)), _MANY_MAX_BLOCKS)
-            kernel((blocks,), (_MANY_THREADS,), (table.view(_MANY_TABLE), np.int32(count), *scalars))
-    advance((1,), (1,), (powers, np.float64(b1), np.float64(b2)))
+            kernel((blocks,), (_MANY_THREADS,), (table.view(_MANY_TABLE), np.int32(count), *scalars, flag))
+    advance((1,), (1,), (powers, np.float64(b1), np.float64(b2), flag))
     return b1t * b1, b2t * b2
+
+
+def _float64_scalar(a):
+    """``a`` as a float64 CuPy array of one element (the guard flag a kernel reads through a pointer)."""
+    if type(a) is not cupy.ndarray or a.size != 1:
+        raise TypeError(f"adam_update_many: ok must be a CuPy array of one element, got {type(a).__name__}")
+    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def _contiguous_copy(a, keep):

@@ -29,10 +29,11 @@ from __future__ import annotations
 from . import register as register_kernel
 from . import restore, snapshot
 from ..backend import cupy
+from ..random import set_generator_factory
 
 __all__ = ["register", "unregister", "is_registered"]
 
-_before: list[dict] = []   # the table as it was before register(), while registered
+_before: list = []   # (the table, CuPy's generator factory) as they were before register(), while registered
 
 
 def _modules():
@@ -50,24 +51,27 @@ def register() -> bool:
         return False
     if _before:
         return True
+    from .philox import PhiloxGenerator
     table = snapshot()
     for module in _modules():
         for name, entry in module.KERNELS.items():
             fn, supports = entry if isinstance(entry, tuple) else (entry, None)
             register_kernel(name, "cupy", fn, supports)
-    _before.append(table)
+    _before.append((table, set_generator_factory(cupy, PhiloxGenerator)))
     return True
 
 
 def unregister() -> None:
-    """Put the kernel table back exactly as it was before :func:`register`.
+    """Put the kernel table (and CuPy's generator) back exactly as it was before :func:`register`.
 
     >>> unregister(); is_registered()
     False
     >>> _ = register()
     """
     if _before:
-        restore(_before.pop())
+        table, factory = _before.pop()
+        restore(table)
+        set_generator_factory(cupy, factory)
 
 
 def is_registered() -> bool:

@@ -40,8 +40,6 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     (1, 2, 1)
     """
     _check_p(p)
-    refuse("dropout: its random numbers come from a generator whose position the host advances; a CUDA graph "
-           "would replay the same mask every step")
     v = value_of(x)
     xp = get_array_module(v)
     axes = normalize_axis(dims, v.ndim, "dropout")
@@ -50,6 +48,9 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
         rng = rng_for(xp)
     elif not hasattr(rng, "random"):
         rng = as_rng(rng, "dropout")  # a seed; anything else is a TypeError naming dropout
+    if not getattr(rng, "capturable", False):
+        refuse("dropout: its random numbers come from a generator whose position the host advances (a NumPy "
+               "generator, or rng= given); a CUDA graph would replay the same mask every step")
     dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float32
     u = rng.random(shape, dtype=dtype)
     if get_array_module(u) is not xp:  # a NumPy generator for device arrays: the mask is drawn on the host

@@ -3,8 +3,9 @@
 cuDNN runs with ``deterministic=True`` here, so that two runs of the same step round alike and the weights can
 be compared bit for bit; every other kernel of these steps is deterministic. Checked: the MNIST reference net
 with Adam, a BatchNorm net with Momentum (running statistics too), a small ResNet-20 with Adam, a partial last
-batch (its own graph), Adam's host-side bias correction after replays, and a net with Dropout (which cannot be
-captured: one CaptureWarning, then the eager step).
+batch (its own graph), Adam's host-side bias correction after replays, a net with Dropout (its masks drawn
+on the device: captured, the same as eager), and Dropout with a host generator (one CaptureWarning, then
+the eager step).
 Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
 """
 import copy
@@ -111,13 +112,32 @@ def test_a_partial_last_batch_gets_its_own_graph():
     _assert_same_arrays(cm, em)
 
 
-def test_a_step_with_dropout_runs_eagerly_after_one_warning():
-    rng = np.random.default_rng(5)
-    model = fluxpy.gpu(Chain(flatten, Dense(784, 32, relu, rng=rng), Dropout(0.5), Dense(32, 10, rng=rng)))
+def _dropout_net(init_rng, **dropout_kw):
+    return Chain(flatten, Dense(784, 32, relu, rng=init_rng), Dropout(0.5, **dropout_kw), Dense(32, 10, rng=init_rng))
+
+
+def test_a_net_with_dropout_replays_the_eager_steps_and_draws_new_masks():
+    model = _dropout_net(np.random.default_rng(5))
+    batches = _batches(12, 16, (1, 28, 28), seed=5)
+    runs = []
+    for capture in (True, False):   # the same seed: the same counters of the GPU's generator, step by step
+        fluxpy.seed(9)
+        m = fluxpy.gpu(copy.deepcopy(model))
+        step = TrainStep(_loss, m, setup(Adam(1e-3), m), capture=capture)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)
+            runs.append((m, [float(step(x, y)) for x, y in batches], step))
+    (cm, got, captured), (em, want, _) = runs
+    assert list(captured.captured().values()) == ["captured"]
+    assert got == want
+    _assert_same_arrays(cm, em)
+
+
+def test_dropout_with_a_host_generator_runs_eagerly_after_one_warning():
+    model = fluxpy.gpu(_dropout_net(np.random.default_rng(5), rng=0))   # a NumPy generator: drawn on the host
     step = TrainStep(_loss, model, setup(Adam(1e-3), model))
-    batches = _batches(6, 16, (1, 28, 28), seed=5)
     with pytest.warns(CaptureWarning, match="dropout") as caught:
-        for x, y in batches:
+        for x, y in _batches(6, 16, (1, 28, 28), seed=5):
             assert np.isfinite(float(step(x, y)))
     assert len([w for w in caught if w.category is CaptureWarning]) == 1
     assert "dropout" in next(iter(step.captured().values()))
@@ -130,3 +150,41 @@ def test_the_returned_losses_are_not_overwritten_by_later_replays():
     kept = [step(x, y) for x, y in batches]
     values = [float(v) for v in kept]
     assert len(set(values)) == len(values)   # each step's own loss, read after all of them ran
+
+
+def _cpu_batches(n, batch, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, 1, 28, 28), dtype=np.float32),
+             fluxpy.onehotbatch(rng.integers(0, 10, batch), range(10))) for _ in range(n)]
+
+
+def test_train_with_capture_gives_the_eager_losses_and_weights():
+    model = _reference(np.random.default_rng(7))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(30, 32, 7)]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        got = fluxpy.train(_loss, captured, batches, setup(Adam(1e-3), captured), progress=False, capture=True)
+    want = fluxpy.train(_loss, eager, batches, setup(Adam(1e-3), eager), progress=False)
+    assert got == want
+    _assert_same_arrays(captured, eager)
+
+
+@pytest.mark.parametrize("rule", [Adam(1e-3), Momentum(1e-2)])   # the multi-tensor and a per-parameter kernel
+@pytest.mark.parametrize("bad_batch", [3, 12])   # during the warm-up, and long after the capture
+def test_train_with_capture_stops_where_the_eager_train_stops_and_leaves_the_same_weights(bad_batch, rule):
+    model = _reference(np.random.default_rng(8))
+    host = _cpu_batches(20, 16, 8)
+    host[bad_batch - 1][0][0, 0, 0, 0] = np.nan
+    batches = [fluxpy.gpu(b) for b in host]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    errors = []
+    for m, capture in ((captured, True), (eager, False)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)   # both rules' updates skip themselves on the device
+            with pytest.raises(fluxpy.TrainingDiverged) as caught:
+                fluxpy.train(_loss, m, batches, setup(rule, m), progress=False, capture=capture)
+        errors.append(caught.value)
+    assert [e.batch for e in errors] == [bad_batch, bad_batch]
+    assert str(errors[0]) == str(errors[1])   # the captured run reruns the bad batch eagerly: the same error
+    _assert_same_arrays(captured, eager)   # the captured run skipped the bad step's update on the device

@@ -1,0 +1,177 @@
+"""A counter-based random generator for the GPU whose position lives on the device: Philox4x32-10.
+
+CuPy's generator advances its position on the host, so a step captured as a CUDA graph would replay the
+same Dropout mask every time. :class:`PhiloxGenerator` draws with a kernel that reads its position (a
+counter) from device memory, and a second one-thread launch advances it: replays draw new numbers, and a
+run with the same seed draws the same ones, captured or not.
+
+Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the
+Random123 library) maps a 128-bit counter and a 64-bit key to four 32-bit words. Draw ``t`` of ``n``
+values uses counters ``offset .. offset + ceil(n / per) - 1`` (``per`` = 4 float32 or 2 float64 values a
+counter), then ``offset`` grows by that many. A float32 value is ``(word >> 8) * 2**-24``; a float64 value
+takes two words, ``((w0 >> 5) * 2**26 + (w1 >> 6)) * 2**-53`` (NumPy's construction): both in [0, 1).
+:func:`uniform_numpy` computes the same numbers on the host (the reference the GPU kernel is tested against).
+
+>>> [hex(w) for w in philox4x32_10(np.zeros((4, 1), np.uint32), (0, 0))[:, 0]]   # Random123's first test vector
+['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
+>>> uniform_numpy((1, 2), 0, 3, np.float32).round(4)
+array([0.0219, 0.597 , 0.1526], dtype=float32)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backend import cupy
+
+__all__ = ["philox4x32_10", "uniform_numpy", "PhiloxGenerator", "PER_COUNTER", "SOURCE"]
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_LOW = np.uint64(0xFFFFFFFF)
+PER_COUNTER = {np.dtype(np.float32): 4, np.dtype(np.float64): 2}
+
+
+def philox4x32_10(ctr: np.ndarray, key: tuple[int, int]) -> np.ndarray:
+    """Philox4x32-10 of the counters ``ctr`` (a ``(4, n)`` uint32 array, one counter per column) under ``key``
+    (two 32-bit ints); a ``(4, n)`` uint32 array of the output words.
+
+    >>> out = philox4x32_10(np.full((4, 1), 0xFFFFFFFF, np.uint32), (0xFFFFFFFF, 0xFFFFFFFF))
+    >>> [hex(w) for w in out[:, 0]]   # Random123's second test vector
+    ['0x408f276d', '0x41c83b0e', '0xa20bc7c6', '0x6d5451fd']
+    """
+    c = [np.asarray(ctr[i], np.uint64) for i in range(4)]
+    k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
+    for _ in range(10):
+        p0, p1 = _M0 * c[0], _M1 * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), p1 & _LOW, (p0 >> np.uint64(32)) ^ c[3] ^ np.uint64(k1),
+             p0 & _LOW]
+        k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
+    return np.stack(c).astype(np.uint32)
+
+
+def uniform_numpy(key: tuple[int, int], offset: int, n: int, dtype: Any) -> np.ndarray:
+    """The ``n`` values in [0, 1) that the GPU kernel draws from counter ``offset`` under ``key`` (see the module).
+
+    >>> uniform_numpy((7, 0), 0, 5, np.float64).shape
+    (5,)
+    """
+    dtype = np.dtype(dtype)
+    per = PER_COUNTER[dtype]
+    counters = -(-n // per)
+    c = np.arange(offset, offset + counters, dtype=np.uint64)
+    ctr = np.stack([c & _LOW, c >> np.uint64(32), np.zeros_like(c), np.zeros_like(c)]).astype(np.uint32)
+    words = philox4x32_10(ctr, key).T.reshape(-1)   # counter by counter, four words each
+    if dtype == np.float32:
+        return ((words[:n] >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24))
+    pairs = words.reshape(-1, 2)[:n].astype(np.uint64)
+    a, b = pairs[:, 0] >> np.uint64(5), pairs[:, 1] >> np.uint64(6)
+    return (a * np.uint64(67108864) + b).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+SOURCE = r"""
+#define PER (sizeof(T) == 4 ? 4 : 2)
+
+__host__ __device__ __forceinline__ unsigned int mulhi32(unsigned int a, unsigned int b) {
+#ifdef __CUDA_ARCH__
+  return __umulhi(a, b);
+#else
+  return (unsigned int)(((unsigned long long)a * b) >> 32);   // the same function on the host (for tests)
+#endif
+}
+
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+  for (int r = 0; r < 10; ++r) {
+    const unsigned int hi0 = mulhi32(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+    const unsigned int hi1 = mulhi32(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k.x += 0x9E3779B9u;
+    k.y += 0xBB67AE85u;
+  }
+  return c;
+}
+
+__host__ __device__ __forceinline__ float to_uniform(const unsigned int* w, int q, float) {
+  return (float)(w[q] >> 8) * 5.9604644775390625e-08f;   // 2^-24
+}
+
+__host__ __device__ __forceinline__ double to_uniform(const unsigned int* w, int q, double) {
+  const unsigned long long a = w[2 * q] >> 5, b = w[2 * q + 1] >> 6;
+  return (double)(a * 67108864ULL + b) * (1.0 / 9007199254740992.0);   // 2^-53
+}
+
+extern "C" __global__ void fluxpy_philox_uniform(T* out, const long long n, const unsigned long long* offset,
+                                                  const unsigned int k0, const unsigned int k1) {
+  const unsigned long long base = *offset;
+  const long long counters = (n + PER - 1) / PER;
+  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < counters;
+       j += (long long)gridDim.x * blockDim.x) {
+    const unsigned long long c = base + (unsigned long long)j;
+    const uint4 r = philox4x32_10(make_uint4((unsigned int)c, (unsigned int)(c >> 32), 0u, 0u), make_uint2(k0, k1));
+    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
+    for (int q = 0; q < PER; ++q) {
+      const long long i = j * PER + q;
+      if (i < n) out[i] = to_uniform(w, q, (T)0);
+    }
+  }
+}
+
+extern "C" __global__ void fluxpy_philox_advance(unsigned long long* offset, const unsigned long long by) {
+  *offset += by;   // after the draw has read it (the same stream), so that the next draw continues from here
+}
+"""
+_modules: dict = {}
+
+
+def _kernels(dtype):
+    k = _modules.get(dtype)
+    if k is None:
+        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
+        module = cupy.RawModule(code=f"#define T {ctype}\n" + SOURCE, options=("--std=c++14",))
+        k = _modules[dtype] = (module.get_function("fluxpy_philox_uniform"),
+                               module.get_function("fluxpy_philox_advance"))
+    return k
+
+
+class PhiloxGenerator:
+    """The GPU's default generator (what :func:`fluxpy.random.rng_for` gives for CuPy): ``random(shape, dtype)``
+    as ``numpy.random.Generator.random``, drawn on the device from a position kept on the device, so that a draw
+    inside a captured CUDA graph draws new numbers at every replay (``capturable``).
+
+    ``seed`` (an int) gives the key; each device has its own position, starting at 0. Values: see the module.
+
+    >>> PhiloxGenerator.capturable
+    True
+    """
+    capturable = True
+
+    def __init__(self, seed: int) -> None:
+        seed = int(seed)
+        self.key = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+        self._offsets: dict = {}   # device id -> uint64 array of one element: the next counter
+
+    def offset(self) -> Any:
+        """The current device's position (a one-element uint64 CuPy array), made at 0 on first use."""
+        dev = cupy.cuda.runtime.getDevice()
+        offset = self._offsets.get(dev)
+        if offset is None:
+            offset = self._offsets[dev] = cupy.zeros(1, dtype=np.uint64)
+        return offset
+
+    def random(self, shape: Any = None, dtype: Any = np.float64) -> Any:
+        """Uniform values in [0, 1) of ``shape`` (float32 or float64), two launches and no host sync."""
+        dtype = np.dtype(dtype)
+        if dtype not in PER_COUNTER:
+            raise TypeError(f"PhiloxGenerator.random draws float32 or float64, got {dtype}")
+        shape = () if shape is None else (tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),))
+        n = int(np.prod(shape, dtype=np.int64))
+        out = cupy.empty(n, dtype=dtype)
+        counters = -(-n // PER_COUNTER[dtype])
+        if counters:
+            draw, advance = _kernels(dtype)
+            offset = self.offset()
+            blocks = int(min(-(-counters // 256), 4096))
+            draw((blocks,), (256,), (out, np.int64(n), offset, np.uint32(self.key[0]), np.uint32(self.key[1])))
+            advance((1,), (1,), (offset, np.uint64(counters)))
+        return out.reshape(shape)
