@@ -10,7 +10,6 @@ True
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -28,7 +27,7 @@ cupy = _cupy
 
 __all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
            "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds", "HostToDevice",
-           "host_to_device", "read_scalars", "Array"]
+           "host_to_device", "read_scalars", "start_reading_scalars", "ScalarsRead", "Array"]
 
 default_float = np.float32
 
@@ -212,27 +211,59 @@ def read_scalars(*xs: Any) -> list[float]:
 
     Each ``x`` is anything ``float`` takes: a number, a 0-d NumPy or CuPy array. The 0-d CuPy
     arrays on the current device are copied into one pinned host buffer on the current stream and
-    read after one synchronisation of that stream (``float`` of each costs a synchronous copy of
-    its own); the rest go to ``float`` as they are.
+    read after one wait (``float`` of each costs a synchronous copy of its own); the rest go to
+    ``float`` as they are. :func:`start_reading_scalars` is the same without the wait.
 
     >>> import numpy as np
     >>> read_scalars(np.float32(1.5), np.array(2.0), 3)
     [1.5, 2.0, 3.0]
     """
+    return start_reading_scalars(*xs).result()
+
+
+class ScalarsRead:
+    """Scalars on their way to the host (:func:`start_reading_scalars`): :meth:`result` waits for their copy only,
+    not for GPU work queued after it.
+
+    >>> import numpy as np
+    >>> start_reading_scalars(np.float32(0.5), 2).result()
+    [0.5, 2.0]
+    """
+    __slots__ = ("_xs", "_buffer", "_offsets", "_event")
+
+    def __init__(self, xs, buffer, offsets, event):
+        self._xs, self._buffer, self._offsets, self._event = xs, buffer, offsets, event
+
+    def result(self) -> list[float]:
+        """The scalars as floats (waits for their copy the first time)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        raw = np.frombuffer(self._buffer, np.uint8) if self._buffer is not None else None
+        offsets = self._offsets
+        return [float(raw[offsets[id(x)]:offsets[id(x)] + x.nbytes].view(x.dtype)[0]) if id(x) in offsets
+                else float(x) for x in self._xs]
+
+
+def start_reading_scalars(*xs: Any) -> ScalarsRead:
+    """Queue the copy of ``xs`` (as for :func:`read_scalars`) to the host on the current stream, into a pinned
+    buffer of its own, and return at once: the GPU work queued next runs while the host waits for these values
+    alone (a training loop reads one step's loss while the next step runs).
+
+    >>> start_reading_scalars(1.5).result()
+    [1.5]
+    """
     device = _current_device_scalars(xs)
     if not device:
-        return [float(x) for x in xs]
-    buffer = _scalar_buffer(sum(-(-x.nbytes // 8) * 8 for x in device))
+        return ScalarsRead(xs, None, {}, None)
+    buffer = cupy.cuda.alloc_pinned_memory(sum(-(-x.nbytes // 8) * 8 for x in device))
     stream = cupy.cuda.get_current_stream()
     address, offsets, offset = buffer.ptr, {}, 0
     for x in device:
         x.data.copy_to_host_async(ctypes.c_void_p(address + offset), x.nbytes, stream)
         offsets[id(x)] = offset
         offset += -(-x.nbytes // 8) * 8
-    stream.synchronize()
-    raw = np.frombuffer(buffer, np.uint8, offset)
-    return [float(raw[offsets[id(x)]:offsets[id(x)] + x.nbytes].view(x.dtype)[0]) if id(x) in offsets else float(x)
-            for x in xs]
+    return ScalarsRead(xs, buffer, offsets, stream.record())
 
 
 def _current_device_scalars(xs):
@@ -244,18 +275,6 @@ def _current_device_scalars(xs):
         return []
     here = cupy.cuda.runtime.getDevice()
     return list({id(x): x for x in found if x.data.device_id == here}.values())
-
-
-_scalar_buffers = threading.local()   # one pinned buffer per thread: read_scalars is called from any thread
-
-
-def _scalar_buffer(nbytes):
-    buffer, size = getattr(_scalar_buffers, "pinned", (None, 0))
-    if size < nbytes:
-        size = max(nbytes, 64)
-        buffer = cupy.cuda.alloc_pinned_memory(size)
-        _scalar_buffers.pinned = (buffer, size)
-    return buffer
 
 
 # ---------------------------------------------------------------------------------------------

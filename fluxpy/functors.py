@@ -29,7 +29,8 @@ import numpy as np
 
 from .backend import Array, copy_into, get_array_module, is_array, to_cpu, to_gpu
 
-__all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "state", "loadstate", "is_leaf", "gpu", "cpu"]
+__all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
+           "cpu"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -211,16 +212,32 @@ def trainables(model: Any) -> list[Array]:
     >>> len(trainables([w, w, np.arange(3)]))  # shared once; integer arrays are not trainable
     1
     """
+    return _distinct_arrays(model, trainable_only=True)
+
+
+def arrays(model: Any) -> list[Array]:
+    """The distinct arrays of a model, in tree order: the trainable ones and the rest (BatchNorm's running
+    statistics, integer arrays).
+
+    >>> import numpy as np
+    >>> w = np.ones(2)
+    >>> len(arrays([w, w, np.arange(3)]))
+    2
+    """
+    return _distinct_arrays(model, trainable_only=False)
+
+
+def _distinct_arrays(model, trainable_only):
     out, seen = [], set()
 
     def walk(x):
         kids = children(x)
         if kids is None:
-            if is_array(x) and x.dtype.kind in "fc" and id(x) not in seen:
+            if is_array(x) and (not trainable_only or x.dtype.kind in "fc") and id(x) not in seen:
                 seen.add(id(x))
                 out.append(x)
             return
-        allowed = _trainable_keys(x)
+        allowed = _trainable_keys(x) if trainable_only else None
         for k, v in kids:
             if allowed is None or k in allowed:
                 walk(v)

@@ -20,15 +20,19 @@ True
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .autodiff import withgradient
-from .backend import CapturedGraph, capture_graph, copy_into, get_array_module, gpu_device
+from .backend import (CapturedGraph, ScalarsRead, capture_graph, copy_into, get_array_module, gpu_device,
+                      start_reading_scalars)
 from .capturing import guarding, recording
 from .optimise import _apply, _check_gradients, _finite_total, _leaves, _plan, update
 
-__all__ = ["TrainStep", "CaptureWarning", "CheckedStep"]
+__all__ = ["TrainStep", "CaptureWarning", "CheckedStep", "Flight"]
 
 
 class CaptureWarning(UserWarning):
@@ -197,31 +201,74 @@ def _restore(states):
 
 
 class CheckedStep(TrainStep):
-    """The captured step that :func:`fluxpy.train` runs: the graph also computes a device scalar that is finite
-    only where the loss (and, with ``check_gradients``, every gradient) is, and the update runs on the device
-    only where it is (:func:`fluxpy.capturing.guarding`). :meth:`run` returns that scalar with the loss, and
-    what to do on the host either way; None where the batch steps eagerly this time (train's own checked step).
+    """The captured step that :func:`fluxpy.train` runs: the graph also computes a device flag that is finite only
+    where the loss (and, with ``check_gradients``, every gradient) is, and the update runs on the device only where
+    it is (:func:`fluxpy.capturing.guarding`). The flag is sticky: once a replay finds a value that is not finite,
+    every later replay skips its update too, until :meth:`clear_trip`, so that train may read a step's flag
+    after the next step was launched and still stop with the model as it was before the bad step.
+
+    The model is held weakly (train keeps one per model across its calls, and must not keep the model alive).
     """
 
     def __init__(self, loss: Callable, model: Any, opt_state: Any, *, check_gradients: bool = True,
                  warmup: int = 2) -> None:
         super().__init__(loss, model, opt_state, capture=True, warmup=warmup)
         self.check_gradients = check_gradients
+        self._tripped = None   # a device float64: 0, or NaN once a replay skipped its update
+
+    @property
+    def model(self) -> Any:
+        return self._model()
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        self._model = weakref.ref(model)
+
+    def _capture(self, entry, batch):
+        if self._tripped is None:   # outside the capture: a zero-fill in the graph would clear it at every replay
+            self._tripped = get_array_module(batch[0]).zeros((), np.float64)
+        return super()._capture(entry, batch)
 
     def _captured_outputs(self, inputs):
         value, (grad,) = withgradient(lambda m: self.loss(m, *inputs), self.model)
         plan = _plan(self.opt_state, self.model, grad, "train")
         arrays = [value] + ([dx for leaf, _, dx, _ in plan if not leaf.frozen] if self.check_gradients else [])
-        total = _finite_total(arrays)
+        guard = _finite_total(arrays) + self._tripped
+        copy_into(self._tripped, guard)
         _check_gradients(plan, False, "train")   # what a rule refuses (ClipNorm reads: such a step is not captured)
-        with guarding(total):
+        with guarding(guard):
             _apply(plan)
-        return value, total
+        return value, guard
 
-    def run(self, *batch: Any):
-        """``(loss, total, commit, undo)`` of one replayed (or just captured) step, or None: step eagerly."""
+    def run(self, *batch: Any) -> Flight | None:
+        """Launch the step of ``batch`` (capturing it first where its warm-up is over); None: step it eagerly."""
         entry = self._entry_for(batch)
-        if entry is None:
+        return None if entry is None else self._fly(entry, batch)
+
+    def replay(self, *batch: Any) -> Flight | None:
+        """Launch the step of ``batch`` where its graph is ready (no warm-up step, no capture, no change of rule
+        since); None otherwise (then :meth:`run` it, after reading what flies)."""
+        key = self._signature(batch)
+        entry = self._signatures.get(key) if key is not None else None
+        if entry is None or entry.graph is None or entry.config_changed():
             return None
-        (value, total), commit, undo = self._launch(entry, batch)
-        return value, total, commit, undo
+        return self._fly(entry, batch)
+
+    def clear_trip(self) -> None:
+        """Let the replays queued from now on update again (after a skipped step was dealt with)."""
+        if self._tripped is not None:
+            self._tripped.fill(0)
+
+    def _fly(self, entry, batch):
+        (value, guard), commit, undo = self._launch(entry, batch)
+        return Flight(start_reading_scalars(value, guard), commit, undo)
+
+
+class Flight:
+    """A launched :class:`CheckedStep`: its loss and flag on their way to the host, and what to do on the host
+    once they are read: ``commit()`` where the update ran on the device (the flag is finite), ``undo()`` where
+    it was skipped."""
+    __slots__ = ("read", "commit", "undo", "batch")
+
+    def __init__(self, read: ScalarsRead, commit: Callable[[], None], undo: Callable[[], None]) -> None:
+        self.read, self.commit, self.undo, self.batch = read, commit, undo, None

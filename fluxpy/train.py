@@ -25,13 +25,14 @@ import numbers
 import sys
 import time
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .autodiff import _withgradient, value_of
 from .backend import get_array_module, read_scalars
 from .collector import frozen_while_training
-from .functors import state
+from .functors import arrays, state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
                        _plan, _read_finite)
 from .step import CheckedStep
@@ -104,8 +105,7 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
     if not isinstance(capture, bool):
         raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
-    captured = CheckedStep(loss, model, opt_state, check_gradients=check_finite) \
-        if capture and max_loss_ratio is None else None
+    captured = _checked_step(loss, model, opt_state, check_finite) if capture and max_loss_ratio is None else None
     with frozen_while_training:   # see fluxpy.collector: the objects alive now are not scanned while it trains
         return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured)
 
@@ -116,21 +116,27 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
     for epoch in range(1, epochs + 1):
         bar = _progress_bar(data, epoch, epochs) if progress else None
         seen, start, batches = 0, time.perf_counter(), 0
+
+        # captured steps are never checked against max_loss_ratio (train steps eagerly with it)
+        lagged = None if captured is None else _Lagged(captured, lambda args, batch_number, epoch=epoch: _step(
+            loss, model, args, opt_state, epoch, batch_number, check_finite, None, None))
         try:
             for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
                 args = batch if isinstance(batch, tuple) else (batch,)
-                value = _captured_step(captured, args) if captured is not None else None
-                if value is None:
-                    value = _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio,
-                                  first)
-                if first is None:
-                    first = value
-                losses.append(value)
+                values = lagged.step(args, batch_number) if lagged is not None else [
+                    _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)]
+                if first is None and values:
+                    first = values[0]
+                losses.extend(values)
                 batches += 1
                 seen += _count(args[0])
-                if bar is not None:
-                    bar.show(value, seen / max(time.perf_counter() - start, 1e-9))
+                if bar is not None and losses:
+                    bar.show(losses[-1], seen / max(time.perf_counter() - start, 1e-9))
+            if lagged is not None:
+                losses.extend(lagged.finish())
         finally:
+            if lagged is not None:
+                lagged.abandon()
             if bar is not None:
                 bar.close()
         if not batches:
@@ -140,20 +146,80 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
     return losses
 
 
-def _captured_step(captured, args):
-    """The loss of the batch's step replayed from its CUDA graph, or None where train must run it eagerly: the
-    batch's shape is warming up or cannot be captured, or the graph found a loss or gradient that is not finite
-    (it skipped the update on the device; the host's optimiser state is put back to match)."""
-    got = captured.run(*args)
-    if got is None:
-        return None
-    value, total, commit, undo = got
-    value, total = read_scalars(value, total)   # the step's one wait, as in the eager step
-    if math.isfinite(value) and math.isfinite(total):
-        commit()
-        return value
-    undo()
-    return None
+# train's captured steps, one per model (held weakly), reused by the next call for the same loss and optimiser
+# state while the model's arrays are the ones its graphs write: a loop that calls train once per epoch captures once
+_checked_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _checked_step(loss, model, opt_state, check_finite):
+    """The :class:`CheckedStep` for ``train(loss, model, ..., opt_state, check_finite=...)``: the one the last
+    call made where nothing it captured has changed, else a new one."""
+    fingerprint = tuple(id(a) for a in arrays(model))
+    try:
+        kept = _checked_steps.get(model)
+    except TypeError:   # a model that cannot be referenced weakly (a dict): a new step per call
+        return CheckedStep(loss, model, opt_state, check_gradients=check_finite)
+    if kept is not None and kept[0] == (loss, opt_state, check_finite, fingerprint):
+        return kept[1]
+    step = CheckedStep(loss, model, opt_state, check_gradients=check_finite)
+    _checked_steps[model] = ((loss, opt_state, check_finite, fingerprint), step)
+    return step
+
+
+class _Lagged:
+    """Steps replayed from their CUDA graphs with the loss read one step late: the host launches step k+1, then
+    waits for step k's loss and flag, so the GPU runs one step while the host prepares the next.
+
+    The checks stay exact. A step whose flag is not finite skipped its update on the device, and so did the
+    step launched after it (the flag is sticky, :class:`fluxpy.step.CheckedStep`): both are undone on the host and
+    run again eagerly, in order, where train's checked step raises :class:`TrainingDiverged` for the bad one.
+    Batches that are not replays (warm-up, capture, another shape) wait for the step in flight first.
+    """
+
+    def __init__(self, captured: CheckedStep, eager: Callable) -> None:
+        self.captured, self.eager, self.flying = captured, eager, None
+
+    def step(self, args: tuple, batch_number: int) -> list[float]:
+        """Launch (or run) the step of ``args``; the losses of the steps that finished by now, in order."""
+        flight = self.captured.replay(*args)
+        if flight is not None:
+            flight.batch = (args, batch_number)
+            earlier, self.flying = self.flying, flight
+            return self._settle(earlier) if earlier is not None else []
+        done = self.finish()
+        flight = self.captured.run(*args)
+        if flight is None:
+            return done + [self.eager(args, batch_number)]
+        flight.batch = (args, batch_number)
+        return done + self._settle(flight)
+
+    def finish(self) -> list[float]:
+        """Wait for the step in flight; its loss (and any step run again)."""
+        flight, self.flying = self.flying, None
+        return self._settle(flight) if flight is not None else []
+
+    def abandon(self) -> None:
+        """After an exception: bring the host side of the step in flight in line with the device, no rerun."""
+        flight, self.flying = self.flying, None
+        if flight is not None:
+            value, guard = flight.read.result()
+            if math.isfinite(value) and math.isfinite(guard):
+                flight.commit()
+            else:
+                flight.undo()
+                self.captured.clear_trip()
+
+    def _settle(self, flight) -> list[float]:
+        value, guard = flight.read.result()
+        if math.isfinite(value) and math.isfinite(guard):
+            flight.commit()
+            return [value]
+        skipped = [flight] + ([self.flying] if self.flying is not None else [])
+        self.flying = None
+        self.captured.clear_trip()
+        for f in reversed(skipped):   # the device skipped them: undone on the host, then run again eagerly in order
+            f.undo()
+        return [self.eager(*f.batch) for f in skipped]
 
 
 def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_ratio, first):

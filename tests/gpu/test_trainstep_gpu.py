@@ -19,7 +19,7 @@ from fluxpy import (BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, MaxP
                     logitcrossentropy, relu)
 from fluxpy.kernels.cudnn import set_options
 from fluxpy.models import resnet20
-from fluxpy.optimise import Adam, Momentum, setup
+from fluxpy.optimise import Adam, Descent, Momentum, setup
 
 pytestmark = pytest.mark.gpu
 
@@ -178,13 +178,83 @@ def test_train_with_capture_stops_where_the_eager_train_stops_and_leaves_the_sam
     host[bad_batch - 1][0][0, 0, 0, 0] = np.nan
     batches = [fluxpy.gpu(b) for b in host]
     captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
-    errors = []
+    errors, states = [], []
     for m, capture in ((captured, True), (eager, False)):
+        states.append(setup(rule, m))
         with warnings.catch_warnings():
             warnings.simplefilter("error", CaptureWarning)   # both rules' updates skip themselves on the device
             with pytest.raises(fluxpy.TrainingDiverged) as caught:
-                fluxpy.train(_loss, m, batches, setup(rule, m), progress=False, capture=capture)
+                fluxpy.train(_loss, m, batches, states[-1], progress=False, capture=capture)
         errors.append(caught.value)
     assert [e.batch for e in errors] == [bad_batch, bad_batch]
     assert str(errors[0]) == str(errors[1])   # the captured run reruns the bad batch eagerly: the same error
-    _assert_same_arrays(captured, eager)   # the captured run skipped the bad step's update on the device
+    # the captured run skipped the bad step's update on the device, and the next one's (launched before the bad
+    # step's loss was read); the host side of the optimiser is where the eager run's is
+    _assert_same_arrays(captured, eager)
+    _assert_same_host_state(*states)
+
+
+def _assert_same_host_state(a, b):
+    """The optimiser's host-side state (Adam's bias-correction powers) alike in two runs."""
+    def host(state):
+        return [[s for s in (leaf.state if isinstance(leaf.state, tuple) else (leaf.state,)) if not hasattr(s, "shape")]
+                for leaf in fluxpy.optimise._leaves(state)]
+    assert host(a) == host(b)
+
+
+def test_train_called_once_per_epoch_captures_once_and_gives_the_eager_run():
+    from fluxpy.train import _checked_steps
+    model = _reference(np.random.default_rng(9))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(10, 16, 9)]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    cs, es = setup(Adam(1e-3), captured), setup(Adam(1e-3), eager)
+    got, want, steps, graphs = [], [], [], []
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)
+            got += fluxpy.train(_loss, captured, batches, cs, progress=False, capture=True)
+        want += fluxpy.train(_loss, eager, batches, es, progress=False)
+        step = _checked_steps[captured][1]
+        steps.append(step)
+        graphs.append([e.graph for e in step._signatures.values()])
+    assert steps[0] is steps[1] is steps[2]
+    assert graphs[0] == graphs[1] == graphs[2] and graphs[0][0] is not None   # one capture for the three calls
+    assert got == want
+    _assert_same_arrays(captured, eager)
+    _assert_same_host_state(cs, es)
+
+
+def test_an_array_replaced_in_the_model_between_calls_is_captured_anew():
+    import cupy as cp
+    model = _reference(np.random.default_rng(10))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(8, 16, 10)]
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    runs = []
+    for m, capture in ((captured, True), (eager, False)):
+        opt = setup(Descent(1e-2), m)
+        losses = fluxpy.train(_loss, m, batches, opt, progress=False, capture=capture)
+        m[7].bias = cp.full_like(m[7].bias, 0.25)   # a new array: the first graph writes the old one
+        losses += fluxpy.train(_loss, m, batches, setup(Descent(1e-2), m), progress=False, capture=capture)
+        runs.append(losses)
+    assert runs[0] == runs[1]
+    _assert_same_arrays(captured, eager)
+
+
+def test_an_exception_from_the_data_mid_epoch_leaves_the_optimiser_in_step_with_the_model():
+    model = _reference(np.random.default_rng(11))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(12, 16, 11)]
+
+    def broken():
+        yield from batches[:9]
+        raise RuntimeError("the data source broke")
+
+    captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
+    states = []
+    for m, capture in ((captured, True), (eager, False)):
+        opt = setup(Adam(1e-3), m)
+        with pytest.raises(RuntimeError, match="broke"):
+            fluxpy.train(_loss, m, broken(), opt, progress=False, capture=capture)
+        fluxpy.train(_loss, m, batches, opt, progress=False, capture=capture)
+        states.append(opt)
+    _assert_same_arrays(captured, eager)
+    _assert_same_host_state(*states)
