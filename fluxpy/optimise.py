@@ -450,7 +450,7 @@ class Leaf:
         self.frozen = frozen
         self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
         self._steps = None  # the _Steps of the last update whose plan began at this leaf (a cache)
-        self._powers = None  # the device copy of Adam's beta^t that the multi-tensor kernel reads (see _AdamGroup)
+        self._powers = None  # the device copy of Adam's beta^t that the multi-tensor kernel reads (see _Group)
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
@@ -797,13 +797,14 @@ def _apply(plan):
 class _Steps:
     """How :func:`update` steps one plan: which leaves go alone and which together, built once and reused.
 
-    A group is the unfrozen leaves whose rule is exactly :class:`Adam` with equal hyperparameters and equal
-    bias-correction state ``(b1t, b2t)`` (values and Python types alike), whose parameters have one array type and
-    dtype and share no memory with any other parameter of the plan (so that stepping them together is stepping
-    them one by one). Each step a group asks the kernel table for ``adam_update_many`` (one call for the whole
-    group, and every leaf's state becomes exactly what ``Adam.step`` makes); where there is none (NumPy, or a call
-    the kernel declines) its leaves step one by one. AdamW and chains step leaf by leaf. Leaves and groups step
-    in the plan's order.
+    A group is the unfrozen leaves whose rule is exactly :class:`Descent`, :class:`Momentum`, :class:`Adam` or
+    :class:`AdamW` with equal hyperparameters (and, for Adam/AdamW, equal bias-correction state ``(b1t, b2t)``;
+    values and Python types alike), whose parameters have one array type and dtype and share no memory with any
+    other parameter of the plan (so that stepping them together is stepping them one by one). Each step a group
+    asks the kernel table for its multi-tensor kernel (``sgd_update_many`` or ``adam_update_many``: one call for
+    the whole group, and every leaf's state becomes exactly what the rule's ``step`` makes); where there is none
+    (NumPy, or a call the kernel declines) its leaves step one by one. Chains and the other rules step leaf by
+    leaf. Leaves and groups step in the plan's order.
 
     Reused while the plan has the same leaves in the same order, each with the same array, the same rule object,
     the same ``frozen`` flag and, for a grouped leaf, the same state object as the last step left it; anything
@@ -820,13 +821,13 @@ class _Steps:
         for i, (leaf, x, _, _) in enumerate(plan):
             if leaf.frozen:
                 continue
-            key = None if i in shared else _adam_group_key(leaf, x)
+            key = None if i in shared else _group_key(leaf, x)
             if key is None:
                 order.append(i)
                 continue
             group = groups.get(key)
             if group is None:
-                group = groups[key] = _AdamGroup(leaf.rule, leaf.state[2])
+                group = groups[key] = _Group(leaf.rule, leaf.state[2] if _is_adam(leaf.rule) else None)
                 order.append(group)
             group.add(i, leaf, x)
             self.states[i] = leaf.state
@@ -846,18 +847,28 @@ class _Steps:
             if type(item) is int:
                 leaf, x, dx, _ = plan[item]
                 if current_guard() is not None and not leaf.rule.guarded_kernel(x, dx):
-                    refuse(f"{leaf.rule!r} stepping a parameter on its own: its update cannot skip itself on the "
-                           "device when the step's loss or gradients are not finite")
+                    _refuse_unguarded(leaf.rule, "stepping a parameter on its own")
                 leaf.state = leaf.rule.step(leaf.state, x, dx)
             else:
                 item.step(plan, self.states)
 
 
-class _AdamGroup:
-    """Adam leaves that one ``adam_update_many`` call steps: their plan indices, leaves, parameters and moments,
-    and the powers ``beta^t`` twice: ``bt`` on the host (what each leaf's state holds, as ``Adam.step`` makes it)
-    and ``powers`` on the device (what the kernel reads and advances, so that a replayed CUDA graph sees them
-    advance); both advance by the same float64 products."""
+def _refuse_unguarded(rule, how):
+    """Inside :func:`fluxpy.capturing.guarding`: an update with no kernel that skips itself cannot be captured."""
+    refuse(f"{rule!r} {how}: its update cannot skip itself on the device when the step's loss or gradients are "
+           "not finite")
+
+
+def _is_adam(rule):
+    return type(rule) is Adam or type(rule) is AdamW
+
+
+class _Group:
+    """Leaves that one multi-tensor call steps: their plan indices, leaves, parameters and state arrays (Adam's
+    moments ``m``, ``v``; Momentum's velocity ``v``; none for Descent). For Adam and AdamW the powers ``beta^t``
+    twice: ``bt`` on the host (what each leaf's state holds, as ``Adam.step`` makes it) and ``powers`` on the
+    device (what the kernel reads and advances, so that a replayed CUDA graph sees them advance); both advance by
+    the same float64 products."""
     __slots__ = ("rule", "bt", "powers", "index", "leaves", "xs", "ms", "vs")
 
     def __init__(self, rule, bt):
@@ -868,12 +879,32 @@ class _AdamGroup:
         self.index.append(i)
         self.leaves.append(leaf)
         self.xs.append(x)
-        self.ms.append(leaf.state[0])
-        self.vs.append(leaf.state[1])
+        if self.bt is not None:
+            self.ms.append(leaf.state[0])
+            self.vs.append(leaf.state[1])
+        elif type(self.rule) is Momentum:
+            self.vs.append(leaf.state)
 
     def step(self, plan, states):
-        xs, ms, vs = self.xs, self.ms, self.vs
         dxs = [plan[i][2] for i in self.index]
+        if self.bt is not None:
+            self._step_adam(dxs, states)
+            return
+        xs, rule = self.xs, self.rule
+        vs = self.vs if type(rule) is Momentum else None
+        kernel = find("sgd_update_many", xs[0], xs, dxs, vs)
+        if kernel is None:
+            if current_guard() is not None:
+                _refuse_unguarded(rule, "stepping its parameters without a multi-tensor kernel")
+            for i, leaf, x, dx in zip(self.index, self.leaves, xs, dxs):
+                leaf.state = states[i] = rule.step(leaf.state, x, dx)
+        elif vs is None:
+            kernel(xs, dxs, None, rule.eta, **_guard())
+        else:
+            kernel(xs, dxs, vs, rule.eta, rule.rho, **_guard())
+
+    def _step_adam(self, dxs, states):
+        xs, ms, vs = self.xs, self.ms, self.vs
         kernel = find("adam_update_many", xs[0], xs, dxs, ms, vs)
         if kernel is None:  # leaf by leaf, as Adam.step; the next step's states are recorded (and checked) all the same
             self.powers = None
@@ -886,8 +917,9 @@ class _AdamGroup:
         b1t, b2t = self.bt
         if self.powers is None:
             self.powers = self._shared_powers(get_array_module(xs[0]))
+        decay = {"lambd": rule.lambd} if type(rule) is AdamW else {}
         self.bt = bt = tuple(kernel(xs, dxs, ms, vs, rule.eta, rule.beta, rule.eps, b1t, b2t, powers=self.powers,
-                                    **_guard()))   # a checked step: the kernel skips it where the flag is not finite
+                                    **decay, **_guard()))   # a checked step: skipped where the flag is not finite
         self._record_states(bt, states)
         on_replay(lambda: self._advance_host(states))
 
@@ -919,18 +951,30 @@ def _typed(v):
     return type(v), v
 
 
-def _adam_group_key(leaf, x):
-    """What an Adam leaf's group is known by (None: the leaf steps alone): array type and dtype, the rule's
-    hyperparameters and the bias-correction state, each value with its type (so that a group's shared next
-    ``(b1t, b2t)`` is what every leaf's own ``Adam.step`` would make)."""
+def _group_key(leaf, x):
+    """What a leaf's multi-tensor group is known by (None: the leaf steps alone): the rule's type and
+    hyperparameters, array type and dtype, and for Adam/AdamW the bias-correction state, each value with its type
+    (so that a group's shared next ``(b1t, b2t)`` is what every leaf's own ``Adam.step`` would make)."""
     rule, state = leaf.rule, leaf.state
-    if type(rule) is not Adam or type(state) is not tuple or len(state) != 3:
+    kind = type(rule)
+    if kind is Descent:
+        if state is not None:
+            return None
+        hyper = (rule.eta,)
+    elif kind is Momentum:
+        if type(state) is not type(x):
+            return None
+        hyper = (rule.eta, rule.rho)
+    elif kind is Adam or kind is AdamW:
+        if type(state) is not tuple or len(state) != 3:
+            return None
+        bt, beta = state[2], rule.beta
+        if type(bt) is not tuple or len(bt) != 2 or type(beta) not in (tuple, list) or len(beta) != 2:
+            return None
+        hyper = (rule.eta, beta[0], beta[1], rule.eps, bt[0], bt[1]) + ((rule.lambd,) if kind is AdamW else ())
+    else:
         return None
-    bt, beta = state[2], rule.beta
-    if type(bt) is not tuple or len(bt) != 2 or type(beta) not in (tuple, list) or len(beta) != 2:
-        return None
-    key = (type(x), x.dtype, _typed(rule.eta), _typed(beta[0]), _typed(beta[1]), _typed(rule.eps),
-           _typed(bt[0]), _typed(bt[1]))
+    key = (kind, type(x), x.dtype) + tuple(_typed(h) for h in hyper)
     try:
         hash(key)
     except TypeError:   # an array or a list as a hyperparameter: that leaf steps alone

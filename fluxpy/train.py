@@ -83,9 +83,12 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     and replayed (:class:`fluxpy.TrainStep`: no Python runs per step but the batch copy, the launch and the
     check's read). The checks stay: the graph also finds whether the loss (and, with ``check_finite``, every
     gradient) is finite and skips its update on the device where it is not; train then runs that batch again
-    eagerly, which raises :class:`TrainingDiverged` as above. A step that cannot be captured (Dropout, AdamW)
-    runs eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on
-    the CPU ``capture`` changes nothing.
+    eagerly, which raises :class:`TrainingDiverged` as above. Each step's loss is read after the next step was
+    launched, so the GPU is never idle while the host prepares a batch. A step that cannot be captured (Dropout
+    given a NumPy generator, a rule without a fused update such as ``OptimiserChain(ClipNorm(1), Adam())``) runs
+    eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU
+    ``capture`` changes nothing. A loop that calls train once per epoch captures once: the captured steps are
+    kept per model while the loss, the optimiser state and the model's arrays stay the same objects.
 
     A loss that gives no gradient to any trainable array (computed from a global model instead of
     its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a

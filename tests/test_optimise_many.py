@@ -1,9 +1,10 @@
-"""update's multi-tensor Adam: one ``adam_update_many`` call per group of Adam leaves, on the CPU.
+"""update's multi-tensor steps: one ``adam_update_many`` call per group of Adam (or AdamW) leaves, one
+``sgd_update_many`` call per group of Descent (or Momentum) leaves, on the CPU.
 
-A NumPy stand-in for the CUDA kernel (the per-parameter formula, in Adam's own order of operations) is put in
-the kernel table for a test and taken out after it (``kernels.snapshot`` / ``restore``). Every test runs the
-same steps twice, on deep copies of the model and the state: once through the groups, once leaf by leaf (no
-"adam_update_many" registered), and asks for the same arrays and states, bit for bit.
+NumPy stand-ins for the CUDA kernels (the per-parameter formulas, in each rule's own order of operations) are
+put in the kernel table for a test and taken out after it (``kernels.snapshot`` / ``restore``). Every test runs
+the same steps twice, on deep copies of the model and the state: once through the groups, once leaf by leaf (no
+multi-tensor kernel registered), and asks for the same arrays and states, bit for bit.
 """
 import contextlib
 import copy
@@ -15,16 +16,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fluxpy import kernels
-from fluxpy.optimise import (Adam, AdamW, ClipGrad, Leaf, Momentum, OptimiserChain, adjust, freeze, setup, thaw,
-                             update)
+from fluxpy.optimise import (Adam, AdamW, ClipGrad, Descent, Leaf, Momentum, OptimiserChain, adjust, freeze, setup,
+                             thaw, update)
 
 seeds = st.integers(0, 2**31 - 1)
 
 
+MANY = ("adam_update_many", "sgd_update_many")
+
+
 def numpy_adam_many(calls):
-    """adam_update_many for NumPy arrays: Adam's CPU step for each parameter, recording ``(len(xs), eta)``."""
-    def adam_update_many(xs, dxs, ms, vs, eta, beta, eps, b1t, b2t, powers=None):
-        calls.append((len(xs), eta))
+    """adam_update_many for NumPy arrays: Adam's (AdamW's, with ``lambd``) CPU step for each parameter, recording
+    ``(len(xs), eta)`` (``("adamw", len(xs), eta)``)."""
+    def adam_update_many(xs, dxs, ms, vs, eta, beta, eps, b1t, b2t, powers=None, lambd=None):
+        calls.append((len(xs), eta) if lambd is None else ("adamw", len(xs), eta))
         b1, b2 = beta
         assert powers is not None and powers.tolist() == [b1t, b2t]   # the device copy of beta^t keeps in step
         powers *= beta
@@ -36,22 +41,40 @@ def numpy_adam_many(calls):
             denom = np.sqrt(v * (1 / (1 - b2t)))
             denom += eps
             step = (m * (1 / (1 - b1t))) / denom
+            if lambd is not None:
+                step += lambd * x
             step *= eta
             x -= step
         return b1t * b1, b2t * b2
     return adam_update_many
 
 
-def numpy_arrays(x, xs, dxs, ms, vs):
-    return all(isinstance(a, np.ndarray) for group in (xs, ms, vs) for a in group)
+def numpy_sgd_many(calls):
+    """sgd_update_many for NumPy arrays: Descent's (``vs`` None) or Momentum's CPU step for each parameter,
+    recording ``("descent" or "momentum", len(xs), eta)``."""
+    def sgd_update_many(xs, dxs, vs, eta, rho=None):
+        calls.append(("descent" if vs is None else "momentum", len(xs), eta))
+        for k, (x, dx) in enumerate(zip(xs, dxs)):
+            if vs is None:
+                x -= eta * dx
+            else:
+                vs[k] *= rho
+                vs[k] += eta * dx
+                x -= vs[k]
+    return sgd_update_many
+
+
+def numpy_arrays(x, xs, dxs, *states):
+    return all(isinstance(a, np.ndarray) for group in (xs,) + states if group is not None for a in group)
 
 
 @contextlib.contextmanager
 def many_kernel(supports=numpy_arrays):
-    """Registers the NumPy adam_update_many for the block; yields the list of its calls."""
+    """Registers the NumPy multi-tensor kernels for the block; yields the list of their calls."""
     before = kernels.snapshot()
     calls = []
     kernels.register("adam_update_many", "numpy", numpy_adam_many(calls), supports)
+    kernels.register("sgd_update_many", "numpy", numpy_sgd_many(calls), supports)
     try:
         yield calls
     finally:
@@ -88,7 +111,8 @@ def assert_same(a, b):
 
 
 class Twin:
-    """The same model and state twice: ``grouped`` steps with the NumPy adam_update_many, ``alone`` leaf by leaf."""
+    """The same model and state twice: ``grouped`` steps with the NumPy multi-tensor kernels, ``alone`` leaf by
+    leaf."""
 
     def __init__(self, state, model, alone=None):
         self.alone = copy.deepcopy((state, model)) if alone is None else alone   # a deep copy un-aliases views
@@ -100,12 +124,12 @@ class Twin:
         f(*self.alone)
 
     def step(self, grad, calls, **kw):
-        """One update of each; returns the calls the grouped update made to adam_update_many."""
+        """One update of each; returns the calls the grouped update made to the multi-tensor kernels."""
         before = len(calls)
         update(*self.grouped, grad, **kw)
         made = calls[before:]
         saved = kernels.snapshot()
-        kernels.restore({k: v for k, v in saved.items() if k[0] != "adam_update_many"})
+        kernels.restore({k: v for k, v in saved.items() if k[0] not in MANY})
         try:
             update(*self.alone, copy.deepcopy(grad), **kw)
         finally:
@@ -174,14 +198,16 @@ def test_mixed_rules_and_adjust():
              "c": setup(OptimiserChain(ClipGrad(0.5), Adam(0.01)), model["c"])}
     twin = Twin(state, model)
     with many_kernel() as calls:
-        assert twin.step(grad_like(model, rng), calls) == [(14, 0.01)]   # AdamW and chains step leaf by leaf
+        others = [("momentum", 1, 0.1), ("adamw", 1, 0.01)]   # chains step leaf by leaf
+        assert twin.step(grad_like(model, rng), calls) == [(14, 0.01)] + others
         twin.both(lambda s, m: adjust(s["b"], 0.003))
         for _ in range(2):
-            assert twin.step(grad_like(model, rng), calls) == [(7, 0.01), (7, 0.003)]
+            assert twin.step(grad_like(model, rng), calls) == [(7, 0.01), (7, 0.003)] + others
         twin.both(lambda s, m: adjust(s, 0.002))
-        assert twin.step(grad_like(model, rng), calls) == [(14, 0.002)]
+        assert twin.step(grad_like(model, rng), calls) == [(14, 0.002), ("momentum", 1, 0.002), ("adamw", 1, 0.002)]
         twin.both(lambda s, m: adjust(s["a"], beta=(0.5, 0.9)))
-        assert twin.step(grad_like(model, rng), calls) == [(7, 0.002), (7, 0.002)]
+        assert twin.step(grad_like(model, rng), calls) == [(7, 0.002), (7, 0.002), ("momentum", 1, 0.002),
+                                                           ("adamw", 1, 0.002)]
 
 
 def test_equal_hyperparameters_of_other_types_make_other_groups():
@@ -294,13 +320,16 @@ def test_a_zero_dim_parameter_with_a_numpy_scalar_gradient():
             assert twin.step({"t": np.float64(2.0), "u": np.array([1.0, -3.0])}, calls) == [(2, 0.5)]
 
 
-def test_nothing_is_grouped_without_adam():
+@pytest.mark.parametrize("rule, made", [
+    (AdamW(0.01, lambd=0.1), [("adamw", 7, 0.01)]), (Momentum(0.01), [("momentum", 7, 0.01)]),
+    (Descent(0.05), [("descent", 7, 0.05)]), (OptimiserChain(ClipGrad(1.0), Adam(0.01)), [])])
+def test_descent_momentum_and_adamw_are_grouped_and_chains_are_not(rule, made):
     rng = np.random.default_rng(9)
     model = odd_model(rng)
-    for rule in (AdamW(0.01, lambd=0.1), OptimiserChain(ClipGrad(1.0), Adam(0.01)), Momentum(0.01)):
-        twin = Twin(setup(rule, model), model)
-        with many_kernel() as calls:
-            assert twin.step(grad_like(model, rng), calls) == []
+    twin = Twin(setup(rule, model), model)
+    with many_kernel() as calls:
+        for _ in range(3):
+            assert twin.step(grad_like(model, rng), calls) == made
 
 
 def test_check_finite_refuses_before_any_group_steps():
@@ -333,14 +362,15 @@ def test_copies_and_pickles_leave_the_cache_behind():
 
 
 @given(data=st.data(), seed=seeds)
-@settings(max_examples=20)
+@settings(max_examples=30)
 def test_groups_match_leaf_by_leaf_steps(data, seed):
     rng = np.random.default_rng(seed)
     n = data.draw(st.integers(1, 8))
     shapes = data.draw(st.lists(st.lists(st.integers(0, 4), max_size=3).map(tuple), min_size=n, max_size=n))
     dtypes = data.draw(st.lists(st.sampled_from([np.float32, np.float64]), min_size=n, max_size=n))
+    rule = data.draw(st.sampled_from([Adam(0.01), AdamW(0.01, lambd=0.2), Momentum(0.02, 0.8), Descent(0.1)]))
     model = [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtypes)]
-    twin = Twin(setup(Adam(0.01), model), model)
+    twin = Twin(setup(rule, model), model)
     with many_kernel() as calls:
         for _ in range(data.draw(st.integers(1, 4))):
             i = data.draw(st.integers(0, n - 1))
@@ -354,6 +384,8 @@ def test_groups_match_leaf_by_leaf_steps(data, seed):
                 twin.both(lambda s, m: adjust(s[i], eta))
             made = twin.step(grad_like(model, rng), calls)
             state = twin.grouped[0]
-            live = [(leaf.rule, leaf.state[2], x.dtype) for leaf, x in zip(state, model) if not leaf.frozen]
+            adam = isinstance(rule, (Adam, AdamW))
+            live = [(leaf.rule, leaf.state[2] if adam else None, x.dtype) for leaf, x in zip(state, model)
+                    if not leaf.frozen]
             assert len(made) == len(set(live))
-            assert sum(k for k, _ in made) == len(live)
+            assert sum(c[-2] for c in made) == len(live)

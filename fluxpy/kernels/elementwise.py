@@ -833,55 +833,78 @@ def update_supports(x: Any, dx: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Multi-tensor Adam: every parameter of a list in one launch (PyTorch's fused/foreach Adam)
+# Multi-tensor updates: every parameter of a list in one launch (PyTorch's fused/foreach optimisers)
 #
 # The launch takes a table of device pointers BY VALUE, as a kernel parameter (as PyTorch's multi_tensor_apply
 # does): no device-side table, no host-to-device copy, no cache to keep in step with the arrays. A table holds
-# _MANY_CAP tensors (x, dx, m and v pointers and the start of each tensor in the concatenated index space), which
-# keeps the kernel's parameters inside CUDA's classic 4 KiB; a longer list takes one launch per _MANY_CAP tensors.
+# _MANY_CAP tensors (the x, dx and state-array pointers, and the start of each tensor in the concatenated index
+# space), which keeps the kernel's parameters inside CUDA's classic 4 KiB; a longer list takes one launch per
+# _MANY_CAP tensors.
 
 _MANY_CAP = 96
-_MANY_TABLE = np.dtype([("t", np.int64, (5 * _MANY_CAP + 1,))])   # one table: a size-1 array CuPy passes by value
 _MANY_THREADS = 256
 _MANY_ITEMS = 4           # elements per thread in a block's chunk of the concatenated index space
 _MANY_MAX_BLOCKS = 65535  # more elements than that many chunks: the blocks stride over them
-_adam_many_kernels = {}
 # C-contiguity of a CuPy array: its cdef attribute where there is one (a few times faster than .flags)
 _c_contiguous = ((lambda a: a._c_contiguous) if cupy is not None and hasattr(cupy.ndarray, "_c_contiguous")
                  else (lambda a: a.flags.c_contiguous))
 
 
-def adam_many_source(dtype: Any) -> str:
-    """The CUDA source of :func:`adam_update_many`'s kernel for ``dtype`` (float32 or float64).
+class _ManyRule:
+    """One multi-tensor update: the state arrays each parameter has, the scalars the kernel takes (in order), and
+    the per-element arithmetic, the per-parameter kernel's own (so both round alike). ``powers``: the body reads
+    Adam's bias corrections ``s1``, ``s2`` made on the device from ``beta^t``."""
+
+    def __init__(self, name, states, scalars, body, powers=False):
+        self.name, self.states, self.scalars, self.body, self.powers = name, states, scalars, body, powers
+        self.table = np.dtype([("t", np.int64, ((2 + len(states)) * _MANY_CAP + _MANY_CAP + 1,))])
+
+
+_ADAMW_BODY = ("m[i] = m[i] * b1; m[i] = m[i] + c1 * dx[i]; v[i] = v[i] * b2; v[i] = v[i] + c2 * (dx[i] * dx[i]);"
+               "T d = sqrt(v[i] * s2) + eps; T s = (m[i] * s1) / d; x[i] -= (s + lambd * x[i]) * eta;")
+_MANY_RULES = {
+    "descent": _ManyRule("descent", (), ("eta",), "x[i] -= eta * dx[i];"),
+    "momentum": _ManyRule("momentum", ("v",), ("eta", "rho"),
+                          "v[i] = v[i] * rho; v[i] = v[i] + eta * dx[i]; x[i] -= v[i];"),
+    "adam": _ManyRule("adam", ("m", "v"), ("b1", "c1", "b2", "c2", "eps", "eta"), _ADAM_BODY, powers=True),
+    "adamw": _ManyRule("adamw", ("m", "v"), ("b1", "c1", "b2", "c2", "eps", "eta", "lambd"), _ADAMW_BODY,
+                       powers=True),
+}
+
+
+def many_source(rule: str, dtype: Any) -> str:
+    """The CUDA source of the multi-tensor update ``rule`` (``"descent"``, ``"momentum"``, ``"adam"``, ``"adamw"``)
+    for ``dtype`` (float32 or float64).
 
     Each block takes chunks of ``_MANY_THREADS * _MANY_ITEMS`` elements of the tensors laid end to end; it finds
     the tensor holding a chunk's first element by a binary search over the start offsets, and each thread then
-    walks forward through the tensors as its index grows (skipping empty ones). The per-element arithmetic is
-    the per-parameter kernel's (``_ADAM_BODY``), so both round alike.
+    walks forward through the tensors as its index grows (skipping empty ones).
 
-    >>> src = adam_many_source(np.float32)
+    >>> src = many_source("adam", np.float32)
     >>> "fluxpy_adam_many" in src and "#define T float" in src
     True
     """
-    body = _ADAM_BODY.replace("[i]", "[j]")
+    r = _MANY_RULES[rule]
+    fields = "".join(f"  T* {name}[CAP];\n" for name in r.states)
+    scalars = "".join(f"const T {name}, " for name in r.scalars)
+    pick = "".join(f" {name} = t.{name}[k];" for name in r.states)
+    declare = "".join(f"    T* {name} = t.{name}[k];\n" for name in r.states)
+    corrections = ("  const T s1 = (T)(1.0 / (1.0 - bt[0]));\n  const T s2 = (T)(1.0 / (1.0 - bt[1]));\n"
+                   if r.powers else "")
+    body = r.body.replace("[i]", "[j]")
     return (f"#define T {_CTYPE[np.dtype(dtype)]}\n#define CAP {_MANY_CAP}\n#define ITEMS {_MANY_ITEMS}\n" + r"""
-struct AdamTensors {  // CAP tensors; start[k] is where tensor k begins in the concatenated index space
+struct Tensors {  // CAP tensors; start[k] is where tensor k begins in the concatenated index space
   T* x[CAP];
   const T* dx[CAP];
-  T* m[CAP];
-  T* v[CAP];
-  long long start[CAP + 1];
+""" + fields + r"""  long long start[CAP + 1];
 };
 
-extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count, const T b1, const T c1,
-                                            const T b2, const T c2, const double* bt, const T eps,
-                                            const T eta, const double* ok) {
+extern "C" __global__ void fluxpy_""" + r.name + r"""_many(const Tensors t, const int count, """ + scalars + r"""
+                                    const double* bt, const double* ok) {
   if (ok != nullptr && !isfinite(*ok)) return;   // a guarded step whose loss or gradients are not finite
-  // the bias corrections from the powers beta^t on the device (so that a replayed graph sees them advance),
+  // Adam's bias corrections from the powers beta^t on the device (so that a replayed graph sees them advance),
   // rounded as the host rounds 1 / (1 - beta^t) for the per-parameter kernel
-  const T s1 = (T)(1.0 / (1.0 - bt[0]));
-  const T s2 = (T)(1.0 / (1.0 - bt[1]));
-  const long long total = t.start[count];
+""" + corrections + r"""  const long long total = t.start[count];
   const long long chunk = (long long)blockDim.x * ITEMS;
   for (long long first = (long long)blockIdx.x * chunk; first < total; first += (long long)gridDim.x * chunk) {
     int lo = 0, hi = count - 1;  // the last tensor k with start[k] <= first: the (non-empty) one holding it
@@ -893,21 +916,19 @@ extern "C" __global__ void fluxpy_adam_many(const AdamTensors t, const int count
     long long begin = t.start[k], end = t.start[k + 1];
     T* x = t.x[k];
     const T* dx = t.dx[k];
-    T* m = t.m[k];
-    T* v = t.v[k];
-    const long long last = first + chunk < total ? first + chunk : total;
+""" + declare + r"""    const long long last = first + chunk < total ? first + chunk : total;
     for (long long e = first + threadIdx.x; e < last; e += blockDim.x) {
       if (e >= end) {
         do { ++k; begin = end; end = t.start[k + 1]; } while (e >= end);
-        x = t.x[k]; dx = t.dx[k]; m = t.m[k]; v = t.v[k];
+        x = t.x[k]; dx = t.dx[k];""" + pick + r"""
       }
       const long long j = e - begin;
-      """ + body + """
+      """ + body + r"""
     }
   }
 }
 
-extern "C" __global__ void fluxpy_adam_powers(double* bt, const double b1, const double b2, const double* ok) {
+extern "C" __global__ void fluxpy_powers(double* bt, const double b1, const double b2, const double* ok) {
   if (ok != nullptr && !isfinite(*ok)) return;
   bt[0] *= b1;   // beta^t -> beta^(t+1), after every launch of the step has read them
   bt[1] *= b2;
@@ -915,20 +936,69 @@ extern "C" __global__ void fluxpy_adam_powers(double* bt, const double b1, const
 """)
 
 
-def _adam_many_raw(dtype):
-    k = _adam_many_kernels.get(dtype)
+_many_kernels = {}
+
+
+def _many_raw(rule, dtype):
+    k = _many_kernels.get((rule, dtype))
     if k is None:
-        module = cupy.RawModule(code=adam_many_source(dtype))
-        k = _adam_many_kernels[dtype] = (module.get_function("fluxpy_adam_many"),
-                                         module.get_function("fluxpy_adam_powers"))
+        module = cupy.RawModule(code=many_source(rule, dtype))
+        k = _many_kernels[rule, dtype] = (module.get_function(f"fluxpy_{rule}_many"),
+                                          module.get_function("fluxpy_powers"))
     return k
+
+
+def _launch_many(rule, xs, dxs, states, scalars, powers, ok):
+    """One launch per ``_MANY_CAP`` parameters of ``rule``'s kernel; ``states`` one list per state array."""
+    r = _MANY_RULES[rule]
+    t = xs[0].dtype.type
+    kernel, _ = _many_raw(rule, xs[0].dtype)
+    args = tuple(t(v) for v in scalars) + (powers if powers is not None else np.uint64(0),
+                                           np.uint64(0) if ok is None else ok)
+    slots = 2 + len(states)
+    cap = _MANY_CAP
+    strided = []   # contiguous copies of strided gradients, alive until their launch is queued
+    for lo in range(0, len(xs), cap):
+        part = slice(lo, lo + cap)
+        x = xs[part]
+        count = len(x)
+        table = np.zeros(slots * cap + cap + 1, np.int64)
+        table[:count] = [a.data.ptr for a in x]
+        table[cap:cap + count] = [a.data.ptr if _c_contiguous(a) else _contiguous_copy(a, strided).data.ptr
+                                  for a in dxs[part]]
+        for s, arrays in enumerate(states, start=2):
+            table[s * cap:s * cap + count] = [a.data.ptr for a in arrays[part]]
+        np.cumsum([a.size for a in x], out=table[slots * cap + 1:slots * cap + 1 + count])
+        total = int(table[slots * cap + count])
+        if total:
+            blocks = min(-(-total // (_MANY_THREADS * _MANY_ITEMS)), _MANY_MAX_BLOCKS)
+            kernel((blocks,), (_MANY_THREADS,), (table.view(r.table), np.int32(count), *args))
+
+
+def sgd_update_many(xs: Sequence[Array], dxs: Sequence[Array], vs: Sequence[Array] | None, eta: float,
+                    rho: float | None = None, ok: Array | None = None) -> None:
+    """One step of plain descent (``vs`` None: ``x -= eta dx``) or of momentum (``v = rho v + eta dx; x -= v``,
+    fluxpy.optimise.Momentum) for every parameter ``xs[k]`` in place, in one launch (one per 96 parameters), with
+    the arithmetic of :func:`descent_update` / :func:`momentum_update`. With ``ok`` (a device scalar) nothing
+    changes unless it is finite (:func:`fluxpy.capturing.guarding`). The calls it takes:
+    :func:`sgd_update_many_supports`.
+
+    >>> sgd_update_many.__name__
+    'sgd_update_many'
+    """
+    if vs is None:
+        _launch_many("descent", xs, dxs, (), (eta,), None, _guard_flag(ok))
+    else:
+        _launch_many("momentum", xs, dxs, (vs,), (eta, rho), None, _guard_flag(ok))
 
 
 def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Array], vs: Sequence[Array],
                      eta: float, beta: tuple[float, float], eps: float, b1t: float, b2t: float,
-                     powers: Array | None = None, ok: Array | None = None) -> tuple[float, float]:
-    """One Adam step for every parameter ``xs[k]`` (gradient ``dxs[k]``, moments ``ms[k]``, ``vs[k]``) in place, in
-    one kernel launch (one per 96 parameters); returns the next ``(b1t, b2t)``.
+                     powers: Array | None = None, ok: Array | None = None, lambd: float | None = None
+                     ) -> tuple[float, float]:
+    """One Adam step (or, with ``lambd``, one AdamW step: ``x -= eta (direction + lambd x)``) for every parameter
+    ``xs[k]`` (gradient ``dxs[k]``, moments ``ms[k]``, ``vs[k]``) in place, in one kernel launch (one per 96
+    parameters); returns the next ``(b1t, b2t)``.
 
     The formulas and the rounding of :func:`adam_update`, which it replaces for a list of parameters sharing
     ``eta``, ``beta``, ``eps`` and the bias-correction state ``b1t``, ``b2t`` (``beta^t`` before this step).
@@ -945,39 +1015,25 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
     >>> adam_update_many.__name__
     'adam_update_many'
     """
-    dtype = xs[0].dtype
-    t = dtype.type
     b1, b2 = beta
     if powers is None:
         powers = cupy.array([b1t, b2t], dtype=np.float64)
-    scalars = (t(b1), t(1 - b1), t(b2), t(1 - b2), powers, t(eps), t(eta))
-    flag = np.uint64(0) if ok is None else _float64_scalar(ok)
-    kernel, advance = _adam_many_raw(dtype)
-    strided = []   # contiguous copies of strided gradients, alive until their launch is queued
-    cap = _MANY_CAP
-    for lo in range(0, len(xs), cap):
-        part = slice(lo, lo + cap)
-        x, dx, m, v = xs[part], dxs[part], ms[part], vs[part]
-        count = len(x)
-        table = np.zeros(5 * cap + 1, np.int64)
-        table[:count] = [a.data.ptr for a in x]
-        table[cap:cap + count] = [a.data.ptr if _c_contiguous(a) else _contiguous_copy(a, strided).data.ptr
-                                  for a in dx]
-        table[2 * cap:2 * cap + count] = [a.data.ptr for a in m]
-        table[3 * cap:3 * cap + count] = [a.data.ptr for a in v]
-        np.cumsum([a.size for a in x], out=table[4 * cap + 1:4 * cap + 1 + count])
-        total = int(table[4 * cap + count])
-        if total:
-            blocks = min(-(-total // (_MANY_THREADS * _MANY_ITEMS)), _MANY_MAX_BLOCKS)
-            kernel((blocks,), (_MANY_THREADS,), (table.view(_MANY_TABLE), np.int32(count), *scalars, flag))
-    advance((1,), (1,), (powers, np.float64(b1), np.float64(b2), flag))
+    flag = _guard_flag(ok)
+    scalars = (b1, 1 - b1, b2, 1 - b2, eps, eta) + (() if lambd is None else (lambd,))
+    _launch_many("adam" if lambd is None else "adamw", xs, dxs, (ms, vs), scalars, powers, flag)
+    _, advance = _many_raw("adam", xs[0].dtype)
+    advance((1,), (1,), (powers, np.float64(b1), np.float64(b2), np.uint64(0) if flag is None else flag))
     return b1t * b1, b2t * b2
+
+
+def _guard_flag(ok):
+    return None if ok is None else _float64_scalar(ok)
 
 
 def _float64_scalar(a):
     """``a`` as a float64 CuPy array of one element (the guard flag a kernel reads through a pointer)."""
     if type(a) is not cupy.ndarray or a.size != 1:
-        raise TypeError(f"adam_update_many: ok must be a CuPy array of one element, got {type(a).__name__}")
+        raise TypeError(f"an update kernel's ok must be a CuPy array of one element, got {type(a).__name__}")
     return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
@@ -985,6 +1041,38 @@ def _contiguous_copy(a, keep):
     a = cupy.ascontiguousarray(a)
     keep.append(a)
     return a
+
+
+def _many_supports(xs, dxs, states):
+    """Lists of one length (at least one) of CuPy arrays of one float32/float64 dtype, ``xs`` and the state arrays
+    C-contiguous, every array of its parameter's shape."""
+    nd = cupy.ndarray
+    n = len(xs)
+    if n == 0 or len(dxs) != n or any(len(s) != n for s in states) or type(xs[0]) is not nd:
+        return False
+    dt = xs[0].dtype
+    if dt not in _CTYPE:
+        return False
+    contiguous = _c_contiguous
+    for k, (a, d) in enumerate(zip(xs, dxs)):
+        if type(a) is not nd or type(d) is not nd or a.dtype != dt or d.dtype != dt or not contiguous(a) \
+                or d.shape != a.shape:
+            return False
+        for s in states:
+            b = s[k]
+            if type(b) is not nd or b.dtype != dt or not contiguous(b) or b.shape != a.shape:
+                return False
+    return True
+
+
+def sgd_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, vs: Sequence | None) -> bool:
+    """The calls :func:`sgd_update_many` takes (``x`` is ``xs[0]``, for :func:`fluxpy.kernels.find`):
+    ``find("sgd_update_many", xs[0], xs, dxs, vs)``.
+
+    >>> sgd_update_many_supports.__name__
+    'sgd_update_many_supports'
+    """
+    return _many_supports(xs, dxs, () if vs is None else (vs,))
 
 
 def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence, vs: Sequence) -> bool:
@@ -998,25 +1086,7 @@ def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence,
     >>> adam_update_many_supports.__name__
     'adam_update_many_supports'
     """
-    nd = cupy.ndarray
-    n = len(xs)
-    if n == 0 or len(dxs) != n or len(ms) != n or len(vs) != n or type(xs[0]) is not nd:
-        return False
-    dt = xs[0].dtype
-    if dt not in _CTYPE:
-        return False
-    contiguous = _c_contiguous
-    for a, d, m, v in zip(xs, dxs, ms, vs):
-        if type(a) is not nd or type(d) is not nd or type(m) is not nd or type(v) is not nd:
-            return False
-        if a.dtype != dt or d.dtype != dt or m.dtype != dt or v.dtype != dt:
-            return False
-        if not (contiguous(a) and contiguous(m) and contiguous(v)):
-            return False
-        s = a.shape
-        if d.shape != s or m.shape != s or v.shape != s:
-            return False
-    return True
+    return _many_supports(xs, dxs, (ms, vs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1081,5 +1151,6 @@ KERNELS = {
     "momentum_update": (momentum_update, update_supports),
     "adam_update": (adam_update, update_supports),
     "adam_update_many": (adam_update_many, adam_update_many_supports),
+    "sgd_update_many": (sgd_update_many, sgd_update_many_supports),
     "finite_total": (finite_total, finite_total_supports),
 }

@@ -221,7 +221,7 @@ def test_update_on_a_cupy_model_launches_the_many_kernel(dtype):
         assert state["conv"].state[2] == pytest.approx((BETA[0] ** (step + 2), BETA[1] ** (step + 2)))
 
 
-def test_adamw_and_mixed_dtypes_keep_their_own_paths():
+def test_adamw_and_mixed_dtypes_make_their_own_groups():
     rng = np.random.default_rng(4)
     cpu_model = {"a": model_of(rng, np.float32), "b": model_of(rng, np.float64), "w": model_of(rng, np.float32)}
     model = fluxpy.gpu(cpu_model)
@@ -234,9 +234,82 @@ def test_adamw_and_mixed_dtypes_keep_their_own_paths():
                 for k, sub in cpu_model.items()}
         with spy_on_many() as calls:
             update(state, model, fluxpy.gpu(grad))
-        assert calls == [7, 7]   # one per dtype; AdamW steps leaf by leaf
+        assert calls == [7, 7, 7]   # Adam: one per dtype; AdamW a group of its own
         update(cpu_state, cpu_model, grad)
     for k, sub in cpu_model.items():
         dtype = sub["conv"].dtype.type
         for n, want in sub.items():
             assert_matches_cpu(model[k][n], want, rtol=RTOL[dtype], atol=ATOL[dtype])
+
+
+# -- Descent, Momentum (sgd_update_many) and AdamW (adam_update_many with lambd) -----------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rho", [None, 0.8])   # None: Descent
+@pytest.mark.parametrize("sizes", [SIZES, [int(n) for n in np.random.default_rng(3).integers(0, 200, 2 * 96 + 5)]])
+def test_sgd_many_matches_the_per_parameter_kernels_bit_for_bit_and_the_cpu(dtype, rho, sizes):
+    from fluxpy.optimise import Descent, Momentum
+    rng = np.random.default_rng(4)
+    xs, _, vs = make_lists(rng, sizes, dtype)
+    many, each = (to_gpu(xs), to_gpu(vs)), (to_gpu(xs), to_gpu(vs))
+    cpu = (copies(xs), copies(vs))
+    rule = Descent(0.05) if rho is None else Momentum(0.05, rho)
+    for _ in range(3):
+        dxs = [rng.standard_normal(n).astype(dtype) for n in sizes]
+        dxs_gpu = to_gpu(dxs)
+        v_many = None if rho is None else many[1]
+        assert kernels.find("sgd_update_many", many[0][0], many[0], dxs_gpu, v_many) is E.sgd_update_many
+        E.sgd_update_many(many[0], dxs_gpu, v_many, 0.05, rho)
+        for k, dx in enumerate(dxs_gpu):
+            if rho is None:
+                E.descent_update(each[0][k], dx, 0.05)
+            else:
+                E.momentum_update(each[0][k], dx, each[1][k], 0.05, rho)
+            state = None if rho is None else cpu[1][k]
+            rule.step(state, cpu[0][k], dxs[k])
+        for got, want, ref in zip(many, each, cpu):
+            assert_equal_gpu(got, want)
+            for g, r in zip(got, ref):
+                assert_matches_cpu(g, r, rtol=RTOL[dtype], atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_adamw_many_matches_adamw_on_the_cpu(dtype):
+    import cupy as cp
+    rng = np.random.default_rng(5)
+    xs, ms, vs = make_lists(rng, SIZES, dtype)
+    gpu = [to_gpu(xs), to_gpu(ms), to_gpu(vs)]
+    cpu = [copies(xs), copies(ms), copies(vs)]
+    rule = AdamW(0.01, BETA, lambd=0.3, eps=1e-7)
+    powers = cp.array(BETA, dtype=np.float64)
+    bt = BETA
+    for _ in range(4):
+        dxs = [rng.standard_normal(n).astype(dtype) for n in SIZES]
+        next_bt = E.adam_update_many(*gpu[:1], to_gpu(dxs), *gpu[1:], 0.01, BETA, 1e-7, *bt, powers=powers,
+                                     lambd=0.3)
+        for k, dx in enumerate(dxs):
+            rule.step((cpu[1][k], cpu[2][k], bt), cpu[0][k], dx)
+        bt = next_bt
+        for got, ref in zip(gpu, cpu):
+            for g, r in zip(got, ref):
+                assert_matches_cpu(g, r, rtol=RTOL[dtype], atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("rule", ["descent", "momentum", "adamw"])
+def test_a_guarded_many_update_changes_nothing_when_the_flag_is_not_finite(rule):
+    import cupy as cp
+    rng = np.random.default_rng(6)
+    xs, ms, vs = (to_gpu(a) for a in make_lists(rng, [5, 300], np.float32))
+    dxs = to_gpu([rng.standard_normal(n).astype(np.float32) for n in (5, 300)])
+    before = [a.copy() for a in xs + ms + vs]
+    powers = cp.array(BETA, dtype=np.float64)
+    for flag in (cp.array(np.nan), cp.array(np.inf)):
+        if rule == "adamw":
+            E.adam_update_many(xs, dxs, ms, vs, 0.01, BETA, 1e-7, *BETA, powers=powers, ok=flag, lambd=0.1)
+        else:
+            E.sgd_update_many(xs, dxs, vs if rule == "momentum" else None, 0.01, 0.9, ok=flag)
+    for a, b in zip(xs + ms + vs, before):
+        assert bool(cp.array_equal(a, b))
+    assert powers.tolist() == list(BETA)
+    E.sgd_update_many(xs, dxs, None, 0.01, ok=cp.array(0.0))   # a finite flag: the update runs
+    assert not bool(cp.array_equal(xs[1], before[1]))

@@ -19,7 +19,7 @@ from fluxpy import (BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, MaxP
                     logitcrossentropy, relu)
 from fluxpy.kernels.cudnn import set_options
 from fluxpy.models import resnet20
-from fluxpy.optimise import Adam, Descent, Momentum, setup
+from fluxpy.optimise import Adam, AdamW, Descent, Momentum, setup
 
 pytestmark = pytest.mark.gpu
 
@@ -158,16 +158,45 @@ def _cpu_batches(n, batch, seed):
              fluxpy.onehotbatch(rng.integers(0, 10, batch), range(10))) for _ in range(n)]
 
 
-def test_train_with_capture_gives_the_eager_losses_and_weights():
+@pytest.mark.parametrize("rule", [Adam(1e-3), AdamW(1e-3, lambd=0.05), Momentum(1e-2), Descent(1e-2)])
+def test_train_with_capture_gives_the_eager_losses_and_weights(rule):
     model = _reference(np.random.default_rng(7))
     batches = [fluxpy.gpu(b) for b in _cpu_batches(30, 32, 7)]
     captured, eager = fluxpy.gpu(model), fluxpy.gpu(copy.deepcopy(model))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", CaptureWarning)
-        got = fluxpy.train(_loss, captured, batches, setup(Adam(1e-3), captured), progress=False, capture=True)
-    want = fluxpy.train(_loss, eager, batches, setup(Adam(1e-3), eager), progress=False)
+        warnings.simplefilter("error", CaptureWarning)   # every rule's update is one guarded launch
+        got = fluxpy.train(_loss, captured, batches, setup(rule, captured), progress=False, capture=True)
+    want = fluxpy.train(_loss, eager, batches, setup(rule, eager), progress=False)
     assert got == want
     _assert_same_arrays(captured, eager)
+
+
+def _bn_dropout_net(rng):
+    return Chain(Conv((3, 3), 1, 8, pad=1, bias=False, rng=rng), BatchNorm(8, relu), MaxPool((2, 2)),
+                 Conv((3, 3), 8, 16, pad=1, bias=False, rng=rng), BatchNorm(16, relu), MaxPool((2, 2)), flatten,
+                 Dropout(0.3), Dense(16 * 7 * 7, 32, relu, rng=rng), Dropout(0.2), Dense(32, 10, rng=rng))
+
+
+def test_a_net_with_batchnorm_and_dropout_trained_100_steps_captured_and_eagerly_alike():
+    import cupy as cp
+    model = _bn_dropout_net(np.random.default_rng(12))
+    batches = [fluxpy.gpu(b) for b in _cpu_batches(25, 32, 12)]
+    runs = []
+    for capture in (True, False):   # the same seed: the same draws of the GPU's generator, step by step
+        fluxpy.seed(13)
+        m = fluxpy.gpu(copy.deepcopy(model))
+        opt = setup(AdamW(1e-3, lambd=1e-2), m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)
+            losses = fluxpy.train(_loss, m, batches, opt, epochs=4, progress=False, capture=capture)
+        runs.append((m, losses, opt))
+    (cm, got, copt), (em, want, eopt) = runs
+    assert len(got) == 100 and got == want
+    _assert_same_arrays(cm, em)
+    for a, b in ((cm[1], em[1]), (cm[4], em[4])):
+        np.testing.assert_array_equal(cp.asnumpy(a.running_mean), cp.asnumpy(b.running_mean))
+        np.testing.assert_array_equal(cp.asnumpy(a.running_var), cp.asnumpy(b.running_var))
+    _assert_same_host_state(copt, eopt)
 
 
 @pytest.mark.parametrize("rule", [Adam(1e-3), Momentum(1e-2)])   # the multi-tensor and a per-parameter kernel
