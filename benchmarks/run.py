@@ -3,7 +3,7 @@
 Runs, each in its own process so that one's allocations and compiled kernels do not colour the
 next: the training step (``train_step.py``: both nets at batch 128 and 1024), the step captured as a CUDA
 graph (``captured_step.py``: fluxpy's TrainStep against PyTorch's graph; its summary row is captured
-against captured), the ResNet training
+against captured) and its kernels (``captured_profile.py``: GPU time by kind of kernel), the ResNet training
 step (``resnet_step.py``: ResNet-20 at batch 128 and 512, ResNet-18 at 64x64 batch 64, TF32 off and
 on; its rows are labelled ``model, batch, tf32 off|on``), the reductions
 (``reduce.py``), cuDNN convolutions (``conv.py``), fused elementwise kernels (``elementwise.py``)
@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "train_step": ["--json", "{json}"],
     "captured_step": ["--json", "{json}"],
+    "captured_profile": ["--json", "{json}"],
     "data_path": ["--json", "{json}"],
     "batchnorm": ["--json", "{json}"],
     "resnet_step": ["--json", "{json}"],
@@ -38,6 +39,7 @@ BENCHMARKS = {
 }
 QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "--rounds", "3"],
                "captured_step": ["--steps", "20", "--rounds", "3", "--warmup", "5"],
+               "captured_profile": ["--steps", "10"],
                "resnet_step": ["--steps", "10", "--rounds", "3", "--warmup", "5", "--single-steps", "50"],
                "reduce": ["--quick"], "conv": ["--quick"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"]}

@@ -20,3 +20,18 @@ def test_smoke_mode_runs_both_fluxpy_sides_from_the_same_start(tmp_path, capsys)
         assert firsts["fluxpy eager"] == firsts["fluxpy captured"]
         assert r["fluxpy captured us"] > 0 and r["fluxpy eager us"] > 0
     assert "| reference | 4 |" in capsys.readouterr().out
+
+
+def test_the_profile_sorts_kernels_by_what_they_do():
+    import captured_profile as cp_
+    names = {"void wgrad_alg0_engine<float, 128>": "conv backward filter",
+             "sm80_xmma_dgrad_implicit_gemm_f32f32": "conv backward data",
+             "sm80_xmma_fprop_implicit_gemm_f32f32": "conv forward",
+             "void cudnn::bn_bw_1C11_kernel_new<float>": "batch norm", "bn_stats": "batch norm",
+             "sm80_xmma_gemm_f32f32_f32f32_f32_nt_n": "matmul", "maxpool_bwd": "pooling",
+             "fluxpy_adam_many": "optimiser update", "segments_v4": "reductions",
+             "cupy_add__float32_float32_float32": "other elementwise"}
+    for name, kind in names.items():
+        assert cp_.kind_of(name) == kind, name
+    kinds = cp_.by_kind({"maxpool_fwd": (10.0, 3.0), "maxpool_bwd": (20.0, 3.0), "fluxpy_adam_many": (9.5, 1.0)})
+    assert kinds == {"pooling": (30.0, 6.0), "optimiser update": (9.5, 1.0)}
