@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_array
+from .backend import Array, get_array_module, is_array, is_float_dtype
 from .data import _describe
 from .random import RNG, as_rng
 
@@ -107,8 +107,8 @@ def normalise(x: Array, mean: Sequence[float], std: Sequence[float]) -> Array:
                          f"got {mean.size} means and {std.size} stds")
     if not np.all(std > 0):
         raise ValueError(f"normalise expects every std > 0, got {std.tolist()}")
-    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
-    unit = 1.0 if x.dtype.kind == "f" else 1 / 255
+    dtype = x.dtype if is_float_dtype(x.dtype) else np.dtype(np.float32)
+    unit = 1.0 if is_float_dtype(x.dtype) else 1 / 255
     scale = xp.asarray((unit / std).reshape(1, channels, 1, 1), dtype)  # one multiply-add: x * unit / std - mean / std
     shift = xp.asarray((-mean / std).reshape(1, channels, 1, 1), dtype)
     return x.astype(dtype, copy=False) * scale + shift

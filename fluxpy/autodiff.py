@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_float_array
+from .backend import Array, get_array_module, is_float_array, is_float_dtype
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
 
@@ -525,7 +525,7 @@ def _is_scalar(y):
     v = value_of(y)
     if isinstance(v, (int, float, np.number)):
         return True
-    return hasattr(v, "shape") and v.shape == () and np.issubdtype(v.dtype, np.floating)
+    return hasattr(v, "shape") and v.shape == () and is_float_dtype(v.dtype)
 
 
 def in_gradient() -> bool:

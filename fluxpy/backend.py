@@ -26,7 +26,8 @@ except Exception as err:  # pragma: no cover - depends on the machine
 cupy = _cupy
 
 __all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
-           "default_float", "is_float_array", "reduced_axes", "record_event", "event_seconds", "HostToDevice",
+           "default_float", "is_float_array", "is_float_dtype", "reduced_axes", "record_event", "event_seconds",
+           "HostToDevice",
            "host_to_device", "read_scalars", "start_reading_scalars", "ScalarsRead", "Array"]
 
 default_float = np.float32
@@ -86,18 +87,28 @@ def is_array(x: Any) -> bool:
 
 
 def is_float_array(x: Any) -> bool:
-    """True for a NumPy/CuPy array of a floating dtype: the arrays that gradients flow to.
+    """True for a NumPy/CuPy array of a floating dtype (:func:`is_float_dtype`): the arrays that gradients flow to.
 
     >>> import numpy as np
     >>> is_float_array(np.ones(2)), is_float_array(np.arange(2))
     (True, False)
     """
-    if not is_array(x):
-        return False
-    dtype = x.dtype
+    return is_array(x) and is_float_dtype(x.dtype)
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """True for NumPy's floating dtypes and the extension floats of ``ml_dtypes`` (bfloat16, float8_*), which NumPy
+    files under kind ``"V"``.
+
+    >>> import ml_dtypes, numpy as np
+    >>> is_float_dtype(np.float16), is_float_dtype(ml_dtypes.bfloat16), is_float_dtype(np.int32)
+    (True, True, False)
+    """
     floating = _FLOATING.get(dtype)
     if floating is None:   # np.issubdtype costs a microsecond: gradient asks it of every leaf of a model, every step
-        floating = _FLOATING[dtype] = bool(np.issubdtype(dtype, np.floating))
+        d = np.dtype(dtype)
+        floating = _FLOATING[dtype] = bool(np.issubdtype(d, np.floating)) or (
+            d.kind == "V" and d.name.startswith(("bfloat", "float")))
     return floating
 
 

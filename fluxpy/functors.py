@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, copy_into, get_array_module, is_array, to_cpu, to_gpu
+from .backend import Array, copy_into, get_array_module, is_array, is_float_dtype, to_cpu, to_gpu
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
            "cpu"]
@@ -233,7 +233,8 @@ def _distinct_arrays(model, trainable_only):
     def walk(x):
         kids = children(x)
         if kids is None:
-            if is_array(x) and (not trainable_only or x.dtype.kind in "fc") and id(x) not in seen:
+            trainable = is_float_dtype(x.dtype) or x.dtype.kind == "c" if is_array(x) else False
+            if is_array(x) and (not trainable_only or trainable) and id(x) not in seen:
                 seen.add(id(x))
                 out.append(x)
             return
@@ -358,9 +359,7 @@ def _same_values(a, b):
 
 def _kind(dtype):
     """The dtype's kind, with the extension floats (ml_dtypes' bfloat16, float8_*) as ``"f"``."""
-    if dtype.kind == "V" and dtype.name.startswith(("bfloat", "float")):
-        return "f"
-    return dtype.kind
+    return "f" if is_float_dtype(dtype) else dtype.kind
 
 
 _ACCEPTS = {"f": "fiu", "c": "fciu", "i": "iu", "u": "iu", "b": "b"}  # the model's kind -> the state's kinds it takes

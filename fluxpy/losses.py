@@ -52,10 +52,11 @@ import numbers
 import os
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from .autodiff import value_of
-from .backend import Array, get_array_module, is_array
+from .backend import Array, get_array_module, is_array, is_float_dtype
 from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
@@ -124,7 +125,7 @@ def _describe(name, a):
 def _extremes(v):
     """``(min, max)`` ignoring NaN, as text (only on the error path)."""
     xp = get_array_module(v)
-    finite = v[~xp.isnan(v)] if v.dtype.kind in "fc" else v
+    finite = v[~xp.isnan(v)] if is_float_dtype(v.dtype) or v.dtype.kind == "c" else v
     return f"{float(finite.min()):.4g}", f"{float(finite.max()):.4g}"
 
 
@@ -203,7 +204,7 @@ def _eps(yhat, eps):
     if eps is not None:
         return eps
     dtype = getattr(value_of(yhat), "dtype", np.float64)
-    return float(np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64).eps)
+    return float(ml_dtypes.finfo(dtype if is_float_dtype(dtype) else np.float64).eps)   # ml_dtypes' finfo: bfloat16 too
 
 
 def _xlogy(x, y):

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .autodiff import _withgradient, value_of
-from .backend import get_array_module, read_scalars
+from .backend import get_array_module, is_float_dtype, read_scalars
 from .collector import frozen_while_training
 from .functors import arrays, state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
@@ -287,7 +287,8 @@ def _buffers_note(model):
         elif isinstance(st, list):
             for i, v in enumerate(st):
                 walk(v, keys + (i,))
-        elif st is not None and st.dtype.kind in "fc" and not bool(get_array_module(st).isfinite(st).all()):
+        elif st is not None and (is_float_dtype(st.dtype) or st.dtype.kind == "c") and \
+                not bool(get_array_module(st).isfinite(st).all()):
             bad.append(_path(keys))
     walk(state(model), ())
     if not bad:

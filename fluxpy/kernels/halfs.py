@@ -1,0 +1,76 @@
+"""Half-precision storage in fluxpy's own CUDA kernels: float16 and bfloat16 stored in 16 bits, computed in float32.
+
+NumPy has no bfloat16: fluxpy uses ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`), which CuPy 14 accepts as an array
+dtype. A kernel source never includes ``cuda_fp16.h`` or ``cuda_bf16.h`` (NVRTC, as CuPy runs it, need not find
+them): it holds a half as ``unsigned short`` and converts with PTX ``cvt`` (float16) and bit operations (bfloat16 is
+the top half of a float32; stores round to nearest even and keep NaN a NaN). :func:`prelude` gives a kernel the
+names it writes against for one dtype:
+
+- ``T``: the storage type (``unsigned short``, ``float`` or ``double``);
+- ``C``: the compute type (``float`` for the halves and float32, ``double`` for float64);
+- ``LOAD(v)``: a ``T`` as a ``C``; ``STORE(v)``: a ``C`` rounded to a ``T``.
+
+>>> import numpy as np
+>>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
+True
+>>> is_half(np.float16), is_half(BFLOAT16), is_half(np.float32)
+(True, True, False)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "is_half", "prelude", "compute_dtype"]
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+HALVES = (np.dtype(np.float16), BFLOAT16)
+KERNEL_DTYPES = HALVES + (np.dtype(np.float32), np.dtype(np.float64))   # what the hand-written kernels take
+
+_STORAGE = {np.dtype(np.float16): "unsigned short", BFLOAT16: "unsigned short", np.dtype(np.float32): "float",
+            np.dtype(np.float64): "double"}
+_CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
+
+_HALF_SOURCE = r"""
+__device__ __forceinline__ float fx_load_f16(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short fx_store_f16(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float fx_load_bf16(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short fx_store_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);   // a NaN stays a (quiet) NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                                   // round to nearest even
+  return (unsigned short)(u >> 16);
+}
+"""
+
+
+def is_half(dtype: Any) -> bool:
+    """Whether ``dtype`` is float16 or bfloat16."""
+    return np.dtype(dtype) in HALVES
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """The dtype a kernel computes ``dtype`` in: float32 for the halves and float32, float64 for float64."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def prelude(dtype: Any) -> str:
+    """The CUDA lines that define ``T``, ``C``, ``LOAD`` and ``STORE`` for arrays of ``dtype`` (one of
+    :data:`KERNEL_DTYPES`), and the conversion functions the halves need."""
+    dtype = np.dtype(dtype)
+    if dtype not in _STORAGE:
+        raise TypeError(f"fluxpy's CUDA kernels store float16, bfloat16, float32 or float64, not {dtype}")
+    compute = "double" if dtype == np.float64 else "float"
+    head = f"#define T {_STORAGE[dtype]}\n#define C {compute}\n"
+    if dtype not in _CONVERT:
+        return head + "#define LOAD(v) ((C)(v))\n#define STORE(v) ((T)(v))\n"
+    load, store = _CONVERT[dtype]
+    return head + _HALF_SOURCE + f"#define LOAD(v) {load}(v)\n#define STORE(v) {store}(v)\n"
