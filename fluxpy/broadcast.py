@@ -18,7 +18,7 @@ import numpy as np
 from .autodiff import Primitive
 from .backend import Array, get_array_module
 from .dual import cotangents
-from .kernels import find
+from .kernels import find, halfs
 from .ops.fused import fused_op
 from .ops.shape import broadcast_to, reduced_axes, unbroadcast
 
@@ -36,7 +36,7 @@ def _broadcast_shape(op, xs):
 def _broadcast_impl(f, *xs):
     shape = _broadcast_shape("broadcast", xs)
     kernel = find("broadcast", f, *xs)
-    y = kernel(f, *xs) if kernel is not None else f(*xs)
+    y = kernel(f, *xs) if kernel is not None else _on_host(f, xs)
     if tuple(getattr(y, "shape", ())) != shape:
         if not hasattr(y, "shape"):   # f ignored its arguments: a constant, filled on the arrays' device
             return get_array_module(*xs).full(shape, y, dtype=np.asarray(y).dtype)
@@ -44,7 +44,27 @@ def _broadcast_impl(f, *xs):
     return y
 
 
+def _on_host(f, xs):
+    """``f(*xs)``; NumPy bfloat16 arrays (which ml_dtypes computes in float32 or promotes unevenly) in float32,
+    the result rounded to :func:`fluxpy.kernels.halfs.result_dtype`, as the GPU's fused kernel computes it."""
+    if not _host_bfloat16(xs):
+        return f(*xs)
+    out = halfs.result_dtype(f, [getattr(x, "dtype", None) if hasattr(x, "shape") else None for x in xs])
+    return np.asarray(f(*[_float32(x) for x in xs])).astype(out)
+
+
+def _host_bfloat16(xs):
+    return any(isinstance(x, np.ndarray) and x.dtype == halfs.BFLOAT16 for x in xs)
+
+
+def _float32(x):
+    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == halfs.BFLOAT16 else x
+
+
 def _broadcast_cotangents(f, wanted, dy, *xs):
+    if _host_bfloat16(xs) or (isinstance(dy, np.ndarray) and dy.dtype == halfs.BFLOAT16):
+        grads = cotangents(f, [_float32(x) for x in xs], wanted, _float32(dy))
+        return [None if g is None else np.asarray(g).astype(dy.dtype) for g in grads]
     return cotangents(f, xs, wanted, dy)
 
 

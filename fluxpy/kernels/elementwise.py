@@ -23,8 +23,10 @@ absolute negative reciprocal logical_and/or/not``, Python/NumPy numbers. Anythin
 and the kernel runs ``f`` (and its dual numbers) op by op on the CuPy arrays instead (correct,
 slower); that is noted once per function with a :class:`FusionFallbackWarning`.
 
-All arithmetic runs in the result dtype (float32 or float64; other dtypes take the generic
-path). The module imports without CuPy.
+All arithmetic runs in the result dtype's compute type: float32 for float16, bfloat16 and float32,
+float64 for float64 (other dtypes take the generic path). Half arrays are passed to the kernel as
+their 16 bits (``uint16`` views) and converted on load and store (:mod:`fluxpy.kernels.halfs`), so no
+CUDA half header is needed. The module imports without CuPy.
 
 >>> import numpy as np
 >>> k = trace_source(lambda x, b: np.tanh(x * 1.5 + b), [np.float32, np.float32])
@@ -46,6 +48,7 @@ import numpy as np
 
 from ..backend import Array, cupy, reduced_axes
 from ..dual import Dual, cotangents
+from . import halfs
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
            "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
@@ -70,7 +73,10 @@ class FusionFallbackWarning(UserWarning):
 # ---------------------------------------------------------------------------------------------
 # Symbolic scalars
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}   # the non-half kernels' dtypes
+# what the traced (broadcast) kernels compute each storage dtype in, and the halves' load/store functions
+_COMPUTE = {**_CTYPE, np.dtype(np.float16): "float", halfs.BFLOAT16: "float"}
+_HALF_IO = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), halfs.BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
 _FLOAT_FN = {  # ufunc -> (float name, double name)
     np.exp: ("expf", "exp"), np.log: ("logf", "log"), np.sqrt: ("sqrtf", "sqrt"), np.tanh: ("tanhf", "tanh"),
     np.sin: ("sinf", "sin"), np.cos: ("cosf", "cos"), np.log1p: ("log1pf", "log1p"),
@@ -393,15 +399,6 @@ class _Source:
         return f"_Source(result={self.result_dtype}, grads={self.grad_index})"
 
 
-def _result_dtype(f, dtypes):
-    """The dtype NumPy gives ``f`` on arrays of ``dtypes`` (None in ``dtypes``: a Python float)."""
-    probe = [1.0 if d is None else np.full((1,), 0.5, dtype=d) for d in dtypes]
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = f(*probe)
-    return np.asarray(out).dtype
-
-
 def trace_source(f: Callable, dtypes: Sequence, wanted: Sequence[int] = (), dy_dtype: Any = None) -> _Source:
     """C code for ``f`` on arguments of ``dtypes`` (a NumPy dtype per array argument, ``None`` for a
     Python scalar): a :class:`_Source` with the forward body and, when ``wanted`` (argument
@@ -421,7 +418,7 @@ def trace_source(f: Callable, dtypes: Sequence, wanted: Sequence[int] = (), dy_d
     tr, out = _run_trace(f, dtypes, rdt, lambda tr, i: Sym(tr, _arg_name(dtypes, rdt, i)))
     if type(out) is not Sym:
         raise Untraceable("f does not return a traced value")
-    forward = "\n".join(tr.lines + [f"y = {out.f()};"])
+    forward = "\n".join(tr.lines + [f"y = {_store(rdt, out.f())};"])
     backward = None
     grad_index = ()
     if wanted:
@@ -433,26 +430,43 @@ def _traced_dtype(f, dtypes):
     """The dtype of ``f`` on ``dtypes``; :class:`Untraceable` where ``f`` fails or its dtype is not one that
     fused kernels compute in."""
     try:
-        rdt = _result_dtype(f, dtypes)
+        rdt = halfs.result_dtype(f, dtypes)
     except Exception as err:
         raise Untraceable(f"f fails on NumPy arrays of {dtypes}: {err!r}") from None
-    if rdt not in _CTYPE:
-        raise Untraceable(f"result dtype {rdt} (fused kernels compute in float32 or float64)")
+    if rdt not in _COMPUTE:
+        raise Untraceable(f"result dtype {rdt} (fused kernels take float16, bfloat16, float32 or float64)")
     return rdt
 
 
 def _arg_name(dtypes, rdt, i):
-    """The C name of argument ``i``: ``a<i>`` (its converted copy) when its dtype is not ``rdt``, else ``x<i>``."""
-    return f"a{i}" if dtypes[i] is not None and dtypes[i] != rdt else f"x{i}"
+    """The C name of argument ``i``: ``a<i>`` (its converted copy) when its dtype is not ``rdt`` or is a half,
+    else ``x<i>``."""
+    return f"a{i}" if _converted(dtypes[i], rdt) else f"x{i}"
+
+
+def _converted(d, rdt):
+    """Whether an argument of dtype ``d`` (None: a Python number, passed in the compute type) is converted to the
+    compute type first."""
+    return d is not None and (d != rdt or d in _HALF_IO)
+
+
+def _load(d, name):
+    """C text of the storage value ``name`` of dtype ``d`` in its compute type."""
+    return f"{_HALF_IO[d][0]}({name})" if d in _HALF_IO else name
+
+
+def _store(d, text):
+    """C text storing the compute-type value ``text`` as dtype ``d``."""
+    return f"{_HALF_IO[d][1]}({text})" if d in _HALF_IO else text
 
 
 def _run_trace(f, dtypes, rdt, make):
     """One trace of ``f`` on the arguments ``make(tr, i)``: ``(trace, output)``."""
-    ctype = _CTYPE[rdt]
+    ctype = _COMPUTE[rdt]
     tr = _Trace(ctype)
-    for i, d in enumerate(dtypes):   # inputs of another dtype are converted once, up front
-        if d is not None and d != rdt:
-            tr.lines.append(f"{ctype} a{i} = ({ctype})x{i};")
+    for i, d in enumerate(dtypes):   # inputs of another dtype (or a half) are converted once, up front
+        if _converted(d, rdt):
+            tr.lines.append(f"{ctype} a{i} = ({ctype}){_load(d, f'x{i}')};")
     args = [make(tr, i) for i in range(len(dtypes))]
     with np.errstate(all="ignore"):
         try:
@@ -476,10 +490,13 @@ def _backward_source(f, dtypes, rdt, wanted, dy_dtype):
             return Dual(s, tuple(1 if m == pos[i] else 0 for m in range(k)))
         return s
     tr, out = _run_trace(f, dtypes, rdt, make)
-    dct = _CTYPE.get(np.dtype(dy_dtype or rdt))
+    ddt = np.dtype(dy_dtype or rdt)
+    dct = _COMPUTE.get(ddt)
     if dct is None:
         raise Untraceable(f"cotangent dtype {dy_dtype}")
     lines = list(tr.lines)
+    if ddt in _HALF_IO:
+        lines.insert(0, f"{dct} dyc = {_load(ddt, 'dy')};")
     gi = []
     if type(out) is Dual:
         for i, p in zip(wanted, out.d):
@@ -491,7 +508,8 @@ def _backward_source(f, dtypes, rdt, wanted, dy_dtype):
                 text = tr.const(p)
             else:
                 raise Untraceable(f"a partial derivative of type {type(p).__name__}")
-            lines.append(f"g{i} = dy * ({dct})({text});")
+            lines.append(f"g{i} = {_store(ddt, f'dyc * ({dct})({text})')};" if ddt in _HALF_IO
+                         else f"g{i} = dy * ({dct})({text});")
             gi.append(i)
     elif type(out) is not Sym:
         raise Untraceable("f does not return a traced value")
@@ -543,10 +561,34 @@ def _dtype_tag(x):
 
 
 def _params(dtypes, rdt):
+    """The kernel's input parameters: a half as its 16 bits, a Python number in the compute type."""
     out = []
     for i, d in enumerate(dtypes):
-        out.append(f"{np.dtype(rdt if d is None else d).name} x{i}")
+        out.append(f"{_param_type(_compute_dtype(rdt) if d is None else d)} x{i}")
     return out
+
+
+def _param_type(d):
+    return "uint16" if d in _HALF_IO else np.dtype(d).name
+
+
+def _compute_dtype(d):
+    return np.dtype(np.float32) if d in _HALF_IO else np.dtype(d)
+
+
+def _bits(x):
+    """A half array as the uint16 view the kernels take; anything else as it is."""
+    return x.view(np.uint16) if type(x) is cupy.ndarray and x.dtype in _HALF_IO else x
+
+
+def _with_halves(k, out_dtype):
+    """``k`` called with half arrays as their bits, its half outputs viewed back as ``out_dtype``."""
+    def call(*xs):
+        outs = k(*[_bits(x) for x in xs])
+        if isinstance(outs, tuple):
+            return tuple(o.view(out_dtype) for o in outs)
+        return outs.view(out_dtype)
+    return call
 
 
 def _kernel(f, xs, wanted, dy_dtype):
@@ -574,16 +616,20 @@ def _kernel(f, xs, wanted, dy_dtype):
     rdt = src.result_dtype
     params = _params(dtypes, rdt)
     name = "fluxpy_" + "".join(ch if ch.isalnum() else "_" for ch in getattr(f, "__name__", "f"))[:40]
+    halves = any(d in _HALF_IO for d in dtypes + (rdt, None if dy_dtype is None else np.dtype(dy_dtype)))
+    preamble = halfs.CONVERSIONS if halves else ""
     if not wanted:
-        k = cupy.ElementwiseKernel(", ".join(params), f"{rdt.name} y", src.forward, name + "_fwd")
-        hit = (k, (), rdt)
+        k = cupy.ElementwiseKernel(", ".join(params), f"{_param_type(rdt)} y", src.forward, name + "_fwd",
+                                   preamble=preamble)
+        hit = (_with_halves(k, rdt) if halves else k, (), rdt)
     elif not src.grad_index:
         hit = (None, (), rdt)
     else:
-        dd = np.dtype(dy_dtype).name
+        ddt = np.dtype(dy_dtype)
+        dd = _param_type(ddt)
         k = cupy.ElementwiseKernel(", ".join([f"{dd} dy"] + params), ", ".join(f"{dd} g{i}" for i in src.grad_index),
-                                   src.backward, name + "_bwd")
-        hit = (k, src.grad_index, rdt)
+                                   src.backward, name + "_bwd", preamble=preamble)
+        hit = (_with_halves(k, ddt) if halves else k, src.grad_index, rdt)
     stats["kernels"] += hit[0] is not None
     if key is not None:
         _kernels[key] = hit
@@ -635,7 +681,7 @@ def fused_pullback(f: Callable, wanted: Sequence[int], dy: Array, *xs: Any) -> l
     wanted = tuple(wanted)
     if not wanted:
         return []
-    hit = _kernel(f, xs, wanted, dy.dtype) if dy.dtype in _CTYPE and _plain(xs) else None
+    hit = _kernel(f, xs, wanted, dy.dtype) if dy.dtype in _COMPUTE and _plain(xs) else None
     if hit is None:
         return cotangents(f, xs, wanted, dy)
     k, gi, _ = hit
@@ -1100,7 +1146,7 @@ extern "C" __global__ void fluxpy_nonfinite(const Arrays t, double* out) {
     const long long n = t.n[blockIdx.y];
     bool bad = false;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        bad |= !isfinite(a[i]);
+        bad |= !isfinite(LOAD(a[i]));
     if (__syncthreads_or(bad) && threadIdx.x == 0) *out = __longlong_as_double(0x7ff8000000000000LL);   // NaN
 }
 """
@@ -1108,9 +1154,9 @@ _finite_kernels = {}
 
 
 def finite_total_supports(x: Any, arrays: Sequence) -> bool:
-    """The lists :func:`finite_total` takes: CuPy float32/float64 arrays (``x`` is the first, for the array
-    module)."""
-    return all(type(a) is cupy.ndarray and a.dtype in _CTYPE for a in arrays)
+    """The lists :func:`finite_total` takes: CuPy float16, bfloat16, float32 or float64 arrays (``x`` is the first,
+    for the array module)."""
+    return all(type(a) is cupy.ndarray and a.dtype in _COMPUTE for a in arrays)
 
 
 def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
@@ -1128,7 +1174,7 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     for dtype, group in by_dtype.items():
         k = _finite_kernels.get(dtype)
         if k is None:
-            src = f"#define T {_CTYPE[dtype]}\n#define CAP {_MANY_CAP}\n" + _FINITE_SOURCE
+            src = halfs.prelude(dtype) + f"#define CAP {_MANY_CAP}\n" + _FINITE_SOURCE
             k = _finite_kernels[dtype] = cupy.RawKernel(src, "fluxpy_nonfinite")
         for lo in range(0, len(group), _MANY_CAP):
             part = group[lo:lo + _MANY_CAP]

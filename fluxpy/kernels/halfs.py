@@ -10,6 +10,9 @@ names it writes against for one dtype:
 - ``C``: the compute type (``float`` for the halves and float32, ``double`` for float64);
 - ``LOAD(v)``: a ``T`` as a ``C``; ``STORE(v)``: a ``C`` rounded to a ``T``.
 
+:data:`CONVERSIONS` alone is the four functions (``fx_load_f16``, ``fx_store_f16``, ``fx_load_bf16``,
+``fx_store_bf16``), for a kernel that takes several dtypes (the traced broadcast kernels).
+
 >>> import numpy as np
 >>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
 True
@@ -18,12 +21,15 @@ True
 """
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "is_half", "prelude", "compute_dtype"]
+__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "is_half", "prelude", "compute_dtype",
+           "result_dtype"]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (np.dtype(np.float16), BFLOAT16)
@@ -33,7 +39,7 @@ _STORAGE = {np.dtype(np.float16): "unsigned short", BFLOAT16: "unsigned short", 
             np.dtype(np.float64): "double"}
 _CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
 
-_HALF_SOURCE = r"""
+CONVERSIONS = r"""
 __device__ __forceinline__ float fx_load_f16(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
@@ -73,4 +79,23 @@ def prelude(dtype: Any) -> str:
     if dtype not in _CONVERT:
         return head + "#define LOAD(v) ((C)(v))\n#define STORE(v) ((T)(v))\n"
     load, store = _CONVERT[dtype]
-    return head + _HALF_SOURCE + f"#define LOAD(v) {load}(v)\n#define STORE(v) {store}(v)\n"
+    return head + CONVERSIONS + f"#define LOAD(v) {load}(v)\n#define STORE(v) {store}(v)\n"
+
+
+def result_dtype(f: Callable, dtypes: Sequence) -> np.dtype:
+    """The dtype of the elementwise ``f`` on arrays of ``dtypes`` (None: a Python number), NumPy's rule with one
+    change: bfloat16 is probed as float16 and a float16 result read as bfloat16 (ml_dtypes' own promotion turns
+    ``x * 1.5`` into float32), so that a half stays a half, as in Flux and JAX; float16 with bfloat16 gives float32.
+
+    >>> result_dtype(lambda x: x * 1.5, [BFLOAT16]) == BFLOAT16, result_dtype(lambda x, y: x * y, [BFLOAT16, None])
+    (True, dtype(bfloat16))
+    """
+    dtypes = [None if d is None else np.dtype(d) for d in dtypes]
+    bf16, f16 = BFLOAT16 in dtypes, np.dtype(np.float16) in dtypes
+    probe = [1.0 if d is None else np.full((1,), 0.5, dtype=np.float16 if d == BFLOAT16 else d) for d in dtypes]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = np.asarray(f(*probe)).dtype
+    if bf16 and out == np.float16:
+        return np.dtype(np.float32) if f16 else BFLOAT16
+    return out

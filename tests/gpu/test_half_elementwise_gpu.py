@@ -1,0 +1,111 @@
+"""The fused elementwise kernels (broadcast forward and pullback, bias_act, the finite check) on float16 and
+bfloat16: computed in float32 and rounded once to the half type, so each result is exactly the float32
+kernel's result rounded to the half type (the same traced C, the same float32 operations); against the CPU path
+(NumPy float32, then rounded) within one unit in the last place of the half type (the GPU contracts a * b + c
+into one fused multiply-add, NumPy rounds twice).
+Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy.broadcast import broadcast
+from fluxpy.kernels import elementwise as E
+from fluxpy.kernels.halfs import BFLOAT16
+
+pytestmark = pytest.mark.gpu
+
+HALVES = [np.dtype(np.float16), BFLOAT16]
+ULP = {np.dtype(np.float16): 2.0 ** -10, BFLOAT16: 2.0 ** -7}   # one unit in the last place, relative
+FUNCTIONS = {
+    "tanh affine": lambda x, b: np.tanh(x * 1.5 + b),
+    "relu": lambda x, b: np.maximum(x + b, 0.0),
+    "sigmoid": lambda x, b: 1.0 / (1.0 + np.exp(-(x - b))),
+    "square ratio": lambda x, b: (x * x) / (1.0 + b * b),
+}
+
+
+def _pair(rng, shape, dtype):
+    import cupy as cp
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal((1,) * (len(shape) - 1) + (shape[-1],)).astype(np.float32)
+    return cp.asarray(x.astype(dtype)), cp.asarray(b.astype(dtype))
+
+
+def _host(a):
+    import cupy as cp
+    return cp.asnumpy(a)
+
+
+def _rounded(a, dtype):
+    """A float32 CuPy array rounded to ``dtype`` on the host (ml_dtypes and NumPy round to nearest even)."""
+    return _host(a).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+@settings(max_examples=6, deadline=None)
+@given(shape=st.lists(st.integers(1, 33), min_size=1, max_size=3).map(tuple), seed=st.integers(0, 2**31 - 1))
+def test_forward_and_pullback_are_the_float32_kernels_rounded_once(dtype, name, shape, seed):
+    f = FUNCTIONS[name]
+    rng = np.random.default_rng(seed)
+    x, b = _pair(rng, shape, dtype)
+    x32, b32 = x.astype(np.float32), b.astype(np.float32)
+    y = E.fused_forward(f, x, b)
+    assert y.dtype == dtype and y.shape == np.broadcast_shapes(x.shape, b.shape)
+    assert np.array_equal(_host(y).view(np.uint16), _rounded(E.fused_forward(f, x32, b32), dtype).view(np.uint16))
+    dy = x.copy()   # a random cotangent of the output's shape
+    gx, gb = E.fused_pullback(f, (0, 1), dy, x, b)
+    wx, wb = E.fused_pullback(f, (0, 1), dy.astype(np.float32), x32, b32)
+    for got, want in ((gx, wx), (gb, wb)):
+        assert got.dtype == dtype
+        assert np.array_equal(_host(got).view(np.uint16), _rounded(want, dtype).view(np.uint16))
+    # and the CPU path (float32 NumPy, rounded): within one unit in the last place
+    host = broadcast(f, _host(x), _host(b))
+    assert host.dtype == dtype
+    np.testing.assert_allclose(_host(y).astype(np.float32), host.astype(np.float32), rtol=ULP[dtype], atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_mixed_half_and_float32_operands_compute_in_float32(dtype):
+    import cupy as cp
+    rng = np.random.default_rng(3)
+    x, _ = _pair(rng, (5, 7), dtype)
+    w = cp.asarray(rng.standard_normal((1, 7)).astype(np.float32))
+    y = E.fused_forward(lambda x, w: x * w + 1.0, x, w)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(_host(y), _host(x.astype(np.float32) * w + 1.0))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_gradients_through_broadcast_and_unbroadcast_in_half(dtype):
+    import cupy as cp
+    rng = np.random.default_rng(4)
+    x, b = _pair(rng, (16, 9), dtype)
+
+    def loss(x, b):
+        return broadcast(lambda x, b: np.tanh(x * 1.5 + b), x, b).astype(np.float32).sum()
+    gx, gb = fluxpy.gradient(loss, x, b)
+    assert gx.dtype == dtype and gb.dtype == dtype and gb.shape == b.shape
+    rx, rb = fluxpy.gradient(loss, x.astype(np.float32), b.astype(np.float32))
+    tol = 4 * ULP[dtype]
+    np.testing.assert_allclose(_host(gx).astype(np.float32), _host(rx), rtol=tol, atol=tol)
+    # the bias gradient sums 16 rounded half cotangents (in float32): within 16 of their units
+    np.testing.assert_allclose(_host(gb).astype(np.float32), _host(rb), rtol=16 * ULP[dtype], atol=16 * ULP[dtype])
+    assert bool(cp.isfinite(gx.astype(np.float32)).all())
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_the_finite_check_reads_half_arrays(dtype):
+    import cupy as cp
+    arrays = [cp.asarray(np.ones(n, np.float32).astype(dtype)) for n in (3, 1000, 70000)]
+    assert E.finite_total_supports(arrays[0], arrays)
+    assert float(E.finite_total(arrays[0], arrays)) == 0.0
+    for bad in (np.nan, np.inf, -np.inf):
+        arrays[2][12345] = cp.asarray(np.array(bad, np.float32).astype(dtype))
+        assert np.isnan(float(E.finite_total(arrays[0], arrays)))
+    big = np.array(70000.0, np.float32).astype(np.float16)   # past float16's largest finite value: inf
+    if dtype == np.float16:
+        assert np.isinf(big)
