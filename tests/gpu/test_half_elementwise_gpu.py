@@ -106,6 +106,3 @@ def test_the_finite_check_reads_half_arrays(dtype):
     for bad in (np.nan, np.inf, -np.inf):
         arrays[2][12345] = cp.asarray(np.array(bad, np.float32).astype(dtype))
         assert np.isnan(float(E.finite_total(arrays[0], arrays)))
-    big = np.array(70000.0, np.float32).astype(np.float16)   # past float16's largest finite value: inf
-    if dtype == np.float16:
-        assert np.isinf(big)
