@@ -45,24 +45,25 @@ def _broadcast_impl(f, *xs):
 
 
 def _on_host(f, xs):
-    """``f(*xs)``; NumPy bfloat16 arrays (which ml_dtypes computes in float32 or promotes unevenly) in float32,
-    the result rounded to :func:`fluxpy.kernels.halfs.result_dtype`, as the GPU's fused kernel computes it."""
-    if not _host_bfloat16(xs):
+    """``f(*xs)``; with NumPy half arrays (bfloat16, which ml_dtypes promotes unevenly, and float16, which NumPy
+    rounds after every operation) in float32, the result rounded once to
+    :func:`fluxpy.kernels.halfs.result_dtype`, as the GPU's fused kernel computes it."""
+    if not _host_halves(xs):
         return f(*xs)
     out = halfs.result_dtype(f, [getattr(x, "dtype", None) if hasattr(x, "shape") else None for x in xs])
     return np.asarray(f(*[_float32(x) for x in xs])).astype(out)
 
 
-def _host_bfloat16(xs):
-    return any(isinstance(x, np.ndarray) and x.dtype == halfs.BFLOAT16 for x in xs)
+def _host_halves(xs):
+    return any(isinstance(x, np.ndarray) and x.dtype in halfs.HALVES for x in xs)
 
 
 def _float32(x):
-    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == halfs.BFLOAT16 else x
+    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype in halfs.HALVES else x
 
 
 def _broadcast_cotangents(f, wanted, dy, *xs):
-    if _host_bfloat16(xs) or (isinstance(dy, np.ndarray) and dy.dtype == halfs.BFLOAT16):
+    if _host_halves(xs) or _host_halves([dy]):
         grads = cotangents(f, [_float32(x) for x in xs], wanted, _float32(dy))
         return [None if g is None else np.asarray(g).astype(dy.dtype) for g in grads]
     return cotangents(f, xs, wanted, dy)
