@@ -1,0 +1,178 @@
+"""Mixed precision: a float32 model run in bfloat16 or float16, with float32 master weights: :func:`mixed_precision`.
+
+``mixed_precision(model, dtype)`` wraps a float32 model in a :class:`MixedPrecision` layer. Called on a batch, it
+casts the batch and the model's weights to ``dtype`` (one differentiable cast per array, so the gradients come
+back to the float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
+every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
+is computed in float32. The weights the optimiser sees, and its state, stay the float32 ones: ``setup``,
+``train``, ``update``, ``TrainStep``, saving and loading work on the wrapper as on the model, and the update
+lands on the float32 "master" weights. Normalisation layers (BatchNorm, LayerNorm) keep their parameters and
+statistics in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic
+of its own) the casts round to the half type and come back to float32: the values are the half type's, the
+arithmetic float32's.
+
+Why a wrapper around the model and not an optimiser wrapper (as Optimisers.jl's ``MixedPrecision`` rule) or a
+global switch (PyTorch's ``autocast``): the wrapper is a plain layer, so nothing else in fluxpy needs to know about
+it: the optimiser is any rule, the model is saved as its float32 self, and which parts run in the half type is
+visible in the model's printout. The cost is a cast of every weight per step (one small kernel each, captured
+with the rest of the step in a CUDA graph).
+
+float16 has a narrow range: small gradients underflow to zero. ``loss_scale`` multiplies the gradient that
+flows back into the half-precision model by a constant and divides the weights' gradients by it again in float32
+(a static loss scale, as PyTorch's ``GradScaler(init_scale=...)`` without its growth); bfloat16 has float32's
+range and needs none. A step whose scaled gradients overflow gives non-finite gradients, which ``train`` reports
+(``TrainingDiverged``): lower the scale.
+
+>>> import numpy as np
+>>> from fluxpy.layers import Dense
+>>> m = mixed_precision(Dense(3, 2), "bfloat16")
+>>> m
+MixedPrecision(Dense(3 => 2), bfloat16)
+>>> y = m(np.ones((4, 3), np.float32))
+>>> y.dtype, m.model.weight.dtype   # float32 out, float32 master weights
+(dtype('float32'), dtype('float32'))
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .autodiff import Primitive, value_of
+from .backend import Array, gpu_device, is_float_dtype
+from .functors import _rebuild, children, layer
+from .kernels.halfs import BFLOAT16, HALVES
+from .layers.normalise import BatchNorm, LayerNorm
+from .ops.shape import astype
+
+__all__ = ["MixedPrecision", "mixed_precision", "f16", "bf16"]
+
+KEEP_FLOAT32 = (BatchNorm, LayerNorm)   # layers whose parameters and statistics stay float32
+
+
+@layer(children=("model",))
+class MixedPrecision:
+    """``model`` (float32) run in ``dtype`` (float16 or bfloat16) with float32 master weights; see the module
+    docstring. ``loss_scale``: for float16 a positive number (default 1024), or None for none; bfloat16 takes
+    none.
+
+    >>> import numpy as np
+    >>> from fluxpy.layers import Dense
+    >>> MixedPrecision(Dense(2, 2), np.float16).loss_scale
+    1024.0
+    """
+
+    def __init__(self, model: Any, dtype: Any = BFLOAT16, loss_scale: float | None | str = "default") -> None:
+        self.dtype = _half(dtype)
+        if loss_scale == "default":
+            loss_scale = 1024.0 if self.dtype == np.float16 else None
+        if loss_scale is not None and (isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float))
+                                       or not 0 < loss_scale < float("inf")):
+            raise ValueError(f"MixedPrecision: loss_scale must be a positive finite number or None, got "
+                             f"{loss_scale!r}")
+        bad = [a.dtype for a in _float_leaves(model) if a.dtype != np.float32]
+        if bad:
+            raise TypeError(f"MixedPrecision: the model's master weights must be float32 (convert it with "
+                            f"fluxpy.f32(model)), got an array of {bad[0]}")
+        self.model = model
+        self.loss_scale = None if loss_scale is None else float(loss_scale)
+
+    def __call__(self, x: Array) -> Array:
+        scale = self.loss_scale
+        to_half = self._caster(x)
+        half = _map_floats(self.model, lambda w: to_half(w if scale is None else _scaled_backward(w, 1.0 / scale)))
+        y = astype(to_half(half(to_half(x) if _floating(x) else x)), np.float32)   # (on the CPU: the cotangent rounded)
+        return y if scale is None else _scaled_backward(y, scale)   # the cotangent into the half model, scaled
+
+    def _caster(self, x):
+        """The differentiable cast to the half type: on the GPU to ``dtype``; on the CPU, where NumPy has no
+        bfloat16 arithmetic of its own, to ``dtype`` and back to float32 (values rounded to the half type,
+        computed in float32)."""
+        dtype = self.dtype
+        if gpu_device(value_of(x)) is not None:
+            return lambda w: astype(w, dtype)
+        return lambda w: astype(astype(w, dtype), np.float32)
+
+    def __repr__(self) -> str:
+        scale = "" if self.loss_scale in (None, 1024.0) else f", loss_scale={self.loss_scale:g}"
+        return f"MixedPrecision({self.model!r}, {self.dtype.name}{scale})"
+
+
+def mixed_precision(model: Any, dtype: Any = BFLOAT16, **kw: Any) -> MixedPrecision:
+    """``MixedPrecision(model, dtype, **kw)``: the float32 ``model`` run in float16 or bfloat16 with float32
+    master weights (see :mod:`fluxpy.precision`).
+
+    >>> from fluxpy.layers import Dense
+    >>> mixed_precision(Dense(2, 2)).dtype.name
+    'bfloat16'
+    """
+    return MixedPrecision(model, dtype, **kw)
+
+
+def f16(model: Any) -> Any:
+    """A copy of ``model`` with every floating-point array converted to float16 (Flux's ``f16``), but the
+    parameters and statistics of normalisation layers, which stay float32. For training prefer
+    :func:`mixed_precision` (float32 master weights).
+
+    >>> from fluxpy.layers import Dense
+    >>> f16(Dense(2, 3)).weight.dtype
+    dtype('float16')
+    """
+    return _map_floats(model, lambda a: a.astype(np.float16))
+
+
+def bf16(model: Any) -> Any:
+    """A copy of ``model`` with every floating-point array converted to bfloat16 (``ml_dtypes.bfloat16``), but
+    the parameters and statistics of normalisation layers, which stay float32.
+
+    >>> from fluxpy.layers import Dense
+    >>> bf16(Dense(2, 3)).weight.dtype.name
+    'bfloat16'
+    """
+    return _map_floats(model, lambda a: a.astype(BFLOAT16))
+
+
+def _half(dtype):
+    try:
+        d = BFLOAT16 if str(dtype) in ("bfloat16", "bf16") else np.dtype(dtype)
+    except TypeError:
+        d = None
+    if d not in HALVES:
+        raise TypeError(f"MixedPrecision: dtype must be float16 or bfloat16 (ml_dtypes.bfloat16 or 'bfloat16'), "
+                        f"got {dtype!r}")
+    return d
+
+
+def _floating(v):
+    dtype = getattr(v, "dtype", None)
+    return dtype is not None and is_float_dtype(dtype)
+
+
+def _map_floats(model: Any, fn: Callable) -> Any:
+    """``model`` rebuilt with ``fn`` applied to each float array (or tracked value) outside normalisation
+    layers, which are kept as they are (their arrays are the model's own, so their running statistics update)."""
+    if isinstance(model, KEEP_FLOAT32):
+        return model
+    kids = children(model)
+    if kids is None:
+        return fn(model) if _floating(model) and model.dtype not in HALVES else model
+    return _rebuild(model, [(k, _map_floats(v, fn)) for k, v in kids])
+
+
+def _float_leaves(model):
+    if isinstance(model, KEEP_FLOAT32):
+        return []
+    kids = children(model)
+    if kids is None:
+        return [model] if _floating(model) else []
+    return [a for _, v in kids for a in _float_leaves(v)]
+
+
+def _scale_rule(x, scale):
+    def scaled_pullback(dy):
+        return (dy * dy.dtype.type(scale),)
+    return x, scaled_pullback
+
+
+_scaled_backward = Primitive("scaled_backward", _scale_rule, impl=lambda x, scale: x)

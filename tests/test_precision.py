@@ -1,0 +1,102 @@
+"""fluxpy.precision: f16/bf16 conversions and the MixedPrecision wrapper, on the CPU (where the casts round to the
+half type and the arithmetic is float32; the GPU's real half path is tested in tests/gpu/test_precision_gpu.py)."""
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy import BatchNorm, Chain, Dense, MixedPrecision, bf16, f16, mixed_precision, relu, tanh
+from fluxpy.kernels.halfs import BFLOAT16
+from fluxpy.optimise import Adam, setup
+
+EPS = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+
+def _net(seed=0, act=relu):
+    rng = np.random.default_rng(seed)
+    return Chain(Dense(6, 8, act, rng=rng), Dense(8, 3, rng=rng))
+
+
+def _x(seed=1, n=5):
+    return np.random.default_rng(seed).standard_normal((n, 6)).astype(np.float32)
+
+
+def test_conversions_keep_normalisation_layers_float32():
+    m = Chain(Dense(2, 3), BatchNorm(3), Dense(3, 1))
+    for convert, dtype in ((f16, np.float16), (bf16, BFLOAT16)):
+        h = convert(m)
+        assert h.layers[0].weight.dtype == dtype and h.layers[2].bias.dtype == dtype
+        assert h.layers[1].running_mean.dtype == np.float32 and h.layers[1].gamma.dtype == np.float32
+        assert m.layers[0].weight.dtype == np.float32   # a copy: the model is untouched
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_output_and_master_weights_stay_float32_and_values_are_the_half_models(dtype):
+    m = mixed_precision(_net(), dtype)
+    x = _x()
+    y = m(x)
+    assert y.dtype == np.float32 and m.model.layers[0].weight.dtype == np.float32
+    want = m.model(x)
+    np.testing.assert_allclose(y, want, rtol=30 * EPS[dtype], atol=30 * EPS[dtype])
+    assert not np.array_equal(y, want)   # the weights and input were rounded to the half type
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 9))
+def test_gradients_reach_the_float32_weights_close_to_the_float32_models(dtype, seed, n):
+    m = mixed_precision(_net(seed, tanh), dtype)   # smooth: a relu kink crossed by rounding changes a gradient by O(1)
+    x = _x(seed + 1, n)
+    (g,) = fluxpy.gradient(lambda m: (m(x) ** 2).mean(), m)
+    (want,) = fluxpy.gradient(lambda m: (m(x) ** 2).mean(), m.model)
+    for got, ref in zip(fluxpy.trainables(g), fluxpy.trainables(want)):
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        scale = np.abs(ref).max() + 1e-6
+        np.testing.assert_allclose(got / scale, ref / scale, atol=60 * EPS[dtype])
+
+
+def test_a_loss_scale_keeps_small_float16_gradients_from_underflowing():
+    m = Chain(Dense(6, 1, rng=np.random.default_rng(2)))
+    x = _x(3)
+    tiny = 1e-6   # cotangents of about 1e-8: below float16's smallest subnormal (6e-8) without scaling
+
+    def grads(model):
+        return fluxpy.trainables(fluxpy.gradient(lambda m: tiny * m(x).sum() / 100, model)[0])
+    unscaled = grads(MixedPrecision(m, np.float16, loss_scale=None))
+    scaled = grads(MixedPrecision(m, np.float16, loss_scale=2.0 ** 16))
+    exact = grads(m)
+    assert all(not g.any() for g in unscaled)   # underflowed to zero
+    for g, e in zip(scaled, exact):   # within the rounding of the half inputs (a sum of 5 products)
+        np.testing.assert_allclose(g, e, rtol=0, atol=8 * EPS["float16"] * np.abs(e).max())
+
+
+def test_training_moves_the_master_weights():
+    m = mixed_precision(_net(), "bfloat16")
+    before = copy.deepcopy(m.model)
+    x, y = _x(n=32), fluxpy.onehotbatch(np.random.default_rng(4).integers(0, 3, 32), range(3))
+    losses = fluxpy.train(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), m, [(x, y)] * 30,
+                          setup(Adam(1e-2), m), progress=False)
+    assert losses[-1] < 0.7 * losses[0]
+    assert m.model.layers[0].weight.dtype == np.float32
+    assert not np.array_equal(m.model.layers[0].weight, before.layers[0].weight)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="float16 or bfloat16.*got 'float32'"):
+        mixed_precision(_net(), "float32")
+    with pytest.raises(TypeError, match="master weights must be float32.*float64"):
+        mixed_precision(fluxpy.f64(_net()), "bfloat16")
+    for bad in (0, -1.0, float("inf"), True, "big"):
+        with pytest.raises(ValueError, match="loss_scale"):
+            MixedPrecision(_net(), np.float16, loss_scale=bad)
+
+
+def test_repr_and_defaults():
+    assert repr(MixedPrecision(Dense(2, 2), "bfloat16")) == "MixedPrecision(Dense(2 => 2), bfloat16)"
+    assert MixedPrecision(Dense(2, 2), "bfloat16").loss_scale is None
+    assert MixedPrecision(Dense(2, 2), np.float16).loss_scale == 1024.0
+    assert repr(MixedPrecision(Dense(2, 2), np.float16, loss_scale=8)) == \
+        "MixedPrecision(Dense(2 => 2), float16, loss_scale=8)"
