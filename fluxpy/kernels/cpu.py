@@ -12,7 +12,8 @@ the padded input; true convolution (``cdims.flipped=False``) flips the kernel fi
   adaptive) gather their windows once.
 
 Every function here takes plain NumPy arrays and a dims object from :mod:`fluxpy.ops.dims`;
-they are registered with :func:`fluxpy.kernels.register` under ``"numpy"``.
+they are registered with :func:`fluxpy.kernels.register` under ``"numpy"``, float16 and bfloat16 computed in
+float32 (:func:`halves_in_float32`).
 
 >>> import numpy as np
 >>> from fluxpy.ops.dims import ConvDims
@@ -23,14 +24,18 @@ array([[[[10., 18.],
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..backend import is_float_dtype
 from . import register
+from .halfs import is_half
 
-__all__ = ["pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
+__all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
            "meanpool_forward", "meanpool_backward"]
 
@@ -265,7 +270,7 @@ def _padded_positions(arg, pdims):
 
 
 def _lowest(dtype):
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    return -np.inf if is_float_dtype(dtype) else np.iinfo(dtype).min
 
 
 def _scatter_add(dst, index, values):
@@ -413,6 +418,34 @@ def meanpool_backward(dy: np.ndarray, pdims: Any) -> np.ndarray:
     return crop_input(dxp, pdims.pad)
 
 
+# ---------------------------------------------------------------------------------------------
+# Half precision: NumPy has float16 but sums it slowly and, for bfloat16 (ml_dtypes), in bfloat16 itself. The
+# registered kernels therefore compute both halves in float32 and round each result once to the half type.
+
+
+def halves_in_float32(kernel: Callable) -> Callable:
+    """``kernel`` computing float16/bfloat16 arrays in float32: half arguments are widened, and the result is
+    rounded back to the half type when every array argument had that one half type (a mix with float32 or
+    float64 keeps the wider result).
+
+    >>> import ml_dtypes
+    >>> from fluxpy.ops.dims import PoolDims
+    >>> x = np.arange(16.0).reshape(1, 1, 4, 4).astype(ml_dtypes.bfloat16)
+    >>> y = halves_in_float32(meanpool_forward)(x, PoolDims.from_array(x, 2))
+    >>> y.dtype, y[0, 0].astype(np.float32).tolist()
+    (dtype(bfloat16), [[2.5, 4.5], [10.5, 12.5]])
+    """
+    @functools.wraps(kernel)
+    def call(*args):
+        dtypes = {a.dtype for a in args if isinstance(a, np.ndarray)}
+        if not any(is_half(d) for d in dtypes):
+            return kernel(*args)
+        wide = (a.astype(np.float32) if isinstance(a, np.ndarray) and is_half(a.dtype) else a for a in args)
+        out = kernel(*wide)
+        return out.astype(dtypes.pop()) if len(dtypes) == 1 and is_float_dtype(out.dtype) else out
+    return call
+
+
 for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
-    register(_name, "numpy", globals()[_name])
+    register(_name, "numpy", halves_in_float32(globals()[_name]))

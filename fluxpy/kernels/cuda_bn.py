@@ -14,7 +14,9 @@ Training forward:
 
 Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and its last block writes
 ``dbeta``, ``dgamma = invstd * sum(dy (x - mean))`` and the coefficients of ``dx = a[c] dy + b[c] x + k[c]``;
-``bn_bwd_apply`` writes ``dx``. Accumulation is in float32 for float32 data, float64 for float64.
+``bn_bwd_apply`` writes ``dx``. Accumulation is in float32 for float32 data, float64 for float64. float16 and
+bfloat16 data are read and written in their own 16 bits (eight to a 16-byte vector) and computed in float32; their
+statistics, ``gamma``, ``beta``, the running statistics and ``dgamma``/``dbeta`` are float32, as cuDNN's.
 
 >>> sorted(n for n in _NAMES)
 ['bn_apply', 'bn_bwd_apply', 'bn_bwd_stats', 'bn_stats']
@@ -24,14 +26,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from .halfs import HALVES, compute_dtype, prelude
 
-__all__ = ["supports", "forward_training", "backward"]
+__all__ = ["supports", "param_dtype", "forward_training", "backward"]
 
 _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply")
 _THREADS = 256
 
 _SOURCE = r"""
-// T: data, ACC: accumulation and parameters, VT/VW: the vector type and width for aligned rows.
+// T: data (LOAD/STORE from halfs.prelude), ACC = C: accumulation, statistics and parameters (float32 for the
+// halves, as cuDNN), VT/VW: the 16-byte vector type and its width in T for aligned rows.
+#define ACC C
 __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_down_sync(0xffffffff, a, o);
@@ -91,14 +96,14 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
     if (vec) {                                                                                          \
         const int hv = (int)(HW / VW);                                                                  \
         for (long long n = rlo; n < rhi; ++n) {                                                        \
-            const long long base = (n * C + c) * HW;                                                    \
+            const long long base = (n * NC + c) * HW;                                                    \
             const VT* av = (const VT*)(a + base);                                                       \
             const VT* bv = (const VT*)(b + base);                                                       \
             for (int j = threadIdx.x; j < hv; j += blockDim.x) {                                        \
                 VT va = av[j], vb = bv[j];                                                              \
                 const T* pa = (const T*)&va; const T* pb = (const T*)&vb;                               \
                 _Pragma("unroll") for (int u = 0; u < VW; ++u) {                                        \
-                    ACC A_ = (ACC)pa[u], B_ = (ACC)pb[u]; s1 += EXPR1; s2 += EXPR2;                     \
+                    ACC A_ = LOAD(pa[u]), B_ = LOAD(pb[u]); s1 += EXPR1; s2 += EXPR2;                     \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
@@ -107,12 +112,12 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         const unsigned total = (unsigned)((rhi - rlo) * HW);                                            \
         for (unsigned i = threadIdx.x; i < total; i += blockDim.x) {                                    \
             unsigned n = i / hw, j = i - n * hw;                                                        \
-            long long k = ((rlo + n) * C + c) * HW + j;                                                 \
-            ACC A_ = (ACC)a[k], B_ = (ACC)b[k]; s1 += EXPR1; s2 += EXPR2;                               \
+            long long k = ((rlo + n) * NC + c) * HW + j;                                                 \
+            ACC A_ = LOAD(a[k]), B_ = LOAD(b[k]); s1 += EXPR1; s2 += EXPR2;                               \
         }                                                                                               \
     }
 
-extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long long HW, int S, int vec,
+extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long long HW, int S, int vec,
                                      ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
                                      ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
                                      ACC* running_mean, ACC* running_var, double momentum, double eps) {
@@ -121,7 +126,7 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long l
     const int s = blockIdx.x;
     const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
     const T* a = x; const T* b = x;
-    const ACC K = (ACC)x[c * HW];
+    const ACC K = LOAD(x[c * HW]);
     ACC s1 = 0, s2 = 0;
     ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
     ACC t1, t2;
@@ -144,30 +149,30 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long C, long l
     }
 }
 
-// y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * C + c; or, for short rows (flat), a
+// y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a
 // grid-stride loop over the whole tensor with 32-bit index arithmetic.
 #define ACT(v) (relu && (v) < (ACC)0 ? (ACC)0 : (v))
 
-extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long C, long long HW,
+extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, long long HW,
                                      int vec, int flat, unsigned total, int relu) {
     if (flat) {
-        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
+        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
             const ACC sc = scale[c], sf = shift[c];
             if (vec) {
                 VT v = ((const VT*)x)[i];
                 T* p = (T*)&v;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)ACT((ACC)p[u] * sc + sf);
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
                 ((VT*)y)[i] = v;
             } else {
-                y[i] = (T)ACT((ACC)x[i] * sc + sf);
+                y[i] = STORE(ACT(LOAD(x[i]) * sc + sf));
             }
         }
         return;
     }
     const long long row = blockIdx.x;
-    const long long c = row % C;
+    const long long c = row % NC;
     const ACC sc = scale[c], sf = shift[c];
     const long long base = row * HW;
     if (vec) {
@@ -177,13 +182,13 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
              j += (long long)gridDim.y * blockDim.x) {
             VT v = xv[j];
             T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = (T)ACT((ACC)p[u] * sc + sf);
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
             yv[j] = v;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            y[base + j] = (T)ACT((ACC)x[base + j] * sc + sf);
+            y[base + j] = STORE(ACT(LOAD(x[base + j]) * sc + sf));
     }
 }
 
@@ -192,7 +197,7 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
 #define MASKED(g, xv) ((relu && (xv) * sc + sf <= (ACC)0) ? (ACC)0 : (g))
 
 extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
-                                         const ACC* gamma, const ACC* beta, long long N, long long C, long long HW,
+                                         const ACC* gamma, const ACC* beta, long long N, long long NC, long long HW,
                                          int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
                                          ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
     __shared__ ACC sh[64];
@@ -220,10 +225,10 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
 
 // dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
-                                         long long C, long long HW, int vec, int flat, unsigned total,
+                                         long long NC, long long HW, int vec, int flat, unsigned total,
                                          const ACC* csc, const ACC* csf, int relu) {
     if (flat) {
-        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)C;
+        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
             const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
@@ -231,19 +236,19 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
                 VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
                 const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
                 _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                    ACC xv = (ACC)pv[u];
-                    po[u] = (T)(a * MASKED((ACC)pg[u], xv) + b * xv + k);
+                    ACC xv = LOAD(pv[u]);
+                    po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
                 }
                 ((VT*)dx)[i] = o;
             } else {
-                ACC xv = (ACC)x[i];
-                dx[i] = (T)(a * MASKED((ACC)dy[i], xv) + b * xv + k);
+                ACC xv = LOAD(x[i]);
+                dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + k);
             }
         }
         return;
     }
     const long long row = blockIdx.x;
-    const long long c = row % C;
+    const long long c = row % NC;
     const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
     const long long base = row * HW;
     if (vec) {
@@ -255,22 +260,23 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
             VT g = gv[j], v = xvp[j], o;
             const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                ACC xv = (ACC)pv[u];
-                po[u] = (T)(a * MASKED((ACC)pg[u], xv) + b * xv + k);
+                ACC xv = LOAD(pv[u]);
+                po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
             }
             ov[j] = o;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step) {
-            ACC xv = (ACC)x[base + j];
-            dx[base + j] = (T)(a * MASKED((ACC)dy[base + j], xv) + b * xv + k);
+            ACC xv = LOAD(x[base + j]);
+            dx[base + j] = STORE(a * MASKED(LOAD(dy[base + j]), xv) + b * xv + k);
         }
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
+_VECTORS = {dt: ("uint4", 16 // dt.itemsize) for dt in HALVES}   # 16-byte vectors: VT, VW (in elements)
+_VECTORS.update({np.dtype(np.float32): ("float4", 4), np.dtype(np.float64): ("double2", 2)})
 _modules: dict = {}
 _sm: dict = {}
 
@@ -278,16 +284,29 @@ _sm: dict = {}
 def _fn(name, dtype):
     mod = _modules.get(dtype)
     if mod is None:
-        t, vt, vw = _TYPES[dtype]
-        head = f"#define T {t}\n#define ACC {t}\n#define VT {vt}\n#define VW {vw}\n"
+        vt, vw = _VECTORS[dtype]
+        head = prelude(dtype) + f"#define VT {vt}\n#define VW {vw}\n"
         mod = _modules[dtype] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
     return mod.get_function(name)
 
 
 def supports(x, *params) -> bool:
-    """CuPy float32/float64 arrays of 2 to 5 axes, C-contiguous, with parameters of the same dtype (or None)."""
-    return type(x) is cupy.ndarray and x.dtype in _TYPES and 2 <= x.ndim <= 5 and x.flags.c_contiguous and all(
-        p is None or (type(p) is cupy.ndarray and p.dtype == x.dtype) for p in params)
+    """CuPy float16/bfloat16/float32/float64 arrays of 2 to 5 axes, C-contiguous, with parameters (or None) in
+    :func:`param_dtype` of ``x.dtype``."""
+    if type(x) is not cupy.ndarray or x.dtype not in _VECTORS or not 2 <= x.ndim <= 5 or not x.flags.c_contiguous:
+        return False
+    pdt = param_dtype(x.dtype)
+    return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params)
+
+
+def param_dtype(dtype) -> np.dtype:
+    """The dtype of the scale, shift, running and saved statistics for data of ``dtype``: float32 for the halves
+    (cuDNN's rule), the data's own otherwise.
+
+    >>> param_dtype(np.float16), param_dtype(np.float64)
+    (dtype('float32'), dtype('float64'))
+    """
+    return compute_dtype(dtype)
 
 
 def _geometry(x):
@@ -305,7 +324,7 @@ def _sm_count(dev):
 def _vec(hw, dtype, *arrays):
     """Whether rows can be read as vectors: whole vectors per row, 16-byte aligned inputs (CuPy allocates
     outputs aligned)."""
-    return int(hw % _TYPES[dtype][2] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
+    return int(hw % _VECTORS[dtype][1] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
 
 
 def _reduce_launch(n, c, hw, vec, dtype, dev):
@@ -313,7 +332,7 @@ def _reduce_launch(n, c, hw, vec, dtype, dev):
     whether rows are read as vectors (rows of at least 64 vectors; shorter rows are read flat)."""
     s = int(max(1, min(n, -(-4 * _sm_count(dev) // c), 1024)))
     s = -(-n // -(-n // s))   # every block gets at least one row
-    width = hw // _TYPES[dtype][2]
+    width = hw // _VECTORS[dtype][1]
     if not vec or width < 64:
         return s, 256, 0
     return s, (256 if width >= 256 else 1 << (width - 1).bit_length()), 1
@@ -322,8 +341,9 @@ def _reduce_launch(n, c, hw, vec, dtype, dev):
 def _apply_launch(n, c, hw, vec, dtype, dev):
     """``(grid, block, flat, total)``: a block per row chunk for rows of 256 vectors or more, else a flat
     grid-stride loop (32-bit indices, so only below 2**32 items)."""
-    width = hw // _TYPES[dtype][2] if vec else hw
-    total = n * c * hw // _TYPES[dtype][2] if vec else n * c * hw
+    vw = _VECTORS[dtype][1]
+    width = hw // vw if vec else hw
+    total = n * c * hw // vw if vec else n * c * hw
     if width < 256 and total < 2**32:
         return (min(-(-total // 256), 32 * _sm_count(dev)),), (256,), 1, total
     chunks = max(1, min(-(-width // 1024), 65535))
@@ -349,7 +369,7 @@ class _Plan:
         self.c = c
         self.scalars = (np.int64(n), np.int64(c), np.int64(hw), np.int32(s), np.int32(row_vec))
         self.app_scalars = (np.int64(c), np.int64(hw), np.int32(vec), np.int32(flat), np.uint32(total))
-        part = cupy.empty((2, c * s), dtype)
+        part = cupy.empty((2, c * s), param_dtype(dtype))
         self.part = (part[0], part[1])
         self.counter = cupy.zeros(c, dtype=cupy.int32)   # left at zero by the kernels
 
@@ -380,7 +400,7 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     are moved in place."""
     p = _plan(x)
     y = cupy.empty_like(x)
-    stats = cupy.empty((4, p.c), x.dtype)   # mean, invstd, scale, shift
+    stats = cupy.empty((4, p.c), param_dtype(x.dtype))   # mean, invstd, scale, shift
     mean, invstd, scale, shift = stats
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
                      _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
@@ -394,7 +414,8 @@ def backward(dy, x, gamma, beta, mean, invstd, eps: float, relu: bool = False):
     dy = cupy.ascontiguousarray(dy)
     p = _plan(x, dy)
     dx = cupy.empty_like(x)
-    out = cupy.empty((7, p.c), x.dtype)   # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
+    # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
+    out = cupy.empty((7, p.c), param_dtype(x.dtype))
     dgamma, dbeta, a, b, k, sc, sf = out
     r = np.int32(relu)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,

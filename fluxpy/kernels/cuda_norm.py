@@ -1,11 +1,12 @@
 """Batch normalisation on the GPU: the glue from :mod:`fluxpy.ops.batchnorm` to a kernel, chosen per problem.
 
-Two implementations: fluxpy's own kernels (:mod:`fluxpy.kernels.cuda_bn`, float32/float64, two launches
-each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, also float16). Where both take a problem
-(shape, dtype, device), the first call times the GPU time of each direction of both on the call's own
-arrays (the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times,
-:func:`set_impl` forces one (``"fluxpy"``, ``"cudnn"`` or ``"auto"``). The ``supports`` predicates accept
-what either takes; other calls run the op's composite.
+Two implementations: fluxpy's own kernels (:mod:`fluxpy.kernels.cuda_bn`, float16/bfloat16/float32/float64, two
+launches each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, float16/float32/float64). For the
+halves both keep the statistics and parameters in float32; bfloat16 runs fluxpy's kernels only. Where both take a
+problem (shape, dtype, device), the first call times the GPU time of each direction of both on the call's own arrays
+(the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times,
+:func:`set_impl` forces one (``"fluxpy"``, ``"cudnn"`` or ``"auto"``). The ``supports`` predicates accept what
+either takes; other calls run the op's composite.
 
 >>> sorted(KERNELS)
 ['batchnorm_backward', 'batchnorm_forward']

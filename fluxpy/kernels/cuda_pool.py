@@ -15,9 +15,10 @@ result is deterministic and matches the CPU path on ties:
 - ``maxpool_gather`` (the adjoint, for second derivatives), ``meanpool_forward`` (zero padding
   counted: divides by ``R*S``) and ``meanpool_backward``.
 
-Windows are given by per-axis start/end arrays, so regular and adaptive pools share the
-kernels. float16 is computed in float32 (exact for max). The module imports without CuPy (the
-kernels are compiled on first use).
+Windows are given by per-axis start/end arrays, so regular and adaptive pools share the kernels. float16 and
+bfloat16 are read and written in their own 16 bits and computed in float32 (sums rounded once; max exact); every
+pooled value is its own load, so there are no vector loads to widen. The module imports without CuPy (the kernels
+are compiled on first use).
 
 >>> sorted(KERNELS)
 ['maxpool_backward', 'maxpool_forward', 'maxpool_gather', 'meanpool_backward', 'meanpool_forward']
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..backend import cupy
 from .cuda_arrays import contiguous
+from .halfs import KERNEL_DTYPES, compute_dtype, prelude
 
 __all__ = ["KERNELS", "maxpool_forward", "maxpool_backward", "maxpool_gather", "meanpool_forward",
            "meanpool_backward"]
@@ -52,6 +54,7 @@ class PoolDimsLike(Protocol):
 
 
 _POOL_SOURCE = r"""
+// T: storage, C: compute type (halfs.prelude); every value is loaded with LOAD and stored once with STORE.
 #define IDX long long
 extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
                                        const int* hs, const int* he, const int* ws, const int* we) {
@@ -60,19 +63,20 @@ extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W
     int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
     const T* xc = x + nc * H * W;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    T m = xc[h0 * W + w0];
+    C m = LOAD(xc[h0 * W + w0]);
     for (int h = h0; h < h1; ++h)
         for (int w = w0; w < w1; ++w) {
-            T v = xc[h * W + w];
+            C v = LOAD(xc[h * W + w]);
             if (v > m || (v != v && m == m)) m = v;
         }
-    y[i] = m;
+    y[i] = STORE(m);
 }
 
-__device__ __forceinline__ int first_max(const T* xc, T yv, int h0, int h1, int w0, int w1, int W) {
+// The max was stored in T: compared in C, where storing and loading a T is exact, it equals its element.
+__device__ __forceinline__ int first_max(const T* xc, C yv, int h0, int h1, int w0, int w1, int W) {
     for (int h = h0; h < h1; ++h)
         for (int w = w0; w < w1; ++w)
-            if (xc[h * W + w] == yv) return h * W + w;
+            if (LOAD(xc[h * W + w]) == yv) return h * W + w;
     return -1;
 }
 
@@ -86,15 +90,15 @@ extern "C" __global__ void maxpool_bwd(const T* dy, const T* x, const T* y, T* d
     const T* yc = y + nc * P * Q;
     const T* dyc = dy + nc * P * Q;
     int me = h * W + w;
-    T acc = 0;
+    C acc = 0;
     for (int p = plo[h]; p <= phi[h]; ++p) {
         int h0 = max(hs[p], 0), h1 = min(he[p], H);
         for (int q = qlo[w]; q <= qhi[w]; ++q) {
             int w0 = max(ws[q], 0), w1 = min(we[q], W);
-            if (first_max(xc, yc[p * Q + q], h0, h1, w0, w1, W) == me) acc += dyc[p * Q + q];
+            if (first_max(xc, LOAD(yc[p * Q + q]), h0, h1, w0, w1, W) == me) acc += LOAD(dyc[p * Q + q]);
         }
     }
-    dx[i] = acc;
+    dx[i] = STORE(acc);
 }
 
 extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
@@ -103,33 +107,33 @@ extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T
     if (i >= total) return;
     int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    int at = first_max(x + nc * H * W, y[i], h0, h1, w0, w1, W);
-    out[i] = at < 0 ? (T)0 : dx[nc * H * W + at];
+    int at = first_max(x + nc * H * W, LOAD(y[i]), h0, h1, w0, w1, W);
+    out[i] = at < 0 ? STORE((C)0) : dx[nc * H * W + at];
 }
 
 extern "C" __global__ void meanpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                        const int* hs, const int* he, const int* ws, const int* we, T inv) {
+                                        const int* hs, const int* he, const int* ws, const int* we, C inv) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
     int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
     const T* xc = x + nc * H * W;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    T acc = 0;
+    C acc = 0;
     for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) acc += xc[h * W + w];
-    y[i] = acc * inv;
+        for (int w = w0; w < w1; ++w) acc += LOAD(xc[h * W + w]);
+    y[i] = STORE(acc * inv);
 }
 
 extern "C" __global__ void meanpool_bwd(const T* dy, T* dx, IDX total, int H, int W, int P, int Q,
-                                        const int* plo, const int* phi, const int* qlo, const int* qhi, T inv) {
+                                        const int* plo, const int* phi, const int* qlo, const int* qhi, C inv) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
     int w = (int)(i % W); IDX t = i / W; int h = (int)(t % H); IDX nc = t / H;
     const T* dyc = dy + nc * P * Q;
-    T acc = 0;
+    C acc = 0;
     for (int p = plo[h]; p <= phi[h]; ++p)
-        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += dyc[p * Q + q];
-    dx[i] = acc * inv;
+        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += LOAD(dyc[p * Q + q]);
+    dx[i] = STORE(acc * inv);
 }
 """
 
@@ -142,11 +146,9 @@ def _function(name, dtype):
     key = (name, dtype)
     f = _modules.get(key)
     if f is None:
-        ctype = "double" if dtype == np.float64 else "float"
-        mod = _modules.get(ctype)
+        mod = _modules.get(dtype)
         if mod is None:
-            mod = _modules[ctype] = cupy.RawModule(code="#define T " + ctype + "\n" + _POOL_SOURCE,
-                                                   options=("--std=c++11",))
+            mod = _modules[dtype] = cupy.RawModule(code=prelude(dtype) + _POOL_SOURCE, options=("--std=c++11",))
         f = _modules[key] = mod.get_function(name)
     return f
 
@@ -178,8 +180,16 @@ def _geometry(pdims):
     return g
 
 
-def _compute_dtype(dtype):
-    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+def _storage(dtype):
+    """The dtype the kernels read and write for arrays of ``dtype``: itself where a kernel stores it (the halves,
+    float32, float64), else its compute type (integers are pooled in float32, as before)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype in KERNEL_DTYPES else compute_dtype(dtype)
+
+
+def _compute(dtype):
+    """The float type a kernel's scalar ``C`` argument has for storage ``dtype``."""
+    return compute_dtype(dtype).type
 
 
 def _launch(name, dtype, total, args):
@@ -188,35 +198,37 @@ def _launch(name, dtype, total, args):
 
 
 def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
-    """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`."""
-    ct = _compute_dtype(x.dtype)
-    xc = contiguous(x, ct)
+    """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`; the halves are
+    read and written as they are (compared in float32)."""
+    st = _storage(x.dtype)
+    xc = contiguous(x, st)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=ct)
-    _launch("maxpool_fwd", ct, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we))
-    return y if ct == x.dtype else y.astype(x.dtype)
+    y = cupy.empty(pdims.y_shape, dtype=st)
+    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we))
+    return y if st == x.dtype else y.astype(x.dtype)
 
 
 def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
-    """Each ``dy`` to the first maximum of its window, as :func:`fluxpy.kernels.cpu.maxpool_backward`."""
+    """Each ``dy`` to the first maximum of its window, as :func:`fluxpy.kernels.cpu.maxpool_backward` (summed in
+    float32 for the halves, rounded once)."""
     out = np.result_type(dy.dtype, x.dtype)
-    ct = _compute_dtype(out)
+    st = _storage(out)
     h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=ct)
-    dy, x, y = (contiguous(a, ct) for a in (dy, x, y))
-    _launch("maxpool_bwd", ct, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
+    dx = cupy.empty(pdims.x_shape, dtype=st)
+    dy, x, y = (contiguous(a, st) for a in (dy, x, y))
+    _launch("maxpool_bwd", st, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
                                          hs, he, ws, we, plo, phi, qlo, qhi))
-    return dx if ct == out else dx.astype(out)
+    return dx if st == out else dx.astype(out)
 
 
 def maxpool_gather(dx: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """``dx`` read at each window's first maximum, as :func:`fluxpy.kernels.cpu.maxpool_gather`."""
-    ct = _compute_dtype(np.result_type(dx.dtype, x.dtype))
+    st = _storage(np.result_type(dx.dtype, x.dtype))
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    out = cupy.empty(pdims.y_shape, dtype=ct)
+    out = cupy.empty(pdims.y_shape, dtype=st)
     dtype = dx.dtype
-    dx, x, y = (contiguous(a, ct) for a in (dx, x, y))
-    _launch("maxpool_gather", ct, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we))
+    dx, x, y = (contiguous(a, st) for a in (dx, x, y))
+    _launch("maxpool_gather", st, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we))
     return out if out.dtype == dtype else out.astype(dtype)
 
 
@@ -226,27 +238,27 @@ def _check_regular(pdims):
 
 
 def meanpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
-    """The mean of each window, zero padding counted, as :func:`fluxpy.kernels.cpu.meanpool_forward`."""
+    """The mean of each window, zero padding counted, as :func:`fluxpy.kernels.cpu.meanpool_forward`: floats keep
+    their dtype (the halves summed in float32, rounded once), integers give float32."""
     _check_regular(pdims)
-    out = np.result_type(x.dtype, np.float32)
-    ct = _compute_dtype(out)
+    st = _storage(x.dtype)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=ct)
-    inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_fwd", ct, y.size, (contiguous(x, ct), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
+    y = cupy.empty(pdims.y_shape, dtype=st)
+    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
+    _launch("meanpool_fwd", st, y.size, (contiguous(x, st), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
     return y
 
 
 def meanpool_backward(dy: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """``dy / (R*S)`` spread over each window, as :func:`fluxpy.kernels.cpu.meanpool_backward`."""
     _check_regular(pdims)
-    ct = _compute_dtype(dy.dtype)
+    st = _storage(dy.dtype)
     h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=ct)
-    inv = ct.type(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_bwd", ct, dx.size,
-            (contiguous(dy, ct), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
-    return dx if ct == dy.dtype else dx.astype(dy.dtype)
+    dx = cupy.empty(pdims.x_shape, dtype=st)
+    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
+    _launch("meanpool_bwd", st, dx.size,
+            (contiguous(dy, st), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
+    return dx if st == dy.dtype else dx.astype(dy.dtype)
 
 
 KERNELS = {

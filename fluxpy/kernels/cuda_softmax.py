@@ -1,12 +1,11 @@
 """CUDA kernels for the classifier loss: ``logit_crossentropy_rows`` forward and backward, a warp per row.
 
-The loss of an ``(N, C)`` batch of logits against one-hot or soft targets is
-``l[n] = sum(y[n]) * logsumexp(ŷ[n]) - <y[n], ŷ[n]>`` and its gradient
-``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, where the composition
-takes a dozen CuPy calls (max, subtract, exp, sum, log, multiply, ...), each with its own host
-launch cost. Accumulation is in float32 for float32 inputs, float64 for float64;
-other dtypes and non-contiguous inputs are turned down (their ``supports`` is false), so the op's
-composite runs for them.
+The loss of an ``(N, C)`` batch of logits against one-hot or soft targets is ``l[n] = sum(y[n]) * logsumexp(ŷ[n]) -
+<y[n], ŷ[n]>`` and its gradient ``dl[n] * (softmax(ŷ[n]) * sum(y[n]) - y[n])``. Each is one launch here, where the
+composition takes a dozen CuPy calls (max, subtract, exp, sum, log, multiply, ...), each with its own host launch
+cost. Accumulation is in float32 for float16, bfloat16 and float32 inputs (the halves stored in their own 16 bits,
+each result rounded once), float64 for float64; other dtypes and non-contiguous inputs are turned down (their
+``supports`` is false), so the op's composite runs for them.
 
 >>> sorted(KERNELS)
 ['logit_crossentropy_rows', 'logit_crossentropy_rows_backward']
@@ -16,10 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import Array, cupy
+from .halfs import KERNEL_DTYPES, prelude
 
 __all__ = ["logit_crossentropy_rows", "logit_crossentropy_rows_backward", "KERNELS"]
 
 _SOURCE = r"""
+#define ACC C
 __device__ ACC warp_max(ACC v) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
@@ -30,12 +31,12 @@ __device__ ACC warp_sum(ACC v) {
 }
 // Per row: m = max(a), s = sum(exp(a - m)), ty = sum(t), tya = sum(t * a). The whole warp shares a row.
 __device__ void row_stats(const T* a, const T* t, long long c, int lane, ACC* m, ACC* s, ACC* ty, ACC* tya) {
-    ACC mx = (ACC)a[lane < c ? lane : 0];
-    for (long long j = lane; j < c; j += 32) mx = max(mx, (ACC)a[j]);
+    ACC mx = LOAD(a[lane < c ? lane : 0]);
+    for (long long j = lane; j < c; j += 32) mx = max(mx, LOAD(a[j]));
     mx = warp_max(mx);
     ACC se = 0, sy = 0, sya = 0;
     for (long long j = lane; j < c; j += 32) {
-        ACC v = (ACC)a[j], w = (ACC)t[j];
+        ACC v = LOAD(a[j]), w = LOAD(t[j]);
         se += exp(v - mx); sy += w; sya += w * v;
     }
     *m = mx; *s = warp_sum(se); *ty = warp_sum(sy); *tya = warp_sum(sya);
@@ -46,7 +47,7 @@ extern "C" __global__ void ce_rows_forward(const T* yhat, const T* y, T* out, lo
     if (row >= n) return;
     ACC m, s, ty, tya;
     row_stats(yhat + row * c, y + row * c, c, lane, &m, &s, &ty, &tya);
-    if (lane == 0) out[row] = (T)((log(s) + m) * ty - tya);
+    if (lane == 0) out[row] = STORE((log(s) + m) * ty - tya);
 }
 // dl may be a broadcast view (the pullback of a mean): its stride in elements is dl_stride, often 0.
 extern "C" __global__ void ce_rows_backward(const T* dl, long long dl_stride, const T* yhat, const T* y, T* dx,
@@ -58,22 +59,20 @@ extern "C" __global__ void ce_rows_backward(const T* dl, long long dl_stride, co
     const T* t = y + row * c;
     ACC m, s, ty, tya;
     row_stats(a, t, c, lane, &m, &s, &ty, &tya);
-    ACC lse = log(s) + m, g = (ACC)dl[row * dl_stride];
-    for (long long j = lane; j < c; j += 32) dx[row * c + j] = (T)(g * (exp((ACC)a[j] - lse) * ty - (ACC)t[j]));
+    ACC lse = log(s) + m, g = LOAD(dl[row * dl_stride]);
+    for (long long j = lane; j < c; j += 32) dx[row * c + j] = STORE(g * (exp(LOAD(a[j]) - lse) * ty - LOAD(t[j])));
 }
 """
 
 _THREADS = 256   # 8 rows per block
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+_TYPES = frozenset(KERNEL_DTYPES)
 _modules = {}
 
 
 def _function(name, dtype):
     mod = _modules.get(dtype)
     if mod is None:
-        t, acc = _TYPES[dtype]
-        mod = _modules[dtype] = cupy.RawModule(code=f"#define T {t}\n#define ACC {acc}\n" + _SOURCE,
-                                               options=("--std=c++11",))
+        mod = _modules[dtype] = cupy.RawModule(code=prelude(dtype) + _SOURCE, options=("--std=c++11",))
     return mod.get_function(name)
 
 

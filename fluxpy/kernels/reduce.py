@@ -28,9 +28,10 @@ Patterns with kept axes on both sides of a reduced one (``(A, B, C)`` over axis 
 the column form by a transposed contiguous copy (``cupy.ascontiguousarray``), which costs one
 extra read and write; non-contiguous inputs are copied to C order first.
 
-Accumulation is in float32 for float16/float32 input and float64 for float64 input, or as
-``acc_dtype`` says; the result has ``x.dtype``. float16 is converted with PTX ``cvt`` (no CUDA
-headers are needed at run time).
+Accumulation is in float32 for float16/bfloat16/float32 input and float64 for float64 input, or as
+``acc_dtype`` says; the result has ``x.dtype``, rounded once from the accumulator. Both halves are loaded
+and stored through :func:`fluxpy.kernels.halfs.prelude` (no CUDA headers are needed at run time), and read
+with the same 16-byte vectors as float32 (eight halves a load).
 
 The module imports without CuPy; :data:`AVAILABLE` says whether the kernel can run.
 
@@ -58,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, cupy
+from .halfs import KERNEL_DTYPES, prelude
 
 __all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
 
@@ -89,9 +91,8 @@ CACHE = 0                     # load flavour: 0 plain, 1 streaming (__ldcs), 2 r
 # kernels for every vector width V (1, 2, 4, 8 elements), so a module compiles once.
 
 _SOURCE = r"""
-#define T_STORE %(T)s
+#define T_STORE T
 #define ACC %(ACC)s
-#define IS_HALF %(IS_HALF)d
 #define OP_MAX %(OP_MAX)d
 #define OP_MEAN %(OP_MEAN)d
 #define HAS_Y %(HAS_Y)d
@@ -100,21 +101,8 @@ _SOURCE = r"""
 #define UNROLL %(UNROLL)d
 #define CACHE %(CACHE)d
 
-__device__ __forceinline__ ACC to_acc(T_STORE v) {
-#if IS_HALF
-    float f; asm("cvt.f32.f16 %%0, %%1;" : "=f"(f) : "h"(v)); return (ACC)f;
-#else
-    return (ACC)v;
-#endif
-}
-
-__device__ __forceinline__ T_STORE from_acc(ACC a) {
-#if IS_HALF
-    unsigned short h; float f = (float)a; asm("cvt.rn.f16.f32 %%0, %%1;" : "=h"(h) : "f"(f)); return h;
-#else
-    return (T_STORE)a;
-#endif
-}
+__device__ __forceinline__ ACC to_acc(T_STORE v) { return (ACC)LOAD(v); }
+__device__ __forceinline__ T_STORE from_acc(ACC a) { return STORE((C)a); }
 
 #if OP_MAX
 #define IDENT ((ACC)__int_as_float(0xff800000))
@@ -150,16 +138,16 @@ template <int V> struct alignas(sizeof(T_STORE) * V) Vec { T_STORE v[V]; };
 
 /* Vector load; CACHE 1 = streaming (__ldcs, evict-first), 2 = read-only path (__ldg), 0 = plain. */
 template <int B> struct Raw;
-template <> struct Raw<2> { typedef unsigned short T; };
-template <> struct Raw<4> { typedef unsigned int T; };
-template <> struct Raw<8> { typedef uint2 T; };
-template <> struct Raw<16> { typedef uint4 T; };
+template <> struct Raw<2> { typedef unsigned short Bits; };
+template <> struct Raw<4> { typedef unsigned int Bits; };
+template <> struct Raw<8> { typedef uint2 Bits; };
+template <> struct Raw<16> { typedef uint4 Bits; };
 template <int V>
 __device__ __forceinline__ Vec<V> loadv(const Vec<V>* p) {
 #if CACHE == 0
     return *p;
 #else
-    typedef typename Raw<sizeof(Vec<V>)>::T R;
+    typedef typename Raw<sizeof(Vec<V>)>::Bits R;
 #if CACHE == 1
     R r = __ldcs((const R*)p);
 #else
@@ -426,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(%(THREADS)d) columns_v##V( \
 %(INSTANCES)s
 """
 
-_STORAGE = {np.dtype(np.float16): "unsigned short", np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_STORAGE = frozenset(KERNEL_DTYPES)   # what the kernels store (halfs.prelude defines T, C, LOAD, STORE)
 _ACC = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _modules = {}
 
@@ -439,7 +427,7 @@ def _module(dtype, acc, op, map_expr, has_y, has_outm=False):
     key = (dtype, acc, op, map_expr, has_y, has_outm, UNROLL, CACHE)
     mod = _modules.get(key)
     if mod is None:
-        src = _SOURCE % dict(T=_STORAGE[dtype], ACC=_ACC[acc], IS_HALF=int(dtype == np.float16),
+        src = prelude(dtype) + _SOURCE % dict(ACC=_ACC[acc],
                              OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y),
                              HAS_OUTM=int(has_outm),
                              MAP=map_expr or "x", THREADS=THREADS, UNROLL=UNROLL, CACHE=CACHE,
@@ -630,7 +618,7 @@ def mapreduce(x: Array, axes: int | tuple[int, ...] | None = None, op: str = "su
 
     ``out[k] = op_{i in axes} map(x[i, k], y[i, k])``, with ``map`` computed elementwise on the fly.
 
-    - ``x``: a CuPy array of float16, float32 or float64 (any shape, any strides; non-contiguous
+    - ``x``: a CuPy array of float16, bfloat16, float32 or float64 (any shape, any strides; non-contiguous
       input is copied to C order first).
     - ``axes``: an int, a tuple of ints (negative allowed) or ``None`` for all axes.
     - ``op``: ``"sum"``, ``"mean"`` or ``"max"`` (max propagates NaN, as NumPy's does).
@@ -638,7 +626,7 @@ def mapreduce(x: Array, axes: int | tuple[int, ...] | None = None, op: str = "su
       ``"x * x"`` or ``"x * (y > 0)"`` (ReLU backward from ``dy = x`` and the output ``y``). It is
       compiled into the kernel: pass trusted code only. ``None`` means ``"x"``.
     - ``y``: an optional second array of ``x``'s shape (cast to ``x.dtype`` if it differs).
-    - ``acc_dtype``: float32 (default for float16/float32) or float64 (default for float64).
+    - ``acc_dtype``: float32 (default for the halves and float32) or float64 (default for float64).
     - ``keepdims``: keep reduced axes as size 1. ``out``: write into this C-contiguous array of
       the result's shape and ``x.dtype`` (each element is written exactly once).
     - ``out_mapped``: also write ``map(x, y)`` (rounded to ``x.dtype``) into this C-contiguous array
@@ -758,7 +746,7 @@ def _prepare(shape, dtype, axes, op, map_expr, has_y, acc_dtype, keepdims, dev, 
         raise ValueError(f"mapreduce: op must be one of {_OPS}, got {op!r}")
     dtype = np.dtype(dtype)
     if dtype not in _STORAGE:
-        raise TypeError(f"mapreduce: x must be float16, float32 or float64, got {dtype}")
+        raise TypeError(f"mapreduce: x must be float16, bfloat16, float32 or float64, got {dtype}")
     acc = np.dtype(acc_dtype) if acc_dtype is not None else (np.dtype(np.float64) if dtype == np.float64
                                                              else np.dtype(np.float32))
     if acc not in _ACC:
@@ -814,7 +802,7 @@ def unbroadcast_sum(grad: Array, axes: tuple[int, ...], shape: tuple[int, ...]) 
 
 def sum_supports(x: Any, *_: Any) -> bool:
     """The arrays the ``sum`` kernel takes: CuPy, floating, at least 1-d."""
-    return type(x) is cupy.ndarray and x.ndim > 0 and x.dtype.kind == "f"
+    return type(x) is cupy.ndarray and x.ndim > 0 and x.dtype in _STORAGE
 
 
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays

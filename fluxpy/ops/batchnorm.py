@@ -16,6 +16,10 @@ Both directions go through the kernel table (``batchnorm_forward``, ``batchnorm_
 cuDNN call each); the CPU runs the same formulas with NumPy. Differentiated again (a nested ``gradient``),
 the statistics are recomputed with fluxpy ops so the outer tape sees how they depend on ``x``.
 
+float16 and bfloat16 ``x`` (and ``dy``) are computed in float32 and ``y``/``dx`` rounded once to ``x``'s dtype;
+their ``gamma``, ``beta``, running statistics and saved statistics are float32 (cuDNN's rule), and so are
+``dgamma``/``dbeta``.
+
 >>> import numpy as np
 >>> x = np.array([[0.0, 1.0], [2.0, 5.0]])
 >>> rm, rv = np.zeros(2), np.ones(2)
@@ -29,15 +33,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find
+from ..kernels.halfs import is_half
 from .activations import identity, relu
 from .basic import sqrt
 from .fused import fused_op
 from .reduce import mean as _mean
 from .reduce import sum as _sum
-from .shape import reshape
+from .shape import astype, reshape
 
 __all__ = ["batchnorm", "batchnorm_backward", "fused_kind"]
 
@@ -66,6 +73,10 @@ def _update_running(running_mean, running_var, mean, var, momentum, m):
 
 def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
     """The forward on plain arrays of any module: ``(y, mean, invstd)``, the running statistics updated."""
+    if is_half(x.dtype):   # computed in float32; y rounded once to x's dtype, the statistics stay float32
+        y, mean, invstd = _forward_arrays(x.astype(np.float32), gamma, beta, running_mean, running_var, momentum,
+                                          eps, kind)
+        return y.astype(x.dtype), mean, invstd
     xp = get_array_module(x)
     shape = _channel_shape(x)
     mean = x.mean(axis=_axes(x))
@@ -85,6 +96,10 @@ def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, ki
 
 def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
     """The forward with fluxpy ops, for values an outer tape tracks."""
+    if is_half(x.dtype):
+        y, mean, invstd = _forward_ops(astype(x, np.float32), gamma, beta, running_mean, running_var, momentum, eps,
+                                       kind)
+        return astype(y, x.dtype), mean, invstd
     shape = _channel_shape(x)
     mean = _mean(x, _axes(x))
     xc = x - reshape(mean, shape)
@@ -109,6 +124,10 @@ def _forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
 
 
 def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, kind):
+    if is_half(x.dtype):   # in float32, as the statistics; dx rounded once to x's dtype
+        dx, dgamma, dbeta = _backward_ops(astype(dy, np.float32), astype(x, np.float32), y, gamma, beta, mean,
+                                          invstd, eps, kind)
+        return astype(dx, x.dtype), dgamma, dbeta
     if kind == "relu":
         dy = dy * (value_of(y) > 0)   # a mask product: NumPy's where is ~12x slower
     shape = _channel_shape(x)
@@ -167,6 +186,11 @@ def _check(x, **params):
     if _count(x) < 2:
         raise ValueError(f"batchnorm expects more than one value per channel in training, got x of shape "
                          f"{tuple(x.shape)}")
+    if is_half(x.dtype):
+        for name, p in params.items():
+            if p is not None and p.dtype != np.float32:
+                raise TypeError(f"batchnorm expects {name} of dtype float32 for x of dtype {np.dtype(x.dtype).name} "
+                                f"(half inputs keep parameters and statistics in float32), got {p.dtype}")
 
 
 def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, running_mean: Array | None = None,

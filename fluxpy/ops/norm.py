@@ -5,9 +5,10 @@ primitive with the hand-written rule
 
     dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / sqrt(var + eps)
 
-(means over the same axes). The affine ``xhat * gamma + beta`` is ordinary broadcasting,
-whose gradients go through ``unbroadcast``. Variances are biased (divided by the count), as
-in Flux and PyTorch. Each op refuses to normalise over fewer than two values (the result would be 0
+(means over the same axes). The affine ``xhat * gamma + beta`` is ordinary broadcasting, whose gradients go through
+``unbroadcast``. Variances are biased (divided by the count), as in Flux and PyTorch. float16 and bfloat16 are
+normalised in float32 and rounded once to their own dtype (batch norm's statistics stay float32, see
+:mod:`fluxpy.ops.batchnorm`). Each op refuses to normalise over fewer than two values (the result would be 0
 whatever the input, the variance 0), naming itself, before any arithmetic.
 
 >>> import numpy as np
@@ -24,11 +25,13 @@ import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import Array, get_array_module
+from ..kernels.halfs import compute_dtype, is_half
 from .basic import sqrt
 from .batchnorm import batchnorm
+from .reduce import check_half_mix
 from .reduce import mean as _mean
 from .reduce import normalize_axis
-from .shape import reshape
+from .shape import astype, reshape
 
 __all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm"]
 
@@ -88,6 +91,8 @@ def normalise(x: Array, axis: int | tuple[int, ...] | None = -1, eps: float = 1e
     if axes is None:
         axes = tuple(range(x.ndim))
     _require_values("normalise", x, axes, f"along axis {axis!r}")
+    if is_half(x.dtype):   # statistics in float32, the result rounded once to x's dtype
+        return astype(_normalised(astype(x, np.float32), axes, eps)[0], x.dtype)
     return _normalised(x, axes, eps)[0]
 
 
@@ -137,7 +142,7 @@ def batchnorm_train(x: Array, gamma: Array | None = None, beta: Array | None = N
     # The batchnorm primitive, with running statistics that momentum 1 sets to the batch's.
     v = value_of(x)
     xp, c, m = get_array_module(v), v.shape[1], v.size // v.shape[1]
-    mean, var = xp.zeros(c, v.dtype), xp.ones(c, v.dtype)
+    mean, var = xp.zeros(c, compute_dtype(v.dtype)), xp.ones(c, compute_dtype(v.dtype))   # float32 for halves
     y = batchnorm(x, gamma, beta, mean, var, momentum=1.0, eps=eps)
     var *= (m - 1) / m   # back from the unbiased running variance to the biased one used to normalise
     return y, mean, var
@@ -164,7 +169,8 @@ def batchnorm_infer(x: Array, gamma: Array | None, beta: Array | None, running_m
     if beta is not None:
         shift = shift + beta
     shape = _channel_shape(x)
-    return x * reshape(scale, shape) + reshape(shift, shape)
+    y = x * reshape(scale, shape) + reshape(shift, shape)
+    return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
 
 
 def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
@@ -191,4 +197,6 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
                                  f"{tuple(x.shape)}")
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
-    return _affine(normalise(x, axes, eps), gamma, beta, None)
+    check_half_mix("layernorm", x=x, gamma=gamma, beta=beta)
+    y = _affine(normalise(x, axes, eps), gamma, beta, None)
+    return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y

@@ -3,7 +3,8 @@
 Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``. ``stride`` defaults to the
 kernel. ``maxpool`` pads with ``-inf`` and sends each gradient to the first maximum of its
 window (as PyTorch); ``meanpool`` pads with zeros and counts them (PyTorch's
-``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``.
+``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``. float16 and bfloat16 pool in their
+own dtype, computed in float32 (sums rounded once).
 
 The gradient kernels are public ops with their own rules (``maxpool_backward``,
 ``meanpool_backward``), so pools differentiate twice. The arithmetic runs in the kernel
@@ -25,9 +26,11 @@ import numpy as np
 from ..autodiff import Primitive
 from ..backend import Array, get_array_module
 from ..kernels import lookup
+from ..kernels.halfs import is_half
 from .dims import AdaptivePoolDims, PoolDims, describe, memoised
 from .linalg import matmul
-from .reduce import mean
+from .reduce import check_half_mix, mean
+from .shape import astype
 
 __all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool", "adaptive_meanpool",
            "maxpool_backward", "meanpool_backward", "PoolDims", "AdaptivePoolDims"]
@@ -186,6 +189,7 @@ def meanpool_backward(dy: Array, pdims: PoolDims) -> Array:
 
 
 def _check_pool_arrays(op, pdims, dy, x=None):
+    check_half_mix(op, dy=dy, x=x)
     if tuple(dy.shape) != tuple(pdims.y_shape):
         raise ValueError(f"{op} expects dy of shape {pdims.y_shape} (the pool's output), got {describe('dy', dy)}")
     if x is not None and tuple(x.shape) != tuple(pdims.x_shape):
@@ -249,6 +253,8 @@ def adaptive_meanpool(x: Array, out_hw: int | tuple[int, int]) -> Array:
     """
     dims = AdaptivePoolDims.from_array(x, out_hw, op="adaptive_meanpool")
     xp = get_array_module(x)
+    if is_half(x.dtype):   # averaged in float32, rounded once to x's dtype
+        return astype(adaptive_meanpool(astype(x, np.float32), out_hw), x.dtype)
     dtype = np.result_type(x.dtype, np.float32)
     a_h, a_w = (xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices())
     return matmul(matmul(a_h, x), a_w.T)

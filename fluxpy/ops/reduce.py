@@ -1,5 +1,8 @@
 """Reductions: sum, mean, max, min over any axes, with ``keepdims``.
 
+float16 and bfloat16 are reduced in float32 and rounded once to their own dtype (on the GPU by the
+mapreducedim kernel, :mod:`fluxpy.kernels.reduce`).
+
 >>> import numpy as np
 >>> from fluxpy import gradient
 >>> gradient(lambda x: x.max(axis=1).sum(), np.array([[1.0, 3.0], [2.0, 2.0]]))  # ties share
@@ -11,11 +14,30 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import Array
+from ..backend import Array, get_array_module
 from ..kernels import find
+from ..kernels.halfs import is_half
 from .shape import broadcast_to, reshape
 
-__all__ = ["sum", "mean", "max", "min", "normalize_axis"]
+__all__ = ["sum", "mean", "max", "min", "normalize_axis", "check_half_mix"]
+
+
+def check_half_mix(op: str, **arrays: Array) -> None:
+    """Raise ``TypeError`` naming ``op`` where float16 meets bfloat16 among ``arrays`` (None skipped): they have no
+    common dtype. A half with float32 or float64 is computed in the wider type.
+
+    >>> import ml_dtypes
+    >>> check_half_mix("maxpool_backward", dy=np.ones(1, np.float16), x=np.ones(1, ml_dtypes.bfloat16))
+    Traceback (most recent call last):
+    ...
+    TypeError: maxpool_backward expects its arrays in one half type (float16 or bfloat16, each also with float32 or \
+float64), got dy float16, x bfloat16
+    """
+    dtypes = {name: np.dtype(a.dtype) for name, a in arrays.items() if a is not None}
+    if len({d for d in dtypes.values() if is_half(d)}) > 1:
+        got = ", ".join(f"{name} {d.name}" for name, d in dtypes.items())
+        raise TypeError(f"{op} expects its arrays in one half type (float16 or bfloat16, each also with float32 or "
+                        f"float64), got {got}")
 
 
 def normalize_axis(axis: int | tuple[int, ...] | None, ndim: int, op: str = "reduce") -> tuple[int, ...] | None:
@@ -60,6 +82,8 @@ def _sum_rule(x, axes, keepdims):
 def _sum_impl(x, axes, keepdims):
     kernel = find("sum", x)   # the kernel's supports() looks at x alone
     if kernel is None:
+        if is_half(x.dtype):   # NumPy adds bfloat16 in bfloat16: add in float32, round once
+            return x.astype(np.float32).sum(axis=axes, keepdims=keepdims).astype(x.dtype)
         return x.sum(axis=axes, keepdims=keepdims)
     all_axes = tuple(range(x.ndim)) if axes is None else axes
     shape = _kept_shape(x.shape, all_axes) if keepdims else tuple(
@@ -89,7 +113,21 @@ def mean(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = F
     """
     axes = normalize_axis(axis, x.ndim, "mean")
     count = int(np.prod([x.shape[a] for a in axes])) if axes is not None else x.size
-    return _sum(x, axes, keepdims) * (1.0 / count)
+    return _sum(x, axes, keepdims) * _scalar_like(x, 1.0 / count)
+
+
+def _scalar_like(x, value):
+    """``value`` as a factor that keeps ``x``'s dtype: a Python float, or for the halves (which NumPy promotes to
+    float32 when multiplied by a Python float) a 0-d array of their dtype.
+
+    >>> import ml_dtypes
+    >>> _scalar_like(np.ones(2, ml_dtypes.bfloat16), 0.5).dtype, _scalar_like(np.ones(2), 0.5)
+    (dtype(bfloat16), 0.5)
+    """
+    v = value_of(x)
+    if not is_half(v.dtype):
+        return value
+    return get_array_module(v).asarray(np.asarray(value, dtype=v.dtype))   # rounded by NumPy: CuPy copies the bits
 
 
 def _extremum(name, method):
@@ -112,6 +150,8 @@ def _extremum(name, method):
     def impl(x, axes, keepdims):
         if x.size == 0:
             raise ValueError(f"{name}: cannot reduce an empty array of shape {tuple(x.shape)}")
+        if is_half(x.dtype):   # exact in float32, and CuPy's own bfloat16 reductions are experimental
+            return getattr(x.astype(np.float32), method)(axis=axes, keepdims=keepdims).astype(x.dtype)
         return getattr(x, method)(axis=axes, keepdims=keepdims)
     prim = Primitive(name, rule, impl=impl)
     return prim

@@ -1,6 +1,7 @@
 """Softmax and log-softmax along an axis, stable for any input, with hand-written rules.
 
-The default axis is the last one: the class axis of ``(batch, classes)`` scores.
+The default axis is the last one: the class axis of ``(batch, classes)`` scores. float16 and bfloat16 are computed
+in float32 and rounded once to their own dtype (on the GPU the cross-entropy rows are one kernel each way).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -11,12 +12,17 @@ array([[0.5, 0.5]])
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from ..autodiff import Primitive
 from ..backend import Array, get_array_module
 from ..kernels import find
+from ..kernels.halfs import is_half
 from .basic import exp
 from .fused import fused_op
-from .reduce import normalize_axis
+from .reduce import check_half_mix, normalize_axis
 from .reduce import sum as _sum
 from .shape import reshape
 
@@ -28,6 +34,18 @@ def _shifted(x, axes):
     return x - x.max(axis=axes, keepdims=True)
 
 
+def _in_float32(impl):
+    """``impl`` computing float16/bfloat16 input in float32, its result rounded once to the input's dtype (the
+    exponentials and their sums would otherwise round at every step; CuPy's bfloat16 ufuncs are experimental)."""
+    @functools.wraps(impl)
+    def call(x, *args):
+        if not is_half(x.dtype):
+            return impl(x, *args)
+        return impl(x.astype(np.float32), *args).astype(x.dtype)
+    return call
+
+
+@_in_float32
 def _softmax_impl(x, axes):
     xp = get_array_module(x)
     e = xp.exp(_shifted(x, axes))
@@ -46,6 +64,7 @@ def _softmax_rule(x, axes):
 _softmax = Primitive("softmax", _softmax_rule, impl=_softmax_impl)
 
 
+@_in_float32
 def _logsoftmax_impl(x, axes):
     xp = get_array_module(x)
     z = _shifted(x, axes)
@@ -100,6 +119,8 @@ def _crossentropy_rows_impl(yhat, y):
     fused = find("logit_crossentropy_rows", yhat, y)
     if fused is not None:
         return fused(yhat, y)
+    if is_half(yhat.dtype) and yhat.dtype == y.dtype:
+        return -(y.astype(np.float32) * _logsoftmax_impl(yhat.astype(np.float32), (1,))).sum(axis=1).astype(y.dtype)
     return -(y * _logsoftmax_impl(yhat, (1,))).sum(axis=1)
 
 
@@ -145,4 +166,5 @@ def logit_crossentropy_rows(yhat: Array, y: Array) -> Array:
     if yhat.ndim != 2 or tuple(y.shape) != tuple(yhat.shape):
         raise ValueError(f"logit_crossentropy_rows expects ŷ of shape (N, C) and y of the same shape, got "
                          f"{tuple(yhat.shape)} and {tuple(y.shape)}")
+    check_half_mix("logit_crossentropy_rows", yhat=yhat, y=y)
     return _crossentropy_rows(yhat, y)
