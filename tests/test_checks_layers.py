@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
+from fluxpy.kernels.halfs import BFLOAT16
 from fluxpy.layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor,
                            Dense, DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool,
                            LayerNorm, MaxPool, MeanPool, Parallel, SkipConnection, f64, flatten, testmode, trainmode)
@@ -141,6 +142,8 @@ DTYPE_CASES = [
 @pytest.mark.parametrize("layer, shape", DTYPE_CASES, ids=lambda v: repr(v) if not isinstance(v, tuple) else "")
 @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.float16, np.int32])
 def test_float32_layers_refuse_other_dtypes(layer, shape, dtype):
+    if dtype is np.float16 and isinstance(layer, (BatchNorm, LayerNorm)):
+        pytest.skip("normalisation layers take half inputs (test_normalisation_layers_take_half_inputs)")
     x = np.ones(shape, dtype)
     with pytest.raises(DTypeMismatch) as err:
         layer(x)
@@ -149,6 +152,17 @@ def test_float32_layers_refuse_other_dtypes(layer, shape, dtype):
     assert str(err.value) == (f"{layer!r} expects x of dtype float32 (its parameters' dtype), got {shape} "
                               f"{np.dtype(dtype).name}: {hint}")
     assert isinstance(err.value, TypeError)
+
+
+@pytest.mark.parametrize("layer, shape", DTYPE_CASES[4:], ids=lambda v: repr(v) if not isinstance(v, tuple) else "")
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=str)
+def test_normalisation_layers_take_half_inputs(layer, shape, dtype):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    y = layer(x.astype(dtype))   # float32 parameters and statistics, the output in x's dtype
+    assert y.dtype == dtype and y.shape == x.shape
+    np.testing.assert_allclose(y.astype(np.float32), layer(x.astype(dtype).astype(np.float32)), atol=0.05)
+    with pytest.raises(DTypeMismatch, match="float64"):
+        f64(layer)(x.astype(dtype))   # float64 parameters take float64 only
 
 
 @pytest.mark.parametrize("layer, shape", DTYPE_CASES, ids=lambda v: repr(v) if not isinstance(v, tuple) else "")

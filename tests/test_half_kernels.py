@@ -121,9 +121,7 @@ def test_pools_on_drawn_shapes_bfloat16(n, c, h, w, k, seed):
         check_case(f, x, x32, BF16)
 
 
-POOL_LAYER_DTYPES = [np.dtype(np.float16), pytest.param(BF16, marks=pytest.mark.xfail(
-    raises=fluxpy.layers.DTypeMismatch, strict=True,
-    reason="layers/_checks._require_float asks dtype.kind == 'f'; bfloat16 is kind 'V' (backend.is_float_dtype)"))]
+POOL_LAYER_DTYPES = [np.dtype(np.float16), BF16]
 
 
 @pytest.mark.parametrize("dtype", POOL_LAYER_DTYPES, ids=lambda d: d.name)

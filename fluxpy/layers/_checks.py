@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import is_float_dtype
+from ..kernels.halfs import is_half
 from ..ops.activations import identity
 
 # What a layer takes and returns: a NumPy or CuPy array, or a Tracked one inside gradient.
@@ -70,9 +72,16 @@ def _require_dtype(layer, x, dtype):
         _fail_dtype(layer, f"x of dtype {np.dtype(dtype).name} (its parameters' dtype)", x, np.dtype(dtype))
 
 
+def _require_norm_dtype(layer, x, dtype):
+    """As :func:`_require_dtype`, but a normalisation layer with float32 parameters also takes float16 and bfloat16
+    ``x`` (statistics in float32, the output in ``x``'s dtype: mixed precision, cuDNN's rule)."""
+    if not (dtype == np.float32 and is_half(x.dtype)):
+        _require_dtype(layer, x, dtype)
+
+
 def _require_float(layer, x):
     """Raise :class:`DTypeMismatch` unless ``x`` is floating-point (for layers without parameters)."""
-    if np.dtype(x.dtype).kind != "f":
+    if not is_float_dtype(x.dtype):
         _fail_dtype(layer, "a floating-point x", x, np.dtype(np.float32))
 
 

@@ -17,7 +17,7 @@ from ..ops.bias_act import bias_act
 from ..ops.dropout import dropout
 from ..ops.batchnorm import batchnorm, fused_kind
 from ..ops.norm import batchnorm_infer, layernorm
-from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_dtype, _require_float)
+from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_float, _require_norm_dtype)
 from .init import ones32, zeros32
 from .show import _act_part
 
@@ -156,7 +156,7 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
             _fail(self, f"x.shape[1] == {self.channels} (x of shape (N, C, ...))", x)
         params = self.gamma if self.gamma is not None else self.running_mean
         if params is not None:
-            _require_dtype(self, x, params.dtype)
+            _require_norm_dtype(self, x, params.dtype)
         else:
             _require_float(self, x)
         if self.running_mean is None or _is_active(self, x, self.gamma, self.beta):
@@ -215,7 +215,7 @@ class LayerNorm:
         if not hasattr(x, "shape") or tuple(x.shape[-k:]) != self.shape or len(x.shape) < k:
             _fail(self, f"x.shape[-{k}:] == {self.shape}", x)
         if self.gamma is not None:
-            _require_dtype(self, x, self.gamma.dtype)
+            _require_norm_dtype(self, x, self.gamma.dtype)
         else:
             _require_float(self, x)
         y = layernorm(x, self.gamma, self.beta, tuple(range(-k, 0)), self.eps)
