@@ -1,0 +1,83 @@
+"""Mixed precision on the GPU: the model-zoo MNIST net trained with its weights in float32 and its forward and
+backward passes in bfloat16 and float16 (loss scale 1024) reaches the float32 run's test accuracy after the same
+epochs from the same start (the issue's target: bfloat16 within 0.3 points), and the half passes really run in
+the half type (the activations reaching the convolutions are half arrays).
+
+The MNIST files come from ``FLUXPY_MNIST_DIR`` or ../shared/data/mnist (as tests/test_mnist.py); the accuracy
+test is skipped, saying why, where neither has them. Every test needs a GPU (``gpu`` marker).
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fluxpy
+from fluxpy import (Chain, Conv, DataLoader, Dense, MaxPool, flatten, load_mnist, logitcrossentropy, mixed_precision,
+                    onecold, onehotbatch, relu)
+from fluxpy.kernels.halfs import BFLOAT16
+from fluxpy.optimise import Adam, adjust, setup
+
+pytestmark = pytest.mark.gpu
+
+MNIST_DIR = Path(os.environ.get("FLUXPY_MNIST_DIR", Path(__file__).resolve().parents[3] / "shared" / "data" / "mnist"))
+HAVE_MNIST = all((MNIST_DIR / f).is_file() for f in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"))
+
+
+def reference_net(rng):
+    return Chain(Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
+                 flatten, Dense(288, 10, rng=rng))
+
+
+def _loss(m, x, y):
+    return logitcrossentropy(m(x), y)
+
+
+def _accuracy(model, x, labels):
+    return float(np.mean(np.concatenate([fluxpy.cpu(onecold(model(fluxpy.gpu(b))))
+                                         for b in DataLoader(x, batchsize=1000)]) == labels))
+
+
+@pytest.mark.skipif(not HAVE_MNIST, reason=f"no MNIST files in {MNIST_DIR} (set FLUXPY_MNIST_DIR)")
+def test_mnist_in_bfloat16_and_float16_reaches_the_float32_accuracy():
+    x_train, y_train = load_mnist("train", MNIST_DIR, download=False, fallback=False)
+    x_test, y_test = load_mnist("test", MNIST_DIR, download=False, fallback=False)
+    accuracies = {}
+    for name, wrap in (("float32", lambda m: m), ("bfloat16", lambda m: mixed_precision(m, BFLOAT16)),
+                       ("float16", lambda m: mixed_precision(m, np.float16))):
+        model = wrap(fluxpy.gpu(reference_net(np.random.default_rng(0))))
+        opt = setup(Adam(5e-3), model)
+        loader = DataLoader((x_train, onehotbatch(y_train, range(10))), batchsize=128, shuffle=True, rng=0,
+                            device="gpu")
+        for lr in (5e-3, 3e-3, 1e-3, 3e-4):
+            adjust(opt, lr)
+            fluxpy.train(_loss, model, loader, opt, progress=False)
+        accuracies[name] = _accuracy(model, x_test, y_test)
+    print("MNIST test accuracy after 4 epochs:", {k: f"{100 * v:.2f}%" for k, v in accuracies.items()})
+    assert accuracies["float32"] > 0.93
+    assert abs(accuracies["bfloat16"] - accuracies["float32"]) <= 0.003
+    assert abs(accuracies["float16"] - accuracies["float32"]) <= 0.003
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=str)
+def test_the_half_model_runs_in_the_half_type_and_its_gradients_reach_the_float32_weights(dtype, monkeypatch):
+    import fluxpy.layers.conv as conv_layers
+    seen = []
+    real = conv_layers.conv_bias_act
+
+    def spy(x, w, *args, **kw):
+        seen.append((fluxpy.value_of(x).dtype, fluxpy.value_of(w).dtype))
+        return real(x, w, *args, **kw)
+    monkeypatch.setattr(conv_layers, "conv_bias_act", spy)
+    rng = np.random.default_rng(1)
+    model = mixed_precision(fluxpy.gpu(reference_net(rng)), dtype)
+    x = fluxpy.gpu(rng.random((8, 1, 28, 28), dtype=np.float32))
+    y = fluxpy.gpu(onehotbatch(rng.integers(0, 10, 8), range(10)))
+    loss, (g,) = fluxpy.withgradient(lambda m: _loss(m, x, y), model)
+    assert seen and all(a == dtype and b == dtype for a, b in seen)
+    for got, w in zip(fluxpy.trainables(g), fluxpy.trainables(model)):
+        assert got.dtype == np.float32 and got.shape == w.shape and bool(np.isfinite(fluxpy.cpu(got)).all())
+    want = float(_loss(model.model, x, y))
+    assert abs(float(loss) - want) < 0.05 * abs(want)
