@@ -32,6 +32,7 @@ BENCHMARKS = {
     "data_path": ["--json", "{json}"],
     "batchnorm": ["--json", "{json}"],
     "resnet_step": ["--json", "{json}"],
+    "mixed_precision": ["--json", "{json}"],
     "reduce": ["--json", "{json}"],
     "conv": ["--json", "{json}"],
     "elementwise": ["--json", "{json}"],
@@ -41,6 +42,7 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "captured_step": ["--steps", "20", "--rounds", "3", "--warmup", "5"],
                "captured_profile": ["--steps", "10"],
                "resnet_step": ["--steps", "10", "--rounds", "3", "--warmup", "5", "--single-steps", "50"],
+               "mixed_precision": ["--steps", "5", "--rounds", "3", "--warmup", "3"],
                "reduce": ["--quick"], "conv": ["--quick"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"]}
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes")
