@@ -23,16 +23,18 @@ array([[[[10., 18.],
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import register
+from .halfs import is_half
 
 __all__ = ["pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
-           "meanpool_forward", "meanpool_backward"]
+           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +179,18 @@ def _channel_major_dy(dy, cdims):
     return out.reshape(g, k // g, n * p * width)
 
 
+def _in_float32(kernel):
+    """``kernel(a, b, cdims)`` that computes float16 and bfloat16 in float32 and returns the input's dtype: NumPy
+    multiplies float16 matrices without BLAS and bfloat16 ones (ml_dtypes) into float32."""
+    @functools.wraps(kernel)
+    def run(a, b, cdims):
+        if not is_half(a.dtype):
+            return kernel(a, b, cdims)
+        return kernel(a.astype(np.float32), b.astype(np.float32), cdims).astype(a.dtype)
+    return run
+
+
+@_in_float32
 def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     """The convolution ``y`` of shape ``cdims.y_shape``, as ``w @ im2col(x)``.
 
@@ -189,6 +203,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
 
 
+@_in_float32
 def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     """The gradient of :func:`conv_forward` with respect to ``x``, ``col2im(w^T @ dy)``, shape
     ``cdims.x_shape``.
@@ -204,6 +219,7 @@ def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims)), cdims)
 
 
+@_in_float32
 def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarray:
     """The gradient of :func:`conv_forward` with respect to ``w``, ``dy @ im2col(x)^T`` (batch and
     pixels form one contraction axis), shape ``cdims.w_shape``.
@@ -218,6 +234,28 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
     if not cdims.flipped:
         dw = dw[:, :, ::-1, ::-1]
     return np.ascontiguousarray(dw)
+
+
+def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for float16 or bfloat16 NumPy arrays of one dtype, computed in float32 and rounded once to it.
+
+    >>> import ml_dtypes
+    >>> y = matmul_half(np.ones((2, 3), ml_dtypes.bfloat16), np.ones((3, 1), ml_dtypes.bfloat16))
+    >>> y.dtype, y.ravel().tolist()
+    (dtype(bfloat16), [3.0, 3.0])
+    """
+    return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+
+
+def matmul_half_supports(a, b) -> bool:
+    """Whether :func:`matmul_half` takes ``(a, b)``: NumPy arrays of one half dtype.
+
+    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float16))
+    True
+    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float32))
+    False
+    """
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and is_half(a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,3 +454,4 @@ def meanpool_backward(dy: np.ndarray, pdims: Any) -> np.ndarray:
 for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", globals()[_name])
+register("matmul", "numpy", matmul_half, matmul_half_supports)
