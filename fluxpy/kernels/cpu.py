@@ -34,7 +34,7 @@ from .halfs import is_half
 
 __all__ = ["pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
-           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports"]
+           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +234,31 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
     if not cdims.flipped:
         dw = dw[:, :, ::-1, ::-1]
     return np.ascontiguousarray(dw)
+
+
+def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind: str, cdims: Any) -> np.ndarray:
+    """``act(conv(x, w) + b)`` (``kind`` ``"relu"`` or ``"identity"``) for float16 or bfloat16, all in float32 and
+    rounded once, as cuDNN's fused call does: rounding the convolution before the bias add could flip the sign
+    of an output near zero, and with it relu's mask in the gradient.
+
+    >>> import ml_dtypes
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> x = np.ones((1, 1, 2, 2), ml_dtypes.bfloat16)
+    >>> b = np.array([-5.0], ml_dtypes.bfloat16)
+    >>> y = conv_bias_act_half(x, x, b, "relu", ConvDims.from_shapes(x.shape, x.shape))
+    >>> y.dtype, y.ravel().tolist()
+    (dtype(bfloat16), [0.0])
+    """
+    y = conv_forward(x.astype(np.float32), w.astype(np.float32), cdims)
+    if b is not None:
+        y += b.astype(np.float32).reshape(1, -1, 1, 1)
+    if kind == "relu":
+        np.maximum(y, 0, out=y)
+    return y.astype(x.dtype)
+
+
+def _conv_bias_act_half_supports(x, w, b, kind, cdims):
+    return isinstance(x, np.ndarray) and is_half(x.dtype) and kind in ("relu", "identity")
 
 
 def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -455,3 +480,4 @@ for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "max
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", globals()[_name])
 register("matmul", "numpy", matmul_half, matmul_half_supports)
+register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)
