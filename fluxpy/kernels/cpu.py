@@ -37,7 +37,7 @@ from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
-           "meanpool_forward", "meanpool_backward"]
+           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,6 +223,53 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
     if not cdims.flipped:
         dw = dw[:, :, ::-1, ::-1]
     return np.ascontiguousarray(dw)
+
+
+def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind: str, cdims: Any) -> np.ndarray:
+    """``act(conv(x, w) + b)`` (``kind`` ``"relu"`` or ``"identity"``) for float16 or bfloat16, all in float32 and
+    rounded once, as cuDNN's fused call does: rounding the convolution before the bias add could flip the sign
+    of an output near zero, and with it relu's mask in the gradient.
+
+    >>> import ml_dtypes
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> x = np.ones((1, 1, 2, 2), ml_dtypes.bfloat16)
+    >>> b = np.array([-5.0], ml_dtypes.bfloat16)
+    >>> y = conv_bias_act_half(x, x, b, "relu", ConvDims.from_shapes(x.shape, x.shape))
+    >>> y.dtype, y.ravel().tolist()
+    (dtype(bfloat16), [0.0])
+    """
+    y = conv_forward(x.astype(np.float32), w.astype(np.float32), cdims)
+    if b is not None:
+        y += b.astype(np.float32).reshape(1, -1, 1, 1)
+    if kind == "relu":
+        np.maximum(y, 0, out=y)
+    return y.astype(x.dtype)
+
+
+def _conv_bias_act_half_supports(x, w, b, kind, cdims):
+    return isinstance(x, np.ndarray) and is_half(x.dtype) and kind in ("relu", "identity")
+
+
+def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for float16 or bfloat16 NumPy arrays of one dtype, computed in float32 and rounded once to it.
+
+    >>> import ml_dtypes
+    >>> y = matmul_half(np.ones((2, 3), ml_dtypes.bfloat16), np.ones((3, 1), ml_dtypes.bfloat16))
+    >>> y.dtype, y.ravel().tolist()
+    (dtype(bfloat16), [3.0, 3.0])
+    """
+    return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+
+
+def matmul_half_supports(a, b) -> bool:
+    """Whether :func:`matmul_half` takes ``(a, b)``: NumPy arrays of one half dtype.
+
+    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float16))
+    True
+    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float32))
+    False
+    """
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and is_half(a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,3 +496,5 @@ def halves_in_float32(kernel: Callable) -> Callable:
 for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", halves_in_float32(globals()[_name]))
+register("matmul", "numpy", matmul_half, matmul_half_supports)
+register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)

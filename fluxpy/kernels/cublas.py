@@ -1,19 +1,23 @@
 """Matrix products through our own ctypes binding of cuBLAS: the ``matmul`` kernel for CuPy arrays.
 
-CuPy refuses every cuBLAS call while a stream is being captured into a CUDA graph ("calling cuBLAS API
-during stream capture is currently unsupported"), so a training step with a Dense layer could not be
-captured. This binding calls ``cublasSgemm_v2``/``cublasDgemm_v2`` itself, on one handle per device bound to
-CuPy's current stream, with a workspace of its own per stream (``cublasSetWorkspace_v2``: cuBLAS then
-allocates nothing during a call, as capture requires).
+CuPy refuses every cuBLAS call while a stream is being captured into a CUDA graph ("calling cuBLAS API during
+stream capture is currently unsupported"), so a training step with a Dense layer could not be captured. This
+binding calls ``cublasSgemm_v2``/``cublasDgemm_v2`` (and ``cublasGemmEx`` for the halves) itself, on one
+handle per device bound to CuPy's current stream, with a workspace of its own per stream
+(``cublasSetWorkspace_v2``: cuBLAS then allocates nothing during a call, as capture requires).
 
-The library is the one CuPy loaded (found in the process's memory map after CuPy's cuBLAS module is
-imported), else ``$FLUXPY_CUBLAS_LIBRARY``, else ``ctypes.util.find_library("cublas")``. Float32 uses
-TF32 tensor cores only with ``fluxpy.kernels.cudnn.set_options(allow_tf32=True)`` (the one TF32 switch).
+The library is the one CuPy loaded (found in the process's memory map after CuPy's cuBLAS module is imported),
+else ``$FLUXPY_CUBLAS_LIBRARY``, else ``ctypes.util.find_library("cublas")``. Float32 uses TF32 tensor cores
+only with ``fluxpy.kernels.cudnn.set_options(allow_tf32=True)`` (the one TF32 switch).
 
-What it takes (:func:`matmul_supports`): float32 or float64 CuPy arrays of one dtype, ``a`` of 2 or more
-axes whose leading axes are flattened (C-contiguous), ``b`` a matrix, each row- or column-major (a
-transposed view such as ``W.T`` costs no copy), no empty axis, sizes within cuBLAS's 32-bit ints. Any
-other product runs as ``a @ b`` (CuPy's own cuBLAS call).
+float16 and bfloat16 run through ``cublasGemmEx`` with ``CUBLAS_COMPUTE_32F``: half storage, float32
+accumulation on tensor cores, and (``CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION``) no split-K reduction
+in the half type either.
+
+What it takes (:func:`matmul_supports`): float16, bfloat16, float32 or float64 CuPy arrays of one dtype, ``a``
+of 2 or more axes whose leading axes are flattened (C-contiguous), ``b`` a matrix, each row- or column-major
+(a transposed view such as ``W.T`` costs no copy), no empty axis, sizes within cuBLAS's 32-bit ints. Any other
+product runs as ``a @ b`` (CuPy's own cuBLAS call).
 
 The module imports without CuPy:
 
@@ -32,7 +36,8 @@ import threading
 import numpy as np
 
 from ..backend import cupy
-from .cudnn.handle import OPTIONS   # the one TF32 switch of the project
+from .cudnn.handle import OPTIONS
+from .halfs import BFLOAT16, is_half   # the one TF32 switch of the project
 
 __all__ = ["matmul", "matmul_supports", "CublasError", "STATUS_NAMES", "library_path", "KERNELS",
            "WORKSPACE_BYTES"]
@@ -46,7 +51,9 @@ STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 
 # kernels); with 32 MiB in the same time as CuPy's (measured).
 WORKSPACE_BYTES = 32 << 20
 _OP_N, _OP_T = 0, 1
-_DEFAULT_MATH, _TF32_MATH = 0, 3
+_DEFAULT_MATH, _TF32_MATH, _DISALLOW_REDUCED_REDUCTION = 0, 3, 16   # cublasMath_t
+_R_32F, _R_16F, _R_16BF = 0, 2, 14                                    # cudaDataType_t
+_COMPUTE_32F, _GEMM_DEFAULT = 68, -1                                  # cublasComputeType_t, cublasGemmAlgo_t
 _INT_MAX = 2**31 - 1
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -58,6 +65,7 @@ _SIGNATURES = {
     "cublasSetMathMode": [_P, _I],
     "cublasSgemm_v2": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "cublasDgemm_v2": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
+    "cublasGemmEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I],
 }
 
 
@@ -150,8 +158,17 @@ class _Handle:
 _handles: dict = {}   # device -> _Handle
 
 
-def _handle(lib) -> int:
-    """The device's handle, bound to CuPy's current stream (with that stream's workspace) and to the TF32 option."""
+def _math_mode(dtype) -> int:
+    """The ``cublasMath_t`` for ``dtype``: the halves accumulate (split-K included) in float32; float32 uses TF32
+    only with ``allow_tf32``."""
+    if is_half(dtype):
+        return _DEFAULT_MATH | _DISALLOW_REDUCED_REDUCTION
+    return _TF32_MATH if OPTIONS["allow_tf32"] else _DEFAULT_MATH
+
+
+def _handle(lib, dtype) -> int:
+    """The device's handle, bound to CuPy's current stream (with that stream's workspace) and to the math mode
+    of ``dtype`` (:func:`_math_mode`)."""
     dev = cupy.cuda.runtime.getDevice()
     h = _handles.get(dev)
     if h is None:
@@ -166,7 +183,7 @@ def _handle(lib) -> int:
         _check(lib.cublasSetStream_v2(h.ptr, stream), "cublasSetStream_v2", f"stream {stream:#x}")
         _check(lib.cublasSetWorkspace_v2(h.ptr, ws.ptr, WORKSPACE_BYTES), "cublasSetWorkspace_v2")
         h.stream = stream
-    math = _TF32_MATH if OPTIONS["allow_tf32"] else _DEFAULT_MATH
+    math = _math_mode(dtype)
     if math != h.math:
         _check(lib.cublasSetMathMode(h.ptr, math), "cublasSetMathMode", f"mode {math}")
         h.math = math
@@ -178,8 +195,11 @@ def _handle(lib) -> int:
 
 _GEMM = {np.dtype(np.float32): ("cublasSgemm_v2", lambda lib: lib.cublasSgemm_v2),
          np.dtype(np.float64): ("cublasDgemm_v2", lambda lib: lib.cublasDgemm_v2)}
+_GEMM_EX_TYPES = {np.dtype(np.float16): _R_16F, BFLOAT16: _R_16BF}
 _SCALARS = {np.dtype(np.float32): (ctypes.c_float(1.0), ctypes.c_float(0.0)),
-            np.dtype(np.float64): (ctypes.c_double(1.0), ctypes.c_double(0.0))}
+            np.dtype(np.float64): (ctypes.c_double(1.0), ctypes.c_double(0.0)),
+            np.dtype(np.float16): (ctypes.c_float(1.0), ctypes.c_float(0.0)),   # CUBLAS_COMPUTE_32F's scalars
+            BFLOAT16: (ctypes.c_float(1.0), ctypes.c_float(0.0))}
 
 
 def _layout(m):
@@ -211,7 +231,7 @@ def matmul_supports(a, b) -> bool:
     """
     if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
         return False
-    if a.dtype != b.dtype or a.dtype not in _GEMM:
+    if a.dtype != b.dtype or a.dtype not in _SCALARS:
         return False
     if a.ndim < 2 or b.ndim != 2 or a.shape[-1] != b.shape[0] or 0 in a.shape or 0 in b.shape:
         return False
@@ -242,11 +262,17 @@ def matmul(a, b):
     n = b.shape[1]
     (ta, lda), (tb, ldb) = _layout(a2), _layout(b)
     c = cupy.empty((m, n), dtype=a.dtype)
-    name, gemm = _GEMM[a.dtype]
     one, zero = _SCALARS[a.dtype]
-    status = gemm(lib)(_handle(lib), _OP_T if tb else _OP_N, _OP_T if ta else _OP_N, n, m, k,
-                                ctypes.byref(one), b.data.ptr, ldb, a2.data.ptr, lda, ctypes.byref(zero),
-                                c.data.ptr, n)
+    h = _handle(lib, a.dtype)
+    op_b, op_a = _OP_T if tb else _OP_N, _OP_T if ta else _OP_N
+    if a.dtype in _GEMM_EX_TYPES:
+        name, t = "cublasGemmEx", _GEMM_EX_TYPES[a.dtype]
+        status = lib.cublasGemmEx(h, op_b, op_a, n, m, k, ctypes.byref(one), b.data.ptr, t, ldb, a2.data.ptr, t,
+                                  lda, ctypes.byref(zero), c.data.ptr, t, n, _COMPUTE_32F, _GEMM_DEFAULT)
+    else:
+        name, gemm = _GEMM[a.dtype]
+        status = gemm(lib)(h, op_b, op_a, n, m, k, ctypes.byref(one), b.data.ptr, ldb, a2.data.ptr, lda,
+                           ctypes.byref(zero), c.data.ptr, n)
     _check(status, name, lambda: f"{tuple(a.shape)} @ {tuple(b.shape)} {a.dtype}")
     return c.reshape(*a.shape[:-1], n)
 

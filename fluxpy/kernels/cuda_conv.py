@@ -10,8 +10,12 @@
 ``conv_bias_act_forward``       ``act(conv(x, w) + b)`` in one graph, relu or identity, ``b`` or None
 ``conv_bias_act_backward``      ``(dz, db)`` from the output: ``dz = dy * (y > 0)`` for relu, ``db``
                                 by :func:`fluxpy.kernels.reduce.mapreduce` (one pass that also writes
-                                ``dz``) or ``cudnnConvolutionBackwardBias`` (:func:`set_bias_grad`)
+                                ``dz``) or ``cudnnConvolutionBackwardBias`` (:func:`set_bias_grad`);
+                                float16/bfloat16: a mask on the bits and cuDNN's bias sum
 ==============================  ===============================================================
+
+float16 and bfloat16 run as float32 and float64 do (the same calls, half storage, float32 compute
+on tensor cores); x, w and b must share the dtype (the ops check that before any kernel runs).
 
 The four convolution kernels are the graph module's own functions, registered as they are (no
 extra Python frame per call); each falls back per problem to the legacy call of
@@ -30,9 +34,14 @@ True
 from __future__ import annotations
 
 
+import numpy as np
+
 from ..backend import cupy
 from .cudnn import graph, legacy
+from .cudnn.errors import CudnnError
 from .cudnn.geometry import ConvDimsLike
+from .cudnn.legacy import float32_to_half, half_to_float32
+from .halfs import BFLOAT16, is_half
 from .reduce import mapreduce
 
 
@@ -75,14 +84,50 @@ def _mask(dy, y):
     return _relu_mask(dy, y)
 
 
+# The bits of +inf: a float16 or bfloat16 is positive (not NaN, not zero) where its bits lie in [1, limit].
+_POSITIVE_LIMIT = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80}
+_half_mask_kernel = None
+
+
+def _half_mask(dy, y):
+    """``dy * (y > 0)`` for float16 or bfloat16 arrays, on their bits (no half arithmetic needed)."""
+    global _half_mask_kernel
+    if _half_mask_kernel is None:
+        _half_mask_kernel = cupy.ElementwiseKernel(
+            "uint16 dy, uint16 y, uint16 limit", "uint16 dz",
+            "dz = ((unsigned short)(y - 1) < limit) ? dy : (unsigned short)0", "fluxpy_half_relu_mask")
+    limit = np.uint16(_POSITIVE_LIMIT[y.dtype])
+    return _half_mask_kernel(dy.view(np.uint16), y.view(np.uint16), limit).view(y.dtype)
+
+
+_CUDNN_BIAS_OK = {}   # dtype -> whether cudnnConvolutionBackwardBias took it
+
+
+def _half_bias_backward(dy, y, kind, cdims, need_b):
+    """``(dz, db)`` for the halves: the mask on bits, ``db`` by cuDNN (float32 accumulation) where it takes the
+    dtype, else summed in float32 and rounded once."""
+    dz = _half_mask(dy, y) if kind == "relu" else dy
+    if not need_b:
+        return dz, None
+    if _CUDNN_BIAS_OK.get(dz.dtype, True):
+        try:
+            return dz, legacy.conv_backward_bias(dz, cdims)
+        except CudnnError:
+            _CUDNN_BIAS_OK[dz.dtype] = False
+    return dz, float32_to_half(half_to_float32(dz).sum(axis=(0, 2, 3)), dz.dtype)
+
+
 def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: ConvDimsLike,
                            need_b: bool) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``: ``dy * (y > 0)`` for
-    ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None)."""
+    ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None).
+    float16 and bfloat16 sum ``db`` in float32."""
     if y.dtype != dy.dtype:
         dy = dy.astype(y.dtype)
     if not dy.flags.c_contiguous:
         dy = cupy.ascontiguousarray(dy)
+    if is_half(y.dtype):
+        return _half_bias_backward(dy, y, kind, cdims, need_b)
     if _BIAS_GRAD[0] == "cudnn":
         dz = _mask(dy, y) if kind == "relu" else dy
         return dz, (legacy.conv_backward_bias(dz, cdims) if need_b else None)

@@ -32,14 +32,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..autodiff import Primitive, value_of
-from ..backend import Array, get_array_module
+from ..backend import Array, get_array_module, is_float_dtype
 from ..kernels import find, lookup
+from ..kernels.halfs import is_half
 from .activations import identity, relu
 from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe, memoised
 from .fused import fused_op
 from .reduce import sum as _sum
-from .shape import reshape
+from .shape import astype, reshape
 
 __all__ = ["conv", "conv_backward_data", "conv_backward_filter", "conv_transpose", "conv_bias_act",
            "conv_bias_act_backward", "ConvDims"]
@@ -105,8 +108,18 @@ def conv_dims(x: Array, w: Array, stride: int | tuple[int, int] = 1, pad: int | 
     key = (getattr(x, "shape", None), getattr(w, "shape", None), getattr(x, "dtype", None),
            getattr(w, "dtype", None), stride, type(stride), pad, type(pad), dilation, type(dilation), groups,
            type(groups), flipped)
-    return memoised(_DIMS, key, lambda: ConvDims.from_arrays(x, w, stride=stride, pad=pad, dilation=dilation,
-                                                             groups=groups, flipped=flipped))
+    return memoised(_DIMS, key, lambda: _dims_from_arrays(x, w, stride=stride, pad=pad, dilation=dilation,
+                                                          groups=groups, flipped=flipped))
+
+
+def _dims_from_arrays(x, w, **options):
+    """:meth:`ConvDims.from_arrays`, which also takes bfloat16 ``x`` and ``w`` (of the same dtype)."""
+    xd, wd = getattr(x, "dtype", None), getattr(w, "dtype", None)
+    if xd is not None and xd == wd and is_float_dtype(xd) and xd.kind != "f":   # from_arrays knows kind "f" only
+        _check_4d("conv", "x", x, "(N, C, H, W)")
+        _check_4d("conv", "w", w, "(K, C/groups, R, S)")
+        return ConvDims.from_shapes(x.shape, w.shape, **options)
+    return ConvDims.from_arrays(x, w, **options)
 
 
 def conv(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
@@ -190,7 +203,7 @@ def _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"{op} expects x.shape[1] == w.shape[0] == {w.shape[0]} (input channels), "
                          f"got {describe('x', x)}")
-    if x.dtype != w.dtype or x.dtype.kind != "f":
+    if x.dtype != w.dtype or not is_float_dtype(x.dtype):
         raise TypeError(f"{op} expects x and w of the same floating-point dtype, got x {x.dtype} and w {w.dtype}")
     if not _is_int(groups) or groups < 1 or x.shape[1] % groups:
         raise ValueError(f"{op} expects groups to be a positive int dividing x.shape[1] (input channels), "
@@ -267,7 +280,14 @@ def _conv_bias_act_impl(x, w, b, kind, cdims):
 
 def _bias_backward(dy, y, kind, cdims, need_b):
     dz = dy * (value_of(y) > 0) if kind == "relu" else dy  # a mask product: NumPy's where is ~12x slower
-    return dz, (_sum(dz, axis=(0, 2, 3)) if need_b else None)
+    return dz, (_bias_sum(dz) if need_b else None)
+
+
+def _bias_sum(dz):
+    """``dz`` summed over ``(0, 2, 3)``; the halves accumulate in float32 (NumPy would add in the half type)."""
+    if not is_half(dz.dtype):
+        return _sum(dz, axis=(0, 2, 3))
+    return astype(_sum(astype(dz, np.float32), axis=(0, 2, 3)), dz.dtype)
 
 
 conv_bias_act_backward = fused_op("conv_bias_act_backward", _bias_backward, doc="""
@@ -306,7 +326,8 @@ def _fused_kind(act):
 def conv_bias_act(x: Array, w: Array, b: Array | bool | None, act: Callable | None = None, **options: Any) -> Array:
     """The convolution with bias and activation, ``act(conv(x, w) + b)``.
 
-    ``b`` of shape ``(K,)`` is added per output channel. ``b=None`` or ``False`` means no bias;
+    ``b`` of shape ``(K,)`` and ``x``'s dtype is added per output channel (x, w and b share one dtype:
+    float16, bfloat16, float32 or float64). ``b=None`` or ``False`` means no bias;
     ``act=None`` (the default) is the identity. Keywords as :func:`conv` (``stride=1, pad=0,
     dilation=1, groups=1, flipped=False``).
 
@@ -330,9 +351,12 @@ def conv_bias_act(x: Array, w: Array, b: Array | bool | None, act: Callable | No
         if tuple(b.shape) != (k,):
             raise ValueError(f"conv_bias_act expects b of shape ({k},) (one per output channel), got "
                              f"{describe('b', b)}")
+        if b.dtype != x.dtype:
+            raise TypeError(f"conv_bias_act expects b of x's dtype {x.dtype}, got {describe('b', b)}: convert "
+                            f"it with b.astype(x.dtype)")
     cdims = conv_dims(x, w, **options)
     kind = _fused_kind(identity if act is None else act)
-    if kind is not None and (b is None or b.dtype == x.dtype):
+    if kind is not None:
         if b is None and kind == "identity":
             return _conv(x, w, cdims)
         return _conv_bias_act(x, w, b, kind, cdims)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..autodiff import Primitive
 from ..backend import Array
 from ..kernels import find
+from ..kernels.halfs import is_half
 from .shape import expand_dims, reshape, swapaxes, unbroadcast
 
 __all__ = ["matmul", "dot"]
@@ -62,11 +63,28 @@ def matmul(a: Array, b: Array) -> Array:
     >>> import numpy as np
     >>> matmul(np.ones((5, 2, 3)), np.ones((3, 4))).shape
     (5, 2, 4)
+
+    float16 and bfloat16 operands must share their dtype (the product accumulates in float32 and returns
+    that dtype); a mix with another dtype is a ``TypeError``, raised before any kernel runs.
     """
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must have at least one axis, got shapes {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")
+    _check_half_mix(a, b)
     return _matmul(a, b)
+
+
+def _is_half(dtype):
+    return dtype is not None and is_half(dtype)
+
+
+def _check_half_mix(a, b):
+    """Raise where one operand is float16 or bfloat16 and the other has another dtype: NumPy would promote
+    silently (bfloat16 @ float32 -> float32), the GPU kernels take one dtype."""
+    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
+    if da != db and (_is_half(da) or _is_half(db)):
+        raise TypeError(f"matmul expects a and b of one dtype when either is float16 or bfloat16, got a of shape "
+                        f"{tuple(a.shape)} {da} and b of shape {tuple(b.shape)} {db}: convert one with astype")
 
 
 def dot(a: Array, b: Array) -> Array:

@@ -69,8 +69,7 @@ def test_the_dense_layer_and_its_gradient_run_through_the_kernel_and_match_the_c
 def test_products_it_declines_still_run_as_a_at_b():
     import cupy as cp
     rng = np.random.default_rng(3)
-    cases = [(rng.standard_normal((3, 4)).astype(np.float16), rng.standard_normal((4, 2)).astype(np.float16)),
-             (rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 5))),   # batched on both sides
+    cases = [(rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 5))),   # batched on both sides
              (rng.standard_normal(4), rng.standard_normal((4, 3))),              # a vector
              (rng.standard_normal((0, 4)), rng.standard_normal((4, 3))),         # an empty axis
              (rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 2)))]  # mixed dtypes

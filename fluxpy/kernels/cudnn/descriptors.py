@@ -9,6 +9,8 @@ Legacy descriptors are plain ints (``cudnnTensorDescriptor_t`` ...), made by :fu
 
 >>> compute_type(np.float16) == DATA_FLOAT and compute_type(np.float64) == DATA_DOUBLE
 True
+>>> data_type(BFLOAT16) == DATA_BFLOAT16 and compute_type(BFLOAT16) == DATA_FLOAT
+True
 >>> list(int64s(3, 4))
 [3, 4]
 """
@@ -18,22 +20,24 @@ import ctypes
 
 import numpy as np
 
+from ..halfs import BFLOAT16
 from .errors import check
 from .library import fn
 
-__all__ = ["DTYPES", "data_type", "compute_type", "conv_mode", "scalars", "describe", "tensor_descriptor",
+__all__ = ["DTYPES", "BFLOAT16", "data_type", "compute_type", "conv_mode", "scalars", "describe", "tensor_descriptor",
            "filter_descriptor", "convolution_descriptor", "activation_descriptor", "destroy", "backend_create",
            "backend_set", "backend_finalize", "backend_destroy", "int64s", "pointers"]
 
 # ---------------------------------------------------------------------------------------------
 # Enums shared by both APIs (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h of cuDNN 9)
 
-DATA_FLOAT, DATA_DOUBLE, DATA_HALF = 0, 1, 2                # cudnnDataType_t
+DATA_FLOAT, DATA_DOUBLE, DATA_HALF, DATA_BFLOAT16 = 0, 1, 2, 9   # cudnnDataType_t
 TENSOR_NCHW = 0                                             # cudnnTensorFormat_t
 CONVOLUTION, CROSS_CORRELATION = 0, 1                       # cudnnConvolutionMode_t
 NOT_PROPAGATE_NAN, PROPAGATE_NAN = 0, 1                     # cudnnNanPropagation_t
 
-DTYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE, np.dtype(np.float16): DATA_HALF}
+DTYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE, np.dtype(np.float16): DATA_HALF,
+          BFLOAT16: DATA_BFLOAT16}
 
 # ---------------------------------------------------------------------------------------------
 # Enums of the backend API (cudnn_graph.h)
@@ -73,7 +77,7 @@ BEHAVIOR_RUNTIME_COMPILATION = 0                               # cudnnBackendBeh
 # Types and names
 
 def data_type(dtype) -> int:
-    """The ``cudnnDataType_t`` of a NumPy dtype (float16, float32 or float64).
+    """The ``cudnnDataType_t`` of a NumPy dtype (float16, bfloat16, float32 or float64).
 
     >>> data_type(np.float32) == DATA_FLOAT
     True
@@ -82,8 +86,12 @@ def data_type(dtype) -> int:
 
 
 def compute_type(dtype) -> int:
-    """The type cuDNN computes in for arrays of ``dtype``: double for float64, float otherwise (float16 as
-    ``PSEUDO_HALF_CONFIG``)."""
+    """The type cuDNN computes in for arrays of ``dtype``: double for float64, float otherwise (the halves as
+    ``PSEUDO_HALF_CONFIG`` / ``PSEUDO_BFLOAT16_CONFIG``: half storage, float32 accumulation on tensor cores).
+
+    >>> compute_type(np.float32) == DATA_FLOAT
+    True
+    """
     return DATA_DOUBLE if np.dtype(dtype) == np.float64 else DATA_FLOAT
 
 

@@ -24,8 +24,10 @@ Runtime-compiled engines are only tried when no precompiled one finalizes. With 
 ``FALLBACK``) are timed once on the call's own buffers (one warm run, then 5 under events) and the
 fastest kept (as ``torch.backends.cudnn.benchmark``).
 
-What the graph path does not plan (float16, or any problem where no engine configuration finalizes)
-runs through the legacy functions unchanged: :func:`conv_forward`, :func:`conv_bias_act_forward`,
+float16 and bfloat16 graphs store x, w, y and the bias in the half type and compute in float32
+(the convolution's compute type and the virtual tensors between the fused operations); their engines
+may use tensor cores. What the graph path does not plan (any problem where no engine configuration
+finalizes) runs through the legacy functions unchanged: :func:`conv_forward`, :func:`conv_bias_act_forward`,
 :func:`conv_backward_data` and :func:`conv_backward_filter` have the legacy signatures and fall back
 per problem. With autotuning, the legacy call on the same buffers is timed too and keeps the problem
 where it takes under :data:`LEGACY_MARGIN` of the plan's time (seen once: a 512-channel 3x3 layer at
@@ -46,6 +48,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
+from ..halfs import HALVES
 from . import legacy, library
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
                           A_BF_CONV, A_BF_DW, A_BF_DY, A_BF_X, A_CFG_ENGINE, A_CONV_COMP_TYPE, A_CONV_DILATIONS,
@@ -73,7 +76,7 @@ __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_
            "clear_cache", "set_autotune", "get_autotune", "plan_info", "fallback_reasons", "GraphPlan",
            "LEGACY_MARGIN"]
 
-GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64)}   # float16 runs on the legacy path
+GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), *HALVES}   # halves: tensor-core engines, fp32 compute
 UID_X, UID_W, UID_Y, UID_B, UID_V1, UID_V2 = 1, 2, 3, 4, 5, 6   # tensor uids (dx is UID_X, dy UID_Y, dw UID_W)
 VPACK_LIMIT = 64                                                # variant packs kept per plan
 

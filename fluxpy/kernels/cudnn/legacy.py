@@ -15,7 +15,8 @@ Every function takes C-contiguous-able CuPy arrays and a :class:`fluxpy.ops.dims
   ``$FLUXPY_CACHE/cudnn`` (default ``~/.cache/fluxpy/cudnn``, :func:`cache_file`). The workspace
   (:class:`fluxpy.kernels.cudnn.handle.Workspace`, taken per call) is limited by the ``workspace_limit``
   option; when it cannot be had, the next algorithm needing less is used.
-- float16 (computed in float32: ``PSEUDO_HALF_CONFIG``), float32 and float64.
+- float16 and bfloat16 (stored in 16 bits, computed in float32 on tensor cores: ``PSEUDO_HALF_CONFIG`` and
+  ``PSEUDO_BFLOAT16_CONFIG``), float32 and float64. Plans and algorithm choices are keyed by dtype.
 
 The module imports without CuPy or cuDNN.
 
@@ -31,6 +32,7 @@ import os
 import numpy as np
 
 from ...backend import cupy
+from ..halfs import BFLOAT16, is_half
 from . import library
 from .descriptors import (activation_descriptor, convolution_descriptor, describe, destroy, filter_descriptor,
                           scalars, tensor_descriptor)
@@ -40,6 +42,7 @@ from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
 
 __all__ = ["Plan", "plan", "stats", "clear_cache", "cache_file", "conv_forward", "conv_bias_act_forward",
+           "half_to_float32", "float32_to_half",
            "compose_bias_act", "conv_backward_data", "conv_backward_filter", "conv_backward_bias"]
 
 # ---------------------------------------------------------------------------------------------
@@ -64,12 +67,17 @@ class Perf(ctypes.Structure):
 
 
 def math_type(dtype) -> int:
-    """The ``cudnnMathType_t`` for ``dtype`` under the options: tensor ops for float16, the default for float64,
-    and for float32 ``CUDNN_FMA_MATH`` unless ``allow_tf32``."""
+    """The ``cudnnMathType_t`` for ``dtype`` under the options: tensor ops for float16 and bfloat16, the default
+    for float64, and for float32 ``CUDNN_FMA_MATH`` unless ``allow_tf32``.
+
+    >>> from fluxpy.kernels.halfs import BFLOAT16
+    >>> math_type(np.float16) == math_type(BFLOAT16) == TENSOR_OP_MATH
+    True
+    """
     dtype = np.dtype(dtype)
     if dtype == np.float64:
         return DEFAULT_MATH
-    if dtype == np.float16:
+    if is_half(dtype):
         return TENSOR_OP_MATH
     return DEFAULT_MATH if OPTIONS["allow_tf32"] else FMA_MATH
 
@@ -387,9 +395,48 @@ def conv_forward(x: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.
     return y
 
 
+def half_to_float32(a: cupy.ndarray) -> cupy.ndarray:
+    """A float16 or bfloat16 CuPy array as float32 (bfloat16 by its bits: the top half of a float32).
+
+    >>> import ml_dtypes
+    >>> from fluxpy.backend import gpu_available
+    >>> out = None   # stays None without a GPU
+    >>> if gpu_available()[0]:
+    ...     out = half_to_float32(cupy.asarray(np.array([1.5, -2.0], ml_dtypes.bfloat16))).tolist()
+    >>> out in (None, [1.5, -2.0])
+    True
+    """
+    if a.dtype == BFLOAT16:
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def float32_to_half(a: cupy.ndarray, dtype) -> cupy.ndarray:
+    """A float32 CuPy array rounded to nearest even in ``dtype`` (float16 or bfloat16; NaN stays NaN).
+
+    >>> import ml_dtypes
+    >>> from fluxpy.backend import gpu_available
+    >>> out = None   # stays None without a GPU
+    >>> if gpu_available()[0]:
+    ...     out = half_to_float32(float32_to_half(cupy.asarray([1.0, 3.0], np.float32), ml_dtypes.bfloat16)).tolist()
+    >>> out in (None, [1.0, 3.0])
+    True
+    """
+    if np.dtype(dtype) != BFLOAT16:
+        return a.astype(dtype)
+    u = cupy.ascontiguousarray(a).view(np.uint32)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return cupy.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16).view(BFLOAT16)
+
+
 def compose_bias_act(y: cupy.ndarray, b: cupy.ndarray | None, kind: str) -> cupy.ndarray:
     """``act(y + b)`` in place on ``y`` (``b`` of shape ``(K,)`` or None; ``kind`` ``"relu"`` or ``"identity"``):
-    what the fused call computes, for where cuDNN refuses it."""
+    what the fused call computes, for where cuDNN refuses it. The halves add in float32 and round once."""
+    if is_half(y.dtype):
+        y32 = compose_bias_act(half_to_float32(y), None if b is None else half_to_float32(b), kind)
+        y.view(np.uint16)[...] = float32_to_half(y32, y.dtype).view(np.uint16)   # a bit copy: no half kernel
+        return y
     if b is not None:
         y += b.reshape(1, -1, 1, 1)
     if kind == "relu":
@@ -428,9 +475,10 @@ def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: cupy.ndarray | No
         else:
             _run("fwd", p, h, xp_, wp_, yp_, f, call, pre, post)
     except CudnnError as err:
-        if err.status // 1000 != 3:
+        refused = err.status // 1000 == 3 or (is_half(dtype) and err.status == BAD_PARAM)
+        if not refused:
             raise
-        p.fused_ok[kind] = False   # NOT_SUPPORTED*: remember, and compose
+        p.fused_ok[kind] = False   # NOT_SUPPORTED* (BAD_PARAM for a half config it lacks): remember, and compose
         return compose_bias_act(conv_forward(x, w, cdims), b, kind)
     return y
 
