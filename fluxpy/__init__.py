@@ -42,7 +42,7 @@ from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, 
                   minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh, transpose,
                   where)
 from .ops import abs, max, min, sum  # noqa: F401  (fluxpy.sum etc.; kept out of __all__, see the docstring)
-from .precision import MixedPrecision, bf16, f16, mixed_precision
+from .precision import DynamicLossScale, MixedPrecision, bf16, f16, mixed_precision
 from .profile import profile
 from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
                        WeightDecay, adjust, freeze, setup, thaw, update)
@@ -81,5 +81,5 @@ __all__ = [
     "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "cifar", "augment", "schedules", "models",
     "TrainStep", "CaptureWarning",
     # precision
-    "mixed_precision", "MixedPrecision", "f16", "bf16",
+    "mixed_precision", "MixedPrecision", "DynamicLossScale", "f16", "bf16",
 ]

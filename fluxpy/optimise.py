@@ -30,7 +30,7 @@ import numpy as np
 
 from .autodiff import value_of
 from .backend import Array, get_array_module, is_array, is_float_array
-from .capturing import current_guard, on_replay, refuse
+from .capturing import capturing, current_guard, guarding, on_replay, refuse
 from .kernels import find
 from .functors import _trainable_keys, children
 
@@ -557,9 +557,27 @@ def update(state: Any, model: Any, grad: Any, *, check_finite: bool = False) -> 
     [array([0., 0.]), array([3.])]
     """
     plan = _plan(state, model, grad, "update")
-    _check_gradients(plan, check_finite, "update")
-    _apply(plan)
+    scaler = getattr(model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale, or None
+    if scaler is None:
+        _check_gradients(plan, check_finite, "update")
+        _apply(plan)
+    else:
+        _check_gradients(plan, False, "update")
+        _apply_loss_scaled(plan, scaler)
     return state, model
+
+
+def _apply_loss_scaled(plan, scaler):
+    """The step of a model with a dynamic loss scale: applied only where every gradient is finite (an overflow of
+    the scaled float16 gradients skips it), then the scale advanced. Inside a capture the update kernels skip
+    themselves on the device; eagerly the flag is read once (as PyTorch's ``GradScaler.step``)."""
+    flag = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen])
+    if capturing():
+        with guarding(flag):
+            _apply(plan)
+    elif _read_finite(flag):
+        _apply(plan)
+    scaler.advance(flag)
 
 
 _ALL = object()  # stands for "a gradient everywhere": _plan then checks the state against the model alone

@@ -17,11 +17,15 @@ it: the optimiser is any rule, the model is saved as its float32 self, and which
 visible in the model's printout. The cost is a cast of every weight per step (one small kernel each, captured
 with the rest of the step in a CUDA graph).
 
-float16 has a narrow range: small gradients underflow to zero. ``loss_scale`` multiplies the gradient that
-flows back into the half-precision model by a constant and divides the weights' gradients by it again in float32
-(a static loss scale, as PyTorch's ``GradScaler(init_scale=...)`` without its growth); bfloat16 has float32's
-range and needs none. A step whose scaled gradients overflow gives non-finite gradients, which ``train`` reports
-(``TrainingDiverged``): lower the scale.
+float16 has a narrow range: small gradients underflow to zero. The loss scale multiplies the gradient that
+flows back into the half-precision model and divides the weights' gradients by it again in float32. For float16
+the default is a :class:`DynamicLossScale` (PyTorch's ``GradScaler``): it lives on the device; a step whose scaled
+gradients overflow is skipped (``update``, ``train`` and ``TrainStep`` see the wrapper's ``loss_scaler`` and apply
+the update only where every gradient is finite: on the device, inside a captured step) and the scale halves;
+after ``growth_interval`` good steps in a row it doubles. No host sync is needed for it in a captured step (the
+eager ``update`` reads one flag, as PyTorch's ``GradScaler.step`` does). ``loss_scale=<number>`` is a static
+scale (an overflow is then a ``TrainingDiverged`` in ``train``); bfloat16 has float32's range and needs none.
+Dynamic scaling needs the ``MixedPrecision`` to be the model given to the optimiser (the outermost layer).
 
 >>> import numpy as np
 >>> from fluxpy.layers import Dense
@@ -40,48 +44,112 @@ from typing import Any
 import numpy as np
 
 from .autodiff import Primitive, value_of
-from .backend import Array, gpu_device, is_float_dtype
+from .backend import Array, get_array_module, gpu_device, is_float_dtype
+from .capturing import refuse
+from .kernels import find
 from .functors import _rebuild, children, layer
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, LayerNorm
 from .ops.shape import astype
 
-__all__ = ["MixedPrecision", "mixed_precision", "f16", "bf16"]
+__all__ = ["MixedPrecision", "DynamicLossScale", "mixed_precision", "f16", "bf16"]
 
 KEEP_FLOAT32 = (BatchNorm, LayerNorm)   # layers whose parameters and statistics stay float32
+
+
+class DynamicLossScale:
+    """A loss scale kept on the device (a float32 ``scale`` and an int32 count of good steps), for float16
+    :class:`MixedPrecision`: :meth:`advance` with a step's finite flag halves it after an overflow and doubles it
+    after ``growth_interval`` good steps in a row, on the device (captured with a step).
+
+    >>> import numpy as np
+    >>> s = DynamicLossScale(init=8.0, growth_interval=2)
+    >>> scale = s.array(np)
+    >>> for flag in (0.0, 0.0, np.nan):
+    ...     s.advance(np.asarray(flag))
+    >>> float(s.array(np))   # doubled after two good steps, halved after the overflow
+    8.0
+    """
+
+    def __init__(self, init: float = 2.0 ** 15, growth_interval: int = 2000) -> None:
+        if not 0 < init < float("inf"):
+            raise ValueError(f"DynamicLossScale: init must be a positive finite number, got {init!r}")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"DynamicLossScale: growth_interval must be an int >= 1, got {growth_interval!r}")
+        self.init, self.growth_interval = float(init), growth_interval
+        self._scale = self._good = None
+
+    def array(self, xp: Any) -> Array:
+        """The scale, a 0-d float32 array of ``xp`` (NumPy or CuPy; made on first use, outside any capture)."""
+        if self._scale is None or get_array_module(self._scale) is not xp:
+            refuse("MixedPrecision: its dynamic loss scale is made by the first (eager) call, not inside a capture")
+            self._scale, self._good = xp.asarray(self.init, dtype=np.float32), xp.zeros((), dtype=np.int32)
+        return self._scale
+
+    def advance(self, flag: Array) -> None:
+        """After a step whose gradients' finite flag is ``flag`` (finite: every gradient was): on the device."""
+        if self._scale is None:
+            return
+        kernel = find("loss_scale_advance", self._scale)
+        if kernel is not None:
+            kernel(self._scale, self._good, flag, self.growth_interval)
+            return
+        good = bool(np.isfinite(flag))
+        self._good[...] = self._good + 1 if good else 0
+        if not good:
+            self._scale[...] = self._scale * np.float32(0.5)
+        elif self._good >= self.growth_interval:
+            self._scale[...], self._good[...] = self._scale * np.float32(2), 0
+
+    @property
+    def scale(self) -> float:
+        """The scale now, read on the host (a sync on the GPU)."""
+        return self.init if self._scale is None else float(self._scale)
+
+    def __repr__(self) -> str:
+        return f"DynamicLossScale(init={self.init:g}, growth_interval={self.growth_interval})"
 
 
 @layer(children=("model",))
 class MixedPrecision:
     """``model`` (float32) run in ``dtype`` (float16 or bfloat16) with float32 master weights; see the module
-    docstring. ``loss_scale``: for float16 a positive number (default 1024), or None for none; bfloat16 takes
-    none.
+    docstring. ``loss_scale``: for float16 a :class:`DynamicLossScale` (the default), a positive number (static)
+    or None; bfloat16 takes none by default.
 
     >>> import numpy as np
     >>> from fluxpy.layers import Dense
     >>> MixedPrecision(Dense(2, 2), np.float16).loss_scale
-    1024.0
+    DynamicLossScale(init=32768, growth_interval=2000)
     """
 
     def __init__(self, model: Any, dtype: Any = BFLOAT16, loss_scale: float | None | str = "default") -> None:
         self.dtype = _half(dtype)
-        if loss_scale == "default":
-            loss_scale = 1024.0 if self.dtype == np.float16 else None
-        if loss_scale is not None and (isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float))
-                                       or not 0 < loss_scale < float("inf")):
-            raise ValueError(f"MixedPrecision: loss_scale must be a positive finite number or None, got "
-                             f"{loss_scale!r}")
+        if isinstance(loss_scale, str) and loss_scale == "default":
+            loss_scale = DynamicLossScale() if self.dtype == np.float16 else None
+        if loss_scale is not None and not isinstance(loss_scale, DynamicLossScale) and (
+                isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float))
+                or not 0 < loss_scale < float("inf")):
+            raise ValueError(f"MixedPrecision: loss_scale must be a DynamicLossScale, a positive finite number or "
+                             f"None, got {loss_scale!r}")
         bad = [a.dtype for a in _float_leaves(model) if a.dtype != np.float32]
         if bad:
             raise TypeError(f"MixedPrecision: the model's master weights must be float32 (convert it with "
                             f"fluxpy.f32(model)), got an array of {bad[0]}")
         self.model = model
-        self.loss_scale = None if loss_scale is None else float(loss_scale)
+        self.loss_scale = loss_scale if loss_scale is None or isinstance(loss_scale, DynamicLossScale) \
+            else float(loss_scale)
+
+    @property
+    def loss_scaler(self) -> DynamicLossScale | None:
+        """The dynamic loss scale that ``update``/``train``/``TrainStep`` advance after each step, or None."""
+        return self.loss_scale if isinstance(self.loss_scale, DynamicLossScale) else None
 
     def __call__(self, x: Array) -> Array:
         scale = self.loss_scale
+        if isinstance(scale, DynamicLossScale):
+            scale = scale.array(get_array_module(value_of(x)))
         to_half = self._caster(x)
-        half = _map_floats(self.model, lambda w: to_half(w if scale is None else _scaled_backward(w, 1.0 / scale)))
+        half = _map_floats(self.model, lambda w: to_half(w if scale is None else _unscaled_backward(w, scale)))
         y = astype(to_half(half(to_half(x) if _floating(x) else x)), np.float32)   # (on the CPU: the cotangent rounded)
         return y if scale is None else _scaled_backward(y, scale)   # the cotangent into the half model, scaled
 
@@ -95,7 +163,10 @@ class MixedPrecision:
         return lambda w: astype(astype(w, dtype), np.float32)
 
     def __repr__(self) -> str:
-        scale = "" if self.loss_scale in (None, 1024.0) else f", loss_scale={self.loss_scale:g}"
+        default = self.loss_scale is None if self.dtype != np.float16 else (
+            isinstance(self.loss_scale, DynamicLossScale) and self.loss_scale.init == 2.0 ** 15
+            and self.loss_scale.growth_interval == 2000)
+        scale = "" if default else f", loss_scale={self.loss_scale!r}"
         return f"MixedPrecision({self.model!r}, {self.dtype.name}{scale})"
 
 
@@ -170,9 +241,16 @@ def _float_leaves(model):
 
 
 def _scale_rule(x, scale):
-    def scaled_pullback(dy):
-        return (dy * dy.dtype.type(scale),)
+    def scaled_pullback(dy):   # scale: a number, or a 0-d float32 array on dy's device (a dynamic scale)
+        return (dy * (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype)),)
     return x, scaled_pullback
 
 
+def _unscale_rule(x, scale):
+    def unscaled_pullback(dy):
+        return (dy / (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype)),)
+    return x, unscaled_pullback
+
+
 _scaled_backward = Primitive("scaled_backward", _scale_rule, impl=lambda x, scale: x)
+_unscaled_backward = Primitive("unscaled_backward", _unscale_rule, impl=lambda x, scale: x)

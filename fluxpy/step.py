@@ -238,6 +238,9 @@ class CheckedStep(TrainStep):
         _check_gradients(plan, False, "train")   # what a rule refuses (ClipNorm reads: such a step is not captured)
         with guarding(guard):
             _apply(plan)
+        scaler = getattr(self.model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale
+        if scaler is not None:
+            scaler.advance(guard)
         return value, guard
 
     def run(self, *batch: Any) -> Flight | None:

@@ -236,12 +236,17 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
         raise ValueError(f"train: the loss at {where} gives no gradient to any trainable array of the model, so the "
                          f"step would change nothing ({why}); the loss must be computed from the model it is "
                          "given as its first argument, loss(model, *batch)")
-    total = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen]) if check_finite else None
+    scaler = getattr(model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale: always checked
+    total = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen]) \
+        if check_finite or scaler is not None else None
     value, finite = _read_loss_and_total(value_of(value), total)   # the step's one wait for the device
     if not math.isfinite(value):
         raise TrainingDiverged(f"train: the loss is {value} at {where}; stopping before the update (lower the "
                                f"learning rate, or check the data and the loss){_buffers_note(model)}",
                                epoch, batch, value)
+    if not finite and scaler is not None:   # the scaled float16 gradients overflowed: skip, lower the scale
+        scaler.advance(total)
+        return value
     if not finite:
         bad = _nonfinite([e for e in plan if not e[0].frozen])
         if bad:
@@ -261,6 +266,8 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
                                    value)
     _check_gradients(plan, False, "train")  # what the rules refuse (ClipNorm): before any change
     _apply(plan)
+    if scaler is not None:
+        scaler.advance(total)
     return value
 
 

@@ -97,6 +97,41 @@ def test_bad_arguments_are_named():
 def test_repr_and_defaults():
     assert repr(MixedPrecision(Dense(2, 2), "bfloat16")) == "MixedPrecision(Dense(2 => 2), bfloat16)"
     assert MixedPrecision(Dense(2, 2), "bfloat16").loss_scale is None
-    assert MixedPrecision(Dense(2, 2), np.float16).loss_scale == 1024.0
+    assert isinstance(MixedPrecision(Dense(2, 2), np.float16).loss_scale, fluxpy.DynamicLossScale)
+    assert repr(MixedPrecision(Dense(2, 2), np.float16)) == "MixedPrecision(Dense(2 => 2), float16)"
     assert repr(MixedPrecision(Dense(2, 2), np.float16, loss_scale=8)) == \
-        "MixedPrecision(Dense(2 => 2), float16, loss_scale=8)"
+        "MixedPrecision(Dense(2 => 2), float16, loss_scale=8.0)"
+
+
+def test_a_dynamic_loss_scale_skips_an_overflowing_step_and_halves_then_grows():
+    m = mixed_precision(_net(), np.float16, loss_scale=fluxpy.DynamicLossScale(init=2.0 ** 15, growth_interval=3))
+    x, y = _x(n=16), fluxpy.onehotbatch(np.random.default_rng(5).integers(0, 3, 16), range(3))
+    opt = setup(Adam(1e-3), m)
+    # a loss of about 1e4: its cotangents times 2^15 pass float16's largest value (65504): the step overflows
+    huge = [(x, y, 1e4)]
+    before = copy.deepcopy(m.model)
+    losses = fluxpy.train(lambda m, x, y, k: k * fluxpy.logitcrossentropy(m(x), y), m, huge, opt, progress=False)
+    assert np.isfinite(losses[0])
+    for a, b in zip(fluxpy.trainables(m.model), fluxpy.trainables(before)):
+        np.testing.assert_array_equal(a, b)   # skipped: the master weights did not move
+    assert m.loss_scale.scale == 2.0 ** 14
+    normal = [(x, y, 1.0)] * 3
+    fluxpy.train(lambda m, x, y, k: k * fluxpy.logitcrossentropy(m(x), y), m, normal, opt, progress=False)
+    assert m.loss_scale.scale == 2.0 ** 15   # three good steps: doubled again
+    assert not np.array_equal(m.model.layers[0].weight, before.layers[0].weight)
+
+
+def test_update_with_a_dynamic_loss_scale_skips_where_a_gradient_is_not_finite():
+    m = mixed_precision(_net(), np.float16, loss_scale=fluxpy.DynamicLossScale(init=4.0, growth_interval=100))
+    opt = setup(Adam(1e-3), m)
+    x = _x()
+    (g,) = fluxpy.gradient(lambda m: m(x).sum(), m)
+    before = copy.deepcopy(m.model)
+    g["model"]["layers"][1]["bias"][0] = np.inf   # an overflow
+    fluxpy.update(opt, m, g, check_finite=True)   # no error: the step is skipped, the scale halved
+    for a, b in zip(fluxpy.trainables(m.model), fluxpy.trainables(before)):
+        np.testing.assert_array_equal(a, b)
+    assert m.loss_scale.scale == 2.0
+    g["model"]["layers"][1]["bias"][0] = 1.0
+    fluxpy.update(opt, m, g)
+    assert not np.array_equal(m.model.layers[1].bias, before.layers[1].bias)

@@ -1186,6 +1186,26 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     return out
 
 
+_advance = None
+
+
+def loss_scale_advance(scale: Array, good: Array, flag: Array, interval: int) -> None:
+    """A dynamic loss scale's step on the device (fluxpy.DynamicLossScale): where ``flag`` is finite, one more
+    good step, the float32 ``scale`` doubled after ``interval`` of them in a row; else ``scale`` halved and the
+    int32 count ``good`` reset. One thread, no sync (captured with a step).
+
+    >>> loss_scale_advance.__name__
+    'loss_scale_advance'
+    """
+    global _advance
+    if _advance is None:
+        _advance = cupy.ElementwiseKernel(
+            "raw float64 flag, int32 interval", "raw float32 scale, raw int32 good",
+            "if (isfinite(flag[0])) { good[0] += 1; if (good[0] >= interval) { scale[0] *= 2.0f; good[0] = 0; } }"
+            " else { scale[0] *= 0.5f; good[0] = 0; }", "fluxpy_loss_scale_advance")
+    _advance(_float64_scalar(flag), np.int32(interval), scale, good, size=1)
+
+
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
 KERNELS = {
     "broadcast": (fused_forward, None),
@@ -1198,5 +1218,6 @@ KERNELS = {
     "adam_update": (adam_update, update_supports),
     "adam_update_many": (adam_update_many, adam_update_many_supports),
     "sgd_update_many": (sgd_update_many, sgd_update_many_supports),
+    "loss_scale_advance": (loss_scale_advance, None),
     "finite_total": (finite_total, finite_total_supports),
 }

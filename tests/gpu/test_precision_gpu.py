@@ -81,3 +81,41 @@ def test_the_half_model_runs_in_the_half_type_and_its_gradients_reach_the_float3
         assert got.dtype == np.float32 and got.shape == w.shape and bool(np.isfinite(fluxpy.cpu(got)).all())
     want = float(_loss(model.model, x, y))
     assert abs(float(loss) - want) < 0.05 * abs(want)
+
+
+def test_a_dynamic_loss_scale_in_a_captured_step_skips_overflows_on_the_device_as_the_eager_step():
+    import copy
+
+    import cupy as cp
+    from fluxpy import DynamicLossScale, TrainStep
+    from fluxpy.kernels.cudnn import set_options
+    old = set_options(deterministic=True)
+    try:
+        rng = np.random.default_rng(3)
+        base = reference_net(rng)
+        batches = []
+        for i in range(12):   # batch 7 multiplies the loss by 1e4: its scaled float16 gradients overflow
+            x = cp.asarray(rng.random((16, 1, 28, 28), dtype=np.float32))
+            y = cp.asarray(onehotbatch(rng.integers(0, 10, 16), range(10)))
+            batches.append((x, y, cp.asarray(np.float32(1e4 if i == 6 else 1.0))))
+        runs = []
+        for capture in (True, False):
+            m = mixed_precision(fluxpy.gpu(copy.deepcopy(base)), np.float16,
+                                loss_scale=DynamicLossScale(init=2.0 ** 15, growth_interval=4))
+            step = TrainStep(lambda m, x, y, k: k * _loss(m, x, y), m, setup(Adam(1e-3), m), capture=capture)
+            weights = []
+            for b in batches:
+                step(*b)
+                weights.append([fluxpy.cpu(w) for w in fluxpy.trainables(m.model)])
+            runs.append((m, weights, step))
+        (cm, cw, cstep), (em, ew, _) = runs
+        assert list(cstep.captured().values()) == ["captured"]
+        for a, b in zip(cw[5], cw[6]):
+            np.testing.assert_array_equal(a, b)   # the overflowing step 7 was skipped on the device
+        assert not all(np.array_equal(a, b) for a, b in zip(cw[6], cw[7]))
+        # 4 good steps: 2^16; 2 more, then the overflow: 2^15; 5 good steps: 2^16 again
+        assert cm.loss_scale.scale == em.loss_scale.scale == 2.0 ** 16
+        for a, b in zip(cw[-1], ew[-1]):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        set_options(**old)
