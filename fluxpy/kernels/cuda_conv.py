@@ -121,12 +121,13 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
                            need_b: bool) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``: ``dy * (y > 0)`` for
     ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None).
-    float16 and bfloat16 sum ``db`` in float32."""
+    float16 and bfloat16 sum ``db`` in float32 (fluxpy's mapreduce accumulates halves in float32, one pass that
+    also writes ``dz``)."""
     if y.dtype != dy.dtype:
         dy = dy.astype(y.dtype)
     if not dy.flags.c_contiguous:
         dy = cupy.ascontiguousarray(dy)
-    if is_half(y.dtype):
+    if is_half(y.dtype) and (_BIAS_GRAD[0] == "cudnn" or not need_b):
         return _half_bias_backward(dy, y, kind, cdims, need_b)
     if _BIAS_GRAD[0] == "cudnn":
         dz = _mask(dy, y) if kind == "relu" else dy

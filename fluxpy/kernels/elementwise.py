@@ -735,18 +735,32 @@ _OUTPUT_DERIVS = {
 _dz_kernels = {}
 
 
-def _dz_kernel(kind):
-    k = _dz_kernels.get(kind)
+# the same derivatives for float16/bfloat16 (as their bits), computed in float32 from yv = LOAD(y), dyv = LOAD(dy)
+_HALF_OUTPUT_DERIVS = {"relu": "yv > 0.0f ? dyv : 0.0f", "tanh": "dyv * (1.0f - yv * yv)",
+                       "sigmoid": "dyv * (yv * (1.0f - yv))"}
+
+
+def _dz_kernel(kind, dtype):
+    k = _dz_kernels.get((kind, dtype))
     if k is None:
-        k = _dz_kernels[kind] = cupy.ElementwiseKernel("T dy, T y", "T dz", _OUTPUT_DERIVS[kind][0],
-                                                       f"fluxpy_bias_act_dz_{kind}")
+        if dtype in _HALF_IO:
+            load, store = _HALF_IO[dtype]
+            body = (f"float yv = {load}(y); float dyv = {load}(dy); "
+                    f"dz = {store}({_HALF_OUTPUT_DERIVS[kind]});")
+            half = cupy.ElementwiseKernel("uint16 dy, uint16 y", "uint16 dz", body,
+                                          f"fluxpy_bias_act_dz_{kind}_{dtype.name}", preamble=halfs.CONVERSIONS)
+            k = _with_halves(half, dtype)
+        else:
+            k = cupy.ElementwiseKernel("T dy, T y", "T dz", _OUTPUT_DERIVS[kind][0], f"fluxpy_bias_act_dz_{kind}")
+        _dz_kernels[kind, dtype] = k
     return k
 
 
 def bias_act_output_backward_supports(kind: str, y: Any, dy: Any, *_: Any) -> bool:
-    """The arrays :func:`bias_act_output_backward` handles: CuPy, one float32/float64 dtype, one shape."""
+    """The arrays :func:`bias_act_output_backward` handles: CuPy, one float16/bfloat16/float32/float64 dtype, one
+    shape."""
     return type(y) is cupy.ndarray and type(dy) is cupy.ndarray and y.dtype == dy.dtype \
-        and y.shape == dy.shape and y.dtype in _CTYPE
+        and y.shape == dy.shape and y.dtype in _COMPUTE
 
 
 def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, ...] | None, need_x: bool,
@@ -776,7 +790,7 @@ def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, 
             return dx, db
         if not need_x:
             return None, mapreduce(dy, axes, map=mp, y=y).reshape(bshape)
-    dz = _dz_kernel(kind)(dy, y)
+    dz = _dz_kernel(kind, y.dtype)(dy, y)
     if need_b:
         db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)
     return (dz if need_x else None), db

@@ -106,3 +106,23 @@ def test_the_finite_check_reads_half_arrays(dtype):
     for bad in (np.nan, np.inf, -np.inf):
         arrays[2][12345] = cp.asarray(np.array(bad, np.float32).astype(dtype))
         assert np.isnan(float(E.finite_total(arrays[0], arrays)))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("kind", ["relu", "tanh", "sigmoid", "identity"])
+def test_bias_act_backward_from_the_output_in_half(dtype, kind):
+    rng = np.random.default_rng(5)
+    y, _ = _pair(rng, (6, 4, 5, 5), dtype)
+    if kind in ("tanh", "sigmoid"):   # outputs the activation can give
+        y = (np.tanh(y.astype(np.float32)) if kind == "tanh" else 1 / (1 + np.exp(-y.astype(np.float32)))).astype(dtype)
+    dy, _ = _pair(rng, (6, 4, 5, 5), dtype)
+    assert E.bias_act_output_backward_supports(kind, y, dy)
+    for fused in (True, False):
+        dx, db = E.bias_act_output_backward(kind, y, dy, (1, 4, 1, 1), True, True, fused=fused)
+        wx, wb = E.bias_act_output_backward(kind, y.astype(np.float32), dy.astype(np.float32), (1, 4, 1, 1), True,
+                                            True, fused=fused)
+        assert dx.dtype == dtype and db.dtype == dtype and db.shape == (1, 4, 1, 1)
+        assert np.array_equal(_host(dx).view(np.uint16), _rounded(wx, dtype).view(np.uint16))
+        # db sums 150 products in float32 (from the rounded dz, or from dy and y in one pass) and rounds once
+        np.testing.assert_allclose(_host(db).astype(np.float32), _host(wb), rtol=2 * ULP[dtype],
+                                   atol=2 * ULP[dtype] * float(abs(_host(wb)).max()))
