@@ -86,20 +86,23 @@ class DynamicLossScale:
             self._scale, self._good = xp.asarray(self.init, dtype=np.float32), xp.zeros((), dtype=np.int32)
         return self._scale
 
-    def advance(self, flag: Array) -> None:
-        """After a step whose gradients' finite flag is ``flag`` (finite: every gradient was): on the device."""
+    def advance(self, flag: Array, applied: Array | None = None) -> None:
+        """After a step whose gradients' finite flag is ``flag`` (finite: every gradient was), on the device: an
+        overflow halves the scale; a good step counts where ``applied`` (default ``flag``) is finite too, i.e.
+        where the update ran (a captured step skipped for another step's sake counts for nothing)."""
         if self._scale is None:
             return
+        applied = flag if applied is None else applied
         kernel = find("loss_scale_advance", self._scale)
         if kernel is not None:
-            kernel(self._scale, self._good, flag, self.growth_interval)
+            kernel(self._scale, self._good, flag, applied, self.growth_interval)
             return
-        good = bool(np.isfinite(flag))
-        self._good[...] = self._good + 1 if good else 0
-        if not good:
-            self._scale[...] = self._scale * np.float32(0.5)
-        elif self._good >= self.growth_interval:
-            self._scale[...], self._good[...] = self._scale * np.float32(2), 0
+        if not np.isfinite(flag):
+            self._scale[...], self._good[...] = self._scale * np.float32(0.5), 0
+        elif np.isfinite(applied):
+            self._good[...] = self._good + 1
+            if self._good >= self.growth_interval:
+                self._scale[...], self._good[...] = self._scale * np.float32(2), 0
 
     @property
     def scale(self) -> float:

@@ -233,15 +233,21 @@ class CheckedStep(TrainStep):
         value, (grad,) = withgradient(lambda m: self.loss(m, *inputs), self.model)
         plan = _plan(self.opt_state, self.model, grad, "train")
         arrays = [value] + ([dx for leaf, _, dx, _ in plan if not leaf.frozen] if self.check_gradients else [])
-        guard = _finite_total(arrays) + self._tripped
+        total = _finite_total(arrays)
+        guard = total + self._tripped
         copy_into(self._tripped, guard)
         _check_gradients(plan, False, "train")   # what a rule refuses (ClipNorm reads: such a step is not captured)
         with guarding(guard):
             _apply(plan)
-        scaler = getattr(self.model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale
-        if scaler is not None:
-            scaler.advance(guard)
-        return value, guard
+        if self.loss_scaled:
+            self.model.loss_scaler.advance(total, guard)
+        return value, guard, total
+
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether the model has a dynamic loss scale (fluxpy.MixedPrecision in float16): a step whose own
+        gradients overflow is then skipped, not an error."""
+        return getattr(self.model, "loss_scaler", None) is not None
 
     def run(self, *batch: Any) -> Flight | None:
         """Launch the step of ``batch`` (capturing it first where its warm-up is over); None: step it eagerly."""
@@ -263,14 +269,14 @@ class CheckedStep(TrainStep):
             self._tripped.fill(0)
 
     def _fly(self, entry, batch):
-        (value, guard), commit, undo = self._launch(entry, batch)
-        return Flight(start_reading_scalars(value, guard), commit, undo)
+        (value, guard, total), commit, undo = self._launch(entry, batch)
+        return Flight(start_reading_scalars(value, guard, total), commit, undo)
 
 
 class Flight:
-    """A launched :class:`CheckedStep`: its loss and flag on their way to the host, and what to do on the host
-    once they are read: ``commit()`` where the update ran on the device (the flag is finite), ``undo()`` where
-    it was skipped."""
+    """A launched :class:`CheckedStep`: its loss, its (sticky) guard flag and its own gradients' flag on their way
+    to the host, and what to do on the host once they are read: ``commit()`` where the update ran on the device
+    (the guard is finite), ``undo()`` where it was skipped."""
     __slots__ = ("read", "commit", "undo", "batch")
 
     def __init__(self, read: ScalarsRead, commit: Callable[[], None], undo: Callable[[], None]) -> None:

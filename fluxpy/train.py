@@ -205,7 +205,7 @@ class _Lagged:
         """After an exception: bring the host side of the step in flight in line with the device, no rerun."""
         flight, self.flying = self.flying, None
         if flight is not None:
-            value, guard = flight.read.result()
+            value, guard, _ = flight.read.result()
             if math.isfinite(value) and math.isfinite(guard):
                 flight.commit()
             else:
@@ -213,16 +213,20 @@ class _Lagged:
                 self.captured.clear_trip()
 
     def _settle(self, flight) -> list[float]:
-        value, guard = flight.read.result()
+        value, guard, own = flight.read.result()
         if math.isfinite(value) and math.isfinite(guard):
             flight.commit()
             return [value]
-        skipped = [flight] + ([self.flying] if self.flying is not None else [])
+        # a loss-scaled model's own overflow: skipped (and the scale lowered) on the device, as the eager step does
+        overflow = self.captured.loss_scaled and math.isfinite(value) and not math.isfinite(own)
+        skipped = ([] if overflow else [flight]) + ([self.flying] if self.flying is not None else [])
         self.flying = None
         self.captured.clear_trip()
         for f in reversed(skipped):   # the device skipped them: undone on the host, then run again eagerly in order
             f.undo()
-        return [self.eager(*f.batch) for f in skipped]
+        if overflow:
+            flight.undo()
+        return ([value] if overflow else []) + [self.eager(*f.batch) for f in skipped]
 
 
 def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_ratio, first):

@@ -14,8 +14,9 @@ from fluxpy.train import _Lagged
 
 
 class _StandIn:
-    def __init__(self, bad=(), eager_only=()):
+    def __init__(self, bad=(), eager_only=(), loss_scaled=False):
         self.bad, self.eager_only, self.tripped, self.log = set(bad), set(eager_only), False, []
+        self.loss_scaled = loss_scaled   # bad steps are then overflows: skipped, not errors
 
     def replay(self, n):
         if n in self.eager_only:
@@ -23,7 +24,8 @@ class _StandIn:
         skipped = n in self.bad or self.tripped
         self.tripped = skipped
         self.log.append(("skip" if skipped else "apply", n))
-        return Flight(start_reading_scalars(float(n), math.nan if skipped else 0.0),
+        return Flight(start_reading_scalars(float(n), math.nan if skipped else 0.0,
+                                            math.nan if n in self.bad else 0.0),
                       lambda: self.log.append(("commit", n)), lambda: self.log.append(("undo", n)))
 
     def run(self, n):
@@ -87,3 +89,10 @@ def test_after_an_exception_the_step_in_flight_is_committed_or_undone_without_a_
     del s.log[:]
     lagged.abandon()
     assert s.log == then and lagged.flying is None
+
+
+def test_a_loss_scaled_overflow_is_skipped_and_the_step_after_it_run_again_eagerly():
+    s = _StandIn(bad={2}, loss_scaled=True)
+    assert _train(_driver(s), [1, 2, 3, 4]) == [1.0, 2.0, 3.5, 4.0]   # 2's loss kept, no rerun; 3 rerun eagerly
+    assert s.log == [("apply", 1), ("skip", 2), ("commit", 1), ("skip", 3), ("clear",), ("undo", 3), ("undo", 2),
+                     ("eager", 3), ("apply", 4), ("commit", 4)]

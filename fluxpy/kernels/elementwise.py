@@ -1203,10 +1203,11 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
 _advance = None
 
 
-def loss_scale_advance(scale: Array, good: Array, flag: Array, interval: int) -> None:
-    """A dynamic loss scale's step on the device (fluxpy.DynamicLossScale): where ``flag`` is finite, one more
-    good step, the float32 ``scale`` doubled after ``interval`` of them in a row; else ``scale`` halved and the
-    int32 count ``good`` reset. One thread, no sync (captured with a step).
+def loss_scale_advance(scale: Array, good: Array, flag: Array, applied: Array, interval: int) -> None:
+    """A dynamic loss scale's step on the device (fluxpy.DynamicLossScale): where ``flag`` is not finite (an
+    overflow) the float32 ``scale`` halved and the int32 count ``good`` reset; else, where ``applied`` is finite
+    (the update ran), one more good step, ``scale`` doubled after ``interval`` of them in a row. One thread, no
+    sync (captured with a step).
 
     >>> loss_scale_advance.__name__
     'loss_scale_advance'
@@ -1214,10 +1215,12 @@ def loss_scale_advance(scale: Array, good: Array, flag: Array, interval: int) ->
     global _advance
     if _advance is None:
         _advance = cupy.ElementwiseKernel(
-            "raw float64 flag, int32 interval", "raw float32 scale, raw int32 good",
-            "if (isfinite(flag[0])) { good[0] += 1; if (good[0] >= interval) { scale[0] *= 2.0f; good[0] = 0; } }"
-            " else { scale[0] *= 0.5f; good[0] = 0; }", "fluxpy_loss_scale_advance")
-    _advance(_float64_scalar(flag), np.int32(interval), scale, good, size=1)
+            "raw float64 flag, raw float64 applied, int32 interval", "raw float32 scale, raw int32 good",
+            "if (!isfinite(flag[0])) { scale[0] *= 0.5f; good[0] = 0; }"
+            " else if (isfinite(applied[0])) {"
+            "  good[0] += 1; if (good[0] >= interval) { scale[0] *= 2.0f; good[0] = 0; } }",
+            "fluxpy_loss_scale_advance")
+    _advance(_float64_scalar(flag), _float64_scalar(applied), np.int32(interval), scale, good, size=1)
 
 
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays

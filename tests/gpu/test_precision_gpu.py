@@ -119,3 +119,33 @@ def test_a_dynamic_loss_scale_in_a_captured_step_skips_overflows_on_the_device_a
             np.testing.assert_array_equal(a, b)
     finally:
         set_options(**old)
+
+
+def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
+    import copy
+
+    import cupy as cp
+    from fluxpy import DynamicLossScale
+    from fluxpy.kernels.cudnn import set_options
+    old = set_options(deterministic=True)
+    try:
+        rng = np.random.default_rng(4)
+        base = reference_net(rng)
+        batches = [(cp.asarray(rng.random((16, 1, 28, 28), dtype=np.float32)),
+                    cp.asarray(onehotbatch(rng.integers(0, 10, 16), range(10))),
+                    cp.asarray(np.float32(1e4 if i == 6 else 1.0))) for i in range(12)]
+        runs = []
+        for capture in (True, False):
+            m = mixed_precision(fluxpy.gpu(copy.deepcopy(base)), np.float16,
+                                loss_scale=DynamicLossScale(init=2.0 ** 8, growth_interval=4))
+            opt = setup(Adam(1e-3), m)
+            losses = fluxpy.train(lambda m, x, y, k: k * _loss(m, x, y), m, batches, opt, progress=False,
+                                  capture=capture)   # no TrainingDiverged: the overflow is skipped
+            runs.append((m, losses))
+        (cm, got), (em, want) = runs
+        assert got == want and len(got) == 12
+        assert cm.loss_scale.scale == em.loss_scale.scale == 2.0 ** 9
+        for a, b in zip(fluxpy.trainables(cm.model), fluxpy.trainables(em.model)):
+            np.testing.assert_array_equal(fluxpy.cpu(a), fluxpy.cpu(b))
+    finally:
+        set_options(**old)
