@@ -33,16 +33,17 @@ def _rms(a):
     return float(np.sqrt(np.mean(np.square(np.asarray(a, np.float64)))))
 
 
-def assert_half_close(got, ref, dtype, length, a, b, what=""):
-    """``|got - ref| <= 2u (|ref| + sqrt(length) rms(a) rms(b))`` elementwise, and ``got`` of ``dtype`` (see the
-    module docstring); ``a`` and ``b`` are the factors of the products summed ``length`` at a time."""
+def assert_half_close(got, ref, dtype, length, a, b, what="", roundings=2):
+    """``|got - ref| <= 2u (|ref| + sqrt(length) rms(a) rms(b))`` elementwise (``roundings`` in place of the 2
+    where a kernel rounds more often), and ``got`` of ``dtype`` (see the module docstring); ``a`` and ``b`` are the
+    factors of the products summed ``length`` at a time."""
     assert np.dtype(got.dtype) == np.dtype(dtype), f"{what}: dtype {got.dtype}, expected {dtype}"
     got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     assert got64.shape == ref64.shape, f"{what}: shape {got64.shape} != {ref64.shape}"
     assert np.isfinite(got64).all(), f"{what}: non-finite values"
     scale = math.sqrt(length) * _rms(a) * _rms(b)
     assert scale > 0, f"{what}: all-zero factors make the check vacuous"
-    bound = 2 * UNIT_ROUNDOFF[np.dtype(dtype)] * (np.abs(ref64) + scale)
+    bound = roundings * UNIT_ROUNDOFF[np.dtype(dtype)] * (np.abs(ref64) + scale)
     excess = np.abs(got64 - ref64) - bound
     worst = np.unravel_index(np.argmax(excess), excess.shape) if excess.size else ()
     assert (excess <= 0).all(), (f"{what} {np.dtype(dtype)}: got {got64[worst]} against {ref64[worst]} at {worst}, "
