@@ -138,8 +138,6 @@ def test_dense_layer_gradients_in_half_match_float32(dtype):
         assert_half_close(db, db32, dtype, 13, dy, np.ones(1), "Dense dbias")
 
 
-@pytest.mark.xfail(strict=True, reason="Dense's bias gradient is unbroadcast's sum (ops/reduce.py, outside this "
-                                       "branch), which NumPy adds in bfloat16; remove this mark once it adds in float32")
 def test_dense_bias_gradient_in_bfloat16_accumulates_in_float32():
     rng = np.random.default_rng(4)
     layer = _as_dtype(Dense(37, 11, relu), BF16, rng)

@@ -17,6 +17,7 @@ import numpy as np
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, reduced_axes
 from ..kernels import find
+from ..kernels.halfs import is_half
 
 __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add",
            "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel"]
@@ -134,6 +135,8 @@ def _unbroadcast_impl(g, shape):
     kernel = find("sum", g)
     if kernel is not None:
         return kernel(g, axes, shape)
+    if is_half(g.dtype):   # NumPy would add float16/bfloat16 in the half type: accumulate in float32, round once
+        return g.sum(axis=axes, dtype=np.float32).astype(g.dtype).reshape(shape)
     return g.sum(axis=axes).reshape(shape)
 
 
