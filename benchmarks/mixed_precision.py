@@ -25,13 +25,13 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from models import MODELS, RESNETS, resnet_twin, torch_twin  # noqa: E402
+import captured_step  # noqa: E402
+from models import RESNETS, resnet_twin, torch_twin  # noqa: E402
 from resnet_step import alternating_rounds, reset_case, round_stats, set_tf32  # noqa: E402
 
 LEARNING_RATE = 1e-3
@@ -39,12 +39,9 @@ CASES = "resnet20:128,resnet20:512,resnet18:64,reference:128,lenet5:128"
 
 
 def make_case(name, batch, seed=0):
-    """``(model, x, labels, classes)``: a float32 fluxpy model on the CPU and one batch."""
-    rng = np.random.default_rng(seed)
-    if name in MODELS:
-        return MODELS[name](rng), rng.random((batch, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, batch), 10
-    ctor, shape, classes = RESNETS[name]
-    return ctor(rng), rng.standard_normal((batch, *shape), dtype=np.float32), rng.integers(0, classes, batch), classes
+    """``(model, x, labels, classes)``: ``captured_step.make_case`` and the number of classes."""
+    model, x, labels = captured_step.make_case(name, batch, seed)
+    return model, x, labels, RESNETS[name][2] if name in RESNETS else 10
 
 
 def fluxpy_side(model, x, labels, classes, dtype, capture):

@@ -9,3 +9,21 @@ def _registered():
         yield
     else:
         pytest.skip("needs CuPy")
+
+
+@pytest.fixture(scope="module")
+def isolated_cudnn_cache(tmp_path_factory):
+    """For a module of cuDNN tests: algorithm choices go to a temporary cache (FLUXPY_CACHE), the plan caches are
+    emptied before and after, and the kernels are registered."""
+    import os
+    from fluxpy.kernels import cudnn, gpu
+    assert gpu.register()
+    old = os.environ.get("FLUXPY_CACHE")
+    os.environ["FLUXPY_CACHE"] = str(tmp_path_factory.mktemp("fluxpy_cache"))
+    cudnn.clear_cache()
+    yield
+    cudnn.clear_cache()
+    if old is None:
+        os.environ.pop("FLUXPY_CACHE", None)
+    else:
+        os.environ["FLUXPY_CACHE"] = old

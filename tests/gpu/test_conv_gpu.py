@@ -16,24 +16,7 @@ from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_bias_act, conv_transpose
 from fluxpy.ops.pool import adaptive_maxpool, global_maxpool, maxpool, meanpool
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _isolated_cache(tmp_path_factory):
-    """Algorithm choices go to a temporary cache, and the kernels are registered."""
-    import os
-    from fluxpy.kernels import cudnn, gpu
-    assert gpu.register()
-    old = os.environ.get("FLUXPY_CACHE")
-    os.environ["FLUXPY_CACHE"] = str(tmp_path_factory.mktemp("fluxpy_cache"))
-    cudnn.clear_cache()
-    yield
-    cudnn.clear_cache()
-    if old is None:
-        os.environ.pop("FLUXPY_CACHE", None)
-    else:
-        os.environ["FLUXPY_CACHE"] = old
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cudnn_cache")]
 
 
 def _rel(got, ref):

@@ -21,27 +21,11 @@ from fluxpy.ops.conv import conv, conv_bias_act, conv_dims
 from fluxpy.ops.linalg import matmul
 from test_half_conv_matmul import BF16, HALVES, assert_half_close
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cudnn_cache")]
 
 GRID = [dict(stride=s, pad=p, dilation=d, groups=g, flipped=f)
         for s, p, (d, g, f) in itertools.product([1, 2], [1, (0, 1, 1, 2)], [(1, 1, True), (2, 2, False)])]
 PATHS = {"graph": graph, "legacy": legacy}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _isolated_cache(tmp_path_factory):
-    import os
-
-    from fluxpy.kernels import cudnn
-    old = os.environ.get("FLUXPY_CACHE")
-    os.environ["FLUXPY_CACHE"] = str(tmp_path_factory.mktemp("fluxpy_cache"))
-    cudnn.clear_cache()
-    yield
-    cudnn.clear_cache()
-    if old is None:
-        os.environ.pop("FLUXPY_CACHE", None)
-    else:
-        os.environ["FLUXPY_CACHE"] = old
 
 
 def _host(a):

@@ -13,22 +13,16 @@ import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy import (Chain, Conv, DataLoader, Dense, MaxPool, flatten, load_mnist, logitcrossentropy, mixed_precision,
-                    onecold, onehotbatch, relu)
+from fluxpy import (DataLoader, load_mnist, logitcrossentropy, mixed_precision,
+                    onecold, onehotbatch)
 from fluxpy.kernels.halfs import BFLOAT16
 from fluxpy.optimise import Adam, adjust, setup
+from test_mnist import reference_net
 
 pytestmark = pytest.mark.gpu
 
 MNIST_DIR = Path(os.environ.get("FLUXPY_MNIST_DIR", Path(__file__).resolve().parents[3] / "shared" / "data" / "mnist"))
 HAVE_MNIST = all((MNIST_DIR / f).is_file() for f in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"))
-
-
-def reference_net(rng):
-    return Chain(Conv((3, 3), 1, 16, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 Conv((3, 3), 16, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 Conv((3, 3), 32, 32, relu, pad=1, rng=rng), MaxPool((2, 2)),
-                 flatten, Dense(288, 10, rng=rng))
 
 
 def _loss(m, x, y):
