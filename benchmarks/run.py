@@ -3,10 +3,11 @@
 Runs, each in its own process so that one's allocations and compiled kernels do not colour the
 next: the training step (``train_step.py``: both nets at batch 128 and 1024), the step captured as a CUDA
 graph (``captured_step.py``: fluxpy's TrainStep against PyTorch's graph; its summary row is captured
-against captured) and its kernels (``captured_profile.py``: GPU time by kind of kernel), the ResNet training
+against captured) and its kernels (``captured_profile.py``: GPU time by kind of kernel), mixed precision
+(``mixed_precision.py``: bfloat16 and float16 steps against PyTorch autocast + channels-last), the ResNet training
 step (``resnet_step.py``: ResNet-20 at batch 128 and 512, ResNet-18 at 64x64 batch 64, TF32 off and
 on; its rows are labelled ``model, batch, tf32 off|on``), the reductions
-(``reduce.py``), cuDNN convolutions (``conv.py``), fused elementwise kernels (``elementwise.py``)
+(``reduce.py``), cuDNN convolutions (``conv.py``, and ``conv_half``: the same in bfloat16 and float16), fused elementwise kernels (``elementwise.py``)
 and the tape's host overhead (``overhead.py``). Each writes JSON; this script prints each one's
 own table, then a summary markdown table (benchmark, case, fluxpy, PyTorch, ratio fluxpy/PyTorch:
 below 1 means fluxpy is faster) headed by the GPU's name and the date, and writes everything to
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "mixed_precision": ["--json", "{json}"],
     "reduce": ["--json", "{json}"],
     "conv": ["--json", "{json}"],
+    "conv_half": ["--dtype", "bfloat16,float16", "--json", "{json}"],
     "elementwise": ["--json", "{json}"],
     "overhead": ["--json", "{json}"],
 }
@@ -43,8 +45,9 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "captured_profile": ["--steps", "10"],
                "resnet_step": ["--steps", "10", "--rounds", "3", "--warmup", "5", "--single-steps", "50"],
                "mixed_precision": ["--steps", "5", "--rounds", "3", "--warmup", "3"],
-               "reduce": ["--quick"], "conv": ["--quick"],
+               "reduce": ["--quick"], "conv": ["--quick"], "conv_half": ["--quick"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"]}
+SCRIPTS = {"conv_half": "conv"}   # a benchmark that runs another one's script with other arguments
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes")
 
 
@@ -52,7 +55,8 @@ def run_one(name, out_dir, quick):
     path = out_dir / f"{name}.json"
     args = [a.format(json=path) for a in BENCHMARKS[name]] + (QUICK_FLAGS.get(name, []) if quick else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *args], capture_output=True, text=True, env=env)
+    script = HERE / f"{SCRIPTS.get(name, name)}.py"
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
     (out_dir / f"{name}.log").write_text(proc.stdout + proc.stderr)
     print(f"\n## {name}\n\n{proc.stdout.strip()}", flush=True)
     if proc.returncode != 0:
