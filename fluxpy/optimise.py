@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from .autodiff import value_of
-from .backend import Array, get_array_module, is_array, is_float_array
+from .backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
 from .capturing import capturing, current_guard, guarding, on_replay, refuse
 from .kernels import find
+from .kernels.halfs import is_half
 from .functors import _trainable_keys, children
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
@@ -76,7 +77,14 @@ class Rule:
         """
 
     def step(self, state: Any, x: Array, dx: Array) -> Any:
-        """``x -= step`` in place; returns the new state."""
+        """``x -= step`` in place; returns the new state. A float16/bfloat16 parameter steps in float32 (its state
+        is float32, :func:`setup`) and is rounded once back to its type."""
+        if is_half(x.dtype):
+            wide = x.astype(np.float32)
+            state, step = self.apply(state, wide, dx.astype(np.float32))
+            wide -= step
+            x[...] = wide.astype(x.dtype)
+            return state
         state, step = self.apply(state, x, dx)
         x -= step
         return state
@@ -499,7 +507,7 @@ def setup(rule: Rule, model: Any) -> Any:
             if not is_float_array(x):
                 return None
             if id(x) not in leaves:
-                leaves[id(x)] = Leaf(rule, rule.init(x))
+                leaves[id(x)] = Leaf(rule, rule.init(_master_like(x)))
             return leaves[id(x)]
         allowed = _trainable_keys(x)
         return _node(x, [(k, walk(v) if allowed is None or k in allowed else None) for k, v in kids])
@@ -680,7 +688,7 @@ def _plan_leaf(leaf, x, g, path, plan, seen, who):
         dx = None
     else:
         dx = value_of(g)
-        if type(dx) is not type(x) or dx.shape != x.shape or dx.dtype.kind != "f":
+        if type(dx) is not type(x) or dx.shape != x.shape or not is_float_dtype(dx.dtype):
             _bad_gradient(x, dx, path, who)
     seen[id(leaf)] = seen[id(x)] = (x, g, path)
     plan.append((leaf, x, dx, path))
@@ -692,7 +700,7 @@ def _bad_gradient(x, dx, path, who):
         raise ValueError(f"{where} should be an array of shape {tuple(x.shape)}, got {_describe(dx)}")
     if tuple(dx.shape) != tuple(x.shape):
         raise ValueError(f"{where} should be an array of shape {tuple(x.shape)}, got {_describe(dx)}")
-    if dx.dtype.kind != "f":
+    if not is_float_dtype(dx.dtype):
         raise TypeError(f"{where} should be a float array (the parameter is {x.dtype}), got dtype {dx.dtype}; a "
                         "complex, integer or boolean gradient cannot step a float parameter")
     on_cpu = isinstance(dx, (np.ndarray, np.generic))   # NumPy scalars do for 0-d arrays; subclasses do too
@@ -716,6 +724,12 @@ def _check_tied(first, x, g, path, who):
                          "values at the two")
 
 
+def _master_like(x):
+    """What a rule's state is made like: ``x``, or for a float16/bfloat16 ``x`` a float32 array of its values (the
+    state of a half parameter is float32: Adam's ``eps`` and second moment underflow in float16)."""
+    return x.astype(np.float32) if is_half(x.dtype) else x
+
+
 def _state_arrays(s, out):
     if is_array(s):
         out.append(s)
@@ -725,12 +739,16 @@ def _state_arrays(s, out):
     return out
 
 
+def _master_like_dtype(dtype):
+    return np.dtype(np.float32) if is_half(dtype) else dtype
+
+
 def _check_leaf_state(leaf, x, path, who):
     key = (id(x), type(x), x.shape, x.dtype)
     if leaf._fits == key:  # the array the state was found to fit last time (rules keep their arrays' shapes)
         return
     for a in _state_arrays(leaf.state, []):
-        if type(a) is not type(x) or a.shape != x.shape or a.dtype != x.dtype:
+        if type(a) is not type(x) or a.shape != x.shape or a.dtype != _master_like_dtype(x.dtype):
             raise ValueError(f"{who}: the optimiser state at {_path(path)} holds a {_array_text(a)}, but the model has "
                              f"a {_array_text(x)} there; was the state set up for another model, or the model moved or "
                              "converted after setup? Call setup(rule, model) again for the model as it is now")

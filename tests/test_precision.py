@@ -135,3 +135,19 @@ def test_update_with_a_dynamic_loss_scale_skips_where_a_gradient_is_not_finite()
     g["model"]["layers"][1]["bias"][0] = 1.0
     fluxpy.update(opt, m, g)
     assert not np.array_equal(m.model.layers[1].bias, before.layers[1].bias)
+
+
+@pytest.mark.parametrize("convert, dtype", [(bf16, BFLOAT16), (f16, np.dtype(np.float16))], ids=["bf16", "f16"])
+@pytest.mark.parametrize("rule", [fluxpy.Adam(1e-2), fluxpy.AdamW(1e-2, lambd=0.1), fluxpy.Momentum(0.05),
+                                  fluxpy.Descent(0.2), fluxpy.OptimiserChain(fluxpy.ClipNorm(1.0), fluxpy.Adam(1e-2))],
+                         ids=lambda r: type(r).__name__)
+def test_a_half_model_trains_with_float32_optimiser_state(convert, dtype, rule):
+    m = convert(_net())
+    x = _x(n=32).astype(dtype)
+    y = fluxpy.onehotbatch(np.random.default_rng(6).integers(0, 3, 32), range(3))
+    opt = setup(rule, m)
+    states = [a for leaf in fluxpy.optimise._leaves(opt) for a in fluxpy.optimise._state_arrays(leaf.state, [])]
+    assert all(a.dtype == np.float32 for a in states)   # Adam's eps and second moment would underflow in float16
+    losses = fluxpy.train(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), m, [(x, y)] * 20, opt, progress=False)
+    assert m.layers[0].weight.dtype == dtype and all(np.isfinite(losses))
+    assert losses[-1] < 0.9 * losses[0]
