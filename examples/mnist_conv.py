@@ -95,6 +95,9 @@ def parse_args(argv=None):
     p.add_argument("--no-prefetch", action="store_true",
                    help="move each batch to the GPU when it is needed instead of copying the next one ahead")
     p.add_argument("--no-capture", action="store_true", help="eager steps on the GPU instead of a CUDA graph")
+    p.add_argument("--precision", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="run the model in bfloat16 or float16 with float32 master weights (fluxpy.mixed_precision; "
+                        "float16 with a dynamic loss scale); the saved model is the float32 one")
     args = p.parse_args(argv)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
@@ -114,6 +117,16 @@ def accuracy(model, images, labels, device, batchsize=1000):
 
 def loss_fn(model, x, y):
     return logitcrossentropy(model(x), y)
+
+
+def with_precision(model, precision):
+    """``model`` as it trains: itself in float32, else wrapped to run in ``precision`` with float32 masters."""
+    return model if precision == "float32" else fluxpy.mixed_precision(model, precision)
+
+
+def masters(model):
+    """The float32 model inside a mixed-precision wrapper (what is saved), or the model itself."""
+    return model.model if isinstance(model, fluxpy.MixedPrecision) else model
 
 
 def make_optimiser(args):
@@ -156,7 +169,7 @@ def main(argv=None):
     print(f"MNIST: {len(x_train)} training and {len(x_test)} test images from {source}; device: {device}")
 
     build = MODELS[args.model]
-    model = to_device(build(), device)  # weights from fluxpy's generator, seeded above
+    model = with_precision(to_device(build(), device), args.precision)   # weights from fluxpy's generator, seeded
     print(model)
     opt_state = setup(make_optimiser(args), model)
     schedule = make_schedule(args)
@@ -183,8 +196,9 @@ def main(argv=None):
 
     plot_curves(args.plot, history)
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-    save(args.save, model)
-    fresh = load(args.save, to_device(build(np.random.default_rng(args.seed + 1)), device))
+    save(args.save, masters(model))   # the float32 weights, as a plain model
+    fresh = with_precision(load(args.save, to_device(build(np.random.default_rng(args.seed + 1)), device)),
+                           args.precision)
     reloaded = accuracy(fresh, x_test, y_test, device)
     final = history["accuracy"][-1] if history["accuracy"] else accuracy(model, x_test, y_test, device)
     if reloaded != final:

@@ -112,6 +112,18 @@ def test_example_trains_saves_and_reloads(tmp_path, capsys):
     assert accuracy > 0.5 and (tmp_path / "out" / "m.npz").is_file()
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_example_in_mixed_precision_saves_the_float32_model(tmp_path, capsys, precision):
+    write_digits(tmp_path / "mnist", "train", 256)
+    write_digits(tmp_path / "mnist", "test", 64, seed=1)
+    accuracy = run_example(tmp_path, "--data-dir", str(tmp_path / "mnist"), "--precision", precision)
+    out = capsys.readouterr().out
+    assert "MixedPrecision(Chain(" in out and "reloaded model: same accuracy" in out
+    assert accuracy > 0.5
+    saved = load(tmp_path / "out" / "m.npz", reference_net(np.random.default_rng(3)))   # a plain float32 model
+    assert saved.layers[0].weight.dtype == np.float32
+
+
 def test_example_lenet5_with_safetensors(tmp_path, capsys):
     write_digits(tmp_path / "mnist", "train", 64)
     write_digits(tmp_path / "mnist", "test", 32, seed=1)
