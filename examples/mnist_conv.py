@@ -15,7 +15,9 @@ On the GPU the training images stay in host memory (float32, converted once by `
 the labels one-hot encoded once) and the ``DataLoader`` copies the next batch to the GPU while
 the current one trains (``--no-prefetch``: each batch copied when it is needed, to compare), and
 ``train(..., capture=True)`` replays each step from a CUDA graph, with train's checks kept
-(``--no-capture``: the eager step, to compare).
+(``--no-capture``: the eager step, to compare). ``--precision bfloat16`` (or ``float16``) trains the
+model through ``fluxpy.mixed_precision``: the half type on tensor cores, float32 master weights (what
+is saved).
 
 Data: ``--data-dir`` holding the MNIST IDX files (``train-images-idx3-ubyte.gz`` ..., raw or
 gzipped); by default the cache folder of ``fluxpy.data.load_mnist``. Missing files are
