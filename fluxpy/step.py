@@ -207,7 +207,8 @@ class CheckedStep(TrainStep):
     every later replay skips its update too, until :meth:`clear_trip`, so that train may read a step's flag
     after the next step was launched and still stop with the model as it was before the bad step.
 
-    The model is held weakly (train keeps one per model across its calls, and must not keep the model alive).
+    The model is held weakly where it can be (train keeps one per model across its calls, and must not keep the
+    model alive); a dict or list model is held as it is.
     """
 
     def __init__(self, loss: Callable, model: Any, opt_state: Any, *, check_gradients: bool = True,
@@ -222,7 +223,10 @@ class CheckedStep(TrainStep):
 
     @model.setter
     def model(self, model: Any) -> None:
-        self._model = weakref.ref(model)
+        try:
+            self._model = weakref.ref(model)
+        except TypeError:   # a dict or list model: held as it is (train then makes a new step per call)
+            self._model = lambda: model
 
     def _capture(self, entry, batch):
         if self._tripped is None:   # outside the capture: a zero-fill in the graph would clear it at every replay

@@ -96,3 +96,33 @@ def test_a_loss_scaled_overflow_is_skipped_and_the_step_after_it_run_again_eager
     assert _train(_driver(s), [1, 2, 3, 4]) == [1.0, 2.0, 3.5, 4.0]   # 2's loss kept, no rerun; 3 rerun eagerly
     assert s.log == [("apply", 1), ("skip", 2), ("commit", 1), ("skip", 3), ("clear",), ("undo", 3), ("undo", 2),
                      ("eager", 3), ("apply", 4), ("commit", 4)]
+
+
+def test_train_keeps_one_checked_step_per_model_while_nothing_it_captured_changed():
+    import gc
+
+    import numpy as np
+
+    from fluxpy.layers import Dense
+    from fluxpy.optimise import Adam, setup
+    from fluxpy.train import _checked_step, _checked_steps
+
+    def loss(m, x):
+        return (m(x) ** 2).sum()
+    model = Dense(2, 2, rng=0)
+    opt = setup(Adam(), model)
+    first = _checked_step(loss, model, opt, True)
+    assert _checked_step(loss, model, opt, True) is first                # the next train call reuses it
+    assert _checked_step(loss, model, opt, False) is not first           # another check: another graph
+    again = _checked_step(loss, model, opt, True)
+    model.bias = np.zeros(2, np.float32)                                 # a new array: the old graph writes the old
+    assert _checked_step(loss, model, opt, True) is not again
+    assert _checked_step(lambda m, x: loss(m, x), model, opt, True) is not again   # another loss
+    dict_model = {"w": np.ones(2, np.float32)}                           # no weak reference: a new step per call
+    assert _checked_step(loss, dict_model, setup(Adam(), dict_model), True) is not \
+        _checked_step(loss, dict_model, setup(Adam(), dict_model), True)
+    step = _checked_step(loss, model, opt, True)
+    assert step.model is model
+    del model, step, first, again
+    gc.collect()
+    assert len(_checked_steps) == 0                                      # the cache does not keep a model alive
