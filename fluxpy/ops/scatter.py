@@ -112,13 +112,14 @@ def _scatter_impl(src, idx, shape, op):
 
 
 def _scatter_rule(src, idx, shape, op):
-    y = _scatter_impl(src, idx, shape, op)
+    y = _scatter(src, idx=idx, shape=shape, op=op)   # src may be tracked at an outer level
     if op == "add":
         def scatter_add_pullback(dy):
             return (_gather(dy, idx=idx),)
         return y, scatter_add_pullback
     # NNlib's ∇scatter_src for max/min: every src entry equal to its result gets the whole dy (ties are not split)
-    hit = (src == _gather_impl(y, idx)).astype(src.dtype)
+    plain = value_of(src)
+    hit = (plain == _gather_impl(value_of(y), idx)).astype(plain.dtype)
 
     def scatter_extreme_pullback(dy):
         return (_gather(dy, idx=idx) * hit,)
@@ -137,7 +138,7 @@ def _gather_rule(src, idx):
 
     def gather_pullback(dz):
         return (_scatter(dz, idx=idx, shape=shape, op="add"),)
-    return _gather_impl(src, idx), gather_pullback
+    return _gather(src, idx=idx), gather_pullback
 
 
 _gather = Primitive("gather", _gather_rule, impl=_gather_impl)
