@@ -200,15 +200,16 @@ def _leading_integer_index(index, x):
 
 def _getitem_rule(x, index):
     xshape = x.shape
-    leading = _leading_integer_index(index, x)
+    y = _getitem(x, index)   # first: a bad index fails here, with getitem's message
+    leading = _leading_integer_index(index, value_of(x))
     if leading is not None:   # x[i] with repeated rows (Embedding): the scatter-add op, whose gradient is gather
         def getitem_rows_pullback(dy):
             return (_scatter(dy, idx=leading, shape=xshape, op="add"),)
-        return _getitem(x, index), getitem_rows_pullback
+        return y, getitem_rows_pullback
 
     def getitem_pullback(dy):
         return (scatter_add(dy, xshape, index),)
-    return _getitem(x, index), getitem_pullback
+    return y, getitem_pullback
 
 
 def _getitem_impl(x, index):
