@@ -37,10 +37,10 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, 
                      istraining, kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
                      logitcrossentropy, mae, mse)
-from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gelu,
-                  hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
-                  minimum, relu, relu6, reshape, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh, transpose,
-                  where)
+from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
+                  gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
+                  minimum, relu, relu6, reshape, scatter, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh,
+                  transpose, where)
 from .ops import abs, max, min, sum  # noqa: F401  (fluxpy.sum etc.; kept out of __all__, see the docstring)
 from .precision import DynamicLossScale, MixedPrecision, bf16, f16, mixed_precision
 from .profile import profile
@@ -64,8 +64,8 @@ __all__ = [
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
     "fmapstructure", "trainables", "state", "loadstate", "save", "load", "CheckpointError", "seed",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
-    "ops", "clip", "concatenate", "cos", "dot", "exp", "log", "log1p", "matmul", "maximum", "mean",
-    "minimum", "reshape", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
+    "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
+    "minimum", "reshape", "scatter", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
     "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     # layers

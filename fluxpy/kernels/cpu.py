@@ -37,7 +37,8 @@ from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
-           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half"]
+           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
+           "scatter_empty", "scatter", "gather"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +467,49 @@ def meanpool_backward(dy: np.ndarray, pdims: Any) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Scatter and gather: NumPy's unbuffered ``ufunc.at`` accumulates repeated indices.
+
+_SCATTER_UFUNCS = {"add": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def scatter_empty(op: str, dtype: Any) -> Any:
+    """The value of a destination entry that no index hits (NNlib's ``scatter_empty``): 0 for ``"add"``, the
+    dtype's lowest value for ``"max"`` (``-inf`` for floats) and its highest for ``"min"``.
+
+    >>> scatter_empty("max", np.float32), scatter_empty("min", np.int8)
+    (-inf, 127)
+    """
+    if op == "add":
+        return 0
+    if is_float_dtype(dtype):
+        return -np.inf if op == "max" else np.inf
+    info = np.iinfo(dtype)
+    return int(info.min) if op == "max" else int(info.max)
+
+
+def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple) -> np.ndarray:
+    """A new array of ``shape`` holding :func:`scatter_empty` where ``dst[index] op= src`` writes nothing, and
+    ``op`` (``"add"``, ``"max"`` or ``"min"``) of every ``src`` value sent to an entry elsewhere. ``index`` is any
+    NumPy index tuple, ``src`` has the shape ``dst[index]`` has; repeated indices accumulate.
+
+    >>> scatter("add", np.array([1.0, 2.0, 3.0]), (np.array([0, 2, 0]),), (3,))
+    array([4., 0., 2.])
+    """
+    dst = np.full(shape, scatter_empty(op, src.dtype), dtype=src.dtype)
+    _SCATTER_UFUNCS[op].at(dst, index, src)
+    return dst
+
+
+def gather(src: np.ndarray, index: tuple) -> np.ndarray:
+    """``src[index]`` (a copy), the adjoint of :func:`scatter` with ``"add"``.
+
+    >>> gather(np.array([10.0, 20.0, 30.0]), (np.array([2, 2, 0]),))
+    array([30., 30., 10.])
+    """
+    return src[index]
+
+
+# ---------------------------------------------------------------------------------------------
 # Half precision: NumPy has float16 but sums it slowly and, for bfloat16 (ml_dtypes), in bfloat16 itself. The
 # registered kernels therefore compute both halves in float32 and round each result once to the half type.
 
@@ -496,5 +540,7 @@ def halves_in_float32(kernel: Callable) -> Callable:
 for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", halves_in_float32(globals()[_name]))
+register("scatter", "numpy", halves_in_float32(scatter))
+register("gather", "numpy", gather)
 register("matmul", "numpy", matmul_half, matmul_half_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)

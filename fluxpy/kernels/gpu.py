@@ -19,6 +19,7 @@ module                  kernels
 ``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
 ``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
 ``cublas``              ``matmul`` (our cuBLAS binding: capturable)
+``cuda_scatter``        ``scatter``, ``gather`` (``cupyx.scatter_add``/``_max``/``_min``, indexing)
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
@@ -37,8 +38,8 @@ _before: list = []   # (the table, CuPy's generator factory) as they were before
 
 
 def _modules():
-    from . import cublas, cuda_conv, cuda_norm, cuda_pool, cuda_softmax, elementwise, reduce
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas)
+    from . import cublas, cuda_conv, cuda_norm, cuda_pool, cuda_scatter, cuda_softmax, elementwise, reduce
+    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter)
 
 
 def register() -> bool:

@@ -21,6 +21,7 @@ from .linalg import dot, matmul
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
+from .scatter import gather, scatter
 from .activations import elu, gelu, hardtanh, identity, leakyrelu, relu, relu6, sigmoid, softplus, swish
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
@@ -35,8 +36,8 @@ from .softmax import logsoftmax, softmax
 # sum, max, min and abs are fluxpy.ops.sum and so on, but not in __all__: `import *` must not shadow the builtins
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin",
            "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean",
-           "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "concatenate", "stack",
-           "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip",
+           "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather",
+           "concatenate", "stack", "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip",
            "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
            "bias_act", "conv", "conv_transpose", "conv_bias_act", "conv_backward_data", "conv_backward_filter",
            "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout", "dropout_mask", "normalise", "batchnorm",

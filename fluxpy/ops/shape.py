@@ -16,8 +16,9 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, reduced_axes
-from ..kernels import find
+from ..kernels import find, lookup
 from ..kernels.halfs import is_half
+from .scatter import _scatter
 
 __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add",
            "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel"]
@@ -179,12 +180,36 @@ def _is_basic_index(index):
     return True
 
 
+def _leading_integer_index(index, x):
+    """For an index that selects along the leading axes with integer arrays alone (``x[i]``, ``x[i, j]``,
+    ``x[i, :]``, ``x[i, ...]``): its arrays broadcast to one shape, negative entries wrapped, as ``scatter``
+    takes them. ``None`` for any other index."""
+    n = 0
+    while n < len(index) and (isinstance(index[n], list) or getattr(index[n], "ndim", 0) > 0):
+        n += 1
+    rest = index[n:]
+    if n == 0 or n > x.ndim or not all(r is Ellipsis or (isinstance(r, slice) and r == slice(None)) for r in rest):
+        return None
+    xp = get_array_module(x)
+    arrays = [xp.asarray(i) for i in index[:n]]
+    if any(a.dtype.kind not in "iu" for a in arrays):
+        return None
+    arrays = xp.broadcast_arrays(*arrays)
+    return tuple(xp.where(a < 0, a + size, a) for a, size in zip(arrays, x.shape))
+
+
 def _getitem_rule(x, index):
     xshape = x.shape
+    y = _getitem(x, index)   # first: a bad index fails here, with getitem's message
+    leading = _leading_integer_index(index, value_of(x))
+    if leading is not None:   # x[i] with repeated rows (Embedding): the scatter-add op, whose gradient is gather
+        def getitem_rows_pullback(dy):
+            return (_scatter(dy, idx=leading, shape=xshape, op="add"),)
+        return y, getitem_rows_pullback
 
     def getitem_pullback(dy):
         return (scatter_add(dy, xshape, index),)
-    return _getitem(x, index), getitem_pullback
+    return y, getitem_pullback
 
 
 def _getitem_impl(x, index):
@@ -208,12 +233,10 @@ def getitem(x: Array, index: Any) -> Array:
 
 
 def _scatter_add_impl(dy, shape, index):
-    xp = get_array_module(dy)
-    out = xp.zeros(shape, dtype=dy.dtype)
-    if _is_basic_index(index):
-        out[index] = dy
-    else:
-        xp.add.at(out, index, dy)
+    if not _is_basic_index(index):
+        return lookup("scatter", dy)("add", dy, index, shape)
+    out = get_array_module(dy).zeros(shape, dtype=dy.dtype)
+    out[index] = dy
     return out
 
 
@@ -229,7 +252,9 @@ _scatter_add = Primitive("scatter_add", _scatter_add_rule, impl=_scatter_add_imp
 def scatter_add(values: Array, shape: int | Sequence[int], index: Any) -> Array:
     """Zeros of ``shape`` with ``values`` added at the positions that ``[index]`` selects.
 
-    The adjoint of :func:`getitem`; repeated indices accumulate.
+    The adjoint of :func:`getitem` for any index (slices, masks, arrays anywhere); repeated indices accumulate, in
+    the kernel behind :func:`fluxpy.ops.scatter`. Integer arrays on the leading axes alone are
+    ``scatter("+", values, index, dstsize=shape)``, which getitem's gradient uses there.
 
     >>> import numpy as np
     >>> scatter_add(np.ones(3), (2,), np.array([0, 1, 1]))

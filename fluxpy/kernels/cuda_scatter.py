@@ -1,0 +1,53 @@
+"""A first GPU path for ``scatter`` and ``gather``: CuPy's documented ``cupyx.scatter_add``, ``cupyx.scatter_max`` and
+``cupyx.scatter_min`` (atomic, so repeated indices accumulate, in no fixed order: float sums may differ in the last
+bits from run to run) and plain CuPy indexing.
+
+The same contract as :func:`fluxpy.kernels.cpu.scatter`: a new array of ``shape`` filled with
+:func:`~fluxpy.kernels.cpu.scatter_empty`, then ``op`` of every ``src`` value sent to an entry by ``index``.
+float16 and bfloat16 are computed in float32 and rounded once, as the CPU kernels do. Faster kernels, chosen by
+measurement, are for later; they take the same names.
+
+>>> sorted(KERNELS)
+['gather', 'scatter']
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cpu import scatter_empty
+from .halfs import is_half
+
+__all__ = ["scatter", "gather", "KERNELS"]
+
+
+def _scatter_function(op: str):
+    import cupyx
+    return {"add": cupyx.scatter_add, "max": cupyx.scatter_max, "min": cupyx.scatter_min}[op]
+
+
+def scatter(op: str, src: Any, index: tuple, shape: tuple) -> Any:
+    """``op`` (``"add"``, ``"max"``, ``"min"``) of the CuPy array ``src`` scattered by ``index`` into a new array of
+    ``shape``; entries no index hits hold ``scatter_empty(op, src.dtype)``.
+
+    >>> scatter.__name__
+    'scatter'
+    """
+    import cupy
+    wide = src.astype(np.float32) if is_half(src.dtype) else src
+    dst = cupy.full(shape, scatter_empty(op, wide.dtype), dtype=wide.dtype)
+    _scatter_function(op)(dst, index, wide)
+    return dst.astype(src.dtype) if wide is not src else dst
+
+
+def gather(src: Any, index: tuple) -> Any:
+    """``src[index]`` for a CuPy array.
+
+    >>> gather.__name__
+    'gather'
+    """
+    return src[index]
+
+
+KERNELS = {"scatter": scatter, "gather": gather}

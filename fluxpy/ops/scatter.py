@@ -1,0 +1,219 @@
+"""``scatter`` and ``gather`` (NNlib's), differentiable, on the leading axes.
+
+NNlib indexes the trailing axes of column-major arrays; fluxpy is row-major, so here ``idx`` indexes the LEADING
+axes of the destination and ``src``'s leading axes are ``idx``'s shape::
+
+    scatter(op, src, idx)[idx[k], ...]  =  op over every k of src[k, ...]
+    gather(src, idx)[k, ...]            =  src[idx[k], ...]
+
+``idx`` is an integer array (one index per entry, ``d = 1``) or a tuple of ``d`` integer arrays of one shape
+(NumPy's ``x[i, j]``: the ``d``-tuple ``(i[k], j[k])`` indexes the ``d`` leading axes; NNlib's tuple or
+CartesianIndex indices). Indices are 0-based and never negative.
+
+The gradient of ``gather`` is a scatter-add and that of a scatter-add is a gather, so second derivatives come free;
+the gradient of ``x[i]`` for integer-array indices on the leading axes (and so of ``Embedding``) is this
+scatter-add too.
+
+>>> import numpy as np
+>>> from fluxpy import gradient
+>>> gradient(lambda w: gather(w, np.array([2, 0, 2])).sum(), np.zeros(3))
+(array([1., 0., 2.]),)
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..autodiff import Primitive, value_of
+from ..backend import Array, get_array_module, is_float_dtype
+from ..kernels import lookup
+from ..kernels.halfs import is_half
+
+__all__ = ["scatter", "gather"]
+
+# op names (a string, or a callable's __name__: operator.add, max, np.maximum, np.mean, fluxpy.mean, ...)
+_OP_NAMES = {"+": "add", "add": "add", "sum": "add", "max": "max", "maximum": "max", "amax": "max",
+             "min": "min", "minimum": "min", "amin": "min", "mean": "mean"}
+
+
+def _op_name(op):
+    name = _OP_NAMES.get(op if isinstance(op, str) else getattr(op, "__name__", None))
+    if name is None:
+        raise TypeError(f"scatter: op must be '+' (or 'add', operator.add, np.add), 'max' (max, np.maximum), "
+                        f"'min' (min, np.minimum) or 'mean' (np.mean), got {op!r}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks, all before any work: NNlib's checkbounds_idx and scatter_dims, with the names of what is wrong
+
+
+def _indices(fname, idx, src):
+    """``idx`` as a tuple of integer arrays of one shape, on ``src``'s device."""
+    xp = get_array_module(value_of(src))
+    entries = value_of(idx)
+    entries = tuple(value_of(e) for e in entries) if isinstance(entries, tuple) else (entries,)
+    if not entries:
+        raise ValueError(f"{fname}: idx must be an integer array or a tuple of them, got an empty tuple")
+    arrays = tuple(xp.asarray(e) for e in entries)
+    for j, a in enumerate(arrays):
+        if a.dtype.kind not in "iu":
+            where = f"idx[{j}]" if len(arrays) > 1 else "idx"
+            raise TypeError(f"{fname}: expects integer indices, got {where} of dtype {a.dtype}")
+    shapes = [tuple(a.shape) for a in arrays]
+    if len(set(shapes)) > 1:
+        raise ValueError(f"{fname}: the {len(arrays)} index arrays must have one shape, got shapes {shapes}")
+    for j, a in enumerate(arrays):
+        if a.size and int(a.min()) < 0:
+            where = f"idx[{j}]" if len(arrays) > 1 else "idx"
+            raise IndexError(f"{fname}: expects non-negative (0-based) indices, got {int(a.min())} in {where}")
+    return arrays
+
+
+def _check_bounds(fname, index, sizes, what):
+    for j, (a, n) in enumerate(zip(index, sizes)):
+        if a.size and int(a.max()) >= n:
+            where = f"idx[{j}]" if len(index) > 1 else "idx"
+            raise IndexError(f"{fname}: index {int(a.max())} in {where} is out of range for {what} axis {j} of "
+                             f"size {n}")
+
+
+def _check_src(fname, src, index):
+    ishape = tuple(index[0].shape)
+    if tuple(src.shape[:len(ishape)]) != ishape:
+        raise ValueError(f"{fname}: expects src.shape to start with idx's shape {ishape}, got src.shape "
+                         f"{tuple(src.shape)}")
+    if not (is_float_dtype(src.dtype) or src.dtype.kind in "iu"):
+        raise TypeError(f"{fname}: expects a float or integer src, got dtype {src.dtype}")
+
+
+def _destination_shape(src, index, dstsize):
+    """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
+    trailing = tuple(src.shape[index[0].ndim:])
+    if dstsize is None:
+        return tuple(int(a.max()) + 1 if a.size else 0 for a in index) + trailing
+    shape = (int(dstsize),) if isinstance(dstsize, (int, np.integer)) else tuple(int(s) for s in dstsize)
+    d = len(index)
+    if len(shape) != d + len(trailing) or shape[d:] != trailing:
+        raise ValueError(f"scatter: expects dstsize of the form ({', '.join(['n'] * d)}, *{trailing}) for "
+                         f"{d} index array(s) and src.shape {tuple(src.shape)}, got dstsize {shape}")
+    _check_bounds("scatter", index, shape, "dstsize")
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------
+# The primitives (unchecked: their callers have checked the indices)
+
+
+def _scatter_impl(src, idx, shape, op):
+    return lookup("scatter", src)(op, src, idx, shape)
+
+
+def _scatter_rule(src, idx, shape, op):
+    y = _scatter(src, idx=idx, shape=shape, op=op)   # src may be tracked at an outer level
+    if op == "add":
+        def scatter_add_pullback(dy):
+            return (_gather(dy, idx=idx),)
+        return y, scatter_add_pullback
+    # NNlib's ∇scatter_src for max/min: every src entry equal to its result gets the whole dy (ties are not split)
+    plain = value_of(src)
+    hit = (plain == _gather_impl(value_of(y), idx)).astype(plain.dtype)
+
+    def scatter_extreme_pullback(dy):
+        return (_gather(dy, idx=idx) * hit,)
+    return y, scatter_extreme_pullback
+
+
+_scatter = Primitive("scatter", _scatter_rule, impl=_scatter_impl)
+
+
+def _gather_impl(src, idx):
+    return lookup("gather", src)(src, idx)
+
+
+def _gather_rule(src, idx):
+    shape = tuple(src.shape)
+
+    def gather_pullback(dz):
+        return (_scatter(dz, idx=idx, shape=shape, op="add"),)
+    return _gather(src, idx=idx), gather_pullback
+
+
+_gather = Primitive("gather", _gather_rule, impl=_gather_impl)
+
+
+def _scatter_mean(src, idx, shape):
+    """The scatter-add over the counts, 0 where no index hits (NNlib's ``safe_div``); integers average in float64
+    (NNlib's ``float(T)``), float16/bfloat16 in float32, rounded once."""
+    dtype = src.dtype
+    wide = np.dtype(np.float32) if is_half(dtype) else dtype if is_float_dtype(dtype) else np.dtype(np.float64)
+    src = src if wide == dtype else src.astype(wide)
+    xp = get_array_module(value_of(src))
+    d = len(idx)
+    ones = xp.ones(idx[0].shape, wide)
+    counts = lookup("scatter", ones)("add", ones, idx, shape[:d])
+    counts = xp.maximum(counts, 1).reshape(shape[:d] + (1,) * (len(shape) - d))
+    y = _scatter(src, idx=idx, shape=shape, op="add") / counts
+    return y.astype(dtype) if is_half(dtype) else y
+
+
+# ---------------------------------------------------------------------------------------------
+# The public ops
+
+
+def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None = None) -> Array:
+    """``dst[idx[k], ...] = op(dst[idx[k], ...], src[k, ...])`` for every ``k``, into a new ``dst`` (NNlib's
+    ``scatter``, on the leading axes).
+
+    ``op``: ``"+"`` (``"add"``, ``operator.add``, ``np.add``), ``"max"`` (``max``, ``np.maximum``), ``"min"``
+    (``min``, ``np.minimum``) or ``"mean"`` (``np.mean``). ``idx``: an integer array, or a tuple of ``d`` integer
+    arrays of one shape, indexing the ``d`` leading axes of ``dst``; ``src.shape`` is ``idx``'s shape followed by
+    the trailing shape of ``dst``. ``dstsize``: the whole shape of ``dst`` (an int for a 1-d one); by default the
+    smallest that holds the largest index. Entries no index hits hold 0 for ``+`` and ``mean``, the dtype's lowest
+    value for ``max`` (``-inf`` for floats) and its highest for ``min`` (NNlib's ``scatter_empty``).
+
+    Gradient: ``+``: ``gather(dy, idx)``; ``mean``: ``gather(dy, idx) / count``; ``max``/``min``:
+    ``gather(dy, idx)`` at every ``src`` entry equal to its result (tied entries each get all of it, as NNlib).
+
+    >>> import numpy as np
+    >>> scatter("+", np.array([10.0, 100.0, 1000.0]), np.array([2, 0, 1]))
+    array([ 100., 1000.,   10.])
+    >>> scatter("max", np.array([[1.0, 5.0], [3.0, 2.0]]), np.array([1, 1]), dstsize=(3, 2))
+    array([[-inf, -inf],
+           [  3.,   5.],
+           [-inf, -inf]])
+    >>> scatter("mean", np.array([1.0, 2.0, 6.0]), (np.array([0, 0, 1]), np.array([1, 1, 0])))
+    array([[0. , 1.5],
+           [6. , 0. ]])
+    """
+    name = _op_name(op)
+    index = _indices("scatter", idx, src)
+    _check_src("scatter", src, index)
+    shape = _destination_shape(src, index, dstsize)
+    if name == "mean":
+        return _scatter_mean(src, index, shape)
+    return _scatter(src, idx=index, shape=shape, op=name)
+
+
+def gather(src: Array, idx: Any) -> Array:
+    """``out[k, ...] = src[idx[k], ...]`` (NNlib's ``gather``, on the leading axes): ``src`` read at the integer
+    array ``idx``, or at the tuples of a tuple of ``d`` integer arrays of one shape, which index ``src``'s ``d``
+    leading axes. ``out.shape`` is ``idx``'s shape followed by ``src.shape[d:]``. Its gradient is
+    ``scatter("+", dout, idx, dstsize=src.shape)``.
+
+    >>> import numpy as np
+    >>> gather(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, 0, 2]))
+    array([[5, 6],
+           [1, 2],
+           [5, 6]])
+    >>> gather(np.arange(6).reshape(2, 3), (np.array([1, 0]), np.array([2, 2])))
+    array([5, 2])
+    """
+    index = _indices("gather", idx, src)
+    if len(index) > src.ndim:
+        raise ValueError(f"gather: {len(index)} index arrays need src with at least {len(index)} axes, got "
+                         f"src.shape {tuple(src.shape)}")
+    _check_bounds("gather", index, src.shape, "src")
+    return _gather(src, idx=index)

@@ -1,0 +1,137 @@
+"""scatter and gather on CuPy arrays (fluxpy/kernels/cuda_scatter.py: cupyx.scatter_add/max/min) against the
+NumPy path: every op and dtype, repeated indices and unused destination rows, index tuples, gradients, and the
+gradient of indexing and of Embedding. Needs a GPU (``gpu`` marker)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fluxpy
+from devices import assert_matches_cpu, cupy_module
+from fluxpy import kernels
+from fluxpy.ops import gather, scatter
+
+pytestmark = pytest.mark.gpu
+
+OPS = ("add", "max", "min", "mean")
+DTYPES = (np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.int64)
+
+
+def _problem(seed, d=1, trailing=(3,)):
+    """idx (tuple of d arrays of shape (7, 2)) with repeated entries, into leading axes of size 5 (some unused)."""
+    rng = np.random.default_rng(seed)
+    idx = tuple(rng.integers(0, 4, size=(7, 2)) for _ in range(d))   # row 4 never hit
+    for i in idx:
+        i.ravel()[:4] = np.arange(4)                                   # rows 0-3 always hit
+    return rng, idx, (5,) * d + trailing
+
+
+def _tolerance(dtype):
+    return {np.dtype(np.float16): 1e-3, np.dtype(ml_dtypes.bfloat16): 1e-2, np.dtype(np.float32): 1e-6}.get(
+        np.dtype(dtype), 1e-12)
+
+
+def test_the_cuda_kernels_are_registered():
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    assert kernels.lookup("scatter", cp.ones(1)) is cuda_scatter.scatter
+    assert kernels.lookup("gather", cp.ones(1)) is cuda_scatter.gather
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [1, 2])
+def test_scatter_matches_cpu(op, dtype, d):
+    cp = cupy_module()
+    rng, idx, shape = _problem(0, d)
+    src = (rng.standard_normal(idx[0].shape + shape[d:]) * 10).astype(dtype)
+    want = scatter(op, src, idx, dstsize=shape)
+    got = scatter(op, cp.asarray(src), tuple(cp.asarray(i) for i in idx), dstsize=shape)
+    assert got.dtype == want.dtype
+    if np.dtype(dtype).kind in "iu" or op in ("max", "min"):   # exact: no rounding, -inf/inf/typemin rows equal
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
+    else:
+        assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype))
+
+
+def test_host_indices_with_device_src():
+    cp = cupy_module()
+    src, idx = np.arange(12.0).reshape(4, 3), np.array([2, 0, 2, 1])
+    assert_matches_cpu(scatter("+", cp.asarray(src), idx), scatter("+", src, idx))
+    assert_matches_cpu(gather(cp.asarray(src), idx), gather(src, idx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_matches_cpu(dtype):
+    cp = cupy_module()
+    rng, idx, shape = _problem(1, 2)
+    src = (rng.standard_normal(shape) * 10).astype(dtype)
+    got = gather(cp.asarray(src), tuple(cp.asarray(i) for i in idx))
+    np.testing.assert_array_equal(cp.asnumpy(got), gather(src, idx))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_scatter_gradient_matches_cpu(op, dtype):
+    cp = cupy_module()
+    rng, idx, shape = _problem(2)
+    src = rng.permutation(14 * 3).reshape(7, 2, 3) * 0.1   # distinct: no ties for max/min
+    cot = rng.standard_normal((4, 3))
+
+    def loss(i, c):   # rows 0-3, all hit (row 4 is -inf/inf for max/min)
+        return lambda x: (scatter(op, x, i, dstsize=shape)[:4] * c).sum()
+    want, = fluxpy.gradient(loss(idx, cot), src)
+    got, = fluxpy.gradient(loss(tuple(cp.asarray(i) for i in idx), cp.asarray(cot, dtype)), cp.asarray(src, dtype))
+    assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype))
+
+
+def test_gather_gradient_and_second_order_match_cpu():
+    cp = cupy_module()
+    rng, idx, shape = _problem(3, 2)
+    src, cot = rng.standard_normal(shape), rng.standard_normal(idx[0].shape + shape[2:])
+    v = rng.standard_normal(shape)
+
+    def grad(x, i, c):
+        return fluxpy.gradient(lambda w: ((gather(w, i) ** 2) * c).sum(), x)[0]
+
+    def hessian_times_v(x, i, c, v):
+        return fluxpy.gradient(lambda z: (grad(z, i, c) * v).sum(), x)[0]
+    dev = (cp.asarray(src), tuple(cp.asarray(i) for i in idx), cp.asarray(cot))
+    assert_matches_cpu(grad(*dev), grad(src, idx, cot), rtol=1e-12)
+    assert_matches_cpu(hessian_times_v(*dev, cp.asarray(v)), hessian_times_v(src, idx, cot, v), rtol=1e-12)
+
+
+@pytest.mark.parametrize("index", [np.array([0, 0, 3, -1]), (np.array([[1], [1]]), np.array([0, 2])),
+                                   (slice(None), np.array([0, 0, 2]))])
+def test_getitem_gradient_matches_cpu(index):
+    cp = cupy_module()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 3))
+    dy = rng.standard_normal(x[index].shape)
+    dev_index = tuple(cp.asarray(i) if isinstance(i, np.ndarray) else i for i in
+                      (index if isinstance(index, tuple) else (index,)))
+    got, = fluxpy.gradient(lambda v: (v[dev_index] * cp.asarray(dy)).sum(), cp.asarray(x))
+    want, = fluxpy.gradient(lambda v: (v[index] * dy).sum(), x)
+    assert_matches_cpu(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_embedding_gradient_matches_cpu(dtype):
+    cp = cupy_module()
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((50, 8)).astype(dtype)
+    tokens, dy = rng.integers(0, 40, size=(16, 12)), rng.standard_normal((16, 12, 8)).astype(dtype)
+    grads = []
+    for move in (lambda a: a, cp.asarray):
+        emb = fluxpy.Embedding(50, 8)
+        emb.weight = move(weight)
+        grads.append(fluxpy.gradient(lambda m: (m(move(tokens)) * move(dy)).sum(), emb)[0]["weight"])
+    assert_matches_cpu(grads[1], grads[0], rtol=_tolerance(dtype), atol=_tolerance(dtype) * 10)
+    assert not cp.asnumpy(grads[1][40:]).astype(np.float32).any()   # rows no token hits: zero
+
+
+def test_errors_are_raised_on_the_gpu_too():
+    cp = cupy_module()
+    with pytest.raises(IndexError, match="scatter: index 5 in idx is out of range"):
+        scatter("+", cp.ones(2), cp.asarray([0, 5]), dstsize=3)
+    with pytest.raises(IndexError, match="gather: expects non-negative"):
+        gather(cp.ones(3), cp.asarray([-1]))
