@@ -88,7 +88,8 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     given a NumPy generator, a rule without a fused update such as ``OptimiserChain(ClipNorm(1), Adam())``) runs
     eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU
     ``capture`` changes nothing. A loop that calls train once per epoch captures once: the captured steps are
-    kept per model while the loss, the optimiser state and the model's arrays stay the same objects.
+    kept per model while the loss, the optimiser state and the model's arrays stay the same objects (with the
+    GPU memory their graphs hold, until the model is freed).
 
     A loss that gives no gradient to any trainable array (computed from a global model instead of
     its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a
