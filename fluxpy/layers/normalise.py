@@ -328,16 +328,15 @@ class InstanceNorm:
 
     def _track(self, x):
         """Moves the running statistics, in place, towards the batch's mean of the instances' statistics."""
-        v = value_of(x)
-        v = v.astype(self.running_mean.dtype) if v.dtype != self.running_mean.dtype else v
+        # The plain arrays, in place: inside gradient the layer's arrays are boxed, not copied.
+        running_mean, running_var = value_of(self.running_mean), value_of(self.running_var)
+        v = value_of(x).astype(running_mean.dtype, copy=False)
         axes = tuple(range(2, v.ndim))
         m = math.prod(v.shape[2:])
-        mean = v.mean(axis=axes)
-        var = v.var(axis=axes) * (m / (m - 1))
-        self.running_mean *= 1 - self.momentum
-        self.running_mean += self.momentum * mean.mean(axis=0)
-        self.running_var *= 1 - self.momentum
-        self.running_var += self.momentum * var.mean(axis=0)
+        running_mean *= 1 - self.momentum
+        running_mean += self.momentum * v.mean(axis=axes).mean(axis=0)
+        running_var *= 1 - self.momentum
+        running_var += (self.momentum * m / (m - 1)) * v.var(axis=axes).mean(axis=0)
 
     def __repr__(self):
         opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",
