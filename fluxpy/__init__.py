@@ -32,9 +32,10 @@ from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehot
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import CheckpointError, load, save
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
-                     DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, LayerNorm,
-                     MaxPool, MeanPool, Parallel, SkipConnection, f32, f64, flatten, glorot_normal, glorot_uniform,
-                     istraining, kaiming_normal, kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
+                     DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
+                     InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
+                     f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
+                     ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
                      logitcrossentropy, mae, mse)
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
@@ -70,9 +71,10 @@ __all__ = [
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
-    "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout", "Embedding",
-    "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32",
-    "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32",
+    "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
+    "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch",
+    "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
+    "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",

@@ -12,7 +12,8 @@ Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in
 ``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
 
 The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel),
-``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, Dropout and the train/test mode),
+``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout and the
+train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``init`` (initialisers), ``convert`` (f32, f64), ``show`` (printing) and ``_checks`` (input
 checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
 ``init``, ``show`` and ``_checks``, never from each other.
@@ -33,11 +34,12 @@ from .basic import Chain, Dense, Embedding, Parallel, SkipConnection, flatten
 from .conv import Conv, ConvTranspose, CrossCor
 from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
-from .normalise import BatchNorm, Dropout, LayerNorm, istraining, testmode, trainmode
+from .normalise import BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode, trainmode
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
+from .upsample import PixelShuffle, Upsample
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
-           "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "Dropout",
-           "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode",
-           "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32",
-           "zeros32", "ones32", "nfan"]
+           "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm",
+           "InstanceNorm", "Dropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel",
+           "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
+           "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]

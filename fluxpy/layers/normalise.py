@@ -1,5 +1,6 @@
-"""Normalisation and regularisation (Flux's ``src/layers/normalise.jl``): BatchNorm, LayerNorm, Dropout, and the
-train/test mode that BatchNorm and Dropout follow (``istraining``, ``trainmode``, ``testmode``).
+"""Normalisation and regularisation (Flux's ``src/layers/normalise.jl``): BatchNorm, LayerNorm, GroupNorm,
+InstanceNorm, Dropout, and the train/test mode that BatchNorm, InstanceNorm and Dropout follow (``istraining``,
+``trainmode``, ``testmode``).
 """
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import in_gradient, is_tracked
+from ..autodiff import in_gradient, is_tracked, value_of
 from ..functors import children, layer
 from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import dropout
 from ..ops.batchnorm import batchnorm, fused_kind
-from ..ops.norm import batchnorm_infer, layernorm
+from ..ops.norm import batchnorm_infer, groupnorm, instancenorm, layernorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_float, _require_norm_dtype)
 from .init import ones32, zeros32
 from .show import _act_part
@@ -225,6 +226,124 @@ class LayerNorm:
         shape = self.shape[0] if len(self.shape) == 1 else self.shape
         opts = (f", eps={self.eps}" if self.eps != 1e-5 else "") + (", affine=False" if self.gamma is None else "")
         return f"LayerNorm({shape}{_act_part(self.act)}{opts})"
+
+
+def _require_norm_input(layer, x, channels, params, min_ndim=2, layout="(N, C, ...)"):
+    """Shape (``x.shape[1] == channels``, at least ``min_ndim`` axes) and dtype checks of a channel norm layer."""
+    if not hasattr(x, "shape") or len(x.shape) < min_ndim or x.shape[1] != channels:
+        _fail(layer, f"x.shape[1] == {channels} (x of shape {layout})", x)
+    if params is not None:
+        _require_norm_dtype(layer, x, params.dtype)
+    else:
+        _require_float(layer, x)
+
+
+@layer(children=("gamma", "beta"))
+class GroupNorm:
+    """Group normalisation: the ``channels`` of each sample in ``groups`` groups of consecutive channels, each group
+    normalised over its channels and spatial axes, then ``y = act(xhat * gamma + beta)`` per channel.
+
+    ``x`` is ``(N, C, ...)`` with ``C == channels``, which ``groups`` must divide; each group must hold more than one
+    value. ``gamma`` (ones) and ``beta`` (zeros) are ``(C,)``, absent with ``affine=False``. No running statistics:
+    training and testing compute the same. Flux's ``GroupNorm(channels, groups, act; affine, eps)`` and PyTorch's
+    ``GroupNorm(groups, channels)``. float32 parameters take float32, float16 or bfloat16 ``x``.
+
+    >>> import numpy as np
+    >>> gn = GroupNorm(4, 2)
+    >>> gn, gn(np.array([[1.0, 3.0, 0.0, 10.0]], np.float32)).round(3)
+    (GroupNorm(4, 2), array([[-1.,  1., -1.,  1.]], dtype=float32))
+    """
+
+    def __init__(self, channels: int, groups: int, act: Callable = identity, eps: float = 1e-5,
+                 affine: bool = True) -> None:
+        channels = _positive_int("GroupNorm", "channels", channels)
+        groups = _positive_int("GroupNorm", "groups", groups)
+        if channels % groups:
+            raise ValueError(f"GroupNorm: groups must divide channels, got {channels} channels in {groups} groups")
+        self.channels, self.groups = channels, groups
+        self.act = _activation("GroupNorm", act)
+        self.eps = _number("GroupNorm", "eps", eps, 0)
+        self.gamma = ones32(channels) if affine else None
+        self.beta = zeros32(channels) if affine else None
+
+    def __call__(self, x: Array) -> Array:
+        _require_norm_input(self, x, self.channels, self.gamma)
+        if math.prod(x.shape[2:]) * (self.channels // self.groups) < 2:
+            _fail(self, "more than 1 value per group (x.size // (N * groups))", x)
+        y = groupnorm(x, self.groups, self.gamma, self.beta, self.eps)
+        return y if self.act is identity else bias_act(y, None, self.act)
+
+    def __repr__(self):
+        opts = (f", eps={self.eps}" if self.eps != 1e-5 else "") + (", affine=False" if self.gamma is None else "")
+        return f"GroupNorm({self.channels}, {self.groups}{_act_part(self.act)}{opts})"
+
+
+@layer(children=("gamma", "beta", "running_mean", "running_var"), trainable=("gamma", "beta"))
+class InstanceNorm:
+    """Instance normalisation: each sample's channels normalised separately over the spatial axes, then
+    ``y = act(xhat * gamma + beta)``.
+
+    ``x`` is ``(N, C, S1, ...)`` with ``C == channels`` and more than one spatial value. With ``affine=True``,
+    ``gamma`` (ones) and ``beta`` (zeros) are ``(C,)`` and trainable (Flux's default is ``affine=False``, as
+    PyTorch's). With ``track_stats=True`` the layer keeps ``running_mean`` and ``running_var`` (``(C,)``, children
+    but not trainable): in training (inside :func:`fluxpy.gradient` unless :func:`trainmode`/:func:`testmode` or
+    ``active`` say otherwise) they move towards the batch's mean of the per-instance statistics,
+    ``running = (1 - momentum) * running + momentum * batch`` (the variance unbiased over the spatial values, as
+    Flux and PyTorch), and in testing they normalise instead of the instance's own statistics. Flux's
+    ``InstanceNorm(channels, act; affine, track_stats, eps, momentum)``.
+
+    >>> import numpy as np
+    >>> norm = InstanceNorm(2)
+    >>> norm, norm(np.array([[[1.0, 3.0], [0.0, 10.0]]], np.float32)).round(3)
+    (InstanceNorm(2), array([[[-1.,  1.],
+            [-1.,  1.]]], dtype=float32))
+    """
+    _has_mode = True
+
+    def __init__(self, channels: int, act: Callable = identity, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = False, track_stats: bool = False, active: bool | None = None) -> None:
+        channels = _positive_int("InstanceNorm", "channels", channels)
+        self.act = _activation("InstanceNorm", act)
+        self.eps = _number("InstanceNorm", "eps", eps, 0)
+        self.momentum = _number("InstanceNorm", "momentum", momentum, 0, 1)
+        _check_active("InstanceNorm", active)
+        self.channels, self.active = channels, active
+        self.gamma = ones32(channels) if affine else None
+        self.beta = zeros32(channels) if affine else None
+        self.running_mean = zeros32(channels) if track_stats else None
+        self.running_var = ones32(channels) if track_stats else None
+
+    def __call__(self, x: Array) -> Array:
+        params = self.gamma if self.gamma is not None else self.running_mean
+        _require_norm_input(self, x, self.channels, params, 3, "(N, C, S1, ...)")
+        if math.prod(x.shape[2:]) < 2:
+            _fail(self, "more than 1 spatial value per instance and channel", x)
+        if self.running_mean is not None and not _is_active(self, x, self.gamma, self.beta):
+            y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
+        else:
+            y = instancenorm(x, self.gamma, self.beta, self.eps)
+            if self.running_mean is not None:
+                self._track(x)
+        return y if self.act is identity else bias_act(y, None, self.act)
+
+    def _track(self, x):
+        """Moves the running statistics, in place, towards the batch's mean of the instances' statistics."""
+        # The plain arrays, in place: inside gradient the layer's arrays are boxed, not copied.
+        running_mean, running_var = value_of(self.running_mean), value_of(self.running_var)
+        v = value_of(x).astype(running_mean.dtype, copy=False)
+        axes = tuple(range(2, v.ndim))
+        m = math.prod(v.shape[2:])
+        running_mean *= 1 - self.momentum
+        running_mean += self.momentum * v.mean(axis=axes).mean(axis=0)
+        running_var *= 1 - self.momentum
+        running_var += (self.momentum * m / (m - 1)) * v.var(axis=axes).mean(axis=0)
+
+    def __repr__(self):
+        opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",
+                f", momentum={self.momentum}" if self.momentum != 0.1 else "",
+                ", affine=True" if self.gamma is not None else "",
+                ", track_stats=True" if self.running_mean is not None else ""]
+        return f"InstanceNorm({self.channels}{_act_part(self.act)}{''.join(opts)}{_mode_repr(self.active)})"
 
 
 @layer(children=())

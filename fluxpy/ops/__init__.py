@@ -28,22 +28,23 @@ from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act,
 from .batchnorm import batchnorm
 from .dims import AdaptivePoolDims, ConvDims, PoolDims
 from .dropout import dropout, dropout_mask
-from .norm import batchnorm_infer, batchnorm_train, layernorm, normalise
+from .norm import batchnorm_infer, batchnorm_train, groupnorm, instancenorm, layernorm, normalise
 from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, maxpool_backward,
                    meanpool, meanpool_backward)
+from .resample import bilinear_weights, pixel_shuffle, upsample_bilinear, upsample_nearest
 from .softmax import logsoftmax, softmax
 
 # sum, max, min and abs are fluxpy.ops.sum and so on, but not in __all__: `import *` must not shadow the builtins
-__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin",
-           "cos", "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean",
-           "reshape", "transpose", "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather",
-           "concatenate", "stack", "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip",
-           "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
-           "bias_act", "conv", "conv_transpose", "conv_bias_act", "conv_backward_data", "conv_backward_filter",
-           "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout", "dropout_mask", "normalise", "batchnorm",
-           "batchnorm_train", "batchnorm_infer", "layernorm", "maxpool", "meanpool", "global_maxpool",
-           "global_meanpool", "adaptive_maxpool", "adaptive_meanpool", "maxpool_backward", "meanpool_backward",
-           "softmax", "logsoftmax"]
+__all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin", "cos",
+           "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean", "reshape", "transpose",
+           "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather", "concatenate", "stack", "astype",
+           "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip", "identity", "relu", "leakyrelu", "relu6", "elu",
+           "gelu", "swish", "sigmoid", "softplus", "hardtanh", "bias_act", "conv", "conv_transpose", "conv_bias_act",
+           "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
+           "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
+           "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
+           "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "upsample_nearest", "upsample_bilinear",
+           "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax"]
 
 
 def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:

@@ -1,4 +1,5 @@
-"""Normalisation: ``normalise``, ``batchnorm_train``, ``batchnorm_infer`` and ``layernorm``.
+"""Normalisation: ``normalise``, ``batchnorm_train``, ``batchnorm_infer``, ``layernorm``, ``groupnorm`` and
+``instancenorm``.
 
 The reduction-heavy part, ``xhat = (x - mean) / sqrt(var + eps)`` over some axes, is one
 primitive with the hand-written rule
@@ -33,7 +34,7 @@ from .reduce import mean as _mean
 from .reduce import normalize_axis
 from .shape import astype, reshape
 
-__all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm"]
+__all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm", "instancenorm"]
 
 
 def _moments(x, axes):
@@ -200,3 +201,56 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta)
     y = _affine(normalise(x, axes, eps), gamma, beta, None)
     return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+def _channel_affine(name, x, xhat, gamma, beta):
+    """``xhat * gamma + beta`` with ``(C,)`` parameters along axis 1, in ``x``'s dtype for halves."""
+    check_half_mix(name, x=x, gamma=gamma, beta=beta)
+    y = _affine(xhat, gamma, beta, _channel_shape(x))
+    return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+def groupnorm(x: Array, groups: int, gamma: Array | None = None, beta: Array | None = None,
+              eps: float = 1e-5) -> Array:
+    """Group norm: the ``C`` channels of each sample split into ``groups`` groups of ``C // groups`` consecutive
+    channels, each group normalised over its channels and spatial axes, then ``* gamma + beta`` per channel.
+
+    ``x`` is ``(N, C, ...)`` with ``C`` divisible by ``groups``; ``gamma`` and ``beta`` are ``(C,)`` or None. Flux's
+    ``GroupNorm`` and PyTorch's ``group_norm`` (biased variance). ``groups == C`` is instance norm, ``groups == 1``
+    layer norm over ``(C, ...)``.
+
+    >>> import numpy as np
+    >>> x = np.array([[1.0, 3.0, 0.0, 10.0]])
+    >>> groupnorm(x, 2, eps=0.0)
+    array([[-1.,  1., -1.,  1.]])
+    """
+    _check_channel_params("groupnorm", x, gamma=gamma, beta=beta)
+    c = x.shape[1]
+    if not (isinstance(groups, (int, np.integer)) and not isinstance(groups, bool) and groups >= 1 and c % groups == 0):
+        raise ValueError(f"groupnorm expects groups to be a positive int dividing x.shape[1] == {c}, got {groups!r}")
+    grouped = reshape(x, (x.shape[0], int(groups), c // int(groups)) + tuple(x.shape[2:]))
+    axes = tuple(range(2, grouped.ndim))
+    _require_values("groupnorm", grouped, axes, "per group (x.size // (x.shape[0] * groups))")
+    xhat = reshape(normalise(grouped, axes, eps), tuple(x.shape))
+    return _channel_affine("groupnorm", x, xhat, gamma, beta)
+
+
+def instancenorm(x: Array, gamma: Array | None = None, beta: Array | None = None, eps: float = 1e-5) -> Array:
+    """Instance norm: each sample's channels normalised separately over the spatial axes, then ``* gamma + beta``
+    per channel.
+
+    ``x`` is ``(N, C, S1, ...)`` with at least one spatial axis and more than one spatial value; ``gamma`` and
+    ``beta`` are ``(C,)`` or None. Flux's ``InstanceNorm`` and PyTorch's ``instance_norm`` with batch statistics
+    (biased variance).
+
+    >>> import numpy as np
+    >>> instancenorm(np.array([[[1.0, 3.0], [0.0, 10.0]]]), eps=0.0)
+    array([[[-1.,  1.],
+            [-1.,  1.]]])
+    """
+    _check_channel_params("instancenorm", x, gamma=gamma, beta=beta)
+    axes = tuple(range(2, x.ndim))
+    if not axes:
+        raise ValueError(f"instancenorm expects x of shape (N, C, S1, ...) with a spatial axis, got {tuple(x.shape)}")
+    _require_values("instancenorm", x, axes, "per instance and channel (spatial size)")
+    return _channel_affine("instancenorm", x, normalise(x, axes, eps), gamma, beta)
