@@ -8,10 +8,12 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fluxpy import DataLoader
 from fluxpy.distributed import (DEFAULT_CAP_BYTES, DistributedEnv, DistributedEnvError, RendezvousError,
                                 bucket_plan, free_port, read_env, rendezvous)
 
@@ -185,6 +187,7 @@ def test_rendezvous_ignores_a_stranger_and_refuses_bad_arguments():
 
 RANK_SCRIPT = """
 import sys
+from fluxpy import DataLoader
 from fluxpy.distributed import read_env, rendezvous
 env = read_env()
 with rendezvous(env.rank, env.world_size, env.master_addr, env.master_port,
@@ -310,3 +313,84 @@ def test_bucket_plan_defaults_and_errors():
         bucket_plan([1], cap_bytes=0)
     with pytest.raises(ValueError, match="first_cap_bytes"):
         bucket_plan([1], first_cap_bytes=1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DataLoader shards
+
+def _epochs(n, world, batchsize, shuffle, partial, seed, epochs=2):
+    """Per rank, the observations of each epoch, one loader per rank as each process would make it."""
+    loaders = [DataLoader(np.arange(n), batchsize=batchsize, shuffle=shuffle, partial=partial, rng=seed,
+                          shard=(r, world)) for r in range(world)]
+    return loaders, [[[b.tolist() for b in loader] for _ in range(epochs)] for loader in loaders]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 6), st.integers(1, 8), st.booleans(), st.booleans(), st.integers(0, 99))
+def test_shards_are_disjoint_covering_equal_and_shuffled_alike(n, world, batchsize, shuffle, partial, seed):
+    if not partial and n < world:
+        return   # an error, tested below
+    loaders, epochs = _epochs(n, world, batchsize, shuffle, partial, seed)
+    per_rank = -(-n // world) if partial else n // world
+    for e in range(2):
+        batches = [epochs[r][e] for r in range(world)]
+        assert len({len(b) for b in batches}) == 1                       # the same number of batches on every rank
+        assert all(len(b) == len(loader) for b, loader in zip(batches, loaders))
+        seen = [x for b in batches for batch in b for x in batch]
+        if partial:
+            assert len(seen) == per_rank * world                         # padded to a multiple of world_size
+            assert set(seen) == set(range(n))                            # covering
+            assert len(seen) - len(set(seen)) == per_rank * world - n    # disjoint but for the padding
+        else:
+            kept = per_rank - per_rank % batchsize
+            assert len(seen) == len(set(seen)) == kept * world           # disjoint, tail and short batches dropped
+
+
+def test_shards_follow_distributed_sampler_order():
+    """Rank r takes positions r, r + world, ... of the (padded) epoch order, as torch's DistributedSampler."""
+    order = np.random.default_rng(5).permutation(10)
+    padded = np.concatenate([order, order[:2]])
+    for r in range(4):
+        got = np.concatenate(list(DataLoader(np.arange(10), batchsize=2, shuffle=True, rng=5, shard=(r, 4))))
+        assert got.tolist() == padded[r::4].tolist()
+        cut = np.concatenate(list(DataLoader(np.arange(10), batchsize=1, shuffle=True, rng=5, partial=False,
+                                             shard=(r, 4))))
+        assert cut.tolist() == order[:8][r::4].tolist()
+
+
+def test_shard_keeps_pairs_and_a_different_seed_breaks_agreement():
+    x, y = np.arange(12), np.arange(12) * 10
+    for xb, yb in DataLoader((x, y), batchsize=4, shuffle=True, rng=1, shard=(1, 3)):
+        assert (yb == xb * 10).all()
+    a = np.concatenate(list(DataLoader(x, batchsize=4, shuffle=True, rng=1, shard=(0, 2))))
+    b = np.concatenate(list(DataLoader(x, batchsize=4, shuffle=True, rng=1, shard=(1, 2))))
+    assert not set(a) & set(b)
+    c = np.concatenate(list(DataLoader(x, batchsize=4, shuffle=True, rng=2, shard=(1, 2))))
+    assert set(a) & set(c)   # ranks seeded differently overlap: why every rank needs the same seed
+
+
+def test_shard_one_of_one_is_the_plain_loader():
+    plain = [b.tolist() for b in DataLoader(np.arange(9), batchsize=4, shuffle=True, rng=3)]
+    assert [b.tolist() for b in DataLoader(np.arange(9), batchsize=4, shuffle=True, rng=3, shard=(0, 1))] == plain
+    assert "shard=(1, 2)" in repr(DataLoader(np.arange(9), shard=(1, 2)))
+
+
+@pytest.mark.parametrize("shard, error, words", [
+    ((2, 2), ValueError, "0 <= rank < world_size, got (2, 2)"),
+    ((-1, 2), ValueError, "got (-1, 2)"),
+    ((0, 0), ValueError, "world_size >= 1"),
+    ((0,), TypeError, "two ints, got tuple of length 1"),
+    ((0, 2.0), TypeError, "two ints"),
+    ((True, 2), TypeError, "two ints"),
+    ("0,2", TypeError, "two ints, got str"),
+])
+def test_bad_shards(shard, error, words):
+    with pytest.raises(error) as info:
+        DataLoader(np.arange(4), shard=shard)
+    assert words in str(info.value)
+
+
+def test_shard_with_partial_false_needs_world_size_observations():
+    with pytest.raises(ValueError, match="leaving none of the 3"):
+        DataLoader(np.arange(3), partial=False, shard=(0, 4))
+    assert [b.tolist() for b in DataLoader(np.arange(3), shard=(3, 4))] == [[0]]   # padded instead
