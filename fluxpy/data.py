@@ -144,11 +144,29 @@ class DataLoader:
     [([1, 2], ['a', 'b']), ([3], ['c'])]
     >>> DataLoader(x, device="gpu").prefetch, DataLoader(x, device="gpu", prefetch=False).prefetch
     (True, False)
+
+    ``shard=(rank, world_size)`` gives this process its part of each epoch in data-parallel training, as
+    PyTorch's ``DistributedSampler`` does: the epoch's order (a permutation when shuffling, else ``0..N-1``)
+    is split by observation, rank ``r`` taking positions ``r, r + world_size, r + 2 * world_size, ...``, and is
+    then batched. So that every rank has the same number of observations, hence of batches (no rank waits for a
+    step the others never take): with ``partial=True`` the order is padded by repeating its first
+    ``ceil(N / world_size) * world_size - N`` entries (every observation is seen, a few twice: torch's
+    ``drop_last=False``); with ``partial=False`` its last ``N % world_size`` entries are dropped (torch's
+    ``drop_last=True``; shuffled, a different few each epoch), as is each rank's short last batch. The ranks'
+    parts are disjoint (except for the padding) only when every rank draws the same permutation: give every
+    rank the same ``rng`` seed (or call :func:`fluxpy.seed` with the same seed on every rank for ``rng=None``).
+    ``shard`` must be two ints with ``0 <= rank < world_size``; ``fluxpy.distributed.read_env().shard`` is this
+    process's.
+
+    >>> [b.tolist() for b in DataLoader(np.arange(7), batchsize=2, shard=(1, 3))]
+    [[1, 4], [0]]
+    >>> [b.tolist() for b in DataLoader(np.arange(7), batchsize=2, partial=False, shard=(1, 3))]
+    [[1, 4]]
     """
 
     def __init__(self, data: Array | Sequence, batchsize: int = 1, shuffle: bool = False, partial: bool = True,
                  rng: np.random.Generator | int | None = None, device: str | Callable | None = None,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, shard: tuple[int, int] | None = None) -> None:
         self.is_tuple = isinstance(data, tuple)
         if self.is_tuple:
             if not data:
@@ -169,6 +187,7 @@ class DataLoader:
         for name, flag in (("shuffle", shuffle), ("partial", partial), ("prefetch", prefetch)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader expects {name} to be True or False, got {_describe(flag)}")
+        self.shard = _check_shard(shard, self.nobs, bool(partial))
         self.rng = as_rng(rng, "DataLoader")
         self._move = _device_mover(device)
         self.data = tuple(arrays) if self.is_tuple else arrays[0]
@@ -180,11 +199,20 @@ class DataLoader:
         self.device = device
 
     def __len__(self):
-        n = self.nobs / self.batchsize
+        n = self._count() / self.batchsize
         return math.ceil(n) if self.partial else math.floor(n)
+
+    def _count(self):
+        """The number of observations one epoch hands out (this rank's share when sharded)."""
+        if self.shard is None:
+            return self.nobs
+        world = self.shard[1]
+        return -(-self.nobs // world) if self.partial else self.nobs // world
 
     def __iter__(self):
         order = self.rng.permutation(self.nobs) if self.shuffle else None
+        if self.shard is not None:
+            order = self._shard_order(order)
         indices = (self._index(order, i) for i in range(len(self)))
         copier = self._prefetcher()
         if copier is None:
@@ -193,8 +221,14 @@ class DataLoader:
         else:
             yield from _prefetched(copier, indices, self._pack)
 
+    def _shard_order(self, order):
+        """This rank's positions of the epoch's ``order``: padded or cut to a multiple of world_size, then strided."""
+        rank, world = self.shard
+        order = np.arange(self.nobs) if order is None else order
+        return np.resize(order, self._count() * world)[rank::world]
+
     def _index(self, order, i):
-        start, stop = i * self.batchsize, min((i + 1) * self.batchsize, self.nobs)
+        start, stop = i * self.batchsize, min((i + 1) * self.batchsize, self._count())
         return slice(start, stop) if order is None else order[start:stop]
 
     def _prefetcher(self):
@@ -218,8 +252,28 @@ class DataLoader:
 
     def __repr__(self):
         shapes = ", ".join(str(tuple(a.shape)) for a in self.arrays)
+        shard = "" if self.shard is None else f", shard={self.shard}"
         return (f"DataLoader({'(' + shapes + ')' if self.is_tuple else shapes}, batchsize={self.batchsize}, "
-                f"shuffle={self.shuffle}, partial={self.partial}): {len(self)} batches")
+                f"shuffle={self.shuffle}, partial={self.partial}{shard}): {len(self)} batches")
+
+
+def _check_shard(shard, nobs, partial):
+    """``shard`` as ``(rank, world_size)`` ints, or ``None``; a clear error for anything else."""
+    if shard is None:
+        return None
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2 or \
+            any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in shard):
+        raise TypeError(f"DataLoader expects shard to be (rank, world_size), two ints, got {_describe(shard)}"
+                        + (f" {_short(repr(tuple(shard)), 60)}" if isinstance(shard, (tuple, list)) else ""))
+    rank, world = int(shard[0]), int(shard[1])
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"DataLoader expects shard=(rank, world_size) with world_size >= 1 and "
+                         f"0 <= rank < world_size, got ({rank}, {world})")
+    if not partial and nobs < world:
+        raise ValueError(f"DataLoader with shard=({rank}, {world}) and partial=False drops the last N % world_size "
+                         f"observations, leaving none of the {nobs}: pass partial=True (pads by repetition) or "
+                         "more data")
+    return (rank, world)
 
 
 def _prefetched(copier, indices, pack):
