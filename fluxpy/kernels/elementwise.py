@@ -76,7 +76,7 @@ class FusionFallbackWarning(UserWarning):
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}   # the non-half kernels' dtypes
 # what the traced (broadcast) kernels compute each storage dtype in, and the halves' load/store functions
 _COMPUTE = {**_CTYPE, np.dtype(np.float16): "float", halfs.BFLOAT16: "float"}
-_HALF_IO = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), halfs.BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
+_HALF_IO = halfs.CONVERT   # half dtype -> (load, store) function names in halfs.CONVERSIONS
 _FLOAT_FN = {  # ufunc -> (float name, double name)
     np.exp: ("expf", "exp"), np.log: ("logf", "log"), np.sqrt: ("sqrtf", "sqrt"), np.tanh: ("tanhf", "tanh"),
     np.sin: ("sinf", "sin"), np.cos: ("cosf", "cos"), np.log1p: ("log1pf", "log1p"),
@@ -564,16 +564,12 @@ def _params(dtypes, rdt):
     """The kernel's input parameters: a half as its 16 bits, a Python number in the compute type."""
     out = []
     for i, d in enumerate(dtypes):
-        out.append(f"{_param_type(_compute_dtype(rdt) if d is None else d)} x{i}")
+        out.append(f"{_param_type(halfs.compute_dtype(rdt) if d is None else d)} x{i}")
     return out
 
 
 def _param_type(d):
     return "uint16" if d in _HALF_IO else np.dtype(d).name
-
-
-def _compute_dtype(d):
-    return np.dtype(np.float32) if d in _HALF_IO else np.dtype(d)
 
 
 def _bits(x):

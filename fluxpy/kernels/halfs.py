@@ -11,7 +11,8 @@ names it writes against for one dtype:
 - ``LOAD(v)``: a ``T`` as a ``C``; ``STORE(v)``: a ``C`` rounded to a ``T``.
 
 :data:`CONVERSIONS` alone is the four functions (``fx_load_f16``, ``fx_store_f16``, ``fx_load_bf16``,
-``fx_store_bf16``), for a kernel that takes several dtypes (the traced broadcast kernels).
+``fx_store_bf16``), for a kernel that takes several dtypes (the traced broadcast kernels); :data:`CONVERT` names
+a half dtype's load and store functions.
 
 >>> import numpy as np
 >>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
@@ -28,7 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "is_half", "prelude", "compute_dtype",
+__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "CONVERT", "is_half", "prelude", "compute_dtype",
            "result_dtype"]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -37,7 +38,7 @@ KERNEL_DTYPES = HALVES + (np.dtype(np.float32), np.dtype(np.float64))   # what t
 
 _STORAGE = {np.dtype(np.float16): "unsigned short", BFLOAT16: "unsigned short", np.dtype(np.float32): "float",
             np.dtype(np.float64): "double"}
-_CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
+CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
 
 CONVERSIONS = r"""
 __device__ __forceinline__ float fx_load_f16(unsigned short h) {
@@ -76,9 +77,9 @@ def prelude(dtype: Any) -> str:
         raise TypeError(f"fluxpy's CUDA kernels store float16, bfloat16, float32 or float64, not {dtype}")
     compute = "double" if dtype == np.float64 else "float"
     head = f"#define T {_STORAGE[dtype]}\n#define C {compute}\n"
-    if dtype not in _CONVERT:
+    if dtype not in CONVERT:
         return head + "#define LOAD(v) ((C)(v))\n#define STORE(v) ((T)(v))\n"
-    load, store = _CONVERT[dtype]
+    load, store = CONVERT[dtype]
     return head + CONVERSIONS + f"#define LOAD(v) {load}(v)\n#define STORE(v) {store}(v)\n"
 
 
