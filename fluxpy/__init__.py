@@ -22,7 +22,7 @@ the module (or ``fluxpy.ops``).
 """
 from __future__ import annotations
 
-from . import augment, cifar, losses, models, ops, optimise, schedules
+from . import augment, cifar, layout, losses, models, ops, optimise, schedules
 from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad,
                        primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
@@ -31,6 +31,7 @@ from .cifar import CIFARUnavailableError, load_cifar10
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import CheckpointError, load, save
+from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
                      InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
@@ -84,4 +85,6 @@ __all__ = [
     "TrainStep", "CaptureWarning",
     # precision
     "mixed_precision", "MixedPrecision", "DynamicLossScale", "f16", "bf16",
+    # memory layout
+    "layout", "to_channels_last", "is_channels_last",
 ]

@@ -33,6 +33,7 @@ import numpy as np
 from .backend import Array, get_array_module, is_float_array, is_float_dtype
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
+from .layout import keeping_layout
 
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
@@ -444,7 +445,7 @@ def _backprop(root, seed, release=True):
                 continue
             k = id(p)
             prev = grads.get(k)
-            grads[k] = gp if prev is None else prev + gp
+            grads[k] = gp if prev is None else keeping_layout(operator.add, prev, gp)
         del parents, cotangents
     return leaves
 

@@ -25,7 +25,11 @@ except Exception as err:  # pragma: no cover - depends on the machine
 
 cupy = _cupy
 
-__all__ = ["get_array_module", "is_array", "to_gpu", "to_cpu", "copy_into", "gpu_available", "GPUUnavailableError",
+DeviceArray = cupy.ndarray if cupy is not None else type("NoDeviceArray", (), {})
+"""The GPU array type (``cupy.ndarray``), or a class nothing is an instance of where CuPy is absent."""
+
+__all__ = ["get_array_module", "is_array", "DeviceArray", "to_gpu", "to_cpu", "copy_into", "gpu_available",
+           "GPUUnavailableError",
            "default_float", "is_float_array", "is_float_dtype", "reduced_axes", "record_event", "event_seconds",
            "HostToDevice",
            "host_to_device", "read_scalars", "start_reading_scalars", "ScalarsRead", "Array"]

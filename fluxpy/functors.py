@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Array, copy_into, get_array_module, is_array, is_float_dtype, to_cpu, to_gpu
+from .layout import MEMORY_FORMATS, to_memory_format
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
            "cpu"]
@@ -404,8 +405,13 @@ def _describe(x, article=False):
     return f"a {text}" if article else text
 
 
-def gpu(x: Any) -> Any:
+def gpu(x: Any, memory: str | None = None) -> Any:
     """A copy of an array, or of a whole model tree, with every array on the GPU (Flux's ``gpu``).
+
+    ``memory="channels_last"`` also moves every array of 4 axes (the convolution weights; an image batch) to
+    channels-last memory (:mod:`fluxpy.layout`): a net's convolutions, batch norms, pools and elementwise ops
+    then run in NHWC memory end to end, as PyTorch's ``model.to(memory_format=torch.channels_last)``;
+    ``"contiguous"`` moves them to C order; ``None`` keeps each array's layout.
 
     Raises :class:`fluxpy.GPUUnavailableError`, saying why, when no GPU is usable.
 
@@ -416,7 +422,11 @@ def gpu(x: Any) -> Any:
     ... except GPUUnavailableError:
     ...     y = None   # no GPU on this machine
     """
-    return fmap(lambda a: to_gpu(a) if is_array(a) else a, x)
+    if memory is None:
+        return fmap(lambda a: to_gpu(a) if is_array(a) else a, x)
+    if memory not in MEMORY_FORMATS:   # checked before anything is copied
+        raise ValueError(f"gpu: memory must be one of {MEMORY_FORMATS} or None, got {memory!r}")
+    return fmap(lambda a: to_memory_format(to_gpu(a), memory) if is_array(a) else a, x)
 
 
 def cpu(x: Any) -> Any:

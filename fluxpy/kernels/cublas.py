@@ -17,7 +17,8 @@ in the half type either.
 What it takes (:func:`matmul_supports`): float16, bfloat16, float32 or float64 CuPy arrays of one dtype, ``a``
 of 2 or more axes whose leading axes are flattened (C-contiguous), ``b`` a matrix, each row- or column-major
 (a transposed view such as ``W.T`` costs no copy), no empty axis, sizes within cuBLAS's 32-bit ints. Any other
-product runs as ``a @ b`` (CuPy's own cuBLAS call).
+product runs as ``a @ b`` (CuPy's own cuBLAS call), a half one in float32 and rounded back (CuPy has no
+bfloat16 matmul).
 
 The module imports without CuPy:
 
@@ -229,6 +230,16 @@ def matmul_supports(a, b) -> bool:
     >>> matmul_supports(np.ones((2, 3)), np.ones((3, 4)))   # NumPy arrays: NumPy's own product
     False
     """
+    return _gemm_supports(a, b) or _is_half_pair(a, b)
+
+
+def _is_half_pair(a, b) -> bool:
+    return (cupy is not None and type(a) is cupy.ndarray and type(b) is cupy.ndarray and a.dtype == b.dtype
+            and is_half(a.dtype))
+
+
+def _gemm_supports(a, b) -> bool:
+    """Whether one gemm call computes ``a @ b`` (see the module docstring)."""
     if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
         return False
     if a.dtype != b.dtype or a.dtype not in _SCALARS:
@@ -256,6 +267,9 @@ def matmul(a, b):
     >>> product in (None, [[3.0, 3.0, 3.0, 3.0], [12.0, 12.0, 12.0, 12.0]])
     True
     """
+    if is_half(a.dtype) and not _gemm_supports(a, b):
+        # Batched or broadcast half products: CuPy's matmul has no bfloat16 kernel, so compute in float32.
+        return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
     lib = _load()
     a2 = _as_matrix(a)
     m, k = a2.shape

@@ -1,4 +1,4 @@
-"""fluxpy's own batch-norm kernels for NCHW CuPy arrays: two launches each way, deterministic.
+"""fluxpy's own batch-norm kernels for NCHW and channels-last CuPy arrays: two launches each way, deterministic.
 
 Training forward:
 
@@ -18,19 +18,29 @@ Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and 
 bfloat16 data are read and written in their own 16 bits (eight to a 16-byte vector) and computed in float32; their
 statistics, ``gamma``, ``beta``, the running statistics and ``dgamma``/``dbeta`` are float32, as cuDNN's.
 
->>> sorted(n for n in _NAMES)
+Channels-last data (:mod:`fluxpy.layout`) is an ``(M, C)`` matrix (``M = N * spatial``): ``bn_stats_cl`` and
+``bn_bwd_stats_cl`` sum columns (a block per (row split, chunk of up to 32 channels), a warp reading runs of
+adjacent channels; the chunk's last block adds the partials in a fixed order), ``bn_apply_cl`` and
+``bn_bwd_apply_cl`` run flat over the data, each element's channel its index modulo ``C``. ``y`` and ``dx`` keep
+``x``'s layout.
+
+>>> sorted(n for n in _NAMES if not n.endswith("_cl"))
 ['bn_apply', 'bn_bwd_apply', 'bn_bwd_stats', 'bn_stats']
+>>> sorted(n for n in _NAMES if n.endswith("_cl"))
+['bn_apply_cl', 'bn_bwd_apply_cl', 'bn_bwd_stats_cl', 'bn_stats_cl']
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..backend import cupy
+from ..layout import is_channels_last, like_layout
 from .halfs import HALVES, compute_dtype, prelude
 
 __all__ = ["supports", "param_dtype", "forward_training", "backward"]
 
-_NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply")
+_NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply", "bn_stats_cl", "bn_apply_cl", "bn_bwd_stats_cl",
+          "bn_bwd_apply_cl")
 _THREADS = 256
 
 _SOURCE = r"""
@@ -117,6 +127,27 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         }                                                                                               \
     }
 
+// From a channel's totals t1 = sum(x - K), t2 = sum((x - K)^2) over its M values: the statistics, the scale and
+// shift of the apply kernel, and the running statistics moved (the variance unbiased).
+#define STATS_FINISH(M_)                                                                                    \
+    {                                                                                                       \
+        const long long M = (M_);                                                                           \
+        ACC m = (ACC)M;                                                                                     \
+        ACC dm = t1 / m;                                                                                    \
+        ACC var = t2 / m - dm * dm;                                                                         \
+        if (var < (ACC)0) var = 0;                                                                          \
+        ACC mu = K + dm;                                                                                    \
+        ACC inv = (ACC)1 / sqrt(var + (ACC)eps);                                                            \
+        ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;                                    \
+        mean_out[c] = mu; invstd_out[c] = inv;                                                              \
+        scale[c] = g * inv; shift[c] = bb - mu * g * inv;                                                   \
+        if (running_mean) {                                                                                 \
+            double unbiased = (double)var * (double)M / (double)(M - 1);                                    \
+            running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);     \
+            running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);          \
+        }                                                                                                   \
+    }
+
 extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long long HW, int S, int vec,
                                      ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
                                      ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
@@ -130,23 +161,8 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long 
     ACC s1 = 0, s2 = 0;
     ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
     ACC t1, t2;
-    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2)) {
-        const long long M = N * HW;
-        ACC m = (ACC)M;
-        ACC dm = t1 / m;
-        ACC var = t2 / m - dm * dm;
-        if (var < (ACC)0) var = 0;
-        ACC mu = K + dm;
-        ACC inv = (ACC)1 / sqrt(var + (ACC)eps);
-        ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;
-        mean_out[c] = mu; invstd_out[c] = inv;
-        scale[c] = g * inv; shift[c] = bb - mu * g * inv;
-        if (running_mean) {
-            double unbiased = (double)var * (double)M / (double)(M - 1);
-            running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);
-            running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);
-        }
-    }
+    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2))
+        STATS_FINISH(N * HW)
 }
 
 // y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a
@@ -196,6 +212,20 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
 // recomputed from x with the forward's own scale and shift (the same expressions, so the same rounding).
 #define MASKED(g, xv) ((relu && (xv) * sc + sf <= (ACC)0) ? (ACC)0 : (g))
 
+// From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' masked for relu):
+// dbeta, dgamma and the coefficients of dx = a dy' + b x + k.
+#define BWD_FINISH(M_)                                                                                      \
+    {                                                                                                       \
+        ACC inv = invstd[c], m = (ACC)(M_);                                                                 \
+        ACC g = gamma ? gamma[c] : (ACC)1;                                                                  \
+        ACC dg = inv * t2;                                                                                  \
+        dbeta[c] = t1; dgamma[c] = dg;                                                                      \
+        ACC aa = g * inv;                                                                                   \
+        ACC bb = -aa * inv * dg / m;                                                                        \
+        ca[c] = aa; cb[c] = bb; ck[c] = -aa * t1 / m - bb * K;                                              \
+        csc[c] = sc; csf[c] = sf;                                                                           \
+    }
+
 extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                          const ACC* gamma, const ACC* beta, long long N, long long NC, long long HW,
                                          int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
@@ -211,16 +241,8 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
     ACC s1 = 0, s2 = 0;
     ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
     ACC t1, t2;
-    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2)) {
-        ACC inv = invstd[c], m = (ACC)(N * HW);
-        ACC g = gamma ? gamma[c] : (ACC)1;
-        ACC dg = inv * t2;
-        dbeta[c] = t1; dgamma[c] = dg;
-        ACC aa = g * inv;
-        ACC bb = -aa * inv * dg / m;
-        ca[c] = aa; cb[c] = bb; ck[c] = -aa * t1 / m - bb * K;
-        csc[c] = sc; csf[c] = sf;
-    }
+    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2))
+        BWD_FINISH(N * HW)
 }
 
 // dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
@@ -273,6 +295,126 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
         }
     }
 }
+
+// ---- Channels-last (x is an (M, C) row-major matrix, M = N * spatial) ----------------------------------------
+// Block (s, chunk) sums rows [rlo, rhi) of channels [chunk * CW, chunk * CW + CW): thread t is row lane
+// r = t / CW (RL = blockDim.x / CW lanes) of channel lane k = t % CW, so a warp reads whole runs of adjacent
+// channels. The block's per-channel sums go to partial s of the chunk; the chunk's last block adds the S
+// partials in a fixed order (lane r takes s = r, r + RL, ..., then lane 0 adds the lanes in order).
+#define COL_SUMS(EXPR1, EXPR2)                                                                              \
+    if (valid)                                                                                              \
+        for (long long row = rlo + r; row < rhi; row += RL) {                                               \
+            const long long at = row * NC + c;                                                              \
+            ACC A_ = LOAD(a[at]), B_ = LOAD(b[at]); s1 += EXPR1; s2 += EXPR2;                                 \
+        }
+
+#define CL_SETUP                                                                                            \
+    __shared__ ACC sh[512];                                                                                 \
+    const int RL = blockDim.x / CW;                                                                         \
+    const int k = threadIdx.x % CW, r = threadIdx.x / CW;                                                   \
+    const long long c = (long long)blockIdx.y * CW + k;                                                     \
+    const int s = blockIdx.x;                                                                               \
+    const long long rc = (M + S - 1) / S, rlo = s * rc, rhi = min(M, rlo + rc);                             \
+    const bool valid = c < NC && r < RL;
+
+// True in lane 0 of each channel of the chunk's last block, which then holds the channel's totals (t1, t2).
+__device__ __forceinline__ bool column_totals(ACC s1, ACC s2, ACC* sh, ACC* part1, ACC* part2, int* counter,
+                                              int s, int S, int CW, int RL, int k, int r, ACC& t1, ACC& t2) {
+    const bool lane = r < RL;
+    if (lane) { sh[threadIdx.x] = s1; sh[256 + threadIdx.x] = s2; }
+    __syncthreads();
+    if (r == 0) {
+        ACC a = 0, b = 0;
+        for (int i = 0; i < RL; ++i) { a += sh[i * CW + k]; b += sh[256 + i * CW + k]; }
+        part1[k * S + s] = a; part2[k * S + s] = b;
+    }
+    if (!last_block(counter, S)) return false;
+    ACC a = 0, b = 0;
+    if (lane) for (int i = r; i < S; i += RL) { a += part1[k * S + i]; b += part2[k * S + i]; }
+    __syncthreads();
+    if (lane) { sh[threadIdx.x] = a; sh[256 + threadIdx.x] = b; }
+    __syncthreads();
+    if (r != 0) return false;
+    t1 = 0; t2 = 0;
+    for (int i = 0; i < RL; ++i) { t1 += sh[i * CW + k]; t2 += sh[256 + i * CW + k]; }
+    return true;
+}
+
+extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CW,
+                                        ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
+                                        ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
+                                        ACC* running_mean, ACC* running_var, double momentum, double eps) {
+    CL_SETUP
+    const T* a = x; const T* b = x;
+    const ACC K = c < NC ? LOAD(x[c]) : (ACC)0;
+    ACC s1 = 0, s2 = 0;
+    COL_SUMS((A_ - K), (A_ - K) * (A_ - K))
+    ACC t1, t2;
+    const long long slot = (long long)blockIdx.y * CW * S;
+    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
+        && c < NC)
+        STATS_FINISH(M)
+}
+
+extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
+                                            const ACC* gamma, const ACC* beta, long long M, long long NC, int S,
+                                            int CW, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
+                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
+    CL_SETUP
+    const T* a = dy; const T* b = x;
+    const ACC K = c < NC ? mean[c] : (ACC)0;
+    const ACC g0 = (gamma && c < NC) ? gamma[c] : (ACC)1, b0 = (beta && c < NC) ? beta[c] : (ACC)0;
+    const ACC inv0 = c < NC ? invstd[c] : (ACC)0;
+    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
+    ACC s1 = 0, s2 = 0;
+    COL_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
+    ACC t1, t2;
+    const long long slot = (long long)blockIdx.y * CW * S;
+    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
+        && c < NC)
+        BWD_FINISH(M)
+}
+
+// The apply kernels on channels-last data: a grid-stride loop over vectors (or elements), each element's channel
+// its index modulo C.
+extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, unsigned NC, int vec,
+                                        unsigned total, int relu) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        if (vec) {
+            VT v = ((const VT*)x)[i];
+            T* p = (T*)&v;
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                const unsigned c = (i * VW + u) % NC;
+                p[u] = STORE(ACT(LOAD(p[u]) * scale[c] + shift[c]));
+            }
+            ((VT*)y)[i] = v;
+        } else {
+            const unsigned c = i % NC;
+            y[i] = STORE(ACT(LOAD(x[i]) * scale[c] + shift[c]));
+        }
+    }
+}
+
+extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
+                                            const ACC* ck, unsigned NC, int vec, unsigned total, const ACC* csc,
+                                            const ACC* csf, int relu) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        if (vec) {
+            VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
+            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                const unsigned c = (i * VW + u) % NC;
+                const ACC sc = csc[c], sf = csf[c], xv = LOAD(pv[u]);
+                po[u] = STORE(ca[c] * MASKED(LOAD(pg[u]), xv) + cb[c] * xv + ck[c]);
+            }
+            ((VT*)dx)[i] = o;
+        } else {
+            const unsigned c = i % NC;
+            const ACC sc = csc[c], sf = csf[c], xv = LOAD(x[i]);
+            dx[i] = STORE(ca[c] * MASKED(LOAD(dy[i]), xv) + cb[c] * xv + ck[c]);
+        }
+    }
+}
 """
 
 _VECTORS = {dt: ("uint4", 16 // dt.itemsize) for dt in HALVES}   # 16-byte vectors: VT, VW (in elements)
@@ -291,9 +433,11 @@ def _fn(name, dtype):
 
 
 def supports(x, *params) -> bool:
-    """CuPy float16/bfloat16/float32/float64 arrays of 2 to 5 axes, C-contiguous, with parameters (or None) in
-    :func:`param_dtype` of ``x.dtype``."""
-    if type(x) is not cupy.ndarray or x.dtype not in _VECTORS or not 2 <= x.ndim <= 5 or not x.flags.c_contiguous:
+    """CuPy float16/bfloat16/float32/float64 arrays of 2 to 5 axes, C-contiguous or channels-last (then fewer than
+    2**32 elements), with parameters (or None) in :func:`param_dtype` of ``x.dtype``."""
+    if type(x) is not cupy.ndarray or x.dtype not in _VECTORS or not 2 <= x.ndim <= 5:
+        return False
+    if not x._c_contiguous and not (is_channels_last(x) and x.size < 2**32):
         return False
     pdt = param_dtype(x.dtype)
     return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params)
@@ -350,6 +494,38 @@ def _apply_launch(n, c, hw, vec, dtype, dev):
     return (n * c, chunks), (256,), 0, 0
 
 
+def _column_launch(m, c, dev):
+    """``(grid, block, CW, S)`` of the channels-last statistics kernels: CW channel lanes (at most 32) per block,
+    chunks of CW channels, S row splits per chunk (about four blocks per SM in all, each with a row at least)."""
+    cw = min(c, 32)
+    chunks = -(-c // cw)
+    s = int(max(1, min(m, -(-4 * _sm_count(dev) // chunks), 1024)))
+    s = -(-m // -(-m // s))
+    return (s, chunks), (_THREADS,), cw, s
+
+
+class _ChannelsLastPlan:
+    """:class:`_Plan` for channels-last data: the statistics kernels read ``x`` as an ``(M, C)`` matrix."""
+    __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
+                 "counter", "c")
+
+    def __init__(self, shape, dtype, vec, dev):
+        c = shape[1]
+        m = int(np.prod(shape, dtype=np.int64)) // c
+        grid, block, cw, s = _column_launch(m, c, dev)
+        self.stats, self.apply = _fn("bn_stats_cl", dtype), _fn("bn_apply_cl", dtype)
+        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype), _fn("bn_bwd_apply_cl", dtype)
+        self.red = (grid, block)
+        total = m * c // _VECTORS[dtype][1] if vec else m * c
+        self.app = ((max(1, min(-(-total // _THREADS), 32 * _sm_count(dev))),), (_THREADS,))
+        self.c = c
+        self.scalars = (np.int64(m), np.int64(c), np.int32(s), np.int32(cw))
+        self.app_scalars = (np.uint32(c), np.int32(vec), np.uint32(total))
+        part = cupy.empty((2, grid[1] * cw * s), param_dtype(dtype))
+        self.part = (part[0], part[1])
+        self.counter = cupy.zeros(grid[1], dtype=cupy.int32)   # left at zero by the kernels
+
+
 class _Plan:
     """Everything about one problem that does not change from call to call: the kernels, the launch shapes,
     the scalar arguments, and the scratch buffers (partials, counters), kept per (shape, dtype, alignment,
@@ -379,12 +555,14 @@ _plans: dict = {}
 
 def _plan(x, *others):
     n, c, hw = _geometry(x)
-    vec = _vec(hw, x.dtype, x, *others)
+    cl = not x._c_contiguous
+    # channels-last data is read as one flat run of vectors: whole vectors in all, aligned
+    vec = _vec(x.size if cl else hw, x.dtype, x, *others)
     dev = x.device.id
-    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr)
+    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl)
     p = _plans.get(key)
     if p is None:
-        p = _plans[key] = _Plan(x.shape, x.dtype, vec, dev)
+        p = _plans[key] = (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev)
     return p
 
 
@@ -399,7 +577,7 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     """``(y, mean, invstd)`` in two launches (``y`` through relu when ``relu``); the running statistics (or None)
     are moved in place."""
     p = _plan(x)
-    y = cupy.empty_like(x)
+    y = cupy.empty_like(x)   # in x's layout
     stats = cupy.empty((4, p.c), param_dtype(x.dtype))   # mean, invstd, scale, shift
     mean, invstd, scale, shift = stats
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
@@ -411,7 +589,7 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
 def backward(dy, x, gamma, beta, mean, invstd, eps: float, relu: bool = False):
     """``(dx, dgamma, dbeta)`` in two launches; with ``relu``, ``dy`` is first masked where the forward's output
     was not positive (recomputed from ``x``, so ``y`` is not needed)."""
-    dy = cupy.ascontiguousarray(dy)
+    dy = like_layout(dy, x)
     p = _plan(x, dy)
     dx = cupy.empty_like(x)
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift

@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from ..layout import keeping_layout, like_layout
 from .cudnn import graph, legacy
 from .cudnn.errors import CudnnError
 from .cudnn.geometry import ConvDimsLike
@@ -106,7 +107,7 @@ _CUDNN_BIAS_OK = {}   # dtype -> whether cudnnConvolutionBackwardBias took it
 def _half_bias_backward(dy, y, kind, cdims, need_b):
     """``(dz, db)`` for the halves: the mask on bits, ``db`` by cuDNN (float32 accumulation) where it takes the
     dtype, else summed in float32 and rounded once."""
-    dz = _half_mask(dy, y) if kind == "relu" else dy
+    dz = keeping_layout(_half_mask, dy, y) if kind == "relu" else dy
     if not need_b:
         return dz, None
     if _CUDNN_BIAS_OK.get(dz.dtype, True):
@@ -125,15 +126,14 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
     also writes ``dz``)."""
     if y.dtype != dy.dtype:
         dy = dy.astype(y.dtype)
-    if not dy.flags.c_contiguous:
-        dy = cupy.ascontiguousarray(dy)
+    dy = like_layout(dy, y)   # channels-last where the forward's output is
     if is_half(y.dtype) and (_BIAS_GRAD[0] == "cudnn" or not need_b):
         return _half_bias_backward(dy, y, kind, cdims, need_b)
     if _BIAS_GRAD[0] == "cudnn":
-        dz = _mask(dy, y) if kind == "relu" else dy
+        dz = keeping_layout(_mask, dy, y) if kind == "relu" else dy
         return dz, (legacy.conv_backward_bias(dz, cdims) if need_b else None)
     if not need_b:
-        return (_mask(dy, y) if kind == "relu" else dy), None
+        return (keeping_layout(_mask, dy, y) if kind == "relu" else dy), None
     if kind == "relu":
         dz = cupy.empty_like(dy)
         db = mapreduce(dy, (0, 2, 3), map="x * (y > 0)", y=y, out_mapped=dz)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from ..layout import like_layout
 from . import cuda_bn
 from .cudnn import batchnorm as bn
 
@@ -48,7 +49,8 @@ def choices() -> dict:
 
 
 def _cudnn_fits(x, *params):
-    if type(x) is not cupy.ndarray or x.dtype not in _DTYPES or not bn.supported_ndim(x.ndim):
+    """Whether cuDNN's calls take the problem: C-order data (channels-last runs fluxpy's kernels)."""
+    if type(x) is not cupy.ndarray or x.dtype not in _DTYPES or not bn.supported_ndim(x.ndim) or not x._c_contiguous:
         return False
     pdt = bn.param_dtype(x.dtype)
     return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params) and bn.available()
@@ -136,7 +138,7 @@ def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, kind):
     """``(dx, dgamma, dbeta)`` by the kernel kept for this problem (``dy`` masked by ``y > 0`` for relu)."""
     params = (gamma, beta, mean, invstd)
     relu = kind == "relu"
-    dy = cupy.ascontiguousarray(dy)
+    dy = like_layout(dy, x)
     name = _pick("backward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
         "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, relu),
         "cudnn": lambda: _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu)})

@@ -7,7 +7,8 @@
 cuDNN's max-pool backward does not say which of tied maxima gets the gradient, and the CPU path
 sends it to the *first* maximum of each window (row-major, as PyTorch). So pooling uses small
 gather kernels, one thread per output (forward) or per input pixel (backward), no atomics, so the
-result is deterministic and matches the CPU path on ties:
+result is deterministic and matches the CPU path on ties (each kernel also compiled for channels-last data,
+where a thread takes one channel of one pixel and the results keep that layout):
 
 - ``maxpool_forward``: the max over each window (padding never wins; NaN propagates);
 - ``maxpool_backward``: each input pixel sums ``dy`` over the windows that contain it and whose
@@ -30,6 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from ..backend import cupy
+from ..layout import empty_channels_last, is_channels_last, to_channels_last
 from .cuda_arrays import contiguous
 from .halfs import KERNEL_DTYPES, compute_dtype, prelude
 
@@ -55,84 +57,108 @@ class PoolDimsLike(Protocol):
 
 _POOL_SOURCE = r"""
 // T: storage, C: compute type (halfs.prelude); every value is loaded with LOAD and stored once with STORE.
+// CL 0: NCHW data, a thread per output (or input) element in C order; CL 1: channels-last data (NHWC memory),
+// a thread per element in that memory order, so adjacent threads read adjacent channels. Either way xoff/yoff are
+// the offsets of the thread's image and channel in x and y, and PS the distance between adjacent pixels.
 #define IDX long long
+#if CL
+#define OUT_POS                                                                                              \
+    const int c = (int)(i % CC); IDX t = i / CC; const int q = (int)(t % Q); t /= Q;                         \
+    const int p = (int)(t % P); const IDX n = t / P;                                                         \
+    const IDX xoff = n * H * W * CC + c, yoff = n * P * Q * CC + c; const int PS = CC;
+#define IN_POS                                                                                               \
+    const int c = (int)(i % CC); IDX t = i / CC; const int w = (int)(t % W); t /= W;                         \
+    const int h = (int)(t % H); const IDX n = t / H;                                                         \
+    const IDX xoff = n * H * W * CC + c, yoff = n * P * Q * CC + c; const int PS = CC;
+#else
+#define OUT_POS                                                                                              \
+    const int q = (int)(i % Q); IDX t = i / Q; const int p = (int)(t % P); const IDX nc = t / P;             \
+    const IDX xoff = nc * H * W, yoff = nc * P * Q; const int PS = 1;
+#define IN_POS                                                                                               \
+    const int w = (int)(i % W); IDX t = i / W; const int h = (int)(t % H); const IDX nc = t / H;             \
+    const IDX xoff = nc * H * W, yoff = nc * P * Q; const int PS = 1;
+#endif
+
 extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                       const int* hs, const int* he, const int* ws, const int* we) {
+                                       const int* hs, const int* he, const int* ws, const int* we, int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
-    const T* xc = x + nc * H * W;
+    OUT_POS
+    const T* xc = x + xoff;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    C m = LOAD(xc[h0 * W + w0]);
+    C m = LOAD(xc[(h0 * W + w0) * PS]);
     for (int h = h0; h < h1; ++h)
         for (int w = w0; w < w1; ++w) {
-            C v = LOAD(xc[h * W + w]);
+            C v = LOAD(xc[(h * W + w) * PS]);
             if (v > m || (v != v && m == m)) m = v;
         }
     y[i] = STORE(m);
 }
 
 // The max was stored in T: compared in C, where storing and loading a T is exact, it equals its element.
-__device__ __forceinline__ int first_max(const T* xc, C yv, int h0, int h1, int w0, int w1, int W) {
+__device__ __forceinline__ int first_max(const T* xc, C yv, int h0, int h1, int w0, int w1, int W, int PS) {
     for (int h = h0; h < h1; ++h)
         for (int w = w0; w < w1; ++w)
-            if (LOAD(xc[h * W + w]) == yv) return h * W + w;
+            if (LOAD(xc[(h * W + w) * PS]) == yv) return h * W + w;
     return -1;
 }
 
 extern "C" __global__ void maxpool_bwd(const T* dy, const T* x, const T* y, T* dx, IDX total, int H, int W,
                                        int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
-                                       const int* plo, const int* phi, const int* qlo, const int* qhi) {
+                                       const int* plo, const int* phi, const int* qlo, const int* qhi, int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int w = (int)(i % W); IDX t = i / W; int h = (int)(t % H); IDX nc = t / H;
-    const T* xc = x + nc * H * W;
-    const T* yc = y + nc * P * Q;
-    const T* dyc = dy + nc * P * Q;
+    IN_POS
+    const T* xc = x + xoff;
+    const T* yc = y + yoff;
+    const T* dyc = dy + yoff;
     int me = h * W + w;
     C acc = 0;
     for (int p = plo[h]; p <= phi[h]; ++p) {
         int h0 = max(hs[p], 0), h1 = min(he[p], H);
         for (int q = qlo[w]; q <= qhi[w]; ++q) {
             int w0 = max(ws[q], 0), w1 = min(we[q], W);
-            if (first_max(xc, LOAD(yc[p * Q + q]), h0, h1, w0, w1, W) == me) acc += LOAD(dyc[p * Q + q]);
+            if (first_max(xc, LOAD(yc[(p * Q + q) * PS]), h0, h1, w0, w1, W, PS) == me)
+                acc += LOAD(dyc[(p * Q + q) * PS]);
         }
     }
     dx[i] = STORE(acc);
 }
 
 extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
-                                          int P, int Q, const int* hs, const int* he, const int* ws, const int* we) {
+                                          int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
+                                          int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
+    OUT_POS
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    int at = first_max(x + nc * H * W, LOAD(y[i]), h0, h1, w0, w1, W);
-    out[i] = at < 0 ? STORE((C)0) : dx[nc * H * W + at];
+    int at = first_max(x + xoff, LOAD(y[i]), h0, h1, w0, w1, W, PS);
+    out[i] = at < 0 ? STORE((C)0) : dx[xoff + (IDX)at * PS];
 }
 
 extern "C" __global__ void meanpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                        const int* hs, const int* he, const int* ws, const int* we, C inv) {
+                                        const int* hs, const int* he, const int* ws, const int* we, C inv, int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int q = (int)(i % Q); IDX t = i / Q; int p = (int)(t % P); IDX nc = t / P;
-    const T* xc = x + nc * H * W;
+    OUT_POS
+    const T* xc = x + xoff;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
     C acc = 0;
     for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) acc += LOAD(xc[h * W + w]);
+        for (int w = w0; w < w1; ++w) acc += LOAD(xc[(h * W + w) * PS]);
     y[i] = STORE(acc * inv);
 }
 
 extern "C" __global__ void meanpool_bwd(const T* dy, T* dx, IDX total, int H, int W, int P, int Q,
-                                        const int* plo, const int* phi, const int* qlo, const int* qhi, C inv) {
+                                        const int* plo, const int* phi, const int* qlo, const int* qhi, C inv,
+                                        int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int w = (int)(i % W); IDX t = i / W; int h = (int)(t % H); IDX nc = t / H;
-    const T* dyc = dy + nc * P * Q;
+    IN_POS
+    const T* dyc = dy + yoff;
     C acc = 0;
     for (int p = plo[h]; p <= phi[h]; ++p)
-        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += LOAD(dyc[p * Q + q]);
+        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += LOAD(dyc[(p * Q + q) * PS]);
     dx[i] = STORE(acc * inv);
 }
 """
@@ -142,13 +168,14 @@ _windows = {}
 _THREADS = 256
 
 
-def _function(name, dtype):
-    key = (name, dtype)
+def _function(name, dtype, channels_last=False):
+    key = (name, dtype, channels_last)
     f = _modules.get(key)
     if f is None:
-        mod = _modules.get(dtype)
+        mod = _modules.get((dtype, channels_last))
         if mod is None:
-            mod = _modules[dtype] = cupy.RawModule(code=prelude(dtype) + _POOL_SOURCE, options=("--std=c++11",))
+            code = prelude(dtype) + f"#define CL {int(channels_last)}\n" + _POOL_SOURCE
+            mod = _modules[dtype, channels_last] = cupy.RawModule(code=code, options=("--std=c++11",))
         f = _modules[key] = mod.get_function(name)
     return f
 
@@ -192,43 +219,67 @@ def _compute(dtype):
     return compute_dtype(dtype).type
 
 
-def _launch(name, dtype, total, args):
+def _launch(name, dtype, total, args, layout):
+    """``name`` over ``total`` threads; ``layout`` (from :func:`_layout`) picks the C-order or channels-last
+    kernel and gives its channel count."""
+    channels_last, channels = layout
     if total:
-        _function(name, dtype)(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args)
+        _function(name, dtype, channels_last)(((total + _THREADS - 1) // _THREADS,), (_THREADS,),
+                                              args + (np.int32(channels),))
+
+
+def _layout(a, pdims):
+    """``(channels_last, C)``: the pool runs in channels-last memory where its leading array ``a`` is in it."""
+    return is_channels_last(a), pdims.x_shape[1]
+
+
+def _operand(a, st, layout):
+    """``a`` as the kernel reads it: ``st``, in the layout's memory order."""
+    if not layout[0]:
+        return contiguous(a, st)
+    return to_channels_last(a if a.dtype == st else a.astype(st))
+
+
+def _new(shape, st, layout):
+    return empty_channels_last(shape, st, cupy) if layout[0] else cupy.empty(shape, dtype=st)
 
 
 def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`; the halves are
-    read and written as they are (compared in float32)."""
+    read and written as they are (compared in float32). Channels-last ``x`` gives channels-last ``y``."""
     st = _storage(x.dtype)
-    xc = contiguous(x, st)
+    layout = _layout(x, pdims)
+    xc = _operand(x, st, layout)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=st)
-    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we))
+    y = _new(pdims.y_shape, st, layout)
+    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we), layout)
     return y if st == x.dtype else y.astype(x.dtype)
 
 
 def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """Each ``dy`` to the first maximum of its window, as :func:`fluxpy.kernels.cpu.maxpool_backward` (summed in
-    float32 for the halves, rounded once)."""
+    float32 for the halves, rounded once); ``dx`` in ``x``'s layout."""
     out = np.result_type(dy.dtype, x.dtype)
     st = _storage(out)
+    layout = _layout(x, pdims)
     h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=st)
-    dy, x, y = (contiguous(a, st) for a in (dy, x, y))
+    dx = _new(pdims.x_shape, st, layout)
+    dy, x, y = (_operand(a, st, layout) for a in (dy, x, y))
     _launch("maxpool_bwd", st, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
-                                         hs, he, ws, we, plo, phi, qlo, qhi))
+                                         hs, he, ws, we, plo, phi, qlo, qhi), layout)
     return dx if st == out else dx.astype(out)
 
 
 def maxpool_gather(dx: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """``dx`` read at each window's first maximum, as :func:`fluxpy.kernels.cpu.maxpool_gather`."""
     st = _storage(np.result_type(dx.dtype, x.dtype))
+    layout = _layout(x, pdims)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    out = cupy.empty(pdims.y_shape, dtype=st)
+    out = _new(pdims.y_shape, st, layout)
     dtype = dx.dtype
-    dx, x, y = (contiguous(a, st) for a in (dx, x, y))
-    _launch("maxpool_gather", st, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we))
+    dx, x, y = (_operand(a, st, layout) for a in (dx, x, y))
+    _launch("maxpool_gather", st, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we),
+            layout)
     return out if out.dtype == dtype else out.astype(dtype)
 
 
@@ -242,22 +293,26 @@ def meanpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     their dtype (the halves summed in float32, rounded once), integers give float32."""
     _check_regular(pdims)
     st = _storage(x.dtype)
+    layout = _layout(x, pdims)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
-    y = cupy.empty(pdims.y_shape, dtype=st)
+    y = _new(pdims.y_shape, st, layout)
     inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_fwd", st, y.size, (contiguous(x, st), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv))
+    _launch("meanpool_fwd", st, y.size,
+            (_operand(x, st, layout), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv), layout)
     return y
 
 
 def meanpool_backward(dy: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
-    """``dy / (R*S)`` spread over each window, as :func:`fluxpy.kernels.cpu.meanpool_backward`."""
+    """``dy / (R*S)`` spread over each window, as :func:`fluxpy.kernels.cpu.meanpool_backward`; ``dx`` in
+    ``dy``'s layout."""
     _check_regular(pdims)
     st = _storage(dy.dtype)
+    layout = _layout(dy, pdims)
     h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
-    dx = cupy.empty(pdims.x_shape, dtype=st)
+    dx = _new(pdims.x_shape, st, layout)
     inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
     _launch("meanpool_bwd", st, dx.size,
-            (contiguous(dy, st), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv))
+            (_operand(dy, st, layout), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv), layout)
     return dx if st == dy.dtype else dx.astype(dy.dtype)
 
 

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, cupy, reduced_axes
+from ..layout import is_channels_last, like_layout
 from ..dual import Dual, cotangents
 from . import halfs
 
@@ -1020,8 +1021,8 @@ def _launch_many(rule, xs, dxs, states, scalars, powers, ok):
         count = len(x)
         table = np.zeros(slots * cap + cap + 1, np.int64)
         table[:count] = [a.data.ptr for a in x]
-        table[cap:cap + count] = [a.data.ptr if _c_contiguous(a) else _contiguous_copy(a, strided).data.ptr
-                                  for a in dxs[part]]
+        table[cap:cap + count] = [d.data.ptr if _same_layout(d, a) else _copy_like(d, a, strided).data.ptr
+                                  for d, a in zip(dxs[part], x)]
         for s, arrays in enumerate(states, start=2):
             table[s * cap:s * cap + count] = [a.data.ptr for a in arrays[part]]
         np.cumsum([a.size for a in x], out=table[slots * cap + 1:slots * cap + 1 + count])
@@ -1063,10 +1064,11 @@ def adam_update_many(xs: Sequence[Array], dxs: Sequence[Array], ms: Sequence[Arr
     CUDA graph so sees them advance. The caller keeps ``powers`` equal to ``(b1t, b2t)``; without one a
     temporary array is made from them. With ``ok`` (a device scalar) both launches change nothing unless it is
     finite (a step checked on the device, :func:`fluxpy.capturing.guarding`).
-    The arrays are CuPy arrays of one float dtype, ``xs``, ``ms``, ``vs`` C-contiguous, each ``dxs[k]`` of its
-    parameter's shape (a strided gradient is copied first); :func:`adam_update_many_supports` says which calls
-    it takes. The parameters must not share memory with one another (fluxpy.optimise groups only those that
-    don't). Host cost: the table of pointers, read from the arrays on every call, and one launch.
+    The arrays are CuPy arrays of one float dtype, ``xs`` dense (C order or channels-last), ``ms`` and ``vs``
+    laid out as their parameter, each ``dxs[k]`` of its parameter's shape (one laid out otherwise is copied
+    first); :func:`adam_update_many_supports` says which calls it takes. The parameters must not share memory
+    with one another (fluxpy.optimise groups only those that don't). Host cost: the table of pointers, read from
+    the arrays on every call, and one launch.
 
     >>> adam_update_many.__name__
     'adam_update_many'
@@ -1093,15 +1095,26 @@ def _float64_scalar(a):
     return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
-def _contiguous_copy(a, keep):
-    a = cupy.ascontiguousarray(a)
-    keep.append(a)
-    return a
+def _same_layout(d, a):
+    """Whether ``d`` lies in memory as the dense array ``a`` does (so one flat index reads both)."""
+    return d._c_contiguous if a._c_contiguous else d.strides == a.strides
+
+
+def _copy_like(d, a, keep):
+    """``d`` copied into ``a``'s layout (C order or channels-last), kept alive in ``keep``."""
+    d = like_layout(d, a)
+    keep.append(d)
+    return d
+
+
+def _dense(a):
+    """C-contiguous or channels-last: every element once, in a layout the flat kernels read as one run."""
+    return _c_contiguous(a) or is_channels_last(a)
 
 
 def _many_supports(xs, dxs, states):
     """Lists of one length (at least one) of CuPy arrays of one float32/float64 dtype, ``xs`` and the state arrays
-    C-contiguous, every array of its parameter's shape."""
+    dense (C order or channels-last) and laid out alike, every array of its parameter's shape."""
     nd = cupy.ndarray
     n = len(xs)
     if n == 0 or len(dxs) != n or any(len(s) != n for s in states) or type(xs[0]) is not nd:
@@ -1109,14 +1122,13 @@ def _many_supports(xs, dxs, states):
     dt = xs[0].dtype
     if dt not in _CTYPE:
         return False
-    contiguous = _c_contiguous
     for k, (a, d) in enumerate(zip(xs, dxs)):
-        if type(a) is not nd or type(d) is not nd or a.dtype != dt or d.dtype != dt or not contiguous(a) \
+        if type(a) is not nd or type(d) is not nd or a.dtype != dt or d.dtype != dt or not _dense(a) \
                 or d.shape != a.shape:
             return False
         for s in states:
             b = s[k]
-            if type(b) is not nd or b.dtype != dt or not contiguous(b) or b.shape != a.shape:
+            if type(b) is not nd or b.dtype != dt or b.shape != a.shape or not _same_layout(b, a):
                 return False
     return True
 
@@ -1133,7 +1145,7 @@ def sgd_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, vs: Sequence |
 
 def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence, vs: Sequence) -> bool:
     """The calls :func:`adam_update_many` takes: lists of one length (at least one) of CuPy arrays of one
-    float32/float64 dtype, ``xs``, ``ms``, ``vs`` C-contiguous, every array of its parameter's shape.
+    float32/float64 dtype, ``xs``, ``ms``, ``vs`` dense and laid out alike, every array of its parameter's shape.
 
     ``x`` is one of the parameters, passed first so that :func:`fluxpy.kernels.find` (which looks at array
     arguments, not into lists) picks the array module: ``find("adam_update_many", xs[0], xs, dxs, ms, vs)``.

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, cupy
+from ..layout import is_channels_last, like_layout
 from .halfs import KERNEL_DTYPES, prelude
 
 __all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
@@ -649,6 +650,8 @@ def mapreduce(x: Array, axes: int | tuple[int, ...] | None = None, op: str = "su
     """
     if cupy is None:
         raise RuntimeError("fluxpy.kernels.reduce.mapreduce needs CuPy, which could not be imported")
+    if x.size and is_channels_last(x):
+        return _channels_last_mapreduce(x, axes, op, map, y, acc_dtype, keepdims, out, out_mapped)
     has_y = y is not None
     has_m = out_mapped is not None
     _check_operands(x, y, out_mapped)
@@ -669,6 +672,26 @@ def mapreduce(x: Array, axes: int | tuple[int, ...] | None = None, op: str = "su
         part = cnt = res   # not touched by the kernel when the reduction is not split
     fn(grid, (THREADS,), (x, x if y is None else y, res, out_mapped if has_m else res, part, cnt) + scalars)
     return res
+
+
+def _channels_last_mapreduce(x, axes, op, map_expr, y, acc_dtype, keepdims, out, out_mapped):
+    """:func:`mapreduce` of a channels-last ``x`` on its ``(N, *spatial, C)`` view, which is C-contiguous: no copy.
+    ``y`` is read in ``x``'s layout; ``out_mapped`` must be channels-last too."""
+    nd = x.ndim
+    order = (0, *range(2, nd), 1)
+    back = (0, nd - 1, *range(1, nd - 1))
+    ax = _normalize_axes(axes, nd)
+    if out_mapped is not None and not is_channels_last(out_mapped):
+        raise ValueError(f"mapreduce: out_mapped must be channels-last like x (shape {x.shape}), got strides "
+                         f"{out_mapped.strides}")
+    res = mapreduce(x.transpose(order), tuple(sorted(order.index(a) for a in ax)), op, map_expr,
+                    None if y is None else like_layout(y, x).transpose(order), acc_dtype, keepdims=True,
+                    out_mapped=None if out_mapped is None else out_mapped.transpose(order))
+    res = res.transpose(back).reshape(_out_shape(x.shape, ax, keepdims))
+    if out is None:
+        return res
+    _result_array(out, res.shape, res.dtype)[...] = res
+    return out
 
 
 def _check_operands(x, y, out_mapped):

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array
+from ..layout import keep_layout, keeping_layout
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
            "hardtanh"]
@@ -49,13 +50,17 @@ def _relu_rule(x):
     y = relu(x)
 
     def relu_pullback(dy):
-        return (dy * (value_of(y) > 0),)
+        return (keeping_layout(_masked, dy, value_of(y)),)
     return y, relu_pullback
+
+
+def _masked(dy, y):
+    return dy * (y > 0)
 
 
 # A primitive rather than np.where(x > 0, x, 0): NumPy's where is ~12x slower than maximum on
 # float32 conv activations, and the rule needs only the output.
-relu = Primitive("relu", _relu_rule, impl=lambda x: np.maximum(x, 0), doc="""
+relu = Primitive("relu", _relu_rule, impl=keep_layout(lambda x: np.maximum(x, 0)), doc="""
     The rectified linear unit, ``max(x, 0)``; its derivative at 0 is 0.
 
     >>> import numpy as np

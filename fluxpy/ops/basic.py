@@ -18,6 +18,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module
+from ..layout import keep_layout
 from .shape import unbroadcast
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
@@ -62,7 +63,7 @@ def _binary(name, fn, grads, saves="aby"):
             return (unbroadcast(da, sa) if needs[0] else None, unbroadcast(db, sb) if needs[1] else None)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
-    prim = Primitive(name, rule, impl=_checked(name, fn), needs_mask=True)
+    prim = Primitive(name, rule, impl=keep_layout(_checked(name, fn)), needs_mask=True)
     return prim
 
 
@@ -106,7 +107,7 @@ def _unary(name, ufunc, deriv, saves="xy"):
             return (deriv(kx, ky, dy),)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
-    prim = Primitive(name, rule, impl=ufunc)
+    prim = Primitive(name, rule, impl=keep_layout(ufunc))
     return prim
 
 
@@ -169,7 +170,7 @@ def _where_rule(needs, cond, a, b):
     return y, where_pullback
 
 
-_where = Primitive("where", _where_rule, impl=_where_impl, needs_mask=True)
+_where = Primitive("where", _where_rule, impl=keep_layout(_where_impl), needs_mask=True)
 
 
 def where(cond: Array, a: Array | float, b: Array | float) -> Array:

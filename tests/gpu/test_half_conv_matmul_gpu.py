@@ -146,6 +146,19 @@ def test_half_products_in_every_layout_accumulate_in_float32(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("shapes", [((6, 5), (2, 3, 5, 4)), ((2, 3, 6, 5), (2, 3, 5, 4)), ((4, 6, 5), (1, 5, 3))],
+                         ids=str)
+def test_batched_and_broadcast_half_products_match_float32(dtype, shapes):
+    """Products one gemm cannot take (CuPy has no bfloat16 matmul) compute in float32 and round once."""
+    rng = np.random.default_rng(11)
+    a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
+    got = matmul(_device(a), _device(b))
+    assert got.dtype == dtype
+    ref = np.matmul(_f32(a), _f32(b))
+    assert_half_close(_host(got), ref, dtype, shapes[0][-1], a, b, f"matmul {shapes}")
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
 def test_a_half_product_is_captured_into_a_cuda_graph_and_replayed(dtype):
     cp = cupy_module()
     rng = np.random.default_rng(5)

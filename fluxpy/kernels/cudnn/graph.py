@@ -48,6 +48,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
+from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
 from ..halfs import HALVES
 from . import legacy, library
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
@@ -152,7 +153,10 @@ def clear_cache() -> None:
 # ---------------------------------------------------------------------------------------------
 # Plans
 
-def _packed(shape):
+def _packed(shape, channels_last=False):
+    """The element strides of a dense ``shape`` in C order, or channels-last (NHWC memory)."""
+    if channels_last:
+        return channels_last_strides(shape, 1)
     n, c, h, w = shape
     return (c * h * w, h * w, w, 1)
 
@@ -174,13 +178,15 @@ class GraphPlan:
 
     ``kind`` is ``"fwd"``, ``"fwd_relu"``, ``"fwd_identity"`` (conv + bias [+ relu]), ``"fwd_relu_nob"``
     (conv + relu, no bias), ``"bwd_data"`` or ``"bwd_filter"``. ``x_shape`` is the input as cuDNN sees it
-    (padded by ``extra_pad`` where the padding is asymmetric, as the legacy ``Plan``).
+    (padded by ``extra_pad`` where the padding is asymmetric, as the legacy ``Plan``). ``channels_last``: every
+    tensor (x, w, y, the bias) in channels-last memory (NHWC, filters KRSC), else in C order.
     """
 
-    def __init__(self, kind, cdims, dtype):
+    def __init__(self, kind, cdims, dtype, channels_last=False):
         if kind not in FORWARD_KINDS and kind not in _CONV_OPS:
             raise ValueError(f"unknown graph kind {kind!r}")
         self.kind, self.cdims, self.dtype = kind, cdims, np.dtype(dtype)
+        self.channels_last = bool(channels_last)
         self.sym_pad, self.extra_pad, self.x_shape = split_pad(cdims)
         self.compute = compute_type(self.dtype)
         self.one, self.zero = scalars(self.dtype)   # kept alive: the ops hold their addresses
@@ -197,7 +203,8 @@ class GraphPlan:
 
     def describe(self) -> str:
         """The problem in words (for errors)."""
-        return f"{self.kind}: {describe(self.cdims, self.dtype, self.x_shape)}"
+        layout = ", channels-last" if self.channels_last else ""
+        return f"{self.kind}{layout}: {describe(self.cdims, self.dtype, self.x_shape)}"
 
     # -- building ------------------------------------------------------------------------------
     def _desc(self, kind):
@@ -212,7 +219,7 @@ class GraphPlan:
         d = self._desc(D_TENSOR)
         self._set(d, A_T_DTYPE, T_DATA_TYPE, ctypes.c_int(dtype_enum))
         self._set(d, A_T_DIMS, T_INT64, int64s(*shape))
-        self._set(d, A_T_STRIDES, T_INT64, int64s(*_packed(shape)))
+        self._set(d, A_T_STRIDES, T_INT64, int64s(*_packed(shape, self.channels_last)))
         self._set(d, A_T_UID, T_INT64, _i64(uid))
         self._set(d, A_T_ALIGN, T_INT64, _i64(ALIGN))
         if virtual:
@@ -540,11 +547,11 @@ def _time(p, handle, ptrs, found):
 _MISSING = object()
 
 
-def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None):
+def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None, channels_last=False):
     """``(plan, buffers)``: the cached :class:`GraphPlan` of the problem (built on first use, on the call's own
     buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run: no plan finalizes, or
     (with autotuning) ``legacy_call()``, the legacy call on the same arguments, is clearly faster."""
-    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], cupy.cuda.runtime.getDevice())
+    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], cupy.cuda.runtime.getDevice(), channels_last)
     p = _plans.get(key, _MISSING)
     if p is not _MISSING:
         if p is None:
@@ -556,14 +563,14 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None):
         _why[key] = "groups > 1 run on the legacy path"
         _plans[key] = None
         return None, None
-    p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call)
+    p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_last)
     _plans[key] = p
     return p, got
 
 
-def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call):
+def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_last):
     """A new plan and the call's buffers, or ``(None, None)`` with the reason in ``_why[key]``."""
-    p = GraphPlan(kind, cdims, dtype)
+    p = GraphPlan(kind, cdims, dtype, channels_last)
     got = None
     try:
         p.build(handle)
@@ -590,32 +597,53 @@ def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call):
 # ---------------------------------------------------------------------------------------------
 # The operations (the legacy signatures)
 
-def _graph_contiguous(a, dtype):
-    return aligned(contiguous(a, dtype))
+def _graph_array(a, dtype, channels_last=False):
+    """``a`` as the plan reads it: ``dtype``, aligned, in C order or (``channels_last``) in channels-last memory."""
+    a = aligned(contiguous(a, dtype)) if not channels_last else aligned(a if a.dtype == dtype else a.astype(dtype))
+    return to_channels_last(a) if channels_last and a.ndim >= 3 else a
+
+
+def _graph_input(p, x):
+    """The convolution's input as the plan reads it: padded by ``extra_pad``, in the plan's layout."""
+    if not p.channels_last:
+        return aligned(pad_input(x, p.extra_pad))
+    return _graph_array(pad_input(x, p.extra_pad) if p.extra_pad is not None else x, p.dtype, True)
+
+
+def _new(p, shape):
+    return empty_channels_last(shape, p.dtype, cupy) if p.channels_last else cupy.empty(shape, dtype=p.dtype)
 
 
 def _fwd_bufs(p, x, w, b, dtype):
-    x = aligned(pad_input(x, p.extra_pad))
-    w = _graph_contiguous(w, dtype)
-    y = cupy.empty(p.cdims.y_shape, dtype=dtype)
+    x = _graph_input(p, x)
+    w = _graph_array(w, dtype, p.channels_last)
+    y = _new(p, p.cdims.y_shape)
     if b is None:
         return (x.data.ptr, w.data.ptr, y.data.ptr), y, (x, w)
-    b = _graph_contiguous(b, dtype)
+    b = _graph_array(b, dtype)
     return (x.data.ptr, w.data.ptr, y.data.ptr, b.data.ptr), y, (x, w, b)
 
 
 def _bwd_data_bufs(p, dy, w, dtype):
-    dy = _graph_contiguous(dy, dtype)
-    w = _graph_contiguous(w, dtype)
-    dx = cupy.empty(p.x_shape, dtype=dtype)
+    dy = _graph_array(dy, dtype, p.channels_last)
+    w = _graph_array(w, dtype, p.channels_last)
+    dx = _new(p, p.x_shape)
     return (dx.data.ptr, w.data.ptr, dy.data.ptr), dx, (dy, w)
 
 
 def _bwd_filter_bufs(p, x, dy, dtype):
-    x = aligned(pad_input(x, p.extra_pad))
-    dy = _graph_contiguous(dy, dtype)
-    dw = cupy.empty(p.cdims.w_shape, dtype=dtype)
+    x = _graph_input(p, x)
+    dy = _graph_array(dy, dtype, p.channels_last)
+    dw = _new(p, p.cdims.w_shape)
     return (x.data.ptr, dw.data.ptr, dy.data.ptr), dw, (x, dy)
+
+
+def _in_c_order(legacy_fn, channels_last):
+    """``legacy_fn`` (a legacy call, which takes C-order arrays) giving its result channels-last where the problem
+    is (the legacy path has no channels-last form: its inputs are copied to C order and its result back)."""
+    if not channels_last:
+        return legacy_fn
+    return lambda *args: to_channels_last(legacy_fn(*args))
 
 
 def conv_forward(x: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
@@ -633,21 +661,24 @@ def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: cupy.ndarray | No
     elif kind == "identity":
         gkind = "fwd_identity" if b is not None else "fwd"
     else:
-        return legacy.conv_bias_act_forward(x, w, b, kind, cdims)
+        cl = is_channels_last(x) or is_channels_last(w)
+        return _in_c_order(legacy.conv_bias_act_forward, cl)(x, w, b, kind, cdims)
     return _forward(gkind, x, w, b, cdims)
 
 
 def _forward(gkind, x, w, b, cdims):
     dtype = x.dtype
+    cl = is_channels_last(x) or is_channels_last(w)
+    legacy_fn = _in_c_order(_legacy_forward, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
         p, got = _get(gkind, cdims, dtype, handle, _fwd_bufs, (x, w, b, dtype),
-                      legacy_call=lambda: _legacy_forward(gkind, x, w, b, cdims))
+                      lambda: legacy_fn(gkind, x, w, b, cdims), cl)
         if p is not None:
             p.execute(handle, got[0])
             return got[1]
     _stats["fallbacks"] += 1
-    return _legacy_forward(gkind, x, w, b, cdims)
+    return legacy_fn(gkind, x, w, b, cdims)
 
 
 def _legacy_forward(gkind, x, w, b, cdims):
@@ -660,26 +691,31 @@ def _legacy_forward(gkind, x, w, b, cdims):
 def conv_backward_data(dy: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
     """``dx`` of shape ``cdims.x_shape`` through a cached execution plan (the legacy call where there is none)."""
     dtype = w.dtype
+    cl = is_channels_last(dy) or is_channels_last(w)
+    legacy_fn = _in_c_order(legacy.conv_backward_data, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
         p, got = _get("bwd_data", cdims, dtype, handle, _bwd_data_bufs, (dy, w, dtype),
-                      legacy_call=lambda: legacy.conv_backward_data(dy, w, cdims))
+                      lambda: legacy_fn(dy, w, cdims), cl)
         if p is not None:
             p.execute(handle, got[0])
-            return crop_dx(got[1], p.extra_pad)
+            dx = crop_dx(got[1], p.extra_pad)
+            return to_channels_last(dx) if cl and p.extra_pad is not None else dx
     _stats["fallbacks"] += 1
-    return legacy.conv_backward_data(dy, w, cdims)
+    return legacy_fn(dy, w, cdims)
 
 
 def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
     """``dw`` of shape ``cdims.w_shape`` through a cached execution plan (the legacy call where there is none)."""
     dtype = x.dtype
+    cl = is_channels_last(x) or is_channels_last(dy)
+    legacy_fn = _in_c_order(legacy.conv_backward_filter, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
         p, got = _get("bwd_filter", cdims, dtype, handle, _bwd_filter_bufs, (x, dy, dtype),
-                      legacy_call=lambda: legacy.conv_backward_filter(x, dy, cdims))
+                      lambda: legacy_fn(x, dy, cdims), cl)
         if p is not None:
             p.execute(handle, got[0])
             return got[1]
     _stats["fallbacks"] += 1
-    return legacy.conv_backward_filter(x, dy, cdims)
+    return legacy_fn(x, dy, cdims)
