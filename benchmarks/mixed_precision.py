@@ -7,6 +7,8 @@ cross-entropy. Sides, each timed in rounds that take turns (``resnet_step.altern
 
 - fluxpy float32: ``TrainStep`` (captured as a CUDA graph; ``--eager`` for the eager step);
 - fluxpy mixed: ``mixed_precision(model, dtype)`` in the same ``TrainStep``;
+- fluxpy float32 CL and mixed CL: the same two with the weights and batch in channels-last memory
+  (``fluxpy.gpu(model, memory="channels_last")``; ``--no-channels-last`` leaves them out);
 - PyTorch float32: eager, ``cudnn.benchmark``, ``Adam(fused=True)``;
 - PyTorch autocast: the same step under ``torch.autocast("cuda", dtype)``, the model and batch in
   ``torch.channels_last`` memory, ``GradScaler`` for float16 (PyTorch's documented recipe).
@@ -44,14 +46,14 @@ def make_case(name, batch, seed=0):
     return model, x, labels, RESNETS[name][2] if name in RESNETS else 10
 
 
-def fluxpy_side(model, x, labels, classes, dtype, capture):
+def fluxpy_side(model, x, labels, classes, dtype, capture, memory=None):
     """``(step, first loss)``: a ``TrainStep`` of a GPU copy of ``model`` (wrapped in ``mixed_precision`` for a
-    half ``dtype``)."""
+    half ``dtype``), its weights and batch moved to ``memory`` (``"channels_last"``, or None: C order)."""
     import copy
-    m = fluxpy.gpu(copy.deepcopy(model))
+    m = fluxpy.gpu(copy.deepcopy(model), memory=memory)
     if dtype != "float32":
         m = fluxpy.mixed_precision(m, dtype)
-    gx, gy = fluxpy.gpu(x), fluxpy.gpu(fluxpy.onehotbatch(labels, range(classes)))
+    gx, gy = fluxpy.gpu(x, memory=memory), fluxpy.gpu(fluxpy.onehotbatch(labels, range(classes)))
     step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), m,
                             fluxpy.setup(fluxpy.Adam(LEARNING_RATE), m), capture=capture)
     first = float(step(gx, gy))
@@ -90,6 +92,9 @@ def run_case(torch, name, batch, dtype, a):
     sides["fluxpy float32"], firsts["fluxpy float32"] = fluxpy_side(model, x, labels, classes, "float32",
                                                                     not a.eager)
     sides["fluxpy mixed"], firsts["fluxpy mixed"] = fluxpy_side(model, x, labels, classes, dtype, not a.eager)
+    if not a.no_channels_last:
+        for k, dt in (("fluxpy float32 CL", "float32"), ("fluxpy mixed CL", dtype)):
+            sides[k], firsts[k] = fluxpy_side(model, x, labels, classes, dt, not a.eager, "channels_last")
     import cupy
     sync = {k: torch.cuda.synchronize if k.startswith("torch") else cupy.cuda.Device().synchronize for k in sides}
     names = list(sides)
@@ -100,21 +105,38 @@ def run_case(torch, name, batch, dtype, a):
         row[f"{k} p10"], row[f"{k} p90"] = round_stats(t)["p10_us"], round_stats(t)["p90_us"]
     row["mixed / torch autocast"] = row["fluxpy mixed us"] / row["torch autocast us"]
     row["mixed / fluxpy float32"] = row["fluxpy mixed us"] / row["fluxpy float32 us"]
-    row["fluxpy_us"], row["torch_us"] = row["fluxpy mixed us"], row["torch autocast us"]   # run.py's summary pair
+    best = "fluxpy mixed"
+    if "fluxpy mixed CL us" in row:
+        row["mixed CL / torch autocast"] = row["fluxpy mixed CL us"] / row["torch autocast us"]
+        row["mixed CL / fluxpy float32"] = row["fluxpy mixed CL us"] / row["fluxpy float32 us"]
+        row["float32 CL / float32"] = row["fluxpy float32 CL us"] / row["fluxpy float32 us"]
+        best = min(("fluxpy mixed", "fluxpy mixed CL"), key=lambda k: row[f"{k} us"])
+    row["fluxpy_us"], row["torch_us"] = row[f"{best} us"], row["torch autocast us"]   # run.py's summary pair
     print(f"{name} batch {batch} {dtype}: first losses " + ", ".join(f"{k} {v:.4f}" for k, v in firsts.items()),
           flush=True)
     return row
 
 
 def table(rows):
+    cl = all("fluxpy mixed CL us" in r for r in rows)
     head = ("| model | batch | dtype | fluxpy mixed us [p10, p90] | PyTorch autocast us | fluxpy float32 us | "
             "PyTorch float32 us | mixed / autocast | mixed / fluxpy float32 |")
-    lines = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rule = "|---|---:|---|---:|---:|---:|---:|---:|---:|"
+    if cl:
+        head += (" mixed CL us [p10, p90] | float32 CL us | mixed CL / autocast | mixed CL / fluxpy float32 | "
+                 "float32 CL / float32 |")
+        rule += "---:|---:|---:|---:|---:|"
+    lines = [head, rule]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['batch']} | {r['dtype']} | {r['fluxpy mixed us']:.0f} "
-                     f"[{r['fluxpy mixed p10']:.0f}, {r['fluxpy mixed p90']:.0f}] | {r['torch autocast us']:.0f} | "
-                     f"{r['fluxpy float32 us']:.0f} | {r['torch float32 us']:.0f} | "
-                     f"{r['mixed / torch autocast']:.2f} | {r['mixed / fluxpy float32']:.2f} |")
+        line = (f"| {r['model']} | {r['batch']} | {r['dtype']} | {r['fluxpy mixed us']:.0f} "
+                f"[{r['fluxpy mixed p10']:.0f}, {r['fluxpy mixed p90']:.0f}] | {r['torch autocast us']:.0f} | "
+                f"{r['fluxpy float32 us']:.0f} | {r['torch float32 us']:.0f} | "
+                f"{r['mixed / torch autocast']:.2f} | {r['mixed / fluxpy float32']:.2f} |")
+        if cl:
+            line += (f" {r['fluxpy mixed CL us']:.0f} [{r['fluxpy mixed CL p10']:.0f}, {r['fluxpy mixed CL p90']:.0f}]"
+                     f" | {r['fluxpy float32 CL us']:.0f} | {r['mixed CL / torch autocast']:.2f} | "
+                     f"{r['mixed CL / fluxpy float32']:.2f} | {r['float32 CL / float32']:.2f} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -126,6 +148,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--eager", action="store_true", help="fluxpy's eager step instead of the captured one")
+    p.add_argument("--no-channels-last", action="store_true", help="leave out the channels-last fluxpy sides")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     import torch

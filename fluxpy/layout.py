@@ -12,7 +12,9 @@ also C-contiguous (one channel, or one pixel, is both: it counts as the usual la
   ``flatten``) are computed as ever.
 
 NumPy's own ufuncs keep a layout already (``order="K"``); CuPy's write C order, which :func:`keep_layout` undoes
-for CuPy by running them on the ``(N, *spatial, C)`` views.
+for CuPy by running them on the ``(N, *spatial, C)`` views. So the layout is kept by fluxpy's ops (and by
+arithmetic on Tracked values, inside a gradient or a TrainStep, which goes through them); CuPy's own operators on
+plain CuPy arrays (``a + b`` outside a gradient) write C order, as CuPy does (correct, one transposition).
 
 >>> import numpy as np
 >>> x = to_channels_last(np.arange(24.0).reshape(1, 2, 3, 4))

@@ -131,8 +131,8 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
 // shift of the apply kernel, and the running statistics moved (the variance unbiased).
 #define STATS_FINISH(M_)                                                                                    \
     {                                                                                                       \
-        const long long M = (M_);                                                                           \
-        ACC m = (ACC)M;                                                                                     \
+        const long long count = (M_);                                                                       \
+        ACC m = (ACC)count;                                                                                 \
         ACC dm = t1 / m;                                                                                    \
         ACC var = t2 / m - dm * dm;                                                                         \
         if (var < (ACC)0) var = 0;                                                                          \
@@ -142,7 +142,7 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         mean_out[c] = mu; invstd_out[c] = inv;                                                              \
         scale[c] = g * inv; shift[c] = bb - mu * g * inv;                                                   \
         if (running_mean) {                                                                                 \
-            double unbiased = (double)var * (double)M / (double)(M - 1);                                    \
+            double unbiased = (double)var * (double)count / (double)(count - 1);                            \
             running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);     \
             running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);          \
         }                                                                                                   \

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module
-from ..layout import keep_layout
+from ..layout import keep_layout, keeping_layout
 from .shape import unbroadcast
 
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "abs",
@@ -59,7 +59,7 @@ def _binary(name, fn, grads, saves="aby"):
         ka, kb, ky = (a if keep_a else None), (b if keep_b else None), (y if keep_y else None)
 
         def pullback(dy):
-            da, db = grads(ka, kb, ky, dy, needs)
+            da, db = keeping_layout(grads, ka, kb, ky, dy, needs)
             return (unbroadcast(da, sa) if needs[0] else None, unbroadcast(db, sb) if needs[1] else None)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
@@ -104,7 +104,7 @@ def _unary(name, ufunc, deriv, saves="xy"):
         kx, ky = (x if keep_x else None), (y if keep_y else None)
 
         def pullback(dy):
-            return (deriv(kx, ky, dy),)
+            return (keeping_layout(deriv, kx, ky, dy),)
         pullback.__name__ = f"{name}_pullback"
         return y, pullback
     prim = Primitive(name, rule, impl=keep_layout(ufunc))
