@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, cupy, reduced_axes
-from ..layout import is_channels_last, like_layout
+from ..layout import is_channels_last, keeping_layout, like_layout
 from ..dual import Dual, cotangents
 from . import halfs
 
@@ -666,7 +666,7 @@ def fused_forward(f: Callable, *xs: Any) -> Array:
     with a :class:`FusionFallbackWarning`). ``xs`` are CuPy arrays and Python numbers.
     """
     hit = _kernel(f, xs, (), None) if _plain(xs) else None
-    return f(*xs) if hit is None else hit[0](*xs)
+    return f(*xs) if hit is None else keeping_layout(hit[0], *xs)
 
 
 def fused_pullback(f: Callable, wanted: Sequence[int], dy: Array, *xs: Any) -> list:
@@ -684,7 +684,7 @@ def fused_pullback(f: Callable, wanted: Sequence[int], dy: Array, *xs: Any) -> l
     k, gi, _ = hit
     if k is None:
         return [None] * len(wanted)
-    outs = k(dy, *xs)
+    outs = keeping_layout(k, dy, *xs)
     if not isinstance(outs, tuple):
         outs = (outs,)
     by = dict(zip(gi, outs))
@@ -780,14 +780,15 @@ def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, 
             db = mapreduce(dy, axes).reshape(bshape) if axes else dy.reshape(bshape)
         return dx, db
     if need_b and axes:
-        if need_x and fused and canonical_form(y.shape, axes) is not None and dy.flags.c_contiguous \
-                and y.flags.c_contiguous:
-            dx = cupy.empty_like(dy)
+        same = (canonical_form(y.shape, axes) is not None and dy._c_contiguous and y._c_contiguous) or \
+            (is_channels_last(dy) and is_channels_last(y))
+        if need_x and fused and same:
+            dx = cupy.empty_like(dy)   # in dy's layout
             db = mapreduce(dy, axes, map=mp, y=y, out_mapped=dx).reshape(bshape)
             return dx, db
         if not need_x:
             return None, mapreduce(dy, axes, map=mp, y=y).reshape(bshape)
-    dz = _dz_kernel(kind, y.dtype)(dy, y)
+    dz = keeping_layout(_dz_kernel(kind, y.dtype), dy, y)
     if need_b:
         db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)
     return (dz if need_x else None), db
