@@ -13,7 +13,7 @@ Rows per layer (float32, cross-correlation as PyTorch, TF32 off on both sides):
   ``threshold_backward`` + ``sum((0, 2, 3))``.
 
 ``--dtype float16,bfloat16`` (default ``float32``) runs the same rows in those dtypes against PyTorch in the same
-dtype, both channels-first (NCHW), on the ResNet layers (``--dtype`` with float32 keeps the MNIST rows); fluxpy
+dtype, both channels-first (NCHW) or both channels-last (``--memory channels_last``), on the ResNet layers (``--dtype`` with float32 keeps the MNIST rows); fluxpy
 computes the halves in float32 on tensor cores (cuDNN's fused graph where an engine finalizes); the bias rows are
 fluxpy's half path (a mask on the bits, then cuDNN's bias sum) against ``threshold_backward`` + ``sum``. The
 issue's targets: fwd at most 0.8x, bwd_data and bwd_filter at most 1.0x.
@@ -86,6 +86,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="host/GPU time of each piece of the call path")
     ap.add_argument("--budget", type=float, default=0.25, help="seconds of timing per row and side")
     ap.add_argument("--dtype", default="float32", help="comma-separated: float32, float16, bfloat16")
+    ap.add_argument("--memory", default="contiguous", choices=("contiguous", "channels_last"),
+                    help="the memory format of x, w and dy on both sides")
     args = ap.parse_args(argv)
     import ml_dtypes
     DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
@@ -100,6 +102,7 @@ def main(argv=None):
 
     import fluxpy
     from fluxpy.kernels import cuda_conv, cudnn, gpu
+    from fluxpy.layout import to_channels_last
     from fluxpy.ops.conv import conv_backward_data, conv_backward_filter, conv_bias_act
     from fluxpy.ops.dims import ConvDims
 
@@ -118,7 +121,7 @@ def main(argv=None):
     rows = []
     for name in dtypes:
         rows += run_dtype(args, name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, conv_backward_data,
-                          conv_backward_filter, ConvDims, relu, gpu)
+                          conv_backward_filter, ConvDims, relu, gpu, to_channels_last)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=gpu, date=str(datetime.date.today()), rows=rows), f, indent=1)
@@ -150,7 +153,7 @@ def as_f32(cp, a):
 
 
 def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, conv_backward_data,
-              conv_backward_filter, ConvDims, relu, gpu):
+              conv_backward_filter, ConvDims, relu, gpu, to_channels_last):
     """The rows and the table of one dtype (see the module docstring)."""
     rows = []
     rng = np.random.default_rng(0)
@@ -162,6 +165,9 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
         cd = ConvDims.from_shapes(x.shape, w.shape, stride=s, pad=p, flipped=True)
         dy = cp.asarray(rng.standard_normal(cd.y_shape, dtype=np.float32).astype(dtype))
         tx, tw, tb, tdy = (to_torch(torch, a) for a in (x, w, b, dy))
+        if args.memory == "channels_last":   # both sides in NHWC memory (filters KRSC), shapes unchanged
+            tx, tw, tdy = (t.contiguous(memory_format=torch.channels_last) for t in (tx, tw, tdy))
+            x, w, dy = (to_channels_last(a) for a in (x, w, dy))
         y = conv_bias_act(x, w, b, relu, stride=s, pad=p, flipped=True)
         ty = F.relu(F.conv2d(tx, tw, tb, stride=s, padding=p))
         err = float(cp.abs(as_f32(cp, y) - from_torch(cp, ty)).max() / (cp.abs(from_torch(cp, ty)).max() + 1e-30))
@@ -210,7 +216,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
         torch.cuda.empty_cache()
 
     print()
-    print(f"GPU: {gpu}; date {datetime.date.today()}; {dtype_name}, TF32 off both sides; medians of CUDA-event "
+    print(f"GPU: {gpu}; date {datetime.date.today()}; {dtype_name}, {args.memory}, TF32 off both sides; medians of CUDA-event "
           f"timings (us per call, host overhead included); ratio = fluxpy / torch")
     print()
     print("| layer | fwd fluxpy | fwd torch | ratio | bwd_data fluxpy | torch | ratio | bwd_filter fluxpy | torch | ratio "
@@ -241,7 +247,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
         print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +
               "".join(f"\n  {k}: {v}" for k, v in list(reasons.items())[:8]))
     for r in rows:
-        r["dtype"] = dtype_name
+        r["dtype"], r["memory"] = dtype_name, args.memory
     return rows
 
 
