@@ -6,9 +6,10 @@ reference net and LeNet-5 at batch 128. Same weights on every side (float32 mast
 cross-entropy. Sides, each timed in rounds that take turns (``resnet_step.alternating_rounds``):
 
 - fluxpy float32: ``TrainStep`` (captured as a CUDA graph; ``--eager`` for the eager step);
-- fluxpy mixed: ``mixed_precision(model, dtype)`` in the same ``TrainStep``;
+- fluxpy mixed: ``mixed_precision(model, dtype, memory="contiguous")`` in the same ``TrainStep``;
 - fluxpy float32 CL and mixed CL: the same two with the weights and batch in channels-last memory
-  (``fluxpy.gpu(model, memory="channels_last")``; ``--no-channels-last`` leaves them out);
+  (``fluxpy.gpu(model, memory="channels_last")``; mixed CL is ``mixed_precision``'s default,
+  ``memory="channels_last"``; ``--no-channels-last`` leaves them out);
 - PyTorch float32: eager, ``cudnn.benchmark``, ``Adam(fused=True)``;
 - PyTorch autocast: the same step under ``torch.autocast("cuda", dtype)``, the model and batch in
   ``torch.channels_last`` memory, ``GradScaler`` for float16 (PyTorch's documented recipe).
@@ -52,7 +53,7 @@ def fluxpy_side(model, x, labels, classes, dtype, capture, memory=None):
     import copy
     m = fluxpy.gpu(copy.deepcopy(model), memory=memory)
     if dtype != "float32":
-        m = fluxpy.mixed_precision(m, dtype)
+        m = fluxpy.mixed_precision(m, dtype, memory=memory or "contiguous")
     gx, gy = fluxpy.gpu(x, memory=memory), fluxpy.gpu(fluxpy.onehotbatch(labels, range(classes)))
     step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), m,
                             fluxpy.setup(fluxpy.Adam(LEARNING_RATE), m), capture=capture)

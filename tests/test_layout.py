@@ -80,3 +80,23 @@ def test_a_conv_net_on_channels_last_numpy_arrays_matches_c_order(act):
     np.testing.assert_allclose(got[0]["layers"][0]["weight"], want[0]["layers"][0]["weight"], rtol=1e-10,
                                atol=1e-12)
     np.testing.assert_allclose(loss(moved, to_channels_last(x)), loss(model, x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("memory", ["channels_last", "contiguous"])
+def test_as_memory_format_is_differentiable_and_gives_gradients_in_the_input_layout(memory):
+    from fluxpy.ops.shape import as_memory_format
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    start = to_channels_last(x) if memory == "contiguous" else x
+    y = as_memory_format(start, memory)
+    assert np.array_equal(y, x) and is_channels_last(y) == (memory == "channels_last")
+    g = fluxpy.gradient(lambda a: (as_memory_format(a, memory) * w).sum(), start)[0]
+    assert np.array_equal(g, w) and is_channels_last(g) == is_channels_last(start)
+    # twice differentiable: the pullback is the same op
+    hv = fluxpy.gradient(lambda a: (fluxpy.gradient(lambda b: (as_memory_format(b, memory) ** 2).sum(), a)[0]
+                                    * w).sum(), start)[0]
+    np.testing.assert_allclose(hv, 2 * w)
+    with pytest.raises(ValueError, match="memory must be one of"):
+        as_memory_format(x, "nhwc")
+    with pytest.raises(ValueError, match="3 or more axes"):
+        as_memory_format(np.ones((2, 3)), memory)

@@ -18,10 +18,11 @@ from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, reduced_axes
 from ..kernels import find, lookup
 from ..kernels.halfs import is_half
+from ..layout import MEMORY_FORMATS, is_channels_last, to_channels_last, to_contiguous
 from .scatter import _scatter
 
 __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add",
-           "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel"]
+           "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel", "as_memory_format"]
 
 
 def _normalize_shape(shape):
@@ -393,3 +394,36 @@ def ravel(x: Array) -> Array:
     """
     return reshape(x, (-1,))
 
+
+
+def _as_memory_format_impl(x, memory):
+    return to_channels_last(x) if memory == "channels_last" else to_contiguous(x)
+
+
+def _as_memory_format_rule(x, memory):
+    back = "channels_last" if is_channels_last(x) else "contiguous"
+
+    def as_memory_format_pullback(dy):
+        return as_memory_format(dy, back), None
+    return _as_memory_format(x, memory), as_memory_format_pullback
+
+
+_as_memory_format = Primitive("as_memory_format", _as_memory_format_rule, impl=_as_memory_format_impl)
+
+
+def as_memory_format(x: Array, memory: str) -> Array:
+    """``x`` (``(N, C, *spatial)``) in ``memory`` format, ``"channels_last"`` or ``"contiguous"`` (C order), the same
+    values (a copy only where the layout changes; see :mod:`fluxpy.layout`); its gradient comes back in ``x``'s
+    layout.
+
+    >>> import numpy as np
+    >>> from fluxpy.layout import is_channels_last
+    >>> is_channels_last(as_memory_format(np.ones((2, 3, 4, 4)), "channels_last"))
+    True
+    """
+    if memory not in MEMORY_FORMATS:
+        raise ValueError(f"as_memory_format: memory must be one of {MEMORY_FORMATS}, got {memory!r}")
+    if len(getattr(x, "shape", ())) < 3:
+        raise ValueError(f"as_memory_format expects an array of 3 or more axes (N, C, *spatial), got shape "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    return _as_memory_format(x, memory)

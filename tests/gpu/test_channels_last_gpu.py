@@ -186,7 +186,7 @@ def test_a_resnet_step_in_channels_last_is_as_accurate_as_c_order_with_every_act
     for memory in ("contiguous", "channels_last"):
         m = fluxpy.gpu(copy.deepcopy(model), memory=memory)
         if dtype != np.float32:
-            m = fluxpy.mixed_precision(m, dtype)
+            m = fluxpy.mixed_precision(m, dtype, memory=memory)
         seen = []
         original = BatchNorm.__call__
 
@@ -259,3 +259,27 @@ def test_gpu_memory_argument_moves_weights_and_checks_its_value():
     assert bool((back[0].weight == moved[0].weight).all())
     with pytest.raises(ValueError, match="memory must be one of"):
         fluxpy.gpu(model, memory="nhwc")
+
+
+def test_mixed_precision_runs_a_c_order_model_in_channels_last_by_default():
+    """The half copies of the conv weights and of the batch are channels-last (the float32 masters and their
+    gradients keep C order); ``memory="contiguous"`` keeps C order throughout."""
+    from fluxpy.layers import BatchNorm
+    model = fluxpy.gpu(fluxpy.Chain(fluxpy.Conv((3, 3), 3, 8, pad=1), fluxpy.BatchNorm(8, fluxpy.relu),
+                                    fluxpy.Conv((3, 3), 8, 4, pad=1), fluxpy.GlobalMeanPool(), fluxpy.flatten))
+    x = fluxpy.gpu(np.random.default_rng(7).standard_normal((4, 3, 8, 8)).astype(np.float32))
+    for memory in ("channels_last", "contiguous"):
+        m = fluxpy.mixed_precision(model, BF16, memory=memory)
+        seen = []
+        original = BatchNorm.__call__
+        BatchNorm.__call__ = lambda self, v, _o=original: seen.append(fluxpy.value_of(v)) or _o(self, v)
+        try:
+            (g,) = fluxpy.gradient(lambda m: (m(x) ** 2).sum(), m)
+        finally:
+            BatchNorm.__call__ = original
+        assert is_channels_last(seen[0]) == (memory == "channels_last"), memory
+        dw = g["model"]["layers"][0]["weight"]
+        assert dw.dtype == np.float32 and dw.flags.c_contiguous, "the master's gradient in the master's layout"
+    assert "memory='contiguous'" in repr(fluxpy.mixed_precision(model, BF16, memory="contiguous"))
+    with pytest.raises(ValueError, match="memory must be one of"):
+        fluxpy.mixed_precision(model, BF16, memory="nhwc")
