@@ -1193,7 +1193,7 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     by_dtype: dict = {}
     for a in arrays:
         if a.size:   # a strided gradient (a transposed matmul's) is read through a contiguous copy
-            by_dtype.setdefault(a.dtype, []).append(a if _c_contiguous(a) else cupy.ascontiguousarray(a))
+            by_dtype.setdefault(a.dtype, []).append(a if _dense(a) else cupy.ascontiguousarray(a))   # flat reads
     for dtype, group in by_dtype.items():
         k = _finite_kernels.get(dtype)
         if k is None:

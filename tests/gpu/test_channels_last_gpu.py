@@ -283,3 +283,14 @@ def test_mixed_precision_runs_a_c_order_model_in_channels_last_by_default():
     assert "memory='contiguous'" in repr(fluxpy.mixed_precision(model, BF16, memory="contiguous"))
     with pytest.raises(ValueError, match="memory must be one of"):
         fluxpy.mixed_precision(model, BF16, memory="nhwc")
+
+
+def test_the_finite_check_reads_channels_last_arrays_in_place():
+    cp = cupy_module()
+    from fluxpy.kernels.elementwise import finite_total
+    rng = np.random.default_rng(8)
+    arrays = [to_channels_last(_draw(rng, (3, 5, 4, 4), dt)) for dt in (np.float32, BF16)]
+    assert all(is_channels_last(a) for a in arrays)
+    assert float(finite_total(arrays[0], arrays)) == 0.0
+    arrays[1][2, 4, 3, 1] = cp.inf
+    assert np.isnan(float(finite_total(arrays[0], arrays)))
