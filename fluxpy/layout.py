@@ -180,6 +180,10 @@ def keeping_layout(fn: Callable, *args: Any, **kw: Any) -> Any:
             return fn(*args, **kw)          # a Tracked value: its primitive keeps the layout
     if ndim < 3 or not any(type(a) is DeviceArray and a.ndim == ndim and is_channels_last(a) for a in args):
         return fn(*args, **kw)
+    try:
+        np.broadcast_shapes(*(a.shape for a in args if type(a) is DeviceArray))
+    except ValueError:
+        return fn(*args, **kw)   # shapes that do not broadcast: fn's own error names them as given
     return _back(fn(*_views(args, ndim), **kw), ndim)
 
 

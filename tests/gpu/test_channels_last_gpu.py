@@ -294,3 +294,10 @@ def test_the_finite_check_reads_channels_last_arrays_in_place():
     assert float(finite_total(arrays[0], arrays)) == 0.0
     arrays[1][2, 4, 3, 1] = cp.inf
     assert np.isnan(float(finite_total(arrays[0], arrays)))
+
+
+def test_a_shape_error_on_channels_last_operands_names_the_shapes_as_given():
+    rng = np.random.default_rng(9)
+    x = to_channels_last(_draw(rng, (2, 3, 4, 5), np.float32))
+    with pytest.raises(ValueError, match=r"add: shapes \(2, 3, 4, 5\) and \(7,\) cannot be broadcast"):
+        fluxpy.ops.add(x, _draw(rng, (7,), np.float32))
