@@ -1,7 +1,7 @@
 """Normalisation (normalise, batchnorm_train/infer, layernorm) and dropout."""
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
@@ -251,3 +251,33 @@ def test_dropout_inactive_float32_and_errors():
             dropout(x, p)
     with pytest.raises(ValueError, match="dropout: axis 2 is out of range"):
         dropout(x, 0.5, dims=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 9), st.integers(1, 2), st.booleans(), st.booleans())
+def test_layernorm_backward_composite_matches_the_gradient_of_layernorm(rows, length, k, affine, need_params):
+    """The backward the GPU kernels stand in for, from the per-row mean and rstd, against the tape's gradient."""
+    from fluxpy.ops.norm import layernorm, layernorm_backward
+    rng = np.random.default_rng(rows * 100 + length)
+    tail = (length,) if k == 1 else (2, length)
+    x = rng.standard_normal((rows,) + tail) * 2 + 1
+    dy = rng.standard_normal(x.shape)
+    g = rng.standard_normal(tail) if affine else None
+    b = rng.standard_normal(tail) if affine else None
+    axes = tuple(range(-k, 0))
+    flat = x.reshape(rows, -1)
+    mean, rstd = flat.mean(axis=1), 1 / np.sqrt(flat.var(axis=1) + 1e-5)
+    dx, dg, db = layernorm_backward(dy, x, g, mean, rstd, k, need_params)
+    if affine:
+        want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, axes, 1e-5) * dy).sum(), x, g, b)
+    else:
+        want = fluxpy.gradient(lambda x: (layernorm(x, None, None, axes, 1e-5) * dy).sum(), x) + (None, None)
+    np.testing.assert_allclose(dx, want[0], rtol=1e-9, atol=1e-10)
+    if need_params:
+        np.testing.assert_allclose(dg, (dy * (x - mean.reshape((rows,) + (1,) * k)) *
+                                        rstd.reshape((rows,) + (1,) * k)).sum(axis=0), rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(db, dy.sum(axis=0), rtol=1e-12)
+        if affine:
+            np.testing.assert_allclose(dg, want[1], rtol=1e-9, atol=1e-10)
+    else:
+        assert dg is None and db is None

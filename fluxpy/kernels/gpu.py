@@ -20,6 +20,7 @@ module                  kernels
 ``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
 ``cublas``              ``matmul`` (our cuBLAS binding: capturable)
 ``cuda_scatter``        ``scatter``, ``gather`` (``cupyx.scatter_add``/``_max``/``_min``, indexing)
+``cuda_layernorm``      ``layernorm_forward``, ``layernorm_backward`` (a row per warp or block, in registers)
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
@@ -38,8 +39,9 @@ _before: list = []   # (the table, CuPy's generator factory) as they were before
 
 
 def _modules():
-    from . import cublas, cuda_conv, cuda_norm, cuda_pool, cuda_scatter, cuda_softmax, elementwise, reduce
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter)
+    from . import (cublas, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_scatter, cuda_softmax, elementwise,
+                   reduce)
+    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter, cuda_layernorm)
 
 
 def register() -> bool:

@@ -25,12 +25,15 @@ import math
 import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
+from ..kernels import find
 from ..backend import Array, get_array_module
 from ..kernels.halfs import compute_dtype, is_half
 from .basic import sqrt
 from .batchnorm import batchnorm
+from .fused import fused_op
 from .reduce import check_half_mix
 from .reduce import mean as _mean
+from .reduce import sum as _sum
 from .reduce import normalize_axis
 from .shape import astype, reshape
 
@@ -199,8 +202,72 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta)
+    k = _trailing(dims, x.ndim)
+    if k and _one_tape_level(x, gamma, beta) and \
+            find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps) is not None:
+        return _layernorm_rows(x, gamma, beta, k, eps)
     y = _affine(normalise(x, axes, eps), gamma, beta, None)
     return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+def _trailing(dims, ndim):
+    """``k`` where ``dims`` are the last ``k`` axes (None: all), else 0."""
+    dims = tuple(range(ndim)) if dims is None else tuple(sorted(dims))
+    return len(dims) if dims == tuple(range(ndim - len(dims), ndim)) else 0
+
+
+def _one_tape_level(*args):
+    """No argument is a Tracked of a Tracked, and the Tracked ones share one tape: the fused layer norm's rule
+    sees plain arrays (a nested gradient runs the composite, whose statistics the outer tape follows)."""
+    levels = {a.level for a in args if is_tracked(a)}
+    return len(levels) <= 1 and not any(is_tracked(a) and is_tracked(a.value) for a in args)
+
+
+def _layernorm_rows_impl(x, gamma, beta, k, eps):
+    return find("layernorm_forward", x, gamma, beta, k, eps)(x, gamma, beta, k, eps)[0]
+
+
+def _layernorm_rows_rule(needs, x, gamma, beta, k, eps):
+    y, mean, rstd = find("layernorm_forward", x, gamma, beta, k, eps)(x, gamma, beta, k, eps)
+
+    def layernorm_pullback(dy):
+        dx, dgamma, dbeta = layernorm_backward(dy, x, gamma, mean, rstd, k, needs[1] or needs[2])
+        return (dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None), None, None
+    return y, layernorm_pullback
+
+
+_layernorm_rows = Primitive("layernorm_rows", _layernorm_rows_rule, impl=_layernorm_rows_impl, needs_mask=True)
+
+
+def _layernorm_backward_composite(dy, x, gamma, mean, rstd, k, need_params):
+    """``(dx, dgamma, dbeta)`` of the layer norm over the last ``k`` axes, from the forward's per-row ``mean`` and
+    ``rstd``, with fluxpy ops (computed in ``mean``'s dtype, ``dx`` rounded to ``x``'s)."""
+    axes = tuple(range(x.ndim - k, x.ndim))
+    lead = tuple(range(x.ndim - k))
+    rows = x.shape[:x.ndim - k] + (1,) * k
+    cdt = mean.dtype
+    xc, dyc = astype(x, cdt), astype(dy, cdt)
+    mu, rs = reshape(mean, rows), reshape(rstd, rows)
+    xhat = (xc - mu) * rs
+    g = dyc if gamma is None else dyc * gamma
+    dx = rs * (g - _mean(g, axes, keepdims=True) - xhat * _mean(g * xhat, axes, keepdims=True))
+    dx = astype(dx, x.dtype)
+    if not need_params:
+        return dx, None, None
+    return dx, _sum(dyc * xhat, lead), _sum(dyc, lead)
+
+
+layernorm_backward = fused_op("layernorm_backward", _layernorm_backward_composite, doc="""
+    ``(dx, dgamma, dbeta)`` of :func:`layernorm` over the last ``k`` axes, from its per-row ``mean`` and ``rstd``
+    (the GPU: one pass for ``dx`` and a deterministic two-level sum for ``dgamma``/``dbeta``); without
+    ``need_params`` the last two are None.
+
+    >>> import numpy as np
+    >>> x = np.array([[1.0, 3.0]]); dx, dg, db = layernorm_backward(np.ones((1, 2)), x, None, np.array([2.0]),
+    ...                                                           np.array([1.0]), 1, True)
+    >>> dx, dg, db
+    (array([[0., 0.]]), array([-1.,  1.]), array([1., 1.]))
+    """)
 
 
 def _channel_affine(name, x, xhat, gamma, beta):

@@ -1,0 +1,323 @@
+"""Layer norm on the GPU: one read and one write of ``x`` forward, one pass for ``dx`` backward, deterministic.
+
+The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``, C-contiguous) are normalised
+one row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread
+holding its ``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean
+and then the variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is
+written once. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 8 vectors or fewer, so a row
+of 20,480 bfloat16 values takes 1,024 threads of 3 vectors (no spills: :func:`kernel_attributes` reports the
+compiled kernels' local memory). Rows are summed by warp shuffles, then across warps in a fixed order.
+
+Backward: ``ln_bwd`` rereads ``x`` and ``dy`` once per row (``dx = rstd (g - mean(g) - xhat mean(g xhat))``,
+``g = dy gamma``) and keeps, per thread, the column sums of ``dy xhat`` and ``dy`` over the rows its group visits;
+each group writes them as one row of partials; ``ln_params`` adds the partial rows per column in a fixed order
+(``dgamma``, ``dbeta``): the result does not depend on timing. Statistics (``mean``, ``rstd``) are float32 (float64
+for float64 data); ``gamma``/``beta`` are in the compute type (float32 for the halves, as fluxpy's LayerNorm keeps
+them). Kernels are compiled per (dtype, L) and cached.
+
+>>> sorted(KERNELS)
+['layernorm_backward', 'layernorm_forward']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import cupy
+from .halfs import KERNEL_DTYPES, compute_dtype, prelude
+
+__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "launch_shape",
+           "kernel_attributes", "KERNELS"]
+
+MAX_VALUES = 32        # row values a thread holds, at most (16 for float64): the backward keeps four such arrays
+MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
+
+_SOURCE = r"""
+// T/C/LOAD/STORE: halfs.prelude; L: the row length; VW: elements per vector; VT: the vector type;
+// TPR: threads per row; RPB: rows per block; ITEMS: vectors per thread.
+#define LV (L / VW)
+#define NW (TPR / 32 > 0 ? TPR / 32 : 1)
+
+// The sum of a over the TPR threads of this thread's row, in a fixed order (every thread of the block calls it).
+__device__ __forceinline__ C row_sum(C a, C* sh) {
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffff, a, o);
+#if TPR > 32
+    const int grp = threadIdx.x / TPR, warp = (threadIdx.x % TPR) / 32;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[grp * NW + warp] = a;
+    __syncthreads();
+    a = 0;
+    for (int w = 0; w < NW; ++w) a += sh[grp * NW + w];
+#endif
+    return a;
+}
+
+__device__ __forceinline__ void load_row(const T* p, long long row, bool valid, int tid, C* v) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;   // vector index in the row
+        if (valid && j < LV) {
+            VT w = ((const VT*)(p + row * (long long)L))[j];
+            const T* e = (const T*)&w;
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) v[i * VW + u] = LOAD(e[u]);
+        } else {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) v[i * VW + u] = 0;
+        }
+    }
+}
+
+extern "C" __global__ void ln_fwd(const T* x, const C* gamma, const C* beta, T* y, C* mean_out, C* rstd_out,
+                                  long long R, double eps) {
+    __shared__ C sh[RPB * NW];
+    const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+    const long long row = (long long)blockIdx.x * RPB + grp;
+    const bool valid = row < R;
+    C v[ITEMS * VW];
+    load_row(x, row, valid, tid, v);
+    C s = 0;
+    #pragma unroll
+    for (int k = 0; k < ITEMS * VW; ++k) s += v[k];
+    const C mu = row_sum(s, sh) / (C)L;
+    C q = 0;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const bool in = (i * TPR + tid) < LV;
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) { const C d = in ? v[i * VW + u] - mu : (C)0; q += d * d; }
+    }
+    const C rs = (C)1 / sqrt(row_sum(q, sh) / (C)L + (C)eps);
+    if (!valid) return;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            VT w;
+            T* e = (T*)&w;
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {
+                const int col = j * VW + u;
+                C o = (v[i * VW + u] - mu) * rs;
+                if (gamma) o *= gamma[col];
+                if (beta) o += beta[col];
+                e[u] = STORE(o);
+            }
+            ((VT*)(y + row * (long long)L))[j] = w;
+        }
+    }
+    if (tid == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
+}
+
+// dx per row; per thread, the column sums of dy * xhat (pg) and dy (pb) over the rows its group visits, written as
+// row (blockIdx.x * RPB + grp) of the partials.
+extern "C" __global__ void ln_bwd(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd, T* dx,
+                                  C* pg, C* pb, long long R, int want_params) {
+    __shared__ C sh[RPB * NW];
+    const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+    C ag[ITEMS * VW], ab[ITEMS * VW];
+    #pragma unroll
+    for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
+    for (long long base = blockIdx.x; base * RPB < R; base += gridDim.x) {   // the same trip count block-wide
+        const long long row = base * RPB + grp;
+        const bool valid = row < R;
+        C xv[ITEMS * VW], gv[ITEMS * VW];
+        load_row(x, row, valid, tid, xv);
+        load_row(dy, row, valid, tid, gv);
+        const C mu = valid ? mean[row] : (C)0, rs = valid ? rstd[row] : (C)0;
+        C s1 = 0, s2 = 0;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {
+                const int k = i * VW + u, col = (i * TPR + tid) * VW + u;
+                const C xh = (xv[k] - mu) * rs;
+                const C g = (gamma && col < L) ? gv[k] * gamma[col] : gv[k];
+                s1 += g; s2 += g * xh;
+                ag[k] += gv[k] * xh; ab[k] += gv[k];
+                xv[k] = xh; gv[k] = g;
+            }
+        }
+        const C m1 = row_sum(s1, sh) / (C)L, m2 = row_sum(s2, sh) / (C)L;
+        if (valid) {
+            #pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const int j = i * TPR + tid;
+                if (j < LV) {
+                    VT w;
+                    T* e = (T*)&w;
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) {
+                        const int k = i * VW + u;
+                        e[u] = STORE(rs * (gv[k] - m1 - xv[k] * m2));
+                    }
+                    ((VT*)(dx + row * (long long)L))[j] = w;
+                }
+            }
+        }
+    }
+    if (!want_params) return;
+    const long long prow = (long long)blockIdx.x * RPB + grp;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {
+                pg[prow * L + j * VW + u] = ag[i * VW + u];
+                pb[prow * L + j * VW + u] = ab[i * VW + u];
+            }
+        }
+    }
+}
+
+// dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x 8 row lanes.
+extern "C" __global__ void ln_params(const C* pg, const C* pb, long long P, C* dgamma, C* dbeta) {
+    __shared__ C s1[8][33], s2[8][33];
+    const int cx = threadIdx.x % 32, ry = threadIdx.x / 32;
+    const long long col = (long long)blockIdx.x * 32 + cx;
+    C a = 0, b = 0;
+    if (col < L)
+        for (long long p = ry; p < P; p += 8) { a += pg[p * L + col]; b += pb[p * L + col]; }
+    s1[ry][cx] = a; s2[ry][cx] = b;
+    __syncthreads();
+    if (ry == 0 && col < L) {
+        C ta = 0, tb = 0;
+        for (int k = 0; k < 8; ++k) { ta += s1[k][cx]; tb += s2[k][cx]; }
+        dgamma[col] = ta; dbeta[col] = tb;
+    }
+}
+"""
+
+_VECTORS = {np.dtype(np.float16): ("uint4", 8), np.dtype(np.float32): ("float4", 4),
+            np.dtype(np.float64): ("double2", 2)}
+_modules: dict = {}
+_sm: dict = {}
+
+
+def _vector(dtype):
+    from .halfs import BFLOAT16
+    return ("uint4", 8) if dtype == BFLOAT16 else _VECTORS[dtype]
+
+
+def launch_shape(length: int, dtype) -> tuple[int, int, int, int] | None:
+    """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
+    the length allows, else 1), threads per row (the fewest, from a warp, that hold the row in at most
+    :data:`MAX_VALUES` values a thread), rows per block (256 threads a block at least) and vectors per thread;
+    None where a row needs more than ``MAX_THREADS`` threads.
+
+    >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
+    ((4, 32, 8, 6), (4, 1024, 1, 5), (4, 256, 1, 6))
+    """
+    dtype = np.dtype(dtype)
+    vw = _vector(dtype)[1] if length % _vector(dtype)[1] == 0 else 1
+    vectors = length // vw
+    max_items = max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
+    tpr = 32
+    while -(-vectors // tpr) > max_items:
+        tpr *= 2
+        if tpr > MAX_THREADS:
+            return None
+    return vw, tpr, max(1, 256 // tpr), -(-vectors // tpr)
+
+
+def _module(dtype, length):
+    key = (dtype, length)
+    mod = _modules.get(key)
+    if mod is None:
+        vw, tpr, rpb, items = launch_shape(length, dtype)
+        vt = _vector(dtype)[0] if vw > 1 else "T"
+        head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
+                f"#define RPB {rpb}\n#define ITEMS {items}\n")
+        mod = _modules[key] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
+    return mod
+
+
+def kernel_attributes(dtype, length: int) -> dict:
+    """``{kernel: (registers, local bytes)}`` of the compiled kernels for rows of ``length`` values of ``dtype``
+    (local bytes above 0 would mean register spills).
+
+    >>> kernel_attributes.__name__
+    'kernel_attributes'
+    """
+    mod = _module(np.dtype(dtype), int(length))
+    out = {}
+    for name in ("ln_fwd", "ln_bwd", "ln_params"):
+        f = mod.get_function(name)
+        out[name] = (f.num_regs, f.local_size_bytes)
+    return out
+
+
+def _sm_count(dev):
+    sm = _sm.get(dev)
+    if sm is None:
+        sm = _sm[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return sm
+
+
+def _rows(x, k):
+    length = int(np.prod(x.shape[x.ndim - k:], dtype=np.int64))
+    return x.size // max(length, 1), length
+
+
+def supports(x, gamma, beta, k, eps) -> bool:
+    """CuPy float16/bfloat16/float32/float64 ``x`` (C-contiguous, 16-byte aligned) normalised over its last ``k``
+    axes, ``gamma``/``beta`` None or C-contiguous arrays of those axes' shape in the compute type, rows short
+    enough for :func:`launch_shape`."""
+    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES or not x._c_contiguous:
+        return False
+    if not 1 <= k <= x.ndim or x.size == 0 or x.data.ptr % 16:
+        return False
+    shape, cdt = x.shape[x.ndim - k:], compute_dtype(x.dtype)
+    for p in (gamma, beta):
+        if p is not None and (type(p) is not cupy.ndarray or p.shape != shape or p.dtype != cdt
+                              or not p._c_contiguous):
+            return False
+    rows, length = _rows(x, k)
+    return length >= 2 and rows < 2**31 and launch_shape(length, x.dtype) is not None
+
+
+def backward_supports(dy, x, gamma, mean, rstd, k, *_):
+    """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward."""
+    return (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and dy._c_contiguous
+            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0))
+
+
+def layernorm_forward(x, gamma, beta, k: int, eps: float):
+    """``(y, mean, rstd)``: ``y`` of ``x``'s shape and dtype; ``mean``, ``rstd`` one per row in the compute type."""
+    rows, length = _rows(x, k)
+    vw, tpr, rpb, items = launch_shape(length, x.dtype)
+    cdt = compute_dtype(x.dtype)
+    y = cupy.empty_like(x)
+    stats = cupy.empty((2, rows), cdt)
+    fn = _module(x.dtype, length).get_function("ln_fwd")
+    null = np.uint64(0)
+    fn((-(-rows // rpb),), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
+                                          stats[0], stats[1], np.int64(rows), np.float64(eps)))
+    return y, stats[0], stats[1]
+
+
+def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True):
+    """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``."""
+    rows, length = _rows(x, k)
+    vw, tpr, rpb, items = launch_shape(length, x.dtype)
+    cdt = compute_dtype(x.dtype)
+    mod = _module(x.dtype, length)
+    groups = int(min(-(-rows // rpb), 2 * _sm_count(x.device.id)))
+    dx = cupy.empty_like(x)
+    partial_rows = groups * rpb
+    parts = cupy.empty((2, partial_rows, length), cdt) if need_params else None
+    null = np.uint64(0)
+    mod.get_function("ln_bwd")((groups,), (tpr * rpb,), (
+        dy, x, null if gamma is None else gamma, mean, rstd, dx, null if parts is None else parts[0],
+        null if parts is None else parts[1], np.int64(rows), np.int32(need_params)))
+    if not need_params:
+        return dx, None, None
+    out = cupy.empty((2, length), cdt)
+    mod.get_function("ln_params")((-(-length // 32),), (256,), (parts[0], parts[1], np.int64(partial_rows), out[0],
+                                                                out[1]))
+    shape = x.shape[x.ndim - k:]
+    return dx, out[0].reshape(shape), out[1].reshape(shape)
+
+
+KERNELS = {"layernorm_forward": (layernorm_forward, supports),
+           "layernorm_backward": (layernorm_backward, backward_supports)}

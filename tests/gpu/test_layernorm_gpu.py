@@ -1,0 +1,125 @@
+"""fluxpy's layer-norm kernels (fluxpy.kernels.cuda_layernorm) against the CPU composite in float64: forward,
+dx, dgamma, dbeta for row lengths from 2 to 20,480 (a warp, a block, 1,024 threads a row; vector and scalar
+loads), every dtype, with and without gamma/beta, one or two normalised axes; determinism; no register spills;
+second derivatives through the composite. Needs a GPU (``gpu`` marker)."""
+import numpy as np
+import pytest
+
+import fluxpy
+from devices import cupy_module
+from fluxpy.kernels import cuda_layernorm, find
+from fluxpy.ops.norm import layernorm
+from test_half_conv_matmul import BF16
+
+pytestmark = pytest.mark.gpu
+
+EPS = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 2e-6, np.dtype(np.float16): 2e-3, BF16: 1.6e-2}
+LENGTHS = [2, 3, 7, 64, 768, 1000, 5140, 12288, 20480]
+
+
+def _case(rows, tail, dtype, affine, seed=0):
+    cp = cupy_module()
+    rng = np.random.default_rng(seed)
+    shape = rows + tail
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(np.float32).astype(dtype)
+    dy = rng.standard_normal(shape).astype(np.float32).astype(dtype)
+    cdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    g = rng.standard_normal(tail).astype(cdt) if affine else None
+    b = rng.standard_normal(tail).astype(cdt) if affine else None
+    dev = [None if a is None else cp.asarray(a.view(np.uint16)).view(a.dtype) if a.dtype == BF16 else cp.asarray(a)
+           for a in (x, dy, g, b)]
+    host = [None if a is None else a.astype(np.float64) for a in (x, dy, g, b)]
+    return dev, host
+
+
+def _np(a):
+    cp = cupy_module()
+    a = fluxpy.value_of(a)
+    return cp.asnumpy(a.astype(cp.float32) if a.dtype == BF16 else a).astype(np.float64)
+
+
+def _check(got, want, dtype, what, length=1):
+    g, w = _np(got), want
+    bound = 8 * EPS[np.dtype(dtype)] * np.sqrt(length) * (np.abs(w).max() + 1)
+    err = np.abs(g - w).max()
+    assert err <= bound, f"{what}: max error {err:.3g} above {bound:.3g}"
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_layernorm_matches_the_float64_composite(length, dtype, affine):
+    if np.dtype(dtype) == np.float64 and length > 12288:
+        pytest.skip("float64 rows this long are turned down (the composite runs): checked below")
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((5, 7), (length,), dtype, affine)
+    assert find("layernorm_forward", x, g, b, 1, 1e-5) is not None, "the fused kernel takes the call"
+
+    def loss(x, g, b, dy):
+        return (layernorm(x, g, b, -1, 1e-5) * dy).sum()
+    y = layernorm(x, g, b, -1, 1e-5)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    _check(y, layernorm(xh, gh, bh, -1, 1e-5), dtype, "y")
+    if affine:
+        got = fluxpy.gradient(lambda x, g, b: loss(x, g, b, dy), x, g, b)
+        want = fluxpy.gradient(lambda x, g, b: loss(x, g, b, dyh), xh, gh, bh)
+    else:
+        got = fluxpy.gradient(lambda x: loss(x, None, None, dy), x)
+        want = fluxpy.gradient(lambda x: loss(x, None, None, dyh), xh)
+    for name, a, w in zip(("dx", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, name, length if name == "dx" else 35)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_two_normalised_axes_and_the_layer(dtype):
+    cp = cupy_module()
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((6,), (12, 64), dtype, True, seed=1)
+    _check(layernorm(x, g, b, (-2, -1), 1e-5), layernorm(xh, gh, bh, (-2, -1), 1e-5), dtype, "y over 2 axes")
+    layer = fluxpy.gpu(fluxpy.LayerNorm((12, 64)))
+    layer.gamma[...] = cp.asarray(gh.astype(np.float32))
+    layer.beta[...] = cp.asarray(bh.astype(np.float32))
+    got = fluxpy.gradient(lambda m: (m(x) * dy).sum(), layer)[0]
+    ref_layer = fluxpy.f64(fluxpy.LayerNorm((12, 64)))
+    ref_layer.gamma[...], ref_layer.beta[...] = gh, bh
+    want = fluxpy.gradient(lambda m: (m(xh) * dyh).sum(), ref_layer)[0]
+    _check(got["gamma"], want["gamma"], dtype, "LayerNorm dgamma", 6)
+    _check(got["beta"], want["beta"], dtype, "LayerNorm dbeta", 6)
+
+
+def test_backward_is_deterministic_and_rows_longer_than_the_kernels_take_run_the_composite():
+    cp = cupy_module()
+    (x, dy, g, b), _ = _case((64,), (4096,), np.float32, True, seed=2)
+    runs = [fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b) * dy).sum(), x, g, b) for _ in range(3)]
+    for later in runs[1:]:
+        assert all(cp.array_equal(a, c) for a, c in zip(runs[0], later))
+    (x64, dy64, g64, b64), (xh, dyh, gh, bh) = _case((3,), (20480,), np.float64, True, seed=3)
+    assert find("layernorm_forward", x64, g64, b64, 1, 1e-5) is None
+    _check(layernorm(x64, g64, b64), layernorm(xh, gh, bh), np.float64, "float64 composite")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
+def test_no_register_spills_at_any_size(dtype):
+    for length in LENGTHS + [4096, 16384, 1536, 1024]:
+        if cuda_layernorm.launch_shape(length, dtype) is None:
+            continue
+        for name, (regs, local) in cuda_layernorm.kernel_attributes(dtype, length).items():
+            assert local == 0, f"{name} at L={length} {np.dtype(dtype)}: {local} bytes of local memory ({regs} regs)"
+
+
+def test_second_derivatives_go_through_the_composite():
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((4,), (33,), np.float64, True, seed=4)
+
+    got = fluxpy.gradient(lambda x: fluxpy.gradient(lambda z: (layernorm(z, g, b) * dy).sum(), x)[0].sum(), x)[0]
+    want = fluxpy.gradient(lambda x: fluxpy.gradient(lambda z: (layernorm(z, gh, bh) * dyh).sum(), x)[0].sum(),
+                           xh)[0]
+    _check(got, want, np.float64, "second derivative", 33)
+
+
+def test_the_fused_pullback_differentiates_in_dy():
+    """Inside an outer gradient in dy, the fused forward's pullback runs its composite on the Tracked dy."""
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((4,), (40,), np.float64, True, seed=5)
+
+    def outer(d, x, g, b):
+        return (fluxpy.gradient(lambda z: (layernorm(z, g, b) * d).sum(), x)[0] ** 2).sum()
+    got = fluxpy.gradient(lambda d: outer(d, x, g, b), dy)[0]
+    want = fluxpy.gradient(lambda d: outer(d, xh, gh, bh), dyh)[0]
+    _check(got, want, np.float64, "d/d(dy) of |dx|^2", 40)
