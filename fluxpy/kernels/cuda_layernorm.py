@@ -8,12 +8,14 @@ written once. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` 
 of 20,480 bfloat16 values takes 1,024 threads of 3 vectors (no spills: :func:`kernel_attributes` reports the
 compiled kernels' local memory). Rows are summed by warp shuffles, then across warps in a fixed order.
 
-Backward: ``ln_bwd`` rereads ``x`` and ``dy`` once per row (``dx = rstd (g - mean(g) - xhat mean(g xhat))``,
-``g = dy gamma``) and keeps, per thread, the column sums of ``dy xhat`` and ``dy`` over the rows its group visits;
-each group writes them as one row of partials; ``ln_params`` adds the partial rows per column in a fixed order
-(``dgamma``, ``dbeta``): the result does not depend on timing. Statistics (``mean``, ``rstd``) are float32 (float64
-for float64 data); ``gamma``/``beta`` are in the compute type (float32 for the halves, as fluxpy's LayerNorm keeps
-them). Kernels are compiled per (dtype, L) and cached.
+Backward: ``ln_bwd`` sweeps each row twice (the row sums, then ``dx = rstd (g - mean(g) - xhat mean(g xhat))``,
+``g = dy gamma``; the second sweep rereads ``x`` and ``dy``, from L2 as a rule) and keeps, per thread, the column
+sums of ``dy xhat`` and ``dy`` over the rows its group visits; a block's groups add theirs in shared memory in a
+fixed order and the block writes one row of partials; ``ln_params`` adds the partial rows per column in a fixed
+order (``dgamma``, ``dbeta``): the result does not depend on timing. Rows whose column sums do not fit in a
+thread's registers (:func:`backward_fits`: 20,480 values a row) take the composite backward. Statistics
+(``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma``/``beta`` are in the compute type (float32
+for the halves, as fluxpy's LayerNorm keeps them). Kernels are compiled per (dtype, L) and cached.
 
 >>> sorted(KERNELS)
 ['layernorm_backward', 'layernorm_forward']
@@ -67,8 +69,8 @@ __device__ __forceinline__ void load_row(const T* p, long long row, bool valid, 
     }
 }
 
-extern "C" __global__ void ln_fwd(const T* x, const C* gamma, const C* beta, T* y, C* mean_out, C* rstd_out,
-                                  long long R, double eps) {
+extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
+                                                               C* mean_out, C* rstd_out, long long R, double eps) {
     __shared__ C sh[RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     const long long row = (long long)blockIdx.x * RPB + grp;
@@ -108,11 +110,23 @@ extern "C" __global__ void ln_fwd(const T* x, const C* gamma, const C* beta, T* 
     if (tid == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
 }
 
-// dx per row; per thread, the column sums of dy * xhat (pg) and dy (pb) over the rows its group visits, written as
-// row (blockIdx.x * RPB + grp) of the partials.
-extern "C" __global__ void ln_bwd(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd, T* dx,
-                                  C* pg, C* pb, long long R, int want_params) {
+// dx per row, in two sweeps over the row (the second rereads x and dy, from L2 as a rule) so that a thread holds
+// only its column sums of dy * xhat (ag) and dy (ab) over the rows its group visits. The RPB groups of a block add
+// theirs in shared memory in a fixed order; the block writes them as row blockIdx.x of the partials.
+__device__ __forceinline__ void load_vec(const T* p, long long row, int j, C* v) {
+    VT w = ((const VT*)(p + row * (long long)L))[j];
+    const T* e = (const T*)&w;
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) v[u] = LOAD(e[u]);
+}
+
+extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, const T* x, const C* gamma,
+                                                               const C* mean, const C* rstd, T* dx, C* pg, C* pb,
+                                                               long long R, int want_params) {
     __shared__ C sh[RPB * NW];
+#if RPB > 1
+    __shared__ C colg[L], colb[L];
+#endif
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
@@ -120,54 +134,80 @@ extern "C" __global__ void ln_bwd(const T* dy, const T* x, const C* gamma, const
     for (long long base = blockIdx.x; base * RPB < R; base += gridDim.x) {   // the same trip count block-wide
         const long long row = base * RPB + grp;
         const bool valid = row < R;
-        C xv[ITEMS * VW], gv[ITEMS * VW];
-        load_row(x, row, valid, tid, xv);
-        load_row(dy, row, valid, tid, gv);
         const C mu = valid ? mean[row] : (C)0, rs = valid ? rstd[row] : (C)0;
         C s1 = 0, s2 = 0;
         #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) {
-                const int k = i * VW + u, col = (i * TPR + tid) * VW + u;
-                const C xh = (xv[k] - mu) * rs;
-                const C g = (gamma && col < L) ? gv[k] * gamma[col] : gv[k];
-                s1 += g; s2 += g * xh;
-                ag[k] += gv[k] * xh; ab[k] += gv[k];
-                xv[k] = xh; gv[k] = g;
+            const int j = i * TPR + tid;
+            if (valid && j < LV) {
+                C xv[VW], gv[VW];
+                load_vec(x, row, j, xv);
+                load_vec(dy, row, j, gv);
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) {
+                    const C xh = (xv[u] - mu) * rs;
+                    const C g = gamma ? gv[u] * gamma[j * VW + u] : gv[u];
+                    s1 += g; s2 += g * xh;
+                    ag[i * VW + u] += gv[u] * xh; ab[i * VW + u] += gv[u];
+                }
             }
         }
         const C m1 = row_sum(s1, sh) / (C)L, m2 = row_sum(s2, sh) / (C)L;
-        if (valid) {
-            #pragma unroll
-            for (int i = 0; i < ITEMS; ++i) {
-                const int j = i * TPR + tid;
-                if (j < LV) {
-                    VT w;
-                    T* e = (T*)&w;
-                    #pragma unroll
-                    for (int u = 0; u < VW; ++u) {
-                        const int k = i * VW + u;
-                        e[u] = STORE(rs * (gv[k] - m1 - xv[k] * m2));
-                    }
-                    ((VT*)(dx + row * (long long)L))[j] = w;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (valid && j < LV) {
+                C xv[VW], gv[VW];
+                load_vec(x, row, j, xv);
+                load_vec(dy, row, j, gv);
+                VT w;
+                T* e = (T*)&w;
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) {
+                    const C xh = (xv[u] - mu) * rs;
+                    const C g = gamma ? gv[u] * gamma[j * VW + u] : gv[u];
+                    e[u] = STORE(rs * (g - m1 - xh * m2));
                 }
+                ((VT*)(dx + row * (long long)L))[j] = w;
             }
         }
     }
     if (!want_params) return;
-    const long long prow = (long long)blockIdx.x * RPB + grp;
+#if RPB > 1
+    for (int q = 0; q < RPB; ++q) {      // group q adds its column sums, in order
+        if (grp == q) {
+            #pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const int j = i * TPR + tid;
+                if (j < LV) {
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) {
+                        const int col = j * VW + u;
+                        colg[col] = (q == 0 ? (C)0 : colg[col]) + ag[i * VW + u];
+                        colb[col] = (q == 0 ? (C)0 : colb[col]) + ab[i * VW + u];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int col = threadIdx.x; col < L; col += blockDim.x) {
+        pg[(long long)blockIdx.x * L + col] = colg[col];
+        pb[(long long)blockIdx.x * L + col] = colb[col];
+    }
+#else
     #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
         const int j = i * TPR + tid;
         if (j < LV) {
             #pragma unroll
             for (int u = 0; u < VW; ++u) {
-                pg[prow * L + j * VW + u] = ag[i * VW + u];
-                pb[prow * L + j * VW + u] = ab[i * VW + u];
+                pg[(long long)blockIdx.x * L + j * VW + u] = ag[i * VW + u];
+                pb[(long long)blockIdx.x * L + j * VW + u] = ab[i * VW + u];
             }
         }
     }
+#endif
 }
 
 // dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x 8 row lanes.
@@ -188,28 +228,33 @@ extern "C" __global__ void ln_params(const C* pg, const C* pb, long long P, C* d
 }
 """
 
-_VECTORS = {np.dtype(np.float16): ("uint4", 8), np.dtype(np.float32): ("float4", 4),
-            np.dtype(np.float64): ("double2", 2)}
+# (vector type, elements) from the widest: 16, 8 and 4 bytes; a row takes the widest its length divides
+_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (("float4", 4),
+            ("float2", 2)), np.dtype(np.float64): (("double2", 2),)}
 _modules: dict = {}
 _sm: dict = {}
 
 
-def _vector(dtype):
-    from .halfs import BFLOAT16
-    return ("uint4", 8) if dtype == BFLOAT16 else _VECTORS[dtype]
+def _vector(dtype, length):
+    """``(vector type, elements)`` for rows of ``length`` values of ``dtype``, or ``("T", 1)``."""
+    dtype = np.dtype(dtype)
+    for vt, vw in _VECTORS["half" if dtype.itemsize == 2 else dtype]:
+        if length % vw == 0:
+            return vt, vw
+    return "T", 1
 
 
 def launch_shape(length: int, dtype) -> tuple[int, int, int, int] | None:
     """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
-    the length allows, else 1), threads per row (the fewest, from a warp, that hold the row in at most
-    :data:`MAX_VALUES` values a thread), rows per block (256 threads a block at least) and vectors per thread;
+    the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, from a warp, that hold the row in at
+    most :data:`MAX_VALUES` values a thread), rows per block (256 threads a block at least) and vectors per thread;
     None where a row needs more than ``MAX_THREADS`` threads.
 
     >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
     ((4, 32, 8, 6), (4, 1024, 1, 5), (4, 256, 1, 6))
     """
     dtype = np.dtype(dtype)
-    vw = _vector(dtype)[1] if length % _vector(dtype)[1] == 0 else 1
+    vw = _vector(dtype, length)[1]
     vectors = length // vw
     max_items = max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
     tpr = 32
@@ -225,7 +270,7 @@ def _module(dtype, length):
     mod = _modules.get(key)
     if mod is None:
         vw, tpr, rpb, items = launch_shape(length, dtype)
-        vt = _vector(dtype)[0] if vw > 1 else "T"
+        vt = _vector(dtype, length)[0]
         head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
                 f"#define RPB {rpb}\n#define ITEMS {items}\n")
         mod = _modules[key] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
@@ -276,10 +321,26 @@ def supports(x, gamma, beta, k, eps) -> bool:
     return length >= 2 and rows < 2**31 and launch_shape(length, x.dtype) is not None
 
 
+def backward_fits(length: int, dtype) -> bool:
+    """Whether the backward's per-thread column sums (two arrays of the row values a thread holds) fit in the
+    registers a thread has at the block size (64K registers an SM, at most 255 a thread): else the composite runs.
+
+    >>> backward_fits(768, np.float32), backward_fits(20480, np.float32)
+    (True, False)
+    """
+    shape = launch_shape(length, dtype)
+    if shape is None:
+        return False
+    vw, tpr, rpb, items = shape
+    words = 2 if np.dtype(dtype) == np.float64 else 1
+    return 2 * items * vw * words + 40 <= min(255, 65536 // (tpr * rpb))
+
+
 def backward_supports(dy, x, gamma, mean, rstd, k, *_):
-    """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward."""
+    """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward, rows
+    whose column sums fit in registers (:func:`backward_fits`)."""
     return (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and dy._c_contiguous
-            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0))
+            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0) and backward_fits(_rows(x, k)[1], x.dtype))
 
 
 def layernorm_forward(x, gamma, beta, k: int, eps: float):
@@ -304,7 +365,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     mod = _module(x.dtype, length)
     groups = int(min(-(-rows // rpb), 2 * _sm_count(x.device.id)))
     dx = cupy.empty_like(x)
-    partial_rows = groups * rpb
+    partial_rows = groups
     parts = cupy.empty((2, partial_rows, length), cdt) if need_params else None
     null = np.uint64(0)
     mod.get_function("ln_bwd")((groups,), (tpr * rpb,), (
