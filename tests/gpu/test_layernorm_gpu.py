@@ -102,6 +102,8 @@ def test_no_register_spills_at_any_size(dtype):
         if cuda_layernorm.launch_shape(length, dtype) is None:
             continue
         for name, (regs, local) in cuda_layernorm.kernel_attributes(dtype, length).items():
+            if name == "ln_bwd" and not cuda_layernorm.backward_fits(length, dtype):
+                continue   # never launched: those rows take the composite backward
             assert local == 0, f"{name} at L={length} {np.dtype(dtype)}: {local} bytes of local memory ({regs} regs)"
 
 
