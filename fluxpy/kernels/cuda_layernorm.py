@@ -30,7 +30,8 @@ from .halfs import KERNEL_DTYPES, compute_dtype, prelude
 __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "launch_shape",
            "kernel_attributes", "KERNELS"]
 
-MAX_VALUES = 32        # row values a thread holds, at most (16 for float64): the backward keeps four such arrays
+MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most (128 bytes in flight a thread)
+MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
 
 _SOURCE = r"""
@@ -244,10 +245,11 @@ def _vector(dtype, length):
     return "T", 1
 
 
-def launch_shape(length: int, dtype) -> tuple[int, int, int, int] | None:
+def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, int, int, int] | None:
     """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
     the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, from a warp, that hold the row in at
-    most :data:`MAX_VALUES` values a thread), rows per block (256 threads a block at least) and vectors per thread;
+    most :data:`MAX_VECTORS` vectors a thread forward, :data:`MAX_VALUES` values backward, where a thread also keeps
+    its columns' sums), rows per block (256 threads a block at least) and vectors per thread;
     None where a row needs more than ``MAX_THREADS`` threads.
 
     >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
@@ -256,7 +258,7 @@ def launch_shape(length: int, dtype) -> tuple[int, int, int, int] | None:
     dtype = np.dtype(dtype)
     vw = _vector(dtype, length)[1]
     vectors = length // vw
-    max_items = max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
+    max_items = MAX_VECTORS if direction == "forward" else max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
     tpr = 32
     while -(-vectors // tpr) > max_items:
         tpr *= 2
@@ -265,11 +267,11 @@ def launch_shape(length: int, dtype) -> tuple[int, int, int, int] | None:
     return vw, tpr, max(1, 256 // tpr), -(-vectors // tpr)
 
 
-def _module(dtype, length):
-    key = (dtype, length)
+def _module(dtype, length, direction="forward"):
+    key = (dtype, length, direction)
     mod = _modules.get(key)
     if mod is None:
-        vw, tpr, rpb, items = launch_shape(length, dtype)
+        vw, tpr, rpb, items = launch_shape(length, dtype, direction)
         vt = _vector(dtype, length)[0]
         head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
                 f"#define RPB {rpb}\n#define ITEMS {items}\n")
@@ -284,10 +286,11 @@ def kernel_attributes(dtype, length: int) -> dict:
     >>> kernel_attributes.__name__
     'kernel_attributes'
     """
-    mod = _module(np.dtype(dtype), int(length))
     out = {}
-    for name in ("ln_fwd", "ln_bwd", "ln_params"):
-        f = mod.get_function(name)
+    for name, direction in (("ln_fwd", "forward"), ("ln_bwd", "backward"), ("ln_params", "backward")):
+        if launch_shape(int(length), dtype, direction) is None:
+            continue
+        f = _module(np.dtype(dtype), int(length), direction).get_function(name)
         out[name] = (f.num_regs, f.local_size_bytes)
     return out
 
@@ -328,7 +331,7 @@ def backward_fits(length: int, dtype) -> bool:
     >>> backward_fits(768, np.float32), backward_fits(20480, np.float32)
     (True, False)
     """
-    shape = launch_shape(length, dtype)
+    shape = launch_shape(length, dtype, "backward")
     if shape is None:
         return False
     vw, tpr, rpb, items = shape
@@ -360,9 +363,9 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float):
 def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True):
     """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``."""
     rows, length = _rows(x, k)
-    vw, tpr, rpb, items = launch_shape(length, x.dtype)
+    vw, tpr, rpb, items = launch_shape(length, x.dtype, "backward")
     cdt = compute_dtype(x.dtype)
-    mod = _module(x.dtype, length)
+    mod = _module(x.dtype, length, "backward")
     groups = int(min(-(-rows // rpb), 2 * _sm_count(x.device.id)))
     dx = cupy.empty_like(x)
     partial_rows = groups
