@@ -229,9 +229,11 @@ extern "C" __global__ void ln_params(const C* pg, const C* pb, long long P, C* d
 }
 """
 
-# (vector type, elements) from the widest: 16, 8 and 4 bytes; a row takes the widest its length divides
-_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (("float4", 4),
-            ("float2", 2)), np.dtype(np.float64): (("double2", 2),)}
+# (vector type, elements), preferred first; a row takes the first its length divides. The halves load 8 bytes
+# (4 values): with 16-byte uint4 loads, splitting the vector into 16-bit values cost the forward a third of its
+# bandwidth on an H100 (56% of copy against 84%, measured).
+_VECTORS = {"half": (("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (("float4", 4), ("float2", 2)),
+            np.dtype(np.float64): (("double2", 2),)}
 _modules: dict = {}
 _sm: dict = {}
 
