@@ -281,3 +281,43 @@ def test_layernorm_backward_composite_matches_the_gradient_of_layernorm(rows, le
             np.testing.assert_allclose(dg, want[1], rtol=1e-9, atol=1e-10)
     else:
         assert dg is None and db is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 7), st.booleans(), st.booleans())
+def test_layernorm_of_a_residual_sum_is_the_layernorm_of_the_sum(rows, length, with_residual, with_bias):
+    from fluxpy.ops.norm import layernorm
+    rng = np.random.default_rng(rows * 10 + length)
+    x, r, c = rng.standard_normal((rows, length)), rng.standard_normal((rows, length)), rng.standard_normal(length)
+    g, b, dy = rng.standard_normal(length), rng.standard_normal(length), rng.standard_normal((rows, length))
+    r = r if with_residual else None
+    c = c if with_bias else None
+    total = x + (0 if r is None else r) + (0 if c is None else c)
+    np.testing.assert_allclose(layernorm(x, g, b, residual=r, bias=c), layernorm(total, g, b), rtol=1e-12)
+    args = [a for a in (x, r, c) if a is not None]
+
+    def loss(*a):
+        it = iter(a)
+        xx = next(it)
+        rr = next(it) if r is not None else None
+        cc = next(it) if c is not None else None
+        return (layernorm(xx, g, b, residual=rr, bias=cc) * dy).sum()
+    grads = fluxpy.gradient(loss, *args)
+    (ds,) = fluxpy.gradient(lambda s: (layernorm(s, g, b) * dy).sum(), total)
+    np.testing.assert_allclose(grads[0], ds, rtol=1e-10, atol=1e-12)
+    if r is not None:
+        np.testing.assert_allclose(grads[1], ds, rtol=1e-10, atol=1e-12)
+    if c is not None:
+        np.testing.assert_allclose(grads[-1], ds.sum(axis=0), rtol=1e-10, atol=1e-12)
+
+
+def test_layernorm_residual_errors_name_the_op_and_the_layer():
+    from fluxpy.ops.norm import layernorm
+    with pytest.raises(ValueError, match="layernorm: residual must have x's shape"):
+        layernorm(np.ones((2, 3)), residual=np.ones((2, 4)))
+    with pytest.raises(ValueError, match="layernorm: bias of shape"):
+        layernorm(np.ones((2, 3)), bias=np.ones(4))
+    with pytest.raises(fluxpy.DimensionMismatch, match="LayerNorm.*residual"):
+        fluxpy.LayerNorm(3)(np.ones((2, 3), np.float32), residual=np.ones((2, 4), np.float32))
+    y = fluxpy.LayerNorm(3)(np.ones((2, 3), np.float32), residual=np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_allclose(y, fluxpy.LayerNorm(3)(np.arange(6, dtype=np.float32).reshape(2, 3) + 1), rtol=1e-6)

@@ -54,15 +54,31 @@ __device__ __forceinline__ C row_sum(C a, C* sh) {
     return a;
 }
 
-__device__ __forceinline__ void load_row(const T* p, long long row, bool valid, int tid, C* v) {
+// Vector j of a row of p, plus the same of res and bias where given (the fused x + residual + bias).
+__device__ __forceinline__ void load_vec(const T* p, const T* res, const C* bias, long long row, int j, C* v) {
+    VT w = ((const VT*)(p + row * (long long)L))[j];
+    const T* e = (const T*)&w;
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) v[u] = LOAD(e[u]);
+    if (res) {
+        VT q = ((const VT*)(res + row * (long long)L))[j];
+        const T* f = (const T*)&q;
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) v[u] += LOAD(f[u]);
+    }
+    if (bias) {
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) v[u] += bias[j * VW + u];
+    }
+}
+
+__device__ __forceinline__ void load_row(const T* p, const T* res, const C* bias, long long row, bool valid, int tid,
+                                         C* v) {
     #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
         const int j = i * TPR + tid;   // vector index in the row
         if (valid && j < LV) {
-            VT w = ((const VT*)(p + row * (long long)L))[j];
-            const T* e = (const T*)&w;
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) v[i * VW + u] = LOAD(e[u]);
+            load_vec(p, res, bias, row, j, v + i * VW);
         } else {
             #pragma unroll
             for (int u = 0; u < VW; ++u) v[i * VW + u] = 0;
@@ -71,13 +87,14 @@ __device__ __forceinline__ void load_row(const T* p, long long row, bool valid, 
 }
 
 extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
-                                                               C* mean_out, C* rstd_out, long long R, double eps) {
+                                                               C* mean_out, C* rstd_out, long long R, double eps,
+                                                               const T* res, const C* bias) {
     __shared__ C sh[RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     const long long row = (long long)blockIdx.x * RPB + grp;
     const bool valid = row < R;
     C v[ITEMS * VW];
-    load_row(x, row, valid, tid, v);
+    load_row(x, res, bias, row, valid, tid, v);
     C s = 0;
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) s += v[k];
@@ -114,16 +131,10 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const
 // dx per row, in two sweeps over the row (the second rereads x and dy, from L2 as a rule) so that a thread holds
 // only its column sums of dy * xhat (ag) and dy (ab) over the rows its group visits. The RPB groups of a block add
 // theirs in shared memory in a fixed order; the block writes them as row blockIdx.x of the partials.
-__device__ __forceinline__ void load_vec(const T* p, long long row, int j, C* v) {
-    VT w = ((const VT*)(p + row * (long long)L))[j];
-    const T* e = (const T*)&w;
-    #pragma unroll
-    for (int u = 0; u < VW; ++u) v[u] = LOAD(e[u]);
-}
-
 extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, const T* x, const C* gamma,
                                                                const C* mean, const C* rstd, T* dx, C* pg, C* pb,
-                                                               long long R, int want_params) {
+                                                               long long R, int want_params, const T* res,
+                                                               const C* bias) {
     __shared__ C sh[RPB * NW];
 #if RPB > 1
     __shared__ C colg[L], colb[L];
@@ -142,8 +153,8 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
             const int j = i * TPR + tid;
             if (valid && j < LV) {
                 C xv[VW], gv[VW];
-                load_vec(x, row, j, xv);
-                load_vec(dy, row, j, gv);
+                load_vec(x, res, bias, row, j, xv);
+                load_vec(dy, nullptr, nullptr, row, j, gv);
                 #pragma unroll
                 for (int u = 0; u < VW; ++u) {
                     const C xh = (xv[u] - mu) * rs;
@@ -159,8 +170,8 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
             const int j = i * TPR + tid;
             if (valid && j < LV) {
                 C xv[VW], gv[VW];
-                load_vec(x, row, j, xv);
-                load_vec(dy, row, j, gv);
+                load_vec(x, res, bias, row, j, xv);
+                load_vec(dy, nullptr, nullptr, row, j, gv);
                 VT w;
                 T* e = (T*)&w;
                 #pragma unroll
@@ -309,16 +320,20 @@ def _rows(x, k):
     return x.size // max(length, 1), length
 
 
-def supports(x, gamma, beta, k, eps) -> bool:
+def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
     """CuPy float16/bfloat16/float32/float64 ``x`` (C-contiguous, 16-byte aligned) normalised over its last ``k``
-    axes, ``gamma``/``beta`` None or C-contiguous arrays of those axes' shape in the compute type, rows short
-    enough for :func:`launch_shape`."""
+    axes, ``gamma``/``beta``/``bias`` None or C-contiguous arrays of those axes' shape in the compute type,
+    ``residual`` None or like ``x``, rows short enough for :func:`launch_shape`."""
     if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES or not x._c_contiguous:
         return False
     if not 1 <= k <= x.ndim or x.size == 0 or x.data.ptr % 16:
         return False
+    if residual is not None and (type(residual) is not cupy.ndarray or residual.dtype != x.dtype
+                                 or residual.shape != x.shape or not residual._c_contiguous
+                                 or residual.data.ptr % 16):
+        return False
     shape, cdt = x.shape[x.ndim - k:], compute_dtype(x.dtype)
-    for p in (gamma, beta):
+    for p in (gamma, beta, bias):
         if p is not None and (type(p) is not cupy.ndarray or p.shape != shape or p.dtype != cdt
                               or not p._c_contiguous):
             return False
@@ -341,15 +356,18 @@ def backward_fits(length: int, dtype) -> bool:
     return 2 * items * vw * words + 40 <= min(255, 65536 // (tpr * rpb))
 
 
-def backward_supports(dy, x, gamma, mean, rstd, k, *_):
+def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=None, bias=None):
     """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward, rows
     whose column sums fit in registers (:func:`backward_fits`)."""
     return (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and dy._c_contiguous
-            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0) and backward_fits(_rows(x, k)[1], x.dtype))
+            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0, residual, bias)
+            and backward_fits(_rows(x, k)[1], x.dtype))
 
 
-def layernorm_forward(x, gamma, beta, k: int, eps: float):
-    """``(y, mean, rstd)``: ``y`` of ``x``'s shape and dtype; ``mean``, ``rstd`` one per row in the compute type."""
+def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=None):
+    """``(y, mean, rstd)``: ``y`` of ``x``'s shape and dtype; ``mean``, ``rstd`` one per row in the compute type.
+    With ``residual`` (like ``x``) and/or ``bias`` (the normalised shape, compute type) the rows normalised are
+    those of ``x + residual + bias``, summed on the fly (the sum is never stored)."""
     rows, length = _rows(x, k)
     vw, tpr, rpb, items = launch_shape(length, x.dtype)
     cdt = compute_dtype(x.dtype)
@@ -358,12 +376,14 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float):
     fn = _module(x.dtype, length).get_function("ln_fwd")
     null = np.uint64(0)
     fn((-(-rows // rpb),), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
-                                          stats[0], stats[1], np.int64(rows), np.float64(eps)))
+                                          stats[0], stats[1], np.int64(rows), np.float64(eps),
+                                          null if residual is None else residual, null if bias is None else bias))
     return y, stats[0], stats[1]
 
 
-def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True):
-    """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``."""
+def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True, residual=None, bias=None):
+    """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``;
+    with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     vw, tpr, rpb, items = launch_shape(length, x.dtype, "backward")
     cdt = compute_dtype(x.dtype)
@@ -375,7 +395,8 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     null = np.uint64(0)
     mod.get_function("ln_bwd")((groups,), (tpr * rpb,), (
         dy, x, null if gamma is None else gamma, mean, rstd, dx, null if parts is None else parts[0],
-        null if parts is None else parts[1], np.int64(rows), np.int32(need_params)))
+        null if parts is None else parts[1], np.int64(rows), np.int32(need_params),
+        null if residual is None else residual, null if bias is None else bias))
     if not need_params:
         return dx, None, None
     out = cupy.empty((2, length), cdt)

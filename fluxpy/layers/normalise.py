@@ -211,15 +211,20 @@ class LayerNorm:
         self.gamma = ones32(self.shape) if affine else None
         self.beta = zeros32(self.shape) if affine else None
 
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, residual: Array | None = None) -> Array:
+        """``act(layernorm(x))``; with ``residual`` (``x``'s shape and dtype), of ``x + residual``, summed inside the
+        layer norm's kernels on the GPU (the post-norm residual block in one pass each way)."""
         k = len(self.shape)
         if not hasattr(x, "shape") or tuple(x.shape[-k:]) != self.shape or len(x.shape) < k:
             _fail(self, f"x.shape[-{k}:] == {self.shape}", x)
+        if residual is not None and (not hasattr(residual, "shape") or tuple(residual.shape) != tuple(x.shape)
+                                     or residual.dtype != x.dtype):
+            _fail(self, f"residual of x's shape {tuple(x.shape)} and dtype {x.dtype}", residual)
         if self.gamma is not None:
             _require_norm_dtype(self, x, self.gamma.dtype)
         else:
             _require_float(self, x)
-        y = layernorm(x, self.gamma, self.beta, tuple(range(-k, 0)), self.eps)
+        y = layernorm(x, self.gamma, self.beta, tuple(range(-k, 0)), self.eps, residual=residual)
         return y if self.act is identity else bias_act(y, None, self.act)
 
     def __repr__(self):

@@ -178,19 +178,30 @@ def batchnorm_infer(x: Array, gamma: Array | None, beta: Array | None, running_m
 
 
 def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
-              axes: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Array:
+              axes: int | tuple[int, ...] = -1, eps: float = 1e-5, residual: Array | None = None,
+              bias: Array | None = None) -> Array:
     """Layer norm: ``normalise(x, axes) * gamma + beta``.
 
     Statistics are per sample, over ``axes`` (an int or tuple, the last axis by default; PyTorch's ``layer_norm`` with
     ``normalized_shape = x.shape[-k:]`` is ``axes=(-k, ..., -1)``). ``gamma`` and ``beta``
     broadcast against ``x``, usually with the shape of the normalised axes (None for none).
 
+    ``residual`` (``x``'s shape and dtype) and ``bias`` (broadcasting to ``x``) make it the layer norm of
+    ``x + residual + bias``, the post-norm residual block's; on the GPU the sum is made on the fly by the
+    layer-norm kernels, one read of each input and one write of the output, never stored (the backward sums again).
+    The halves add in float32.
+
     >>> import numpy as np
     >>> layernorm(np.array([[1.0, 3.0], [0.0, 10.0]]), np.full(2, 2.0), np.ones(2), eps=0.0)
     array([[-1.,  3.],
            [-1.,  3.]])
+    >>> layernorm(np.array([[1.0, 2.0]]), residual=np.array([[0.0, 1.0]]), bias=np.array([1.0, 0.0]), eps=0.0)
+    array([[-1.,  1.]])
     """
-    for name, p in (("gamma", gamma), ("beta", beta)):
+    if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
+        raise ValueError(f"layernorm: residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
+                         f"{tuple(residual.shape)} {residual.dtype}")
+    for name, p in (("gamma", gamma), ("beta", beta), ("bias", bias)):
         if p is not None:
             try:
                 ok = np.broadcast_shapes(tuple(x.shape), tuple(p.shape)) == tuple(x.shape)
@@ -201,13 +212,25 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
                                  f"{tuple(x.shape)}")
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
-    check_half_mix("layernorm", x=x, gamma=gamma, beta=beta)
+    check_half_mix("layernorm", x=x, gamma=gamma, beta=beta, bias=bias)
     k = _trailing(dims, x.ndim)
-    if k and _one_tape_level(x, gamma, beta) and \
-            find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps) is not None:
-        return _layernorm_rows(x, gamma, beta, k, eps)
-    y = _affine(normalise(x, axes, eps), gamma, beta, None)
+    if k and _one_tape_level(x, gamma, beta, residual, bias) and \
+            find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps, value_of(residual),
+                 value_of(bias)) is not None:
+        return _layernorm_rows(x, gamma, beta, residual, bias, k, eps)
+    summed = _summed(x, residual, bias)
+    y = _affine(normalise(summed, axes, eps), gamma, beta, None)
     return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+def _summed(x, residual, bias):
+    """``x + residual + bias`` (each where given); the halves add in float32, as the kernels do."""
+    if residual is None and bias is None:
+        return x
+    s = astype(x, np.float32) if is_half(x.dtype) else x
+    if residual is not None:
+        s = s + (astype(residual, s.dtype) if is_half(residual.dtype) else residual)
+    return s if bias is None else s + bias
 
 
 def _trailing(dims, ndim):
@@ -223,30 +246,38 @@ def _one_tape_level(*args):
     return len(levels) <= 1 and not any(is_tracked(a) and is_tracked(a.value) for a in args)
 
 
-def _layernorm_rows_impl(x, gamma, beta, k, eps):
-    return find("layernorm_forward", x, gamma, beta, k, eps)(x, gamma, beta, k, eps)[0]
+def _layernorm_rows_impl(x, gamma, beta, residual, bias, k, eps):
+    args = (x, gamma, beta, k, eps, residual, bias)
+    return find("layernorm_forward", *args)(*args)[0]
 
 
-def _layernorm_rows_rule(needs, x, gamma, beta, k, eps):
-    y, mean, rstd = find("layernorm_forward", x, gamma, beta, k, eps)(x, gamma, beta, k, eps)
+def _layernorm_rows_rule(needs, x, gamma, beta, residual, bias, k, eps):
+    args = (x, gamma, beta, k, eps, residual, bias)
+    y, mean, rstd = find("layernorm_forward", *args)(*args)
 
     def layernorm_pullback(dy):
-        dx, dgamma, dbeta = layernorm_backward(dy, x, gamma, mean, rstd, k, needs[1] or needs[2])
-        return (dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None), None, None
+        ds, dgamma, dbeta = layernorm_backward(dy, x, gamma, mean, rstd, k, needs[1] or needs[2], residual, bias)
+        dbias = None
+        if needs[4]:   # the bias is added to every row: its cotangent sums the rows, in the bias's dtype
+            lead = tuple(range(ds.ndim - k))
+            dbias = _sum(astype(ds, bias.dtype) if ds.dtype != bias.dtype else ds, lead)
+        return ((ds if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
+                (ds if needs[3] else None), dbias, None, None)
     return y, layernorm_pullback
 
 
 _layernorm_rows = Primitive("layernorm_rows", _layernorm_rows_rule, impl=_layernorm_rows_impl, needs_mask=True)
 
 
-def _layernorm_backward_composite(dy, x, gamma, mean, rstd, k, need_params):
+def _layernorm_backward_composite(dy, x, gamma, mean, rstd, k, need_params, residual=None, bias=None):
     """``(dx, dgamma, dbeta)`` of the layer norm over the last ``k`` axes, from the forward's per-row ``mean`` and
-    ``rstd``, with fluxpy ops (computed in ``mean``'s dtype, ``dx`` rounded to ``x``'s)."""
+    ``rstd``, with fluxpy ops (computed in ``mean``'s dtype, ``dx`` rounded to ``x``'s); with ``residual``/``bias``
+    the normalised rows are those of ``x + residual + bias`` and ``dx`` is their cotangent."""
     axes = tuple(range(x.ndim - k, x.ndim))
     lead = tuple(range(x.ndim - k))
     rows = x.shape[:x.ndim - k] + (1,) * k
     cdt = mean.dtype
-    xc, dyc = astype(x, cdt), astype(dy, cdt)
+    xc, dyc = astype(_summed(x, residual, bias), cdt), astype(dy, cdt)
     mu, rs = reshape(mean, rows), reshape(rstd, rows)
     xhat = (xc - mu) * rs
     g = dyc if gamma is None else dyc * gamma

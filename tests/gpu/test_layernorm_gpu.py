@@ -125,3 +125,25 @@ def test_the_fused_pullback_differentiates_in_dy():
     got = fluxpy.gradient(lambda d: outer(d, x, g, b), dy)[0]
     want = fluxpy.gradient(lambda d: outer(d, xh, gh, bh), dyh)[0]
     _check(got, want, np.float64, "d/d(dy) of |dx|^2", 40)
+
+
+@pytest.mark.parametrize("length", [64, 768, 5140, 12288])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=str)
+def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, dtype):
+    """``layernorm(x, g, b, residual=r, bias=c)`` = layer norm of ``x + r + c``, summed inside the kernels: y and
+    the cotangents of x, r, c, gamma, beta against float64 on the CPU."""
+    cp = cupy_module()
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((3, 11), (length,), dtype, True, seed=6)
+    (r, _, c, _), (rh, _, ch, _) = _case((3, 11), (length,), dtype, True, seed=7)
+    assert find("layernorm_forward", x, g, b, 1, 1e-5, r, c) is not None
+
+    def loss(x, r, c, g, b, dy):
+        return (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum()
+    y = layernorm(x, g, b, residual=r, bias=c)
+    _check(y, layernorm(xh + rh + ch, gh, bh), dtype, "y of x + r + c")
+    got = fluxpy.gradient(lambda x, r, c, g, b: loss(x, r, c, g, b, dy), x, r, c, g, b)
+    want = fluxpy.gradient(lambda x, r, c, g, b: loss(x, r, c, g, b, dyh), xh, rh, ch, gh, bh)
+    for name, a, w in zip(("dx", "dresidual", "dbias", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, name, length if name in ("dx", "dresidual") else 33 * 4)
+    layer = fluxpy.gpu(fluxpy.LayerNorm(length))
+    assert cp.array_equal(layer(x, residual=r), layernorm(x, layer.gamma, layer.beta, residual=r))
