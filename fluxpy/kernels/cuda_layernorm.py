@@ -131,6 +131,18 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const
 // dx per row, in two sweeps over the row (the second rereads x and dy, from L2 as a rule) so that a thread holds
 // only its column sums of dy * xhat (ag) and dy (ab) over the rows its group visits. The RPB groups of a block add
 // theirs in shared memory in a fixed order; the block writes them as row blockIdx.x of the partials.
+// Of vector j of a row: xh = (x [+ res + bias] - mu) * rs, d = dy and g = dy * gamma.
+__device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bias, const T* dy, const C* gamma,
+                                           long long row, int j, C mu, C rs, C* xh, C* g, C* d) {
+    load_vec(x, res, bias, row, j, xh);
+    load_vec(dy, nullptr, nullptr, row, j, d);
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) {
+        xh[u] = (xh[u] - mu) * rs;
+        g[u] = gamma ? d[u] * gamma[j * VW + u] : d[u];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, const T* x, const C* gamma,
                                                                const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                long long R, int want_params, const T* res,
@@ -152,15 +164,12 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
         for (int i = 0; i < ITEMS; ++i) {
             const int j = i * TPR + tid;
             if (valid && j < LV) {
-                C xv[VW], gv[VW];
-                load_vec(x, res, bias, row, j, xv);
-                load_vec(dy, nullptr, nullptr, row, j, gv);
+                C xh[VW], g[VW], d[VW];
+                xhat_and_g(x, res, bias, dy, gamma, row, j, mu, rs, xh, g, d);
                 #pragma unroll
                 for (int u = 0; u < VW; ++u) {
-                    const C xh = (xv[u] - mu) * rs;
-                    const C g = gamma ? gv[u] * gamma[j * VW + u] : gv[u];
-                    s1 += g; s2 += g * xh;
-                    ag[i * VW + u] += gv[u] * xh; ab[i * VW + u] += gv[u];
+                    s1 += g[u]; s2 += g[u] * xh[u];
+                    ag[i * VW + u] += d[u] * xh[u]; ab[i * VW + u] += d[u];
                 }
             }
         }
@@ -169,17 +178,12 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
         for (int i = 0; i < ITEMS; ++i) {
             const int j = i * TPR + tid;
             if (valid && j < LV) {
-                C xv[VW], gv[VW];
-                load_vec(x, res, bias, row, j, xv);
-                load_vec(dy, nullptr, nullptr, row, j, gv);
+                C xh[VW], g[VW], d[VW];
+                xhat_and_g(x, res, bias, dy, gamma, row, j, mu, rs, xh, g, d);
                 VT w;
                 T* e = (T*)&w;
                 #pragma unroll
-                for (int u = 0; u < VW; ++u) {
-                    const C xh = (xv[u] - mu) * rs;
-                    const C g = gamma ? gv[u] * gamma[j * VW + u] : gv[u];
-                    e[u] = STORE(rs * (g - m1 - xh * m2));
-                }
+                for (int u = 0; u < VW; ++u) e[u] = STORE(rs * (g[u] - m1 - xh[u] * m2));
                 ((VT*)(dx + row * (long long)L))[j] = w;
             }
         }
