@@ -23,8 +23,8 @@ the module (or ``fluxpy.ops``).
 from __future__ import annotations
 
 from . import augment, cifar, layout, losses, models, ops, optimise, schedules
-from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad,
-                       primitive, pullback, stop_gradient, value_of, withgradient)
+from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, hessian, in_gradient, is_tracked,
+                       jacobian, no_grad, primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .cifar import CIFARUnavailableError, load_cifar10
@@ -60,7 +60,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # autodiff
-    "gradient", "withgradient", "pullback", "primitive", "Primitive", "Tracked", "no_grad", "stop_gradient",
+    "gradient", "withgradient", "pullback", "jacobian", "hessian", "primitive", "Primitive", "Tracked", "no_grad",
+    "stop_gradient",
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",

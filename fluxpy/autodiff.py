@@ -35,7 +35,8 @@ from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
 from .layout import keeping_layout
 
-__all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "no_grad",
+__all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
+           "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
            "DetachedGradientWarning"]
 
@@ -566,16 +567,36 @@ def _detached_reason(who, y, boxes, tracked):
             "value_of, stop_gradient or no_grad?")
 
 
-def _withgradient(f, args, who, fname="f"):
-    """``(value, gradients, detached)``; ``detached`` is None or the reason every gradient is None."""
+def _withgradient(f, args, who, fname="f", aux=False):
+    """``(value, gradients, detached)``; ``detached`` is None or the reason every gradient is None. With ``aux``, a
+    tuple ``f`` returns is ``(loss, *auxiliary)``: the gradient is the loss's and ``value`` the whole tuple."""
     with paused_while_recording:   # see fluxpy.collector: no collector scans while the tape is alive
-        return _withgradient_now(f, args, who, fname)
+        return _withgradient_now(f, args, who, fname, aux)
 
 
-def _withgradient_now(f, args, who, fname):
+def _plain(tree):
+    """``tree`` (tuples, lists, dicts) with every Tracked leaf replaced by its plain value."""
+    if type(tree) is tuple or type(tree) is list:
+        return type(tree)(_plain(v) for v in tree)
+    if type(tree) is dict:
+        return {k: _plain(v) for k, v in tree.items()}
+    return value_of(tree)
+
+
+def _withgradient_now(f, args, who, fname, aux=False):
     level = next(_levels)
     boxed, boxes = _box_args(args, level)
     y = _call_recording(f, boxed)
+    extra = None
+    if aux and type(y) is tuple:
+        if not y:
+            raise ValueError(f"{who}: {fname} returned an empty tuple; return the loss, or (loss, auxiliary...)")
+        y, extra = y[0], _plain(y[1:])
+    value, grads, detached = _withgradient_of(who, fname, y, args, boxes, level)
+    return (value if extra is None else (value, *extra)), grads, detached
+
+
+def _withgradient_of(who, fname, y, args, boxes, level):
     if not _is_scalar(y):
         raise ValueError(f"{who}: {fname} must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
                          "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
@@ -592,12 +613,19 @@ def withgradient(f: Callable, *args: Any) -> tuple[Any, tuple]:
     ``gradients`` has one entry per argument, shaped like it (see :func:`gradient`), including the
     :class:`DetachedGradientWarning` when the result does not depend on any argument.
 
+    Where ``f`` returns a tuple, its first element is the loss and the rest is auxiliary output (Zygote's rule):
+    the gradients are the loss's, and the value is the whole tuple, every element a plain value (the loss and,
+    say, the model's predictions or a metric computed on the way).
+
     >>> import numpy as np
     >>> val, (g,) = withgradient(lambda x: (x * x).sum(), np.array([1.0, 2.0]))
     >>> float(val), g
     (5.0, array([2., 4.]))
+    >>> (loss, y), (g,) = withgradient(lambda x: ((x * x).sum(), x * 3), np.array([1.0, 2.0]))
+    >>> float(loss), y, g
+    (5.0, array([3., 6.]), array([2., 4.]))
     """
-    value, grads, detached = _withgradient(f, args, "withgradient")
+    value, grads, detached = _withgradient(f, args, "withgradient", aux=True)
     if detached:
         warnings.warn(detached, DetachedGradientWarning, stacklevel=2)
     return value, grads
@@ -656,6 +684,55 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
         return _shape_grads(args, boxes, _backprop(y.node, dy, release=False))
     return value, back
+
+
+def jacobian(f: Callable, *args: Any) -> tuple:
+    """The Jacobian of ``f`` at ``args`` (float arrays or Python floats): one matrix per argument,
+    ``J[i, j] = d y.ravel()[i] / d x.ravel()[j]`` of shape ``(y.size, x.size)``, as Zygote's ``jacobian`` (which
+    flattens in Julia's column order; here NumPy's C order). One pullback per element of ``y`` (reverse mode),
+    on the arrays' own device. The matrices are computed values: ``jacobian`` itself is not differentiated.
+
+    >>> import numpy as np
+    >>> jacobian(lambda x: x * x, np.array([1.0, 2.0]))
+    (array([[2., 0.],
+           [0., 4.]]),)
+    """
+    for i, a in enumerate(args):
+        if not (is_float_array(a) or type(a) is float):
+            raise TypeError(f"jacobian: argument {i} must be a float array or a Python float, got {_describe(a)}")
+    y, back = pullback(f, *args)
+    yv = value_of(y)
+    if not (is_float_array(yv) or isinstance(yv, (float, np.floating))):
+        raise TypeError(f"jacobian: f must return a float array or a Python float, got {_describe(yv)}")
+    xp = get_array_module(yv, *args)
+    yv = xp.asarray(yv)
+    n = int(yv.size)
+    mats = [xp.zeros((n, int(np.size(a))), dtype=np.result_type(yv.dtype, getattr(a, "dtype", np.float64)))
+            for a in args]
+    basis = xp.zeros(n, dtype=yv.dtype)
+    for i in range(n):
+        basis[i] = 1
+        for k, g in enumerate(back(basis.reshape(yv.shape))):
+            if g is not None:
+                mats[k][i] = xp.asarray(g).reshape(-1)
+        basis[i] = 0
+    return tuple(mats)
+
+
+def hessian(f: Callable, x: Any) -> Any:
+    """The Hessian of scalar ``f`` at ``x`` (a float array or a Python float): ``H[i, j] = d^2 f / dx.ravel()[i]
+    dx.ravel()[j]``, of shape ``(x.size, x.size)`` (Zygote's ``hessian``, NumPy's C order), the Jacobian of the
+    gradient (reverse over reverse through the tape).
+
+    >>> import numpy as np
+    >>> hessian(lambda x: (x ** 3).sum(), np.array([1.0, 2.0]))
+    array([[ 6.,  0.],
+           [ 0., 12.]])
+    """
+    def grad(z):
+        (g,) = gradient(f, z)
+        return z * 0 if g is None else g
+    return jacobian(grad, x)[0]
 
 
 def _ones_like(v):

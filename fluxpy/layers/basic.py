@@ -41,15 +41,40 @@ class Chain:
     Traceback (most recent call last):
     ...
     fluxpy.layers.DimensionMismatch: Chain layer 0: Dense(2 => 3, relu) expects x.shape[-1] == 2, got (5, 7) float32
+
+    Layers given by name (Flux's named Chain) are reached as attributes or by their name; the gradient and the
+    optimiser state keep the same ``layers`` tuple as an unnamed Chain (``names`` only labels it):
+
+    >>> ae = Chain(enc=Dense(4, 2), dec=Dense(2, 4))
+    >>> ae.enc, ae["dec"], ae.names
+    (Dense(4 => 2), Dense(2 => 4), ('enc', 'dec'))
+    >>> ae[1:].names
+    ('dec',)
     """
 
-    def __init__(self, *layers: Callable | Sequence[Callable]) -> None:
-        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+    def __init__(self, *layers: Callable | Sequence[Callable], **named: Callable) -> None:
+        if named and layers:
+            raise TypeError("Chain takes its layers either in order or by name, not both (as Flux's Chain)")
+        names = None
+        if named:
+            names, layers = tuple(named), tuple(named.values())
+            clash = [n for n in names if hasattr(type(self), n) or n in ("layers", "names")]
+            if clash:
+                raise ValueError(f"Chain: the layer name {clash[0]!r} is taken by Chain itself; choose another")
+        elif len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
         for i, f in enumerate(layers):
             if not callable(f):
-                raise TypeError(f"Chain: layer {i} is not callable: {f!r}")
+                what = f"layer {names[i]!r}" if names else f"layer {i}"
+                raise TypeError(f"Chain: {what} is not callable: {f!r}")
         self.layers = tuple(layers)
+        self.names = names
+
+    def __getattr__(self, name):
+        names = self.__dict__.get("names")
+        if names and name in names:
+            return self.__dict__["layers"][names.index(name)]
+        raise AttributeError(f"{type(self).__name__} has no attribute or layer named {name!r}")
 
     def __call__(self, x: Array) -> Array:
         layers = self.layers
@@ -63,12 +88,19 @@ class Chain:
                     continue
                 x = f(x)
             except (DimensionMismatch, DTypeMismatch) as err:
-                raise type(err)(f"Chain layer {i}: {err}") from None
+                where = f"{i} ({self.names[i]})" if self.names else f"{i}"
+                raise type(err)(f"Chain layer {where}: {err}") from None
             i += 1
         return x
 
     def __getitem__(self, index):
+        if isinstance(index, str):
+            if not self.names or index not in self.names:
+                raise KeyError(f"Chain has no layer named {index!r}; its names are {self.names}")
+            return self.layers[self.names.index(index)]
         if isinstance(index, slice):
+            if self.names:
+                return Chain(**dict(zip(self.names[index], self.layers[index])))
             return Chain(*self.layers[index])
         return self.layers[index]
 
@@ -80,7 +112,10 @@ class Chain:
 
     def __repr__(self):
         if _inside_repr():
-            return f"Chain({', '.join(_layer_repr(f) for f in self.layers)})"
+            parts = [_layer_repr(f) for f in self.layers]
+            if self.names:
+                parts = [f"{n} = {p}" for n, p in zip(self.names, parts)]
+            return f"Chain({', '.join(parts)})"
         return _block_repr(self, Chain)
 
 

@@ -99,13 +99,15 @@ def _param_comment(model):
 
 def _block_lines(chain, indent, block_type):
     lines = []
-    for f in chain.layers:
+    names = getattr(chain, "names", None) or (None,) * len(chain.layers)
+    for f, name in zip(chain.layers, names):
+        label = "" if name is None else f"{name} = "
         if isinstance(f, block_type) and len(f.layers) > 0:
-            lines.append((indent + "Chain(", ""))
+            lines.append((indent + label + "Chain(", ""))
             lines.extend(_block_lines(f, indent + "  ", block_type))
             lines.append((indent + "),", ""))
         else:
-            lines.append((indent + _layer_repr(f) + ",", _param_comment(f)))
+            lines.append((indent + label + _layer_repr(f) + ",", _param_comment(f)))
     return lines
 
 
