@@ -46,8 +46,9 @@ from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, 
 from .ops import abs, max, min, sum  # noqa: F401  (fluxpy.sum etc.; kept out of __all__, see the docstring)
 from .precision import DynamicLossScale, MixedPrecision, bf16, f16, mixed_precision
 from .profile import profile
-from .optimise import (Adam, AdamW, ClipGrad, ClipNorm, Descent, Momentum, Nesterov, OptimiserChain, RMSProp,
-                       WeightDecay, adjust, freeze, setup, thaw, update)
+from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent, Lion,
+                       Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay, WeightDecay, adjust,
+                       freeze, setup, thaw, update)
 from .random import seed
 from .step import CaptureWarning, TrainStep
 from .train import TrainingDiverged, train
@@ -80,7 +81,8 @@ __all__ = [
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
-    "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "setup", "update", "adjust", "freeze", "thaw",
+    "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
+    "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
     "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "cifar", "augment", "schedules", "models",
     "TrainStep", "CaptureWarning",

@@ -36,7 +36,8 @@ from .kernels.halfs import is_half
 from .functors import _trainable_keys, children
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
-           "ClipNorm", "OptimiserChain", "Leaf", "setup", "update", "adjust", "freeze", "thaw"]
+           "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
+           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw"]
 
 
 class Rule:
@@ -82,11 +83,13 @@ class Rule:
         if is_half(x.dtype):
             wide = x.astype(np.float32)
             state, step = self.apply(state, wide, dx.astype(np.float32))
-            wide -= step
-            x[...] = wide.astype(x.dtype)
+            if step is not None:
+                wide -= step
+                x[...] = wide.astype(x.dtype)
             return state
         state, step = self.apply(state, x, dx)
-        x -= step
+        if step is not None:   # None: no step this time (AccumGrad between its updates)
+            x -= step
         return state
 
     def guarded_kernel(self, x: Array, dx: Array) -> bool:
@@ -427,11 +430,307 @@ class OptimiserChain(Rule):
             r.check(x, dx)
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
-        new = []
-        for rule, s in zip(self.rules, state):
-            s, dx = rule.apply(s, x, dx)
-            new.append(s)
+        new = list(state)
+        for i, rule in enumerate(self.rules):
+            if dx is None:   # an earlier rule holds this step back (AccumGrad): the rest keep their state
+                break
+            new[i], dx = rule.apply(state[i], x, dx)
         return tuple(new), dx
+
+
+_HOST_COUNTERS = ("an Optimisers.jl rule with host-side counters (beta^t, a step count) stepping inside a CUDA "
+                  "graph capture: the graph would freeze them; use Adam, AdamW, Momentum or Descent in a captured "
+                  "step, or run this rule eagerly")
+
+
+def _moments(state, dx, beta):
+    """Adam's moments updated in place: ``m = b1 m + (1 - b1) dx``, ``v = b2 v + (1 - b2) dx^2``."""
+    m, v = state[0], state[1]
+    b1, b2 = beta
+    m *= b1
+    m += (1 - b1) * dx
+    v *= b2
+    v += (1 - b2) * (dx * dx)
+    return m, v
+
+
+def _zeros2(x, beta):
+    xp = get_array_module(x)
+    return xp.zeros_like(x), xp.zeros_like(x), tuple(beta)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaGrad(Rule):
+    """AdaGrad (Optimisers.jl's): ``acc += dx^2`` (``acc`` starts at ``eps``), ``step = eta dx / (sqrt(acc) + eps)``.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(AdaGrad(0.1), w), w, np.array([2.0]))
+    >>> w.round(6)
+    array([-0.1])
+    """
+    eta: float = 0.1
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return get_array_module(x).full_like(x, self.eps)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        state += dx * dx
+        return state, dx * self.eta / (get_array_module(x).sqrt(state) + self.eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaDelta(Rule):
+    """AdaDelta (Optimisers.jl's): ``acc = rho acc + (1 - rho) dx^2``, ``step = dx sqrt(dacc + eps) / sqrt(acc + eps)``,
+    then ``dacc = rho dacc + (1 - rho) step^2``; no learning rate.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(AdaDelta(0.9, 1e-6), w), w, np.array([1.0]))
+    >>> w.round(6)   # -sqrt(1e-6) / sqrt(0.1 + 1e-6)
+    array([-0.003162])
+    """
+    rho: float = 0.9
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        xp = get_array_module(x)
+        return xp.zeros_like(x), xp.zeros_like(x)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        xp = get_array_module(x)
+        acc, dacc = state
+        acc *= self.rho
+        acc += (1 - self.rho) * (dx * dx)
+        step = dx * xp.sqrt(dacc + self.eps) / xp.sqrt(acc + self.eps)
+        dacc *= self.rho
+        dacc += (1 - self.rho) * (step * step)
+        return state, step
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaMax(Rule):
+    """AdaMax, Adam on the infinity norm: ``u = max(b2 u, |dx|)``, ``step = eta / (1 - b1^t) m / (u + eps)``.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(AdaMax(0.1), w), w, np.array([3.0]))
+    >>> w.round(6)
+    array([-0.1])
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return _zeros2(x, self.beta)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        refuse(_HOST_COUNTERS)
+        xp = get_array_module(x)
+        m, u, (b1t, b2t) = state
+        b1, b2 = self.beta
+        m *= b1
+        m += (1 - b1) * dx
+        u *= b2
+        xp.maximum(u, xp.abs(dx), out=u)
+        return (m, u, (b1t * b1, b2t * b2)), (self.eta / (1 - b1t)) * m / (u + self.eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class OAdam(Rule):
+    """Optimistic Adam: ``term = eta (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``, ``step = 2 term - term_prev``.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(OAdam(0.1), w), w, np.array([1.0]))
+    >>> w.round(6)   # twice Adam's first step
+    array([-0.2])
+    """
+    eta: float = 0.001
+    beta: tuple = (0.5, 0.9)
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return (*_zeros2(x, self.beta), get_array_module(x).zeros_like(x))
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        refuse(_HOST_COUNTERS)
+        xp = get_array_module(x)
+        m, v, (b1t, b2t), term = state
+        _moments(state, dx, self.beta)
+        prev = term.copy()
+        term[...] = self.eta * m / (1 - b1t) / (xp.sqrt(v / (1 - b2t)) + self.eps)
+        b1, b2 = self.beta
+        return (m, v, (b1t * b1, b2t * b2), term), 2 * term - prev
+
+
+@dataclasses.dataclass(frozen=True)
+class NAdam(Rule):
+    """NAdam, Adam with Nesterov momentum (Optimisers.jl's formula):
+    ``step = eta (b1 m / (1 - b1 b1^t) + (1 - b1) dx / (1 - b1^t)) / (sqrt(v b2 / (1 - b2^t)) + eps)``.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(NAdam(0.1), w), w, np.array([1.0]))
+    >>> float(w[0]) < 0
+    True
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return _zeros2(x, self.beta)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        refuse(_HOST_COUNTERS)
+        xp = get_array_module(x)
+        m, v, (b1t, b2t) = state
+        _moments(state, dx, self.beta)
+        b1, b2 = self.beta
+        step = (b1 * m / (1 - b1 * b1t) + (1 - b1) * dx / (1 - b1t)) / (xp.sqrt(v * b2 / (1 - b2t)) + self.eps)
+        return (m, v, (b1t * b1, b2t * b2)), step * self.eta
+
+
+@dataclasses.dataclass(frozen=True)
+class RAdam(Rule):
+    """Rectified Adam: Adam's step times ``r(t)`` once the variance estimate is trustworthy (``rho_t > 4``), plain
+    bias-corrected momentum before (Optimisers.jl's formulas).
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(RAdam(0.1), w), w, np.array([1.0]))
+    >>> w.round(6)   # the first steps are momentum: 0.1 * m / (1 - b1)
+    array([-0.1])
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return (*_zeros2(x, self.beta), 1)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        refuse(_HOST_COUNTERS)
+        xp = get_array_module(x)
+        m, v, (b1t, b2t), t = state
+        _moments(state, dx, self.beta)
+        b1, b2 = self.beta
+        rho_inf = 2 / (1 - b2) - 1
+        rho = rho_inf - 2 * t * b2t / (1 - b2t)
+        if rho > 4:
+            r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            step = m / (1 - b1t) / (xp.sqrt(v / (1 - b2t)) + self.eps) * (self.eta * r)
+        else:
+            step = m / (1 - b1t) * self.eta
+        return (m, v, (b1t * b1, b2t * b2), t + 1), step
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaBelief(Rule):
+    """AdaBelief: Adam with the variance of the gradient around its mean, ``s = b2 s + (1 - b2) (dx - m)^2 + eps``,
+    ``step = eta (m / (1 - b1^t)) / (sqrt(s / (1 - b2^t)) + eps)``.
+
+    >>> import numpy as np
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(AdaBelief(0.1), w), w, np.array([1.0]))
+    >>> float(w[0]) < 0
+    True
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-16
+
+    def init(self, x: Array) -> Any:
+        return _zeros2(x, self.beta)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        refuse(_HOST_COUNTERS)
+        xp = get_array_module(x)
+        m, s, (b1t, b2t) = state
+        b1, b2 = self.beta
+        m *= b1
+        m += (1 - b1) * dx
+        d = dx - m
+        s *= b2
+        s += (1 - b2) * (d * d) + self.eps
+        step = self.eta * m / (1 - b1t) / (xp.sqrt(s / (1 - b2t)) + self.eps)
+        return (m, s, (b1t * b1, b2t * b2)), step
+
+
+@dataclasses.dataclass(frozen=True)
+class Lion(Rule):
+    """Lion: ``step = eta sign((b2 - b1) dx + b1 m)`` after ``m = b2 dx + (1 - b2) m`` (Optimisers.jl's form).
+
+    >>> import numpy as np
+    >>> w = np.zeros(2)
+    >>> _ = update(setup(Lion(0.1), w), w, np.array([3.0, -0.01]))
+    >>> w
+    array([-0.1,  0.1])
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+
+    def init(self, x: Array) -> Any:
+        return get_array_module(x).zeros_like(x)
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        b1, b2 = self.beta
+        state *= 1 - b2
+        state += b2 * dx
+        return state, self.eta * get_array_module(x).sign((b2 - b1) * dx + b1 * state)
+
+
+@dataclasses.dataclass(frozen=True)
+class SignDecay(Rule):
+    """Adds ``lambd * sign(x)`` to the gradient (L1 regularisation); put it first in a chain.
+
+    >>> import numpy as np
+    >>> w = np.array([2.0, -2.0])
+    >>> _ = update(setup(OptimiserChain(SignDecay(0.5), Descent(0.1)), w), w, np.zeros(2))
+    >>> w
+    array([ 1.95, -1.95])
+    """
+    lambd: float = 1e-3
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        return state, dx + self.lambd * get_array_module(x).sign(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumGrad(Rule):
+    """Accumulates ``n`` gradients and passes their mean on at every ``n``-th update (nothing in between):
+    ``OptimiserChain(AccumGrad(n), Adam())`` trains with ``n`` times the batch a step.
+
+    >>> import numpy as np
+    >>> w = np.array([1.0])
+    >>> st = setup(OptimiserChain(AccumGrad(2), Descent(0.1)), w)
+    >>> _ = update(st, w, np.array([4.0])); w    # held back
+    array([1.])
+    >>> _ = update(st, w, np.array([2.0])); w    # the mean, 3, applied
+    array([0.7])
+    """
+    n: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"AccumGrad must accumulate at least one gradient: n an int >= 1, got {self.n!r}")
+
+    def init(self, x: Array) -> Any:
+        return get_array_module(x).zeros_like(x), 1
+
+    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array | None]:
+        refuse(_HOST_COUNTERS)
+        acc, count = state
+        if count == 1:
+            acc[...] = dx / self.n
+        else:
+            acc += dx / self.n
+        if count == self.n:
+            return (acc, 1), acc
+        return (acc, count + 1), None
 
 
 def _check_rule(rule, where):
