@@ -1,4 +1,5 @@
-"""Learning-rate schedules in the spirit of ParameterSchedulers.jl: :class:`Step`, :class:`Cosine`, :class:`Constant`.
+"""Learning-rate schedules in the spirit of ParameterSchedulers.jl: :class:`Step`, :class:`Cosine` (with warm-up),
+:class:`Exp`, :class:`Constant`.
 
 A schedule is a small immutable callable: ``schedule(t)`` is the value at epoch (or step) ``t``,
 counted from 1 as in ParameterSchedulers.jl and fluxpy's examples. Set it on an optimiser's state
@@ -21,7 +22,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-__all__ = ["Step", "Cosine", "Constant"]
+__all__ = ["Step", "Cosine", "Exp", "Constant"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +116,31 @@ class Cosine:
         if s >= self.period - 1:
             return self.stop
         return self.stop + (self.start - self.stop) * (1 + math.cos(math.pi * s / (self.period - 1))) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Exp:
+    """Exponential decay: ``start * decay ** (t - 1)`` (ParameterSchedulers.jl's ``Exp``), never below ``floor``.
+
+    >>> s = Exp(1.0, 0.5)
+    >>> [s(t) for t in range(1, 5)]
+    [1.0, 0.5, 0.25, 0.125]
+    >>> Exp(1.0, 0.1, floor=0.05)(4)
+    0.05
+    """
+    start: float
+    decay: float
+    floor: float = dataclasses.field(default=0.0, kw_only=True)
+
+    def __post_init__(self):
+        _check_value(self, "start", self.start)
+        _check_value(self, "floor", self.floor, positive=False)
+        if not (isinstance(self.decay, numbers.Real) and not isinstance(self.decay, bool) and 0 < self.decay <= 1):
+            raise ValueError(f"Exp expects decay in (0, 1], got {self.decay!r}")
+
+    def __call__(self, t: int) -> float:
+        t = _check_t(self, t)
+        return max(self.start * self.decay ** (t - 1), self.floor)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,3 +162,30 @@ def test_adjust_half_parameters_and_a_model_tree():
     assert w16.dtype == np.float16 and w16[0] < 1 and w16[1] > 2
     with pytest.raises(ValueError, match="no rule in the state tree has"):
         fluxpy.adjust(fluxpy.setup(O.AdaDelta(), np.ones(2)), 0.1)   # AdaDelta has no learning rate
+
+
+def test_exponential_schedule_and_its_checks():
+    from fluxpy.schedules import Exp
+    s = Exp(0.1, 0.9, floor=0.01)
+    values = [s(t) for t in range(1, 40)]
+    assert values[0] == 0.1 and all(a >= b for a, b in zip(values, values[1:])) and min(values) == 0.01
+    np.testing.assert_allclose(values[:3], [0.1, 0.09, 0.081])
+    for bad in (dict(start=0.1, decay=1.5), dict(start=-1.0, decay=0.5), dict(start=0.1, decay=0.0)):
+        with pytest.raises(ValueError, match="Exp expects"):
+            Exp(**bad)
+    with pytest.raises(ValueError, match="expects t to be an int >= 1"):
+        s(0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda init: fluxpy.Conv((3, 3), 2, 4, init=init), lambda init: fluxpy.ConvTranspose((2, 2), 4, 2, init=init),
+    lambda init: fluxpy.Dense(3, 5, init=init), lambda init: fluxpy.Embedding(7, 3, init=init)])
+def test_init_functions_must_return_a_float_array_of_the_weight_shape(make):
+    wrong_shape = lambda *shape, rng=None: np.zeros((1,) + shape, np.float32)     # noqa: E731
+    integers = lambda *shape, rng=None: np.zeros(shape, np.int32)                 # noqa: E731
+    right = lambda *shape, rng=None: np.full(shape, 0.5, np.float32)              # noqa: E731
+    with pytest.raises(ValueError, match="init must return a float array of shape"):
+        make(wrong_shape)
+    with pytest.raises(ValueError, match="init must return a float array of shape"):
+        make(integers)
+    assert float(make(right).weight.mean()) == 0.5

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import is_float_dtype
+from ..backend import is_float_array, is_float_dtype
 from ..kernels.halfs import is_half
 from ..ops.activations import identity
 
@@ -176,3 +176,19 @@ def _given_bias(bias, shape, name):
     if not hasattr(bias, "shape") or tuple(bias.shape) != shape:
         raise ValueError(f"{name}: bias must be True, False or an array of shape {shape}, got {bias!r}")
     return bias
+
+
+def _initialised(name, init, shape, rng):
+    """The weight ``init(*shape, rng=rng)`` makes, checked to be a float array of ``shape`` (Flux checks what a
+    layer's ``init`` returns): a wrong one is an error naming the layer here, not a shape error at the first call.
+
+    >>> import numpy as np
+    >>> _initialised("Dense", lambda *s, rng=None: np.zeros(s, np.float32), (2, 3), None).shape
+    (2, 3)
+    """
+    w = _callable(name, "init", init)(*shape, rng=rng)
+    if getattr(w, "shape", None) != tuple(shape) or not is_float_array(w):
+        got = (f"{type(w).__name__} of shape {tuple(w.shape)} and dtype {w.dtype}"
+               if hasattr(w, "shape") and hasattr(w, "dtype") else repr(w))
+        raise ValueError(f"{name}: init must return a float array of shape {tuple(shape)}, got {got}")
+    return w

@@ -18,7 +18,7 @@ from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.shape import reshape, transpose
 from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _describe_input, _fail,
-                      _given_bias, _positive_int, _require_dtype)
+                      _given_bias, _initialised, _positive_int, _require_dtype)
 from .init import RNG, glorot_uniform, randn32, zeros32
 from .show import _act_part, _block_repr, _fname, _inside_repr, _layer_repr
 
@@ -144,7 +144,7 @@ class Dense:
         in_features = _positive_int("Dense", "in_features", in_features)
         out_features = _positive_int("Dense", "out_features", out_features)
         self.act = _activation("Dense", act)
-        self.weight = _callable("Dense", "init", init)(out_features, in_features, rng=rng)
+        self.weight = _initialised("Dense", init, (out_features, in_features), rng)
         self.bias = zeros32(out_features) if bias is True else _given_bias(bias, (out_features,), "Dense")
 
     @property
@@ -193,7 +193,7 @@ class Embedding:
 
     def __init__(self, n: int, dim: int, init: Callable = randn32, rng: RNG = None) -> None:
         n, dim = _positive_int("Embedding", "n", n), _positive_int("Embedding", "dim", dim)
-        self.weight = _callable("Embedding", "init", init)(n, dim, rng=rng)
+        self.weight = _initialised("Embedding", init, (n, dim), rng)
 
     def __call__(self, x: Array | int) -> Array:
         x = value_of(x)

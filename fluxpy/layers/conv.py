@@ -12,7 +12,7 @@ from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the d
 from ..ops.bias_act import bias_act
 from ..ops.conv import conv_bias_act, conv_dims, conv_transpose
 from ..ops.shape import reshape
-from ._checks import (Array, _activation, _callable, _given_bias, _pad_option, _pair, _positive_int, _renamed,
+from ._checks import (Array, _activation, _given_bias, _initialised, _pad_option, _pair, _positive_int, _renamed,
                       _require_channels, _require_dtype)
 from .init import RNG, glorot_uniform, ones32, zeros32  # noqa: F401  (ones32: used by the docstring examples)
 from .show import _act_part, _options
@@ -50,7 +50,7 @@ class Conv:
         kernel, cin, cout, groups = _conv_sizes(name, kernel, cin, cout, groups)
         _check_geometry(name, stride, pad, dilation)
         self.act = _activation(name, act)
-        self.weight = _callable(name, "init", init)(cout, cin // groups, *kernel, rng=rng)
+        self.weight = _initialised(name, init, (cout, cin // groups, *kernel), rng)
         self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), name)
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
 
@@ -127,7 +127,7 @@ class ConvTranspose:
         if isinstance(pad, str) and any(out_pad):
             raise ValueError(f"ConvTranspose: output_padding must be 0 with pad=\"same\", got {output_padding!r}")
         self.act = _activation("ConvTranspose", act)
-        self.weight = _callable("ConvTranspose", "init", init)(cin, cout // groups, *kernel, rng=rng)
+        self.weight = _initialised("ConvTranspose", init, (cin, cout // groups, *kernel), rng)
         self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), "ConvTranspose")
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
         self.output_padding = output_padding
