@@ -246,9 +246,15 @@ def test_dropout_inactive_float32_and_errors():
     assert dropout(x, 0.0) is x
     assert dropout(x, 0.5, rng=np.random.default_rng(0)).dtype == np.float32
     assert dropout(x, 0.5).shape == (3, 3)  # the default generator
-    for p in (1.0, -0.1, 1.5, "0.5", True):
-        with pytest.raises(ValueError, match=r"dropout: p must be a probability in \[0, 1\)"):
+    for p in (-0.1, 1.5, "0.5", True):
+        with pytest.raises(ValueError, match=r"dropout: p must be a probability in \[0, 1\]"):
             dropout(x, p)
+    # p = 1 drops everything, as Flux and PyTorch: zeros and a zero gradient (not NaN from 0 * inf)
+    assert np.array_equal(dropout(x, 1.0, rng=np.random.default_rng(0)), np.zeros((3, 3), np.float32))
+    g, = fluxpy.gradient(lambda z: dropout(z, 1.0, rng=np.random.default_rng(0)).sum(), x)
+    assert np.array_equal(g, np.zeros_like(x))
+    layer = fluxpy.Dropout(1.0, active=True)
+    assert np.array_equal(layer(x), np.zeros_like(x))
     with pytest.raises(ValueError, match="dropout: axis 2 is out of range"):
         dropout(x, 0.5, dims=2)
 

@@ -373,8 +373,8 @@ class Dropout:
 
     def __init__(self, p: float, dims: int | tuple[int, ...] | None = None, rng: Any = None,
                  active: bool | None = None) -> None:
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
-            raise ValueError(f"Dropout: p must be a probability in [0, 1), got {p!r}")
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ValueError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
         if not (dims is None or _is_int(dims) or (isinstance(dims, tuple) and all(_is_int(d) for d in dims))):
             raise ValueError(f"Dropout: dims must be None, an axis or a tuple of axes, got {dims!r}")
         _check_active("Dropout", active)

@@ -24,9 +24,9 @@ __all__ = ["dropout", "dropout_mask"]
 
 
 def _check_p(p):
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
         shown = repr(p) if isinstance(p, numbers.Real) else f"{type(p).__name__}"
-        raise ValueError(f"dropout: p must be a probability in [0, 1), got {shown}")
+        raise ValueError(f"dropout: p must be a probability in [0, 1], got {shown}")
 
 
 def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None) -> Array:
@@ -55,6 +55,8 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     u = rng.random(shape, dtype=dtype)
     if get_array_module(u) is not xp:  # a NumPy generator for device arrays: the mask is drawn on the host
         u = xp.asarray(u)
+    if p == 1:   # everything dropped (Flux, PyTorch): zeros, not 0 * inf
+        return xp.zeros(u.shape, v.dtype)
     return (u >= p).astype(v.dtype) * (1 / (1 - p))
 
 
@@ -69,7 +71,8 @@ def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] 
     the mask is then drawn on the host and moved), or a CuPy generator for CuPy arrays; by default the global
     generator of the array module (:func:`fluxpy.random.rng_for`), which :func:`fluxpy.seed`
     resets, so masks repeat from run to run after ``fluxpy.seed(n)``. ``active=False`` or ``p == 0``
-    returns ``x`` unchanged. ``p`` outside ``[0, 1)`` is an error.
+    returns ``x`` unchanged; ``p == 1`` gives zeros (and a zero gradient), as Flux and PyTorch. ``p`` outside
+    ``[0, 1]`` is an error.
 
     >>> import numpy as np
     >>> from fluxpy import gradient
