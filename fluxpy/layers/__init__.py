@@ -11,8 +11,9 @@ that is not callable) raises at once, naming the layer.
 Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in)`` and
 ``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
 
-The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel),
-``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout and the
+The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel, Scale, Bilinear,
+Maxout, PairwiseFusion),
+``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``init`` (initialisers), ``convert`` (f32, f64), ``show`` (printing) and ``_checks`` (input
 checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
@@ -30,16 +31,18 @@ checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families imp
 from __future__ import annotations
 
 from ._checks import DimensionMismatch, DTypeMismatch
-from .basic import Chain, Dense, Embedding, Parallel, SkipConnection, flatten
+from .basic import Bilinear, Chain, Dense, Embedding, Maxout, PairwiseFusion, Parallel, Scale, SkipConnection, flatten
 from .conv import Conv, ConvTranspose, CrossCor
 from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
-from .normalise import BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode, trainmode
+from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode,
+                        trainmode)
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
 from .upsample import PixelShuffle, Upsample
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
            "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm",
-           "InstanceNorm", "Dropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel",
+           "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection",
+           "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]

@@ -16,10 +16,11 @@ from ..ops import basic as _ops
 from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
-from ..ops.shape import reshape, transpose
+from ..ops.reduce import sum as sum_
+from ..ops.shape import expand_dims, reshape, transpose
 from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _describe_input, _fail,
                       _given_bias, _initialised, _positive_int, _require_dtype)
-from .init import RNG, glorot_uniform, randn32, zeros32
+from .init import RNG, glorot_uniform, ones32, randn32, zeros32
 from .show import _act_part, _block_repr, _fname, _inside_repr, _layer_repr
 
 
@@ -239,12 +240,16 @@ class SkipConnection:
 class Parallel:
     """Applies each layer to the input and combines the results: ``connection(layer_1(x), ..., layer_n(x))``.
 
-    Called with several inputs, one per layer, ``Parallel(c, f, g)(x, y) = c(f(x), g(y))``.
+    Called with several inputs, one per layer, ``Parallel(c, f, g)(x, y) = c(f(x), g(y))``; a tuple is taken as
+    its inputs (``p((x, y)) == p(x, y)``); one layer with several inputs is applied to each,
+    ``Parallel(c, f)(x, y) = c(f(x), f(y))`` (Flux's rules).
 
     >>> import numpy as np, fluxpy
     >>> p = Parallel(lambda *ys: fluxpy.concatenate(ys, axis=1), Dense(2, 3), Dense(2, 4))
     >>> p(np.ones((5, 2), np.float32)).shape
     (5, 7)
+    >>> Parallel(lambda a, b: a + b, Dense(2, 3, rng=0))(np.ones((1, 2), np.float32), np.ones((1, 2), np.float32)).shape
+    (1, 3)
     """
 
     def __init__(self, connection: Callable, *layers: Callable | Sequence[Callable]) -> None:
@@ -256,8 +261,12 @@ class Parallel:
         self.layers = tuple(layers)
 
     def __call__(self, *xs: Array) -> Array:
+        if len(xs) == 1 and type(xs[0]) is tuple:
+            xs = xs[0]
         if len(xs) == 1:
             return self.connection(*(f(xs[0]) for f in self.layers))
+        if len(self.layers) == 1:
+            return self.connection(*(self.layers[0](x) for x in xs))
         if len(xs) != len(self.layers):
             raise DimensionMismatch(f"Parallel with {len(self.layers)} layers expects 1 or {len(self.layers)} inputs, "
                                     f"got {len(xs)}")
@@ -275,6 +284,160 @@ class Parallel:
 
     def __repr__(self):
         return f"Parallel({_fname(self.connection)}, {', '.join(_layer_repr(f) for f in self.layers)})"
+
+
+@layer(children=("scale", "bias"))
+class Scale:
+    """An elementwise affine map, ``y = act(scale * x + bias)``, ``scale`` and ``bias`` of shape ``size`` broadcast
+    against ``x`` by NumPy's rules (Flux's ``Scale``: for the channels of ``(N, C, H, W)`` use ``Scale(C, 1, 1)``).
+
+    >>> import numpy as np
+    >>> s = Scale(3)
+    >>> s, s(np.ones((2, 3), np.float32)).tolist()
+    (Scale(3), [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    """
+
+    def __init__(self, *size: int, bias: bool | Array = True, init: Callable = ones32, act: Callable = identity,
+                 rng: RNG = None) -> None:
+        if not size:
+            raise ValueError("Scale expects a size, e.g. Scale(3) or Scale(16, 1, 1)")
+        size = tuple(_positive_int("Scale", "size", n) for n in size)
+        self.scale = _initialised("Scale", init, size, rng)
+        self.bias = zeros32(*size) if bias is True else _given_bias(bias, size, "Scale")
+        self.act = _activation("Scale", act)
+
+    def __call__(self, x: Array) -> Array:
+        size = tuple(self.scale.shape)
+        shape = tuple(getattr(x, "shape", ()))
+        try:
+            ok = np.broadcast_shapes(shape, size) == shape
+        except ValueError:
+            ok = False
+        if not ok:
+            _fail(self, f"x whose trailing axes broadcast with {size}", x)
+        _require_dtype(self, x, self.scale.dtype)
+        return bias_act(x * self.scale, self.bias, self.act)
+
+    def __repr__(self):
+        size = ", ".join(str(n) for n in self.scale.shape)
+        return f"Scale({size}{_act_part(self.act)}{'' if self.bias is not None else ', bias=False'})"
+
+
+@layer(children=("weight", "bias"))
+class Bilinear:
+    """A bilinear map of two inputs, ``y[n, o] = act(sum_ij x[n, i] weight[o, i, j] z[n, j] + bias[o])`` (Flux's and
+    PyTorch's ``Bilinear``, ``weight`` ``(out, in1, in2)``). ``Bilinear((in1, in2), out)``; ``Bilinear(in, out)``
+    means ``in1 = in2 = in``. Called as ``b(x, z)``, ``b((x, z))``, or ``b(x)`` for ``z = x``.
+
+    >>> import numpy as np
+    >>> b = Bilinear((2, 3), 4)
+    >>> b, b(np.ones((5, 2), np.float32), np.ones((5, 3), np.float32)).shape
+    (Bilinear((2, 3) => 4), (5, 4))
+    """
+
+    def __init__(self, in_features: int | tuple[int, int], out_features: int, act: Callable = identity,
+                 bias: bool | Array = True, init: Callable = glorot_uniform, rng: RNG = None) -> None:
+        ins = (in_features, in_features) if not isinstance(in_features, tuple) else in_features
+        if len(ins) != 2:
+            raise ValueError(f"Bilinear expects in_features to be an int or a pair (in1, in2), got {in_features!r}")
+        in1, in2 = (_positive_int("Bilinear", "in_features", n) for n in ins)
+        out = _positive_int("Bilinear", "out_features", out_features)
+        self.weight = _initialised("Bilinear", init, (out, in1, in2), rng)
+        self.bias = zeros32(out) if bias is True else _given_bias(bias, (out,), "Bilinear")
+        self.act = _activation("Bilinear", act)
+
+    def __call__(self, x: Array, z: Array | None = None) -> Array:
+        if z is None and type(x) is tuple:
+            if len(x) != 2:
+                raise DimensionMismatch(f"{self!r} expects two inputs, got a tuple of {len(x)}")
+            x, z = x
+        z = x if z is None else z
+        out, in1, in2 = self.weight.shape
+        for name, a, n in (("x", x, in1), ("z", z, in2)):
+            if not hasattr(a, "shape") or len(a.shape) != 2 or a.shape[1] != n:
+                _fail(self, f"{name} of shape (batch, {n})", a)
+            _require_dtype(self, a, self.weight.dtype)
+        if x.shape[0] != z.shape[0]:
+            raise DimensionMismatch(f"{self!r} expects x and z with one batch size, got {x.shape[0]} and "
+                                    f"{z.shape[0]}")
+        wz = matmul(z, transpose(reshape(self.weight, (out * in1, in2))))          # (batch, out * in1)
+        y = _ops.multiply(reshape(wz, (x.shape[0], out, in1)), expand_dims(x, 1))   # x[n, i] W[o, i, :] z[n, :]
+        return bias_act(sum_(y, axis=2), self.bias, self.act)
+
+    def __repr__(self):
+        out, in1, in2 = self.weight.shape
+        ins = f"{in1}" if in1 == in2 else f"({in1}, {in2})"
+        return (f"Bilinear({ins} => {out}{_act_part(self.act)}"
+                f"{'' if self.bias is not None else ', bias=False'})")
+
+
+@layer(children=("layers",))
+class Maxout:
+    """The elementwise maximum of its layers' outputs (Goodfellow et al. 2013; Flux's ``Maxout``). ``Maxout(f, n)``
+    calls the constructor ``f`` ``n`` times for ``n`` independent layers.
+
+    >>> import numpy as np
+    >>> m = Maxout(lambda: Dense(3, 2), 4)
+    >>> len(m.layers), m(np.ones((5, 3), np.float32)).shape
+    (4, (5, 2))
+    """
+
+    def __init__(self, *layers: Callable) -> None:
+        if len(layers) == 2 and callable(layers[0]) and isinstance(layers[1], int) and not isinstance(layers[1], bool):
+            make, n = layers
+            n = _positive_int("Maxout", "n", n)
+            layers = tuple(make() for _ in range(n))
+        if not layers:
+            raise ValueError("Maxout expects layers, or a constructor and a count: Maxout(lambda: Dense(3, 2), 4)")
+        for i, f in enumerate(layers):
+            _callable("Maxout", f"layer {i}", f)
+        self.layers = tuple(layers)
+
+    def __call__(self, x: Array) -> Array:
+        y = self.layers[0](x)
+        for f in self.layers[1:]:
+            y = _ops.maximum(y, f(x))
+        return y
+
+    def __repr__(self):
+        return f"Maxout({', '.join(_layer_repr(f) for f in self.layers)})"
+
+
+@layer(children=("connection", "layers"))
+class PairwiseFusion:
+    """Layers that each see the previous one's output joined with their own input (Flux's ``PairwiseFusion``):
+    ``y1 = layer1(x1)``, ``y_i = layer_i(connection(y_(i-1), x_i))``; returns the tuple ``(y1, ..., yn)``. ``x`` is a
+    tuple of ``n`` inputs, or one input given to every layer.
+
+    >>> import numpy as np, operator
+    >>> p = PairwiseFusion(operator.add, Dense(2, 2, rng=0), Dense(2, 2, rng=1))
+    >>> [y.shape for y in p((np.ones((3, 2), np.float32), np.ones((3, 2), np.float32)))]
+    [(3, 2), (3, 2)]
+    """
+
+    def __init__(self, connection: Callable, *layers: Callable) -> None:
+        self.connection = _callable("PairwiseFusion", "connection", connection)
+        if not layers:
+            raise ValueError("PairwiseFusion expects at least one layer after the connection")
+        for i, f in enumerate(layers):
+            _callable("PairwiseFusion", f"layer {i}", f)
+        self.layers = tuple(layers)
+
+    def __call__(self, *xs: Array) -> tuple:
+        if len(xs) == 1 and type(xs[0]) is tuple:
+            xs = xs[0]
+        n = len(self.layers)
+        if len(xs) == 1:
+            xs = xs * n
+        if len(xs) != n:
+            raise DimensionMismatch(f"PairwiseFusion with {n} layers expects 1 or {n} inputs, got {len(xs)}")
+        ys = [self.layers[0](xs[0])]
+        for f, x in zip(self.layers[1:], xs[1:]):
+            ys.append(f(self.connection(ys[-1], x)))
+        return tuple(ys)
+
+    def __repr__(self):
+        return f"PairwiseFusion({_fname(self.connection)}, {', '.join(_layer_repr(f) for f in self.layers)})"
 
 
 def _joins_by_add(f) -> bool:

@@ -15,7 +15,7 @@ from ..autodiff import in_gradient, is_tracked, value_of
 from ..functors import children, layer
 from ..ops.activations import identity
 from ..ops.bias_act import bias_act
-from ..ops.dropout import dropout
+from ..ops.dropout import alpha_dropout, dropout
 from ..ops.batchnorm import batchnorm, fused_kind
 from ..ops.norm import batchnorm_infer, groupnorm, instancenorm, layernorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_float, _require_norm_dtype)
@@ -387,3 +387,32 @@ class Dropout:
     def __repr__(self):
         dims = "" if self.dims is None else f", dims={self.dims}"
         return f"Dropout({self.p}{dims}{_mode_repr(self.active)})"
+
+
+@layer(children=())
+class AlphaDropout:
+    """Alpha dropout for SELU networks (Flux's ``AlphaDropout``, :func:`fluxpy.ops.dropout.alpha_dropout`): keeps
+    the mean and variance of standardised inputs; active as :class:`Dropout` is (in a gradient, or by
+    ``trainmode``/``active``).
+
+    >>> import numpy as np, fluxpy
+    >>> d = AlphaDropout(0.1, rng=0)
+    >>> x = np.ones((2, 3), np.float32)
+    >>> d, d(x) is x
+    (AlphaDropout(0.1), True)
+    """
+    _has_mode = True
+
+    def __init__(self, p: float, rng: Any = None, active: bool | None = None) -> None:
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+            raise ValueError(f"AlphaDropout: p must be a probability in [0, 1), got {p!r}")
+        _check_active("AlphaDropout", active)
+        self.p, self.active = p, active
+        self.rng = rng if rng is None or hasattr(rng, "random") else np.random.default_rng(rng)
+
+    def __call__(self, x: Array) -> Array:
+        _require_float(self, x)
+        return alpha_dropout(x, self.p, rng=self.rng, active=_is_active(self, x))
+
+    def __repr__(self):
+        return f"AlphaDropout({self.p}{_mode_repr(self.active)})"

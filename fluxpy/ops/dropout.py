@@ -20,7 +20,7 @@ from ..capturing import refuse
 from ..random import as_rng, rng_for
 from .reduce import normalize_axis
 
-__all__ = ["dropout", "dropout_mask"]
+__all__ = ["dropout", "dropout_mask", "alpha_dropout"]
 
 
 def _check_p(p):
@@ -42,22 +42,58 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     _check_p(p)
     v = value_of(x)
     xp = get_array_module(v)
-    axes = normalize_axis(dims, v.ndim, "dropout")
+    u = _uniform(v, rng, dims, "dropout")
+    if p == 1:   # everything dropped (Flux, PyTorch): zeros, not 0 * inf
+        return xp.zeros(u.shape, v.dtype)
+    return (u >= p).astype(v.dtype) * (1 / (1 - p))
+
+
+def _uniform(v, rng, dims, who):
+    """``U[0, 1)`` numbers of ``v``'s shape (size 1 off ``dims``), on ``v``'s device, from ``rng`` (a generator or
+    a seed; by default the array module's global generator)."""
+    xp = get_array_module(v)
+    axes = normalize_axis(dims, v.ndim, who)
     shape = tuple(v.shape) if axes is None else tuple(s if i in axes else 1 for i, s in enumerate(v.shape))
     if rng is None:
         rng = rng_for(xp)
     elif not hasattr(rng, "random"):
-        rng = as_rng(rng, "dropout")  # a seed; anything else is a TypeError naming dropout
+        rng = as_rng(rng, who)  # a seed; anything else is a TypeError naming the op
     if not getattr(rng, "capturable", False):
-        refuse("dropout: its random numbers come from a generator whose position the host advances (a NumPy "
+        refuse(f"{who}: its random numbers come from a generator whose position the host advances (a NumPy "
                "generator, or rng= given); a CUDA graph would replay the same mask every step")
     dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float32
     u = rng.random(shape, dtype=dtype)
     if get_array_module(u) is not xp:  # a NumPy generator for device arrays: the mask is drawn on the host
         u = xp.asarray(u)
-    if p == 1:   # everything dropped (Flux, PyTorch): zeros, not 0 * inf
-        return xp.zeros(u.shape, v.dtype)
-    return (u >= p).astype(v.dtype) * (1 / (1 - p))
+    return u
+
+
+# SELU's constants (Klambauer et al. 2017), as NNlib's
+_SELU_LAMBDA = 1.0507009873554804934193349852946
+_SELU_ALPHA = 1.6732632423543772848170429916717
+
+
+def alpha_dropout(x: Array, p: float, *, rng: Any = None, active: bool = True) -> Array:
+    """Alpha dropout (Klambauer et al. 2017; Flux's ``AlphaDropout``): entries are set to SELU's negative
+    saturation ``-lambda * alpha`` with probability ``p``, then the whole is moved by ``a x + b`` so that inputs of
+    mean 0 and variance 1 keep them: ``a = ((1 - p) (1 + p alpha'^2))^(-1/2)``, ``b = -a alpha' p``. The mask is a
+    constant for the tape (the gradient is ``a dy`` where kept, 0 elsewhere). ``p`` in ``[0, 1)``.
+
+    >>> import numpy as np
+    >>> y = alpha_dropout(np.random.default_rng(0).standard_normal(100_000), 0.2, rng=np.random.default_rng(1))
+    >>> round(float(y.mean()), 1), round(float(y.std()), 1)
+    (0.0, 1.0)
+    """
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+        raise ValueError(f"alpha_dropout: p must be a probability in [0, 1), got {p!r}")
+    if not active or p == 0:
+        return x
+    v = value_of(x)
+    keep = (_uniform(v, rng, None, "alpha_dropout") >= p).astype(v.dtype)
+    drop_value = -_SELU_LAMBDA * _SELU_ALPHA
+    a = ((1 - p) * (1 + p * drop_value ** 2)) ** -0.5
+    b = -a * drop_value * p
+    return x * (a * keep) + (a * drop_value * (1 - keep) + b)
 
 
 def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None,
