@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 def _models():
     return {
         "scale": (fluxpy.Scale(3, 1, 1, act=fluxpy.tanh), lambda m, x: m(x)),
-        "bilinear": (fluxpy.Bilinear((4, 3), 5, fluxpy.relu, rng=0), lambda m, x: m(x[:, 0, 0, :4], x[:, 1, 0, :])),
+        "bilinear": (fluxpy.Bilinear((3, 4), 5, fluxpy.relu, rng=0), lambda m, x: m(x[:, 0, 0, :], x[:, 1, :, 0])),
         "maxout": (fluxpy.Maxout(lambda: fluxpy.Dense(3, 2), 3), lambda m, x: m(x[:, 0, 0, :])),
         "pairwise": (fluxpy.PairwiseFusion(operator.add, fluxpy.Dense(3, 3, rng=1), fluxpy.Dense(3, 3, rng=2)),
                      lambda m, x: m((x[:, 0, 0, :], x[:, 1, 1, :]))[1]),
