@@ -460,6 +460,18 @@ def _zeros2(x, beta):
 
 
 @dataclasses.dataclass(frozen=True)
+class _MomentRule(Rule):
+    """The fields and the state of the Adam-like rules below: ``eta``, ``beta``, ``eps``; two moment arrays and
+    ``beta^t``."""
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def init(self, x: Array) -> Any:
+        return _zeros2(x, self.beta)
+
+
+@dataclasses.dataclass(frozen=True)
 class AdaGrad(Rule):
     """AdaGrad (Optimisers.jl's): ``acc += dx^2`` (``acc`` starts at ``eps``), ``step = eta dx / (sqrt(acc) + eps)``.
 
@@ -510,7 +522,7 @@ class AdaDelta(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaMax(Rule):
+class AdaMax(_MomentRule):
     """AdaMax, Adam on the infinity norm: ``u = max(b2 u, |dx|)``, ``step = eta / (1 - b1^t) m / (u + eps)``.
 
     >>> import numpy as np
@@ -519,12 +531,6 @@ class AdaMax(Rule):
     >>> w.round(6)
     array([-0.1])
     """
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-
-    def init(self, x: Array) -> Any:
-        return _zeros2(x, self.beta)
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         refuse(_HOST_COUNTERS)
@@ -539,7 +545,7 @@ class AdaMax(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
-class OAdam(Rule):
+class OAdam(_MomentRule):
     """Optimistic Adam: ``term = eta (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``, ``step = 2 term - term_prev``.
 
     >>> import numpy as np
@@ -548,9 +554,7 @@ class OAdam(Rule):
     >>> w.round(6)   # twice Adam's first step
     array([-0.2])
     """
-    eta: float = 0.001
     beta: tuple = (0.5, 0.9)
-    eps: float = 1e-8
 
     def init(self, x: Array) -> Any:
         return (*_zeros2(x, self.beta), get_array_module(x).zeros_like(x))
@@ -567,7 +571,7 @@ class OAdam(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
-class NAdam(Rule):
+class NAdam(_MomentRule):
     """NAdam, Adam with Nesterov momentum (Optimisers.jl's formula):
     ``step = eta (b1 m / (1 - b1 b1^t) + (1 - b1) dx / (1 - b1^t)) / (sqrt(v b2 / (1 - b2^t)) + eps)``.
 
@@ -577,12 +581,6 @@ class NAdam(Rule):
     >>> float(w[0]) < 0
     True
     """
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-
-    def init(self, x: Array) -> Any:
-        return _zeros2(x, self.beta)
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         refuse(_HOST_COUNTERS)
@@ -595,7 +593,7 @@ class NAdam(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
-class RAdam(Rule):
+class RAdam(_MomentRule):
     """Rectified Adam: Adam's step times ``r(t)`` once the variance estimate is trustworthy (``rho_t > 4``), plain
     bias-corrected momentum before (Optimisers.jl's formulas).
 
@@ -605,10 +603,6 @@ class RAdam(Rule):
     >>> w.round(6)   # the first steps are momentum: 0.1 * m / (1 - b1)
     array([-0.1])
     """
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
-    eps: float = 1e-8
-
     def init(self, x: Array) -> Any:
         return (*_zeros2(x, self.beta), 1)
 
@@ -629,7 +623,7 @@ class RAdam(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaBelief(Rule):
+class AdaBelief(_MomentRule):
     """AdaBelief: Adam with the variance of the gradient around its mean, ``s = b2 s + (1 - b2) (dx - m)^2 + eps``,
     ``step = eta (m / (1 - b1^t)) / (sqrt(s / (1 - b2^t)) + eps)``.
 
@@ -639,12 +633,7 @@ class AdaBelief(Rule):
     >>> float(w[0]) < 0
     True
     """
-    eta: float = 0.001
-    beta: tuple = (0.9, 0.999)
     eps: float = 1e-16
-
-    def init(self, x: Array) -> Any:
-        return _zeros2(x, self.beta)
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         refuse(_HOST_COUNTERS)

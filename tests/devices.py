@@ -50,3 +50,12 @@ def state_bytes(*trees):
     for t in trees:
         walk(t)
     return out
+
+
+def grad_leaves(tree):
+    """The arrays of a gradient tree (dicts, lists, tuples), in a fixed order (dict keys sorted)."""
+    if isinstance(tree, dict):
+        return [a for k in sorted(tree, key=str) for a in grad_leaves(tree[k])]
+    if isinstance(tree, (list, tuple)):
+        return [a for v in tree for a in grad_leaves(v)]
+    return [] if tree is None or not hasattr(tree, "shape") else [tree]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from devices import cupy_module
+from devices import cupy_module, grad_leaves
 from fluxpy.kernels.reduce import mapreduce
 from fluxpy.layout import is_channels_last, to_channels_last
 from fluxpy.ops.batchnorm import batchnorm
@@ -181,7 +181,7 @@ def test_a_resnet_step_in_channels_last_is_as_accurate_as_c_order_with_every_act
     y = fluxpy.onehotbatch(rng.integers(0, 10, 16), range(10))
     ref_loss, (ref,) = fluxpy.withgradient(lambda m: fluxpy.logitcrossentropy(m(x.astype(np.float64)), y),
                                            fluxpy.f64(copy.deepcopy(model)))
-    ref = _leaves(ref)
+    ref = grad_leaves(ref)
     sides = {}
     for memory in ("contiguous", "channels_last"):
         m = fluxpy.gpu(copy.deepcopy(model), memory=memory)
@@ -201,7 +201,7 @@ def test_a_resnet_step_in_channels_last_is_as_accurate_as_c_order_with_every_act
             BatchNorm.__call__ = original
         state = fluxpy.setup(fluxpy.Adam(1e-3), m)
         fluxpy.update(state, m, grads)
-        sides[memory] = (float(loss), _leaves(grads), fluxpy.trainables(m), seen)
+        sides[memory] = (float(loss), grad_leaves(grads), fluxpy.trainables(m), seen)
     loss_c, grads_c, params_c, _ = sides["contiguous"]
     loss_l, grads_l, params_l, seen = sides["channels_last"]
     floor = 1e-4 if dtype == np.float32 else 3e-2
@@ -218,15 +218,6 @@ def test_a_resnet_step_in_channels_last_is_as_accurate_as_c_order_with_every_act
         assert float(cp.abs(pl - pc).max()) <= 2.5e-3, k     # Adam's steps are at most about lr = 1e-3
         if pc.ndim == 4 and pc.shape[2] > 1:
             assert is_channels_last(pl), f"conv weight {k} stays channels-last through the optimiser"
-
-
-def _leaves(tree):
-    """The arrays of a gradient tree (dicts, lists, tuples), in a fixed order."""
-    if isinstance(tree, dict):
-        return [a for k in sorted(tree, key=str) for a in _leaves(tree[k])]
-    if isinstance(tree, (list, tuple)):
-        return [a for v in tree for a in _leaves(v)]
-    return [] if tree is None or not hasattr(tree, "shape") else [tree]
 
 
 def test_multi_tensor_adam_on_channels_last_parameters_matches_c_order():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from devices import assert_matches_cpu, cupy_module
+from devices import assert_matches_cpu, cupy_module, grad_leaves
 from fluxpy import optimise as O
 
 pytestmark = pytest.mark.gpu
@@ -35,16 +35,8 @@ def test_small_layers_match_the_cpu(name):
     assert_matches_cpu(call(gm, gx), call(model, x), rtol=1e-10, atol=1e-12)
     (g_gpu,) = fluxpy.gradient(lambda m: (call(m, gx) ** 2).sum(), gm)
     (g_cpu,) = fluxpy.gradient(lambda m: (call(m, x) ** 2).sum(), model)
-    for a, b in zip(_leaves(g_gpu), _leaves(g_cpu)):
+    for a, b in zip(grad_leaves(g_gpu), grad_leaves(g_cpu)):
         assert_matches_cpu(a, b, rtol=1e-9, atol=1e-12)
-
-
-def _leaves(tree):
-    if isinstance(tree, dict):
-        return [a for k in sorted(tree, key=str) for a in _leaves(tree[k])]
-    if isinstance(tree, (list, tuple)):
-        return [a for v in tree for a in _leaves(v)]
-    return [] if tree is None or not hasattr(tree, "shape") else [tree]
 
 
 def test_alpha_dropout_keeps_the_statistics_on_the_gpu():
