@@ -33,7 +33,7 @@ from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate,
 from .io import CheckpointError, load, save
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
-                     CrossCor, Dense, Maxout, PairwiseFusion, Scale,
+                     CrossCor, Dense, GRU, GRUCell, LSTM, LSTMCell, Maxout, PairwiseFusion, RNN, RNNCell, Scale,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
                      InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
                      f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
@@ -77,7 +77,8 @@ __all__ = [
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
     "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch",
-    "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion",
+    "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
+    "GRUCell",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data

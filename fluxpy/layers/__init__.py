@@ -15,8 +15,8 @@ The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnect
 Maxout, PairwiseFusion),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
-``init`` (initialisers), ``convert`` (f32, f64), ``show`` (printing) and ``_checks`` (input
-checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
+``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
+(printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
 ``init``, ``show`` and ``_checks``, never from each other.
 
 >>> import numpy as np
@@ -37,12 +37,14 @@ from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
 from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode,
                         trainmode)
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
 from .upsample import PixelShuffle, Upsample
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
            "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm",
            "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection",
-           "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion",
+           "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
+           "GRUCell",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]
