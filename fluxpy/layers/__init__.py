@@ -16,8 +16,8 @@ Maxout, PairwiseFusion),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
-(printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families import from
-``init``, ``show`` and ``_checks``, never from each other.
+(printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families
+import from ``init``, ``show`` and ``_checks``, never from each other.
 
 >>> import numpy as np
 >>> import fluxpy
