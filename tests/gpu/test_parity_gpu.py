@@ -1,5 +1,6 @@
 """The Flux-parity additions on the GPU against the CPU: the small layers (Scale, Bilinear, Maxout,
-PairwiseFusion, AlphaDropout's statistics), the Optimisers.jl rules, jacobian/hessian and named Chains. Needs a
+PairwiseFusion, AlphaDropout's statistics), RNN/LSTM/GRU, the Optimisers.jl rules, jacobian/hessian and named
+Chains. Needs a
 GPU (``gpu`` marker)."""
 import copy
 import operator
@@ -23,6 +24,9 @@ def _models():
                      lambda m, x: m((x[:, 0, 0, :], x[:, 1, 1, :]))[1]),
         "named": (fluxpy.Chain(enc=fluxpy.Dense(3, 4, fluxpy.relu, rng=3), dec=fluxpy.Dense(4, 2, rng=4)),
                   lambda m, x: m(x[:, 2, 2, :])),
+        "lstm": (fluxpy.LSTM(3, 4, rng=5), lambda m, x: m(x[:, 0])),
+        "gru": (fluxpy.GRU(3, 4, rng=6), lambda m, x: m(x[:, 1])),
+        "rnn": (fluxpy.RNN(3, 4, rng=7), lambda m, x: m(x[:, 2])),
     }
 
 
