@@ -31,9 +31,11 @@ from .cifar import CIFARUnavailableError, load_cifar10
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
 from .io import CheckpointError, load, save
+from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
-                     CrossCor, Dense, GRU, GRUCell, LSTM, LSTMCell, Maxout, PairwiseFusion, RNN, RNNCell, Scale,
+                     CrossCor, Dense, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention, PairwiseFusion, RNN,
+                     RNNCell, Scale,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
                      InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
                      f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
@@ -78,7 +80,7 @@ __all__ = [
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
     "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-    "GRUCell",
+    "GRUCell", "MultiHeadAttention", "dot_product_attention", "causal_mask",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data

@@ -12,7 +12,7 @@ Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in
 ``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
 
 The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel, Scale, Bilinear,
-Maxout, PairwiseFusion),
+Maxout, PairwiseFusion, MultiHeadAttention),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
@@ -31,7 +31,8 @@ import from ``init``, ``show`` and ``_checks``, never from each other.
 from __future__ import annotations
 
 from ._checks import DimensionMismatch, DTypeMismatch
-from .basic import Bilinear, Chain, Dense, Embedding, Maxout, PairwiseFusion, Parallel, Scale, SkipConnection, flatten
+from .basic import (Bilinear, Chain, Dense, Embedding, Maxout, MultiHeadAttention, PairwiseFusion, Parallel, Scale,
+                    SkipConnection, flatten)
 from .conv import Conv, ConvTranspose, CrossCor
 from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
@@ -45,6 +46,6 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "Me
            "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm",
            "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection",
            "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-           "GRUCell",
+           "GRUCell", "MultiHeadAttention",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]

@@ -10,9 +10,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..autodiff import value_of
+from ..autodiff import in_gradient, is_tracked, value_of
 from ..functors import layer
+from ..random import as_rng
 from ..ops import basic as _ops
+from ..ops.attention import dot_product_attention
+from ..ops.dropout import dropout
 from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
@@ -438,6 +441,61 @@ class PairwiseFusion:
 
     def __repr__(self):
         return f"PairwiseFusion({_fname(self.connection)}, {', '.join(_layer_repr(f) for f in self.layers)})"
+
+
+@layer(children=("q_proj", "k_proj", "v_proj", "out_proj"))
+class MultiHeadAttention:
+    """Multi-head attention (Flux's ``MultiHeadAttention``), batch first: ``mha(q, k=None, v=None, mask=None) ->
+    (y, scores)``. ``q``, ``k``, ``v`` are projected by ``q_proj``, ``k_proj``, ``v_proj`` (``Dense(dim, dim,
+    bias=bias)``), attended in ``nheads`` heads (:func:`fluxpy.ops.attention.dot_product_attention`, with dropout
+    ``dropout`` on the scores while training, as :class:`fluxpy.Dropout` decides: in a gradient, or by
+    ``trainmode``/``testmode``), joined and projected by ``out_proj``. ``q`` ``(N, Lq, dim)``; ``k`` defaults to
+    ``q`` and ``v`` to ``k``; ``scores`` ``(N, nheads, Lq, Lk)``; ``mask`` boolean, broadcasting to ``(Lq, Lk)``,
+    true where attending is allowed (:func:`fluxpy.ops.attention.causal_mask` for a decoder).
+
+    >>> import numpy as np
+    >>> from fluxpy.ops.attention import causal_mask
+    >>> x = np.random.default_rng(0).standard_normal((2, 4, 6)).astype(np.float32)
+    >>> mha = MultiHeadAttention(6, nheads=3, rng=0)
+    >>> y, s = mha(x, mask=causal_mask(x))
+    >>> mha, y.shape, s.shape, float(s[0, 0, 0, 1])   # the first query sees only the first key
+    (MultiHeadAttention(6, nheads=3), (2, 4, 6), (2, 3, 4, 4), 0.0)
+    """
+    _has_mode = True
+
+    def __init__(self, dim: int, nheads: int = 8, bias: bool = False, dropout: float = 0.0, *,
+                 rng: RNG = None, active: bool | None = None) -> None:
+        dim = _positive_int("MultiHeadAttention", "dim", dim)
+        nheads = _positive_int("MultiHeadAttention", "nheads", nheads)
+        if dim % nheads:
+            raise ValueError(f"MultiHeadAttention: nheads {nheads} must divide dim {dim}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise ValueError(f"MultiHeadAttention: dropout must be a probability in [0, 1], got {dropout!r}")
+        rng = as_rng(rng, "MultiHeadAttention")   # one generator for the four projections, in turn
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (Dense(dim, dim, bias=bias, rng=rng) for _ in range(4))
+        self.nheads, self.dropout, self.active = nheads, float(dropout), active
+
+    def _drop(self, scores):
+        active = (in_gradient() or is_tracked(scores)) if self.active is None else self.active
+        return dropout(scores, self.dropout, active=active)
+
+    def __call__(self, q: Array, k: Array | None = None, v: Array | None = None,
+                 mask: Array | None = None) -> tuple[Array, Array]:
+        k = q if k is None else k
+        v = k if v is None else v
+        dim = self.q_proj.in_features
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            shape = tuple(getattr(a, "shape", ()))
+            if len(shape) != 3 or shape[2] != dim:
+                raise DimensionMismatch(f"{self!r} expects {name} of shape (N, L, {dim}), got {shape}")
+        drop = self._drop if self.dropout > 0 else None
+        y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads, drop)
+        return self.out_proj(y), scores
+
+    def __repr__(self):
+        extra = "" if self.q_proj.bias is None else ", bias=True"
+        extra += "" if self.dropout == 0 else f", dropout={self.dropout}"
+        return f"MultiHeadAttention({self.q_proj.in_features}, nheads={self.nheads}{extra})"
 
 
 def _joins_by_add(f) -> bool:

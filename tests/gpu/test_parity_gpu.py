@@ -1,5 +1,5 @@
 """The Flux-parity additions on the GPU against the CPU: the small layers (Scale, Bilinear, Maxout,
-PairwiseFusion, AlphaDropout's statistics), RNN/LSTM/GRU, the Optimisers.jl rules, jacobian/hessian and named
+PairwiseFusion, AlphaDropout's statistics), RNN/LSTM/GRU, MultiHeadAttention, the Optimisers.jl rules, jacobian/hessian and named
 Chains. Needs a
 GPU (``gpu`` marker)."""
 import copy
@@ -27,6 +27,8 @@ def _models():
         "lstm": (fluxpy.LSTM(3, 4, rng=5), lambda m, x: m(x[:, 0])),
         "gru": (fluxpy.GRU(3, 4, rng=6), lambda m, x: m(x[:, 1])),
         "rnn": (fluxpy.RNN(3, 4, rng=7), lambda m, x: m(x[:, 2])),
+        "attention": (fluxpy.MultiHeadAttention(3, nheads=3, bias=True, rng=8),
+                      lambda m, x: m(x[:, 0], mask=fluxpy.causal_mask(4, fluxpy.get_array_module(x)))[0]),
     }
 
 

@@ -1,0 +1,102 @@
+"""Scaled dot-product attention (NNlib's ``dot_product_attention``), batch first, and a causal mask.
+
+``q`` ``(N, Lq, dim)``, ``k`` ``(N, Lk, dim)``, ``v`` ``(N, Lk, vdim)``; with ``nheads`` the feature axes split into
+heads (``dim / nheads`` and ``vdim / nheads`` each). Scores ``softmax(q k^T / sqrt(dim / nheads))`` over the keys,
+``(N, nheads, Lq, Lk)``; the output ``scores @ v`` with the heads joined again, ``(N, Lq, vdim)``. ``mask``: a
+boolean array broadcasting to ``(Lq, Lk)`` (or to the scores' shape), true where attending is allowed (Flux's
+convention); a query with no allowed key gets NaN, as NNlib's and PyTorch's. Composed of fluxpy's ops (the softmax
+is the fused kernel on the GPU), so it differentiates to any order.
+
+>>> import numpy as np
+>>> q = np.ones((2, 3, 4))
+>>> y, scores = dot_product_attention(q, q, q, nheads=2)
+>>> y.shape, scores.shape
+((2, 3, 4), (2, 2, 3, 3))
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..autodiff import value_of
+from ..backend import Array, get_array_module
+from .basic import where
+from .linalg import matmul
+from .shape import reshape, swapaxes, transpose
+from .softmax import softmax
+
+__all__ = ["dot_product_attention", "causal_mask"]
+
+
+def _split_heads(x, nheads):
+    n, length, dim = x.shape
+    return transpose(reshape(x, (n, length, nheads, dim // nheads)), (0, 2, 1, 3))   # (N, heads, L, d)
+
+
+def _join_heads(x):
+    n, heads, length, d = x.shape
+    return reshape(transpose(x, (0, 2, 1, 3)), (n, length, heads * d))
+
+
+def _check(q, k, v, nheads, mask):
+    shapes = [tuple(getattr(a, "shape", ())) for a in (q, k, v)]
+    if any(len(s) != 3 for s in shapes):
+        raise ValueError(f"dot_product_attention expects q, k, v of shapes (N, L, dim), got {shapes}")
+    (nq, _, dq), (nk, lk, dk), (nv, lv, dv) = shapes
+    if not (nq == nk == nv) or dq != dk or lk != lv:
+        raise ValueError(f"dot_product_attention expects q (N, Lq, dim), k (N, Lk, dim), v (N, Lk, vdim) with one N, "
+                         f"dim and Lk, got {shapes}")
+    if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1 or dq % nheads or dv % nheads:
+        raise ValueError(f"dot_product_attention expects nheads, an int >= 1 that divides dim {dq} and vdim {dv}, "
+                         f"got {nheads!r}")
+    if mask is not None:
+        m = value_of(mask)
+        if getattr(m, "dtype", None) != np.bool_:
+            raise TypeError(f"dot_product_attention expects a boolean mask (true where attending is allowed), got "
+                            f"{getattr(m, 'dtype', type(m).__name__)}")
+        scores = (nq, nheads, shapes[0][1], lk)
+        try:
+            ok = np.broadcast_shapes(tuple(m.shape), scores) == scores
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"dot_product_attention expects a mask broadcasting to (Lq, Lk) = {scores[2:]} (or to "
+                             f"the scores' shape {scores}), got {tuple(m.shape)}")
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = None, nheads: int = 1,
+                          dropout: Callable | None = None) -> tuple[Array, Array]:
+    """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
+    to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None.
+
+    >>> import numpy as np
+    >>> q = np.array([[[1.0, 0.0]]]); k = np.array([[[1.0, 0.0], [0.0, 1.0]]]); v = np.array([[[1.0], [3.0]]])
+    >>> y, s = dot_product_attention(q, k, v)
+    >>> s.round(3), y.round(3)
+    (array([[[[0.67, 0.33]]]]), array([[[1.66]]]))
+    """
+    _check(q, k, v, nheads, mask)
+    qh, kh, vh = (_split_heads(a, nheads) for a in (q, k, v))
+    logits = matmul(qh, swapaxes(kh, -1, -2)) * (1 / math.sqrt(q.shape[-1] // nheads))
+    if mask is not None:
+        logits = where(value_of(mask), logits, -np.inf)
+    scores = softmax(logits, axis=-1)
+    weights = scores if dropout is None else dropout(scores)
+    return _join_heads(matmul(weights, vh)), scores
+
+
+def causal_mask(x: Array | int, xp: Any = None) -> Array:
+    """The causal mask for a sequence of ``x.shape[1]`` (or ``x``) steps: ``(L, L)``, true where the key's index is
+    at most the query's (NNlib's ``make_causal_mask``, in the (query, key) order of the scores).
+
+    >>> causal_mask(3)
+    array([[ True, False, False],
+           [ True,  True, False],
+           [ True,  True,  True]])
+    """
+    length = x if isinstance(x, int) else x.shape[1]
+    xp = xp if xp is not None else (np if isinstance(x, int) else get_array_module(value_of(x)))
+    return xp.tril(xp.ones((length, length), dtype=bool))
