@@ -730,7 +730,7 @@ def hessian(f: Callable, x: Any) -> Any:
            [ 0., 12.]])
     """
     def grad(z):
-        (g,) = gradient(f, z)
+        _, (g,), _ = _withgradient(f, (z,), "hessian")   # errors (a non-scalar f) name hessian
         return z * 0 if g is None else g
     return jacobian(grad, x)[0]
 

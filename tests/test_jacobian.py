@@ -70,3 +70,8 @@ def test_withgradient_returns_auxiliary_output_as_plain_values():
         fluxpy.withgradient(lambda x: (), x)
     with pytest.raises(ValueError, match="must return a scalar"):
         fluxpy.gradient(lambda x: ((x * x).sum(), x), x)   # gradient keeps its scalar rule
+
+
+def test_hessian_errors_name_hessian():
+    with pytest.raises(ValueError, match="hessian: f must return a scalar"):
+        fluxpy.hessian(lambda x: x * 2, np.ones(2))

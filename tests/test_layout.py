@@ -100,3 +100,14 @@ def test_as_memory_format_is_differentiable_and_gives_gradients_in_the_input_lay
         as_memory_format(x, "nhwc")
     with pytest.raises(ValueError, match="3 or more axes"):
         as_memory_format(np.ones((2, 3)), memory)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=3, max_size=5), st.sampled_from(["channels_last", "contiguous"]),
+       st.booleans())
+def test_as_memory_format_gradient_matches_finite_differences(shape, memory, start_channels_last):
+    from fluxpy.ops.shape import as_memory_format
+    from gradcheck import check_grad
+    x = np.random.default_rng(len(shape)).standard_normal(shape)
+    x = to_channels_last(x) if start_channels_last else x
+    check_grad(lambda a: fluxpy.tanh(as_memory_format(a, memory)), x)

@@ -259,9 +259,7 @@ class Parallel:
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
         self.connection = _callable("Parallel", "connection", connection)
-        for i, f in enumerate(layers):
-            _callable("Parallel", f"layer {i}", f)
-        self.layers = tuple(layers)
+        self.layers = _layer_tuple("Parallel", layers)
 
     def __call__(self, *xs: Array) -> Array:
         if len(xs) == 1 and type(xs[0]) is tuple:
@@ -392,9 +390,7 @@ class Maxout:
             layers = tuple(make() for _ in range(n))
         if not layers:
             raise ValueError("Maxout expects layers, or a constructor and a count: Maxout(lambda: Dense(3, 2), 4)")
-        for i, f in enumerate(layers):
-            _callable("Maxout", f"layer {i}", f)
-        self.layers = tuple(layers)
+        self.layers = _layer_tuple("Maxout", layers)
 
     def __call__(self, x: Array) -> Array:
         y = self.layers[0](x)
@@ -422,9 +418,7 @@ class PairwiseFusion:
         self.connection = _callable("PairwiseFusion", "connection", connection)
         if not layers:
             raise ValueError("PairwiseFusion expects at least one layer after the connection")
-        for i, f in enumerate(layers):
-            _callable("PairwiseFusion", f"layer {i}", f)
-        self.layers = tuple(layers)
+        self.layers = _layer_tuple("PairwiseFusion", layers)
 
     def __call__(self, *xs: Array) -> tuple:
         if len(xs) == 1 and type(xs[0]) is tuple:
@@ -496,6 +490,13 @@ class MultiHeadAttention:
         extra = "" if self.q_proj.bias is None else ", bias=True"
         extra += "" if self.dropout == 0 else f", dropout={self.dropout}"
         return f"MultiHeadAttention({self.q_proj.in_features}, nheads={self.nheads}{extra})"
+
+
+def _layer_tuple(who, layers):
+    """``layers`` as a tuple, each checked to be callable (an error names ``who`` and the layer's index)."""
+    for i, f in enumerate(layers):
+        _callable(who, f"layer {i}", f)
+    return tuple(layers)
 
 
 def _joins_by_add(f) -> bool:
