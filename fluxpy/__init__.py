@@ -42,6 +42,8 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
                      logitcrossentropy, mae, mse)
+from .ops import (celu, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid, mish, selu,
+                  softshrink, softsign, tanhshrink, trelu)
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
                   minimum, relu, relu6, reshape, scatter, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh,
@@ -75,6 +77,8 @@ __all__ = [
     "minimum", "reshape", "scatter", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
     "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
+    "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
+    "mish", "tanhshrink", "softshrink", "logsigmoid",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",

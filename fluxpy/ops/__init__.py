@@ -22,7 +22,9 @@ from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
 from .scatter import gather, scatter
-from .activations import elu, gelu, hardtanh, identity, leakyrelu, relu, relu6, sigmoid, softplus, swish
+from .activations import (celu, elu, gelu, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh, identity,
+                          leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, selu, sigmoid, softplus,
+                          softshrink, softsign, swish, tanhshrink, trelu)
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
@@ -39,7 +41,9 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean", "reshape", "transpose",
            "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather", "concatenate", "stack", "astype",
            "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip", "identity", "relu", "leakyrelu", "relu6", "elu",
-           "gelu", "swish", "sigmoid", "softplus", "hardtanh", "bias_act", "conv", "conv_transpose", "conv_bias_act",
+           "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish",
+           "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
+           "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
            "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",

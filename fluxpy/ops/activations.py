@@ -30,7 +30,8 @@ from ..backend import Array
 from ..layout import keep_layout, keeping_layout
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
-           "hardtanh"]
+           "hardtanh", "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu",
+           "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid"]
 
 _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
@@ -86,7 +87,8 @@ def relu6(x: Array) -> Array:
     >>> relu6(np.array([-1.0, 3.0, 9.0]))
     array([0., 3., 6.])
     """
-    return np.where(x < 6, relu(x), 6)
+    # not np.where(x < 6, ...): NaN < 6 is false, and NaN must give NaN (NNlib test/activations.jl)
+    return np.where(x > 6, 6, relu(x))
 
 
 def _neg_abs(x):
@@ -95,14 +97,15 @@ def _neg_abs(x):
 
 
 def elu(x: Array, a: float = 1.0) -> Array:
-    """The exponential linear unit: ``x if x > 0 else a * (exp(x) - 1)``.
+    """The exponential linear unit: ``x if x >= 0 else a * (exp(x) - 1)``; its derivative at 0 is 1 (NNlib's;
+    PyTorch's is ``a`` there).
 
     >>> import numpy as np
     >>> elu(np.array([-1.0, 2.0])).round(4)
     array([-0.6321,  2.    ])
     """
     # exp only sees non-positive numbers: np.where evaluates both branches, and exp(big) would overflow.
-    return np.where(x > 0, x, a * np.expm1(np.where(x > 0, 0, x)))
+    return np.where(x >= 0, x, a * np.expm1(np.where(x >= 0, 0, x)))
 
 
 def gelu(x: Array) -> Array:
@@ -168,3 +171,145 @@ def hardtanh(x: Array) -> Array:
     array([-1. ,  0.5,  1. ])
     """
     return np.where(x > 1, 1, np.where(x < -1, -1, x))
+
+
+gelu_tanh = gelu   # NNlib's name for the tanh approximation (NNlib's gelu is gelu_tanh)
+
+_GELU_2LAMBDA = math.sqrt(8 / math.pi)
+
+
+def gelu_sigmoid(x: Array) -> Array:
+    """GELU through the sigmoid: ``x * sigmoid(sqrt(8/pi) * (x + 0.044715 x^3))``, equal to :func:`gelu` (NNlib's
+    ``gelu_sigmoid``).
+
+    >>> import numpy as np
+    >>> gelu_sigmoid(np.array([-1.0, 1.0])).round(4)
+    array([-0.1588,  0.8412])
+    """
+    return x * sigmoid(_GELU_2LAMBDA * (x + _GELU_ALPHA * x ** 3))
+
+
+def hardsigmoid(x: Array) -> Array:
+    """The piecewise-linear sigmoid ``clamp((x + 3) / 6, 0, 1)`` (NNlib's ``hardσ``, PyTorch's ``hardsigmoid``).
+
+    >>> import numpy as np
+    >>> hardsigmoid(np.array([-4.0, 0.0, 1.5, 4.0]))
+    array([0.  , 0.5 , 0.75, 1.  ])
+    """
+    return np.where(x > 3, 1, np.where(x < -3, 0, (x + 3) / 6))
+
+
+def hardswish(x: Array) -> Array:
+    """``x * hardsigmoid(x)`` (NNlib's and PyTorch's ``hardswish``).
+
+    >>> import numpy as np
+    >>> hardswish(np.array([-4.0, 1.5, 4.0]))
+    array([-0.   ,  1.125,  4.   ])
+    """
+    return x * hardsigmoid(x)
+
+
+def lisht(x: Array) -> Array:
+    """LiSHT, ``x * tanh(x)``.
+
+    >>> import numpy as np
+    >>> lisht(np.array([-1.0, 2.0])).round(4)
+    array([0.7616, 1.9281])
+    """
+    return x * np.tanh(x)
+
+
+def softsign(x: Array) -> Array:
+    """``x / (1 + |x|)``.
+
+    >>> import numpy as np
+    >>> softsign(np.array([-1.0, 3.0]))
+    array([-0.5 ,  0.75])
+    """
+    return x / (1 + np.abs(x))
+
+
+_SELU_LAMBDA = 1.0507009873554804934193349852946
+_SELU_ALPHA = 1.6732632423543772848170429916717
+
+
+def selu(x: Array) -> Array:
+    """The scaled ELU ``lambda * (x if x > 0 else alpha * (exp(x) - 1))``, ``lambda ~ 1.0507``, ``alpha ~ 1.6733``
+    (Klambauer et al. 2017).
+
+    >>> import numpy as np
+    >>> selu(np.array([-1.0, 1.0])).round(4)
+    array([-1.1113,  1.0507])
+    """
+    return _SELU_LAMBDA * np.where(x > 0, x, _SELU_ALPHA * np.expm1(np.where(x > 0, 0, x)))
+
+
+def celu(x: Array, a: float = 1.0) -> Array:
+    """The continuously differentiable ELU: ``x if x >= 0 else a * (exp(x / a) - 1)``.
+
+    >>> import numpy as np
+    >>> celu(np.array([-4.0, 2.0]), a=0.5).round(4)
+    array([-0.4998,  2.    ])
+    """
+    return np.where(x >= 0, x, a * np.expm1(np.where(x >= 0, 0, x) / a))
+
+
+def trelu(x: Array, theta: float = 1.0) -> Array:
+    """The thresholded ReLU: ``x if x > theta else 0``.
+
+    >>> import numpy as np
+    >>> trelu(np.array([0.5, 1.0, 1.1]))
+    array([0. , 0. , 1.1])
+    """
+    return np.where(x <= theta, 0, x)
+
+
+def logcosh(x: Array) -> Array:
+    """``log(cosh(x))``, computed without overflow as ``x + softplus(-2x) - log(2)``.
+
+    >>> import numpy as np
+    >>> logcosh(np.array([0.0, 1000.0])).round(4)
+    array([  0.    , 999.3069])
+    """
+    return x + softplus(-2 * x) - math.log(2)
+
+
+def mish(x: Array) -> Array:
+    """Mish, ``x * tanh(softplus(x))``.
+
+    >>> import numpy as np
+    >>> mish(np.array([-5.0, 1.0])).round(4)
+    array([-0.0336,  0.8651])
+    """
+    return x * np.tanh(softplus(x))
+
+
+def tanhshrink(x: Array) -> Array:
+    """``x - tanh(x)``.
+
+    >>> import numpy as np
+    >>> tanhshrink(np.array([1.0])).round(4)
+    array([0.2384])
+    """
+    return x - np.tanh(x)
+
+
+def softshrink(x: Array, lam: float = 0.5) -> Array:
+    """Soft shrinkage: ``x - lam`` above ``lam``, ``x + lam`` below ``-lam``, 0 between (NaN stays NaN).
+
+    >>> import numpy as np
+    >>> softshrink(np.array([-15.0, 4.0, 15.0]), lam=5.0)
+    array([-10.,   0.,  10.])
+    """
+    lo, hi = x - lam, x + lam
+    return np.where(hi > 0, np.where(lo < 0, 0, lo), hi)
+
+
+def logsigmoid(x: Array) -> Array:
+    """``log(sigmoid(x))``, computed as ``-softplus(-x)`` (NNlib's ``logσ``).
+
+    >>> import numpy as np
+    >>> logsigmoid(np.array([-1000.0, 0.0, 1000.0])).round(4).tolist()
+    [-1000.0, -0.6931, -0.0]
+    """
+    return -softplus(-x)
