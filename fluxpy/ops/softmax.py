@@ -30,8 +30,15 @@ __all__ = ["softmax", "logsoftmax", "logit_crossentropy_rows", "logit_crossentro
 
 
 def _shifted(x, axes):
-    """``x - max(x)`` along ``axes``: exp of it cannot overflow."""
-    return x - x.max(axis=axes, keepdims=True)
+    """``x - max(x)`` along ``axes``: exp of it cannot overflow. Where the max is +Inf, NNlib's rule: the +Inf
+    entries get 0 and the others -Inf (not Inf - Inf = NaN), so the +Inf entries share the whole mass."""
+    xp = get_array_module(x)
+    m = x.max(axis=axes, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        z = x - m
+    if xp is np and not bool(np.isposinf(m).any()):
+        return z
+    return xp.where(m == np.inf, xp.where(x == np.inf, 0, -np.inf).astype(z.dtype), z)
 
 
 def _in_float32(impl):
@@ -87,6 +94,8 @@ def softmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
     """The softmax ``exp(x) / sum(exp(x), axis)``, computed as ``exp(x - max(x))``.
 
     ``axis`` is an int (the last by default) or a tuple of ints. The pullback is ``y * (dy - sum(dy * y, axis))``.
+    Infinities follow NNlib, not PyTorch (which gives NaN): where a slice holds +Inf, its +Inf entries share the
+    whole mass equally and the rest get 0; -Inf entries get 0; a NaN makes its slice NaN.
 
     >>> import numpy as np
     >>> softmax(np.log(np.array([[1.0, 3.0], [2.0, 2.0]])))
@@ -95,6 +104,8 @@ def softmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
     >>> softmax(np.zeros((2, 2)), axis=0)
     array([[0.5, 0.5],
            [0.5, 0.5]])
+    >>> softmax(np.array([1.0, np.inf, np.inf, -np.inf]))
+    array([0. , 0.5, 0.5, 0. ])
     """
     return _softmax(x, normalize_axis(axis, x.ndim, "softmax"))
 
@@ -103,10 +114,13 @@ def logsoftmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
     """The log-softmax ``x - log(sum(exp(x), axis))``, stable for large ``|x|``.
 
     ``axis`` is an int (the last by default) or a tuple of ints. The pullback is ``dy - exp(y) * sum(dy, axis)``.
+    ``exp(logsoftmax(x)) == softmax(x)`` with infinities too (NNlib's rule, see :func:`softmax`).
 
     >>> import numpy as np
     >>> logsoftmax(np.array([0.0, 1000.0]))
     array([-1000.,     0.])
+    >>> logsoftmax(np.array([2.0, np.inf]))
+    array([-inf,   0.])
     """
     return _logsoftmax(x, normalize_axis(axis, x.ndim, "logsoftmax"))
 
