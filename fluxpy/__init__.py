@@ -40,8 +40,9 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
                      f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
                      ones32, randn32, testmode, trainmode, zeros32)
-from .losses import (binarycrossentropy, crossentropy, huber_loss, kldivergence, logitbinarycrossentropy,
-                     logitcrossentropy, mae, mse)
+from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
+                     huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
+                     msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
 from .ops import (celu, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid, mish, selu,
                   softshrink, softsign, tanhshrink, trelu)
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
@@ -89,7 +90,9 @@ __all__ = [
     "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
-    "logitbinarycrossentropy", "kldivergence", "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
+    "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
+    "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss", "siamese_contrastive_loss", "label_smoothing",
+    "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",

@@ -65,7 +65,9 @@ from .ops.shape import reshape
 from .ops.softmax import logit_crossentropy_rows, logsoftmax
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
-           "logitbinarycrossentropy", "kldivergence", "label_smoothing", "check_values"]
+           "logitbinarycrossentropy", "kldivergence", "label_smoothing", "check_values", "msle", "poisson_loss",
+           "hinge_loss", "squared_hinge_loss", "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss",
+           "siamese_contrastive_loss", "xlogx", "xlogy"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +178,10 @@ def _check(name, yhat, y, *, classes=False, labels_hint="", probabilities="", ta
     ``probabilities``: ŷ must lie in [0, 1] (the text is the hint for logits); ``targets``: y must lie in [0, 1]
     (the text says what y is).
     """
+    if isinstance(y, numbers.Real) and not isinstance(y, bool) and is_array(value_of(yhat)):
+        # one target for every entry (Flux's `binarycrossentropy(ŷ, 1)`): the full array, so the checks below apply
+        v = value_of(yhat)
+        y = get_array_module(v).full(v.shape, y, v.dtype)
     if _shape(yhat) != _shape(y):
         hint = ""
         if classes and _is_labels(yhat, y):
@@ -438,3 +444,164 @@ def label_smoothing(y: Array, alpha: float, axis: int | None = -1) -> Array:
         raise ValueError(f"label_smoothing: axis must be None or an axis of y, got {axis!r} for {_describe('y', y)}")
     n = 2 if axis is None else shape[axis]
     return y * (1 - alpha) + alpha / n
+
+
+# ---------------------------------------------------------------------------------------------
+# Flux's other losses (Flux src/losses/functions.jl), and xlogx / xlogy
+
+
+def xlogx(x: Array) -> Array:
+    """``x * log(x)``, and 0 where ``x == 0`` (Flux's ``xlogx``); NaN stays NaN.
+
+    >>> import numpy as np
+    >>> xlogx(np.array([0.0, 2.0])).round(4)
+    array([0.    , 1.3863])
+    """
+    return _xlogy(x, x)
+
+
+def xlogy(x: Array, y: Array) -> Array:
+    """``x * log(y)``, and 0 where ``x == 0`` even if ``y == 0`` (Flux's ``xlogy``); a NaN in either gives NaN.
+
+    >>> import numpy as np
+    >>> xlogy(np.array([0.0, 2.0]), np.array([0.0, 3.0])).round(4)
+    array([0.    , 2.1972])
+    """
+    return _xlogy(x, y)
+
+
+def msle(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
+    """The mean squared logarithmic error, ``agg(log((ŷ + eps) / (y + eps))^2)``; ``eps`` the machine epsilon of
+    ``ŷ``'s dtype by default. For positive targets.
+
+    >>> import numpy as np
+    >>> round(float(msle(np.array([345.0, 332.0, 789.0]), np.array([123.0, 456.0, 789.0]))), 6)
+    0.38814
+    """
+    _check_options("msle", agg, eps)
+    y = _check("msle", yhat, y)
+    e = _eps(yhat, eps)
+    r = basic.log((yhat + e) / (y + e))
+    return _aggregate(agg, r * r)
+
+
+def poisson_loss(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The Poisson loss ``agg(ŷ - xlogy(y, ŷ))``: ``ŷ`` the predicted rate, ``y`` the observed counts.
+
+    >>> import numpy as np
+    >>> round(float(poisson_loss(np.array([0.4, 0.5, 0.6]), np.array([0.1, 0.2, 0.3]))), 6)
+    0.627835
+    """
+    _check_options("poisson_loss", agg)
+    y = _check("poisson_loss", yhat, y)
+    return _aggregate(agg, yhat - _xlogy(y, yhat))
+
+
+def hinge_loss(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The hinge loss ``agg(max(0, 1 - ŷ y))``, targets ``y`` in {-1, 1}.
+
+    >>> import numpy as np
+    >>> float(hinge_loss(np.array([0.5, 2.0]), np.array([1.0, 1.0])))
+    0.25
+    """
+    _check_options("hinge_loss", agg)
+    y = _check("hinge_loss", yhat, y)
+    return _aggregate(agg, basic.maximum(1 - yhat * y, 0))
+
+
+def squared_hinge_loss(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """The squared hinge loss ``agg(max(0, 1 - ŷ y)^2)``, targets ``y`` in {-1, 1}.
+
+    >>> import numpy as np
+    >>> float(squared_hinge_loss(np.array([0.5, 2.0]), np.array([1.0, 1.0])))
+    0.125
+    """
+    _check_options("squared_hinge_loss", agg)
+    y = _check("squared_hinge_loss", yhat, y)
+    h = basic.maximum(1 - yhat * y, 0)
+    return _aggregate(agg, h * h)
+
+
+def _smooth_number(name, what, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} expects {what} to be a number, got {v!r}")
+    return v
+
+
+def dice_coeff_loss(yhat: Array, y: Array, *, smooth: float = 1.0) -> Array:
+    """The Dice loss for segmentation, ``1 - (2 sum(y ŷ) + smooth) / (sum(y^2) + sum(ŷ^2) + smooth)`` over the
+    whole arrays (no ``agg``: one number per call, as Flux's).
+
+    >>> import numpy as np
+    >>> round(float(dice_coeff_loss(np.array([0.0, 1.4, 0.5, 1.2]), np.array([1.0, 0.5, 0.3, 2.4]))), 4)
+    0.28
+    """
+    _smooth_number("dice_coeff_loss", "smooth", smooth)
+    y = _check("dice_coeff_loss", yhat, y)
+    return 1 - (2 * _sum(y * yhat) + smooth) / (_sum(y * y) + _sum(yhat * yhat) + smooth)
+
+
+def tversky_loss(yhat: Array, y: Array, *, beta: float = 0.7) -> Array:
+    """The Tversky loss, ``1 - (sum(y ŷ) + 1) / (sum(y ŷ + beta (1 - y) ŷ + (1 - beta) y (1 - ŷ)) + 1)`` over the
+    whole arrays; ``beta`` weighs false positives against false negatives (0.5: the Dice loss without squares).
+
+    >>> import numpy as np
+    >>> round(float(tversky_loss(np.array([0.0, 1.4, 0.5, 1.2]), np.array([1.0, 0.5, 0.3, 2.4]))), 6)
+    -0.06772
+    """
+    _smooth_number("tversky_loss", "beta", beta)
+    y = _check("tversky_loss", yhat, y)
+    num = _sum(y * yhat) + 1
+    den = _sum(y * yhat + beta * (1 - y) * yhat + (1 - beta) * y * (1 - yhat)) + 1
+    return 1 - num / den
+
+
+def binary_focal_loss(yhat: Array, y: Array, *, agg: Callable = mean, gamma: float = 2,
+                      eps: float | None = None) -> Array:
+    """The binary focal loss (Lin et al. 2017): ``agg(-(1 - p_t)^gamma log(p_t))`` with
+    ``p_t = y (ŷ + eps) + (1 - y) (1 - ŷ - eps)``; ``gamma = 0`` gives the binary cross-entropy. ``ŷ``
+    probabilities, ``y`` binary targets, elementwise.
+
+    >>> import numpy as np
+    >>> round(float(binary_focal_loss(np.array([[0.6, 0.3], [0.4, 0.7]]), np.array([[1, 0], [0, 1]]))), 6)
+    0.056916
+    """
+    _check_options("binary_focal_loss", agg, eps)
+    _smooth_number("binary_focal_loss", "gamma", gamma)
+    y = _check("binary_focal_loss", yhat, y, targets="binary targets",
+               probabilities="; apply sigmoid to logits first")
+    p = yhat + _eps(yhat, eps)
+    p_t = y * p + (1 - y) * (1 - p)
+    return _aggregate(agg, -((1 - p_t) ** gamma) * basic.log(p_t))
+
+
+def focal_loss(yhat: Array, y: Array, *, agg: Callable = mean, gamma: float = 2, eps: float | None = None) -> Array:
+    """The focal loss of probabilities over classes on the last axis:
+    ``agg(sum(-y (1 - ŷ - eps)^gamma log(ŷ + eps), axis=-1))``; ``gamma = 0`` gives :func:`crossentropy`.
+
+    >>> import numpy as np
+    >>> round(float(focal_loss(np.array([[0.4, 0.5, 0.1], [0.2, 0.5, 0.3]]), np.array([[1, 0, 0], [0, 0, 1]]))), 6)
+    0.459906
+    """
+    _check_options("focal_loss", agg, eps)
+    _smooth_number("focal_loss", "gamma", gamma)
+    y = _check("focal_loss", yhat, y, classes=True, labels_hint=_INDEX_HINT, targets=_TARGETS,
+               probabilities="; apply softmax to logits first")
+    p = yhat + _eps(yhat, eps)
+    return _aggregate(agg, _sum(-y * (1 - p) ** gamma * basic.log(p), axis=-1))
+
+
+def siamese_contrastive_loss(yhat: Array, y: Array, *, agg: Callable = mean, margin: float = 1.0) -> Array:
+    """The contrastive loss of siamese networks, ``agg((1 - y) ŷ^2 + y max(0, margin - ŷ)^2)``: ``ŷ`` distances,
+    ``y`` 1 for dissimilar pairs and 0 for similar ones; ``margin >= 0``.
+
+    >>> import numpy as np
+    >>> round(float(siamese_contrastive_loss(np.array([0.6, 0.4, 0.1, 0.2, 0.7]), np.array([1, 0, 0, 1, 1]))), 4)
+    0.212
+    """
+    _check_options("siamese_contrastive_loss", agg)
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not margin >= 0:
+        raise ValueError(f"siamese_contrastive_loss expects margin >= 0, got {margin!r}")
+    y = _check("siamese_contrastive_loss", yhat, y)
+    h = basic.maximum(margin - yhat, 0)
+    return _aggregate(agg, (1 - y) * yhat * yhat + y * h * h)
