@@ -29,7 +29,7 @@ from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .cifar import CIFARUnavailableError, load_cifar10
 from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
-from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, state, trainables
+from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .io import CheckpointError, load, save
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
@@ -72,7 +72,7 @@ __all__ = [
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "trainables", "state", "loadstate", "save", "load", "CheckpointError", "seed",
+    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
     "minimum", "reshape", "scatter", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",

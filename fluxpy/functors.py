@@ -31,7 +31,7 @@ from .backend import Array, copy_into, get_array_module, is_array, is_float_dtyp
 from .layout import MEMORY_FORMATS, to_memory_format
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
-           "cpu"]
+           "cpu", "outputsize"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -437,3 +437,44 @@ def cpu(x: Any) -> Any:
     array([1., 1.])
     """
     return fmap(to_cpu, x)
+
+
+def _is_size(t):
+    return isinstance(t, tuple) and all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+                                        for d in t)
+
+
+def outputsize(model: Callable, *inputsizes: tuple[int, ...] | tuple[tuple[int, ...], ...],
+               padbatch: bool = False) -> tuple:
+    """The shape of ``model``'s output for inputs of the given shapes (Flux's ``outputsize``), in NCHW.
+
+    ``inputsizes``: one shape per input (several for a model of several inputs, or one tuple of shapes).
+    ``padbatch=True`` puts a batch axis of size 1 in front of each shape (Flux appends it, WHCN's batch being
+    last): ``outputsize(Dense(10, 5), (10,), padbatch=True) == (1, 5)``. A shape error is raised as the layer
+    raises it (``DimensionMismatch`` naming the layer). The output of a model that returns a tuple is a tuple
+    of shapes.
+
+    Unlike Flux's (which runs the model on arrays of a shape-only number type), this runs the model once on zeros
+    of the dtype and device of its first float array (float32 NumPy where it has none): it costs one forward
+    pass. Outside :func:`fluxpy.gradient` the layers are in test mode, so no running statistic changes; a model
+    put in ``trainmode`` would update its statistics with those zeros.
+
+    >>> from fluxpy import Chain, Conv, Dense, flatten
+    >>> outputsize(Chain(Conv((3, 3), 3, 16), Conv((3, 3), 16, 32)), (1, 3, 10, 10))
+    (1, 32, 6, 6)
+    >>> outputsize(Dense(10, 5), (10,), padbatch=True)
+    (1, 5)
+    """
+    if len(inputsizes) == 1 and isinstance(inputsizes[0], tuple) and inputsizes[0] and \
+            all(isinstance(t, tuple) for t in inputsizes[0]):
+        inputsizes = inputsizes[0]
+    if not inputsizes or not all(_is_size(t) for t in inputsizes):
+        raise ValueError(f"outputsize expects one shape (a tuple of ints >= 0) per input, got {inputsizes!r}")
+    floats = [a for a in arrays(model) if is_float_dtype(a.dtype)]
+    like = floats[0] if floats else np.zeros((), np.float32)
+    xp = get_array_module(like)
+    shapes = [((1,) if padbatch else ()) + tuple(int(d) for d in t) for t in inputsizes]
+    y = model(*[xp.zeros(shape, like.dtype) for shape in shapes])
+    if isinstance(y, tuple):
+        return tuple(tuple(a.shape) for a in y)
+    return tuple(y.shape)

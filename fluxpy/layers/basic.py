@@ -54,6 +54,8 @@ class Chain:
     (Dense(4 => 2), Dense(2 => 4), ('enc', 'dec'))
     >>> ae[1:].names
     ('dec',)
+
+    Several arguments reach the first layer as one tuple, as Flux's: ``Chain(identity)(1, 2) == (1, 2)``.
     """
 
     def __init__(self, *layers: Callable | Sequence[Callable], **named: Callable) -> None:
@@ -80,7 +82,9 @@ class Chain:
             return self.__dict__["layers"][names.index(name)]
         raise AttributeError(f"{type(self).__name__} has no attribute or layer named {name!r}")
 
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, *more: Array) -> Array:
+        if more:   # several arguments are one tuple (Flux's Chain: `Chain(identity)(1, 2, 3) == (1, 2, 3)`)
+            x = (x,) + more
         layers = self.layers
         n, i = len(layers), 0
         while i < n:
