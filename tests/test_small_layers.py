@@ -132,6 +132,6 @@ def test_alpha_dropout_keeps_mean_and_variance_and_is_off_outside_training():
     assert 0.65 < kept.mean() < 0.75
     (g,) = fluxpy.gradient(lambda x: AlphaDropout(0.3, rng=7)(x).sum(), x)
     assert set(np.unique(np.round(g, 12))) <= {0.0, round(a, 12)}
-    with pytest.raises(ValueError, match=r"AlphaDropout: p must be a probability in \[0, 1\)"):
-        AlphaDropout(1.0)
+    with pytest.raises(ValueError, match=r"AlphaDropout: p must be a probability in \[0, 1\]"):
+        AlphaDropout(1.5)
     assert repr(AlphaDropout(0.2)) == "AlphaDropout(0.2)"

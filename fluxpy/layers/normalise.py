@@ -404,8 +404,8 @@ class AlphaDropout:
     _has_mode = True
 
     def __init__(self, p: float, rng: Any = None, active: bool | None = None) -> None:
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
-            raise ValueError(f"AlphaDropout: p must be a probability in [0, 1), got {p!r}")
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            raise ValueError(f"AlphaDropout: p must be a probability in [0, 1], got {p!r}")
         _check_active("AlphaDropout", active)
         self.p, self.active = p, active
         self.rng = rng if rng is None or hasattr(rng, "random") else np.random.default_rng(rng)

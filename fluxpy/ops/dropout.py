@@ -77,17 +77,20 @@ def alpha_dropout(x: Array, p: float, *, rng: Any = None, active: bool = True) -
     """Alpha dropout (Klambauer et al. 2017; Flux's ``AlphaDropout``): entries are set to SELU's negative
     saturation ``-lambda * alpha`` with probability ``p``, then the whole is moved by ``a x + b`` so that inputs of
     mean 0 and variance 1 keep them: ``a = ((1 - p) (1 + p alpha'^2))^(-1/2)``, ``b = -a alpha' p``. The mask is a
-    constant for the tape (the gradient is ``a dy`` where kept, 0 elsewhere). ``p`` in ``[0, 1)``.
+    constant for the tape (the gradient is ``a dy`` where kept, 0 elsewhere). ``p`` in ``[0, 1]``; ``p = 1``
+    gives zeros (Flux, PyTorch).
 
     >>> import numpy as np
     >>> y = alpha_dropout(np.random.default_rng(0).standard_normal(100_000), 0.2, rng=np.random.default_rng(1))
     >>> round(float(y.mean()), 1), round(float(y.std()), 1)
     (0.0, 1.0)
     """
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
-        raise ValueError(f"alpha_dropout: p must be a probability in [0, 1), got {p!r}")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+        raise ValueError(f"alpha_dropout: p must be a probability in [0, 1], got {p!r}")
     if not active or p == 0:
         return x
+    if p == 1:   # everything dropped: zeros and a zero gradient (Flux's AlphaDropout(1), PyTorch's alpha_dropout)
+        return x * 0
     v = value_of(x)
     keep = (_uniform(v, rng, None, "alpha_dropout") >= p).astype(v.dtype)
     drop_value = -_SELU_LAMBDA * _SELU_ALPHA
