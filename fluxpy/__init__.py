@@ -34,8 +34,8 @@ from .io import CheckpointError, load, save
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
-                     CrossCor, Dense, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention, PairwiseFusion, RNN,
-                     RNNCell, Scale,
+                     CrossCor, Dense, DepthwiseConv, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention,
+                     PairwiseFusion, RNN, RNNCell, Scale,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
                      InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
                      f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
@@ -81,7 +81,8 @@ __all__ = [
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
     "mish", "tanhshrink", "softshrink", "logsigmoid",
     # layers
-    "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool", "GlobalMeanPool",
+    "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool", "GlobalMaxPool",
+    "GlobalMeanPool",
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
     "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",

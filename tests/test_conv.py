@@ -349,7 +349,11 @@ def test_bad_options(kw, match):
 
 
 def test_bad_shapes_and_dtypes():
-    with pytest.raises(ValueError, match=r"conv expects x of 4 dimensions \(N, C, H, W\), got x of shape \(2, 5, 5\)"):
+    with pytest.raises(ValueError, match=r"conv expects x of 3, 4 or 5 dimensions \(N, C, \*spatial\) \(1, 2 or 3 "
+                                         r"spatial axes\), got x of shape \(2, 5\)"):
+        conv(np.ones((2, 5)), np.ones((4, 2, 3, 3)))
+    with pytest.raises(ValueError, match=r"conv expects w of 3 dimensions \(K, C/groups, S\), got w of shape "
+                                         r"\(4, 2, 3, 3\)"):
         conv(np.ones((2, 5, 5)), np.ones((4, 2, 3, 3)))
     with pytest.raises(ValueError, match=r"conv expects w of 4 dimensions .* got w of shape \(4, 2, 3\)"):
         conv(np.ones((1, 2, 5, 5)), np.ones((4, 2, 3)))
@@ -359,7 +363,7 @@ def test_bad_shapes_and_dtypes():
     with pytest.raises(TypeError, match=r"conv expects x and w of the same floating-point dtype, "
                                         r"got x float32 and w float64"):
         conv(np.ones((1, 2, 5, 5), np.float32), np.ones((4, 2, 3, 3)))
-    with pytest.raises(TypeError, match=r"conv expects x to be an array \(N, C, H, W\), got a list"):
+    with pytest.raises(TypeError, match=r"conv expects x to be an array \(N, C, \*spatial\), got a list"):
         conv([[[[1.0]]]], np.ones((1, 1, 1, 1)))
     with pytest.raises(TypeError, match=r"got x int64 and w int64"):
         conv(np.ones((1, 2, 5, 5), np.int64), np.ones((4, 2, 3, 3), np.int64))

@@ -208,8 +208,15 @@ def test_maxpool_gradient_goes_to_the_first_maximum():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: maxpool(np.ones((2, 5, 5)), 2),
-     r"maxpool expects x of 4 dimensions \(N, C, H, W\), got x of shape \(2, 5, 5\)"),
+    (lambda: maxpool(np.ones((2, 5)), 2),
+     r"maxpool expects x of 3, 4 or 5 dimensions \(N, C, \*spatial\) \(1, 2 or 3 spatial axes\), got x of shape "
+     r"\(2, 5\)"),
+    (lambda: maxpool(np.ones((2, 5, 5)), (2, 2)),
+     r"maxpool expects x of 4 dimensions \(N, C, H, W\) for a window of 2 axes \(2, 2\), got x of shape \(2, 5, 5\)"),
+    (lambda: maxpool(np.ones((1, 2, 5, 5, 5)), 2, stride=(1, 2)),
+     r"maxpool expects stride to be a positive int or a triple of them, got \(1, 2\)"),
+    (lambda: meanpool(np.ones((1, 2, 5)), 3, pad=(1, 2, 1)),
+     r"meanpool expects pad to be a non-negative int, a 1-tuple \(p,\), a pair \(left, right\) or \"same\""),
     (lambda: maxpool(np.ones((1, 1, 5, 5)), 0),
      r"maxpool expects kernel to be a positive int or a pair of them, got 0"),
     (lambda: meanpool(np.ones((1, 1, 5, 5)), 2, stride=(1, 0)), r"meanpool expects stride to be a positive int"),
@@ -219,9 +226,11 @@ def test_maxpool_gradient_goes_to_the_first_maximum():
      r"meanpool expects the padded input \(2, 5\) to be at least the kernel \(3, 3\), got x of shape \(1, 1, 2, 5\)"),
     (lambda: adaptive_maxpool(np.ones((1, 1, 5, 5)), (0, 2)),
      r"adaptive_maxpool expects the output size to be a positive"),
-    (lambda: adaptive_meanpool(np.ones((5, 5)), 2), r"adaptive_meanpool expects x of 4 dimensions"),
-    (lambda: global_maxpool(np.ones((5, 5))), r"global_maxpool expects x of 4 dimensions"),
-    (lambda: global_meanpool(np.ones((5, 5))), r"global_meanpool expects x of 4 dimensions"),
+    (lambda: adaptive_meanpool(np.ones((5, 5)), 2), r"adaptive_meanpool expects x of 3, 4 or 5 dimensions"),
+    (lambda: adaptive_maxpool(np.ones((1, 1, 5, 5)), (2, 2, 2)),
+     r"adaptive_maxpool expects x of 5 dimensions \(N, C, D, H, W\) for a window of 3 axes"),
+    (lambda: global_maxpool(np.ones((5, 5))), r"global_maxpool expects x of 3, 4 or 5 dimensions"),
+    (lambda: global_meanpool(np.ones((1, 1, 2, 2, 2, 2))), r"global_meanpool expects x of 3, 4 or 5 dimensions"),
     (lambda: maxpool_backward(np.ones((1, 1, 3, 3)), np.ones((1, 1, 4, 4)), None,
                               PoolDims.from_array(np.ones((1, 1, 4, 4)), 2)),
      r"maxpool_backward expects dy of shape \(1, 1, 2, 2\) \(the pool's output\), got dy of shape \(1, 1, 3, 3\)"),

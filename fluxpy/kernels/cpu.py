@@ -1,7 +1,8 @@
 """NumPy kernels for convolution and pooling: im2col + one BLAS matmul per group, and windowed pools.
 
-Convolution (NCHW, weight ``(K, C/G, R, S)``, ``G`` groups) is computed as cross-correlation on
-the padded input; true convolution (``cdims.flipped=False``) flips the kernel first.
+Convolution (NCHW, weight ``(K, C/G, R, S)``, ``G`` groups; 1 and 3 spatial dimensions alike through the same
+functions) is computed as cross-correlation on the padded input; true convolution (``cdims.flipped=False``) flips
+the kernel first. The pools take 2-d dims (:mod:`fluxpy.ops.pool` runs 1-d and 3-d pools on them).
 
 - ``im2col`` copies the windows of the padded input into columns ``(G, C/G*R*S, N*P*Q')`` from a
   strided view (no Python loop), so the forward pass is one matmul per group,
@@ -25,104 +26,119 @@ array([[[[10., 18.],
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..backend import is_float_dtype
-from . import register
+from . import BadIndex, register
 from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
            "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
-           "scatter_empty", "scatter", "gather"]
+           "scatter_empty", "first_bad_index", "scatter", "gather"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Padding
 
 
-def pad_input(x: np.ndarray, pad: tuple[int, int, int, int], value: float = 0) -> np.ndarray:
-    """``x`` (N, C, H, W) padded with ``value`` by ``pad = (top, bottom, left, right)``.
+def _spatial_slices(pad, sizes):
+    """The slices that select the unpadded ``sizes`` inside an array padded by ``pad`` (a ``(before, after)``
+    pair per spatial axis), after the two leading axes."""
+    return (slice(None), slice(None)) + tuple(slice(pad[2 * i], pad[2 * i] + n) for i, n in enumerate(sizes))
+
+
+def pad_input(x: np.ndarray, pad: tuple[int, ...], value: float = 0) -> np.ndarray:
+    """``x`` (N, C, *spatial) padded with ``value`` by ``pad``, a ``(before, after)`` pair per spatial axis
+    (``(top, bottom, left, right)`` in 2-d).
 
     >>> pad_input(np.ones((1, 1, 1, 2)), (1, 0, 0, 1))[0, 0]
     array([[0., 0., 0.],
            [1., 1., 0.]])
     """
-    top, bottom, left, right = pad
-    if not (top or bottom or left or right):
+    if not any(pad):
         return x
-    n, c, h, w = x.shape
-    out = np.empty((n, c, h + top + bottom, w + left + right), dtype=x.dtype)
-    out[:, :, :top] = value
-    out[:, :, top + h:] = value
-    out[:, :, top:top + h, :left] = value
-    out[:, :, top:top + h, left + w:] = value
-    out[:, :, top:top + h, left:left + w] = x
+    sizes = x.shape[2:]
+    padded = tuple(n + pad[2 * i] + pad[2 * i + 1] for i, n in enumerate(sizes))
+    out = np.full(x.shape[:2] + padded, value, dtype=x.dtype)
+    out[_spatial_slices(pad, sizes)] = x
     return out
 
 
-def crop_input(xp: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+def crop_input(xp: np.ndarray, pad: tuple[int, ...]) -> np.ndarray:
     """The inverse of :func:`pad_input`: a view of ``xp`` without its padding.
 
     >>> crop_input(np.ones((1, 1, 3, 4)), (1, 1, 0, 2)).shape
     (1, 1, 1, 2)
     """
-    top, bottom, left, right = pad
-    h, w = xp.shape[2] - top - bottom, xp.shape[3] - left - right
-    return xp[:, :, top:top + h, left:left + w]
+    sizes = tuple(n - pad[2 * i] - pad[2 * i + 1] for i, n in enumerate(xp.shape[2:]))
+    return xp[_spatial_slices(pad, sizes)]
 
 
 # ---------------------------------------------------------------------------------------------
-# Convolution, on channel-major copies: (C, N, H, W) makes every column block of im2col a plain
-# strided copy and lets one matmul per group cover the whole batch, which BLAS runs far faster
-# than one small matmul per image.
+# Convolution in 1, 2 or 3 spatial dimensions (written here for 2-d: (H, W), kernel (R, S)), on channel-major
+# copies: (C, N, H, W) makes every column block of im2col a plain strided copy and lets one matmul per group cover
+# the whole batch, which BLAS runs far faster than one small matmul per image.
 #
-# The columns hold one entry per output position (n, p, q) for q < Q', the grid width. Q' is
-# Q in general. When the horizontal stride is 1 it is the padded width Wp instead: each row of
-# windows is then one contiguous run of the padded input, several times faster to copy (im2col)
-# and to add back (col2im), at the price of Wp - Q garbage columns per row, which the forward
-# drops and the backward feeds zeros. Reads past the end of the last row land in a few slack
-# elements after the buffer.
+# The columns hold one entry per output position (n, p, q) for q < Q', the grid width (the last spatial axis).
+# Q' is Q in general. When the stride along the last axis is 1 it is the padded width Wp instead: each row of
+# windows is then one contiguous run of the padded input, several times faster to copy (im2col) and to add back
+# (col2im), at the price of Wp - Q garbage columns per row, which the forward drops and the backward feeds zeros.
+# Reads past the end of the last row land in a few slack elements after the buffer.
 
 
 def _grid_width(cdims):
     """Q', the number of column entries per output row (see above)."""
-    q, wp = cdims.out_hw[1], cdims.padded_hw[1]
-    return wp if cdims.stride[1] == 1 and 2 * (wp - q) <= q else q
+    q, wp = cdims.out_hw[-1], cdims.padded_hw[-1]
+    return wp if cdims.stride[-1] == 1 and 2 * (wp - q) <= q else q
+
+
+def _grid(cdims):
+    """The output grid per spatial axis: the output size, the last axis ``Q'`` wide."""
+    return cdims.out_hw[:-1] + (_grid_width(cdims),)
 
 
 def _channel_major_buffer(cdims, dtype):
-    """Zeros ``(C, N, Hp, Wp)`` followed by the slack that the Q' = Wp grid reads past the end."""
+    """Zeros ``(C, N, *padded)`` followed by the slack that the Q' = Wp grid reads past the end."""
     n, c = cdims.x_shape[:2]
-    hp, wp = cdims.padded_hw
-    slack = (cdims.kernel_hw[1] - 1) * cdims.dilation[1]
-    return np.zeros(c * n * hp * wp + slack, dtype=dtype)[:c * n * hp * wp].reshape(c, n, hp, wp)
+    padded = cdims.padded_hw
+    size = c * n * int(np.prod(padded))
+    slack = (cdims.kernel_hw[-1] - 1) * cdims.dilation[-1]
+    return np.zeros(size + slack, dtype=dtype)[:size].reshape((c, n) + padded)
 
 
-def _grid_view(xcn, cdims, offset=(0, 0), kernel_axes=True):
-    """A strided view of the channel-major buffer ``xcn`` (C, N, Hp, Wp).
+def _grid_view(xcn, cdims, offset=None):
+    """A strided view of the channel-major buffer ``xcn`` (C, N, *padded).
 
-    With ``kernel_axes``: ``(C, R, S, N, P, Q')``, entry ``[c, r, s, n, p, q]`` being
+    Without ``offset``: ``(C, *kernel, N, *grid)``, in 2-d entry ``[c, r, s, n, p, q]`` being
     ``xcn[c, n, p*stride_h + r*dilation_h, q*stride_w + s*dilation_w]`` (im2col's windows).
-    Without: ``(C, N, P, Q')`` at the kernel offset ``offset = (r, s)`` (col2im's targets).
+    With a kernel offset (``(r, s)`` in 2-d): ``(C, N, *grid)`` at that offset (col2im's targets).
     """
-    (r, s), (p, q) = cdims.kernel_hw, (cdims.out_hw[0], _grid_width(cdims))
-    (sh, sw), (dh, dw) = cdims.stride, cdims.dilation
-    bc, bn, bh, bw = xcn.strides
+    bc, bn, *bs = xcn.strides
     c, n = xcn.shape[:2]
-    if kernel_axes:
-        return as_strided(xcn, shape=(c, r, s, n, p, q), strides=(bc, bh * dh, bw * dw, bn, bh * sh, bw * sw),
+    grid = _grid(cdims)
+    steps = tuple(b * s for b, s in zip(bs, cdims.stride))
+    if offset is None:
+        taps = tuple(b * d for b, d in zip(bs, cdims.dilation))
+        return as_strided(xcn, shape=(c,) + cdims.kernel_hw + (n,) + grid, strides=(bc,) + taps + (bn,) + steps,
                           writeable=False)
-    start = xcn[:, :, offset[0] * dh:, offset[1] * dw:]
-    return as_strided(start, shape=(c, n, p, q), strides=(bc, bn, bh * sh, bw * sw))
+    start = xcn[(slice(None), slice(None)) + tuple(slice(o * d, None) for o, d in zip(offset, cdims.dilation))]
+    return as_strided(start, shape=(c, n) + grid, strides=(bc, bn) + steps)
+
+
+def _channel_major(a):
+    """``a`` (N, C, *spatial) as ``(C, N, *spatial)`` (a view)."""
+    return a.transpose((1, 0) + tuple(range(2, a.ndim)))
 
 
 def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
-    """The columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W), so that ``y = w @ cols``.
+    """The columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W), so that ``y = w @ cols``; in 1-d and
+    3-d the kernel and output sizes of every spatial axis multiply likewise.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> x = np.arange(9.0).reshape(1, 1, 3, 3)
@@ -132,18 +148,16 @@ def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
            [3., 6.],
            [4., 7.]])
     """
-    top, left = cdims.pad[0], cdims.pad[2]
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     xcn = _channel_major_buffer(cdims, x.dtype)
-    xcn[:, :, top:top + h, left:left + w] = x.transpose(1, 0, 2, 3)
+    xcn[_spatial_slices(cdims.pad, x.shape[2:])] = _channel_major(x)
     view = _grid_view(xcn, cdims)
-    _, r, s, _, p, q = view.shape
     g = cdims.groups
-    return view.reshape(g, (c // g) * r * s, n * p * q)
+    return view.reshape(g, (c // g) * int(np.prod(cdims.kernel_hw)), n * int(np.prod(_grid(cdims))))
 
 
 def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:
-    """The adjoint of :func:`im2col`: columns summed back into ``(N, C, H, W)``.
+    """The adjoint of :func:`im2col`: columns summed back into ``(N, C, *spatial)``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), stride=(1, 2))
@@ -152,47 +166,53 @@ def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:
            [2., 2., 0.],
            [1., 1., 0.]])
     """
-    n, c, h, w = cdims.x_shape
-    (r, s), p, q = cdims.kernel_hw, cdims.out_hw[0], _grid_width(cdims)
-    cols = cols.reshape(c, r, s, n, p, q)
+    n, c = cdims.x_shape[:2]
+    kernel = cdims.kernel_hw
+    cols = cols.reshape((c,) + kernel + (n,) + _grid(cdims))
     dxcn = _channel_major_buffer(cdims, cols.dtype)
-    for i in range(r):
-        for j in range(s):
-            target = _grid_view(dxcn, cdims, offset=(i, j), kernel_axes=False)
-            target += cols[:, i, j]
-    top, left = cdims.pad[0], cdims.pad[2]
-    return np.ascontiguousarray(dxcn[:, :, top:top + h, left:left + w].transpose(1, 0, 2, 3))
+    for offset in itertools.product(*map(range, kernel)):
+        target = _grid_view(dxcn, cdims, offset)
+        target += cols[(slice(None),) + offset]
+    return np.ascontiguousarray(_channel_major(dxcn[_spatial_slices(cdims.pad, cdims.x_shape[2:])]))
+
+
+def _unflipped(w, cdims):
+    """``w`` with its spatial axes reversed for true convolution (``cdims.flipped`` False), so all maths is
+    cross-correlation; ``w`` itself otherwise."""
+    if cdims.flipped:
+        return w
+    return w[(slice(None), slice(None)) + (slice(None, None, -1),) * (w.ndim - 2)]
 
 
 def _weight_matrix(w, cdims):
     """``w`` as ``(G, K/G, C/G*R*S)``, flipped for true convolution so all maths is cross-correlation."""
-    if not cdims.flipped:
-        w = w[:, :, ::-1, ::-1]
-    k, cg, r, s = w.shape
+    w = _unflipped(w, cdims)
     g = cdims.groups
-    return w.reshape(g, k // g, cg * r * s)
+    return w.reshape(g, w.shape[0] // g, w[0].size)
 
 
 def _channel_major_dy(dy, cdims):
-    """``dy`` (N, K, P, Q) as ``(G, K/G, N*P*Q')``, zeros in the garbage columns."""
-    n, k, p, q = dy.shape
+    """``dy`` (N, K, *out) as ``(G, K/G, N*P*Q')``, zeros in the garbage columns."""
+    n, k = dy.shape[:2]
+    q = dy.shape[-1]
     width = _grid_width(cdims)
-    out = (np.zeros if width != q else np.empty)((k, n, p, width), dtype=dy.dtype)
-    out[:, :, :, :q] = dy.transpose(1, 0, 2, 3)
+    out = (np.zeros if width != q else np.empty)((k, n) + dy.shape[2:-1] + (width,), dtype=dy.dtype)
+    out[..., :q] = _channel_major(dy)
     g = cdims.groups
-    return out.reshape(g, k // g, n * p * width)
+    return out.reshape(g, k // g, out[0].size)
 
 
 def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     """The convolution ``y`` of shape ``cdims.y_shape``, as ``w @ im2col(x)``.
 
     ``y[n, k, p, q] = sum_{c, r, s} w[k, c, r, s] * xpad[n, c, p*sh + r*dh, q*sw + s*dw]``, the kernel
-    flipped unless ``cdims.flipped`` and ``c`` running over the group of ``k`` (see the module example).
+    flipped unless ``cdims.flipped`` and ``c`` running over the group of ``k`` (see the module example); 1-d and 3-d
+    likewise.
     """
-    n, k, p, q = cdims.y_shape
+    n, k = cdims.y_shape[:2]
     y = np.matmul(_weight_matrix(w, cdims), im2col(x, cdims))     # (G, K/G, N*P*Q')
-    y = y.reshape(k, n, p, _grid_width(cdims))[:, :, :, :q]
-    return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
+    y = y.reshape((k, n) + _grid(cdims))[..., :cdims.out_hw[-1]]
+    return np.ascontiguousarray(_channel_major(y))
 
 
 def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
@@ -221,9 +241,7 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
            [20., 24.]])
     """
     dw = np.matmul(_channel_major_dy(dy, cdims), im2col(x, cdims).transpose(0, 2, 1)).reshape(cdims.w_shape)
-    if not cdims.flipped:
-        dw = dw[:, :, ::-1, ::-1]
-    return np.ascontiguousarray(dw)
+    return np.ascontiguousarray(_unflipped(dw, cdims))
 
 
 def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind: str, cdims: Any) -> np.ndarray:
@@ -241,7 +259,7 @@ def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind:
     """
     y = conv_forward(x.astype(np.float32), w.astype(np.float32), cdims)
     if b is not None:
-        y += b.astype(np.float32).reshape(1, -1, 1, 1)
+        y += b.astype(np.float32).reshape((1, -1) + (1,) * (y.ndim - 2))
     if kind == "relu":
         np.maximum(y, 0, out=y)
     return y.astype(x.dtype)
@@ -487,25 +505,52 @@ def scatter_empty(op: str, dtype: Any) -> Any:
     return int(info.min) if op == "max" else int(info.max)
 
 
-def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple) -> np.ndarray:
+def first_bad_index(index: Sequence[np.ndarray], sizes: Sequence[int]) -> BadIndex | None:
+    """The :class:`~fluxpy.kernels.BadIndex` of the first entry (in order) where one of the integer arrays
+    ``index`` lies outside ``[0, sizes[j])``, or None.
+
+    >>> first_bad_index([np.array([0, 2]), np.array([1, -1])], (3, 2)).value
+    -1
+    """
+    bad = np.zeros(np.shape(index[0]), bool) if len(index) else None
+    for a, n in zip(index, sizes):
+        bad |= (a < 0) | (a >= n)
+    if bad is None or not bad.any():
+        return None
+    k = int(np.flatnonzero(bad.reshape(-1))[0])
+    for j, (a, n) in enumerate(zip(index, sizes)):
+        v = int(a.reshape(-1)[k])
+        if not 0 <= v < n:
+            return BadIndex(j, v, int(n))
+    return None
+
+
+def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple, checked: bool = False) -> np.ndarray:
     """A new array of ``shape`` holding :func:`scatter_empty` where ``dst[index] op= src`` writes nothing, and
     ``op`` (``"add"``, ``"max"`` or ``"min"``) of every ``src`` value sent to an entry elsewhere. ``index`` is any
-    NumPy index tuple, ``src`` has the shape ``dst[index]`` has; repeated indices accumulate.
+    NumPy index tuple, ``src`` has the shape ``dst[index]`` has; repeated indices accumulate. ``checked`` (integer
+    arrays on the leading axes): raise :class:`~fluxpy.kernels.BadIndex` for an index outside ``shape``.
 
     >>> scatter("add", np.array([1.0, 2.0, 3.0]), (np.array([0, 2, 0]),), (3,))
     array([4., 0., 2.])
     """
+    bad = first_bad_index(index, shape) if checked else None
+    if bad is not None:
+        raise bad
     dst = np.full(shape, scatter_empty(op, src.dtype), dtype=src.dtype)
     _SCATTER_UFUNCS[op].at(dst, index, src)
     return dst
 
 
-def gather(src: np.ndarray, index: tuple) -> np.ndarray:
-    """``src[index]`` (a copy), the adjoint of :func:`scatter` with ``"add"``.
+def gather(src: np.ndarray, index: tuple, checked: bool = False) -> np.ndarray:
+    """``src[index]`` (a copy), the adjoint of :func:`scatter` with ``"add"``; ``checked`` as :func:`scatter`'s.
 
     >>> gather(np.array([10.0, 20.0, 30.0]), (np.array([2, 2, 0]),))
     array([30., 30., 10.])
     """
+    bad = first_bad_index(index, src.shape) if checked else None
+    if bad is not None:
+        raise bad
     return src[index]
 
 

@@ -8,8 +8,9 @@ inside a :class:`Chain` the message also says which layer (by its index, as ``ch
 constructor given a bad size or option (``Dense(3.5, 2)``, ``Conv(..., groups=0)``, an activation
 that is not callable) raises at once, naming the layer.
 
-Layout: images ``(N, C, H, W)``, Dense input ``(batch, in)``, weights ``(out, in)`` and
-``(K, C/groups, R, S)``. Parameters are float32 (convert a model with :func:`f64` / :func:`f32`).
+Layout: images ``(N, C, H, W)`` (convolutions and pools also take ``(N, C, L)`` and ``(N, C, D, H, W)``),
+Dense input ``(batch, in)``, weights ``(out, in)`` and ``(K, C/groups, R, S)``. Parameters are float32 (convert
+a model with :func:`f64` / :func:`f32`).
 
 The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel, Scale, Bilinear,
 Maxout, PairwiseFusion, MultiHeadAttention),
@@ -33,7 +34,7 @@ from __future__ import annotations
 from ._checks import DimensionMismatch, DTypeMismatch
 from .basic import (Bilinear, Chain, Dense, Embedding, Maxout, MultiHeadAttention, PairwiseFusion, Parallel, Scale,
                     SkipConnection, flatten)
-from .conv import Conv, ConvTranspose, CrossCor
+from .conv import Conv, ConvTranspose, CrossCor, DepthwiseConv
 from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
 from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode,
@@ -42,8 +43,9 @@ from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
 from .upsample import PixelShuffle, Upsample
 
-__all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "MaxPool", "MeanPool", "GlobalMaxPool",
-           "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm",
+__all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool",
+           "GlobalMaxPool", "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm",
+           "LayerNorm", "GroupNorm",
            "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection",
            "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
            "GRUCell", "MultiHeadAttention",

@@ -1,7 +1,9 @@
-"""Convolution layers (Flux's ``src/layers/conv.jl``): Conv, CrossCor, ConvTranspose.
+"""Convolution layers (Flux's ``src/layers/conv.jl``): Conv, CrossCor, ConvTranspose, DepthwiseConv.
 
-Each checks the input's channels and geometry against its weight before any kernel runs, then
-makes one fused call: the convolution, the bias and the activation.
+Each works in 1, 2 or 3 spatial dimensions, as many as its kernel has sizes (``Conv((5,), ...)`` takes
+``(N, C, L)``, ``Conv((3, 3, 3), ...)`` takes ``(N, C, D, H, W)``; an int kernel means 2-d). Each checks the
+input's rank, channels and geometry against its weight before any kernel runs, then makes one fused call: the
+convolution, the bias and the activation.
 """
 from __future__ import annotations
 
@@ -11,22 +13,25 @@ from ..functors import layer
 from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)
 from ..ops.bias_act import bias_act
 from ..ops.conv import conv_bias_act, conv_dims, conv_transpose
+from ..ops.dims import ntuple, pad_widths, spatial_layout
 from ..ops.shape import reshape
-from ._checks import (Array, _activation, _given_bias, _initialised, _pad_option, _pair, _positive_int, _renamed,
-                      _require_channels, _require_dtype)
+from ._checks import (Array, _activation, _fail, _given_bias, _initialised, _positive_int, _renamed, _require_dtype,
+                      _require_ndim)
 from .init import RNG, glorot_uniform, ones32, zeros32  # noqa: F401  (ones32: used by the docstring examples)
 from .show import _act_part, _options
 
 
 @layer(children=("weight", "bias"))
 class Conv:
-    """A 2-d convolution, then the bias and ``act`` in one fused op: ``y = act(conv(x, weight) + bias)``.
+    """A convolution in 1, 2 or 3 spatial dimensions, then the bias and ``act`` in one fused op:
+    ``y = act(conv(x, weight) + bias)``.
 
     A true convolution (the kernel flipped, as Flux's ``Conv``; see :class:`CrossCor` for
-    PyTorch's ``conv2d``). ``x`` is ``(N, cin, H, W)``; ``weight`` is ``(cout, cin/groups,
-    *kernel)``, made by ``init``; ``bias`` is ``(cout,)``, as for :class:`Dense`. ``kernel``,
-    ``stride`` and ``dilation`` are ints or pairs; ``pad`` is an int, a pair, a 4-tuple
-    ``(top, bottom, left, right)`` or ``"same"``; ``groups`` must divide ``cin`` and ``cout``.
+    PyTorch's ``conv2d``). ``kernel`` is a tuple of one size per spatial axis (an int means a square 2-d kernel):
+    ``x`` is ``(N, cin, L)``, ``(N, cin, H, W)`` or ``(N, cin, D, H, W)``; ``weight`` is ``(cout, cin/groups,
+    *kernel)``, made by ``init``; ``bias`` is ``(cout,)``, as for :class:`Dense`. ``stride`` and ``dilation`` are
+    ints or one per spatial axis; ``pad`` is an int, one per axis, a ``(before, after)`` pair per axis (``(top,
+    bottom, left, right)`` in 2-d) or ``"same"``; ``groups`` must divide ``cin`` and ``cout``.
     The constructor checks all of these; ``x`` must have the weight's dtype (see :class:`Dense`).
     Flux writes ``Conv((3, 3), 1 => 16, relu; pad=1)``; here it is ``Conv((3, 3), 1, 16, relu,
     pad=1)``, and ``repr`` prints Flux's form.
@@ -39,16 +44,20 @@ class Conv:
     Traceback (most recent call last):
     ...
     fluxpy.layers.DimensionMismatch: Conv((3, 3), 2 => 3) expects x.shape[1] == 2, got (5, 4, 9, 9) float32
+    >>> Conv((5,), 2, 4, pad=2)(np.ones((3, 2, 10), np.float32)).shape
+    (3, 4, 10)
+    >>> Conv((3, 3, 3), 1, 8, stride=(1, 2, 2))(np.ones((2, 1, 5, 9, 9), np.float32)).shape
+    (2, 8, 3, 4, 4)
     """
     flipped = False
 
-    def __init__(self, kernel: int | tuple[int, int], cin: int, cout: int, act: Callable = identity, *,
-                 stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
-                 dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool | Array = True,
+    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
+                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+                 dilation: int | tuple[int, ...] = 1, groups: int = 1, bias: bool | Array = True,
                  init: Callable = glorot_uniform, rng: RNG = None) -> None:
         name = type(self).__name__
         kernel, cin, cout, groups = _conv_sizes(name, kernel, cin, cout, groups)
-        _check_geometry(name, stride, pad, dilation)
+        _check_geometry(name, stride, pad, dilation, len(kernel))
         self.act = _activation(name, act)
         self.weight = _initialised(name, init, (cout, cin // groups, *kernel), rng)
         self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), name)
@@ -67,7 +76,7 @@ class Conv:
                     flipped=self.flipped)
 
     def __call__(self, x: Array) -> Array:
-        _require_channels(self, x, self.in_channels)
+        _require_input(self, x, self.weight, self.in_channels)
         _require_dtype(self, x, self.weight.dtype)
         try:
             conv_dims(x, self.weight, **self._options())
@@ -103,25 +112,28 @@ class ConvTranspose:
     """The transpose of :class:`Conv` (its gradient with respect to ``x``), then ``act(. + bias)``.
 
     It maps ``(N, cin, H, W)`` to ``(N, cout, H', W')`` with
-    ``H' = (H - 1) * stride - top - bottom + dilation * (kernel - 1) + 1 + output_padding``.
+    ``H' = (H - 1) * stride - top - bottom + dilation * (kernel - 1) + 1 + output_padding``; 1-d and 3-d
+    likewise, as many spatial axes as ``kernel`` has sizes.
     ``weight`` is ``(cin, cout/groups, *kernel)``, as Flux; the other arguments are as for
-    :class:`Conv`, and ``output_padding`` is an int or a pair.
+    :class:`Conv`, and ``output_padding`` is an int or one per spatial axis.
 
     >>> import numpy as np
     >>> t = ConvTranspose((2, 2), 8, 4, relu, stride=2)
     >>> t, t.weight.shape, t(np.ones((1, 8, 7, 7), np.float32)).shape
     (ConvTranspose((2, 2), 8 => 4, relu, stride=2), (8, 4, 2, 2), (1, 4, 14, 14))
+    >>> ConvTranspose((2, 2, 2), 4, 2, stride=2)(np.ones((1, 4, 3, 3, 3), np.float32)).shape
+    (1, 2, 6, 6, 6)
     """
     flipped = False
 
-    def __init__(self, kernel: int | tuple[int, int], cin: int, cout: int, act: Callable = identity, *,
-                 stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
-                 dilation: int | tuple[int, int] = 1, groups: int = 1, output_padding: int | tuple[int, int] = 0,
+    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
+                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+                 dilation: int | tuple[int, ...] = 1, groups: int = 1, output_padding: int | tuple[int, ...] = 0,
                  bias: bool | Array = True, init: Callable = glorot_uniform, rng: RNG = None) -> None:
         kernel, cin, cout, groups = _conv_sizes("ConvTranspose", kernel, cin, cout, groups)
-        step = _check_geometry("ConvTranspose", stride, pad, dilation)
-        out_pad = _pair("ConvTranspose: output_padding", output_padding, minimum=0)
-        if out_pad[0] >= step[0] or out_pad[1] >= step[1]:
+        step = _check_geometry("ConvTranspose", stride, pad, dilation, len(kernel))
+        out_pad = ntuple("ConvTranspose", "output_padding", output_padding, len(kernel), minimum=0, layer=True)
+        if any(o >= s for o, s in zip(out_pad, step)):
             raise ValueError(f"ConvTranspose: output_padding must be smaller than stride {step}, got "
                              f"{output_padding!r}")
         if isinstance(pad, str) and any(out_pad):
@@ -141,14 +153,14 @@ class ConvTranspose:
         return self.weight.shape[1] * self.groups
 
     def __call__(self, x: Array) -> Array:
-        _require_channels(self, x, self.in_channels)
+        _require_input(self, x, self.weight, self.in_channels)
         _require_dtype(self, x, self.weight.dtype)
         try:  # conv_transpose validates the geometry before it runs any kernel
             y = conv_transpose(x, self.weight, stride=self.stride, pad=self.pad, dilation=self.dilation,
                                groups=self.groups, flipped=self.flipped, output_padding=self.output_padding)
         except ValueError as err:
             raise _renamed(self, err, "conv_transpose") from None
-        bias = None if self.bias is None else reshape(self.bias, (1, -1, 1, 1))
+        bias = None if self.bias is None else reshape(self.bias, (1, -1) + (1,) * (self.weight.ndim - 2))
         return bias_act(y, bias, self.act)
 
     def __repr__(self):
@@ -159,9 +171,47 @@ class ConvTranspose:
                 + ("" if self.bias is not None else ", bias=False") + ")")
 
 
+@layer(children=("weight", "bias"))
+class DepthwiseConv(Conv):
+    """A depthwise convolution (Flux's ``DepthwiseConv``): a :class:`Conv` with ``groups = cin``, each input channel
+    convolved with its own ``cout / cin`` kernels. ``cout`` must be a multiple of ``cin``; the other arguments
+    (``act``, ``stride``, ``pad``, ``dilation``, ``bias``, ``init``, ``rng``) are :class:`Conv`'s, in 1, 2 or 3
+    spatial dimensions. ``weight`` is ``(cout, 1, *kernel)``.
+
+    >>> import numpy as np
+    >>> d = DepthwiseConv((3, 3), 4, 8, relu, pad=1)
+    >>> d, d.weight.shape, d.groups, d(np.ones((2, 4, 6, 6), np.float32)).shape
+    (DepthwiseConv((3, 3), 4 => 8, relu, pad=1), (8, 1, 3, 3), 4, (2, 8, 6, 6))
+    >>> DepthwiseConv((3,), 2, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: DepthwiseConv: cout == 3 must be a multiple of cin == 2
+    """
+
+    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
+                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+                 dilation: int | tuple[int, ...] = 1, bias: bool | Array = True, init: Callable = glorot_uniform,
+                 rng: RNG = None) -> None:
+        cin, cout = _positive_int("DepthwiseConv", "cin", cin), _positive_int("DepthwiseConv", "cout", cout)
+        if cout % cin:
+            raise ValueError(f"DepthwiseConv: cout == {cout} must be a multiple of cin == {cin}")
+        super().__init__(kernel, cin, cout, act, stride=stride, pad=pad, dilation=dilation, groups=cin, bias=bias,
+                         init=init, rng=rng)
+
+    def __repr__(self):
+        kernel = tuple(self.weight.shape[2:])
+        return (f"DepthwiseConv({kernel}, {self.in_channels} => {self.out_channels}{_act_part(self.act)}"
+                + _options([("pad", self.pad, 0), ("stride", self.stride, 1), ("dilation", self.dilation, 1)])
+                + ("" if self.bias is not None else ", bias=False") + ")")
+
+
 def _conv_sizes(name, kernel, cin, cout, groups):
-    """Checked ``(kernel pair, cin, cout, groups)``: positive ints, ``groups`` dividing both channel counts."""
-    kernel = _pair(f"{name}: kernel", kernel)
+    """Checked ``(kernel tuple, cin, cout, groups)``: positive ints, ``groups`` dividing both channel counts; a
+    kernel of 1, 2 or 3 sizes (an int: a square 2-d kernel)."""
+    if isinstance(kernel, (tuple, list)) and len(kernel) not in (1, 2, 3):
+        raise ValueError(f"{name}: kernel must be a positive int or a tuple of 1, 2 or 3 positive ints (one per "
+                         f"spatial axis), got {kernel!r}")
+    kernel = ntuple(name, "kernel", kernel, len(kernel) if isinstance(kernel, (tuple, list)) else 2, layer=True)
     cin, cout = _positive_int(name, "cin", cin), _positive_int(name, "cout", cout)
     groups = _positive_int(name, "groups", groups)
     if cin % groups or cout % groups:
@@ -169,9 +219,18 @@ def _conv_sizes(name, kernel, cin, cout, groups):
     return kernel, cin, cout, groups
 
 
-def _check_geometry(name, stride, pad, dilation):
-    """Check ``stride``, ``pad`` and ``dilation`` when the layer is built (each call checks them against x again);
-    returns the stride as a pair."""
-    _pad_option(name, pad)
-    _pair(f"{name}: dilation", dilation)
-    return _pair(f"{name}: stride", stride)
+def _check_geometry(name, stride, pad, dilation, n):
+    """Check ``stride``, ``pad`` and ``dilation`` for ``n`` spatial axes when the layer is built (each call checks
+    them against x again); returns the stride as a tuple."""
+    if not (isinstance(pad, str) and pad == "same"):
+        pad_widths(name, pad, n, layer=True)
+    ntuple(name, "dilation", dilation, n, layer=True)
+    return ntuple(name, "stride", stride, n, layer=True)
+
+
+def _require_input(layer, x, weight, channels):
+    """Raise :class:`DimensionMismatch` unless ``x`` has the weight's rank and ``channels`` channels."""
+    n = weight.ndim - 2
+    _require_ndim(layer, x, n + 2, spatial_layout(n))
+    if x.shape[1] != channels:
+        _fail(layer, f"x.shape[1] == {channels}", x)

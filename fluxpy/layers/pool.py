@@ -1,15 +1,17 @@
 """Pooling layers: MaxPool, MeanPool and their global and adaptive forms (in Flux, part of ``src/layers/conv.jl``).
 
-All take floating-point images ``(N, C, H, W)`` and pool each channel separately; the constructors
-check their options, naming the layer.
+All take floating-point inputs of 1, 2 or 3 spatial axes (``(N, C, L)``, ``(N, C, H, W)``, ``(N, C, D, H, W)``)
+and pool each channel separately: a windowed or adaptive pool has as many spatial axes as its kernel or output
+size has entries (an int means 2-d), a global pool takes any of the three. The constructors check their options,
+naming the layer.
 """
 from __future__ import annotations
 
 from ..functors import layer
-from ..ops.dims import AdaptivePoolDims
+from ..ops.dims import AdaptivePoolDims, ntuple, pad_widths, spatial_layout
 from ..ops.pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, meanpool,
                         pool_dims)
-from ._checks import Array, _pad_option, _pair, _renamed, _require_float, _require_ndim
+from ._checks import Array, _fail, _renamed, _require_float, _require_ndim
 from .show import _options
 
 
@@ -17,32 +19,38 @@ from .show import _options
 class MaxPool:
     """The largest value of each ``kernel`` window; ``stride`` defaults to ``kernel``.
 
-    ``(N, C, H, W)`` -> ``(N, C, (H + pad_h - kh) // sh + 1, ...)``. ``pad`` is an int, a pair, a
-    4-tuple ``(top, bottom, left, right)`` or ``"same"``, smaller than the kernel on every side.
+    ``(N, C, H, W)`` -> ``(N, C, (H + pad_h - kh) // sh + 1, ...)``; ``kernel`` has one size per spatial axis
+    (``(k,)`` pools ``(N, C, L)``, ``(k, k, k)`` pools ``(N, C, D, H, W)``; an int means 2-d). ``pad`` is an int,
+    one per axis, a ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``,
+    smaller than the kernel on every side.
 
     >>> import numpy as np
     >>> p = MaxPool((2, 2))
     >>> p, p(np.ones((1, 16, 28, 28), np.float32)).shape
     (MaxPool((2, 2)), (1, 16, 14, 14))
+    >>> MaxPool((2, 2, 2))(np.ones((1, 3, 4, 6, 8), np.float32)).shape
+    (1, 3, 2, 3, 4)
+    >>> MaxPool((3,), stride=1, pad=1)
+    MaxPool((3,), pad=1, stride=1)
     """
     _op = staticmethod(maxpool)
     _op_name = "maxpool"
 
-    def __init__(self, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
-                 pad: int | tuple[int, ...] = 0) -> None:
+    def __init__(self, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
+                 pad: int | tuple[int, ...] | str = 0) -> None:
         name = type(self).__name__
-        self.kernel = _pair(f"{name}: kernel", kernel)
-        self.stride = self.kernel if stride is None else _pair(f"{name}: stride", stride)
-        self.pad = _pad_option(name, pad)
-        if not isinstance(pad, str):
-            pads = (pad,) * 4 if not isinstance(pad, (tuple, list)) else \
-                (pad[0], pad[0], pad[1], pad[1]) if len(pad) == 2 else tuple(pad)
-            if max(pads[:2]) >= self.kernel[0] or max(pads[2:]) >= self.kernel[1]:
+        self.kernel = _window(name, "kernel", kernel)
+        n = len(self.kernel)
+        self.stride = self.kernel if stride is None else ntuple(name, "stride", stride, n, layer=True)
+        self.pad = pad
+        if not (isinstance(pad, str) and pad == "same"):
+            pads = pad_widths(name, pad, n, layer=True)
+            if any(max(pads[2 * i], pads[2 * i + 1]) >= k for i, k in enumerate(self.kernel)):
                 raise ValueError(f"{name}: pad must be smaller than the kernel {self.kernel} on every side, "
                                  f"got {pad!r}")
 
     def __call__(self, x: Array) -> Array:
-        _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_rank(self, x, len(self.kernel))
         _require_float(self, x)
         try:
             pool_dims(x, self.kernel, self.stride, self.pad, op=self._op_name)
@@ -54,6 +62,22 @@ class MaxPool:
         return (f"{type(self).__name__}({self.kernel}"
                 + _options([("pad", self.pad, 0), ("stride", self.stride, self.kernel[0] if
                                                     len(set(self.kernel)) == 1 else self.kernel)]) + ")")
+
+
+def _window(name, what, value):
+    """A kernel or output size: a tuple of 1, 2 or 3 positive ints, or an int (2-d)."""
+    if isinstance(value, (tuple, list)) and len(value) not in (1, 2, 3):
+        raise ValueError(f"{name}: {what} must be a positive int or a tuple of 1, 2 or 3 positive ints (one per "
+                         f"spatial axis), got {value!r}")
+    return ntuple(name, what, value, len(value) if isinstance(value, (tuple, list)) else 2, layer=True)
+
+
+def _require_rank(layer, x, n):
+    """Raise :class:`DimensionMismatch` unless ``x`` has ``n`` spatial axes (any of 1 to 3 where ``n`` is None)."""
+    if n is not None:
+        _require_ndim(layer, x, n + 2, spatial_layout(n))
+    elif not hasattr(x, "shape") or len(x.shape) not in (3, 4, 5):
+        _fail(layer, "an input of 1, 2 or 3 spatial axes (N, C, L), (N, C, H, W) or (N, C, D, H, W)", x)
 
 
 @layer(children=())
@@ -71,16 +95,19 @@ class MeanPool(MaxPool):
 
 @layer(children=())
 class GlobalMaxPool:
-    """The largest value of each channel: ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+    """The largest value of each channel: ``(N, C, H, W)`` -> ``(N, C, 1, 1)``; ``(N, C, L)`` and
+    ``(N, C, D, H, W)`` likewise, every spatial axis to size 1.
 
     >>> import numpy as np
     >>> GlobalMaxPool()(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)).ravel()
     array([3., 7.], dtype=float32)
+    >>> GlobalMaxPool()(np.ones((2, 3, 4, 5, 6), np.float32)).shape
+    (2, 3, 1, 1, 1)
     """
     _op = staticmethod(global_maxpool)
 
     def __call__(self, x: Array) -> Array:
-        _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_rank(self, x, None)
         _require_float(self, x)
         return type(self)._op(x)
 
@@ -90,7 +117,7 @@ class GlobalMaxPool:
 
 @layer(children=())
 class GlobalMeanPool(GlobalMaxPool):
-    """The mean of each channel: ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+    """The mean of each channel: ``(N, C, H, W)`` -> ``(N, C, 1, 1)`` (1 to 3 spatial axes).
 
     >>> import numpy as np
     >>> GlobalMeanPool()(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)).ravel()
@@ -101,21 +128,24 @@ class GlobalMeanPool(GlobalMaxPool):
 
 @layer(children=())
 class AdaptiveMaxPool:
-    """The largest value of each of ``out_hw`` near-equal bins, giving ``(N, C, *out_hw)`` for any H, W.
+    """The largest value of each of ``out_hw`` near-equal bins, giving ``(N, C, *out_hw)`` for any H, W; one output
+    size per spatial axis (1, 2 or 3 of them; an int means 2-d).
 
     >>> import numpy as np
     >>> p = AdaptiveMaxPool((2, 3))
     >>> p, p(np.ones((4, 3, 11, 7), np.float32)).shape
     (AdaptiveMaxPool((2, 3)), (4, 3, 2, 3))
+    >>> AdaptiveMaxPool((4,))(np.ones((2, 3, 9), np.float32)).shape
+    (2, 3, 4)
     """
     _op = staticmethod(adaptive_maxpool)
     _op_name = "adaptive_maxpool"
 
-    def __init__(self, out_hw: int | tuple[int, int]) -> None:
-        self.out_hw = _pair(f"{type(self).__name__}: out_hw", out_hw)
+    def __init__(self, out_hw: int | tuple[int, ...]) -> None:
+        self.out_hw = _window(type(self).__name__, "out_hw", out_hw)
 
     def __call__(self, x: Array) -> Array:
-        _require_ndim(self, x, 4, "(N, C, H, W)")
+        _require_rank(self, x, len(self.out_hw))
         _require_float(self, x)
         try:
             AdaptivePoolDims.from_array(x, self.out_hw, op=self._op_name)
@@ -129,7 +159,8 @@ class AdaptiveMaxPool:
 
 @layer(children=())
 class AdaptiveMeanPool(AdaptiveMaxPool):
-    """The mean of each of ``out_hw`` near-equal bins, giving ``(N, C, *out_hw)`` for any H, W.
+    """The mean of each of ``out_hw`` near-equal bins, giving ``(N, C, *out_hw)`` for any H, W (1 to 3 spatial
+    axes, as :class:`AdaptiveMaxPool`).
 
     >>> import numpy as np
     >>> AdaptiveMeanPool((1, 1))(np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)).ravel()

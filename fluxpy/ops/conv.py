@@ -1,9 +1,10 @@
 """Convolution (NNlib ``src/conv.jl``): ``conv``, its two gradient kernels, ``conv_transpose`` and ``conv_bias_act``.
 
 Layout NCHW: ``x`` is ``(N, C, H, W)``, the weight ``w`` is ``(K, C/groups, R, S)``, the output
-``(N, K, P, Q)``. ``flipped=False`` (the default) is true convolution, the kernel flipped, as
-Flux's ``Conv``; ``flipped=True`` is cross-correlation, what PyTorch's ``conv2d`` computes and
-Flux calls ``CrossCor``.
+``(N, K, P, Q)``; in 1 and 3 spatial dimensions ``(N, C, L)`` and ``(N, C, D, H, W)`` likewise, the weight with
+one kernel size per spatial axis (:class:`~fluxpy.ops.dims.ConvDims`). ``flipped=False`` (the default) is true
+convolution, the kernel flipped, as Flux's ``Conv``; ``flipped=True`` is cross-correlation, what PyTorch's
+``conv2d`` computes and Flux calls ``CrossCor``.
 
 The gradient kernels are public ops named as cuDNN's calls, each with its own rule, so second
 derivatives come for free (NNlib's conv rrules)::
@@ -39,7 +40,7 @@ from ..backend import Array, get_array_module, is_float_dtype
 from ..kernels import find, lookup
 from ..kernels.halfs import is_half
 from .activations import identity, relu
-from .dims import ConvDims, _check_4d, _is_int, _pad4, _pair, describe, memoised
+from .dims import ConvDims, _check_spatial, _expand_pad, _is_int, describe, memoised, ntuple
 from .fused import fused_op
 from .reduce import sum as _sum
 from .shape import astype, reshape
@@ -96,8 +97,8 @@ _conv_backward_filter = Primitive("conv_backward_filter", _conv_backward_filter_
 _DIMS = {}   # validated ConvDims by (shapes, dtypes, options): saves ~6 us of checks per call
 
 
-def conv_dims(x: Array, w: Array, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
-              dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False) -> ConvDims:
+def conv_dims(x: Array, w: Array, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+              dilation: int | tuple[int, ...] = 1, groups: int = 1, flipped: bool = False) -> ConvDims:
     """The :class:`ConvDims` of ``conv(x, w, ...)`` (:meth:`ConvDims.from_arrays`), memoised on hashable
     options; the same errors otherwise.
 
@@ -116,15 +117,13 @@ def _dims_from_arrays(x, w, **options):
     """:meth:`ConvDims.from_arrays`, which also takes bfloat16 ``x`` and ``w`` (of the same dtype)."""
     xd, wd = getattr(x, "dtype", None), getattr(w, "dtype", None)
     if xd is not None and xd == wd and is_float_dtype(xd) and xd.kind != "f":   # from_arrays knows kind "f" only
-        _check_4d("conv", "x", x, "(N, C, H, W)")
-        _check_4d("conv", "w", w, "(K, C/groups, R, S)")
-        return ConvDims.from_shapes(x.shape, w.shape, **options)
+        return ConvDims.from_shapes(x.shape, w.shape, **options)   # which checks the shapes
     return ConvDims.from_arrays(x, w, **options)
 
 
-def conv(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
-         dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False) -> Array:
-    """The 2-D convolution of ``x`` with the kernel ``w``.
+def conv(x: Array, w: Array, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+         dilation: int | tuple[int, ...] = 1, groups: int = 1, flipped: bool = False) -> Array:
+    """The convolution of ``x`` with the kernel ``w`` in 1, 2 or 3 spatial dimensions (2-d written out below).
 
     ``y[n, k, p, q] = sum_{c, r, s} w[k, c, R-1-r, S-1-s] * xpad[n, g*C/G + c, p*sh + r*dh, q*sw + s*dw]``
     where ``g = k // (K/G)`` is the group of output channel ``k`` and ``xpad`` is ``x`` zero-padded;
@@ -132,7 +131,8 @@ def conv(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tu
 
     Shapes: ``x`` ``(N, C, H, W)``, ``w`` ``(K, C/groups, R, S)``, ``y`` ``(N, K, P, Q)`` with
     ``P = (H + top + bottom - dilation_h*(R-1) - 1) // stride_h + 1``. ``x`` and ``w`` must share a
-    floating dtype.
+    floating dtype. In 1-d ``x`` is ``(N, C, L)`` and ``w`` ``(K, C/groups, S)``; in 3-d ``(N, C, D, H, W)`` and
+    ``(K, C/groups, T, R, S)``; the options then take one value per spatial axis.
 
     Keywords: ``stride``, ``dilation``: an int or a pair; ``pad``: an int, a pair ``(ph, pw)``, a
     4-tuple ``(top, bottom, left, right)`` or ``"same"`` (output ``ceil(H / stride)``, TensorFlow's
@@ -152,6 +152,10 @@ def conv(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tu
            [ 8.,  9., 10.]])
     >>> conv(np.ones((2, 4, 9, 9)), np.ones((6, 2, 3, 3)), stride=2, pad="same", groups=2).shape
     (2, 6, 5, 5)
+    >>> conv(np.arange(5.0).reshape(1, 1, 5), np.array([[[1.0, 0.0]]]))           # 1-d, flipped kernel
+    array([[[1., 2., 3., 4.]]])
+    >>> conv(np.ones((1, 2, 4, 5, 6)), np.ones((3, 2, 2, 2, 2)), pad=(0, 1, 0)).shape
+    (1, 3, 3, 6, 5)
     """
     cdims = conv_dims(x, w, stride=stride, pad=pad, dilation=dilation, groups=groups, flipped=flipped)
     return _conv(x, w, cdims)
@@ -198,8 +202,9 @@ def conv_backward_filter(x: Array, dy: Array, cdims: ConvDims) -> Array:
 def _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding):
     """The ConvDims of the forward conv whose ``conv_backward_data`` is this ``conv_transpose``."""
     op = "conv_transpose"
-    _check_4d(op, "x", x, "(N, C_in, H, W)")
-    _check_4d(op, "w", w, "(C_in, C_out/groups, R, S)")
+    _check_spatial(op, "x", x)
+    n = len(x.shape) - 2
+    _check_spatial(op, "w", w, n=n, weight=True, transposed=True)
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"{op} expects x.shape[1] == w.shape[0] == {w.shape[0]} (input channels), "
                          f"got {describe('x', x)}")
@@ -208,32 +213,31 @@ def _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding
     if not _is_int(groups) or groups < 1 or x.shape[1] % groups:
         raise ValueError(f"{op} expects groups to be a positive int dividing x.shape[1] (input channels), "
                          f"got groups {groups!r} and {describe('x', x)}")
-    stride, dilation = _pair(op, "stride", stride), _pair(op, "dilation", dilation)
-    out_pad = _pair(op, "output_padding", output_padding, minimum=0)
-    if out_pad[0] >= stride[0] or out_pad[1] >= stride[1]:
+    stride, dilation = ntuple(op, "stride", stride, n), ntuple(op, "dilation", dilation, n)
+    out_pad = ntuple(op, "output_padding", output_padding, n, minimum=0)
+    if any(o >= s for o, s in zip(out_pad, stride)):
         raise ValueError(f"{op} expects output_padding smaller than stride {stride}, got {out_pad}")
-    n, _, h, wd = x.shape
+    sizes = tuple(x.shape[2:])
     c_out = w.shape[1] * groups
-    r, s = w.shape[2:]
-    dilated = (dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1)
+    dilated = tuple(d * (r - 1) + 1 for d, r in zip(dilation, w.shape[2:]))
     if isinstance(pad, str) and pad == "same":
         if any(out_pad):
             raise ValueError(f"{op} expects output_padding 0 with pad=\"same\", got {out_pad}")
-        out_hw = (h * stride[0], wd * stride[1])   # the conv of this size with "same" padding gives (h, wd)
+        out = tuple(size * s for size, s in zip(sizes, stride))   # the conv of this size with "same" gives sizes
     else:
-        t, b, left, right = _pad4(op, pad, (h, wd), dilated, stride)
-        out_hw = ((h - 1) * stride[0] - t - b + dilated[0] + out_pad[0],
-                  (wd - 1) * stride[1] - left - right + dilated[1] + out_pad[1])
-        if min(out_hw) < 1:
-            raise ValueError(f"{op} expects a positive output size, got {out_hw} from {describe('x', x)}, "
+        p = _expand_pad(op, pad, sizes, dilated, stride)
+        out = tuple((size - 1) * s - p[2 * i] - p[2 * i + 1] + d + o
+                    for i, (size, s, d, o) in enumerate(zip(sizes, stride, dilated, out_pad)))
+        if min(out) < 1:
+            raise ValueError(f"{op} expects a positive output size, got {out} from {describe('x', x)}, "
                              f"{describe('w', w)}, stride {stride}, pad {pad!r} and dilation {dilation}")
-    return ConvDims.from_shapes((n, c_out) + out_hw, w.shape, stride=stride, pad=pad, dilation=dilation,
+    return ConvDims.from_shapes((x.shape[0], c_out) + out, w.shape, stride=stride, pad=pad, dilation=dilation,
                                 groups=groups, flipped=flipped, op=op)
 
 
-def conv_transpose(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad: int | tuple[int, ...] | str = 0,
-                   dilation: int | tuple[int, int] = 1, groups: int = 1, flipped: bool = False,
-                   output_padding: int | tuple[int, int] = 0) -> Array:
+def conv_transpose(x: Array, w: Array, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+                   dilation: int | tuple[int, ...] = 1, groups: int = 1, flipped: bool = False,
+                   output_padding: int | tuple[int, ...] = 0) -> Array:
     """The transposed convolution (PyTorch's ``conv_transpose2d``, Flux's ``ConvTranspose``).
 
     It is the gradient of ``conv`` with respect to its input, ``conv_backward_data(x, w, cdims)``,
@@ -242,7 +246,8 @@ def conv_transpose(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad
     Shapes: ``x`` ``(N, C_in, H, W)``; ``w`` ``(C_in, C_out/groups, R, S)``, PyTorch's layout for
     ``conv_transpose2d`` (the forward conv's ``(K, C/groups, R, S)`` with ``K = C_in``); output
     ``(N, C_out, H_out, W_out)`` with ``H_out = (H-1)*stride_h - top - bottom + dilation_h*(R-1) + 1
-    + output_padding_h``. ``pad="same"`` gives ``H_out = H * stride_h``.
+    + output_padding_h``. ``pad="same"`` gives ``H_out = H * stride_h``. 1-d and 3-d likewise (``x`` of 3 or 5
+    dimensions, ``w`` ``(C_in, C_out/groups, *kernel)``).
 
     Keywords as :func:`conv` (they describe the forward conv); ``output_padding`` (int or pair,
     smaller than ``stride``) adds rows/columns at the bottom/right to pick among the input sizes
@@ -257,6 +262,8 @@ def conv_transpose(x: Array, w: Array, *, stride: int | tuple[int, int] = 1, pad
            [1., 1., 1., 1.]])
     >>> conv_transpose(np.ones((2, 4, 5, 5)), np.ones((4, 3, 3, 3)), stride=2, pad=1, output_padding=1).shape
     (2, 3, 10, 10)
+    >>> conv_transpose(np.ones((1, 2, 3)), np.ones((2, 1, 2)), stride=2)[0, 0]
+    array([2., 2., 2., 2., 2., 2.])
     """
     cdims = _transpose_dims(x, w, stride, pad, dilation, groups, flipped, output_padding)
     return _conv_backward_data(x, w, cdims)
@@ -272,7 +279,7 @@ def _conv_bias_act_impl(x, w, b, kind, cdims):
         return fused(x, w, b, kind, cdims)
     y = lookup("conv_forward", x, w)(x, w, cdims)
     if b is not None:
-        y += b.reshape(1, -1, 1, 1)
+        y += b.reshape(_channel_shape(y.ndim))
     if kind == "relu":
         get_array_module(y).maximum(y, 0, out=y)
     return y
@@ -283,17 +290,30 @@ def _bias_backward(dy, y, kind, cdims, need_b):
     return dz, (_bias_sum(dz) if need_b else None)
 
 
+def _channel_shape(ndim):
+    """``(1, -1, 1, ...)``: a per-channel vector's shape against arrays of ``ndim`` axes."""
+    return (1, -1) + (1,) * (ndim - 2)
+
+
+def _bias_axes(ndim):
+    """``(0, 2, ...)``: every axis but the channels'."""
+    return (0, 2, 3) if ndim == 4 else (0,) + tuple(range(2, ndim))
+
+
 def _bias_sum(dz):
-    """``dz`` summed over ``(0, 2, 3)``; the halves accumulate in float32 (NumPy would add in the half type)."""
+    """``dz`` summed over every axis but the channels' (``(0, 2, 3)`` in 2-d); the halves accumulate in float32
+    (NumPy would add in the half type)."""
+    axes = _bias_axes(len(dz.shape))
     if not is_half(dz.dtype):
-        return _sum(dz, axis=(0, 2, 3))
-    return astype(_sum(astype(dz, np.float32), axis=(0, 2, 3)), dz.dtype)
+        return _sum(dz, axis=axes)
+    return astype(_sum(astype(dz, np.float32), axis=axes), dz.dtype)
 
 
 conv_bias_act_backward = fused_op("conv_bias_act_backward", _bias_backward, doc="""
     The cotangents ``(dz, db)`` of ``conv + b``, from the output ``y`` of :func:`conv_bias_act`:
     ``dz = dy * (y > 0)`` for ``kind="relu"``, ``dy`` for ``"identity"``, and, with ``need_b``,
-    ``db``, its sum over ``(0, 2, 3)``; on the GPU one pass writes ``dz`` while it sums ``db``.
+    ``db``, its sum over ``(0, 2, 3)`` (every axis but the channels'); on the GPU one pass writes ``dz`` while it
+    sums ``db``.
 
     >>> import numpy as np
     >>> dz, db = conv_bias_act_backward(np.ones((1, 2, 1, 1)), np.array([[[[0.0]], [[3.0]]]]), "relu", None, True)
@@ -363,7 +383,7 @@ def conv_bias_act(x: Array, w: Array, b: Array | bool | None, act: Callable | No
     from .bias_act import bias_act  # imported here: bias_act lives in its own module
     y = _conv(x, w, cdims)
     if b is not None:
-        b = reshape(b, (1, w.shape[0], 1, 1))
+        b = reshape(b, (1, w.shape[0]) + (1,) * (len(x.shape) - 2))
     return bias_act(y, b) if act is None else bias_act(y, b, act)
 
 

@@ -1,14 +1,20 @@
 """Pooling (NNlib ``src/pooling.jl``): max and mean pools, their global and adaptive forms, and their gradients.
 
-Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``. ``stride`` defaults to the
-kernel. ``maxpool`` pads with ``-inf`` and sends each gradient to the first maximum of its
-window (as PyTorch); ``meanpool`` pads with zeros and counts them (PyTorch's
-``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``. float16 and bfloat16 pool in their
+Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``; in 1 and 3 spatial dimensions ``(N, C, L)`` and
+``(N, C, D, H, W)``, with one kernel size per spatial axis. ``stride`` defaults to the kernel. ``maxpool`` pads
+with ``-inf`` and sends each gradient to the first maximum of its window (as PyTorch); ``meanpool`` pads with
+zeros and counts them (PyTorch's ``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``.
+float16 and bfloat16 pool in their
 own dtype, computed in float32 (sums rounded once).
 
 The gradient kernels are public ops with their own rules (``maxpool_backward``,
 ``meanpool_backward``), so pools differentiate twice. The arithmetic runs in the kernel
-registered for the arrays' module (:mod:`fluxpy.kernels`).
+registered for the arrays' module (:mod:`fluxpy.kernels`), which pools 2-d images. A pool of 1 or 3 spatial axes
+runs as 2-d pools on reshaped views (:func:`pool_stages`): a 1-d one over ``(N, C, 1, L)``; a 3-d one, separable as
+a max or a mean over a box is, first over ``(H, W)`` of ``(N, C*D, H, W)``, then over ``D`` of
+``(N, C, D, P*Q)`` with a unit kernel along ``P*Q``. Taking the first maximum of each ``(H, W)`` window, then the
+first of those along ``D``, is the first maximum of the box in row-major order, so ties go where a 3-d kernel
+would send them.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -21,25 +27,27 @@ array([[[[0., 0.],
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..autodiff import Primitive
 from ..backend import Array, get_array_module
 from ..kernels import lookup
 from ..kernels.halfs import is_half
-from .dims import AdaptivePoolDims, PoolDims, describe, memoised
+from .dims import AdaptivePoolDims, PoolDims, _check_spatial, describe, memoised
 from .linalg import matmul
 from .reduce import check_half_mix, mean
-from .shape import astype
+from .shape import astype, reshape
 
 __all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool", "adaptive_meanpool",
-           "maxpool_backward", "meanpool_backward", "PoolDims", "AdaptivePoolDims"]
+           "maxpool_backward", "meanpool_backward", "pool_stages", "PoolDims", "AdaptivePoolDims"]
 
 
 _DIMS = {}
 
 
-def pool_dims(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+def pool_dims(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
               pad: int | tuple[int, ...] | str = 0, op: str = "maxpool") -> PoolDims:
     """The :class:`PoolDims` of a pooling (:meth:`PoolDims.from_array`), memoised per shape and options.
 
@@ -49,6 +57,86 @@ def pool_dims(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, 
     """
     key = (getattr(x, "shape", None), kernel, type(kernel), stride, type(stride), pad, type(pad), op)
     return memoised(_DIMS, key, lambda: PoolDims.from_array(x, kernel, stride, pad, op=op))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pools of 1 or 3 spatial axes as 2-d pools on reshaped views (see the module docstring)
+
+
+class Stage(NamedTuple):
+    """One 2-d pool of a staged pooling: the input is reshaped to ``in_shape`` and pooled by ``dims``."""
+    in_shape: tuple
+    dims: PoolDims | AdaptivePoolDims
+
+
+_STAGES = {}
+
+
+def pool_stages(pdims: PoolDims | AdaptivePoolDims) -> tuple[Stage, ...]:
+    """The 2-d pools that a pooling of 1 or 3 spatial axes runs as, in order (one for 2-d dims: themselves).
+
+    >>> import numpy as np
+    >>> [s.dims.kernel for s in pool_stages(PoolDims.from_array(np.ones((1, 2, 4, 6, 6)), (2, 3, 3)))]
+    [(3, 3), (2, 1)]
+    """
+    return memoised(_STAGES, pdims, lambda: _plan_stages(pdims))
+
+
+def _plan_stages(d):
+    n, c, *sizes = d.x_shape
+    adaptive = d.adaptive
+    if len(sizes) == 2:
+        return (Stage(d.x_shape, d),)
+    if len(sizes) == 1:
+        shape = (n, c, 1, sizes[0])
+        if adaptive:
+            return (Stage(shape, AdaptivePoolDims(shape, (1,) + d.out_hw)),)
+        return (Stage(shape, PoolDims(shape, (1,) + d.kernel, (1,) + d.stride, (0, 0) + d.pad)),)
+    depth, h, w = sizes
+    plane = (n, c * depth, h, w)
+    if adaptive:
+        first = AdaptivePoolDims(plane, d.out_hw[1:])
+    else:
+        first = PoolDims(plane, d.kernel[1:], d.stride[1:], d.pad[2:])
+    p, q = first.y_shape[2:]
+    column = (n, c, depth, p * q)
+    if adaptive:
+        second = AdaptivePoolDims(column, (d.out_hw[0], p * q))
+    else:
+        second = PoolDims(column, (d.kernel[0], 1), (d.stride[0], 1), d.pad[:2] + (0, 0))
+    return Stage(plane, first), Stage(column, second)
+
+
+def _pooled(prim, x, pdims):
+    """``prim`` (``_maxpool`` or ``_meanpool``) of ``x`` under dims of any spatial rank."""
+    if len(pdims.x_shape) == 4:
+        return prim(x, pdims)
+    for stage in pool_stages(pdims):
+        x = prim(reshape(x, stage.in_shape), stage.dims)
+    return reshape(x, pdims.y_shape)
+
+
+def _staged_maxpool_backward(dy, x, y, pdims):
+    """``maxpool_backward`` through the stages: each stage's input is recomputed, then the gradient runs back."""
+    stages = pool_stages(pdims)
+    inputs = [reshape(x, stages[0].in_shape)]
+    for stage in stages[:-1]:
+        inputs.append(_maxpool(inputs[-1], stage.dims))
+    outputs = inputs[1:] + [reshape(y, stages[-1].dims.y_shape)]
+    g = reshape(dy, stages[-1].dims.y_shape)
+    for i in range(len(stages) - 1, -1, -1):
+        g = _maxpool_backward(g, inputs[i], outputs[i], stages[i].dims)
+        g = reshape(g, stages[i - 1].dims.y_shape if i else pdims.x_shape)
+    return g
+
+
+def _staged_meanpool_backward(dy, pdims):
+    stages = pool_stages(pdims)
+    g = reshape(dy, stages[-1].dims.y_shape)
+    for i in range(len(stages) - 1, -1, -1):
+        g = _meanpool_backward(g, stages[i].dims)
+        g = reshape(g, stages[i - 1].dims.y_shape if i else pdims.x_shape)
+    return g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,16 +202,17 @@ _meanpool_backward = Primitive("meanpool_backward", _meanpool_backward_rule,
 # Public ops
 
 
-def maxpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+def maxpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
             pad: int | tuple[int, ...] | str = 0) -> Array:
     """The maximum over each window of ``x``.
 
     ``y[n, c, p, q] = max_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s]`` with ``xpad`` padded by
-    ``-inf``. ``x`` ``(N, C, H, W)`` -> ``(N, C, P, Q)``, ``P = (H + top + bottom - R) // sh + 1``.
+    ``-inf``. ``x`` ``(N, C, H, W)`` -> ``(N, C, P, Q)``, ``P = (H + top + bottom - R) // sh + 1``;
+    ``(N, C, L)`` and ``(N, C, D, H, W)`` likewise.
 
-    ``kernel``, ``stride`` (default: ``kernel``): an int or a pair. ``pad``: an int, a pair, a
-    4-tuple ``(top, bottom, left, right)`` or ``"same"``, smaller than the kernel on each side.
-    The gradient goes to the first maximum of each window (row-major), as PyTorch's. A window
+    ``kernel``, ``stride`` (default: ``kernel``): an int or one per spatial axis. ``pad``: an int, one per axis, a
+    ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``, smaller than the kernel
+    on each side. The gradient goes to the first maximum of each window (row-major), as PyTorch's. A window
     holding NaN gives NaN; where its gradient goes is unspecified.
 
     >>> import numpy as np
@@ -133,17 +222,22 @@ def maxpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, in
            [13., 15.]])
     >>> maxpool(x, 3, stride=1, pad=1).shape
     (1, 1, 4, 4)
+    >>> maxpool(np.array([[[1.0, 3.0, 2.0, 0.0, 5.0]]]), (2,))
+    array([[[3., 2.]]])
+    >>> maxpool(np.arange(64.0).reshape(1, 1, 4, 4, 4), (2, 2, 2))[0, 0, :, 0]
+    array([[21., 23.],
+           [53., 55.]])
     """
-    return _maxpool(x, pool_dims(x, kernel, stride, pad, op="maxpool"))
+    return _pooled(_maxpool, x, pool_dims(x, kernel, stride, pad, op="maxpool"))
 
 
-def meanpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
              pad: int | tuple[int, ...] | str = 0) -> Array:
     """The mean over each window of ``x``.
 
     ``y[n, c, p, q] = sum_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s] / (R*S)`` with ``xpad``
     zero-padded: padding counts in the mean (PyTorch's ``avg_pool2d`` default,
-    ``count_include_pad=True``). Shapes and keywords as :func:`maxpool`.
+    ``count_include_pad=True``). Shapes and keywords as :func:`maxpool` (1, 2 or 3 spatial axes).
 
     >>> import numpy as np
     >>> meanpool(np.arange(16.0).reshape(1, 1, 4, 4), 2)[0, 0]
@@ -152,8 +246,10 @@ def meanpool(x: Array, kernel: int | tuple[int, int], stride: int | tuple[int, i
     >>> meanpool(np.ones((1, 1, 2, 2)), 2, stride=1, pad=(1, 0, 1, 0))[0, 0]   # zeros count
     array([[0.25, 0.5 ],
            [0.5 , 1.  ]])
+    >>> meanpool(np.arange(8.0).reshape(1, 1, 2, 2, 2), 2).ravel()
+    array([3.5])
     """
-    return _meanpool(x, pool_dims(x, kernel, stride, pad, op="meanpool"))
+    return _pooled(_meanpool, x, pool_dims(x, kernel, stride, pad, op="meanpool"))
 
 
 def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePoolDims) -> Array:
@@ -171,6 +267,8 @@ def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePo
            [0., 0.]])
     """
     _check_pool_arrays("maxpool_backward", pdims, dy=dy, x=x)
+    if len(pdims.x_shape) != 4:
+        return _staged_maxpool_backward(dy, x, y, pdims)
     return _maxpool_backward(dy, x, y, pdims)
 
 
@@ -185,6 +283,8 @@ def meanpool_backward(dy: Array, pdims: PoolDims) -> Array:
            [0.25, 0.25]])
     """
     _check_pool_arrays("meanpool_backward", pdims, dy=dy)
+    if len(pdims.x_shape) != 4:
+        return _staged_meanpool_backward(dy, pdims)
     return _meanpool_backward(dy, pdims)
 
 
@@ -197,64 +297,75 @@ def _check_pool_arrays(op, pdims, dy, x=None):
 
 
 def global_maxpool(x: Array) -> Array:
-    """The maximum over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+    """The maximum over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)`` (1 to 3 spatial axes, each
+    to size 1).
 
     The gradient goes to the first maximum, as :func:`maxpool` with ``kernel=(H, W)``.
 
     >>> import numpy as np
     >>> global_maxpool(np.arange(8.0).reshape(1, 2, 2, 2))[:, :, 0, 0]
     array([[3., 7.]])
+    >>> global_maxpool(np.arange(8.0).reshape(1, 2, 4)).shape
+    (1, 2, 1)
     """
-    _check_image("global_maxpool", x)
-    return _maxpool(x, PoolDims.from_array(x, tuple(x.shape[2:]), op="global_maxpool"))
+    _check_spatial("global_maxpool", "x", x)
+    return _pooled(_maxpool, x, PoolDims.from_array(x, tuple(x.shape[2:]), op="global_maxpool"))
 
 
 def global_meanpool(x: Array) -> Array:
-    """The mean over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)``.
+    """The mean over each channel's image, ``(N, C, H, W)`` -> ``(N, C, 1, 1)`` (1 to 3 spatial axes).
 
     >>> import numpy as np
     >>> global_meanpool(np.arange(8.0).reshape(1, 2, 2, 2))[:, :, 0, 0]
     array([[1.5, 5.5]])
     """
-    _check_image("global_meanpool", x)
-    return mean(x, axis=(2, 3), keepdims=True)
+    _check_spatial("global_meanpool", "x", x)
+    return mean(x, axis=tuple(range(2, len(x.shape))), keepdims=True)
 
 
-def _check_image(op, x):
-    if len(x.shape) != 4:
-        raise ValueError(f"{op} expects x of 4 dimensions (N, C, H, W), got {describe('x', x)}")
-
-
-def adaptive_maxpool(x: Array, out_hw: int | tuple[int, int]) -> Array:
+def adaptive_maxpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
     """Max pooling to a fixed output size ``(N, C, *out_hw)``.
 
     Output ``(i, j)`` is the maximum over rows ``floor(i*H/P) <= h < ceil((i+1)*H/P)`` and the
     columns likewise (PyTorch's ``adaptive_max_pool2d`` bins, which may overlap). ``out_hw``: an
-    int or a pair. The gradient goes to the first maximum of each bin.
+    int or one size per spatial axis (1, 2 or 3 of them). The gradient goes to the first maximum of each bin.
 
     >>> import numpy as np
     >>> adaptive_maxpool(np.arange(25.0).reshape(1, 1, 5, 5), 2)[0, 0]
     array([[12., 14.],
            [22., 24.]])
+    >>> adaptive_maxpool(np.arange(5.0).reshape(1, 1, 5), (2,))
+    array([[[2., 4.]]])
     """
-    return _maxpool(x, AdaptivePoolDims.from_array(x, out_hw, op="adaptive_maxpool"))
+    return _pooled(_maxpool, x, AdaptivePoolDims.from_array(x, out_hw, op="adaptive_maxpool"))
 
 
-def adaptive_meanpool(x: Array, out_hw: int | tuple[int, int]) -> Array:
+def adaptive_meanpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
     """Mean pooling to a fixed output size ``(N, C, *out_hw)``.
 
-    The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so
-    ``y = A_h @ x @ A_w.T`` with averaging matrices ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``: two
-    ``matmul`` ops, differentiable through theirs.
+    The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so each spatial axis is contracted with
+    an averaging matrix (``y = A_h @ x @ A_w.T`` in 2-d, ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``): ``matmul``
+    ops, differentiable through theirs.
 
     >>> import numpy as np
     >>> adaptive_meanpool(np.arange(16.0).reshape(1, 1, 4, 4), (1, 2))[0, 0]
     array([[6.5, 8.5]])
+    >>> adaptive_meanpool(np.arange(8.0).reshape(1, 1, 2, 2, 2), 1).ravel()
+    array([3.5])
     """
     dims = AdaptivePoolDims.from_array(x, out_hw, op="adaptive_meanpool")
     xp = get_array_module(x)
     if is_half(x.dtype):   # averaged in float32, rounded once to x's dtype
         return astype(adaptive_meanpool(astype(x, np.float32), out_hw), x.dtype)
     dtype = np.result_type(x.dtype, np.float32)
-    a_h, a_w = (xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices())
-    return matmul(matmul(a_h, x), a_w.T)
+    mats = [xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices()]
+    y = x
+    for axis, a in enumerate(mats[:-1], start=2):   # every axis but the last: A @ (..., size, rest)
+        shape = tuple(y.shape)
+        if axis == len(shape) - 2:
+            y = matmul(a, y)
+        else:
+            rest = int(np.prod(shape[axis + 1:]))
+            y = reshape(matmul(a, reshape(y, shape[:axis + 1] + (rest,))), shape[:axis] + (a.shape[0],)
+                        + shape[axis + 1:])
+    return matmul(y, mats[-1].T)
