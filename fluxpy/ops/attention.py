@@ -70,7 +70,8 @@ def _check(q, k, v, nheads, mask):
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = None, nheads: int = 1,
                           dropout: Callable | None = None) -> tuple[Array, Array]:
     """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
-    to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None.
+    to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None. The scores returned are those
+    that weighed ``v``, after ``dropout`` (NNlib's ``dot_product_attention`` and PyTorch's attention weights too).
 
     >>> import numpy as np
     >>> q = np.array([[[1.0, 0.0]]]); k = np.array([[[1.0, 0.0], [0.0, 1.0]]]); v = np.array([[[1.0], [3.0]]])
@@ -85,7 +86,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
         logits = where(value_of(mask), logits, -np.inf)
     scores = softmax(logits, axis=-1)
     weights = scores if dropout is None else dropout(scores)
-    return _join_heads(matmul(weights, vh)), scores
+    return _join_heads(matmul(weights, vh)), weights   # the scores that weighed v: after dropout, as NNlib's
 
 
 def causal_mask(x: Array | int, xp: Any = None) -> Array:
