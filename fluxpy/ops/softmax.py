@@ -31,14 +31,11 @@ __all__ = ["softmax", "logsoftmax", "logit_crossentropy_rows", "logit_crossentro
 
 def _shifted(x, axes):
     """``x - max(x)`` along ``axes``: exp of it cannot overflow. Where the max is +Inf, NNlib's rule: the +Inf
-    entries get 0 and the others -Inf (not Inf - Inf = NaN), so the +Inf entries share the whole mass."""
-    xp = get_array_module(x)
-    m = x.max(axis=axes, keepdims=True)
+    entries get 0 (not Inf - Inf = NaN) and the others -Inf, so the +Inf entries share the whole mass."""
     with np.errstate(invalid="ignore"):
-        z = x - m
-    if xp is np and not bool(np.isposinf(m).any()):
-        return z
-    return xp.where(m == np.inf, xp.where(x == np.inf, 0, -np.inf).astype(z.dtype), z)
+        z = x - x.max(axis=axes, keepdims=True)
+    z[x == np.inf] = 0   # only a +Inf entry can be one: its slice's max is +Inf, the rest already -Inf
+    return z
 
 
 def _in_float32(impl):
