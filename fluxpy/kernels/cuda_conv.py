@@ -17,6 +17,10 @@
 float16 and bfloat16 run as float32 and float64 do (the same calls, half storage, float32 compute
 on tensor cores); x, w and b must share the dtype (the ops check that before any kernel runs).
 
+Convolutions of 1, 2 or 3 spatial axes take the same kernels: the binding tells cuDNN of a 1-d problem as a 2-d
+one with a unit axis and of a 3-d one with 5-d descriptors (:mod:`fluxpy.kernels.cudnn.geometry`); the bias
+gradient sums every axis but the channels'.
+
 The four convolution kernels are the graph module's own functions, registered as they are (no
 extra Python frame per call); each falls back per problem to the legacy call of
 :mod:`fluxpy.kernels.cudnn.legacy`, and ``conv_bias_act_forward`` composes conv, bias and relu
@@ -115,13 +119,19 @@ def _half_bias_backward(dy, y, kind, cdims, need_b):
             return dz, legacy.conv_backward_bias(dz, cdims)
         except CudnnError:
             _CUDNN_BIAS_OK[dz.dtype] = False
-    return dz, float32_to_half(half_to_float32(dz).sum(axis=(0, 2, 3)), dz.dtype)
+    return dz, float32_to_half(half_to_float32(dz).sum(axis=_bias_axes(dz.ndim)), dz.dtype)
+
+
+def _bias_axes(ndim):
+    """``(0, 2, 3)`` in 2-d: every axis but the channels'."""
+    return (0, 2, 3) if ndim == 4 else (0,) + tuple(range(2, ndim))
 
 
 def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: ConvDimsLike,
                            need_b: bool) -> tuple[cupy.ndarray, cupy.ndarray | None]:
     """``(dz, db)``: ``dz`` the cotangent before the activation (from the output ``y``: ``dy * (y > 0)`` for
-    ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` when ``need_b`` (else None).
+    ``kind="relu"``, ``dy`` for ``"identity"``), ``db`` its sum over ``(0, 2, 3)`` (every axis but the channels')
+    when ``need_b`` (else None).
     float16 and bfloat16 sum ``db`` in float32 (fluxpy's mapreduce accumulates halves in float32, one pass that
     also writes ``dz``)."""
     if y.dtype != dy.dtype:
@@ -134,11 +144,12 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
         return dz, (legacy.conv_backward_bias(dz, cdims) if need_b else None)
     if not need_b:
         return (keeping_layout(_mask, dy, y) if kind == "relu" else dy), None
+    axes = _bias_axes(dy.ndim)
     if kind == "relu":
         dz = cupy.empty_like(dy)
-        db = mapreduce(dy, (0, 2, 3), map="x * (y > 0)", y=y, out_mapped=dz)
+        db = mapreduce(dy, axes, map="x * (y > 0)", y=y, out_mapped=dz)
         return dz, db
-    return dy, mapreduce(dy, (0, 2, 3))
+    return dy, mapreduce(dy, axes)
 
 
 KERNELS = {

@@ -4,8 +4,7 @@ Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``; in 1 and 3 spa
 ``(N, C, D, H, W)``, with one kernel size per spatial axis. ``stride`` defaults to the kernel. ``maxpool`` pads
 with ``-inf`` and sends each gradient to the first maximum of its window (as PyTorch); ``meanpool`` pads with
 zeros and counts them (PyTorch's ``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``.
-float16 and bfloat16 pool in their
-own dtype, computed in float32 (sums rounded once).
+float16 and bfloat16 pool in their own dtype, computed in float32 (sums rounded once).
 
 The gradient kernels are public ops with their own rules (``maxpool_backward``,
 ``meanpool_backward``), so pools differentiate twice. The arithmetic runs in the kernel

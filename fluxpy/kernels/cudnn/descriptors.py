@@ -3,9 +3,10 @@ and the backend (graph) API's descriptor calls.
 
 Legacy descriptors are plain ints (``cudnnTensorDescriptor_t`` ...), made by :func:`tensor_descriptor`,
 :func:`filter_descriptor`, :func:`convolution_descriptor`, :func:`activation_descriptor` and freed by
-:func:`destroy`. Backend descriptors are made by :func:`backend_create`, given attributes by
-:func:`backend_set` and finalized by :func:`backend_finalize`. Every status is checked
-(:func:`fluxpy.kernels.cudnn.errors.check`).
+:func:`destroy`. Tensors and filters of 4 dimensions take the ``4d`` calls, those of 5 (3-d convolutions) the
+``Nd`` ones (bound here, on first use, from the loaded library: :func:`nd_function`). Backend descriptors are
+made by :func:`backend_create`, given attributes by :func:`backend_set` and finalized by :func:`backend_finalize`.
+Every status is checked (:func:`fluxpy.kernels.cudnn.errors.check`).
 
 >>> compute_type(np.float16) == DATA_FLOAT and compute_type(np.float64) == DATA_DOUBLE
 True
@@ -21,12 +22,13 @@ import ctypes
 import numpy as np
 
 from ..halfs import BFLOAT16
+from . import library
 from .errors import check
 from .library import fn
 
 __all__ = ["DTYPES", "BFLOAT16", "data_type", "compute_type", "conv_mode", "scalars", "describe", "tensor_descriptor",
            "filter_descriptor", "convolution_descriptor", "activation_descriptor", "destroy", "backend_create",
-           "backend_set", "backend_finalize", "backend_destroy", "int64s", "pointers"]
+           "backend_set", "backend_finalize", "backend_destroy", "int64s", "pointers", "nd_function", "ints"]
 
 # ---------------------------------------------------------------------------------------------
 # Enums shared by both APIs (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h of cuDNN 9)
@@ -139,28 +141,84 @@ def _new(kind):
     return p.value
 
 
+_PI = ctypes.POINTER(ctypes.c_int)
+_ND_SIGNATURES = {
+    "cudnnSetTensorNdDescriptor": ([ctypes.c_void_p, ctypes.c_int, ctypes.c_int, _PI, _PI], ctypes.c_int),
+    "cudnnSetFilterNdDescriptor": ([ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, _PI], ctypes.c_int),
+    "cudnnSetConvolutionNdDescriptor": ([ctypes.c_void_p, ctypes.c_int, _PI, _PI, _PI, ctypes.c_int, ctypes.c_int],
+                                        ctypes.c_int),
+    "cudnnGetConvolutionNdForwardOutputDim": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, _PI],
+                                              ctypes.c_int),
+}
+_nd = {}
+
+
+def nd_function(name: str):
+    """The legacy ``Nd`` call ``name`` (a key of ``_ND_SIGNATURES``: the tensor, filter and convolution setters and
+    the output-shape query of 3-d convolutions), bound with its argument types on first use."""
+    f = _nd.get(name)
+    if f is None:
+        lib = library.load()
+        if lib is None:
+            raise RuntimeError(library.load_error() or "libcudnn.so.9 is not loaded")
+        f = getattr(lib, name)
+        f.argtypes, f.restype = _ND_SIGNATURES[name]
+        _nd[name] = f
+    return f
+
+
+def ints(*vals) -> ctypes.Array:
+    """A ctypes ``int`` array of ``vals`` (the ``Nd`` calls' dimension arrays)."""
+    return (ctypes.c_int * len(vals))(*vals)
+
+
+def _c_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
 def tensor_descriptor(shape, dtype) -> int:
-    """A new NCHW ``cudnnTensorDescriptor_t`` (an int) of ``shape`` (4 ints) and ``dtype``."""
+    """A new NCHW (NCDHW) ``cudnnTensorDescriptor_t`` (an int) of ``shape`` (4 or 5 ints, C order) and ``dtype``."""
     d = _new("Tensor")
-    check(fn.cudnnSetTensor4dDescriptor(d, TENSOR_NCHW, data_type(dtype), *shape),
-          "cudnnSetTensor4dDescriptor", lambda: f"shape {tuple(shape)} {np.dtype(dtype)}")
+    what = lambda: f"shape {tuple(shape)} {np.dtype(dtype)}"   # noqa: E731
+    if len(shape) == 4:
+        check(fn.cudnnSetTensor4dDescriptor(d, TENSOR_NCHW, data_type(dtype), *shape), "cudnnSetTensor4dDescriptor",
+              what)
+    else:
+        check(nd_function("cudnnSetTensorNdDescriptor")(d, data_type(dtype), len(shape), ints(*shape),
+                                                        ints(*_c_strides(shape))), "cudnnSetTensorNdDescriptor", what)
     return d
 
 
 def filter_descriptor(shape, dtype) -> int:
-    """A new NCHW (KCRS) ``cudnnFilterDescriptor_t`` of ``shape`` and ``dtype``."""
+    """A new NCHW (KCRS; KCTRS for 5 dimensions) ``cudnnFilterDescriptor_t`` of ``shape`` and ``dtype``."""
     d = _new("Filter")
-    check(fn.cudnnSetFilter4dDescriptor(d, data_type(dtype), TENSOR_NCHW, *shape),
-          "cudnnSetFilter4dDescriptor", lambda: f"w of shape {tuple(shape)} {np.dtype(dtype)}")
+    what = lambda: f"w of shape {tuple(shape)} {np.dtype(dtype)}"   # noqa: E731
+    if len(shape) == 4:
+        check(fn.cudnnSetFilter4dDescriptor(d, data_type(dtype), TENSOR_NCHW, *shape), "cudnnSetFilter4dDescriptor",
+              what)
+    else:
+        check(nd_function("cudnnSetFilterNdDescriptor")(d, data_type(dtype), TENSOR_NCHW, len(shape), ints(*shape)),
+              "cudnnSetFilterNdDescriptor", what)
     return d
 
 
-def convolution_descriptor(cdims, sym_pad, dtype, math: int, what="") -> int:
-    """A new ``cudnnConvolutionDescriptor_t``: padding ``sym_pad`` ``(ph, pw)``, ``cdims``' stride, dilation,
-    mode and groups, computing in :func:`compute_type` of ``dtype`` with math type ``math``."""
+def convolution_descriptor(cdims, geometry, dtype, math: int, what="") -> int:
+    """A new ``cudnnConvolutionDescriptor_t``: ``geometry`` the ``(stride, dilation, pad)`` per descriptor axis
+    (:func:`fluxpy.kernels.cudnn.geometry.descriptor_geometry`: 2 axes, or 3), ``cdims``' mode and groups,
+    computing in :func:`compute_type` of ``dtype`` with math type ``math``."""
+    stride, dilation, pad = geometry
     d = _new("Convolution")
-    check(fn.cudnnSetConvolution2dDescriptor(d, *sym_pad, *cdims.stride, *cdims.dilation, conv_mode(cdims),
-                                             compute_type(dtype)), "cudnnSetConvolution2dDescriptor", what)
+    if len(pad) == 2:
+        check(fn.cudnnSetConvolution2dDescriptor(d, *pad, *stride, *dilation, conv_mode(cdims), compute_type(dtype)),
+              "cudnnSetConvolution2dDescriptor", what)
+    else:
+        check(nd_function("cudnnSetConvolutionNdDescriptor")(d, len(pad), ints(*pad), ints(*stride), ints(*dilation),
+                                                             conv_mode(cdims), compute_type(dtype)),
+              "cudnnSetConvolutionNdDescriptor", what)
     if cdims.groups > 1:
         check(fn.cudnnSetConvolutionGroupCount(d, cdims.groups), "cudnnSetConvolutionGroupCount", what)
     check(fn.cudnnSetConvolutionMathType(d, math), "cudnnSetConvolutionMathType", what)

@@ -69,7 +69,8 @@ from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_
                           backend_finalize, backend_set, compute_type, conv_mode, data_type, describe, int64s,
                           pointers, scalars)
 from .errors import CudnnError, check
-from .geometry import ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, pad_input, split_pad
+from .geometry import (ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, descriptor_geometry, descriptor_shape,
+                       pad_input, split_pad)
 from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
 
@@ -154,11 +155,18 @@ def clear_cache() -> None:
 # Plans
 
 def _packed(shape, channels_last=False):
-    """The element strides of a dense ``shape`` in C order, or channels-last (NHWC memory)."""
+    """The element strides of a dense ``shape`` (4 or 5 dimensions) in C order, or channels-last (NHWC / NDHWC
+    memory)."""
     if channels_last:
         return channels_last_strides(shape, 1)
-    n, c, h, w = shape
-    return (c * h * w, h * w, w, 1)
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return (c * h * w, h * w, w, 1)
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 # kind -> (operation type, attributes of its x, w, y tensors, of the convolution, alpha, beta; name in errors)
@@ -179,7 +187,9 @@ class GraphPlan:
     ``kind`` is ``"fwd"``, ``"fwd_relu"``, ``"fwd_identity"`` (conv + bias [+ relu]), ``"fwd_relu_nob"``
     (conv + relu, no bias), ``"bwd_data"`` or ``"bwd_filter"``. ``x_shape`` is the input as cuDNN sees it
     (padded by ``extra_pad`` where the padding is asymmetric, as the legacy ``Plan``). ``channels_last``: every
-    tensor (x, w, y, the bias) in channels-last memory (NHWC, filters KRSC), else in C order.
+    tensor (x, w, y, the bias) in channels-last memory (NHWC, filters KRSC), else in C order. Problems of 1, 2 or 3
+    spatial axes: the descriptors are 4-d for 1-d problems (a unit axis first) and 2-d ones, 5-d for 3-d ones
+    (:func:`~fluxpy.kernels.cudnn.geometry.descriptor_shape`); the arrays keep their own shapes (the same bytes).
     """
 
     def __init__(self, kind, cdims, dtype, channels_last=False):
@@ -216,6 +226,9 @@ class GraphPlan:
         backend_set(desc, attr, atype, values, self.describe)
 
     def _tensor(self, uid, shape, dtype_enum, virtual=False):
+        if uid == UID_B:   # the bias, (1, K, 1, ...): as many dimensions as y's descriptor
+            shape = (1, shape[1]) + (1,) * (len(self.cdims.y_shape) - 2)
+        shape = descriptor_shape(shape)
         d = self._desc(D_TENSOR)
         self._set(d, A_T_DTYPE, T_DATA_TYPE, ctypes.c_int(dtype_enum))
         self._set(d, A_T_DIMS, T_INT64, int64s(*shape))
@@ -229,14 +242,15 @@ class GraphPlan:
 
     def _convolution(self):
         c = self.cdims
+        stride, dilation, pad = descriptor_geometry(c, self.sym_pad)
         conv = self._desc(D_CONVOLUTION)
         self._set(conv, A_CONV_COMP_TYPE, T_DATA_TYPE, ctypes.c_int(self.compute))
         self._set(conv, A_CONV_MODE, T_CONVOLUTION_MODE, ctypes.c_int(conv_mode(c)))
-        self._set(conv, A_CONV_DIMS, T_INT64, _i64(2))
-        self._set(conv, A_CONV_DILATIONS, T_INT64, int64s(*c.dilation))
-        self._set(conv, A_CONV_STRIDES, T_INT64, int64s(*c.stride))
-        self._set(conv, A_CONV_PRE_PAD, T_INT64, int64s(*self.sym_pad))
-        self._set(conv, A_CONV_POST_PAD, T_INT64, int64s(*self.sym_pad))
+        self._set(conv, A_CONV_DIMS, T_INT64, _i64(len(stride)))
+        self._set(conv, A_CONV_DILATIONS, T_INT64, int64s(*dilation))
+        self._set(conv, A_CONV_STRIDES, T_INT64, int64s(*stride))
+        self._set(conv, A_CONV_PRE_PAD, T_INT64, int64s(*pad))
+        self._set(conv, A_CONV_POST_PAD, T_INT64, int64s(*pad))
         backend_finalize(conv, "cudnnBackendFinalize(convolution)", self.describe)
         return conv
 

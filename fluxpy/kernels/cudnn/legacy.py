@@ -10,6 +10,7 @@ Every function takes C-contiguous-able CuPy arrays and a :class:`fluxpy.ops.dims
   ``(ConvDims, dtype)`` under the current options on the current device, built once (:func:`plan`).
   ``flipped=False`` (true convolution) is ``CUDNN_CONVOLUTION``, ``flipped=True``
   ``CUDNN_CROSS_CORRELATION``; asymmetric padding is split by :mod:`fluxpy.kernels.cudnn.geometry`.
+  1-d problems run as 2-d ones with a unit axis, 3-d ones with 5-d (``Nd``) descriptors (see that module).
 - Algorithms: on a problem's first use ``cudnnFind*AlgorithmEx`` times them; the ranked list is
   kept in memory and in a JSON file per GPU model and cuDNN version under
   ``$FLUXPY_CACHE/cudnn`` (default ``~/.cache/fluxpy/cudnn``, :func:`cache_file`). The workspace
@@ -34,10 +35,11 @@ import numpy as np
 from ...backend import cupy
 from ..halfs import BFLOAT16, is_half
 from . import library
-from .descriptors import (activation_descriptor, convolution_descriptor, describe, destroy, filter_descriptor,
-                          scalars, tensor_descriptor)
+from .descriptors import (activation_descriptor, convolution_descriptor, describe, destroy, filter_descriptor, ints,
+                          nd_function, scalars, tensor_descriptor)
 from .errors import BAD_PARAM, NOT_SUPPORTED, CudnnError, check
-from .geometry import ConvDimsLike, contiguous, crop_dx, pad_input, split_pad
+from .geometry import (ConvDimsLike, contiguous, crop_dx, descriptor_geometry, descriptor_shape, pad_input,
+                       split_pad)
 from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
 
@@ -90,7 +92,8 @@ class Plan:
 
     Fields: ``cdims``, ``dtype``, ``x_shape`` (the input as cuDNN sees it: padded by
     ``extra_pad`` where the padding is asymmetric), ``sym_pad`` ``(ph, pw)``, ``extra_pad``
-    ``(top, bottom, left, right)`` or None, descriptors ``xd, wd, yd, bd, convd`` (ints), the
+    ``(top, bottom, left, right)`` or None (one or a pair per spatial axis), descriptors ``xd, wd, yd, bd, convd``
+    (ints, of :func:`~fluxpy.kernels.cudnn.geometry.descriptor_shape`: a 1-d problem's with a unit axis), the
     activation descriptors ``act[kind]``, and ``algos[kind]``: the ranked usable
     ``(algo, math_type, memory)`` triples, found on first use.
     """
@@ -100,12 +103,14 @@ class Plan:
     def __init__(self, cdims, dtype):
         self.cdims, self.dtype = cdims, np.dtype(dtype)
         self.sym_pad, self.extra_pad, self.x_shape = split_pad(cdims)
-        self.xd = tensor_descriptor(self.x_shape, dtype)
-        self.wd = filter_descriptor(cdims.w_shape, dtype)
-        self.yd = tensor_descriptor(cdims.y_shape, dtype)
-        self.bd = tensor_descriptor((1, cdims.w_shape[0], 1, 1), dtype)
+        y_shape = descriptor_shape(cdims.y_shape)
+        self.xd = tensor_descriptor(descriptor_shape(self.x_shape), dtype)
+        self.wd = filter_descriptor(descriptor_shape(cdims.w_shape), dtype)
+        self.yd = tensor_descriptor(y_shape, dtype)
+        self.bd = tensor_descriptor((1, cdims.w_shape[0]) + (1,) * (len(y_shape) - 2), dtype)
         self.math = self.cur_math = math_type(dtype)
-        self.convd = convolution_descriptor(cdims, self.sym_pad, self.dtype, self.math, self.describe)
+        self.convd = convolution_descriptor(cdims, descriptor_geometry(cdims, self.sym_pad), self.dtype, self.math,
+                                            self.describe)
         self._check_output_shape()
         self.act = {kind: activation_descriptor(mode) for kind, mode in ACTIVATIONS.items()}
         self.one, self.zero = scalars(self.dtype)   # kept alive: their addresses go to cuDNN
@@ -115,13 +120,21 @@ class Plan:
 
     def _check_output_shape(self):
         """Raise where cuDNN's output shape differs from ConvDims' (never silently wrong)."""
-        dims = [ctypes.c_int() for _ in range(4)]
-        check(fn.cudnnGetConvolution2dForwardOutputDim(self.convd, self.xd, self.wd, *map(ctypes.byref, dims)),
-              "cudnnGetConvolution2dForwardOutputDim", self.describe)
-        got = tuple(d.value for d in dims)
-        if got != tuple(self.cdims.y_shape):
-            raise CudnnError("cudnnGetConvolution2dForwardOutputDim", BAD_PARAM, self.describe(),
-                             f"cuDNN's output shape {got} differs from ConvDims' {self.cdims.y_shape}")
+        want = descriptor_shape(self.cdims.y_shape)
+        if len(want) == 4:
+            call = "cudnnGetConvolution2dForwardOutputDim"
+            dims = [ctypes.c_int() for _ in range(4)]
+            check(fn.cudnnGetConvolution2dForwardOutputDim(self.convd, self.xd, self.wd, *map(ctypes.byref, dims)),
+                  call, self.describe)
+            got = tuple(d.value for d in dims)
+        else:
+            call = "cudnnGetConvolutionNdForwardOutputDim"
+            dims = ints(*want)
+            check(nd_function(call)(self.convd, self.xd, self.wd, len(want), dims), call, self.describe)
+            got = tuple(dims)
+        if got != want:
+            raise CudnnError(call, BAD_PARAM, self.describe(),
+                             f"cuDNN's output shape {got} differs from ConvDims' {want}")
 
     def describe(self) -> str:
         """The problem in words (for errors)."""
@@ -438,7 +451,7 @@ def compose_bias_act(y: cupy.ndarray, b: cupy.ndarray | None, kind: str) -> cupy
         y.view(np.uint16)[...] = float32_to_half(y32, y.dtype).view(np.uint16)   # a bit copy: no half kernel
         return y
     if b is not None:
-        y += b.reshape(1, -1, 1, 1)
+        y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
     if kind == "relu":
         cupy.maximum(y, 0, out=y)
     return y
@@ -523,7 +536,8 @@ def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike)
 
 
 def conv_backward_bias(dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
-    """``cudnnConvolutionBackwardBias``: ``dy`` summed over ``(0, 2, 3)``, of shape ``(K,)``."""
+    """``cudnnConvolutionBackwardBias``: ``dy`` summed over every axis but the channels' (``(0, 2, 3)`` in 2-d), of
+    shape ``(K,)``."""
     dtype = dy.dtype
     p = plan(cdims, dtype)
     h = get_handle()
