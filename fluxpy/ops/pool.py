@@ -118,10 +118,11 @@ def _pooled(prim, x, pdims):
 def _staged_maxpool_backward(dy, x, y, pdims):
     """``maxpool_backward`` through the stages: each stage's input is recomputed, then the gradient runs back."""
     stages = pool_stages(pdims)
-    inputs = [reshape(x, stages[0].in_shape)]
-    for stage in stages[:-1]:
-        inputs.append(_maxpool(inputs[-1], stage.dims))
-    outputs = inputs[1:] + [reshape(y, stages[-1].dims.y_shape)]
+    inputs, outputs = [reshape(x, stages[0].in_shape)], []
+    for stage, after in zip(stages[:-1], stages[1:]):
+        outputs.append(_maxpool(inputs[-1], stage.dims))
+        inputs.append(reshape(outputs[-1], after.in_shape))
+    outputs.append(reshape(y, stages[-1].dims.y_shape))
     g = reshape(dy, stages[-1].dims.y_shape)
     for i in range(len(stages) - 1, -1, -1):
         g = _maxpool_backward(g, inputs[i], outputs[i], stages[i].dims)
