@@ -25,7 +25,20 @@ from collections.abc import Callable
 
 from ..backend import get_array_module
 
-__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered"]
+__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered", "BadIndex"]
+
+class BadIndex(IndexError):
+    """Raised by a ``scatter`` or ``gather`` kernel called with ``checked=True`` when an index lies outside its axis:
+    ``which`` index array, the ``value`` and the axis ``size`` (the op turns it into its own message).
+
+    >>> err = BadIndex(0, 7, 5); (err.which, err.value, err.size)
+    (0, 7, 5)
+    """
+
+    def __init__(self, which: int, value: int, size: int, note: str = "") -> None:
+        super().__init__(note or f"index {value} in index array {which} is outside an axis of size {size}")
+        self.which, self.value, self.size = which, value, size
+
 
 # (op name, array module name) -> (kernel, supports or None)
 _KERNELS: dict[tuple[str, str], tuple[Callable, Callable | None]] = {}

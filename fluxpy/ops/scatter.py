@@ -28,7 +28,8 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, is_float_dtype
-from ..kernels import lookup
+from ..kernels import BadIndex, lookup
+from ..kernels.cpu import first_bad_index
 from ..kernels.halfs import is_half
 
 __all__ = ["scatter", "gather"]
@@ -51,33 +52,48 @@ def _op_name(op):
 
 
 def _indices(fname, idx, src):
-    """``idx`` as a tuple of integer arrays of one shape, on ``src``'s device."""
+    """``idx`` as a tuple of integer arrays of one shape, on ``src``'s device, and whether the kernel must check
+    their values: indices given on the host are checked here (no device work), those on the GPU by the kernel as
+    it reads them (a separate pass would read them twice and wait for each of its results)."""
     xp = get_array_module(value_of(src))
     entries = value_of(idx)
     entries = tuple(value_of(e) for e in entries) if isinstance(entries, tuple) else (entries,)
     if not entries:
         raise ValueError(f"{fname}: idx must be an integer array or a tuple of them, got an empty tuple")
-    arrays = tuple(xp.asarray(e) for e in entries)
+    on_host = all(isinstance(e, (np.ndarray, np.generic, list, int)) for e in entries)
+    arrays = tuple(np.asarray(e) if on_host else xp.asarray(e) for e in entries)
     for j, a in enumerate(arrays):
         if a.dtype.kind not in "iu":
-            where = f"idx[{j}]" if len(arrays) > 1 else "idx"
-            raise TypeError(f"{fname}: expects integer indices, got {where} of dtype {a.dtype}")
+            raise TypeError(f"{fname}: expects integer indices, got {_where(j, arrays)} of dtype {a.dtype}")
     shapes = [tuple(a.shape) for a in arrays]
     if len(set(shapes)) > 1:
         raise ValueError(f"{fname}: the {len(arrays)} index arrays must have one shape, got shapes {shapes}")
-    for j, a in enumerate(arrays):
-        if a.size and int(a.min()) < 0:
-            where = f"idx[{j}]" if len(arrays) > 1 else "idx"
-            raise IndexError(f"{fname}: expects non-negative (0-based) indices, got {int(a.min())} in {where}")
-    return arrays
+    if on_host:
+        for j, a in enumerate(arrays):
+            if a.size and int(a.min()) < 0:
+                raise IndexError(_bad_index_message(fname, BadIndex(j, int(a.min()), -1), len(arrays), ""))
+    return arrays, on_host
+
+
+def _where(j, arrays):
+    return f"idx[{j}]" if len(arrays) > 1 else "idx"
+
+
+def _bad_index_message(fname, bad, d, what):
+    """The op's message for a :class:`~fluxpy.kernels.BadIndex` (from a host check or a checked kernel)."""
+    where = f"idx[{bad.which}]" if d > 1 else "idx"
+    if bad.which < 0:
+        return f"{fname}: {bad}"
+    if bad.value < 0:
+        return f"{fname}: expects non-negative (0-based) indices, got {bad.value} in {where}"
+    return f"{fname}: index {bad.value} in {where} is out of range for {what} axis {bad.which} of size {bad.size}"
 
 
 def _check_bounds(fname, index, sizes, what):
-    for j, (a, n) in enumerate(zip(index, sizes)):
-        if a.size and int(a.max()) >= n:
-            where = f"idx[{j}]" if len(index) > 1 else "idx"
-            raise IndexError(f"{fname}: index {int(a.max())} in {where} is out of range for {what} axis {j} of "
-                             f"size {n}")
+    """Host index arrays against the axis ``sizes``, before any work."""
+    bad = first_bad_index(index, sizes)
+    if bad is not None:
+        raise IndexError(_bad_index_message(fname, bad, len(index), what))
 
 
 def _check_src(fname, src, index):
@@ -89,30 +105,31 @@ def _check_src(fname, src, index):
         raise TypeError(f"{fname}: expects a float or integer src, got dtype {src.dtype}")
 
 
-def _destination_shape(src, index, dstsize):
+def _destination_shape(src, index, dstsize, on_host):
     """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
     trailing = tuple(src.shape[index[0].ndim:])
     if dstsize is None:
-        return tuple(int(a.max()) + 1 if a.size else 0 for a in index) + trailing
+        return tuple(max(int(a.max()) + 1, 0) if a.size else 0 for a in index) + trailing
     shape = (int(dstsize),) if isinstance(dstsize, (int, np.integer)) else tuple(int(s) for s in dstsize)
     d = len(index)
     if len(shape) != d + len(trailing) or shape[d:] != trailing:
         raise ValueError(f"scatter: expects dstsize of the form ({', '.join(['n'] * d)}, *{trailing}) for "
                          f"{d} index array(s) and src.shape {tuple(src.shape)}, got dstsize {shape}")
-    _check_bounds("scatter", index, shape, "dstsize")
+    if on_host:
+        _check_bounds("scatter", index, shape, "dstsize")
     return shape
 
 
 # ---------------------------------------------------------------------------------------------
-# The primitives (unchecked: their callers have checked the indices)
+# The primitives (``checked``: the kernel checks device indices; gradients, whose indices were checked, do not)
 
 
-def _scatter_impl(src, idx, shape, op):
-    return lookup("scatter", src)(op, src, idx, shape)
+def _scatter_impl(src, idx, shape, op, checked=False):
+    return lookup("scatter", src)(op, src, idx, shape, checked)
 
 
-def _scatter_rule(src, idx, shape, op):
-    y = _scatter(src, idx=idx, shape=shape, op=op)   # src may be tracked at an outer level
+def _scatter_rule(src, idx, shape, op, checked=False):
+    y = _scatter(src, idx=idx, shape=shape, op=op, checked=checked)   # src may be tracked at an outer level
     if op == "add":
         def scatter_add_pullback(dy):
             return (_gather(dy, idx=idx),)
@@ -129,22 +146,22 @@ def _scatter_rule(src, idx, shape, op):
 _scatter = Primitive("scatter", _scatter_rule, impl=_scatter_impl)
 
 
-def _gather_impl(src, idx):
-    return lookup("gather", src)(src, idx)
+def _gather_impl(src, idx, checked=False):
+    return lookup("gather", src)(src, idx, checked)
 
 
-def _gather_rule(src, idx):
+def _gather_rule(src, idx, checked=False):
     shape = tuple(src.shape)
 
     def gather_pullback(dz):
         return (_scatter(dz, idx=idx, shape=shape, op="add"),)
-    return _gather(src, idx=idx), gather_pullback
+    return _gather(src, idx=idx, checked=checked), gather_pullback
 
 
 _gather = Primitive("gather", _gather_rule, impl=_gather_impl)
 
 
-def _scatter_mean(src, idx, shape):
+def _scatter_mean(src, idx, shape, checked):
     """The scatter-add over the counts, 0 where no index hits (NNlib's ``safe_div``); integers average in float64
     (NNlib's ``float(T)``), float16/bfloat16 in float32, rounded once."""
     dtype = src.dtype
@@ -153,7 +170,7 @@ def _scatter_mean(src, idx, shape):
     xp = get_array_module(value_of(src))
     d = len(idx)
     ones = xp.ones(idx[0].shape, wide)
-    counts = lookup("scatter", ones)("add", ones, idx, shape[:d])
+    counts = lookup("scatter", ones)("add", ones, idx, shape[:d], checked)
     counts = xp.maximum(counts, 1).reshape(shape[:d] + (1,) * (len(shape) - d))
     y = _scatter(src, idx=idx, shape=shape, op="add") / counts
     return y.astype(dtype) if is_half(dtype) else y
@@ -189,12 +206,21 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
            [6. , 0. ]])
     """
     name = _op_name(op)
-    index = _indices("scatter", idx, src)
+    index, on_host = _indices("scatter", idx, src)
     _check_src("scatter", src, index)
-    shape = _destination_shape(src, index, dstsize)
-    if name == "mean":
-        return _scatter_mean(src, index, shape)
-    return _scatter(src, idx=index, shape=shape, op=name)
+    shape = _destination_shape(src, index, dstsize, on_host)
+    index = _on_device_of(src, index)
+    try:
+        if name == "mean":
+            return _scatter_mean(src, index, shape, checked=not on_host)
+        return _scatter(src, idx=index, shape=shape, op=name, checked=not on_host)
+    except BadIndex as bad:
+        raise IndexError(_bad_index_message("scatter", bad, len(index), "dstsize")) from None
+
+
+def _on_device_of(src, index):
+    xp = get_array_module(value_of(src))
+    return tuple(xp.asarray(a) for a in index)
 
 
 def gather(src: Array, idx: Any) -> Array:
@@ -211,9 +237,13 @@ def gather(src: Array, idx: Any) -> Array:
     >>> gather(np.arange(6).reshape(2, 3), (np.array([1, 0]), np.array([2, 2])))
     array([5, 2])
     """
-    index = _indices("gather", idx, src)
+    index, on_host = _indices("gather", idx, src)
     if len(index) > src.ndim:
         raise ValueError(f"gather: {len(index)} index arrays need src with at least {len(index)} axes, got "
                          f"src.shape {tuple(src.shape)}")
-    _check_bounds("gather", index, src.shape, "src")
-    return _gather(src, idx=index)
+    if on_host:
+        _check_bounds("gather", index, src.shape, "src")
+    try:
+        return _gather(src, idx=_on_device_of(src, index), checked=not on_host)
+    except BadIndex as bad:
+        raise IndexError(_bad_index_message("gather", bad, len(index), "src")) from None

@@ -1,6 +1,8 @@
-"""scatter and gather on CuPy arrays (fluxpy/kernels/cuda_scatter.py: cupyx.scatter_add/max/min) against the
-NumPy path: every op and dtype, repeated indices and unused destination rows, index tuples, gradients, and the
-gradient of indexing and of Embedding. Needs a GPU (``gpu`` marker)."""
+"""scatter and gather on CuPy arrays (fluxpy/kernels/cuda_scatter.py: one_block, atomic and sorted scatters chosen
+by measurement, one gather kernel, index checks inside the kernels) against the NumPy path: every implementation,
+op and dtype, repeated indices and unused destination rows, index tuples, empty problems, the choice and its
+cache, deterministic mode, bad indices on the device, gradients, and the gradient of indexing and of Embedding.
+Needs a GPU (``gpu`` marker)."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -135,3 +137,126 @@ def test_errors_are_raised_on_the_gpu_too():
         scatter("+", cp.ones(2), cp.asarray([0, 5]), dstsize=3)
     with pytest.raises(IndexError, match="gather: expects non-negative"):
         gather(cp.ones(3), cp.asarray([-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every implementation, forced
+
+
+INT_DTYPES = (np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64)
+
+
+def _source(rng, shape, dtype):
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100), size=shape, endpoint=True).astype(dtype)
+    return (rng.standard_normal(shape) * 10).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+@pytest.mark.parametrize("dtype", DTYPES + INT_DTYPES)
+@pytest.mark.parametrize("d, trailing", [(1, (3,)), (2, (3,)), (1, ()), (3, (5, 2))])
+def test_each_implementation_matches_cpu(name, op, dtype, d, trailing):
+    from fluxpy.kernels import cpu, cuda_scatter
+    cp = cupy_module()
+    rng, idx, shape = _problem(7, d, trailing)
+    src = _source(rng, idx[0].shape + shape[d:], dtype)
+    want = cpu.halves_in_float32(cpu.scatter)(op, src, idx, shape)   # halves in float32, as the GPU
+    got = cuda_scatter.scatter_with(name, op, cp.asarray(src), tuple(cp.asarray(i) for i in idx), shape)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if np.dtype(dtype).kind in "iu" or op in ("max", "min"):
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
+    else:
+        assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype))
+
+
+@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
+def test_int32_indices_nan_and_empty_problems(name):
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    src = cp.asarray([[1.0, np.nan], [3.0, 2.0], [-1.0, 0.5]])
+    idx = (cp.asarray([1, 1, 0], dtype=cp.int32),)
+    got = cp.asnumpy(cuda_scatter.scatter_with(name, "max", src, idx, (3, 2)))
+    np.testing.assert_array_equal(got, [[-1.0, 0.5], [3.0, np.nan], [-np.inf, -np.inf]])   # NaN wins, as NumPy
+    empty = cuda_scatter.scatter_with(name, "add", cp.ones((0, 2)), (cp.zeros(0, cp.int64),), (4, 2))
+    np.testing.assert_array_equal(cp.asnumpy(empty), np.zeros((4, 2)))
+    assert cuda_scatter.scatter_with(name, "add", cp.ones((2, 0)), (cp.asarray([0, 1]),), (3, 0)).shape == (3, 0)
+
+
+def test_scatter_along_the_last_axis_of_a_4d_array():
+    """The benchmark's case in small: every element sent along the last axis (d = 4 index arrays, no columns)."""
+    cp = cupy_module()
+    rng = np.random.default_rng(8)
+    shape = (3, 4, 5, 6)
+    src = rng.standard_normal(shape)
+    idx = tuple(np.broadcast_to(np.arange(n).reshape([-1 if a == j else 1 for a in range(4)]), shape)
+                for j, n in enumerate(shape[:3])) + (rng.integers(0, 6, size=shape),)
+    for op in ("add", "max"):
+        want = scatter(op, src, idx, dstsize=shape)
+        got = scatter(op, cp.asarray(src), tuple(cp.asarray(i) for i in idx), dstsize=shape)
+        assert_matches_cpu(got, want, rtol=1e-12)
+    assert_matches_cpu(gather(cp.asarray(src), tuple(cp.asarray(i) for i in idx)), gather(src, idx), rtol=0)
+
+
+def test_the_choice_is_measured_once_and_kept():
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    cuda_scatter.clear_choices()
+    src, idx = cp.asarray(np.random.default_rng(9).standard_normal((300, 16))), cp.arange(300) % 7
+    first = scatter("+", src, idx, dstsize=(7, 16))
+    kept = cuda_scatter.choices()
+    assert len(kept) == 1
+    (key, (name, times)), = kept.items()
+    assert name in cuda_scatter.IMPLEMENTATIONS and set(times) == {"one_block", "atomic", "sorted"}
+    assert times[name] == min(times.values())
+    again = scatter("+", src, idx, dstsize=(7, 16))
+    assert cuda_scatter.choices() == kept
+    assert_matches_cpu(again, cp.asnumpy(first), rtol=1e-12)
+
+
+def test_deterministic_mode_uses_deterministic_implementations_only():
+    from fluxpy.kernels import cuda_scatter, cudnn
+    cp = cupy_module()
+    rng = np.random.default_rng(10)
+    src, idx = cp.asarray(rng.standard_normal((20000, 64)).astype(np.float32)), cp.asarray(rng.integers(0, 50, 20000))
+    old = cudnn.set_options(deterministic=True)
+    try:
+        cuda_scatter.clear_choices()
+        results = [cp.asnumpy(scatter("+", src, idx, dstsize=(50, 64))) for _ in range(3)]
+        (name, times), = cuda_scatter.choices().values()
+        assert name != "atomic" and "atomic" not in times
+    finally:
+        cudnn.set_options(**old)
+        cuda_scatter.clear_choices()
+    assert all(np.array_equal(r, results[0]) for r in results)   # bit for bit
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda cp: scatter("+", cp.ones(3), cp.asarray([0, -2, 1]), dstsize=4), ["scatter", "non-negative", "-2"]),
+    (lambda cp: scatter("max", cp.ones((3, 2)), (cp.asarray([0, 1, 1]), cp.asarray([0, 9, 1])), dstsize=(2, 3, 2)),
+     ["scatter", "index 9", "idx[1]", "axis 1 of size 3"]),
+    (lambda cp: scatter("mean", cp.ones(2), cp.asarray([4, 0]), dstsize=3), ["scatter", "index 4", "size 3"]),
+    (lambda cp: gather(cp.ones((4, 2)), cp.asarray([[0, 4]])), ["gather", "index 4", "size 4"]),
+    (lambda cp: gather(cp.ones((4, 2)), (cp.asarray([1]), cp.asarray([-3]))), ["gather", "non-negative", "idx[1]"]),
+])
+def test_bad_device_indices_raise_naming_the_entry_and_the_next_call_is_clean(call, words):
+    cp = cupy_module()
+    with pytest.raises(IndexError) as info:
+        call(cp)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
+    assert_matches_cpu(scatter("+", cp.ones(2), cp.asarray([1, 1]), dstsize=2), np.array([0.0, 2.0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint16])
+@pytest.mark.parametrize("trailing", [(), (1,), (3,), (8,), (5, 4)])
+def test_gather_units_match_cpu(dtype, trailing):
+    """Rows of every byte length (1-, 2-, 4-, 8- and 16-byte units) and an offset view as the source."""
+    cp = cupy_module()
+    rng = np.random.default_rng(11)
+    src = _source(rng, (9,) + trailing, dtype)
+    idx = rng.integers(0, 8, size=(4, 3))
+    assert_matches_cpu(gather(cp.asarray(src), cp.asarray(idx)), gather(src, idx), rtol=0)
+    view = cp.asarray(src)[1:]   # an offset start: narrower units
+    np.testing.assert_array_equal(cp.asnumpy(gather(view, cp.asarray(idx))), gather(src[1:], idx))
