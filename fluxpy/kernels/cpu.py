@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,7 +108,7 @@ def _channel_major_buffer(cdims, dtype):
     """Zeros ``(C, N, *padded)`` followed by the slack that the Q' = Wp grid reads past the end."""
     n, c = cdims.x_shape[:2]
     padded = cdims.padded_hw
-    size = c * n * int(np.prod(padded))
+    size = c * n * math.prod(padded)
     slack = (cdims.kernel_hw[-1] - 1) * cdims.dilation[-1]
     return np.zeros(size + slack, dtype=dtype)[:size].reshape((c, n) + padded)
 
@@ -153,7 +154,7 @@ def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
     xcn[_spatial_slices(cdims.pad, x.shape[2:])] = _channel_major(x)
     view = _grid_view(xcn, cdims)
     g = cdims.groups
-    return view.reshape(g, (c // g) * int(np.prod(cdims.kernel_hw)), n * int(np.prod(_grid(cdims))))
+    return view.reshape(g, (c // g) * math.prod(cdims.kernel_hw), n * math.prod(_grid(cdims)))
 
 
 def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -171,12 +172,12 @@ class _Padded:
     """``padded_hw`` and ``spatial`` for dims that hold ``x_shape`` (N, C, *spatial) and ``pad``, a
     ``(before, after)`` pair per spatial axis."""
 
-    @property
+    @cached_property
     def spatial(self) -> int:
         """The number of spatial axes, 1, 2 or 3."""
         return len(self.x_shape) - 2
 
-    @property
+    @cached_property
     def padded_hw(self) -> tuple[int, ...]:
         """The padded input's size per spatial axis, ``(H + top + bottom, W + left + right)`` in 2-d."""
         p = self.pad
@@ -283,17 +284,17 @@ class ConvDims(_Padded):
         """The kernel's size per spatial axis, ``(R, S)`` in 2-d."""
         return self.w_shape[2:]
 
-    @property
+    @cached_property
     def dilated_kernel_hw(self) -> tuple[int, ...]:
         """``dilation * (kernel - 1) + 1`` per axis: the span of one window."""
         return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.kernel_hw))
 
-    @property
+    @cached_property
     def out_hw(self) -> tuple[int, ...]:
         """The output's size per spatial axis, ``(P, Q)`` in 2-d."""
         return tuple(_out_size(p, k, s) for p, k, s in zip(self.padded_hw, self.dilated_kernel_hw, self.stride))
 
-    @property
+    @cached_property
     def y_shape(self) -> tuple[int, ...]:
         """``(N, K, *out_hw)``, the shape of ``conv(x, w)``."""
         return (self.x_shape[0], self.w_shape[0]) + self.out_hw
@@ -372,12 +373,12 @@ class PoolDims(_Padded):
                              f"got {describe('x', x)} and pad {pad}")
         return cls(tuple(int(v) for v in x.shape), kernel, stride, pad)
 
-    @property
+    @cached_property
     def out_hw(self) -> tuple[int, ...]:
         """The output's size per spatial axis, ``(P, Q)`` in 2-d."""
         return tuple(_out_size(p, k, s) for p, k, s in zip(self.padded_hw, self.kernel, self.stride))
 
-    @property
+    @cached_property
     def y_shape(self) -> tuple[int, ...]:
         """``(N, C, *out_hw)``, the pool's output shape."""
         return tuple(self.x_shape[:2]) + self.out_hw
@@ -447,12 +448,12 @@ class AdaptivePoolDims:
         """No padding: zeros, two per spatial axis."""
         return (0,) * (2 * len(self.out_hw))
 
-    @property
+    @cached_property
     def padded_hw(self) -> tuple[int, ...]:
         """The input's spatial size: adaptive pools do not pad."""
         return tuple(self.x_shape[2:])
 
-    @property
+    @cached_property
     def y_shape(self) -> tuple[int, ...]:
         """The output shape, ``(N, C, *out_hw)``."""
         return tuple(self.x_shape[:2]) + self.out_hw

@@ -228,7 +228,8 @@ def maxpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ..
     array([[21., 23.],
            [53., 55.]])
     """
-    return _pooled(_maxpool, x, pool_dims(x, kernel, stride, pad, op="maxpool"))
+    pdims = pool_dims(x, kernel, stride, pad, op="maxpool")
+    return _maxpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_maxpool, x, pdims)
 
 
 def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
@@ -249,7 +250,8 @@ def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, .
     >>> meanpool(np.arange(8.0).reshape(1, 1, 2, 2, 2), 2).ravel()
     array([3.5])
     """
-    return _pooled(_meanpool, x, pool_dims(x, kernel, stride, pad, op="meanpool"))
+    pdims = pool_dims(x, kernel, stride, pad, op="meanpool")
+    return _meanpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_meanpool, x, pdims)
 
 
 def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePoolDims) -> Array:
