@@ -18,7 +18,8 @@ fluxpy's ``scatter`` returns a new array (NNlib's), so PyTorch's side is timed o
 Timing is wall time per call, what a caller sees: ``--reps`` back-to-back calls, then a device synchronize, over
 ``--rounds`` rounds (median and range). fluxpy's public ops check device indices inside their kernels and wait for
 that check (so each call includes its kernel's whole time); PyTorch checks with device-side asserts and does not
-wait. ``ratio`` = fluxpy / PyTorch (out of place). The chosen implementation and every candidate's measured time
+wait. ``ratio`` = fluxpy / PyTorch (out of place), wall times. ``GPU`` columns: GPU time alone (fluxpy's kernel-level
+call, unchecked, and PyTorch's out-of-place call queued behind a spin kernel, so host time is hidden). The chosen implementation and every candidate's measured time
 come from ``fluxpy.kernels.cuda_scatter.choices()``. Targets: ratio at most 1 everywhere, a one-element scatter
 under 10 us.
 
@@ -52,59 +53,83 @@ def wall_us(sync, run, reps, rounds):
     return statistics.median(times), min(times), max(times)
 
 
+_SPIN = r"""
+extern "C" __global__ void bench_spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+
+
+def gpu_us(cp, run, reps, rounds):
+    """Median GPU microseconds per call: ``reps`` calls queued behind a spin kernel (host time hidden), events on
+    CuPy's current stream (PyTorch's calls go to the same legacy default stream)."""
+    spin = cp.RawKernel(_SPIN, "bench_spin")
+    run()
+    times = []
+    for _ in range(rounds):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        spin((1,), (1,), (np.int64(20_000_000),))
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
+    return statistics.median(times)
+
+
 def _cases(cp, torch):
-    """``(name, fluxpy scatter call, torch out-of-place call, torch in-place call, fluxpy gather, torch gather)``."""
+    """Rows of ``(case, op, fluxpy call, its kernel unchecked, torch out of place, torch in place or None)``."""
     import fluxpy
+    from fluxpy.kernels import cuda_scatter
     rng = np.random.default_rng(0)
     dev = torch.device("cuda")
 
     def both(a):
         return cp.asarray(a), torch.as_tensor(a, device=dev)
 
+    def rows(case, src, idx, shape, t_scatter, t_inplace, t_gather, table=None, op="+"):
+        table = src if table is None else table
+        name = {"+": "add", "max": "max"}[op]
+        out = [(case, f"scatter {name}", lambda: fluxpy.scatter(op, src, idx, dstsize=shape),
+                lambda: cuda_scatter.scatter(name, src, idx if isinstance(idx, tuple) else (idx,), shape),
+                t_scatter, t_inplace)]
+        if t_gather is not None:
+            out.append((case, "gather", lambda: fluxpy.gather(table, idx),
+                        lambda: cuda_scatter.gather(table, idx if isinstance(idx, tuple) else (idx,)), t_gather, None))
+        return out
+
     cases = []
-    # one element
     src, tsrc = both(rng.standard_normal(1).astype(np.float32))
     idx, tidx = both(np.zeros(1, np.int64))
     tdst = torch.zeros(1, device=dev)
-    cases.append(("one element", lambda: fluxpy.scatter("+", src, idx, dstsize=1),
-                  lambda: torch.zeros(1, device=dev).scatter_add_(0, tidx, tsrc),
-                  lambda: tdst.scatter_add_(0, tidx, tsrc),
-                  lambda: fluxpy.gather(src, idx), lambda: torch.gather(tsrc, 0, tidx)))
-    from fluxpy.kernels import cuda_scatter
-    cases.append(("one element, the kernel unchecked", lambda: cuda_scatter.scatter("add", src, (idx,), (1,)),
-                  lambda: torch.zeros(1, device=dev).scatter_add_(0, tidx, tsrc),
-                  lambda: tdst.scatter_add_(0, tidx, tsrc),
-                  lambda: cuda_scatter.gather(src, (idx,)), lambda: torch.gather(tsrc, 0, tidx)))
-    # index_add
-    rows, trows = both(rng.integers(0, 50000, 32768))
+    cases += rows("one element", src, idx, (1,), lambda: torch.zeros(1, device=dev).scatter_add_(0, tidx, tsrc),
+                  lambda: tdst.scatter_add_(0, tidx, tsrc), lambda: torch.gather(tsrc, 0, tidx))
+    rows_, trows = both(rng.integers(0, 50000, 32768))
     vals, tvals = both(rng.standard_normal((32768, 512)).astype(np.float32))
     table, ttable = both(rng.standard_normal((50000, 512)).astype(np.float32))
     tdst2 = torch.zeros(50000, 512, device=dev)
-    cases.append(("index_add 32768x512 -> 50000x512", lambda: fluxpy.scatter("+", vals, rows, dstsize=(50000, 512)),
+    cases += rows("index_add 32768x512 -> 50000x512", vals, rows_, (50000, 512),
                   lambda: torch.zeros(50000, 512, device=dev).index_add_(0, trows, tvals),
-                  lambda: tdst2.index_add_(0, trows, tvals),
-                  lambda: fluxpy.gather(table, rows), lambda: torch.index_select(ttable, 0, trows)))
-    # embedding backward
+                  lambda: tdst2.index_add_(0, trows, tvals), lambda: torch.index_select(ttable, 0, trows), table)
     tokens, ttokens = both(rng.integers(0, 50000, (64, 512)))
     dy, tdy = both(rng.standard_normal((64, 512, 512)).astype(np.float32))
-    cases.append(("embedding bwd 50000 x 512, 64x512 tokens",
-                  lambda: fluxpy.scatter("+", dy, tokens, dstsize=(50000, 512)),
+    cases += rows("embedding 50000 x 512, 64x512 tokens", dy, tokens, (50000, 512),
                   lambda: torch.ops.aten.embedding_dense_backward(tdy, ttokens, 50000, -1, False), None,
-                  lambda: fluxpy.gather(table, tokens), lambda: torch.nn.functional.embedding(ttokens, ttable)))
-    # 4-d scatter along the last axis
+                  lambda: torch.nn.functional.embedding(ttokens, ttable), table)
     shape = (1000, 256, 7, 7)
     last, tlast = both(rng.integers(0, 7, shape))
     grid = tuple(cp.broadcast_to(cp.arange(n).reshape([-1 if a == j else 1 for a in range(4)]), shape)
                  for j, n in enumerate(shape[:3]))
     big, tbig = both(rng.standard_normal(shape).astype(np.float32))
     tdst4 = torch.zeros(shape, device=dev)
-    cases.append(("last axis of (1000,256,7,7), add", lambda: fluxpy.scatter("+", big, grid + (last,), dstsize=shape),
+    cases += rows("last axis of (1000,256,7,7)", big, grid + (last,), shape,
                   lambda: torch.zeros(shape, device=dev).scatter_add_(3, tlast, tbig),
-                  lambda: tdst4.scatter_add_(3, tlast, tbig),
-                  lambda: fluxpy.gather(big, grid + (last,)), lambda: torch.gather(tbig, 3, tlast)))
-    cases.append(("last axis of (1000,256,7,7), max", lambda: fluxpy.scatter("max", big, grid + (last,), dstsize=shape),
+                  lambda: tdst4.scatter_add_(3, tlast, tbig), lambda: torch.gather(tbig, 3, tlast))
+    cases += rows("last axis of (1000,256,7,7)", big, grid + (last,), shape,
                   lambda: torch.full(shape, -float("inf"), device=dev).scatter_reduce_(3, tlast, tbig, "amax"),
-                  lambda: tdst4.scatter_reduce_(3, tlast, tbig, "amax"), None, None))
+                  lambda: tdst4.scatter_reduce_(3, tlast, tbig, "amax"), None, op="max")
     return cases
 
 
@@ -124,24 +149,22 @@ def main(argv=None):
         cp.cuda.runtime.deviceSynchronize()
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}; wall us per call, median [low-high] of {args.rounds} rounds x "
-          f"{args.reps} calls")
-    print(f"{'case':44s} {'op':7s} {'fluxpy':>22s} {'torch':>22s} {'torch in place':>16s} {'ratio':>6s}  chosen")
-    for name, f_sc, t_sc, t_inplace, f_ga, t_ga in _cases(cp, torch):
-        for op, f, t, t_in in (("scatter", f_sc, t_sc, t_inplace), ("gather", f_ga, t_ga, None)):
-            if f is None:
-                continue
-            before = set(cuda_scatter.choices())
-            fl = wall_us(sync, f, args.reps, args.rounds)
-            th = wall_us(sync, t, args.reps, args.rounds)
-            ti = wall_us(sync, t_in, args.reps, args.rounds) if t_in is not None else None
-            new = [cuda_scatter.choices()[k] for k in set(cuda_scatter.choices()) - before]
-            chosen = "; ".join(f"{n} {times}" for n, times in new)
-            row = {"case": name, "op": op, "fluxpy_us": fl, "torch_us": th, "torch_inplace_us": ti,
-                   "ratio": fl[0] / th[0], "chosen": chosen}
-            rows.append(row)
-            fmt = "{:7.1f} [{:6.1f}-{:6.1f}]"
-            print(f"{name:44s} {op:7s} {fmt.format(*fl):>22s} {fmt.format(*th):>22s} "
-                  f"{(f'{ti[0]:7.1f}' if ti else '-'):>16s} {fl[0] / th[0]:6.2f}  {chosen}")
+          f"{args.reps} calls; GPU us: the kernel unchecked, host time hidden")
+    print(f"{'case':38s} {'op':12s} {'fluxpy':>22s} {'torch':>22s} {'ratio':>6s} {'GPU flux':>9s} {'GPU torch':>9s} "
+          f"{'torch in place':>14s}  chosen")
+    fmt = "{:7.1f} [{:6.1f}-{:6.1f}]"
+    for case, op, f, kernel, t, t_in in _cases(cp, torch):
+        before = set(cuda_scatter.choices())
+        fl = wall_us(sync, f, args.reps, args.rounds)
+        th = wall_us(sync, t, args.reps, args.rounds)
+        ti = wall_us(sync, t_in, args.reps, args.rounds) if t_in is not None else None
+        g_fl, g_th = gpu_us(cp, kernel, args.reps, args.rounds), gpu_us(cp, t, args.reps, args.rounds)
+        chosen = "; ".join(f"{n} {times}" for k, (n, times) in cuda_scatter.choices().items() if k not in before)
+        row = {"case": case, "op": op, "fluxpy_us": fl, "torch_us": th, "torch_inplace_us": ti, "ratio": fl[0] / th[0],
+               "fluxpy_gpu_us": g_fl, "torch_gpu_us": g_th, "chosen": chosen}
+        rows.append(row)
+        print(f"{case:38s} {op:12s} {fmt.format(*fl):>22s} {fmt.format(*th):>22s} {fl[0] / th[0]:6.2f} "
+              f"{g_fl:9.1f} {g_th:9.1f} {(f'{ti[0]:7.1f}' if ti else '-'):>14s}  {chosen}")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 

@@ -388,22 +388,33 @@ def _index_layout(index):
     return 0 if all(a.flags.c_contiguous for a in index) else max(1, index[0].ndim)
 
 
-def _index_args(index, sizes, strided):
-    """The kernels' index arguments: each array and its axis size (and its element strides), then the index shape."""
-    args = []
+def _index_scalars(index, sizes, strided, small):
+    """The kernels' scalar index arguments: per array its axis size (and its element strides), then the index
+    shape's trailing sizes (:func:`_bind_index` puts the arrays in front of each array's scalars)."""
+    count = np.uint32 if small else np.int64
+    per_array = []
     for a, n in zip(index, sizes):
-        args += [a, np.int64(n)]
+        scalars = [np.int64(n)]
         if strided:
-            steps = a.strides if a.ndim else (0,)
-            args += [np.int64(step // a.itemsize) for step in steps]
+            scalars += [np.int64(step // a.itemsize) for step in (a.strides if a.ndim else (0,))]
+        per_array.append(tuple(scalars))
     shape = index[0].shape or (1,)
-    small = index[0].size < 2 ** 31
-    return args + [np.uint32(m) if small else np.int64(m) for m in shape[1:strided]]
+    return tuple(per_array), tuple(count(m) for m in shape[1:strided])
+
+
+def _bind_index(index, scalars):
+    per_array, tail = scalars
+    args = []
+    for a, own in zip(index, per_array):
+        args.append(a)
+        args.extend(own)
+    args.extend(tail)
+    return args
 
 
 class _Problem:
-    """One scatter call in the kernels' terms: K source rows, F columns, R destination rows; the index arrays as
-    given (strided views read in place)."""
+    """One scatter problem in the kernels' terms (K source rows, F columns, R destination rows, the index layout),
+    made once per call signature (:func:`_problem`); :meth:`bind` gives it a call's arrays."""
 
     def __init__(self, op, src, index, shape):
         self.op, self.dtype = op, np.dtype(src.dtype)
@@ -413,20 +424,35 @@ class _Problem:
         self.K = int(index[0].size)
         self.F = math.prod(shape[d:])
         self.R = math.prod(self.sizes)
-        self.src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
         self.index_dtypes = tuple(a.dtype for a in index)
         self.strided = _index_layout(index)
         self.small = max(self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1) < 2 ** 31
-        self.index_args = _index_args(index, self.sizes, self.strided)
-        self.key = (op, self.dtype.name, tuple(t.name for t in self.index_dtypes), self.strided, self.K, self.F,
-                    self.R, cupy.cuda.runtime.getDevice())
+        self.count = np.uint32 if self.small else np.int64
+        self.scalars = _index_scalars(index, self.sizes, self.strided, self.small)
+        self.key = (op, self.dtype, self.index_dtypes, self.strided, self.K, self.F, self.R,
+                    cupy.cuda.runtime.getDevice())
+        self.src, self.index_args = None, None
+
+    def bind(self, src, index):
+        self.src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+        self.index_args = _bind_index(index, self.scalars)
+        return self
 
     def function(self, kind, name):
         return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small)
 
-    def count(self, n):
-        """``n`` as the kernels' ``K_T``."""
-        return np.uint32(n) if self.small else np.int64(n)
+
+_problems: dict = {}
+
+
+def _problem(op, src, index, shape):
+    """The cached :class:`_Problem` of this call's signature, bound to its arrays."""
+    signature = (op, src.dtype, src.shape, shape, tuple((a.dtype, a.strides) for a in index), index[0].shape,
+                 cupy.cuda.runtime.getDevice())
+    p = _problems.get(signature)
+    if p is None:
+        p = _problems[signature] = _Problem(op, src, index, shape)
+    return p.bind(src, index)
 
 
 def _one_block(p):
@@ -448,7 +474,8 @@ def _work_dtype(dtype):
 
 def _atomic(p):
     wide = _accumulator(p.dtype)
-    acc = cupy.full(p.shape, scatter_empty(p.op, p.dtype), dtype=wide)
+    empty = scatter_empty(p.op, p.dtype)
+    acc = cupy.zeros(p.shape, wide) if empty == 0 else cupy.full(p.shape, empty, dtype=wide)   # zeros: a memset
     if p.K * p.F:
         block = _block(p.F)
         p.function("atomic", "scatter_atomic")(
@@ -495,8 +522,8 @@ _choices: dict = {}
 
 
 def choices() -> dict:
-    """The implementation kept per problem so far: ``{(op, dtype, index dtypes, K, F, R, device, deterministic):
-    (name, {name: milliseconds})}``.
+    """The implementation kept per problem so far: ``{(op, dtype, index dtypes, index layout, K, F, R, device,
+    deterministic): (name, {name: milliseconds})}`` (K source rows of F columns into R destination rows).
 
     >>> isinstance(choices(), dict)
     True
@@ -511,6 +538,8 @@ def clear_choices() -> None:
     {}
     """
     _choices.clear()
+    _problems.clear()
+    _gathers.clear()
 
 
 def _events_ms(run, n=3):
@@ -530,6 +559,10 @@ def _choose(p):
     kept = _choices.get(key)
     if kept is not None:
         return kept[0]
+    return _measure(p, key)
+
+
+def _measure(p, key):
     names = _candidates(p)
     if capturing():   # no timing inside a capture; not kept, so the next eager call measures
         return "sorted" if "atomic" not in names else "atomic"
@@ -558,7 +591,7 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     index = tuple(cupy.asarray(a) if isinstance(a, (np.ndarray, list)) else a for a in index)
     if not _is_leading_array_index(index, src):
         return _scatter_any_index(op, src, index, shape)
-    p = _Problem(op, src, index, shape)
+    p = _problem(op, src, index, tuple(shape))
     dst = _RUN[_choose(p)](p)
     _check_after("scatter", index, p.sizes, checked)
     return dst
@@ -576,7 +609,7 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> An
     index = tuple(cupy.asarray(a) for a in index)
     if not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
-    return _RUN[name](_Problem(op, src, index, shape))
+    return _RUN[name](_problem(op, src, index, tuple(shape)))
 
 
 def _scatter_any_index(op, src, index, shape):
@@ -612,12 +645,37 @@ def _sorted_extremum(op, dst, index, src):
     flat[dest] = best if op == "max" else -best
 
 
-def _unit(nbytes, *arrays):
-    """The widest access (16, 8, 4, 2 or 1 bytes) that divides a row of ``nbytes`` and every array's address."""
+def _unit(nbytes, address):
+    """The widest access (16, 8, 4, 2 or 1 bytes) that divides a row of ``nbytes`` and the source's address (the
+    result is a new array: aligned for every unit)."""
     for size in (16, 8, 4, 2, 1):
-        if nbytes % size == 0 and all(a.data.ptr % size == 0 for a in arrays):
+        if nbytes % size == 0 and address % size == 0:
             return size
     return 1
+
+
+_gathers: dict = {}
+
+
+def _gather_launch(src, index):
+    """``(function, grid, block, scalar arguments, index scalars)`` of a gather, cached per call signature."""
+    signature = (src.dtype, src.shape, src.data.ptr % 16, tuple((a.dtype, a.strides) for a in index),
+                 index[0].shape, cupy.cuda.runtime.getDevice())
+    found = _gathers.get(signature)
+    if found is None:
+        d = len(index)
+        sizes = tuple(int(n) for n in src.shape[:d])
+        row_bytes = math.prod(src.shape[d:]) * src.dtype.itemsize
+        unit = _unit(row_bytes, src.data.ptr)
+        F, K = row_bytes // unit, int(index[0].size)
+        strided = _index_layout(index)
+        small = max(K * F, src.size) < 2 ** 31
+        count = np.uint32 if small else np.int64
+        block = _block(F)
+        found = _gathers[signature] = (
+            _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided, small),
+            _row_grid(K, block), block, (count(K), count(F)), _index_scalars(index, sizes, strided, small))
+    return found
 
 
 def gather(src: Any, index: tuple, checked: bool = False) -> Any:
@@ -632,23 +690,13 @@ def gather(src: Any, index: tuple, checked: bool = False) -> Any:
     if not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index) or len(index) > src.ndim:
         return src[index]
     d = len(index)
-    sizes = tuple(int(n) for n in src.shape[:d])
     src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
-    out = cupy.empty(tuple(index[0].shape) + tuple(src.shape[d:]), src.dtype)
-    row_bytes = int(np.prod(src.shape[d:], dtype=np.int64)) * src.dtype.itemsize
-    n = out.size * src.dtype.itemsize
-    if n:
-        unit = _unit(row_bytes, src, out)
-        F = row_bytes // unit
-        K = int(index[0].size)
-        strided = _index_layout(index)
-        small = max(K * F, src.size) < 2 ** 31
-        count = np.uint32 if small else np.int64
-        function = _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided, small)
-        block = _block(F)
-        function(_row_grid(K, block), block, (src, out, count(K), count(F), *_index_args(index, sizes, strided),
-                                              _flag_pointer()))
-    _check_after("gather", index, sizes, checked)
+    out = cupy.empty(index[0].shape + src.shape[d:], src.dtype)
+    if out.size:
+        function, grid, block, counts, scalars = _gather_launch(src, index)
+        function(grid, block, (src, out, *counts, *_bind_index(index, scalars), _flag_pointer()))
+    if checked:
+        _check_after("gather", index, src.shape[:d], checked)
     return out
 
 
