@@ -39,6 +39,7 @@ BENCHMARKS = {
     "conv_half": ["--dtype", "bfloat16,float16", "--json", "{json}"],
     "conv_half_channels_last": ["--dtype", "bfloat16,float16", "--memory", "channels_last", "--json", "{json}"],
     "layernorm": ["--json", "{json}"],
+    "scatter": ["--json", "{json}"],
     "elementwise": ["--json", "{json}"],
     "overhead": ["--json", "{json}"],
 }
@@ -49,6 +50,7 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "mixed_precision": ["--steps", "5", "--rounds", "3", "--warmup", "3"],
                "reduce": ["--quick"], "conv": ["--quick"], "conv_half": ["--quick"],
                "conv_half_channels_last": ["--quick"], "layernorm": ["--lengths", "768,5140,20480", "--reps", "10"],
+               "scatter": ["--reps", "10", "--rounds", "3"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"]}
 SCRIPTS = {"conv_half": "conv", "conv_half_channels_last": "conv"}   # a benchmark that runs another one's script with other arguments
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes", "dtype", "length")
