@@ -16,7 +16,8 @@ where a thread takes one channel of one pixel and the results keep that layout):
 - ``maxpool_gather`` (the adjoint, for second derivatives), ``meanpool_forward`` (zero padding
   counted: divides by ``R*S``) and ``meanpool_backward``.
 
-Windows are given by per-axis start/end arrays, so regular and adaptive pools share the kernels. float16 and
+Windows are given by per-axis start/end arrays, so regular and adaptive pools share the kernels. The kernels pool
+2-d images; :mod:`fluxpy.ops.pool` runs 1-d and 3-d pools as 2-d ones on reshaped views (``pool_stages``). float16 and
 bfloat16 are read and written in their own 16 bits and computed in float32 (sums rounded once; max exact); every
 pooled value is its own load, so there are no vector loads to widen. The module imports without CuPy (the kernels
 are compiled on first use).
