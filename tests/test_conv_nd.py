@@ -493,6 +493,43 @@ def test_layer_gradients_float64(make, shape):
     assert g_model["weight"].shape == layer.weight.shape and g_x.shape == x.shape
 
 
+@st.composite
+def layer_problems(draw):
+    """A conv layer of 1, 2 or 3 spatial axes with drawn options, in float64, and an input shape it takes."""
+    n = draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["Conv", "CrossCor", "ConvTranspose", "DepthwiseConv"]))
+    kernel = tuple(draw(st.integers(1, 2 if n == 3 else 3)) for _ in range(n))
+    stride = tuple(draw(st.integers(1, 2)) for _ in range(n))
+    pad = draw(st.sampled_from([0, 1, "pairs"]))
+    if pad == "pairs":
+        pad = tuple(draw(st.integers(0, k - 1)) for k in kernel for _ in range(2))
+    cin = draw(st.integers(1, 2))
+    act = draw(st.sampled_from([fluxpy.tanh, fluxpy.identity]))
+    if kind == "DepthwiseConv":
+        layer = DepthwiseConv(kernel, cin, cin * draw(st.integers(1, 2)), act, stride=stride, pad=pad, rng=0)
+    elif kind == "ConvTranspose":
+        layer = ConvTranspose(kernel, cin, draw(st.integers(1, 2)), act, stride=stride, pad=pad, rng=0)
+    else:
+        cls = Conv if kind == "Conv" else CrossCor
+        layer = cls(kernel, cin, draw(st.integers(1, 2)), act, stride=stride, pad=pad,
+                    dilation=tuple(draw(st.integers(1, 2)) for _ in range(n)), rng=0)
+    sizes = tuple(draw(st.integers(3, 5 if n < 3 else 4)) for _ in range(n))
+    return fluxpy.f64(layer), (draw(st.integers(1, 2)), cin) + sizes
+
+
+@given(problem=layer_problems(), seed=seeds)
+def test_layer_gradients_under_hypothesis(problem, seed):
+    """Every conv layer of every rank: gradients in x, weight and bias against float64 finite differences."""
+    layer, shape = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    try:
+        layer(x)
+    except DimensionMismatch:   # an input too small for the drawn kernel and padding: the layer says so
+        return
+    check_grad(lambda x, w, b: type(layer).__call__(_with(layer, w, b), x), x, layer.weight, layer.bias, rng=rng)
+
+
 def _with(layer, w, b):
     """A shallow copy of ``layer`` holding ``w`` and ``b``."""
     import copy

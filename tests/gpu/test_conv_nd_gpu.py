@@ -144,6 +144,28 @@ def _as_float32(a):
 
 
 @pytest.mark.parametrize("n", [1, 3])
+def test_graph_path_plans_1d_and_3d(n):
+    """The fast path: cuDNN's graph API plans the forward, both backward convolutions and the fused forward of 1-d
+    (as 2-d) and 3-d problems in float32, with no call sent to the legacy path."""
+    cp = cupy_module()
+    rng = np.random.default_rng(12)
+    x, w = _problem(rng, n, 1)
+    x, w = cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))
+    b = cp.asarray(rng.standard_normal(w.shape[0]).astype(np.float32))
+    cd = conv_dims(x, w, pad=1)
+    dy = cp.asarray(rng.standard_normal(cd.y_shape).astype(np.float32))
+    graph.clear_cache()
+    before = graph.stats()["fallbacks"]
+    graph.conv_forward(x, w, cd)
+    graph.conv_bias_act_forward(x, w, b, "relu", cd)
+    graph.conv_backward_data(dy, w, cd)
+    graph.conv_backward_filter(x, dy, cd)
+    assert graph.stats()["fallbacks"] == before, graph.fallback_reasons()
+    kinds = sorted(p["kind"] for p in graph.plan_info() if len(p["x"]) == n + 2)
+    assert kinds == ["bwd_data", "bwd_filter", "fwd", "fwd_relu"], (kinds, graph.fallback_reasons())
+
+
+@pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
 def test_half_convolutions_match_float32(n, dtype):
     """Half storage, float32 compute: the forward and both gradients against the float32 GPU result of the same
