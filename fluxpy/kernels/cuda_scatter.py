@@ -125,7 +125,7 @@ def _combine(op, dtype):
     return f"#define COMBINE(a, v) ((((v) != (v)) || ((v) {cmp} (a))) ? (v) : (a))\n"
 
 
-def _row_function(index_dtypes, strided):
+def _row_function(index_dtypes, strided, small):
     """``fx_row(k, IDX_ARGS, bad)``: the linear destination row of entry ``k`` of the index arrays, or -1 (and
     ``*bad = 1``) where an index is outside its axis. ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is
     at ``k``); otherwise it is the index arrays' number of axes, and entry ``k`` is found through each array's
@@ -136,12 +136,18 @@ def _row_function(index_dtypes, strided):
     for j, t in enumerate(index_dtypes):
         params += [f"const {_ctype(t)}* __restrict__ i{j}", f"long long n{j}"]
         params += [f"long long s{j}_{a}" for a in range(strided)]
-    params += [f"K_T m{a}" for a in range(1, strided)]
+    for a in range(1, strided):
+        params += [f"K_T m{a}"] + ([f"unsigned int mg{a}", f"unsigned int sh{a}"] if small else [])
     names = [p.split()[-1] for p in params]
     if strided:
-        walk = "  K_T q = k, c;\n" + "".join(f"  long long o{j} = 0;\n" for j in range(d))
+        walk = "  K_T q = k, c, quot;\n" + "".join(f"  long long o{j} = 0;\n" for j in range(d))
         for a in range(strided - 1, -1, -1):
-            walk += f"  c = q % m{a}; q /= m{a};\n" if a else "  c = q;\n"
+            if not a:
+                walk += "  c = q;\n"
+            elif small:   # q / m as a multiply-high and a shift (the divisor's magic number, made on the host)
+                walk += f"  quot = (__umulhi(q, mg{a}) + q) >> sh{a}; c = q - quot * m{a}; q = quot;\n"
+            else:
+                walk += f"  c = q % m{a}; q /= m{a};\n"
             walk += "".join(f"  o{j} += (long long)c * s{j}_{a};\n" for j in range(d))
     else:
         walk = "".join(f"  const K_T o{j} = k;\n" for j in range(d))
@@ -295,7 +301,7 @@ def _function(kind, name, op, dtype, index_dtypes, strided, small):
 def _source(kind, op, dtype, index_dtypes, strided, small):
     """The CUDA source of module ``kind`` (see :func:`_function`)."""
     head = ("#define K_T " + ("unsigned int" if small else "long long") + "\n" + _ROWS_LOOP
-            + _row_function(index_dtypes, strided))
+            + _row_function(index_dtypes, strided, small))
     if kind == "gather":
         unit, zero = _UNITS[op]
         return f"#define U {unit}\n#define ZERO {zero}\n" + head + _GATHER
@@ -399,7 +405,22 @@ def _index_scalars(index, sizes, strided, small):
             scalars += [np.int64(step // a.itemsize) for step in (a.strides if a.ndim else (0,))]
         per_array.append(tuple(scalars))
     shape = index[0].shape or (1,)
-    return tuple(per_array), tuple(count(m) for m in shape[1:strided])
+    tail = []
+    for m in shape[1:strided]:
+        tail += [count(m)] + (list(_magic(m)) if small else [])
+    return tuple(per_array), tuple(tail)
+
+
+def _magic(m):
+    """``(magic, shift)`` with ``q // m == (umulhi(q, magic) + q) >> shift`` for every ``0 <= q < 2**31`` (the
+    division by a constant of Granlund and Montgomery, as PyTorch's ``IntDivider``).
+
+    >>> magic, shift = _magic(7); all(((q * int(magic) >> 32) + q) >> int(shift) == q // 7 for q in range(10000))
+    True
+    """
+    shift = max(0, (int(m) - 1).bit_length())
+    magic = ((1 << 32) * ((1 << shift) - m)) // m + 1
+    return np.uint32(magic), np.uint32(shift)
 
 
 def _bind_index(index, scalars):
