@@ -37,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from layernorm import gpu_us  # noqa: E402  (GPU time behind a spin kernel, as the layer-norm benchmark takes it)
 
 
 def wall_us(sync, run, reps, rounds):
@@ -51,32 +54,6 @@ def wall_us(sync, run, reps, rounds):
         sync()
         times.append((time.perf_counter() - t0) * 1e6 / reps)
     return statistics.median(times), min(times), max(times)
-
-
-_SPIN = r"""
-extern "C" __global__ void bench_spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
-
-
-def gpu_us(cp, run, reps, rounds):
-    """Median GPU microseconds per call: ``reps`` calls queued behind a spin kernel (host time hidden), events on
-    CuPy's current stream (PyTorch's calls go to the same legacy default stream)."""
-    spin = cp.RawKernel(_SPIN, "bench_spin")
-    run()
-    times = []
-    for _ in range(rounds):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        spin((1,), (1,), (np.int64(20_000_000),))
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / reps)
-    return statistics.median(times)
 
 
 def _cases(cp, torch):

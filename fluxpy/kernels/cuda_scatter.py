@@ -45,6 +45,7 @@ from ..backend import cupy
 from ..capturing import capturing, on_replay
 from . import BadIndex
 from .cpu import first_bad_index, scatter_empty
+from .cudnn.graph import _events_ms   # the plans' timer: host time between launches counts, as in a step
 from .cudnn.handle import OPTIONS
 from .halfs import CONVERSIONS, CONVERT, is_half
 
@@ -561,18 +562,6 @@ def clear_choices() -> None:
     _choices.clear()
     _problems.clear()
     _gathers.clear()
-
-
-def _events_ms(run, n=3):
-    run()
-    cupy.cuda.get_current_stream().synchronize()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(n):
-        run()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / n
 
 
 def _choose(p):
