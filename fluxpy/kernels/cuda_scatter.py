@@ -87,8 +87,8 @@ def _ctype(dtype):
     return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(dtype) or _INT_TYPES[dtype]
 
 
-def _type_lines(dtype, name="T", compute="C", load="LOAD", store="STORE"):
-    """``#define`` lines naming the storage and compute types of ``dtype`` and its load/store conversions."""
+def _type_lines(dtype):
+    """``#define`` lines of ``T`` and ``C``, the storage and compute types of ``dtype``, and ``LOAD``/``STORE``."""
     dtype = np.dtype(dtype)
     if is_half(dtype):
         to_c, to_t = CONVERT[dtype]
@@ -96,8 +96,8 @@ def _type_lines(dtype, name="T", compute="C", load="LOAD", store="STORE"):
     else:
         ctype = {"f": _ctype(dtype), "i": "long long", "u": "unsigned long long"}[dtype.kind]
         to_c, to_t = f"({ctype})", f"({_ctype(dtype)})"
-    return (f"#define {name} {_ctype(dtype)}\n#define {compute} {ctype}\n#define {load}(v) {to_c}(v)\n"
-            f"#define {store}(v) {to_t}(v)\n")
+    return (f"#define T {_ctype(dtype)}\n#define C {ctype}\n#define LOAD(v) {to_c}(v)\n"
+            f"#define STORE(v) {to_t}(v)\n")
 
 
 def _empty_literal(op, dtype):
@@ -460,6 +460,10 @@ class _Problem:
         self.index_args = _bind_index(index, self.scalars)
         return self
 
+    def release(self):
+        """Drop the call's arrays: a cached problem must not keep them alive."""
+        self.src, self.index_args = None, None
+
     def function(self, kind, name):
         return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small)
 
@@ -602,7 +606,10 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     if not _is_leading_array_index(index, src):
         return _scatter_any_index(op, src, index, shape)
     p = _problem(op, src, index, tuple(shape))
-    dst = _RUN[_choose(p)](p)
+    try:
+        dst = _RUN[_choose(p)](p)
+    finally:
+        p.release()
     _check_after("scatter", index, p.sizes, checked)
     return dst
 
@@ -619,7 +626,11 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> An
     index = tuple(cupy.asarray(a) for a in index)
     if not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
-    return _RUN[name](_problem(op, src, index, tuple(shape)))
+    p = _problem(op, src, index, tuple(shape))
+    try:
+        return _RUN[name](p)
+    finally:
+        p.release()
 
 
 def _scatter_any_index(op, src, index, shape):

@@ -260,3 +260,11 @@ def test_gather_units_match_cpu(dtype, trailing):
     assert_matches_cpu(gather(cp.asarray(src), cp.asarray(idx)), gather(src, idx), rtol=0)
     view = cp.asarray(src)[1:]   # an offset start: narrower units
     np.testing.assert_array_equal(cp.asnumpy(gather(view, cp.asarray(idx))), gather(src[1:], idx))
+
+
+def test_cached_problems_keep_no_arrays_of_the_call():
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    scatter("+", cp.ones((5, 3)), cp.asarray([0, 1, 1, 2, 0]), dstsize=(3, 3))
+    assert cuda_scatter._problems
+    assert all(p.src is None and p.index_args is None for p in cuda_scatter._problems.values())
