@@ -450,7 +450,7 @@ def test_layer_errors_name_the_layer(layer, x, message):
     (lambda: Conv((3, 3, 3, 3), 1, 1), "Conv: kernel must be a positive int or a tuple of 1, 2 or 3 positive ints"),
     (lambda: ConvTranspose((2,), 1, 1, stride=2, output_padding=(1, 1)),
      "ConvTranspose: output_padding must be a non-negative int or a 1-tuple of them, got (1, 1)"),
-    (lambda: MaxPool((2, 2, 2), pad=(2, 0, 0)), "MaxPool: pad must be smaller than the kernel (2, 2, 2) on every side"),
+    (lambda: MaxPool((2, 2, 2), pad=(-1, 0, 0)), "MaxPool: pad must be a non-negative int, a triple (pd, ph, pw)"),
     (lambda: MaxPool((2,), stride=(1, 1)), "MaxPool: stride must be a positive int or a 1-tuple of them, got (1, 1)"),
     (lambda: AdaptiveMeanPool(()), "AdaptiveMeanPool: out_hw must be a positive int or a tuple of 1, 2 or 3"),
 ])

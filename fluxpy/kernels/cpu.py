@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -347,22 +348,55 @@ def _scatter_add(dst, index, values):
         np.add.at(dst, index, values)
 
 
-def maxpool_forward(x: np.ndarray, pdims: Any) -> np.ndarray:
-    """The largest element of each window (padding counts as ``-inf``).
+def lowest_finite(dtype: Any) -> Any:
+    """What a max pool gives a window of padding only: NNlib's ``nextfloat(typemin(T))`` (the lowest finite
+    value) for floats, ``typemin`` for integers.
+
+    >>> import ml_dtypes
+    >>> float(lowest_finite(np.float16)), int(lowest_finite(np.int8)), float(lowest_finite(ml_dtypes.bfloat16))
+    (-65504.0, -128, -3.3895313892515355e+38)
+    """
+    dtype = np.dtype(dtype)
+    return dtype.type(-ml_dtypes.finfo(dtype).max if is_float_dtype(dtype) else np.iinfo(dtype).min)
+
+
+def _fill_empty_windows(y, pdims, value):
+    """``y`` (N, C, P, Q) with ``value`` in each window that holds padding only (none unless a pad reaches the
+    kernel's size)."""
+    if pdims.has_empty_windows:
+        rows, cols = pdims.empty_windows()
+        y[..., rows[:, None] | cols[None, :]] = value
+    return y
+
+
+def maxpool_forward(x: np.ndarray, pdims: Any, empty: Any = None) -> np.ndarray:
+    """The largest element of each window (padding counts as ``-inf``); a window of padding only (a pad as large as
+    the kernel) gives ``empty``, by default NNlib's value for ``x``'s dtype (:func:`lowest_finite`).
 
     >>> from fluxpy.ops.dims import PoolDims
     >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
     >>> maxpool_forward(x, PoolDims.from_array(x, 2))[0, 0]
     array([[ 5.,  7.],
            [13., 15.]])
+    >>> x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]], np.float32)
+    >>> maxpool_forward(x, PoolDims.from_array(x, 1, pad=(1, 0, 0, 0)))[0, 0].tolist()   # row 0: padding only
+    [[-3.4028234663852886e+38, -3.4028234663852886e+38], [1.0, 2.0], [3.0, 4.0]]
     """
     xp = pad_input(x, pdims.pad, _lowest(x.dtype))
     if not _loops(pdims):
-        return _gathered_windows(xp, pdims).max(axis=-1)
-    y = None
-    for _, index in _offsets(pdims):
-        y = xp[index].copy() if y is None else np.maximum(y, xp[index], out=y)
-    return y
+        y = _gathered_windows(xp, pdims).max(axis=-1)
+    else:
+        y = None
+        for _, index in _offsets(pdims):
+            y = xp[index].copy() if y is None else np.maximum(y, xp[index], out=y)
+    return _fill_empty_windows(y, pdims, lowest_finite(x.dtype) if empty is None else empty)
+
+
+def _maxpool_forward_halves(x: np.ndarray, pdims: Any) -> np.ndarray:
+    """:func:`maxpool_forward` computing halves in float32, each empty window given the half's lowest finite."""
+    if not is_half(x.dtype):
+        return maxpool_forward(x, pdims)
+    return maxpool_forward(x.astype(np.float32), pdims, empty=np.float32(lowest_finite(x.dtype))).astype(x.dtype)
 
 
 def _first_maxima(x, y, pdims):
@@ -583,7 +617,8 @@ def halves_in_float32(kernel: Callable) -> Callable:
     return call
 
 
-for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "maxpool_forward",
+register("maxpool_forward", "numpy", _maxpool_forward_halves)
+for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", halves_in_float32(globals()[_name]))
 register("scatter", "numpy", halves_in_float32(scatter))

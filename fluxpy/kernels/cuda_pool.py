@@ -10,11 +10,13 @@ gather kernels, one thread per output (forward) or per input pixel (backward), n
 result is deterministic and matches the CPU path on ties (each kernel also compiled for channels-last data,
 where a thread takes one channel of one pixel and the results keep that layout):
 
-- ``maxpool_forward``: the max over each window (padding never wins; NaN propagates);
+- ``maxpool_forward``: the max over each window (padding never wins; NaN propagates; a window of padding only,
+  where a pad reaches the kernel's size, gives NNlib's lowest finite value of ``x``'s dtype, as the CPU kernel);
 - ``maxpool_backward``: each input pixel sums ``dy`` over the windows that contain it and whose
   first maximum (the first ``x == y`` in the window) is that pixel;
 - ``maxpool_gather`` (the adjoint, for second derivatives), ``meanpool_forward`` (zero padding
-  counted: divides by ``R*S``) and ``meanpool_backward``.
+  counted: divides by ``R*S``, so a window of padding only gives 0) and ``meanpool_backward``; windows of padding
+  only send no gradient.
 
 Windows are given by per-axis start/end arrays, so regular and adaptive pools share the kernels. The kernels pool
 2-d images; :mod:`fluxpy.ops.pool` runs 1-d and 3-d pools as 2-d ones on reshaped views (``pool_stages``). float16 and
@@ -33,6 +35,7 @@ import numpy as np
 
 from ..backend import cupy
 from ..layout import empty_channels_last, is_channels_last, to_channels_last
+from .cpu import lowest_finite
 from .cuda_arrays import contiguous
 from .halfs import KERNEL_DTYPES, compute_dtype, prelude
 
@@ -80,13 +83,18 @@ _POOL_SOURCE = r"""
     const IDX xoff = nc * H * W, yoff = nc * P * Q; const int PS = 1;
 #endif
 
+// A window of padding only (a pad as large as the kernel) gives `empty`, NNlib's lowest finite value of x's dtype.
 extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                       const int* hs, const int* he, const int* ws, const int* we, int CC) {
+                                       const int* hs, const int* he, const int* ws, const int* we, C empty, int CC) {
     IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
     if (i >= total) return;
     OUT_POS
     const T* xc = x + xoff;
     int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
+    if (h0 >= h1 || w0 >= w1) {
+        y[i] = STORE(empty);
+        return;
+    }
     C m = LOAD(xc[(h0 * W + w0) * PS]);
     for (int h = h0; h < h1; ++h)
         for (int w = w0; w < w1; ++w) {
@@ -253,7 +261,8 @@ def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     xc = _operand(x, st, layout)
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     y = _new(pdims.y_shape, st, layout)
-    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we), layout)
+    empty = _compute(st)(lowest_finite(x.dtype))   # exact in the compute type, and after STORE in T
+    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we, empty), layout)
     return y if st == x.dtype else y.astype(x.dtype)
 
 

@@ -21,8 +21,10 @@ class MaxPool:
 
     ``(N, C, H, W)`` -> ``(N, C, (H + pad_h - kh) // sh + 1, ...)``; ``kernel`` has one size per spatial axis
     (``(k,)`` pools ``(N, C, L)``, ``(k, k, k)`` pools ``(N, C, D, H, W)``; an int means 2-d). ``pad`` is an int,
-    one per axis, a ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``,
-    smaller than the kernel on every side.
+    one per axis, a ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``; as in
+    Flux it may reach or pass the kernel's size (PyTorch refuses a pad over half the kernel), and a window of
+    padding only then gives NNlib's value: the lowest finite number of the dtype (``MaxPool``), 0 (``MeanPool``),
+    and no gradient.
 
     >>> import numpy as np
     >>> p = MaxPool((2, 2))
@@ -32,6 +34,8 @@ class MaxPool:
     (1, 3, 2, 3, 4)
     >>> MaxPool((3,), stride=1, pad=1)
     MaxPool((3,), pad=1, stride=1)
+    >>> MaxPool((2, 2), pad=3)(np.ones((1, 2, 5, 5), np.float32)).shape     # Flux's outputsize.jl:121
+    (1, 2, 5, 5)
     """
     _op = staticmethod(maxpool)
     _op_name = "maxpool"
@@ -44,10 +48,7 @@ class MaxPool:
         self.stride = self.kernel if stride is None else ntuple(name, "stride", stride, n, layer=True)
         self.pad = pad
         if not (isinstance(pad, str) and pad == "same"):
-            pads = pad_widths(name, pad, n, layer=True)
-            if any(max(pads[2 * i], pads[2 * i + 1]) >= k for i, k in enumerate(self.kernel)):
-                raise ValueError(f"{name}: pad must be smaller than the kernel {self.kernel} on every side, "
-                                 f"got {pad!r}")
+            pad_widths(name, pad, n, layer=True)
 
     def __call__(self, x: Array) -> Array:
         _require_rank(self, x, len(self.kernel))
@@ -82,7 +83,8 @@ def _require_rank(layer, x, n):
 
 @layer(children=())
 class MeanPool(MaxPool):
-    """The mean of each ``kernel`` window (padding counts as zeros); the arguments are :class:`MaxPool`'s.
+    """The mean of each ``kernel`` window (padding counts as zeros, and a window of padding only gives 0); the
+    arguments are :class:`MaxPool`'s.
 
     >>> import numpy as np
     >>> MeanPool((2, 2))(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))[0, 0]

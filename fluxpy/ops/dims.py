@@ -334,9 +334,12 @@ class PoolDims(_Padded):
     """The geometry of a pooling in 1, 2 or 3 spatial dimensions, built by :meth:`from_array`.
 
     ``kernel`` and ``stride`` are ints or one per spatial axis (``stride`` defaults to ``kernel``); ``pad`` is an
-    int, one per axis, a ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``,
-    and must be smaller than the kernel on every side so that each window holds at least one element of ``x``.
+    int, one per axis, a ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``.
     ``y_shape`` is ``(N, C, *out)`` with ``out = (size + before + after - kernel) // stride + 1`` per axis.
+
+    A pad may be as large as or larger than the kernel, as NNlib's ``PoolDims`` allows (PyTorch refuses more than
+    half the kernel): some windows then hold padding only (:meth:`empty_windows`), and the pools give them NNlib's
+    values (see :func:`fluxpy.ops.pool.maxpool`). The padded input must still be at least the kernel.
 
     >>> import numpy as np
     >>> PoolDims.from_array(np.ones((2, 3, 7, 7)), 2).y_shape
@@ -345,6 +348,8 @@ class PoolDims(_Padded):
     (2, 3, 7, 7)
     >>> PoolDims.from_array(np.ones((2, 3, 4, 6, 6)), (2, 3, 3)).y_shape
     (2, 3, 2, 2, 2)
+    >>> PoolDims.from_array(np.ones((1, 2, 5, 5)), 2, pad=3).y_shape     # Flux's outputsize.jl:121
+    (1, 2, 5, 5)
     """
     x_shape: tuple
     kernel: tuple
@@ -365,8 +370,6 @@ class PoolDims(_Padded):
         stride = kernel if stride is None else ntuple(op, "stride", stride, n)
         sizes = tuple(x.shape[2:])
         pad = _expand_pad(op, pad, sizes, kernel, stride)
-        if any(max(pad[2 * i], pad[2 * i + 1]) >= k for i, k in enumerate(kernel)):
-            raise ValueError(f"{op} expects pad smaller than the kernel {kernel} on every side, got pad {pad}")
         padded = tuple(size + pad[2 * i] + pad[2 * i + 1] for i, size in enumerate(sizes))
         if any(p < k for p, k in zip(padded, kernel)):
             raise ValueError(f"{op} expects the padded input {padded} to be at least the kernel {kernel}, "
@@ -382,6 +385,25 @@ class PoolDims(_Padded):
     def y_shape(self) -> tuple[int, ...]:
         """``(N, C, *out_hw)``, the pool's output shape."""
         return tuple(self.x_shape[:2]) + self.out_hw
+
+    @cached_property
+    def has_empty_windows(self) -> bool:
+        """Whether some window holds padding only (possible only where a pad reaches the kernel's size)."""
+        return any(axis.any() for axis in self.empty_windows())
+
+    def empty_windows(self) -> tuple[np.ndarray, ...]:
+        """One boolean array per spatial axis, ``(P,)``, ``(Q,)`` in 2-d: true where that axis puts the window
+        wholly in the padding. A window is empty where any of its axes says so.
+
+        >>> import numpy as np
+        >>> [a.tolist() for a in PoolDims.from_array(np.ones((1, 1, 3, 4)), 2, pad=(2, 0, 0, 0)).empty_windows()]
+        [[True, False], [False, False]]
+        """
+        out = []
+        for i, (size, k, s, n) in enumerate(zip(self.x_shape[2:], self.kernel, self.stride, self.out_hw)):
+            start = np.arange(n) * s - self.pad[2 * i]     # first row of each window, in unpadded coordinates
+            out.append((start + k <= 0) | (start >= size))
+        return tuple(out)
 
     def window_rows(self) -> np.ndarray:
         """``(P, R)`` array: the padded-image row of each window's each kernel row (2-d dims, which the kernels
@@ -433,6 +455,7 @@ class AdaptivePoolDims:
     out_hw: tuple
 
     adaptive = True
+    has_empty_windows = False   # every bin holds part of the input
 
     @classmethod
     def from_array(cls, x: Any, out_hw: int | tuple[int, ...], op: str = "adaptive_maxpool") -> AdaptivePoolDims:

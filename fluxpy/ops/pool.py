@@ -4,6 +4,10 @@ Layout NCHW: ``x`` is ``(N, C, H, W)``, outputs ``(N, C, P, Q)``; in 1 and 3 spa
 ``(N, C, D, H, W)``, with one kernel size per spatial axis. ``stride`` defaults to the kernel. ``maxpool`` pads
 with ``-inf`` and sends each gradient to the first maximum of its window (as PyTorch); ``meanpool`` pads with
 zeros and counts them (PyTorch's ``count_include_pad=True``), so a window of ``R*S`` always divides by ``R*S``.
+A pad may reach the kernel's size, as in NNlib (PyTorch allows at most half the kernel): a window of padding only
+then gives NNlib's values, the dtype's lowest finite number for ``maxpool`` (``nextfloat(typemin(T))``), 0 for
+``meanpool``, and passes no gradient. A 3-d pool's stages keep that: an empty window's stages are empty or pool
+lowest values.
 float16 and bfloat16 pool in their own dtype, computed in float32 (sums rounded once).
 
 The gradient kernels are public ops with their own rules (``maxpool_backward``,
@@ -211,9 +215,11 @@ def maxpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ..
     ``(N, C, L)`` and ``(N, C, D, H, W)`` likewise.
 
     ``kernel``, ``stride`` (default: ``kernel``): an int or one per spatial axis. ``pad``: an int, one per axis, a
-    ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``, smaller than the kernel
-    on each side. The gradient goes to the first maximum of each window (row-major), as PyTorch's. A window
-    holding NaN gives NaN; where its gradient goes is unspecified.
+    ``(before, after)`` pair per axis (``(top, bottom, left, right)`` in 2-d) or ``"same"``. The gradient goes to
+    the first maximum of each window (row-major), as PyTorch's. A window holding NaN gives NaN; where its gradient
+    goes is unspecified. A pad as large as the kernel is allowed, as in NNlib: a window of padding only gives the
+    lowest finite value of ``x``'s dtype (NNlib's ``nextfloat(typemin(T))``; ``-3.4028235e38`` in float32) and no
+    gradient; PyTorch refuses such pads.
 
     >>> import numpy as np
     >>> x = np.arange(16.0).reshape(1, 1, 4, 4)
@@ -227,6 +233,8 @@ def maxpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ..
     >>> maxpool(np.arange(64.0).reshape(1, 1, 4, 4, 4), (2, 2, 2))[0, 0, :, 0]
     array([[21., 23.],
            [53., 55.]])
+    >>> maxpool(np.array([[[1.0, 2.0]]], np.float32), (1,), pad=(1, 0)).tolist()    # an empty window
+    [[[-3.4028234663852886e+38, 1.0, 2.0]]]
     """
     pdims = pool_dims(x, kernel, stride, pad, op="maxpool")
     return _maxpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_maxpool, x, pdims)
@@ -238,7 +246,8 @@ def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, .
 
     ``y[n, c, p, q] = sum_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s] / (R*S)`` with ``xpad``
     zero-padded: padding counts in the mean (PyTorch's ``avg_pool2d`` default,
-    ``count_include_pad=True``). Shapes and keywords as :func:`maxpool` (1, 2 or 3 spatial axes).
+    ``count_include_pad=True``), and a window of padding only (a pad as large as the kernel, as NNlib allows)
+    gives 0. Shapes and keywords as :func:`maxpool` (1, 2 or 3 spatial axes).
 
     >>> import numpy as np
     >>> meanpool(np.arange(16.0).reshape(1, 1, 4, 4), 2)[0, 0]

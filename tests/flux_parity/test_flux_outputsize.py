@@ -97,13 +97,15 @@ def test_conv_and_pool(m, x, y):
     assert outputsize(m, x) == y
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="fluxpy's MaxPool/MeanPool refuse pad >= kernel (PyTorch's rule, pad <= kernel / 2); Flux "
-                          "accepts it. The fix belongs in fluxpy/layers/pool.py and ops/dims.py (not this test's owner)")
 @pytest.mark.parametrize("pool", [MaxPool, MeanPool])
 def test_pool_with_pad_larger_than_kernel(pool):
-    # Flux outputsize.jl:121-122, 128-129
+    # Flux outputsize.jl:121-122, 128-129 (PyTorch refuses a pad over half the kernel; fluxpy follows Flux)
     assert outputsize(pool((2, 2), stride=2, pad=3), (1, 2, 5, 5)) == (1, 2, 5, 5)
+    y = pool((2, 2), stride=2, pad=3)(np.ones((1, 2, 5, 5), np.float32))
+    assert y.shape == (1, 2, 5, 5)
+    empty = np.float32(-np.finfo(np.float32).max) if pool is MaxPool else np.float32(0)
+    # windows start at -3, -1, 1, 3, 5: the first and last along each axis hold padding only
+    assert (y[..., 0, :] == empty).all() and (y[..., :, 4] == empty).all() and (y[..., 1:4, 1:4] != empty).all()
 
 
 def test_conv_wrong_channels():

@@ -9,8 +9,8 @@ reverses the axes; spatial options reverse too (NNlib's ``(W, H)`` is fluxpy's `
 Not translated: ``lpnormpool`` (fluxpy has none), the ``_direct`` variants and in-place ``maxpool!`` forms (one
 implementation here), ``count_include_pad=false`` (fluxpy counts padding, as NNlib's default), complex
 ``meanpool``, ReverseDiff and Enzyme, integer and BigFloat inputs. Issue 210's ``padding=1`` with a kernel of size
-1 along an axis is refused by fluxpy (padding must be smaller than the kernel, so that no window is padding only):
-tested as an error.
+1 along an axis is accepted, as NNlib does: the windows of padding only give NNlib's values (the lowest finite
+number for a max, 0 for a mean).
 """
 import itertools
 
@@ -346,8 +346,12 @@ def test_issue_210_asymmetric_padding_keeps_the_dtype():
     x = np.random.default_rng(0).random((3, 1, 2, 5)).astype(np.float32)
     y = maxpool(x, (1, 2), stride=1, pad=(0, 0, 1, 0))     # NNlib's padding=(1, 0, 0, 0): w_lo = 1
     assert y.dtype == np.float32 and y.shape == (3, 1, 2, 5)
-    with pytest.raises(ValueError, match=r"maxpool expects pad smaller than the kernel \(1, 2\) on every side"):
-        maxpool(x, (1, 2), stride=1, pad=1)                 # NNlib pads the kernel-1 axis too: fluxpy refuses
+    y = maxpool(x, (1, 2), stride=1, pad=1)                 # NNlib pads the kernel-1 axis too
+    assert y.dtype == np.float32 and y.shape == (3, 1, 4, 6)
+    lowest = np.float32(-np.finfo(np.float32).max)         # NNlib's nextfloat(typemin(Float32)) in a padding row
+    assert (y[:, :, 0] == lowest).all() and (y[:, :, -1] == lowest).all()
+    np.testing.assert_array_equal(y[:, :, 1:3], maxpool(np.pad(x, ((0, 0),) * 3 + ((1, 1),), constant_values=-np.inf),
+                                                                 (1, 2), stride=1))
 
 
 def test_issue_229_meanpool_padding_counts():
