@@ -22,6 +22,12 @@ Timing: CUDA events around ``iters`` back-to-back calls (host overhead included,
 training step), after warm-up (which also runs cuDNN's algorithm search on both sides), median of
 ``reps``. ``python benchmarks/conv.py [--quick] [--dtype float16,bfloat16] [--json out.json]``; prints a markdown
 table per dtype.
+
+``--layers resnet50``: every distinct convolution of ResNet-50 at batch 256 (``--quick``: the strided ones), rows
+fwd / bwd_data / bwd_filter, each with the cuDNN configuration fluxpy chose (engine and knobs), where it came from
+(the heuristics' rank, the engine search, or the knob change that won: ``... + SPLIT_K_SLC=4``) and the gain of
+the search over the heuristics' best (issue 14, item 3: bwd_filter geometric mean at most 0.9x, bwd_data at most
+0.95x, no layer above 1.02x). ``--search-ms 0`` turns fluxpy's search past the heuristics off (for comparison).
 """
 from __future__ import annotations
 
@@ -47,7 +53,39 @@ RESNET = [  # name, C, H, K, R, stride, pad
 ]
 
 
-def layers(quick, with_mnist=True):
+# Every distinct convolution of torchvision's ResNet-50 (v1.5: the stride on the 3x3) at 224x224: name, C, H (input),
+# K, R, stride, pad. The strided ones (s2) are where TVM measured cuDNN's strided dgrad winning.
+RESNET50 = [
+    ("conv1 3>64 7x7 s2 224", 3, 224, 64, 7, 2, 3),
+    ("l1 64>64 1x1 56", 64, 56, 64, 1, 1, 0),
+    ("l1 64>64 3x3 56", 64, 56, 64, 3, 1, 1),
+    ("l1 64>256 1x1 56", 64, 56, 256, 1, 1, 0),
+    ("l1 256>64 1x1 56", 256, 56, 64, 1, 1, 0),
+    ("l2 256>128 1x1 56", 256, 56, 128, 1, 1, 0),
+    ("l2 128>128 3x3 s2 56", 128, 56, 128, 3, 2, 1),
+    ("l2 128>512 1x1 28", 128, 28, 512, 1, 1, 0),
+    ("l2 down 256>512 1x1 s2 56", 256, 56, 512, 1, 2, 0),
+    ("l2 512>128 1x1 28", 512, 28, 128, 1, 1, 0),
+    ("l2 128>128 3x3 28", 128, 28, 128, 3, 1, 1),
+    ("l3 512>256 1x1 28", 512, 28, 256, 1, 1, 0),
+    ("l3 256>256 3x3 s2 28", 256, 28, 256, 3, 2, 1),
+    ("l3 256>1024 1x1 14", 256, 14, 1024, 1, 1, 0),
+    ("l3 down 512>1024 1x1 s2 28", 512, 28, 1024, 1, 2, 0),
+    ("l3 1024>256 1x1 14", 1024, 14, 256, 1, 1, 0),
+    ("l3 256>256 3x3 14", 256, 14, 256, 3, 1, 1),
+    ("l4 1024>512 1x1 14", 1024, 14, 512, 1, 1, 0),
+    ("l4 512>512 3x3 s2 14", 512, 14, 512, 3, 2, 1),
+    ("l4 512>2048 1x1 7", 512, 7, 2048, 1, 1, 0),
+    ("l4 down 1024>2048 1x1 s2 14", 1024, 14, 2048, 1, 2, 0),
+    ("l4 2048>512 1x1 7", 2048, 7, 512, 1, 1, 0),
+    ("l4 512>512 3x3 7", 512, 7, 512, 3, 1, 1),
+]
+
+
+def layers(quick, with_mnist=True, layer_set="default"):
+    if layer_set == "resnet50":
+        return [(f"{name} N256", 256, c, h, k, r, s, p) for name, c, h, k, r, s, p in RESNET50
+                if not quick or " s2 " in f"{name} "]
     out = list(MNIST) if with_mnist else []
     for n in (8, 256):
         for name, c, h, k, r, s, p in RESNET:
@@ -88,6 +126,11 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", help="comma-separated: float32, float16, bfloat16")
     ap.add_argument("--memory", default="contiguous", choices=("contiguous", "channels_last"),
                     help="the memory format of x, w and dy on both sides")
+    ap.add_argument("--layers", default="default", choices=("default", "resnet50"),
+                    help="default: MNIST and ResNet layers at batch 8 and 256; resnet50: every distinct convolution "
+                         "of ResNet-50 at batch 256 (with --quick: the strided ones)")
+    ap.add_argument("--search-ms", type=float, default=None,
+                    help="fluxpy's search budget per problem past cuDNN's heuristics (default: the library's; 0: off)")
     args = ap.parse_args(argv)
     import ml_dtypes
     DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
@@ -111,10 +154,13 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     cudnn.set_options(allow_tf32=False)
+    if args.search_ms is not None:
+        cudnn.graph.set_search(args.search_ms)
     relu = fluxpy.relu
     gpu = torch.cuda.get_device_name()
     print(f"# conv benchmark: {gpu}, cuDNN {cudnn.version()} (fluxpy) / {torch.backends.cudnn.version()} (torch), "
-          f"torch {torch.__version__}, cupy {cp.__version__}, {datetime.date.today()}", flush=True)
+          f"torch {torch.__version__}, cupy {cp.__version__}, {datetime.date.today()}; fluxpy search budget "
+          f"{cudnn.graph.get_search():g} ms per problem, graph choices file {cudnn.graph.cache_file()}", flush=True)
 
     if args.profile:
         profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu)
@@ -124,7 +170,8 @@ def main(argv=None):
                           conv_backward_filter, ConvDims, relu, gpu, to_channels_last)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(gpu=gpu, date=str(datetime.date.today()), rows=rows), f, indent=1)
+            json.dump(dict(gpu=gpu, date=str(datetime.date.today()), rows=rows, plans=cudnn.graph.plan_info()), f,
+                      indent=1, default=str)
     return 0
 
 
@@ -158,7 +205,8 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     rows = []
     rng = np.random.default_rng(0)
     dtype, half = DTYPES[dtype_name], dtype_name != "float32"
-    for name, n, c, h, k, r, s, p in layers(args.quick, with_mnist=not half):
+    bias_rows = args.layers == "default"
+    for name, n, c, h, k, r, s, p in layers(args.quick, with_mnist=not half, layer_set=args.layers):
         x = cp.asarray(rng.standard_normal((n, c, h, h), dtype=np.float32).astype(dtype))
         w = cp.asarray((rng.standard_normal((k, c, r, r), dtype=np.float32) / np.sqrt(c * r * r)).astype(dtype))
         b = cp.asarray((rng.standard_normal(k, dtype=np.float32) * 0.1).astype(dtype))
@@ -202,15 +250,21 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
                               from_torch(cp, bwd((True, False, False))()[0])).max())
         dw_err = float(cp.abs(as_f32(cp, conv_backward_filter(x, dy, cd)) -
                               from_torch(cp, bwd((False, True, False))()[1])).max())
+        if not bias_rows:
+            pairs = {k: v for k, v in pairs.items() if k in ("fwd", "bwd_data", "bwd_filter")}
+        chosen = _chosen(cudnn, x.shape, w.shape, s, x.dtype)
         for row, (fx, tt) in pairs.items():
             f_us = timer(cp, fx, args.budget)
             t_us = timer(cp, tt, args.budget) if tt is not None else None
             rows.append(dict(layer=name, row=row, fluxpy_us=f_us, torch_us=t_us,
-                             ratio=(f_us / t_us) if t_us else None))
+                             ratio=(f_us / t_us) if t_us else None, **chosen.get(row, {})))
             print(f"{name:28s} {row:11s} fluxpy {f_us:9.1f} us  torch "
                   f"{(f'{t_us:9.1f}' if t_us else '      -  ')} us  ratio {(f'{f_us / t_us:5.2f}' if t_us else '  -  ')}",
                   flush=True)
         print(f"{name:28s} max rel err fwd {err:.1e}, max abs err dx {dx_err:.1e} dw {dw_err:.1e}", flush=True)
+        for row, how in chosen.items():
+            print(f"{name:28s} {row:11s} {how['config']} from {how['source']}; search gain "
+                  f"{how['gain']:.3f}x over the heuristics' best", flush=True)
         del x, w, b, dy, tx, tw, tb, tdy, y, ty
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
@@ -219,12 +273,49 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     print(f"GPU: {gpu}; date {datetime.date.today()}; {dtype_name}, {args.memory}, TF32 off both sides; medians of CUDA-event "
           f"timings (us per call, host overhead included); ratio = fluxpy / torch")
     print()
-    print("| layer | fwd fluxpy | fwd torch | ratio | bwd_data fluxpy | torch | ratio | bwd_filter fluxpy | torch | ratio "
-          "| bias mapreduce | bias cudnn | torch relu'+sum |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     by = {}
     for r in rows:
         by.setdefault(r["layer"], {})[r["row"]] = r
+    if bias_rows:
+        _table(by)
+    else:
+        _choice_table(by)
+    geo = {row: float(np.exp(np.mean([np.log(d[row]["ratio"]) for d in by.values()])))
+           for row in ("fwd", "bwd_data", "bwd_filter", "bias_mr") if row in next(iter(by.values()))}
+    worst = {row: max(d[row]["ratio"] for d in by.values()) for row in geo}
+    print()
+    print("geometric-mean ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in geo.items()))
+    print("largest ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items()))
+    print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
+    if half:
+        reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
+        print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +
+              "".join(f"\n  {k}: {v}" for k, v in list(reasons.items())[:8]))
+    for r in rows:
+        r["dtype"], r["memory"] = dtype_name, args.memory
+    return rows
+
+
+def _chosen(cudnn, x_shape, w_shape, stride, dtype):
+    """Per row (fwd, bwd_data, bwd_filter): the graph configuration fluxpy runs for this layer, where it came from
+    and the search's gain (the heuristics' best time / the chosen one's), from ``graph.plan_info()``."""
+    out = {}
+    rows = {"fwd_relu": "fwd", "bwd_data": "bwd_data", "bwd_filter": "bwd_filter"}
+    for info in cudnn.graph.plan_info():
+        row = rows.get(info["kind"])
+        if row is None or tuple(info["w"]) != tuple(w_shape) or tuple(info["stride"]) != (stride, stride):
+            continue
+        if info["x"][0] != x_shape[0] or info["x"][1] != x_shape[1] or info["dtype"] != str(dtype):
+            continue
+        gain = info["heuristics_ms"] / info["ms"] if info["ms"] not in (0, float("inf")) else float("nan")
+        out[row] = {"config": info["config"], "source": info["source"], "gain": gain}
+    return out
+
+
+def _table(by):
+    print("| layer | fwd fluxpy | fwd torch | ratio | bwd_data fluxpy | torch | ratio | bwd_filter fluxpy | torch | ratio "
+          "| bias mapreduce | bias cudnn | torch relu'+sum |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for layer, d in by.items():
         def cell(row, key="fluxpy_us"):
             v = d[row][key]
@@ -237,18 +328,18 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
               f"{cell('bwd_data', 'torch_us')} | {ratio('bwd_data')} | {cell('bwd_filter')} | "
               f"{cell('bwd_filter', 'torch_us')} | {ratio('bwd_filter')} | {cell('bias_mr')} | {cell('bias_cudnn')} | "
               f"{cell('bias_mr', 'torch_us')} |")
-    geo = {row: float(np.exp(np.mean([np.log(d[row]["ratio"]) for d in by.values()])))
-           for row in ("fwd", "bwd_data", "bwd_filter", "bias_mr")}
-    print()
-    print("geometric-mean ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in geo.items()))
-    print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
-    if half:
-        reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
-        print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +
-              "".join(f"\n  {k}: {v}" for k, v in list(reasons.items())[:8]))
-    for r in rows:
-        r["dtype"], r["memory"] = dtype_name, args.memory
-    return rows
+
+
+def _choice_table(by):
+    """One line per layer and row: the times, the ratio, the configuration chosen and where it came from."""
+    print("| layer | row | fluxpy us | torch us | ratio | configuration | from | gain over heuristics |")
+    print("|---|---|---|---|---|---|---|---|")
+    for layer, d in by.items():
+        for row in ("fwd", "bwd_data", "bwd_filter"):
+            r = d[row]
+            how = (f"{r['config']} | {r['source']} | {r['gain']:.3f}" if "config" in r else
+                   "legacy call | legacy path | -")
+            print(f"| {layer} | {row} | {r['fluxpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | {how} |")
 
 
 def profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu):

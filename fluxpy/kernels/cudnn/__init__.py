@@ -15,7 +15,9 @@ CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, mo
 - :mod:`~fluxpy.kernels.cudnn.legacy`: the ``cudnnConvolution*`` calls, the per-problem
   :class:`Plan`, algorithm search and its disk cache (:func:`cache_file`, :func:`stats`);
 - :mod:`~fluxpy.kernels.cudnn.graph`: the backend (graph) API: execution plans per problem,
-  autotuned, falling back per problem to the legacy calls.
+  autotuned, falling back per problem to the legacy calls;
+- :mod:`~fluxpy.kernels.cudnn.search`: the search past the heuristics (every engine, the knobs of the fastest);
+- :mod:`~fluxpy.kernels.cudnn.diskcache`: the files of choices kept between runs (both paths).
 
 Which of these the kernel table uses for CuPy arrays is decided by :mod:`fluxpy.kernels.cuda_conv`.
 The package imports without CuPy or cuDNN; :func:`available` says whether it can run and why not.
@@ -28,7 +30,7 @@ True
 """
 from __future__ import annotations
 
-from . import descriptors, errors, geometry, graph, handle, legacy, library
+from . import descriptors, diskcache, errors, geometry, graph, handle, legacy, library, search
 from .errors import STATUS_NAMES, CudnnError
 from .handle import get_options, set_options
 from .legacy import Plan, cache_file, plan, stats
@@ -36,15 +38,14 @@ from .library import available, version
 
 __all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "set_options", "get_options", "clear_cache",
            "stats", "cache_file", "plan", "Plan", "library", "errors", "handle", "descriptors", "geometry", "legacy",
-           "graph"]
+           "graph", "search", "diskcache"]
 
 
 def clear_cache(memory: bool = True, disk: bool = False) -> None:
-    """Forget the legacy plans and algorithm choices, the workspaces and the graph path's execution plans in
-    memory; with ``disk=True`` also delete the algorithm cache file (:func:`cache_file`).
+    """Forget the legacy plans and algorithm choices and the graph path's execution plans in memory; with
+    ``disk=True`` also delete both files of choices (:func:`cache_file`, :func:`graph.cache_file`).
 
     >>> clear_cache()
     """
     legacy.clear_cache(memory=memory, disk=disk)
-    if memory:
-        graph.clear_cache()
+    graph.clear_cache(memory=memory, disk=disk)

@@ -24,6 +24,15 @@ Runtime-compiled engines are only tried when no precompiled one finalizes. With 
 ``FALLBACK``) are timed once on the call's own buffers (one warm run, then 5 under events) and the
 fastest kept (as ``torch.backends.cudnn.benchmark``).
 
+Past the heuristics (:func:`set_search`, default 2000 ms per problem, and at most :data:`SEARCH_CALLS` calls'
+worth of time): every other engine of the graph with its default knobs, then the knobs of the three fastest
+configurations (split-K slices, tile shapes, stages... whatever the engine exposes), one knob at a time
+(:mod:`fluxpy.kernels.cudnn.search`); the three fastest are timed again (20 calls) before the pick.
+:func:`plan_info` says per problem which configuration won and where it came from (``source``: the heuristics'
+rank, ``engine search``, ``... + SPLIT_K_SLC=4`` for a knob change), and the heuristics' best time beside it.
+The choice (or that the legacy call won) is kept on disk per GPU model and cuDNN version (:func:`cache_file`,
+beside the legacy path's file; ``disk_cache`` option): a later run rebuilds it without timing anything.
+
 float16 and bfloat16 graphs store x, w, y and the bias in the half type and compute in float32
 (the convolution's compute type and the virtual tensors between the fused operations); their engines
 may use tensor cores. What the graph path does not plan (any problem where no engine configuration
@@ -37,24 +46,25 @@ Asymmetric padding is handled by :mod:`fluxpy.kernels.cudnn.geometry`, as on the
 The module imports without CuPy or cuDNN:
 
 >>> sorted(stats())
-['builds', 'executes', 'fallbacks', 'hits', 'legacy_faster', 'vpack_builds', 'vpack_hits']
+['builds', 'disk_hits', 'executes', 'fallbacks', 'hits', 'legacy_faster', 'vpack_builds', 'vpack_hits']
 >>> get_autotune() >= 0
 True
 """
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
 
 from ...backend import cupy
 from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
 from ..halfs import HALVES
-from . import legacy, library
+from . import legacy, library, search
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
                           A_BF_CONV, A_BF_DW, A_BF_DY, A_BF_X, A_CFG_ENGINE, A_CONV_COMP_TYPE, A_CONV_DILATIONS,
                           A_CONV_DIMS, A_CONV_MODE, A_CONV_POST_PAD, A_CONV_PRE_PAD, A_CONV_STRIDES,
-                          A_ENGINE_BEHAVIOR_NOTE, A_ENGINE_INDEX, A_ENGINE_NUMERICAL_NOTE, A_FWD_ALPHA, A_FWD_BETA,
+                          A_FWD_ALPHA, A_FWD_BETA,
                           A_FWD_CONV, A_FWD_W, A_FWD_X, A_FWD_Y, A_GRAPH_HANDLE, A_GRAPH_OPS, A_HEUR_GRAPH,
                           A_HEUR_MODE, A_HEUR_RESULTS, A_PLAN_CONFIG, A_PLAN_HANDLE, A_PLAN_WORKSPACE,
                           A_POINTWISE_MATH_PREC, A_POINTWISE_MODE, A_PW_B, A_PW_DESC, A_PW_X, A_PW_Y, A_T_ALIGN,
@@ -63,16 +73,18 @@ from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_
                           D_ENGINEHEUR, D_EXECUTION_PLAN, D_OP_CONV_BWD_DATA, D_OP_CONV_BWD_FILTER, D_OP_CONV_FWD,
                           D_OP_POINTWISE, D_OPERATIONGRAPH, D_POINTWISE, D_TENSOR, D_VARIANT_PACK, DATA_DOUBLE,
                           HEUR_MODE_A, HEUR_MODE_FALLBACK, NOTE_DOWN_CONVERT_INPUTS, NOTE_NONDETERMINISTIC,
-                          NOTE_TENSOR_CORE, PW_ADD, PW_RELU_FWD, T_BACKEND_DESCRIPTOR, T_BEHAVIOR_NOTE, T_BOOLEAN,
+                          NOTE_TENSOR_CORE, PW_ADD, PW_RELU_FWD, T_BACKEND_DESCRIPTOR, T_BOOLEAN,
                           T_CONVOLUTION_MODE, T_DATA_TYPE, T_DOUBLE, T_FLOAT, T_HANDLE, T_HEUR_MODE, T_INT64,
-                          T_NUMERICAL_NOTE, T_POINTWISE_MODE, T_VOID_PTR, backend_create, backend_destroy,
+                          T_POINTWISE_MODE, T_VOID_PTR, backend_create, backend_destroy,
                           backend_finalize, backend_set, compute_type, conv_mode, data_type, describe, int64s,
                           pointers, scalars)
 from .errors import CudnnError, check
 from .geometry import (ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, descriptor_geometry, descriptor_shape,
                        pad_input, split_pad)
+from .diskcache import DiskTable
 from .handle import OPTIONS, Workspace, get_handle, options_key
 from .library import fn
+from .search import Candidate, Config
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
            "clear_cache", "set_autotune", "get_autotune", "plan_info", "fallback_reasons", "GraphPlan",
@@ -93,11 +105,19 @@ _P = ctypes.c_void_p
 # Options, statistics, caches
 
 _AUTOTUNE = [8]
+_SEARCH_MS = [2000.0]
 _GROUPS = [True]       # False: grouped convolutions run on the legacy path
 _stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds": 0, "vpack_hits": 0,
-          "legacy_faster": 0}
+          "legacy_faster": 0, "disk_hits": 0}
 _plans = {}            # key -> GraphPlan, or None where the legacy path runs
 _why = {}              # key -> why the graph path could not plan it
+_DISK = DiskTable("graph")   # problem -> {"config": Config.to_json(), "source", "ms"} or {"legacy": ms}
+
+SEARCH_CALLS = 200
+"""The search past the heuristics spends at most the time of this many calls of the problem (at the heuristics'
+best speed), and at most :func:`set_search`'s budget: a problem of 20 us gets 4 ms (a few engines), one of 10 ms
+the whole budget. A gain of 1% pays for the search within 20,000 calls (the disk cache keeps the choice, so it
+is paid once per machine)."""
 
 
 def set_autotune(n: int) -> int:
@@ -116,10 +136,34 @@ def get_autotune() -> int:
     return _AUTOTUNE[0]
 
 
+def set_search(budget_ms: float) -> float:
+    """Search each new problem past the heuristics for up to ``budget_ms`` milliseconds of wall time (and at most
+    :data:`SEARCH_CALLS` calls' worth): every engine of the graph and the knobs (split-K slices, tile shapes...)
+    of the fastest ones (:mod:`fluxpy.kernels.cudnn.search`). 0 turns it off (the heuristics' candidates only).
+    Needs autotuning (:func:`set_autotune` > 0). Returns the previous budget; plans built already are kept.
+
+    >>> old = set_search(0); set_search(old)
+    0.0
+    """
+    if not budget_ms >= 0:
+        raise ValueError(f"set_search: budget_ms must be >= 0 milliseconds, got {budget_ms!r}")
+    old, _SEARCH_MS[0] = _SEARCH_MS[0], float(budget_ms)
+    return old
+
+
+def get_search() -> float:
+    """The search budget in milliseconds per problem (see :func:`set_search`).
+
+    >>> get_search() >= 0
+    True
+    """
+    return _SEARCH_MS[0]
+
+
 def stats() -> dict:
     """Counters: ``builds`` (problems planned), ``hits`` (calls served by a cached plan), ``fallbacks`` (calls
     that ran the legacy path), ``executes``, ``vpack_builds``, ``vpack_hits``, ``legacy_faster`` (problems the
-    timed legacy call kept)."""
+    timed legacy call kept), ``disk_hits`` (problems whose choice came from the disk cache)."""
     return dict(_stats)
 
 
@@ -129,26 +173,34 @@ def fallback_reasons() -> dict:
 
 
 def plan_info() -> list:
-    """One dict per cached plan: kind, shapes, engine global index, workspace, candidates timed (ms)."""
+    """One dict per cached plan: kind, shapes, stride, the chosen engine global index and configuration (knobs
+    included), where it came from (``source``: heuristics rank, engine search, the knobs changed, or ``"disk"``),
+    its time and the heuristics' best time (ms; inf where not timed), workspace, every candidate timed
+    ``(configuration, source, ms)``."""
     out = []
     for p in _plans.values():
         if p is not None:
-            out.append({"kind": p.kind, "x": p.x_shape, "w": p.cdims.w_shape, "dtype": str(p.dtype),
-                        "engine": p.engine, "workspace": p.ws_size, "tuned": p.tuned})
+            ms = p.chosen.ms if p.chosen is not None else float("inf")
+            out.append({"kind": p.kind, "x": p.x_shape, "w": p.cdims.w_shape, "stride": p.cdims.stride,
+                        "dtype": str(p.dtype), "engine": p.engine, "config": str(p.config), "source": p.source,
+                        "ms": ms, "heuristics_ms": p.heuristics_ms, "workspace": p.ws_size, "tuned": p.tuned})
     return out
 
 
-def clear_cache() -> None:
-    """Forget (and destroy) every cached plan.
+def clear_cache(memory: bool = True, disk: bool = False) -> None:
+    """Forget (and destroy) every cached plan; with ``disk=True`` also delete the file of choices
+    (:func:`cache_file`).
 
     >>> clear_cache()
     """
-    plans = [p for p in _plans.values() if p is not None]
-    _plans.clear()
-    _why.clear()
-    if library.loaded():
-        for p in plans:
-            p.destroy()
+    if memory:
+        plans = [p for p in _plans.values() if p is not None]
+        _plans.clear()
+        _why.clear()
+        if library.loaded():
+            for p in plans:
+                p.destroy()
+    _DISK.forget(disk=disk)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +257,10 @@ class GraphPlan:
         self.graph = None
         self.plan = None
         self.engine = None
+        self.config = None       # the chosen search.Config, its source, its candidate; heuristics' best time
+        self.source = ""
+        self.chosen = None
+        self.heuristics_ms = float("inf")
         self.ws_size = 0
         self.tuned = []
         self.vpacks = {}
@@ -349,17 +405,7 @@ class GraphPlan:
         check(fn.cudnnBackendGetAttribute(cfg, A_CFG_ENGINE, T_BACKEND_DESCRIPTOR, 1, ctypes.byref(got),
                                           pointers(eng)),
               "cudnnBackendGetAttribute(ENGINECFG_ENGINE)", self.describe)
-        idx = _i64(-1)
-        fn.cudnnBackendGetAttribute(eng, A_ENGINE_INDEX, T_INT64, 1, ctypes.byref(got), ctypes.byref(idx))
-        num = (ctypes.c_int * 16)()
-        n_num = _i64(0)
-        if fn.cudnnBackendGetAttribute(eng, A_ENGINE_NUMERICAL_NOTE, T_NUMERICAL_NOTE, 16, ctypes.byref(n_num), num):
-            n_num.value = 0
-        beh = (ctypes.c_int * 16)()
-        n_beh = _i64(0)
-        if fn.cudnnBackendGetAttribute(eng, A_ENGINE_BEHAVIOR_NOTE, T_BEHAVIOR_NOTE, 16, ctypes.byref(n_beh), beh):
-            n_beh.value = 0
-        return int(idx.value), set(num[:n_num.value]), set(beh[:n_beh.value])
+        return search.engine_info(eng)
 
     def try_plan(self, cfg: int):
         """A finalized execution plan of ``cfg`` and its workspace size, or None."""
@@ -383,14 +429,22 @@ class GraphPlan:
             if not ok:
                 backend_destroy(plan)
 
+    def adopt(self, c: Candidate) -> None:
+        """Run candidate ``c`` from now on (its plan, workspace, configuration; destroyed with this plan)."""
+        self.chosen = c
+        self.plan, self.ws_size, self.engine, self.config, self.source = c.plan, c.ws, c.config.engine, c.config, \
+            c.source
+
     def destroy(self) -> None:
         """Free the variant packs, the execution plan and every descriptor."""
         for vp in self.vpacks.values():
             backend_destroy(vp[0])
         self.vpacks.clear()
-        if self.plan:
+        if self.chosen is not None:
+            self.chosen.destroy()
+        elif self.plan:
             backend_destroy(self.plan)
-        self.plan = None
+        self.plan, self.chosen = None, None
         for d in reversed(self._keep):
             backend_destroy(d)
         self._keep = []
@@ -446,9 +500,18 @@ def _usable(num, fp32):
     return not (OPTIONS["deterministic"] and NOTE_NONDETERMINISTIC in num)
 
 
+def _within_limit(got):
+    """``got`` (a plan and its workspace, or None) where the workspace is within the limit, else None (destroyed)."""
+    if got is not None and got[1] > OPTIONS["workspace_limit"]:
+        backend_destroy(got[0])
+        return None
+    return got
+
+
 def _finalized(p, want):
-    """Up to ``want`` finalized ``(plan, workspace, engine)`` candidates in heuristics order (``HEUR_MODE_A``,
-    then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for later.
+    """Up to ``want`` finalized :class:`~fluxpy.kernels.cudnn.search.Candidate` s in heuristics order
+    (``HEUR_MODE_A``, then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for
+    later.
 
     Float32 with ``allow_tf32`` gets ``want`` tensor-core candidates AND ``want`` without tensor cores: the
     heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes make them slower
@@ -456,14 +519,13 @@ def _finalized(p, want):
     fp32 = p.dtype == np.float32
     split = fp32 and OPTIONS["allow_tf32"]
     quota = {True: want, False: want} if split else {None: want}
-    limit = OPTIONS["workspace_limit"]
     found, later, seen = [], [], set()
     for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
         try:
             cfgs = p.configs(mode)
         except CudnnError:
             continue
-        for cfg in cfgs:
+        for rank, cfg in enumerate(cfgs):
             try:
                 idx, num, beh = p.notes(cfg)
             except CudnnError:
@@ -477,13 +539,11 @@ def _finalized(p, want):
             if (mode, idx) in seen:
                 continue
             seen.add((mode, idx))
-            got = p.try_plan(cfg)
+            got = _within_limit(p.try_plan(cfg))
             if got is None:
                 continue
-            if got[1] > limit:
-                backend_destroy(got[0])
-                continue
-            found.append((got[0], got[1], idx))
+            where = "heuristics" if mode == HEUR_MODE_A else "fallback heuristics"
+            found.append(Candidate(got[0], got[1], search.read_config(cfg), f"{where} #{rank}"))
             quota[pool] -= 1
             if max(quota.values()) <= 0:
                 break
@@ -494,29 +554,50 @@ def _finalized(p, want):
 
 def _runtime_compiled(p, later):
     """The first runtime-compiled configuration that finalizes within the workspace limit, as a candidate list."""
-    limit = OPTIONS["workspace_limit"]
-    for idx, cfg in later:
-        got = p.try_plan(cfg)
-        if got is not None and got[1] <= limit:
-            return [(got[0], got[1], idx)]
+    for _, cfg in later:
+        got = _within_limit(p.try_plan(cfg))
         if got is not None:
-            backend_destroy(got[0])
+            return [Candidate(got[0], got[1], search.read_config(cfg), "runtime-compiled")]
     return []
 
 
 def _choose(p, handle, ptrs):
-    """Finalize execution plans in heuristics order (filtered by the options) and keep one (timed if asked)."""
+    """Finalize execution plans in heuristics order (filtered by the options), with a search budget widen the
+    pool past the heuristics (:func:`fluxpy.kernels.cudnn.search.widen`), and keep the fastest."""
     found, later = _finalized(p, max(1, _AUTOTUNE[0]))
     if not found:
         found = _runtime_compiled(p, later)
     if not found:
         return False
-    best = _time(p, handle, ptrs, found) if len(found) > 1 else 0
-    p.plan, p.ws_size, p.engine = found[best]
-    for i, f in enumerate(found):
-        if i != best:
-            backend_destroy(f[0])
+
+    def timed(c, n=5):
+        c.ms = _events_ms(lambda: p.execute(handle, ptrs, c.plan, c.ws), n)
+        p.tuned.append((str(c.config), c.source, round(c.ms, 4)))
+
+    if len(found) > 1 or (_SEARCH_MS[0] > 0 and _AUTOTUNE[0]):
+        for c in found:
+            timed(c)
+    p.heuristics_ms = min(c.ms for c in found)
+    budget_ms = min(_SEARCH_MS[0], SEARCH_CALLS * p.heuristics_ms)
+    if budget_ms > 0 and _AUTOTUNE[0]:
+        fp32 = p.dtype == np.float32
+        found += search.widen(p.graph, found, lambda cfg: _within_limit(p.try_plan(cfg)), timed,
+                              lambda num: _usable(num, fp32), time.perf_counter() + budget_ms / 1e3)
+        _retime_fastest(found, timed)
+    best = _fastest(found)
+    p.adopt(best)
+    for c in found:
+        if c is not best:
+            c.destroy()
     return True
+
+
+def _retime_fastest(found, timed, n=3, reps=20):
+    """Time the ``n`` fastest candidates again, ``reps`` calls each: the pick among many candidates timed once
+    would otherwise favour a lucky measurement."""
+    if len(found) > 1:
+        for c in sorted(found, key=lambda c: c.ms)[:n]:
+            timed(c, reps)
 
 
 def _events_ms(run, n=5):
@@ -541,18 +622,15 @@ SAME_SPEED = 1.03
 """Timed plans within this factor of the fastest count as equally fast: the one with the least workspace wins."""
 
 
-def _time(p, handle, ptrs, found):
-    """Index of the fastest of the ``found`` plans, each timed by :func:`_events_ms` (the smallest workspace
-    among those within :data:`SAME_SPEED` of the fastest: the workspace is memory held for the whole run)."""
-    times = []
-    for plan, ws, idx in found:
-        t = _events_ms(lambda plan=plan, ws=ws: p.execute(handle, ptrs, plan, ws))
-        # the variant packs were made for this plan's workspace pointer: they are valid for any plan
-        times.append(t)
-        p.tuned.append((idx, round(t, 4)))
-    fastest = min(times)
-    near = [i for i, t in enumerate(times) if t <= SAME_SPEED * fastest]
-    return min(near, key=lambda i: (found[i][1], times[i]))
+def _fastest(found):
+    """The fastest of the timed ``found`` candidates (the smallest workspace among those within
+    :data:`SAME_SPEED` of the fastest: the workspace is memory held for the whole run); the first if none was
+    timed."""
+    fastest = min(c.ms for c in found)
+    if fastest == float("inf"):
+        return found[0]
+    near = [c for c in found if c.ms <= SAME_SPEED * fastest]
+    return min(near, key=lambda c: (c.ws, c.ms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,7 +643,8 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None, channels_last
     """``(plan, buffers)``: the cached :class:`GraphPlan` of the problem (built on first use, on the call's own
     buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run: no plan finalizes, or
     (with autotuning) ``legacy_call()``, the legacy call on the same arguments, is clearly faster."""
-    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], cupy.cuda.runtime.getDevice(), channels_last)
+    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], _SEARCH_MS[0], cupy.cuda.runtime.getDevice(),
+           channels_last)
     p = _plans.get(key, _MISSING)
     if p is not _MISSING:
         if p is None:
@@ -582,30 +661,95 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None, channels_last
     return p, got
 
 
+def cache_file() -> str | None:
+    """The JSON file of the graph path's choices for this GPU model and cuDNN version (None without cuDNN)."""
+    return _DISK.path()
+
+
+def _disk_key(p) -> str:
+    """The problem and the settings its choice depends on, as the disk cache's key."""
+    return (f"{legacy._key_str(p.kind, p)}|cl={int(p.channels_last)}|tune={_AUTOTUNE[0]}|"
+            f"search={_SEARCH_MS[0]:g}")
+
+
 def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_last):
-    """A new plan and the call's buffers, or ``(None, None)`` with the reason in ``_why[key]``."""
+    """A new plan and the call's buffers, or ``(None, None)`` with the reason in ``_why[key]``: the choice kept on
+    disk where there is one that still builds, else the heuristics' candidates (and the search past them), then
+    the legacy call timed against the winner. A fresh choice goes to disk."""
     p = GraphPlan(kind, cdims, dtype, channels_last)
-    got = None
+    use_disk = OPTIONS["disk_cache"] and _AUTOTUNE[0] > 0
+    stored = _DISK.get(_disk_key(p)) if use_disk else None
+    got, fresh = None, False
     try:
         p.build(handle)
         got = bufs(p, *args)
-        ok = _choose(p, handle, got[0])
-    except CudnnError as err:
-        ok = False
-        _why[key] = str(err)
-    if ok and legacy_call is not None and _AUTOTUNE[0]:
-        t_graph = _events_ms(lambda: p.execute(handle, got[0]))
-        t_legacy = _events_ms(legacy_call)
-        p.tuned.append(("legacy", round(t_legacy, 4)))
-        if t_legacy < LEGACY_MARGIN * t_graph:
-            _why[key] = f"the legacy call was faster ({t_legacy:.4f} ms against {t_graph:.4f} ms)"
-            _stats["legacy_faster"] += 1
+        if stored is not None and "legacy" in stored:
+            _stats["disk_hits"] += 1
+            _why[key] = f"the legacy call was faster ({stored['legacy']} ms, disk cache)"
             ok = False
+        else:
+            ok = stored is not None and _from_disk(p, stored)
+            fresh = not ok
+            if fresh:
+                ok = _choose(p, handle, got[0])
+                if ok and legacy_call is not None and _AUTOTUNE[0]:
+                    ok = _graph_beats_legacy(p, key, handle, got[0], legacy_call)
+    except CudnnError as err:
+        ok = fresh = False
+        _why[key] = str(err)
+    if fresh and use_disk:
+        _store(p, ok)
     if not ok:
         _why.setdefault(key, f"no engine configuration finalized for {p.describe()}")
         p.destroy()
         return None, None
     return p, got
+
+
+def _store(p, ok) -> None:
+    """Keep ``p``'s fresh choice on disk: its configuration, or that the legacy call won."""
+    if ok:
+        ms = p.chosen.ms
+        _DISK.put(_disk_key(p), {"config": p.config.to_json(), "source": p.source,
+                                 "ms": None if ms == float("inf") else round(ms, 4)})
+    elif p.tuned and p.tuned[-1][0] == "legacy":
+        _DISK.put(_disk_key(p), {"legacy": p.tuned[-1][2]})
+
+
+def _from_disk(p, stored) -> bool:
+    """Build the configuration kept on disk for ``p``; False where it no longer builds (another cuDNN build, a
+    smaller workspace limit): the search runs again."""
+    try:
+        config = Config.from_json(stored["config"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
+    built = search.build_config(p.graph, config)
+    if built is None:
+        return False
+    cfg, descs = built
+    got = _within_limit(p.try_plan(cfg))
+    if got is None:
+        search.destroy_all([cfg] + descs)
+        return False
+    c = Candidate(got[0], got[1], config, f"disk ({stored.get('source', '?')})", [cfg] + descs)
+    c.ms = float("inf") if stored.get("ms") is None else float(stored["ms"])
+    p.adopt(c)
+    p.tuned.append((str(config), c.source, c.ms))
+    _stats["disk_hits"] += 1
+    return True
+
+
+def _graph_beats_legacy(p, key, handle, ptrs, legacy_call) -> bool:
+    """Time the plan and the legacy call on the same buffers; False (the legacy path keeps the problem) where the
+    legacy call takes under :data:`LEGACY_MARGIN` of the plan's time."""
+    t_graph = _events_ms(lambda: p.execute(handle, ptrs))
+    t_legacy = _events_ms(legacy_call)
+    p.tuned.append(("legacy", "legacy call", round(t_legacy, 4)))
+    if t_legacy < LEGACY_MARGIN * t_graph:
+        _why[key] = f"the legacy call was faster ({t_legacy:.4f} ms against {t_graph:.4f} ms)"
+        _stats["legacy_faster"] += 1
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

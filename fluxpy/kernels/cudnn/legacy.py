@@ -27,14 +27,13 @@ The module imports without CuPy or cuDNN.
 from __future__ import annotations
 
 import ctypes
-import json
-import os
 
 import numpy as np
 
 from ...backend import cupy
 from ..halfs import BFLOAT16, is_half
 from . import library
+from .diskcache import DiskTable
 from .descriptors import (activation_descriptor, convolution_descriptor, describe, destroy, filter_descriptor, ints,
                           nd_function, scalars, tensor_descriptor)
 from .errors import BAD_PARAM, NOT_SUPPORTED, CudnnError, check
@@ -185,50 +184,24 @@ def clear_cache(memory: bool = True, disk: bool = False) -> None:
 
     >>> clear_cache()
     """
-    global _disk
     if memory:
         plans = list(_plans.values())
         _plans.clear()
-        _disk = None
         if library.loaded():
             for p in plans:
                 p.destroy()
-    if disk:
-        path = cache_file()
-        if path and os.path.exists(path):
-            os.remove(path)
+    _DISK.forget(disk=disk)
 
 
 # ---------------------------------------------------------------------------------------------
 # The algorithm cache on disk: {key: [[algo, math, memory, determinism, time_ms], ...]}
 
-_disk = None          # (path, dict) once loaded
-
-
-def cache_dir() -> str:
-    """``$FLUXPY_CACHE/cudnn``, by default ``$XDG_CACHE_HOME/fluxpy/cudnn`` or ``~/.cache/fluxpy/cudnn``.
-
-    >>> cache_dir().endswith("cudnn")
-    True
-    """
-    root = os.environ.get("FLUXPY_CACHE")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "fluxpy")
-    return os.path.join(root, "cudnn")
+_DISK = DiskTable("")
 
 
 def cache_file() -> str | None:
     """The JSON file of algorithm choices for this GPU model and cuDNN version (None without cuDNN)."""
-    if cupy is None or library.load() is None:
-        return None
-    try:
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:
-        name = "gpu"
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-    return os.path.join(cache_dir(), f"{safe}-cudnn{library.version()}.json")
+    return _DISK.path()
 
 
 def _key_str(kind, p):
@@ -236,43 +209,6 @@ def _key_str(kind, p):
     return (f"{kind}|x{p.x_shape}|w{c.w_shape}|s{c.stride}|p{p.sym_pad}|d{c.dilation}|g{c.groups}|"
             f"{'xcorr' if c.flipped else 'conv'}|{p.dtype.name}|tf32={int(OPTIONS['allow_tf32'])}|"
             f"det={int(OPTIONS['deterministic'])}|ws={OPTIONS['workspace_limit']}").replace(" ", "")
-
-
-def _disk_table():
-    global _disk
-    path = cache_file()
-    if _disk is None or _disk[0] != path:
-        table = {}
-        if path and os.path.exists(path):
-            try:
-                with open(path) as f:
-                    table = json.load(f)
-            except (OSError, ValueError):
-                table = {}
-        _disk = (path, table)
-    return _disk
-
-
-def _disk_store(key, rows):
-    path, table = _disk_table()
-    table[key] = rows
-    if not path:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:   # merge what other processes wrote meanwhile
-            with open(path) as f:
-                on_disk = json.load(f)
-            on_disk.update(table)
-            table.update(on_disk)
-        except (OSError, ValueError):
-            pass
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(table, f, indent=0, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        pass   # a read-only home: the in-memory cache still works
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,14 +289,13 @@ def _algos(kind, p, h, a, b, out):
     if rows is not None:
         return rows
     key = _key_str(kind, p)
-    table = _disk_table()[1] if OPTIONS["disk_cache"] else {}
-    found = table.get(key)
+    found = _DISK.get(key) if OPTIONS["disk_cache"] else None
     if found:
         _stats["disk_hits"] += 1
     else:
         found = _find(kind, p, h, a, b, out)
         if OPTIONS["disk_cache"]:
-            _disk_store(key, found)
+            _DISK.put(key, found)
     rows = p.algos[kind] = [(int(r[0]), int(r[1]), int(r[2])) for r in found]
     return rows
 
