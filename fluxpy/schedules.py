@@ -2,8 +2,9 @@
 :class:`Exp`, :class:`Constant`.
 
 A schedule is a small immutable callable: ``schedule(t)`` is the value at epoch (or step) ``t``,
-counted from 1 as in ParameterSchedulers.jl and fluxpy's examples. Set it on an optimiser's state
-with :func:`fluxpy.optimise.adjust` before each epoch (or step):
+counted from 1 as in ParameterSchedulers.jl and fluxpy's examples. Give it to :func:`fluxpy.train`
+(``train(..., schedule=Cosine(...), schedule_per="epoch")`` or ``"step"``), or set it on an optimiser's state
+yourself with :func:`fluxpy.optimise.adjust` before each epoch (or step):
 
 >>> import numpy as np
 >>> from fluxpy.optimise import Momentum, adjust, setup

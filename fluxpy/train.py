@@ -34,7 +34,7 @@ from .backend import get_array_module, is_float_dtype, read_scalars
 from .collector import frozen_while_training
 from .functors import arrays, state
 from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
-                       _plan, _read_finite)
+                       _plan, _read_finite, adjust)
 from .step import CheckedStep
 
 __all__ = ["train", "TrainingDiverged"]
@@ -58,7 +58,8 @@ class TrainingDiverged(FloatingPointError):
 
 
 def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
-          check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = False) -> list[float]:
+          check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = False,
+          schedule: Callable[[int], float] | None = None, schedule_per: str = "epoch") -> list[float]:
     """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
@@ -91,6 +92,16 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     kept per model while the loss, the optimiser state and the model's arrays stay the same objects (with the
     GPU memory their graphs hold, until the model is freed).
 
+    ``schedule``: a learning-rate schedule, any function of ``t = 1, 2, ...`` giving a number ``>= 0``
+    (:mod:`fluxpy.schedules`: ``Cosine``, ``Step``, ``Exp``, ``Constant``). With ``schedule_per="epoch"`` (the
+    default) train sets the rules' learning rate to ``schedule(epoch)`` before each epoch, with
+    ``schedule_per="step"`` to ``schedule(t)`` before the ``t``-th step, counting every batch of every epoch. It
+    sets it with :func:`fluxpy.optimise.adjust` (Optimisers.jl's ``adjust!``: ``eta`` of every rule that has one,
+    the moments kept), so the state keeps the last rate after train returns. ``t`` counts from 1 in each call: a
+    loop that calls train once per epoch passes ``schedule=lambda t: s(t + done)``. With ``capture=True`` a new
+    rate means a new capture (the graph holds the rate as a number): per epoch that costs one eager step and one
+    capture per epoch, per step every step runs eagerly.
+
     A loss that gives no gradient to any trainable array (computed from a global model instead of
     its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a
     step would change nothing. The arguments are checked before the first batch: ``opt_state``
@@ -105,19 +116,33 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     Traceback (most recent call last):
     ...
     fluxpy.train.TrainingDiverged: train: the loss is nan at epoch 1, batch 1; stopping before the update (lower ...)
+
+    A schedule, per step:
+
+    >>> from fluxpy.schedules import Step
+    >>> opt = setup(Descent(1.0), model)
+    >>> _ = train(lambda m, x: (m["w"] * x).sum(), model, [(np.array([0.0]),)] * 3, opt, progress=False,
+    ...           schedule=Step(0.1, 0.5, 1), schedule_per="step")
+    >>> opt["w"].rule
+    Descent(eta=0.025)
     """
     _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
     if not isinstance(capture, bool):
         raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
+    rates = None if schedule is None else _Rates(schedule, schedule_per, opt_state)
     captured = _checked_step(loss, model, opt_state, check_finite) if capture and max_loss_ratio is None else None
     with frozen_while_training:   # see fluxpy.collector: the objects alive now are not scanned while it trains
-        return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured)
+        return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured,
+                             rates)
 
 
-def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured):
+def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured,
+                  rates=None):
     losses: list[float] = []
     first = None
     for epoch in range(1, epochs + 1):
+        if rates is not None:
+            rates.epoch(epoch)
         bar = _progress_bar(data, epoch, epochs) if progress else None
         seen, start, batches = 0, time.perf_counter(), 0
 
@@ -127,6 +152,8 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
         try:
             for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
                 args = batch if isinstance(batch, tuple) else (batch,)
+                if rates is not None:
+                    rates.step()
                 values = lagged.step(args, batch_number) if lagged is not None else [
                     _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)]
                 if first is None and values:
@@ -336,6 +363,37 @@ def _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio):
     if not _plan(opt_state, model, _ALL, "train"):
         raise ValueError("train: the optimiser state has no trainable array, so there is nothing to train; "
                          "make it with setup(rule, model) for a model that holds float arrays")
+
+
+class _Rates:
+    """train's ``schedule``: sets the learning rate of ``opt_state`` with ``adjust`` per epoch or per step."""
+
+    def __init__(self, schedule, per, opt_state):
+        if not callable(schedule):
+            raise TypeError(f"train: schedule must be a function of t = 1, 2, ... giving the learning rate (e.g. "
+                            f"fluxpy.schedules.Cosine), got {_short(schedule)}")
+        if per not in ("epoch", "step"):
+            raise ValueError(f"train: schedule_per must be \"epoch\" or \"step\", got {per!r}")
+        self.schedule, self.per, self.opt_state, self.t, self.eta = schedule, per, opt_state, 0, None
+        self._set(1)   # before any change: a schedule that fails, or a state without a learning rate, fails here
+
+    def _set(self, t):
+        eta = self.schedule(t)
+        if isinstance(eta, bool) or not isinstance(eta, numbers.Real) or not math.isfinite(eta) or eta < 0:
+            raise ValueError(f"train: schedule({t}) must be a finite number >= 0 (the learning rate), got "
+                             f"{_short(eta)}")
+        if float(eta) != self.eta:   # an unchanged rate keeps the rule (and a captured step's graph)
+            self.eta = float(eta)
+            adjust(self.opt_state, eta=self.eta)
+
+    def epoch(self, epoch):
+        if self.per == "epoch" and epoch > 1:   # epoch 1's rate was set when checked
+            self._set(epoch)
+
+    def step(self):
+        self.t += 1
+        if self.per == "step" and self.t > 1:
+            self._set(self.t)
 
 
 def _short(x):
