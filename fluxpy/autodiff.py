@@ -38,9 +38,12 @@ from .layout import keeping_layout
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
-           "DetachedGradientWarning"]
+           "DetachedGradientWarning", "register_gradient_hook"]
 
 _levels = itertools.count(1)
+# Gradient hooks (register_gradient_hook), per tape level: {level: {id(node): (node, [fn, ...])}}; a gradient or
+# withgradient call takes its level's entry when its backward walk starts (and drops it if f raised).
+_gradient_hooks: dict[int, dict[int, tuple]] = {}
 _pullback_hook = None  # fluxpy.profile wraps each pullback while it records
 # Per thread and per asyncio task (a new thread starts at the defaults): how many ``no_grad`` blocks are open, and
 # how many gradient/pullback calls are running their function now. One thread training never switches another
@@ -269,6 +272,41 @@ def stop_gradient(x: Any) -> Any:
     return value_of(x)
 
 
+def register_gradient_hook(x: Tracked, fn: Callable[[Any], Any]) -> None:
+    """Call ``fn(grad)`` during the backward pass as soon as the gradient of the tracked value ``x`` is final.
+
+    ``x`` must be a :class:`Tracked` value of a tape being recorded (an argument boxed by :func:`gradient`,
+    :func:`withgradient` or :func:`pullback`, such as a model's weight seen inside the loss, or any value computed
+    from one). During that tape's backward walk ``fn`` runs once, right after the last op that used ``x`` has
+    pulled its cotangent back (every contribution added), before the walk goes on; it gets ``x``'s gradient and may
+    return an array to use instead (the one the gradient call returns for an argument, or the cotangent that flows
+    on for a computed value), or ``None`` to keep it. Where ``x`` gets no gradient at all, ``fn(None)`` runs when
+    the walk ends (hooks in the order they were registered); a value it returns becomes ``x``'s gradient. PyTorch's
+    ``Tensor.register_post_accumulate_grad_hook`` for arguments, ``Tensor.register_hook`` for computed values:
+    :class:`fluxpy.distributed.DataParallel` starts a gradient bucket's all-reduce from such a hook, while the rest
+    of the backward pass runs. Hooks belong to one tape: :func:`pullback`'s ``back`` runs them at each call.
+
+    >>> import numpy as np
+    >>> seen = []
+    >>> def f(x):
+    ...     register_gradient_hook(x, lambda g: seen.append(g.copy()) or g * 10)
+    ...     return (x * x).sum()
+    >>> gradient(f, np.array([1.0, 2.0])), seen
+    ((array([20., 40.]),), [array([2., 4.])])
+    """
+    if type(x) is not Tracked:
+        raise TypeError(f"register_gradient_hook: x must be a Tracked value (an argument of gradient/withgradient/"
+                        f"pullback seen inside the function, or a value computed from one), got {_describe(x)}")
+    if not callable(fn):
+        raise TypeError(f"register_gradient_hook: fn must be callable as fn(grad), got {type(fn).__name__}")
+    hooks = _gradient_hooks.setdefault(x.level, {})
+    entry = hooks.get(id(x.node))
+    if entry is None:
+        hooks[id(x.node)] = (x.node, [fn])
+    else:
+        entry[1].append(fn)
+
+
 class Primitive:
     """An op with a forward implementation and a differentiation rule.
 
@@ -418,20 +456,27 @@ def _toposort(root):
     return order
 
 
-def _backprop(root, seed, release=True):
+def _backprop(root, seed, release=True, hooks=None):
     """Cotangents of the leaves (nodes without a pullback) reached from the :class:`Node` ``root``: {id: grad}.
 
     With ``release`` (a tape walked once, as by :func:`gradient`), each node lets go of its pullback and
     parents as soon as its pullback has run, so the arrays saved for the backward pass and the forward
-    values are freed as the walk goes (as PyTorch frees saved tensors), not all at its end."""
+    values are freed as the walk goes (as PyTorch frees saved tensors), not all at its end. ``hooks``
+    (``{id(node): (node, [fn, ...])}``, see :func:`register_gradient_hook`) run as each hooked node's gradient
+    becomes final: when the last node that uses it has pulled back (counted before the walk)."""
     grads = {id(root): seed}
     leaves = {}
     order = _toposort(root)
+    users = _count_users(order, hooks) if hooks else None
     for i, node in enumerate(order):
         if release:
             order[i] = None
+        if users is not None and id(node) in users:   # nothing uses it (the root): final now
+            _run_hooks(id(node), hooks, users, grads)
         g = grads.pop(id(node), None)
         if g is None:
+            if users is not None:
+                _used(node.parents, hooks, users, grads)
             continue
         if node.pullback is None:
             leaves[id(node)] = g
@@ -447,8 +492,64 @@ def _backprop(root, seed, release=True):
             k = id(p)
             prev = grads.get(k)
             grads[k] = gp if prev is None else keeping_layout(operator.add, prev, gp)
+        if users is not None:
+            _used(parents, hooks, users, grads)
         del parents, cotangents
+    if hooks:
+        _run_unreached_hooks(hooks, leaves)
     return leaves
+
+
+def _count_users(order, hooks):
+    """For each hooked node on the tape: how many nodes use it (an edge per parent slot)."""
+    users, present = {k: 0 for k in hooks}, set()
+    for node in order:
+        if id(node) in users:
+            present.add(id(node))
+        for p in node.parents:
+            if p is not None and id(p) in users:
+                users[id(p)] += 1
+    # a hooked node that the result does not reach is not on this tape: fn(None) at the end of the walk
+    return {k: n for k, n in users.items() if k in present}
+
+
+def _used(parents, hooks, users, grads):
+    """One use of each hooked parent has pulled back; a hook whose node has no use left runs now."""
+    for p in parents:
+        if p is not None:
+            k = id(p)
+            n = users.get(k)
+            if n is not None:
+                if n <= 1:
+                    _run_hooks(k, hooks, users, grads)
+                else:
+                    users[k] = n - 1
+
+
+def _run_hooks(k, hooks, users, grads):
+    del users[k]
+    node, fns = hooks.pop(k)
+    g = grads.get(k)
+    if g is None:
+        hooks[k] = (node, fns)   # no gradient reached it: fn(None) at the end of the walk
+        return
+    for fn in fns:
+        out = fn(g)
+        if out is not None:
+            g = out
+    grads[k] = g
+
+
+def _run_unreached_hooks(hooks, leaves):
+    """``fn(None)`` for each hooked node that got no gradient; a returned array becomes a leaf's gradient."""
+    for k, (node, fns) in list(hooks.items()):
+        g = None
+        for fn in fns:
+            out = fn(g)
+            if out is not None:
+                g = out
+        if g is not None and node.pullback is None:
+            leaves[k] = g
 
 
 def _used_pullback(dy):
@@ -586,23 +687,26 @@ def _plain(tree):
 def _withgradient_now(f, args, who, fname, aux=False):
     level = next(_levels)
     boxed, boxes = _box_args(args, level)
-    y = _call_recording(f, boxed)
+    try:
+        y = _call_recording(f, boxed)
+    finally:
+        hooks = _gradient_hooks.pop(level, None)
     extra = None
     if aux and type(y) is tuple:
         if not y:
             raise ValueError(f"{who}: {fname} returned an empty tuple; return the loss, or (loss, auxiliary...)")
         y, extra = y[0], _plain(y[1:])
-    value, grads, detached = _withgradient_of(who, fname, y, args, boxes, level)
+    value, grads, detached = _withgradient_of(who, fname, y, args, boxes, level, hooks)
     return (value if extra is None else (value, *extra)), grads, detached
 
 
-def _withgradient_of(who, fname, y, args, boxes, level):
+def _withgradient_of(who, fname, y, args, boxes, level, hooks=None):
     if not _is_scalar(y):
         raise ValueError(f"{who}: {fname} must return a scalar (a 0-d float array or a number), got {_describe(y)}; "
                          "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
     if type(y) is not Tracked or y.level != level:
         return y, tuple(fmapstructure(lambda leaf: None, a) for a in args), _detached_reason(who, y, boxes, False)
-    leaf_grads = _backprop(y.node, _ones_like(y.value))
+    leaf_grads = _backprop(y.node, _ones_like(y.value), hooks=hooks)
     detached = None if leaf_grads else _detached_reason(who, y, boxes, True)
     return y.value, _shape_grads(args, boxes, leaf_grads), detached
 
@@ -669,7 +773,10 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     """
     level = next(_levels)
     boxed, boxes = _box_args(args, level)
-    y = _call_recording(f, boxed)
+    try:
+        y = _call_recording(f, boxed)
+    finally:
+        hooks = _gradient_hooks.pop(level, None)
     tracked = type(y) is Tracked and y.level == level
     value = y.value if tracked else y
     if not tracked:
@@ -682,7 +789,8 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
                              f"got {tuple(getattr(dy, 'shape', ()))}")
         if not tracked:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
-        return _shape_grads(args, boxes, _backprop(y.node, dy, release=False))
+        fresh = {k: (node, list(fns)) for k, (node, fns) in hooks.items()} if hooks else None
+        return _shape_grads(args, boxes, _backprop(y.node, dy, release=False, hooks=fresh))
     return value, back
 
 
