@@ -224,7 +224,7 @@ def test_buckets_start_in_plan_order_whatever_order_gradients_arrive():
     assert red.log == [("start", 0)]
     view = red._arrive(1, np.full(4, 6.0, np.float32))
     assert red.log == [("start", 0), ("start", 1), ("start", 2), ("waited", 3)]
-    assert np.allclose(view, 3.0)                     # scaled by 1 / world_size
+    assert np.allclose(view, 6.0)                     # the view holds the all-reduced gradient (one thread here)
 
 
 def test_an_array_unused_on_one_rank_gets_the_same_update_everywhere():

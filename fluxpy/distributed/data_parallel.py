@@ -12,10 +12,10 @@ How (the reducer):
   their gradients. Each bucket is one flat buffer per dtype, allocated once.
 - Called inside :func:`fluxpy.gradient` (or ``withgradient``, :func:`fluxpy.train`, :class:`fluxpy.TrainStep`), the
   wrapper registers a gradient hook (:func:`fluxpy.autodiff.register_gradient_hook`) on each trainable array. When
-  an array's gradient is final the hook copies it, times ``1 / world_size``, into its place in the bucket; when a
-  bucket's last gradient is in, its in-place all-reduce (sum) is queued on the communicator's side stream (buckets
-  start in plan order on every rank, as NCCL requires), while the backward pass goes on. The gradient the call
-  returns for the array is its view of the bucket. Once every bucket has started, the compute stream waits for
+  an array's gradient is final the hook copies it into its place in the bucket; when a bucket's last gradient is
+  in, its in-place all-reduce (NCCL's ``avg``: each rank's part times ``1 / world_size``, summed) is queued on the
+  communicator's side stream (buckets start in plan order on every rank, as NCCL requires), while the backward
+  pass goes on. The gradient the call returns for the array is its view of the bucket. Once every bucket has started, the compute stream waits for
   their events (a stream wait, not a host wait), so the optimiser's kernels read averaged gradients.
 - An array that gets no gradient on a rank (unused in this step) contributes zeros; every rank then receives the
   average for it, so all ranks apply the same update.
@@ -249,7 +249,6 @@ class _Reducer:
                 bucket.views[i] = bucket.flat[offset:offset + n].reshape(params[i].shape)
                 offset += n
                 self.bucket_of[i] = b
-        self.scale = 1.0 / group.world_size
         self.level = None
         self.log: list | None = None   # tests: ("start", bucket) as buckets start
 
@@ -305,8 +304,7 @@ class _Reducer:
             if is_tracked(g):
                 raise DistributedError(f"DataParallel: the gradient of {self.paths[i]} is itself being differentiated "
                                        "(a gradient of a gradient); DataParallel averages first-order gradients only")
-            xp = get_array_module(view)
-            xp.multiply(g, self.scale, out=view) if self.scale != 1.0 else xp.copyto(view, g)
+            get_array_module(view).copyto(view, g)   # a plain device copy where g is contiguous
         bucket.missing -= 1
         if bucket.missing == 0:
             self._launch_ready()
@@ -317,7 +315,7 @@ class _Reducer:
             b = self.next
             bucket = self.plan[b]
             what = f"gradient bucket {b} of {len(self.plan)} ({bucket.flat.nbytes / MIB:.1f} MiB)"
-            bucket.work = self.group.start_all_reduce(bucket.flat, "sum", what=what)
+            bucket.work = self.group.start_all_reduce(bucket.flat, "avg", what=what)
             if self.log is not None:
                 self.log.append(("start", b))
             self.next += 1
