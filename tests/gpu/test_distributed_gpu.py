@@ -1,0 +1,89 @@
+"""Data parallelism on two GPUs through NCCL: every job starts its processes through the launcher
+(``python -m fluxpy.distributed.run``) running ``distributed_worker.py``. Needs 2 GPUs (skips with fewer)."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+
+
+def _gpus():
+    from fluxpy.kernels.nccl import device_count, nccl_available
+    ok, why = nccl_available()
+    return device_count() if ok else 0
+
+
+needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs with NCCL")
+
+
+def _launch(nproc, *args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "10",
+                          str(WORKER), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return run, time.monotonic() - start
+
+
+def _weights(path):
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@needs_two
+@pytest.mark.parametrize("options", [[], ["--bn"], ["--capture"], ["--bn", "--capture"], ["--rule", "adam"]],
+                         ids=["plain", "sync_bn", "captured", "sync_bn_captured", "adam"])
+def test_two_gpus_at_batch_b_give_the_weights_of_one_gpu_at_batch_2b(options, tmp_path):
+    two, _ = _launch(2, "--batch", "16", "--out", str(tmp_path / "two"), *options)
+    assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
+    one, _ = _launch(1, "--batch", "32", "--out", str(tmp_path / "one"), *options)
+    assert one.returncode == 0, one.stdout[-4000:] + one.stderr[-2000:]
+    ref, r0, r1 = (_weights(tmp_path / n) for n in ("one.rank0.npz", "two.rank0.npz", "two.rank1.npz"))
+    assert len(ref) == len(r0) == len(r1) > 4
+    for a, b in zip(r0, r1):
+        np.testing.assert_array_equal(a, b)                      # the ranks stay identical
+    for a, b in zip(ref, r0):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)   # and equal one GPU at twice the batch
+    assert "buckets" in two.stdout
+
+
+@needs_two
+def test_a_rank_that_raises_makes_the_job_stop_with_an_error_naming_it():
+    run, took = _launch(2, "--mode", "raise", "--steps", "8", timeout=120)
+    assert took < 90, run.stdout[-3000:]
+    assert run.returncode != 0
+    assert "[rank 1] RuntimeError: boom on rank 1 in step 3" in run.stdout, run.stdout[-3000:]
+    assert "fluxpy.distributed.run: rank 1 exited with status 1" in run.stderr, run.stderr[-2000:]
+
+
+@needs_two
+def test_without_the_launcher_the_other_rank_exits_naming_the_one_that_raised():
+    """The watchdog's own path (torchrun and Slurm do not stop the other ranks): rank 0 is blocked in NCCL."""
+    from fluxpy.distributed import free_port
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "--mode", "raise", "--steps", "8"], cwd=ROOT,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=150)[0] for p in procs]
+    assert time.monotonic() - start < 120
+    assert procs[0].returncode == 1 and procs[1].returncode == 1, outs
+    assert "fluxpy.distributed: rank 1 raised RuntimeError: boom on rank 1 in step 3; rank 0 exits" in outs[0], outs
+
+
+@needs_two
+def test_a_model_mismatch_is_detected_at_start():
+    run, took = _launch(2, "--mode", "mismatch", timeout=120)
+    assert run.returncode != 0
+    assert "DistributedError: DataParallel: the model's structure differs between ranks: rank(s) 1 differ" in \
+        run.stdout, run.stdout[-3000:]
+    assert "this rank has layers.6.weight (11, 32) float32" in run.stdout
