@@ -42,6 +42,7 @@ BENCHMARKS = {
     "scatter": ["--json", "{json}"],
     "elementwise": ["--json", "{json}"],
     "overhead": ["--json", "{json}"],
+    "data_parallel": ["--json", "{json}"],   # only where 2 GPUs or more exist (main skips it otherwise)
 }
 QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "--rounds", "3"],
                "captured_step": ["--steps", "20", "--rounds", "3", "--warmup", "5"],
@@ -51,7 +52,8 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "reduce": ["--quick"], "conv": ["--quick"], "conv_half": ["--quick"],
                "conv_half_channels_last": ["--quick"], "layernorm": ["--lengths", "768,5140,20480", "--reps", "10"],
                "scatter": ["--reps", "10", "--rounds", "3"],
-               "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"]}
+               "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"],
+               "data_parallel": ["--steps", "10", "--warmup", "5", "--repeats", "3"]}
 SCRIPTS = {"conv_half": "conv", "conv_half_channels_last": "conv"}   # a benchmark that runs another one's script with other arguments
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes", "dtype", "length")
 
@@ -108,6 +110,14 @@ def summary_rows(results):
     return rows
 
 
+def _gpu_count():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:   # no CuPy or no driver
+        return 0
+
+
 def gpu_name():
     try:
         import cupy
@@ -128,6 +138,9 @@ def main(argv=None):
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = [n for n in (a.only.split(",") if a.only else BENCHMARKS) if n]
+    if "data_parallel" in names and _gpu_count() < 2:
+        print("data_parallel: skipped (needs 2 GPUs or more)", flush=True)
+        names.remove("data_parallel")
     results = {n: run_one(n, out_dir, a.quick) for n in names}
     rows = summary_rows({k: v for k, v in results.items() if v is not None})
     head = f"# fluxpy vs PyTorch, {gpu_name()}, {datetime.date.today().isoformat()}"
