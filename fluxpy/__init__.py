@@ -36,15 +36,15 @@ from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
                      CrossCor, Dense, DepthwiseConv, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention,
                      PairwiseFusion, RNN, RNNCell, Scale,
-                     DimensionMismatch, Dropout, DTypeMismatch, Embedding, GlobalMaxPool, GlobalMeanPool, GroupNorm,
-                     InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection, Upsample,
-                     f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal, kaiming_uniform,
-                     ones32, randn32, testmode, trainmode, zeros32)
+                     DimensionMismatch, Dropout, DTypeMismatch, Embedding, EmbeddingBag, GlobalMaxPool, GlobalMeanPool,
+                     GroupNorm, InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection,
+                     Upsample, f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal,
+                     kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
-from .ops import (celu, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid, mish, selu,
-                  softshrink, softsign, tanhshrink, trelu)
+from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
+                  logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
                   minimum, relu, relu6, reshape, scatter, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh,
@@ -79,12 +79,13 @@ __all__ = [
     "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
-    "mish", "tanhshrink", "softshrink", "logsigmoid",
+    "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool", "GlobalMaxPool",
     "GlobalMeanPool",
     "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "Dropout",
-    "Upsample", "PixelShuffle", "Embedding", "SkipConnection", "Parallel", "DimensionMismatch", "DTypeMismatch",
+    "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag", "SkipConnection", "Parallel", "DimensionMismatch",
+    "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
     "GRUCell", "MultiHeadAttention", "dot_product_attention", "causal_mask",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",

@@ -618,6 +618,12 @@ def halves_in_float32(kernel: Callable) -> Callable:
 
 
 register("maxpool_forward", "numpy", _maxpool_forward_halves)
+try:   # SciPy is optional: without it the erf op runs its composite (fluxpy.ops.special)
+    from scipy.special import erf as _scipy_erf
+except ImportError:   # pragma: no cover - SciPy is installed where the tests run
+    pass
+else:
+    register("erf", "numpy", _scipy_erf, lambda x: isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64))
 for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter",
               "maxpool_backward", "maxpool_gather", "meanpool_forward", "meanpool_backward"):
     register(_name, "numpy", halves_in_float32(globals()[_name]))

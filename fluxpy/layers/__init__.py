@@ -12,8 +12,8 @@ Layout: images ``(N, C, H, W)`` (convolutions and pools also take ``(N, C, L)`` 
 Dense input ``(batch, in)``, weights ``(out, in)`` and ``(K, C/groups, R, S)``. Parameters are float32 (convert
 a model with :func:`f64` / :func:`f32`).
 
-The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, SkipConnection, Parallel, Scale, Bilinear,
-Maxout, PairwiseFusion, MultiHeadAttention),
+The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, EmbeddingBag, SkipConnection, Parallel, Scale,
+Bilinear, Maxout, PairwiseFusion, MultiHeadAttention),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
@@ -32,8 +32,8 @@ import from ``init``, ``show`` and ``_checks``, never from each other.
 from __future__ import annotations
 
 from ._checks import DimensionMismatch, DTypeMismatch
-from .basic import (Bilinear, Chain, Dense, Embedding, Maxout, MultiHeadAttention, PairwiseFusion, Parallel, Scale,
-                    SkipConnection, flatten)
+from .basic import (Bilinear, Chain, Dense, Embedding, EmbeddingBag, Maxout, MultiHeadAttention, PairwiseFusion,
+                    Parallel, Scale, SkipConnection, flatten)
 from .conv import Conv, ConvTranspose, CrossCor, DepthwiseConv
 from .convert import f32, f64
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
@@ -46,7 +46,8 @@ from .upsample import PixelShuffle, Upsample
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool",
            "GlobalMaxPool", "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm",
            "LayerNorm", "GroupNorm",
-           "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "SkipConnection",
+           "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag",
+           "SkipConnection",
            "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
            "GRUCell", "MultiHeadAttention",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",

@@ -22,9 +22,9 @@ from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
 from .scatter import gather, scatter
-from .activations import (celu, elu, gelu, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh, identity,
-                          leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, selu, sigmoid, softplus,
-                          softshrink, softsign, swish, tanhshrink, trelu)
+from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
+                          identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
+                          softplus, softshrink, softsign, swish, tanhshrink, trelu)
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
@@ -34,7 +34,8 @@ from .norm import batchnorm_infer, batchnorm_train, groupnorm, instancenorm, lay
 from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, maxpool_backward,
                    meanpool, meanpool_backward)
 from .resample import bilinear_weights, pixel_shuffle, upsample_bilinear, upsample_nearest
-from .softmax import logsoftmax, softmax
+from .softmax import logsoftmax, logsumexp, softmax
+from .special import erf
 
 # sum, max, min and abs are fluxpy.ops.sum and so on, but not in __all__: `import *` must not shadow the builtins
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin", "cos",
@@ -43,6 +44,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip", "identity", "relu", "leakyrelu", "relu6", "elu",
            "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish",
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
+           "gelu_erf", "rrelu", "erf", "logsumexp",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",

@@ -27,11 +27,14 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array
+from ..dual import Dual
 from ..layout import keep_layout, keeping_layout
+from .dropout import _uniform
+from .special import erf
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
-           "hardtanh", "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu",
-           "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid"]
+           "hardtanh", "gelu_tanh", "gelu_sigmoid", "gelu_erf", "hardsigmoid", "hardswish", "lisht", "softsign", "selu",
+           "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu"]
 
 _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
@@ -187,6 +190,57 @@ def gelu_sigmoid(x: Array) -> Array:
     array([-0.1588,  0.8412])
     """
     return x * sigmoid(_GELU_2LAMBDA * (x + _GELU_ALPHA * x ** 3))
+
+
+_SQRT_HALF = math.sqrt(0.5)
+
+
+def gelu_erf(x: Array) -> Array:
+    """The exact Gaussian error linear unit, ``x * Phi(x) = x/2 * (1 + erf(x / sqrt(2)))`` (NNlib's ``gelu_erf``,
+    PyTorch's default ``gelu``, ``approximate="none"``). fluxpy's :func:`gelu` is the tanh approximation, as NNlib's
+    ``gelu``; the two differ by up to about 5e-4.
+
+    Differentiable to any order (:func:`fluxpy.ops.special.erf`); works inside ``Dense(..., gelu_erf)``'s fused
+    ``bias_act`` (on the GPU its traced kernel cannot compile ``erf`` and runs the composite, with one
+    ``FusionFallbackWarning``).
+
+    >>> import numpy as np
+    >>> gelu_erf(np.array([-1.0, 0.0, 1.0])).round(4)
+    array([-0.1587,  0.    ,  0.8413])
+    """
+    return 0.5 * x * (1 + erf(x * _SQRT_HALF))
+
+
+def rrelu(x: Array, lo: float = 1 / 8, hi: float = 1 / 3, *, rng=None) -> Array:
+    """The randomized leaky ReLU (NNlib's ``rrelu``): ``x if x > 0 else a * x`` with a slope ``a`` drawn from
+    ``U[lo, hi)`` for every element at every call (``lo = hi`` makes it :func:`leakyrelu` with ``a = lo``).
+
+    As NNlib, it is random at every call, in training and testing alike; PyTorch's ``rrelu(training=False)`` uses the
+    fixed slope ``(lo + hi) / 2`` instead (``leakyrelu(x, a=(lo + hi) / 2)`` here). The gradient is 1 where
+    ``x > 0`` and the drawn slope elsewhere. ``rng``: a generator or a seed; by default the array module's global
+    generator (:func:`fluxpy.seed`), on the array's device.
+
+    >>> import numpy as np
+    >>> rrelu(np.array([-8.0, 2.0]), 0.25, 0.25)
+    array([-2.,  2.])
+    >>> y = rrelu(-np.ones(1000), rng=0)
+    >>> bool((y >= -1 / 3).all() and (y <= -1 / 8).all())
+    True
+    """
+    for name, v in (("lo", lo), ("hi", hi)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            raise ValueError(f"rrelu expects {name} to be a finite number, got {v!r}")
+    if lo > hi:
+        raise ValueError(f"rrelu expects lo <= hi, got lo={lo!r} and hi={hi!r}")
+    if type(x) is Dual:
+        raise TypeError("rrelu draws new slopes at every call, so dual numbers cannot differentiate it (fluxpy."
+                        "broadcast(rrelu, x)): call rrelu(x) itself")
+    u = _uniform(value_of(x), rng, None, "rrelu")
+    a = (u * (hi - lo) + lo).astype(value_of(x).dtype, copy=False)
+    return np.where(x > 0, x, a * x)
+
+
+rrelu.draws_random = True   # bias_act applies it on the tape (its derivative cannot be recomputed by a new draw)
 
 
 def hardsigmoid(x: Array) -> Array:

@@ -155,4 +155,6 @@ def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = ide
             full = None
         if full != _shape(x):
             raise ValueError(f"bias_act: the bias of shape {_shape(b)} must broadcast to x of shape {_shape(x)}")
+    if getattr(act, "draws_random", False):   # rrelu: the pullback's dual numbers would draw other slopes
+        return act(x if b is None else x + b)
     return _bias_act(x, b, act)

@@ -16,17 +16,17 @@ import functools
 
 import numpy as np
 
-from ..autodiff import Primitive
+from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find
 from ..kernels.halfs import is_half
-from .basic import exp
+from .basic import exp, log
 from .fused import fused_op
 from .reduce import check_half_mix, normalize_axis
 from .reduce import sum as _sum
 from .shape import reshape
 
-__all__ = ["softmax", "logsoftmax", "logit_crossentropy_rows", "logit_crossentropy_rows_backward"]
+__all__ = ["softmax", "logsoftmax", "logsumexp", "logit_crossentropy_rows", "logit_crossentropy_rows_backward"]
 
 
 def _shifted(x, axes):
@@ -120,6 +120,40 @@ def logsoftmax(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
     array([-inf,   0.])
     """
     return _logsoftmax(x, normalize_axis(axis, x.ndim, "logsoftmax"))
+
+
+def logsumexp(x: Array, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Array:
+    """``log(sum(exp(x), axis))``, stable for large ``|x|`` (NNlib's ``logsumexp``; SciPy's and PyTorch's too).
+
+    ``axis``: an int, a tuple of ints, or ``None`` (the default, every axis: a 0-d result, as NNlib's ``dims=:``).
+    ``keepdims=True`` keeps the reduced axes with size 1, which is what NNlib's ``logsumexp(x; dims)`` returns
+    (fluxpy drops them by default, as NumPy's reductions and ``torch.logsumexp``). Computed as
+    ``m + log(sum(exp(x - m)))`` with ``m`` the maximum along ``axis`` held constant, so the gradient is
+    ``softmax(x, axis)`` and differentiates again; an all ``-inf`` slice gives ``-inf`` and a ``+inf`` gives ``+inf``
+    (PyTorch's rule), NaN gives NaN.
+
+    >>> import numpy as np
+    >>> logsumexp(np.array([1000.0, 1000.0]))          # 1000 + log(2), no overflow
+    array(1000.69314718)
+    >>> logsumexp(np.log(np.array([[1.0, 3.0], [2.0, 2.0]])), axis=1)
+    array([1.38629436, 1.38629436])
+    >>> logsumexp(np.array([[-np.inf, -np.inf]]), axis=1, keepdims=True)
+    array([[-inf]])
+    """
+    axes = normalize_axis(axis, x.ndim, "logsumexp")
+    if axes is not None and not axes:
+        return x
+    if any(x.shape[a] == 0 for a in (range(x.ndim) if axes is None else axes)):
+        raise ValueError(f"logsumexp expects no empty axis among those it reduces, got x of shape {tuple(x.shape)}")
+    v = value_of(x)
+    xp = get_array_module(v)
+    m = v.max(axis=axes, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0).astype(v.dtype, copy=False)   # a constant: the gradient is softmax either way
+    with np.errstate(divide="ignore"):   # log(0) = -inf for an all -inf slice
+        y = log(_sum(exp(x - m), axes, True)) + m
+    if keepdims:
+        return y
+    return reshape(y, tuple(n for i, n in enumerate(x.shape) if axes is not None and i not in axes))
 
 
 # ---------------------------------------------------------------------------------------------

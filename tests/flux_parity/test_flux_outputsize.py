@@ -60,9 +60,10 @@ def test_multiple_inputs():
 
 @pytest.mark.parametrize("f", [A.celu, A.elu, A.gelu, A.hardsigmoid, A.hardtanh, A.leakyrelu, A.lisht, A.logcosh,
                                A.logsigmoid, A.mish, A.relu, A.relu6, A.selu, A.sigmoid, A.softplus, A.softshrink,
-                               A.softsign, A.swish, A.tanhshrink, A.trelu], ids=lambda f: getattr(f, "__name__", "relu"))
+                               A.softsign, A.swish, A.tanhshrink, A.trelu, A.rrelu, A.gelu_erf],
+                         ids=lambda f: getattr(f, "__name__", "relu"))
 def test_activations(f):
-    # Flux outputsize.jl:57-64 (rrelu: fluxpy has none)
+    # Flux outputsize.jl:57-64
     assert outputsize(Dense(10, 5, f), (1, 10)) == (1, 5)
 
 

@@ -1,9 +1,9 @@
 """NNlib.jl's ``test/activations.jl`` known-answer cases (FluxML/NNlib.jl at f71b71c), in fluxpy.
 
 Scalars become 1-element float64 arrays; NNlib's ``σ`` is :func:`fluxpy.sigmoid`, ``hardσ`` :func:`hardsigmoid`,
-``logσ`` :func:`logsigmoid`. Each case names its upstream line. Not translated: ``rrelu`` (random slope) and
-``gelu_erf`` (needs erf, which NumPy lacks as a ufunc), ``tanh_fast``/``sigmoid_fast`` (fluxpy has one of each),
-integer and complex inputs, type inference.
+``logσ`` :func:`logsigmoid`. Each case names its upstream line. ``rrelu`` (random slope) is checked by its bounds, as
+upstream, and left out of the deterministic lists (as NNlib leaves it out of its gradient tests). Not translated:
+``tanh_fast``/``sigmoid_fast`` (fluxpy has one of each), integer and complex inputs, type inference.
 """
 import math
 
@@ -36,6 +36,7 @@ KNOWN = [
     ("gelu", A.gelu, 0.0, 0.8411919906082768, -0.15880800939172324),
     ("gelu_tanh", A.gelu_tanh, 0.0, 0.8411919906082768, -0.15880800939172324),
     ("gelu_sigmoid", A.gelu_sigmoid, 0.0, 0.8411919906082768, -0.15880800939172324),
+    ("gelu_erf", A.gelu_erf, 0.0, 0.8413447460685429, -0.15865525393145707),
     ("swish", A.swish, 0.0, 1 / (1 + math.exp(-1)), -math.exp(-1) / (1 + math.exp(-1))),
     ("hardswish", A.hardswish, 0.0, 4 / 6, -2 / 6),
     ("lisht", A.lisht, 0.0, math.tanh(1.0), math.tanh(1.0)),
@@ -78,7 +79,7 @@ def test_nan_propagation_and_infinities(name, f):
         if name == "softsign":   # NNlib skips softsign for both infinities (Inf / Inf)
             return
         assert not math.isnan(at(f, np.inf)), f"{name}(Inf) is NaN"
-        if name not in ("gelu", "gelu_tanh", "gelu_sigmoid", "swish", "hardswish", "logcosh", "mish"):
+        if name not in ("gelu", "gelu_tanh", "gelu_sigmoid", "gelu_erf", "swish", "hardswish", "logcosh", "mish"):
             assert not math.isnan(at(f, -np.inf)), f"{name}(-Inf) is NaN"
 
 
@@ -109,6 +110,24 @@ def test_named_cases():
     assert at(A.lisht, 2.5) == 2.5 * math.tanh(2.5)
     assert [at(A.trelu, v) for v in (0.5, 1.0, 1.1)] == [0.0, 0.0, 1.1]
     assert float(A.trelu(np.array([0.9]), theta=0.5)[0]) == 0.9
+
+
+def test_rrelu_bounds():
+    # NNlib test/activations.jl:12, 43, 68 (rrelu(0) == 0, rrelu(1) == 1, -1/3 <= rrelu(-1) <= -1/8), 181
+    assert at(A.rrelu, 0.0) == 0.0 and at(A.rrelu, 1.0) == 1.0
+    ys = A.rrelu(-np.ones(10_000))
+    assert ys.min() >= -1 / 3 and ys.max() <= -1 / 8 and len(np.unique(ys)) > 9_000   # a slope per element
+    ys = A.rrelu(np.full(1000, -0.4), 0.25, 0.5)
+    assert ys.min() >= -0.2 and ys.max() <= -0.1
+    assert math.isnan(at(A.rrelu, np.nan)) and at(A.rrelu, np.inf) == np.inf and at(A.rrelu, -np.inf) == -np.inf
+    assert A.rrelu(np.ones(3, np.float32)).dtype == np.float32
+
+
+def test_gelu_erf_exact_values():
+    # NNlib test/activations.jl:17, 48, 73 compare gelu_erf with ==; fluxpy's erf is within an ulp of those
+    assert at(A.gelu_erf, 0.0) == 0.0
+    assert at(A.gelu_erf, 1.0) == pytest.approx(0.8413447460685429, rel=2e-16)
+    assert at(A.gelu_erf, -1.0) == pytest.approx(-0.15865525393145707, rel=2e-16)
 
 
 def test_logsigmoid_and_hardsigmoid_saturate():

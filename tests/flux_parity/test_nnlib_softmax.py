@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy import logsoftmax, softmax
+from fluxpy import logsoftmax, logsumexp, softmax
 from tests.gradcheck import check_grad, check_second_order
 
 
@@ -92,10 +92,21 @@ def test_inf_and_nan():
 
 
 def test_logsumexp_identity():
-    # NNlib softmax.jl:105-111: logsumexp(x) == mean(x - logsoftmax(x)) (fluxpy has no logsumexp; the identity holds)
-    x = np.random.default_rng(2).random((3, 4))
-    lse = np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    np.testing.assert_allclose((x - logsoftmax(x)).mean(axis=-1, keepdims=True), lse, rtol=1e-12)
+    # NNlib softmax.jl:105-111: logsumexp(x) == mean(x - logsoftmax(x)), for dims = : and dims = 1 (Julia's dims=1 of
+    # a 3x4 matrix is fluxpy's axis 1 of the 4x3 transpose; NNlib keeps the dims, fluxpy's keepdims=True)
+    x = np.random.default_rng(2).random((4, 3))
+    np.testing.assert_allclose(logsumexp(x), (x - logsoftmax(x, axis=(0, 1))).mean(), rtol=1e-12)
+    np.testing.assert_allclose(logsumexp(x, axis=1, keepdims=True), (x - logsoftmax(x)).mean(axis=1, keepdims=True),
+                               rtol=1e-12)
+    assert logsumexp(x).shape == () and logsumexp(x, axis=1).shape == (4,)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_logsumexp_gradients(axis):
+    # NNlib softmax.jl:125-127 (gradtest(logsumexp, (3, 4), dims = :, 1, 2)) and 138-139 (its hessian)
+    rng = np.random.default_rng(5)
+    check_grad(lambda x: logsumexp(x, axis=axis), rng.standard_normal((3, 4)), rng=rng)
+    check_second_order(lambda x: np.sin(logsumexp(x, axis=axis)), J([[1, 2, 3], [6, 5, 4]]), rng=rng)
 
 
 @pytest.mark.parametrize("f", [softmax, logsoftmax])
