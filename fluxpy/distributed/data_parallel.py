@@ -15,8 +15,9 @@ How (the reducer):
   an array's gradient is final the hook copies it into its place in the bucket; when a bucket's last gradient is
   in, its in-place all-reduce (NCCL's ``avg``: each rank's part times ``1 / world_size``, summed) is queued on the
   communicator's side stream (buckets start in plan order on every rank, as NCCL requires), while the backward
-  pass goes on. The gradient the call returns for the array is its view of the bucket. Once every bucket has started, the compute stream waits for
-  their events (a stream wait, not a host wait), so the optimiser's kernels read averaged gradients.
+  pass goes on. The gradient the call returns for the array is its view of the bucket. Once every bucket has
+  started, the compute stream waits for their events (a stream wait, not a host wait), so the optimiser's kernels
+  read averaged gradients.
 - An array that gets no gradient on a rank (unused in this step) contributes zeros; every rank then receives the
   average for it, so all ranks apply the same update.
 
@@ -87,7 +88,8 @@ def structure_digest(model: Any) -> tuple[bytes, list[str]]:
 
 @layer(children=("module",))
 class DataParallel:
-    """``DataParallel(model, group=None, *, bucket_mb=25, first_bucket_mb=1, broadcast=True, sync_batchnorm=False)``:
+    """``DataParallel(model, group=None, *, bucket_mb=25, first_bucket_mb=1, broadcast=True, broadcast_buffers=True,
+    sync_batchnorm=False)``:
     ``model`` trained by every rank of ``group`` (the default group, :func:`init`) on its own data, with gradients
     averaged over the ranks during the backward pass (see the module's docstring for how).
 
@@ -96,7 +98,10 @@ class DataParallel:
     its gradient is ``{"module": model's gradient}``. ``.module`` is the model (save that). ``bucket_mb`` and
     ``first_bucket_mb`` size the gradient buckets (PyTorch's ``bucket_cap_mb`` and its 1 MiB first bucket);
     ``broadcast=False`` skips copying rank 0's arrays at start (when every rank loaded the same checkpoint);
-    ``sync_batchnorm=True`` replaces each :class:`fluxpy.BatchNorm` with a :class:`SyncBatchNorm` whose batch
+    ``broadcast_buffers=True`` (PyTorch's default too) copies rank 0's buffers (the arrays that are not trainable,
+    such as BatchNorm's running statistics) to every rank before each training forward pass, in one launch, so that
+    every rank evaluates and saves the same model; ``sync_batchnorm=True`` replaces each :class:`fluxpy.BatchNorm`
+    with a :class:`SyncBatchNorm` whose batch
     statistics are all-reduced over the ranks (per rank otherwise, as PyTorch's default). The model must be on the
     rank's GPU (``fluxpy.gpu(model)`` after :func:`init`) when ``world_size > 1``. In a group of one it only
     forwards.
@@ -110,7 +115,8 @@ class DataParallel:
     """
 
     def __init__(self, module: Any, group: ProcessGroup | None = None, *, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, broadcast: bool = True, sync_batchnorm: bool = False) -> None:
+                 first_bucket_mb: float = 1.0, broadcast: bool = True, broadcast_buffers: bool = True,
+                 sync_batchnorm: bool = False) -> None:
         for name, value in (("bucket_mb", bucket_mb), ("first_bucket_mb", first_bucket_mb)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"DataParallel: {name} must be a number > 0 (MiB), got {value!r}")
@@ -122,6 +128,7 @@ class DataParallel:
         self._group = group
         self._bucket_mb, self._first_bucket_mb = float(bucket_mb), float(first_bucket_mb)
         self._reducer = None
+        self._broadcast_buffers = bool(broadcast_buffers)
         if group.world_size > 1:
             check_structure(module, group)
             if broadcast:
@@ -139,8 +146,17 @@ class DataParallel:
         group of one)."""
         return [] if self._reducer is None else [b.indices for b in self._reducer.plan]
 
+    @property
+    def loss_scaler(self) -> Any:
+        """The wrapped model's dynamic loss scale (:class:`fluxpy.MixedPrecision` in float16), or None: what
+        :func:`fluxpy.train` and :class:`fluxpy.TrainStep` look for. Every rank reads the same (averaged) gradients,
+        so every rank skips an overflowing step alike."""
+        return getattr(self.module, "loss_scaler", None)
+
     def __call__(self, *args: Any, **kw: Any) -> Any:
         if self._reducer is not None and in_gradient():
+            if self._broadcast_buffers:
+                broadcast_arrays(self.module, self._group, buffers_only=True)
             self._reducer.attach(self.module)
         return self.module(*args, **kw)
 
@@ -190,22 +206,26 @@ def _first_difference(theirs, mine):
     return "the ranks that differ name the first array that does"
 
 
-def broadcast_arrays(model: Any, group: ProcessGroup) -> None:
-    """Copy rank 0's arrays of ``model`` (trainable and buffers) into every rank's, in place.
+def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False) -> None:
+    """Copy rank 0's arrays of ``model`` (trainable and buffers; only the buffers, the arrays that are not
+    trainable such as BatchNorm's running statistics, with ``buffers_only``) into every rank's, in place, in one
+    launch.
 
     >>> from fluxpy.distributed import init
     >>> broadcast_arrays({"w": np.ones(2)}, init())
     """
     if group.world_size == 1:
         return
-    for _, x in _walk(model, trainable_only=False):
-        x = value_of(x)
-        if x.flags.c_contiguous:
-            group.broadcast(x, 0)
-        else:   # a channels-last array: through a contiguous copy
-            xp = get_array_module(x)
-            tmp = xp.ascontiguousarray(x)
-            group.broadcast(tmp, 0)
+    arrays = [value_of(x) for _, x in _walk(model, trainable_only=False)]
+    if buffers_only:
+        trainable = {id(value_of(x)) for _, x in _walk(model, trainable_only=True)}
+        arrays = [x for x in arrays if id(x) not in trainable]
+    if not arrays:
+        return
+    staged = [x if x.flags.c_contiguous else get_array_module(x).ascontiguousarray(x) for x in arrays]
+    group.broadcast_many(staged, 0)
+    for x, tmp in zip(arrays, staged):
+        if tmp is not x:   # a channels-last array went through a contiguous copy
             x[...] = tmp
 
 

@@ -52,8 +52,9 @@ class ProcessGroup:
 
     ``all_reduce(x, op="sum")`` reduces in place and returns ``x``; ``start_all_reduce(x)`` queues it and returns a
     handle whose ``wait()`` makes the current stream wait for it (the host goes on); ``broadcast(x, root=0)``,
-    ``all_gather(x)`` (``(world_size, *x.shape)``), ``barrier()``. Every collective is queued on one stream of the
-    communicator in the order the host calls it, so every rank must call the same collectives in the same order
+    ``broadcast_many(xs, root=0)`` (one launch), ``all_gather(x)`` (``(world_size, *x.shape)``), ``barrier()``.
+    Every collective is queued on one stream of the communicator in the order the host calls it, so every rank must
+    call the same collectives in the same order
     (as with any NCCL program). Made by :func:`init`; ``comm`` is a :class:`fluxpy.kernels.nccl.NcclComm`, or None in
     a group of one, where every collective returns its input.
 
@@ -110,6 +111,15 @@ class ProcessGroup:
         if comm is not None and self.world_size > 1:
             self._track(comm.broadcast(x, root, wait=True, what=f"broadcast of {_nbytes(x)}"))
         return x
+
+    def broadcast_many(self, xs: list, root: int = 0) -> list:
+        """:meth:`broadcast` of each array of ``xs`` (contiguous), in one launch; ``xs`` is returned."""
+        comm = self._comm("broadcast_many")
+        if comm is not None and self.world_size > 1 and xs:
+            nbytes = sum(getattr(x, "nbytes", 0) for x in xs)
+            self._track(comm.broadcast_many(list(xs), root, wait=True,
+                                            what=f"broadcast of {len(xs)} arrays ({nbytes} bytes)"))
+        return xs
 
     def all_gather(self, x: Any) -> Any:
         """Every rank's ``x`` stacked on a new leading axis: ``(world_size, *x.shape)``."""

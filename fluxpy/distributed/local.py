@@ -96,6 +96,11 @@ class ThreadComm:
         x[...] = src
         return DONE
 
+    def broadcast_many(self, xs: list, root: int = 0, *, wait: bool = True, what: str = "broadcast") -> Any:
+        for x in xs:
+            self.broadcast(x, root, what=what)
+        return DONE
+
     def all_gather(self, x: Any) -> Any:
         xs = self._meet("all_gather", x)
         out = get_array_module(x).stack([a.copy() for a in xs])

@@ -164,7 +164,9 @@ class NcclComm:
 
     Collectives work in place on contiguous CuPy arrays of that device and return a :class:`Work`; ``wait=True``
     (the default) makes the current stream wait at once. ``all_reduce(x, op)`` (``"sum"``, ``"max"``, ``"min"``,
-    ``"prod"``, ``"avg"``), ``broadcast(x, root)``, ``all_gather(x)`` (a new array ``(world_size, *x.shape)``).
+    ``"prod"``, ``"avg"``), ``broadcast(x, root)``, ``broadcast_many(xs, root)`` (one NCCL group:
+    ``ncclGroupStart``/``ncclGroupEnd`` around the calls, one launch), ``all_gather(x)`` (a new array
+    ``(world_size, *x.shape)``).
     :meth:`abort` ends the communicator at once (``ncclCommAbort``: collectives stuck waiting for a dead rank
     return); :meth:`async_error` reads ``ncclCommGetAsyncError``.
 
@@ -235,6 +237,19 @@ class NcclComm:
               self.stream.ptr)
         return self._leave(what, wait)
 
+    def broadcast_many(self, xs: list, root: int = 0, *, wait: bool = True, what: str = "broadcast") -> Work:
+        """:meth:`broadcast` of each array of ``xs``, as one NCCL group (one launch)."""
+        dtypes = [self._check(x, "broadcast_many") for x in xs]
+        self._enter()
+        _call("ncclGroupStart", self.rank, _nccl.groupStart)
+        try:
+            for x, dtype in zip(xs, dtypes):
+                _call("ncclBroadcast", self.rank, self._comm.broadcast, x.data.ptr, x.data.ptr, x.size, dtype, root,
+                      self.stream.ptr)
+        finally:
+            _call("ncclGroupEnd", self.rank, _nccl.groupEnd)
+        return self._leave(what, wait)
+
     def all_gather(self, x: Any) -> Any:
         """Every rank's ``x`` stacked: an array ``(world_size, *x.shape)`` (``ncclAllGather``); the current
         stream waits for it."""
@@ -245,15 +260,6 @@ class NcclComm:
               self.stream.ptr)
         self._leave("all_gather", True)
         return out
-
-    @contextlib.contextmanager
-    def group(self):
-        """``ncclGroupStart`` ... ``ncclGroupEnd``: the collectives queued inside launch as one."""
-        _call("ncclGroupStart", self.rank, _nccl.groupStart)
-        try:
-            yield
-        finally:
-            _call("ncclGroupEnd", self.rank, _nccl.groupEnd)
 
     # -- faults ------------------------------------------------------------------------------------------
 
