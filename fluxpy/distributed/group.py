@@ -195,6 +195,8 @@ def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_
         if not ok:
             raise DistributedError(f"init: rank {env.rank} of {env.world_size} cannot use NCCL ({why}); "
                                    "data-parallel jobs of more than one process need one GPU each")
+    if backend == "nccl":
+        nccl.use_device(env.local_rank if device is None else device)
     uid = nccl.unique_id() if env.rank == 0 and backend == "nccl" else None
     if env.rank == 0 and uid is None:
         uid = b""

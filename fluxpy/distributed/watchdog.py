@@ -43,10 +43,12 @@ class Watchdog:
     """
 
     def __init__(self, group: Group, abort: Callable[[], None] | None, *, collective_timeout: float = 600.0,
-                 left_grace: float = 30.0, poll: float = 0.2, exit: Callable[[int], Any] | None = None) -> None:
+                 left_grace: float = 30.0, poll: float = 0.2, remote_grace: float = 2.0, abort_timeout: float = 10.0,
+                 exit: Callable[[int], Any] | None = None) -> None:
         self.group, self.abort = group, abort
         self.rank = group.rank
         self.collective_timeout, self.left_grace, self.poll = float(collective_timeout), float(left_grace), poll
+        self.remote_grace, self.abort_timeout = float(remote_grace), float(abort_timeout)
         self._exit = exit if exit is not None else os._exit
         self.pending: collections.deque = collections.deque()   # (work, what, started)
         self.left: dict[int, float] = {}                           # rank -> when it said it was leaving
@@ -154,31 +156,45 @@ class Watchdog:
 
     def _fail_local(self, why):
         """This rank failed: tell the peers (rank 0 tells everyone), then stop."""
-        self._fail(why, tell=list(self.group.peers))
+        self._fail(why, tell=list(self.group.peers), grace=0.0)
 
     def _fail_remote(self, why, origin):
-        """Another rank failed: rank 0 passes the word on to everyone but the origin; then stop."""
+        """Another rank failed: rank 0 passes the word on to everyone but the origin; then stop, after
+        ``remote_grace`` seconds in which this rank's own error (the same fault seen here, such as a model
+        mismatch) may still be printed by its main thread."""
         tell = [r for r in self.group.peers if r != origin] if self.rank == 0 else []
-        self._fail(why, tell=tell)
+        self._fail(why, tell=tell, grace=self.remote_grace)
 
-    def _fail(self, why, tell):
+    def _fail(self, why, tell, grace):
         with self._lock:
-            if self.failure is not None:
-                return
-            self.failure = why
+            first = self.failure is None
+            if first:
+                self.failure = why
         self._stop.set()
-        for rank in tell:
-            sock = self.group.peers.get(rank)
-            if sock is not None:
-                _send_quiet(sock, ERROR + why.encode("utf-8", "replace")[:1 << 16])
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"fluxpy.distributed: {why}; rank {self.rank} exits\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-        if self.abort is not None:
+        if first:
+            for rank in tell:
+                sock = self.group.peers.get(rank)
+                if sock is not None:
+                    _send_quiet(sock, ERROR + why.encode("utf-8", "replace")[:1 << 16])
             with contextlib.suppress(Exception):
-                self.abort()
+                sys.stderr.write(f"fluxpy.distributed: {why}; rank {self.rank} exits\n")
+                sys.stderr.flush()
+                sys.stdout.flush()
+        if grace > 0:
+            time.sleep(grace)
+        if self.abort is not None:   # in a thread of its own: an abort that blocks must not keep this process alive
+            aborting = threading.Thread(target=_quietly, args=(self.abort,), name="fluxpy-abort", daemon=True)
+            aborting.start()
+            aborting.join(self.abort_timeout)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
         self._exit(EXIT_STATUS)
+
+
+def _quietly(fn):
+    with contextlib.suppress(Exception):
+        fn()
 
 
 def _finished(work):

@@ -116,6 +116,20 @@ def _call(name, rank, fn, *args):
         raise NcclCallError(name, _status_of(err), rank, f"{type(err).__name__}: {err}") from err
 
 
+def use_device(device: int) -> None:
+    """Make GPU ``device`` current in this thread (before anything creates a CUDA context on another one).
+
+    >>> callable(use_device)
+    True
+    """
+    _require()
+    n = device_count()
+    if not 0 <= device < n:
+        raise RuntimeError(f"fluxpy.distributed: GPU {device} (LOCAL_RANK) was asked for but this process sees {n} "
+                           "GPU(s); start at most one rank per GPU (check CUDA_VISIBLE_DEVICES)")
+    cupy.cuda.Device(device).use()
+
+
 def unique_id() -> bytes:
     """A new NCCL unique id (128 bytes) for rank 0 to hand to the others (``ncclGetUniqueId``).
 
@@ -179,11 +193,7 @@ class NcclComm:
         if len(uid) != UNIQUE_ID_BYTES:
             raise ValueError(f"NcclComm: the unique id must be {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
         self.rank, self.world_size, self.device = rank, world_size, device
-        n = device_count()
-        if not 0 <= device < n:
-            raise RuntimeError(f"NcclComm: rank {rank} wants GPU {device} (LOCAL_RANK) but this process sees {n} "
-                               "GPU(s); start at most one rank per GPU (check CUDA_VISIBLE_DEVICES)")
-        cupy.cuda.Device(device).use()
+        use_device(device)
         signed = tuple(b - 256 if b > 127 else b for b in uid)   # CuPy passes the id as C chars
         self._comm = _call("ncclCommInitRank", rank, _nccl.NcclCommunicator, world_size, signed, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
