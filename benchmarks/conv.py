@@ -287,6 +287,9 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     print("geometric-mean ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in geo.items()))
     print("largest ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items()))
     print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
+    spent = [i["choose_s"] for i in cudnn.graph.plan_info()]
+    print(f"fluxpy spent {sum(spent):.1f} s choosing {len(spent)} graph plans (at most {max(spent, default=0):.2f} s "
+          f"on one; search budget {cudnn.graph.get_search():g} ms per problem)")
     if half:
         reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
         print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +

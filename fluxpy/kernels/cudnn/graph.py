@@ -175,15 +175,16 @@ def fallback_reasons() -> dict:
 def plan_info() -> list:
     """One dict per cached plan: kind, shapes, stride, the chosen engine global index and configuration (knobs
     included), where it came from (``source``: heuristics rank, engine search, the knobs changed, or ``"disk"``),
-    its time and the heuristics' best time (ms; inf where not timed), workspace, every candidate timed
-    ``(configuration, source, ms)``."""
+    its time and the heuristics' best time (ms; inf where not timed), the seconds spent choosing (``choose_s``),
+    workspace, every candidate timed ``(configuration, source, ms)``."""
     out = []
     for p in _plans.values():
         if p is not None:
             ms = p.chosen.ms if p.chosen is not None else float("inf")
             out.append({"kind": p.kind, "x": p.x_shape, "w": p.cdims.w_shape, "stride": p.cdims.stride,
                         "dtype": str(p.dtype), "engine": p.engine, "config": str(p.config), "source": p.source,
-                        "ms": ms, "heuristics_ms": p.heuristics_ms, "workspace": p.ws_size, "tuned": p.tuned})
+                        "ms": ms, "heuristics_ms": p.heuristics_ms, "choose_s": p.choose_s, "workspace": p.ws_size,
+                        "tuned": p.tuned})
     return out
 
 
@@ -261,6 +262,7 @@ class GraphPlan:
         self.source = ""
         self.chosen = None
         self.heuristics_ms = float("inf")
+        self.choose_s = 0.0      # seconds spent choosing (heuristics, timing, search)
         self.ws_size = 0
         self.tuned = []
         self.vpacks = {}
@@ -564,6 +566,7 @@ def _runtime_compiled(p, later):
 def _choose(p, handle, ptrs):
     """Finalize execution plans in heuristics order (filtered by the options), with a search budget widen the
     pool past the heuristics (:func:`fluxpy.kernels.cudnn.search.widen`), and keep the fastest."""
+    start = time.perf_counter()
     found, later = _finalized(p, max(1, _AUTOTUNE[0]))
     if not found:
         found = _runtime_compiled(p, later)
@@ -589,6 +592,7 @@ def _choose(p, handle, ptrs):
     for c in found:
         if c is not best:
             c.destroy()
+    p.choose_s = time.perf_counter() - start
     return True
 
 
