@@ -99,12 +99,12 @@ class DataParallel:
     ``first_bucket_mb`` size the gradient buckets (PyTorch's ``bucket_cap_mb`` and its 1 MiB first bucket);
     ``broadcast=False`` skips copying rank 0's arrays at start (when every rank loaded the same checkpoint);
     ``broadcast_buffers=True`` (PyTorch's default too) copies rank 0's buffers (the arrays that are not trainable,
-    such as BatchNorm's running statistics) to every rank before each training forward pass, in one launch, so that
-    every rank evaluates and saves the same model; ``sync_batchnorm=True`` replaces each :class:`fluxpy.BatchNorm`
-    with a :class:`SyncBatchNorm` whose batch
+    such as BatchNorm's running statistics; contiguous ones, as they are at construction) to every rank before each
+    training forward pass, in one launch, so that every rank evaluates and saves the same model;
+    ``sync_batchnorm=True`` replaces each :class:`fluxpy.BatchNorm` with a :class:`SyncBatchNorm` whose batch
     statistics are all-reduced over the ranks (per rank otherwise, as PyTorch's default). The model must be on the
-    rank's GPU (``fluxpy.gpu(model)`` after :func:`init`) when ``world_size > 1``. In a group of one it only
-    forwards.
+    rank's GPU (``fluxpy.gpu(model)`` after :func:`init`) before it is wrapped when ``world_size > 1``. In a group
+    of one it only forwards.
 
     >>> import numpy as np, fluxpy
     >>> from fluxpy.layers import Dense
@@ -128,12 +128,14 @@ class DataParallel:
         self._group = group
         self._bucket_mb, self._first_bucket_mb = float(bucket_mb), float(first_bucket_mb)
         self._reducer = None
-        self._broadcast_buffers = bool(broadcast_buffers)
+        self._buffers: list = []
         if group.world_size > 1:
             check_structure(module, group)
             if broadcast:
                 broadcast_arrays(module, group)
             self._reducer = _Reducer(module, group, int(bucket_mb * MIB), int(first_bucket_mb * MIB))
+            if broadcast_buffers:   # the same arrays at every step (BatchNorm updates them in place)
+                self._buffers = [b for b in _buffers(module) if b.flags.c_contiguous]
 
     @property
     def group(self) -> ProcessGroup:
@@ -155,8 +157,8 @@ class DataParallel:
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
         if self._reducer is not None and in_gradient():
-            if self._broadcast_buffers:
-                broadcast_arrays(self.module, self._group, buffers_only=True)
+            if self._buffers:
+                self._group.broadcast_many(self._buffers, 0)
             self._reducer.attach(self.module)
         return self.module(*args, **kw)
 
@@ -216,10 +218,7 @@ def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False
     """
     if group.world_size == 1:
         return
-    arrays = [value_of(x) for _, x in _walk(model, trainable_only=False)]
-    if buffers_only:
-        trainable = {id(value_of(x)) for _, x in _walk(model, trainable_only=True)}
-        arrays = [x for x in arrays if id(x) not in trainable]
+    arrays = _buffers(model) if buffers_only else [value_of(x) for _, x in _walk(model, trainable_only=False)]
     if not arrays:
         return
     staged = [x if x.flags.c_contiguous else get_array_module(x).ascontiguousarray(x) for x in arrays]
@@ -227,6 +226,12 @@ def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False
     for x, tmp in zip(arrays, staged):
         if tmp is not x:   # a channels-last array went through a contiguous copy
             x[...] = tmp
+
+
+def _buffers(model):
+    """The float arrays of ``model`` that are not trainable (BatchNorm's running statistics), in tree order."""
+    trainable = {id(value_of(x)) for _, x in _walk(model, trainable_only=True)}
+    return [value_of(x) for _, x in _walk(model, trainable_only=False) if id(value_of(x)) not in trainable]
 
 
 def _xp_of(model):
