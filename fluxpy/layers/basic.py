@@ -150,15 +150,42 @@ class Dense:
     Traceback (most recent call last):
     ...
     fluxpy.layers.DimensionMismatch: Dense(2 => 3) expects x.shape[-1] == 2, got (5, 4) float32
+
+    Flux's ``Dense(W, b=true, act)`` form: a float ``weight`` ``(out, in)`` first, then the bias (True: zeros of the
+    weight's dtype; False; or an array, converted to the weight's dtype) and the activation.
+
+    >>> d = Dense(np.ones((3, 2), np.float16), False, np.tanh)
+    >>> d, d.bias, d.weight.dtype
+    (Dense(2 => 3, tanh, bias=False), None, dtype('float16'))
     """
 
-    def __init__(self, in_features: int, out_features: int, act: Callable = identity, bias: bool | Array = True,
-                 init: Callable = glorot_uniform, rng: RNG = None) -> None:
+    def __init__(self, in_features: int | Array, out_features: int | bool | Array | None = None,
+                 act: Callable = identity, bias: bool | Array = True, init: Callable = glorot_uniform,
+                 rng: RNG = None) -> None:
+        if hasattr(in_features, "shape"):
+            self._from_weight(in_features, True if out_features is None else out_features, act)
+            return
+        if out_features is None:
+            raise TypeError("Dense expects the sizes Dense(in_features, out_features) or a weight Dense(weight, bias, "
+                            "act)")
         in_features = _positive_int("Dense", "in_features", in_features)
         out_features = _positive_int("Dense", "out_features", out_features)
         self.act = _activation("Dense", act)
         self.weight = _initialised("Dense", init, (out_features, in_features), rng)
         self.bias = zeros32(out_features) if bias is True else _given_bias(bias, (out_features,), "Dense")
+
+    def _from_weight(self, weight, bias, act):
+        if len(weight.shape) != 2 or not is_float_dtype(weight.dtype):
+            raise ValueError(f"Dense: a weight must be a float matrix (out, in), got {_describe_input(weight)}")
+        self.act = _activation("Dense", act)
+        self.weight = weight
+        out = weight.shape[0]
+        if bias is True:
+            self.bias = get_array_module(weight).zeros(out, dtype=weight.dtype)
+        elif hasattr(bias, "shape") and tuple(bias.shape) == (out,):
+            self.bias = bias.astype(weight.dtype, copy=False)
+        else:
+            self.bias = _given_bias(bias, (out,), "Dense")
 
     @property
     def in_features(self):
@@ -438,10 +465,14 @@ class Parallel:
             layers = tuple(layers[0])
         self.connection = _callable("Parallel", "connection", connection)
         self.layers = _layer_tuple("Parallel", layers)
+        if not self.layers:   # Flux: an error, not a layer that calls connection() with nothing
+            raise ValueError("Parallel expects at least one layer after the connection, e.g. Parallel(+, f, g)")
 
     def __call__(self, *xs: Array) -> Array:
         if len(xs) == 1 and type(xs[0]) is tuple:
             xs = xs[0]
+        if not xs:
+            raise DimensionMismatch(f"{self!r} expects at least one input, got none")
         if len(xs) == 1:
             return self.connection(*(f(xs[0]) for f in self.layers))
         if len(self.layers) == 1:
@@ -468,7 +499,8 @@ class Parallel:
 @layer(children=("scale", "bias"))
 class Scale:
     """An elementwise affine map, ``y = act(scale * x + bias)``, ``scale`` and ``bias`` of shape ``size`` broadcast
-    against ``x`` by NumPy's rules (Flux's ``Scale``: for the channels of ``(N, C, H, W)`` use ``Scale(C, 1, 1)``).
+    against ``x`` by NumPy's rules, either way (Flux's ``Scale``: for the channels of ``(N, C, H, W)`` use
+    ``Scale(C, 1, 1)``; Flux's ``Scale(2, 3)`` on WHCN data is ``Scale(3, 2)`` here).
 
     >>> import numpy as np
     >>> s = Scale(3)
@@ -488,12 +520,12 @@ class Scale:
     def __call__(self, x: Array) -> Array:
         size = tuple(self.scale.shape)
         shape = tuple(getattr(x, "shape", ()))
-        try:
-            ok = np.broadcast_shapes(shape, size) == shape
+        try:   # x may broadcast up, as in Flux (Scale(10) of a length-1 x has length 10)
+            ok = bool(shape) and len(np.broadcast_shapes(shape, size)) == len(shape)
         except ValueError:
             ok = False
         if not ok:
-            _fail(self, f"x whose trailing axes broadcast with {size}", x)
+            _fail(self, f"x that broadcasts with {size} (as many axes or more)", x)
         _require_dtype(self, x, self.scale.dtype)
         return bias_act(x * self.scale, self.bias, self.act)
 
