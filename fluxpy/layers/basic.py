@@ -655,7 +655,14 @@ class MultiHeadAttention:
     ``dropout`` on the scores while training, as :class:`fluxpy.Dropout` decides: in a gradient, or by
     ``trainmode``/``testmode``), joined and projected by ``out_proj``. ``q`` ``(N, Lq, dim)``; ``k`` defaults to
     ``q`` and ``v`` to ``k``; ``scores`` ``(N, nheads, Lq, Lk)``; ``mask`` boolean, broadcasting to ``(Lq, Lk)``,
-    true where attending is allowed (:func:`fluxpy.ops.attention.causal_mask` for a decoder).
+    true where attending is allowed (:func:`fluxpy.ops.attention.causal_mask` for a decoder); ``bias``, an array
+    broadcasting to ``(Lq, Lk)`` or the scores' shape, added to the logits before the mask and the softmax (Flux's
+    fourth argument ``mha(q, k, v, bias)``).
+
+    Flux's general sizes ``(q_in, k_in, v_in) => (qk, v) => out`` are keywords here: ``kdim`` and ``vdim`` (the key
+    and value inputs' features, PyTorch's names; default ``dim``), ``qk_dim`` and ``v_dim`` (the projected queries
+    and keys, and values; default ``dim``; ``nheads`` divides both) and ``out_dim`` (default ``dim``): Flux's
+    ``MultiHeadAttention(4 => 10 => 5)`` is ``MultiHeadAttention(4, qk_dim=10, v_dim=10, out_dim=5)``.
 
     >>> import numpy as np
     >>> from fluxpy.ops.attention import causal_mask
@@ -664,19 +671,31 @@ class MultiHeadAttention:
     >>> y, s = mha(x, mask=causal_mask(x))
     >>> mha, y.shape, s.shape, float(s[0, 0, 0, 1])   # the first query sees only the first key
     (MultiHeadAttention(6, nheads=3), (2, 4, 6), (2, 3, 4, 4), 0.0)
+    >>> MultiHeadAttention(4, nheads=2, qk_dim=10, v_dim=10, out_dim=5)(np.ones((1, 3, 4), np.float32))[0].shape
+    (1, 3, 5)
     """
     _has_mode = True
 
     def __init__(self, dim: int, nheads: int = 8, bias: bool = False, dropout: float = 0.0, *,
-                 rng: RNG = None, active: bool | None = None) -> None:
-        dim = _positive_int("MultiHeadAttention", "dim", dim)
-        nheads = _positive_int("MultiHeadAttention", "nheads", nheads)
-        if dim % nheads:
-            raise ValueError(f"MultiHeadAttention: nheads {nheads} must divide dim {dim}")
+                 kdim: int | None = None, vdim: int | None = None, qk_dim: int | None = None,
+                 v_dim: int | None = None, out_dim: int | None = None, rng: RNG = None,
+                 active: bool | None = None) -> None:
+        who = "MultiHeadAttention"
+        dim = _positive_int(who, "dim", dim)
+        given = {"kdim": kdim, "vdim": vdim, "qk_dim": qk_dim, "v_dim": v_dim, "out_dim": out_dim}
+        sizes = {name: dim if n is None else _positive_int(who, name, n) for name, n in given.items()}
+        nheads = _positive_int(who, "nheads", nheads)
+        for name in ("qk_dim", "v_dim"):
+            if sizes[name] % nheads:
+                label = name if given[name] is not None else "dim"
+                raise ValueError(f"MultiHeadAttention: nheads {nheads} must divide {label} {sizes[name]}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
             raise ValueError(f"MultiHeadAttention: dropout must be a probability in [0, 1], got {dropout!r}")
-        rng = as_rng(rng, "MultiHeadAttention")   # one generator for the four projections, in turn
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (Dense(dim, dim, bias=bias, rng=rng) for _ in range(4))
+        rng = as_rng(rng, who)   # one generator for the four projections, in turn
+        self.q_proj = Dense(dim, sizes["qk_dim"], bias=bias, rng=rng)
+        self.k_proj = Dense(sizes["kdim"], sizes["qk_dim"], bias=bias, rng=rng)
+        self.v_proj = Dense(sizes["vdim"], sizes["v_dim"], bias=bias, rng=rng)
+        self.out_proj = Dense(sizes["v_dim"], sizes["out_dim"], bias=bias, rng=rng)
         self.nheads, self.dropout, self.active = nheads, float(dropout), active
 
     def _drop(self, scores):
@@ -684,22 +703,27 @@ class MultiHeadAttention:
         return dropout(scores, self.dropout, active=active)
 
     def __call__(self, q: Array, k: Array | None = None, v: Array | None = None,
-                 mask: Array | None = None) -> tuple[Array, Array]:
+                 mask: Array | None = None, bias: Array | None = None) -> tuple[Array, Array]:
         k = q if k is None else k
         v = k if v is None else v
-        dim = self.q_proj.in_features
-        for name, a in (("q", q), ("k", k), ("v", v)):
+        for name, a, proj in (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)):
             shape = tuple(getattr(a, "shape", ()))
-            if len(shape) != 3 or shape[2] != dim:
-                raise DimensionMismatch(f"{self!r} expects {name} of shape (N, L, {dim}), got {shape}")
+            if len(shape) != 3 or shape[2] != proj.in_features:
+                raise DimensionMismatch(f"{self!r} expects {name} of shape (N, L, {proj.in_features}), got {shape}")
         drop = self._drop if self.dropout > 0 else None
-        y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads, drop)
+        y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads, drop,
+                                          bias=bias)
         return self.out_proj(y), scores
 
     def __repr__(self):
+        dim = self.q_proj.in_features
+        sizes = (("kdim", self.k_proj.in_features), ("vdim", self.v_proj.in_features),
+                 ("qk_dim", self.q_proj.out_features), ("v_dim", self.v_proj.out_features),
+                 ("out_dim", self.out_proj.out_features))
         extra = "" if self.q_proj.bias is None else ", bias=True"
         extra += "" if self.dropout == 0 else f", dropout={self.dropout}"
-        return f"MultiHeadAttention({self.q_proj.in_features}, nheads={self.nheads}{extra})"
+        extra += "".join(f", {name}={n}" for name, n in sizes if n != dim)
+        return f"MultiHeadAttention({dim}, nheads={self.nheads}{extra})"
 
 
 def _layer_tuple(who, layers):

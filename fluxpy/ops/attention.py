@@ -68,10 +68,13 @@ def _check(q, k, v, nheads, mask):
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = None, nheads: int = 1,
-                          dropout: Callable | None = None) -> tuple[Array, Array]:
+                          dropout: Callable | None = None, *, bias: Array | None = None) -> tuple[Array, Array]:
     """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
     to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None. The scores returned are those
     that weighed ``v``, after ``dropout`` (NNlib's ``dot_product_attention`` and PyTorch's attention weights too).
+    ``bias`` (NNlib's ``bias``, PyTorch's float ``attn_mask``): an array broadcasting to the scores' shape
+    ``(N, nheads, Lq, Lk)`` (so ``(Lq, Lk)`` will do), added to the scaled logits before the mask and the softmax;
+    differentiable.
 
     >>> import numpy as np
     >>> q = np.array([[[1.0, 0.0]]]); k = np.array([[[1.0, 0.0], [0.0, 1.0]]]); v = np.array([[[1.0], [3.0]]])
@@ -82,11 +85,25 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
     _check(q, k, v, nheads, mask)
     qh, kh, vh = (_split_heads(a, nheads) for a in (q, k, v))
     logits = matmul(qh, swapaxes(kh, -1, -2)) * (1 / math.sqrt(q.shape[-1] // nheads))
+    if bias is not None:
+        _check_bias(bias, tuple(logits.shape))
+        logits = logits + bias
     if mask is not None:
         logits = where(value_of(mask), logits, -np.inf)
     scores = softmax(logits, axis=-1)
     weights = scores if dropout is None else dropout(scores)
     return _join_heads(matmul(weights, vh)), weights   # the scores that weighed v: after dropout, as NNlib's
+
+
+def _check_bias(bias, scores):
+    shape = tuple(getattr(bias, "shape", ()))
+    try:
+        ok = np.broadcast_shapes(shape, scores) == scores
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"dot_product_attention expects a bias broadcasting to (Lq, Lk) = {scores[2:]} (or to the "
+                         f"scores' shape {scores}), got {shape}")
 
 
 def causal_mask(x: Array | int, xp: Any = None) -> Array:
