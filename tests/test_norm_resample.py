@@ -377,8 +377,10 @@ def test_resample_layer_reprs():
 @pytest.mark.parametrize("build, message", [
     (lambda: Upsample(0), "Upsample: scale must be a positive int or a tuple of them"),
     (lambda: Upsample(1.5), "Upsample: scale must be a positive int or a tuple of them"),
-    (lambda: Upsample(2, mode="trilinear"), "Upsample: mode must be \"nearest\" or \"bilinear\", got 'trilinear'"),
-    (lambda: Upsample(2, align_corners=False), "Upsample: align_corners applies to mode=\"bilinear\" only"),
+    (lambda: Upsample(2, mode="cubic"), "Upsample: mode must be \"nearest\", \"bilinear\" or \"trilinear\", got 'cubic'"),
+    (lambda: Upsample(2, align_corners=False), "Upsample: align_corners applies to mode=\"bilinear\" or \"trilinear\""),
+    (lambda: Upsample(2, size=4), "Upsample: give scale or size, not both"),
+    (lambda: Upsample(mode="trilinear", size=(4, 4)), "Upsample: mode=\"trilinear\" takes a size int or triple"),
     (lambda: Upsample(2, mode="bilinear", align_corners=None), "Upsample: align_corners must be True or False"),
     (lambda: Upsample((2, 2, 2), mode="bilinear"), "Upsample: mode=\"bilinear\" takes a scale int or pair"),
     (lambda: PixelShuffle(0), "PixelShuffle: r must be a positive int, got 0"),

@@ -1,14 +1,14 @@
-"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest or bilinear) and PixelShuffle.
+"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest, bilinear or trilinear) and PixelShuffle.
 
 Neither has parameters; both take floating-point ``(N, C, ...)`` images and check them, naming the layer.
 """
 from __future__ import annotations
 
 from ..functors import layer
-from ..ops.resample import pixel_shuffle, upsample_bilinear, upsample_nearest
+from ..ops.resample import pixel_shuffle, upsample_linear, upsample_nearest
 from ._checks import Array, _fail, _is_int, _positive_int, _require_float, _require_ndim
 
-_MODES = ("nearest", "bilinear")
+_MODES = {"nearest": None, "bilinear": 2, "trilinear": 3}   # mode -> the spatial axes it takes (None: any)
 
 
 def _scale_option(scale):
@@ -19,49 +19,81 @@ def _scale_option(scale):
     return int(scale) if _is_int(scale) else tuple(int(s) for s in values)
 
 
+def _size_option(size):
+    values = (size,) if _is_int(size) else tuple(size) if isinstance(size, (tuple, list)) else ()
+    if not values or not all(_is_int(s) and s >= 1 for s in values):
+        raise ValueError(f"Upsample: size must be a positive int or a tuple of them (the output's spatial size), "
+                         f"got {size!r}")
+    return int(size) if _is_int(size) else tuple(int(s) for s in values)
+
+
 @layer(children=())
 class Upsample:
-    """Upsamples ``(N, C, S1, ...)`` images by the integer ``scale`` (an int, or one per spatial axis).
+    """Upsamples ``(N, C, S1, ...)`` images by the integer ``scale`` (an int, or one per spatial axis), or to the
+    spatial ``size=`` (Flux's ``Upsample(mode; scale, size)``: give one of them; with neither, ``scale=2``).
 
-    ``mode="nearest"`` repeats each value (any number of spatial axes; :func:`fluxpy.ops.upsample_nearest`);
-    ``mode="bilinear"`` interpolates ``(N, C, H, W)`` images (:func:`fluxpy.ops.upsample_bilinear`), with
-    ``align_corners=True`` by default as NNlib's ``upsample_bilinear`` (PyTorch's default is False). Flux's
-    ``Upsample(mode; scale)``.
+    ``mode="nearest"`` repeats each value (any number of spatial axes; :func:`fluxpy.ops.upsample_nearest`; a scale
+    tuple shorter than the spatial axes scales the last ones, Flux's first, and a ``size`` must be a multiple of
+    the input's); ``mode="bilinear"`` interpolates ``(N, C, H, W)`` images and ``mode="trilinear"``
+    ``(N, C, D, H, W)`` volumes (:func:`fluxpy.ops.resample.upsample_linear`), with ``align_corners=True`` by
+    default as NNlib's (PyTorch's default is False). Sizes and scales are in fluxpy's axis order: Flux's
+    ``scale=(2, 3)`` on WHCN data is ``scale=(3, 2)`` here.
 
     >>> import numpy as np
     >>> up = Upsample(2, mode="bilinear")
     >>> up, up(np.array([[[[0.0, 3.0]]]], np.float32))
     (Upsample(2, mode="bilinear"), array([[[[0., 1., 2., 3.],
              [0., 1., 2., 3.]]]], dtype=float32))
+    >>> up = Upsample(mode="trilinear", size=(4, 6, 4))
+    >>> up, up(np.ones((3, 2, 2, 4, 3), np.float32)).shape
+    (Upsample(mode="trilinear", size=(4, 6, 4)), (3, 2, 4, 6, 4))
     """
 
-    def __init__(self, scale: int | tuple[int, ...] = 2, mode: str = "nearest", align_corners: bool = True) -> None:
+    def __init__(self, scale: int | tuple[int, ...] | None = None, mode: str = "nearest", align_corners: bool = True,
+                 *, size: int | tuple[int, ...] | None = None) -> None:
         if mode not in _MODES:
-            raise ValueError(f"Upsample: mode must be \"nearest\" or \"bilinear\", got {mode!r}")
-        self.scale, self.mode = _scale_option(scale), mode
+            raise ValueError(f"Upsample: mode must be \"nearest\", \"bilinear\" or \"trilinear\", got {mode!r}")
+        if scale is not None and size is not None:
+            raise ValueError(f"Upsample: give scale or size, not both (got scale={scale!r} and size={size!r})")
+        self.mode = mode
+        self.scale = _scale_option(2 if scale is None and size is None else scale) if size is None else None
+        self.size = None if size is None else _size_option(size)
         if not isinstance(align_corners, bool):
             raise ValueError(f"Upsample: align_corners must be True or False, got {align_corners!r}")
         if mode == "nearest" and not align_corners:
-            raise ValueError("Upsample: align_corners applies to mode=\"bilinear\" only")
-        if mode == "bilinear" and isinstance(self.scale, tuple) and len(self.scale) != 2:
-            raise ValueError(f"Upsample: mode=\"bilinear\" takes a scale int or pair, got {scale!r}")
+            raise ValueError("Upsample: align_corners applies to mode=\"bilinear\" or \"trilinear\" only")
+        n = _MODES[mode]
+        given = self.scale if self.size is None else self.size
+        if n is not None and isinstance(given, tuple) and len(given) != n:
+            what = "scale" if self.size is None else "size"
+            raise ValueError(f"Upsample: mode=\"{mode}\" takes a {what} int or {('pair', 'triple')[n - 2]}, got "
+                             f"{given!r}")
         self.align_corners = align_corners
 
     def __call__(self, x: Array) -> Array:
-        if self.mode == "bilinear":
-            _require_ndim(self, x, 4, "(N, C, H, W)")
+        n = _MODES[self.mode]
+        if n is not None:
+            _require_ndim(self, x, n + 2, "(N, C, H, W)" if n == 2 else "(N, C, D, H, W)")
         elif not hasattr(x, "shape") or len(x.shape) < 3:
             _fail(self, "an input (N, C, S1, ...) with a spatial axis", x)
-        if isinstance(self.scale, tuple) and len(self.scale) != len(x.shape) - 2:
-            _fail(self, f"{len(self.scale)} spatial axes (one per scale)", x)
+        given = self.scale if self.size is None else self.size
+        if isinstance(given, tuple) and (len(given) > len(x.shape) - 2 or self.size is not None and
+                                         len(given) != len(x.shape) - 2):
+            _fail(self, f"{len(given)} spatial axes (one per {'scale' if self.size is None else 'size'})", x)
         _require_float(self, x)
-        if self.mode == "bilinear":
-            return upsample_bilinear(x, self.scale, align_corners=self.align_corners)
-        return upsample_nearest(x, self.scale)
+        if self.mode != "nearest":
+            return upsample_linear(x, self.scale, self.align_corners, size=self.size)
+        if self.size is not None:
+            out = (self.size,) * (len(x.shape) - 2) if _is_int(self.size) else self.size
+            if any(o % s for o, s in zip(out, x.shape[2:])):
+                _fail(self, f"a spatial size that divides the output size {out}", x)
+        return upsample_nearest(x, self.scale, size=self.size)
 
     def __repr__(self):
         opts = (f", mode=\"{self.mode}\"" if self.mode != "nearest" else "") + \
             (", align_corners=False" if not self.align_corners else "")
+        if self.size is not None:
+            return f"Upsample({opts[2:]}{', ' if opts else ''}size={self.size})"
         return f"Upsample({self.scale}{opts})"
 
 

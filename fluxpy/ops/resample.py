@@ -19,7 +19,8 @@ from ..backend import Array, get_array_module
 from .linalg import matmul
 from .shape import broadcast_to, reshape, transpose
 
-__all__ = ["upsample_nearest", "upsample_bilinear", "pixel_shuffle", "bilinear_weights"]
+__all__ = ["upsample_nearest", "upsample_linear", "upsample_bilinear", "upsample_trilinear", "pixel_shuffle",
+           "bilinear_weights"]
 
 
 def _is_int(v):
@@ -35,22 +36,55 @@ def _scales(name, scale, nspatial):
     return tuple(int(s) for s in values)
 
 
+def _sizes(name, size, x):
+    """The output's spatial ``size`` (an int, or one per spatial axis) checked, as a tuple."""
+    n = x.ndim - 2
+    values = (size,) * n if _is_int(size) else tuple(size) if isinstance(size, (tuple, list)) else ()
+    if len(values) != n or not all(_is_int(s) and s >= 1 for s in values):
+        raise ValueError(f"{name} expects size to be a positive int or a tuple of {n} of them (the output's "
+                         f"spatial size), got {size!r}")
+    return tuple(int(s) for s in values)
+
+
+def _scale_or_size(name, scale, size, x, short=False):
+    """The output's spatial sizes from exactly one of ``scale`` and ``size``. ``short``: a scale tuple of fewer
+    entries than spatial axes scales the last ones (Flux's first), as NNlib's ``upsample_nearest``."""
+    if (scale is None) == (size is None):
+        raise ValueError(f"{name} expects either scale or size, not both or neither")
+    spatial = tuple(x.shape[2:])
+    if size is not None:
+        return _sizes(name, size, x)
+    n = len(spatial)
+    if short and isinstance(scale, (tuple, list)) and 0 < len(scale) < n:
+        scale = (1,) * (n - len(scale)) + tuple(scale)
+    return tuple(a * b for a, b in zip(spatial, _scales(name, scale, n)))
+
+
 def _require_spatial(name, x, layout, ndim=None):
     if x.ndim < 3 or (ndim is not None and x.ndim != ndim):
         raise ValueError(f"{name} expects x of shape {layout}, got {tuple(x.shape)}")
 
 
-def upsample_nearest(x: Array, scale: int | tuple[int, ...] = 2) -> Array:
+def upsample_nearest(x: Array, scale: int | tuple[int, ...] | None = 2, *,
+                     size: int | tuple[int, ...] | None = None) -> Array:
     """Each value repeated ``scale`` times along every spatial axis: ``(N, C, S1, ...)`` ->
     ``(N, C, S1 * s1, ...)``; ``scale`` an int or one int per spatial axis. NNlib's ``upsample_nearest`` and
-    PyTorch's ``interpolate(mode="nearest")`` with an integer ``scale_factor``.
+    PyTorch's ``interpolate(mode="nearest")`` with an integer ``scale_factor``. A tuple of fewer scales than spatial
+    axes scales the last ones (NNlib's first, in WHCN); ``size=`` gives the output's spatial size instead (with
+    ``scale=None``), a multiple of the input's along each axis (NNlib's rule).
 
     >>> import numpy as np
     >>> upsample_nearest(np.arange(2.0).reshape(1, 1, 2), 3)
     array([[[0., 0., 0., 1., 1., 1.]]])
+    >>> upsample_nearest(np.ones((1, 1, 2, 3)), (2,)).shape, upsample_nearest(np.ones((1, 1, 2, 3)), None, size=6).shape
+    ((1, 1, 2, 6), (1, 1, 6, 6))
     """
     _require_spatial("upsample_nearest", x, "(N, C, S1, ...)")
-    s = _scales("upsample_nearest", scale, x.ndim - 2)
+    out = _scale_or_size("upsample_nearest", scale, size, x, short=True)
+    if any(o % n for o, n in zip(out, x.shape[2:])):
+        raise ValueError(f"upsample_nearest expects an output size that is a multiple of the input's "
+                         f"{tuple(x.shape[2:])} along each axis, got {out}")
+    s = tuple(o // n for o, n in zip(out, x.shape[2:]))
     lead, spatial = tuple(x.shape[:2]), tuple(x.shape[2:])
     spread = lead + tuple(d for n in spatial for d in (n, 1))
     wide = lead + tuple(d for n, k in zip(spatial, s) for d in (n, k))
@@ -83,13 +117,49 @@ def bilinear_weights(n_in: int, n_out: int, align_corners: bool = True) -> np.nd
     return w
 
 
-def upsample_bilinear(x: Array, scale: int | tuple[int, int] = 2, align_corners: bool = True) -> Array:
-    """Bilinear interpolation of ``(N, C, H, W)`` images to ``(N, C, H * sh, W * sw)``; ``scale`` an int or a pair.
+def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_corners: bool = True, *,
+                    size: int | tuple[int, ...] | None = None) -> Array:
+    """Linear interpolation along every spatial axis of ``(N, C, S1, ...)`` (1, 2 or 3 of them: NNlib's
+    ``upsample_linear``, ``upsample_bilinear`` and ``upsample_trilinear`` in one), to ``S * scale`` per axis or to
+    ``size=`` (with ``scale=None``, any size).
 
-    Each output is the weighted mean of the four nearest inputs (see :func:`bilinear_weights` for the source
-    positions). ``align_corners=True`` is NNlib's ``upsample_bilinear`` default (the corner pixels' centres
-    coincide); ``False`` is PyTorch's ``interpolate(mode="bilinear")`` default. Separable: two matrix products,
-    along W and then along H.
+    Each output is the weighted mean of its nearest inputs (see :func:`bilinear_weights` for the source positions).
+    ``align_corners=True`` is NNlib's default (the corner pixels' centres coincide); ``False`` is PyTorch's
+    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis.
+
+    >>> import numpy as np
+    >>> upsample_linear(np.array([[[0.0, 3.0]]]), 2)
+    array([[[0., 1., 2., 3.]]])
+    >>> upsample_linear(np.ones((1, 1, 2, 2, 2)), None, size=(3, 4, 5)).shape
+    (1, 1, 3, 4, 5)
+    """
+    _require_spatial("upsample_linear", x, "(N, C, S1, ...) with 1, 2 or 3 spatial axes")
+    if x.ndim > 5:
+        raise ValueError(f"upsample_linear expects 1, 2 or 3 spatial axes, got {tuple(x.shape)}")
+    if not isinstance(align_corners, (bool, np.bool_)):
+        raise ValueError(f"upsample_linear expects align_corners True or False, got {align_corners!r}")
+    out = _scale_or_size("upsample_linear", scale, size, x)
+    v = value_of(x)
+    xp = get_array_module(v)
+    y = x
+    for axis in range(x.ndim - 1, 1, -1):      # the last axis first, as the 2-d version always did
+        n_in, n_out = x.shape[axis], out[axis - 2]
+        if n_in == n_out:
+            continue
+        w = xp.asarray(bilinear_weights(n_in, n_out, bool(align_corners)).T.astype(v.dtype))   # (n_in, n_out)
+        if axis == x.ndim - 1:
+            y = matmul(y, w)
+        else:   # move the axis last, interpolate, move it back
+            order = tuple(a for a in range(x.ndim) if a != axis) + (axis,)
+            back = tuple(order.index(a) for a in range(x.ndim))
+            y = transpose(matmul(transpose(y, order), w), back)
+    return y
+
+
+def upsample_bilinear(x: Array, scale: int | tuple[int, int] | None = 2, align_corners: bool = True, *,
+                      size: int | tuple[int, int] | None = None) -> Array:
+    """Bilinear interpolation of ``(N, C, H, W)`` images to ``(N, C, H * sh, W * sw)`` (``scale`` an int or a pair)
+    or to ``size=`` (with ``scale=None``): :func:`upsample_linear` on 2 spatial axes (NNlib's ``upsample_bilinear``).
 
     >>> import numpy as np
     >>> upsample_bilinear(np.array([[[[0.0, 3.0]]]]), (1, 2))
@@ -98,13 +168,24 @@ def upsample_bilinear(x: Array, scale: int | tuple[int, int] = 2, align_corners:
     _require_spatial("upsample_bilinear", x, "(N, C, H, W)", 4)
     if not isinstance(align_corners, (bool, np.bool_)):
         raise ValueError(f"upsample_bilinear expects align_corners True or False, got {align_corners!r}")
-    sh, sw = _scales("upsample_bilinear", scale, 2)
-    (h, w), v = x.shape[2:], value_of(x)
-    xp = get_array_module(v)
-    wh = xp.asarray(bilinear_weights(h, h * sh, bool(align_corners)).astype(v.dtype))
-    ww = xp.asarray(bilinear_weights(w, w * sw, bool(align_corners)).T.astype(v.dtype))
-    along_w = x if sw == 1 else matmul(x, ww)
-    return along_w if sh == 1 else matmul(wh, along_w)
+    if scale is not None:
+        _scales("upsample_bilinear", scale, 2)
+    return upsample_linear(x, scale, align_corners, size=size)
+
+
+def upsample_trilinear(x: Array, scale: int | tuple[int, int, int] | None = 2, align_corners: bool = True, *,
+                       size: int | tuple[int, int, int] | None = None) -> Array:
+    """Trilinear interpolation of ``(N, C, D, H, W)`` volumes (NNlib's ``upsample_trilinear``): :func:`upsample_linear`
+    on 3 spatial axes.
+
+    >>> import numpy as np
+    >>> upsample_trilinear(np.ones((1, 1, 2, 2, 2)), (1, 2, 3)).shape
+    (1, 1, 2, 4, 6)
+    """
+    _require_spatial("upsample_trilinear", x, "(N, C, D, H, W)", 5)
+    if scale is not None:
+        _scales("upsample_trilinear", scale, 3)
+    return upsample_linear(x, scale, align_corners, size=size)
 
 
 def pixel_shuffle(x: Array, r: int) -> Array:
