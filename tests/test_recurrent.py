@@ -88,8 +88,9 @@ def test_errors_name_the_layer():
     lstm = LSTM(3, 4)
     with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM: LSTMCell\(3 => 4\) expects x of shape \(batch, 3\)"):
         lstm(np.ones((2, 5, 2), np.float32))
-    with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM\(3 => 4\) expects x of shape \(N, T, in\)"):
-        lstm(np.ones((2, 3), np.float32))
+    with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM\(3 => 4\) expects x of shape \(N, T, in\) \(batch "
+                                                      r"first\) or \(T, in\)"):
+        lstm(np.ones((1, 2, 3, 3), np.float32))
     with pytest.raises(fluxpy.DimensionMismatch, match=r"expects its state as a pair \(h, c\)"):
         LSTMCell(3, 4)(np.ones((2, 3), np.float32), np.zeros((2, 4), np.float32))
     with pytest.raises(fluxpy.DimensionMismatch, match=r"a state of shape \(batch, hidden\) = \(2, 4\)"):

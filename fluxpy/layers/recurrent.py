@@ -8,6 +8,11 @@ projection: PyTorch's ``b_ih + b_hh`` is that bias for RNN and LSTM exactly; for
 ``n = tanh(W_in x + b_n + r * (W_hn h))`` (Flux's), PyTorch's ``b_hn`` sits inside the ``r *``, so weights move from
 PyTorch exactly where ``b_hn`` is zero.
 
+As in Flux: a state of shape ``(hidden,)`` serves every sequence of a batch (:func:`initialstates` gives the zero
+one), an unbatched step ``(in,)`` or sequence ``(T, in)`` is taken as it is, ``bias=False`` drops the bias,
+``return_state=True`` (in the constructor or the call) also returns the final state, and :class:`Recurrence` runs any
+cell over time. fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
+
 The time loop runs step by step through fluxpy's ops (on the GPU each step is a few kernels; a fused step kernel
 is not built yet).
 
@@ -28,32 +33,63 @@ from ..functors import layer
 from ..ops.activations import sigmoid
 from ..ops.basic import tanh
 from ..ops.linalg import matmul
-from ..ops.shape import getitem, stack, transpose
+from ..ops.shape import getitem, reshape, stack, transpose
 from ._checks import (Array, DimensionMismatch, _activation, _fail, _initialised, _positive_int, _require_dtype)
 from .init import RNG, glorot_uniform, zeros32
 from .show import _act_part
 
-__all__ = ["RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU"]
+__all__ = ["RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU", "Recurrence", "initialstates"]
 
 
-def _cell_params(cell, who, gates, in_features, hidden, init, rng):
+def _cell_params(cell, who, gates, in_features, hidden, init, rng, bias=True):
     in_features = _positive_int(who, "in_features", in_features)
     hidden = _positive_int(who, "hidden", hidden)
+    if not isinstance(bias, bool):
+        raise ValueError(f"{who}: bias must be True or False, got {bias!r}")
     cell.weight_ih = _initialised(who, init, (gates * hidden, in_features), rng)
     cell.weight_hh = _initialised(who, init, (gates * hidden, hidden), rng)
-    cell.bias = zeros32(gates * hidden)
+    cell.bias = zeros32(gates * hidden) if bias else None
 
 
 def _check_step(cell, x, state_shapes):
-    """``x`` ``(batch, in)`` of the parameters' dtype; the state arrays of ``(batch, hidden)``."""
+    """``x`` ``(batch, in)`` of the parameters' dtype; the state arrays of ``(batch, hidden)`` or ``(hidden,)``, one
+    state for the whole batch (Flux's)."""
     n_in = cell.weight_ih.shape[1]
     if not hasattr(x, "shape") or len(x.shape) != 2 or x.shape[1] != n_in:
-        _fail(cell, f"x of shape (batch, {n_in})", x)
+        _fail(cell, f"x of shape (batch, {n_in}) or ({n_in},)", x)
     _require_dtype(cell, x, cell.weight_ih.dtype)
     hidden = cell.weight_hh.shape[1]
     for s in state_shapes:
-        if s is not None and tuple(getattr(s, "shape", ())) != (x.shape[0], hidden):
-            _fail(cell, f"a state of shape (batch, hidden) = ({x.shape[0]}, {hidden})", s)
+        if s is not None and tuple(getattr(s, "shape", ())) not in ((x.shape[0], hidden), (hidden,)):
+            _fail(cell, f"a state of shape (batch, hidden) = ({x.shape[0]}, {hidden}) or (hidden,) = ({hidden},)", s)
+
+
+def _unbatched(cell, step):
+    """``cell.__call__`` that also takes one unbatched ``x`` ``(in,)`` (Flux's vector input): run as a batch of one,
+    the outputs and state given back without the batch axis."""
+    def call(self, x, state=None):
+        if not (hasattr(x, "shape") and len(x.shape) == 1):
+            return step(self, x, state)
+        h, new = step(self, reshape(x, (1, x.shape[0])), state)
+        drop = (lambda a: reshape(a, a.shape[1:]) if len(a.shape) == 2 else a)
+        return drop(h), (tuple(drop(a) for a in new) if isinstance(new, tuple) else drop(new))
+    call.__doc__, call.__name__ = step.__doc__, step.__name__
+    return call
+
+
+def initialstates(layer: Any) -> Any:
+    """The zero initial state of a recurrent cell or layer (Flux's ``initialstates``): ``zeros(hidden)`` in the
+    weights' dtype, a pair ``(h, c)`` of them for an LSTM. A state of shape ``(hidden,)`` serves every batch.
+
+    >>> initialstates(LSTMCell(3, 2))
+    (array([0., 0.], dtype=float32), array([0., 0.], dtype=float32))
+    """
+    cell = getattr(layer, "cell", layer)
+    if not hasattr(cell, "weight_hh"):
+        raise TypeError(f"initialstates expects a recurrent cell or layer, got {type(layer).__name__}")
+    w = value_of(cell.weight_hh)
+    h = get_array_module(w).zeros(w.shape[1], dtype=w.dtype)
+    return (h, h.copy()) if isinstance(cell, LSTMCell) else h
 
 
 def _zeros_state(cell, x):
@@ -63,14 +99,15 @@ def _zeros_state(cell, x):
 
 def _gates(cell, x, h):
     """``x W_ih^T + bias + h W_hh^T`` and its two parts (the GRU needs the recurrent part on its own)."""
-    xi = matmul(x, transpose(cell.weight_ih)) + cell.bias
+    xi = matmul(x, transpose(cell.weight_ih))
+    xi = xi if cell.bias is None else xi + cell.bias
     hh = matmul(h, transpose(cell.weight_hh))
     return xi, hh
 
 
 def _gate(a, k, n):
-    """Gate ``k`` of the stacked gates ``a`` ``(batch, G * n)``."""
-    return getitem(a, (slice(None), slice(k * n, (k + 1) * n)))
+    """Gate ``k`` of the stacked gates ``a`` ``(batch, G * n)`` (or ``(G * n,)`` from a vector state)."""
+    return getitem(a, (Ellipsis, slice(k * n, (k + 1) * n)))
 
 
 @layer(children=("weight_ih", "weight_hh", "bias"))
@@ -85,19 +122,21 @@ class RNNCell:
     """
 
     def __init__(self, in_features: int, hidden: int, act: Callable = tanh, *, init: Callable = glorot_uniform,
-                 rng: RNG = None) -> None:
-        _cell_params(self, "RNNCell", 1, in_features, hidden, init, rng)
+                 rng: RNG = None, bias: bool = True) -> None:
+        _cell_params(self, "RNNCell", 1, in_features, hidden, init, rng, bias)
         self.act = _activation("RNNCell", act)
 
-    def __call__(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
+    def _step(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
         _check_step(self, x, (h,))
         h = _zeros_state(self, x) if h is None else h
         xi, hh = _gates(self, x, h)
         h = self.act(xi + hh)
         return h, h
 
+    __call__ = _unbatched(None, _step)
+
     def __repr__(self):
-        return f"RNNCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_act_part(self.act)})"
+        return f"RNNCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_act_part(self.act)}{_bias_part(self)})"
 
 
 @layer(children=("weight_ih", "weight_hh", "bias"))
@@ -112,10 +151,11 @@ class LSTMCell:
     (LSTMCell(3 => 4), (2, 4), (2, 4))
     """
 
-    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        _cell_params(self, "LSTMCell", 4, in_features, hidden, init, rng)
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True) -> None:
+        _cell_params(self, "LSTMCell", 4, in_features, hidden, init, rng, bias)
 
-    def __call__(self, x: Array, state: tuple[Array, Array] | None = None) -> tuple[Array, tuple[Array, Array]]:
+    def _step(self, x: Array, state: tuple[Array, Array] | None = None) -> tuple[Array, tuple[Array, Array]]:
         if state is not None and (not isinstance(state, tuple) or len(state) != 2):
             raise DimensionMismatch(f"{self!r} expects its state as a pair (h, c), got {type(state).__name__}")
         h, c = (None, None) if state is None else state
@@ -130,8 +170,10 @@ class LSTMCell:
         h = o * tanh(c)
         return h, (h, c)
 
+    __call__ = _unbatched(None, _step)
+
     def __repr__(self):
-        return f"LSTMCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]})"
+        return f"LSTMCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_bias_part(self)})"
 
 
 @layer(children=("weight_ih", "weight_hh", "bias"))
@@ -145,10 +187,11 @@ class GRUCell:
     (GRUCell(3 => 4), (2, 4))
     """
 
-    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        _cell_params(self, "GRUCell", 3, in_features, hidden, init, rng)
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True) -> None:
+        _cell_params(self, "GRUCell", 3, in_features, hidden, init, rng, bias)
 
-    def __call__(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
+    def _step(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
         _check_step(self, x, (h,))
         h = _zeros_state(self, x) if h is None else h
         xi, hh = _gates(self, x, h)
@@ -159,37 +202,53 @@ class GRUCell:
         h = (1 - z) * cand + z * h
         return h, h
 
+    __call__ = _unbatched(None, _step)
+
     def __repr__(self):
-        return f"GRUCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]})"
+        return f"GRUCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_bias_part(self)})"
+
+
+def _bias_part(cell):
+    return "" if cell.bias is not None else ", bias=False"
 
 
 def _run(layer_, x, state, return_state):
-    """The cell over the time axis of ``x`` ``(N, T, in)``: outputs ``(N, T, hidden)`` (and the final state)."""
-    if not hasattr(x, "shape") or len(x.shape) != 3:
-        _fail(layer_, "x of shape (N, T, in) (batch first)", x)
-    if x.shape[1] < 1:
+    """The cell over the time axis of ``x`` ``(N, T, in)`` (or ``(T, in)``, one unbatched sequence): outputs
+    ``(N, T, hidden)`` (``(T, hidden)``) and, with ``return_state``, the final state."""
+    if not hasattr(x, "shape") or len(x.shape) not in (2, 3):
+        _fail(layer_, "x of shape (N, T, in) (batch first) or (T, in)", x)
+    if x.shape[-2] < 1:
         _fail(layer_, "at least one time step", x)
     outs = []
-    for t in range(x.shape[1]):
-        h, state = layer_.cell(getitem(x, (slice(None), t)), state)
+    for t in range(x.shape[-2]):
+        h, state = layer_.cell(getitem(x, (slice(None), t) if len(x.shape) == 3 else t), state)
         outs.append(h)
-    y = stack(outs, axis=1)
+    y = stack(outs, axis=len(x.shape) - 2)
     return (y, state) if return_state else y
 
 
 class _Recurrent:
-    """What RNN, LSTM and GRU share: a cell run over time."""
+    """What RNN, LSTM, GRU and Recurrence share: a cell run over time."""
 
-    def __call__(self, x: Array, state: Any = None, *, return_state: bool = False) -> Any:
+    return_state = False
+
+    def __call__(self, x: Array, state: Any = None, *, return_state: bool | None = None) -> Any:
         try:
-            return _run(self, x, state, return_state)
+            return _run(self, x, state, self.return_state if return_state is None else return_state)
         except DimensionMismatch as err:
             raise DimensionMismatch(f"{type(self).__name__}: {err}") from None
 
     def __repr__(self):
         c = self.cell
-        extra = _act_part(c.act) if isinstance(c, RNNCell) else ""
+        extra = (_act_part(c.act) if isinstance(c, RNNCell) else "") + _bias_part(c)
+        extra += ", return_state=True" if self.return_state else ""
         return f"{type(self).__name__}({c.weight_ih.shape[1]} => {c.weight_hh.shape[1]}{extra})"
+
+
+def _return_state_option(who, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{who}: return_state must be True or False, got {value!r}")
+    return value
 
 
 @layer(children=("cell",))
@@ -202,8 +261,9 @@ class RNN(_Recurrent):
     """
 
     def __init__(self, in_features: int, hidden: int, act: Callable = tanh, *, init: Callable = glorot_uniform,
-                 rng: RNG = None) -> None:
-        self.cell = RNNCell(in_features, hidden, act, init=init, rng=rng)
+                 rng: RNG = None, bias: bool = True, return_state: bool = False) -> None:
+        self.cell = RNNCell(in_features, hidden, act, init=init, rng=rng, bias=bias)
+        self.return_state = _return_state_option("RNN", return_state)
 
 
 @layer(children=("cell",))
@@ -215,8 +275,10 @@ class LSTM(_Recurrent):
     LSTM(3 => 4)
     """
 
-    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        self.cell = LSTMCell(in_features, hidden, init=init, rng=rng)
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True, return_state: bool = False) -> None:
+        self.cell = LSTMCell(in_features, hidden, init=init, rng=rng, bias=bias)
+        self.return_state = _return_state_option("LSTM", return_state)
 
 
 @layer(children=("cell",))
@@ -228,5 +290,29 @@ class GRU(_Recurrent):
     (2, 4)
     """
 
-    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None) -> None:
-        self.cell = GRUCell(in_features, hidden, init=init, rng=rng)
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True, return_state: bool = False) -> None:
+        self.cell = GRUCell(in_features, hidden, init=init, rng=rng, bias=bias)
+        self.return_state = _return_state_option("GRU", return_state)
+
+
+@layer(children=("cell",))
+class Recurrence(_Recurrent):
+    """Any cell ``cell(x, state) -> (h, state)`` run over the time axis of ``(N, T, in)`` (or ``(T, in)``), giving
+    ``(N, T, hidden)`` (Flux's ``Recurrence``); ``return_state=True`` also gives the final state. ``RNN(a, b)`` is
+    ``Recurrence(RNNCell(a, b))``.
+
+    >>> import numpy as np
+    >>> r = Recurrence(GRUCell(2, 3, rng=0))
+    >>> r, r(np.ones((4, 5, 2), np.float32)).shape
+    (Recurrence(GRUCell(2 => 3)), (4, 5, 3))
+    """
+
+    def __init__(self, cell: Callable, *, return_state: bool = False) -> None:
+        if not callable(cell):
+            raise TypeError(f"Recurrence: cell must be callable as cell(x, state) -> (h, state), got {cell!r}")
+        self.cell = cell
+        self.return_state = _return_state_option("Recurrence", return_state)
+
+    def __repr__(self):
+        return f"Recurrence({self.cell!r}{', return_state=True' if self.return_state else ''})"
