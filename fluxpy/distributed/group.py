@@ -203,6 +203,7 @@ def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_
     meeting = rendezvous(env.rank, env.world_size, env.master_addr, env.master_port, payload=uid, timeout=timeout)
     holder: dict = {}
     dog = Watchdog(meeting, abort=lambda: holder["comm"].abort() if "comm" in holder else None,
+                   async_error=lambda: holder["comm"].async_error() if "comm" in holder else None,
                    collective_timeout=collective_timeout)
     dog.start()                 # a rank that dies while the others build the communicator must not hang them
     dog.install_excepthook()

@@ -6,7 +6,8 @@ for the whole job. Frames after the rendezvous: ``E`` + text (a rank failed; ran
 ``Q`` (a rank is leaving cleanly, at exit). A connection that closes without ``Q`` is a rank that died. A rank whose
 code raises sends ``E`` naming itself and its exception before it exits (:meth:`Watchdog.install_excepthook`).
 Collectives the group queues are tracked (:meth:`Watchdog.track`): one still unfinished after
-``collective_timeout`` seconds, or ``left_grace`` seconds after a peer left, fails the job too.
+``collective_timeout`` seconds, or ``left_grace`` seconds after a peer left, fails the job too, and so does an
+asynchronous NCCL error (``async_error``, polled: ``ncclCommGetAsyncError``).
 
 Failing means: say why on stderr (``fluxpy.distributed: rank 1 raised RuntimeError: boom; rank 0 exits``), tell the
 peers, abort the communicator (``ncclCommAbort``, so nothing stays blocked on the GPU), and ``os._exit(1)``.
@@ -44,8 +45,8 @@ class Watchdog:
 
     def __init__(self, group: Group, abort: Callable[[], None] | None, *, collective_timeout: float = 600.0,
                  left_grace: float = 30.0, poll: float = 0.2, remote_grace: float = 2.0, abort_timeout: float = 10.0,
-                 exit: Callable[[int], Any] | None = None) -> None:
-        self.group, self.abort = group, abort
+                 async_error: Callable[[], str | None] | None = None, exit: Callable[[int], Any] | None = None) -> None:
+        self.group, self.abort, self.async_error = group, abort, async_error
         self.rank = group.rank
         self.collective_timeout, self.left_grace, self.poll = float(collective_timeout), float(left_grace), poll
         self.remote_grace, self.abort_timeout = float(remote_grace), float(abort_timeout)
@@ -133,6 +134,15 @@ class Watchdog:
             self._fail_remote(frame[1:].decode("utf-8", "replace"), origin=rank)
 
     def _check_collectives(self):
+        if self.async_error is not None:
+            try:
+                error = self.async_error()
+            except Exception as err:   # the query itself failed: say so rather than hide it
+                error = f"{type(err).__name__}: {err}"
+            if error and not self._stop.is_set():
+                self._fail_local(f"rank {self.rank}: NCCL reports {error} (ncclCommGetAsyncError): a peer or the "
+                                 "link to it failed")
+                return
         now = time.monotonic()
         with self._lock:
             while self.pending and _finished(self.pending[0][0]):

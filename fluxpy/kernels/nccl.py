@@ -18,6 +18,7 @@ rank. Importing this module needs neither CuPy nor a GPU; :func:`nccl_available`
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 try:   # CuPy is optional: the CPU never gets here through fluxpy.distributed (a world of one needs no NCCL)
@@ -198,6 +199,7 @@ class NcclComm:
         self._comm = _call("ncclCommInitRank", rank, _nccl.NcclCommunicator, world_size, signed, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.aborted = False
+        self._lock = threading.Lock()
 
     # -- ordering against the caller's stream ------------------------------------------------------------
 
@@ -274,31 +276,37 @@ class NcclComm:
     # -- faults ------------------------------------------------------------------------------------------
 
     def async_error(self) -> str | None:
-        """None while the communicator is healthy, else the name of its asynchronous error
-        (``ncclCommGetAsyncError``: a peer died, a network failure)."""
-        if self.aborted:
-            return "aborted"
-        try:
-            self._comm.check_async_error()
-        except Exception as err:
-            status = _status_of(err)
-            return STATUS_NAMES.get(status, f"status {status}") if status is not None else str(err)
+        """None while the communicator is healthy (or was ended here, by :meth:`abort` or :meth:`destroy`), else the
+        name of its asynchronous error (``ncclCommGetAsyncError``: a peer died, a network failure)."""
+        with self._lock:   # never while another thread frees the communicator
+            if self.aborted:
+                return None
+            try:
+                self._comm.check_async_error()
+            except Exception as err:
+                status = _status_of(err)
+                return STATUS_NAMES.get(status, f"status {status}") if status is not None else str(err)
         return None
 
     def abort(self) -> None:
         """``ncclCommAbort``: end the communicator now; its queued collectives return (idempotent, any thread)."""
-        if not self.aborted:
-            self.aborted = True
-            with contextlib.suppress(Exception):
-                self._comm.abort()
+        with self._lock:
+            if not self.aborted:
+                self.aborted = True
+                with contextlib.suppress(Exception):
+                    self._comm.abort()
 
     def destroy(self) -> None:
         """``ncclCommDestroy`` after the queued collectives (idempotent)."""
-        if not self.aborted:
-            self.aborted = True
-            with contextlib.suppress(Exception):
-                self.stream.synchronize()
-                self._comm.destroy()
+        if self.aborted:
+            return
+        with contextlib.suppress(Exception):
+            self.stream.synchronize()
+        with self._lock:
+            if not self.aborted:
+                self.aborted = True
+                with contextlib.suppress(Exception):
+                    self._comm.destroy()
 
     def synchronize(self) -> None:
         """Block the host until every collective queued so far has finished."""
