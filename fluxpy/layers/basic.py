@@ -172,7 +172,8 @@ class Dense:
         out_features = _positive_int("Dense", "out_features", out_features)
         self.act = _activation("Dense", act)
         self.weight = _initialised("Dense", init, (out_features, in_features), rng)
-        self.bias = zeros32(out_features) if bias is True else _given_bias(bias, (out_features,), "Dense")
+        self.bias = get_array_module(self.weight).zeros(out_features, dtype=self.weight.dtype) if bias is True \
+            else _given_bias(bias, (out_features,), "Dense")   # in the weight's dtype (Flux issue 1421)
 
     def _from_weight(self, weight, bias, act):
         if len(weight.shape) != 2 or not is_float_dtype(weight.dtype):

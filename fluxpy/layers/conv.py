@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..backend import get_array_module, is_float_dtype
 from ..functors import layer
 from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the docstring examples)
 from ..ops.bias_act import bias_act
@@ -48,19 +49,40 @@ class Conv:
     (3, 4, 10)
     >>> Conv((3, 3, 3), 1, 8, stride=(1, 2, 2))(np.ones((2, 1, 5, 9, 9), np.float32)).shape
     (2, 8, 3, 4, 4)
+
+    Flux's ``Conv(weight, bias=true, act)`` form (also for :class:`CrossCor`, :class:`ConvTranspose` with its
+    ``(cin, cout/groups, *kernel)`` weight and :class:`DepthwiseConv` with a ``(cin, cout/cin, *kernel)`` one): a
+    float ``weight`` first (a Flux weight array with its axes reversed), then the bias (True: zeros of the weight's
+    dtype; False; an array, converted to it) and the activation; the keywords as above. A bias made here always has
+    the weight's dtype (Flux issue 1421).
+
+    >>> Conv(np.ones((3, 1, 2, 2), np.float32), False, relu, pad=1)
+    Conv((2, 2), 1 => 3, relu, pad=1, bias=False)
     """
     flipped = False
 
-    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
-                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+    def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
+                 act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, ...] = 1, groups: int = 1, bias: bool | Array = True,
                  init: Callable = glorot_uniform, rng: RNG = None) -> None:
         name = type(self).__name__
+        if hasattr(kernel, "shape"):   # Flux's Conv(weight, bias, act): the second and third arguments
+            weight = _weight_array(name, kernel)
+            bias, act = (bias if cin is None else cin), (act if cout is None else cout)
+            _check_geometry(name, stride, pad, dilation, weight.ndim - 2)
+            groups = _positive_int(name, "groups", groups)
+            self.act = _activation(name, act)
+            self.weight = weight
+            self.bias = _bias_like(name, bias, weight, weight.shape[0])
+            self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
+            return
+        if cin is None or cout is None:
+            raise TypeError(f"{name} expects {name}(kernel, cin, cout, ...) or {name}(weight, bias, act)")
         kernel, cin, cout, groups = _conv_sizes(name, kernel, cin, cout, groups)
         _check_geometry(name, stride, pad, dilation, len(kernel))
         self.act = _activation(name, act)
         self.weight = _initialised(name, init, (cout, cin // groups, *kernel), rng)
-        self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), name)
+        self.bias = _bias_like(name, bias, self.weight, cout)
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
 
     @property
@@ -126,10 +148,19 @@ class ConvTranspose:
     """
     flipped = False
 
-    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
-                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+    def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
+                 act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, ...] = 1, groups: int = 1, output_padding: int | tuple[int, ...] = 0,
                  bias: bool | Array = True, init: Callable = glorot_uniform, rng: RNG = None) -> None:
+        weight = None
+        if hasattr(kernel, "shape"):   # Flux's ConvTranspose(weight, bias, act), weight (cin, cout/groups, ...)
+            weight = _weight_array("ConvTranspose", kernel)
+            bias, act = (bias if cin is None else cin), (act if cout is None else cout)
+            groups = _positive_int("ConvTranspose", "groups", groups)
+            kernel, cin, cout = tuple(weight.shape[2:]), weight.shape[0], weight.shape[1] * groups
+        elif cin is None or cout is None:
+            raise TypeError("ConvTranspose expects ConvTranspose(kernel, cin, cout, ...) or ConvTranspose(weight, "
+                            "bias, act)")
         kernel, cin, cout, groups = _conv_sizes("ConvTranspose", kernel, cin, cout, groups)
         step = _check_geometry("ConvTranspose", stride, pad, dilation, len(kernel))
         out_pad = ntuple("ConvTranspose", "output_padding", output_padding, len(kernel), minimum=0, layer=True)
@@ -139,8 +170,9 @@ class ConvTranspose:
         if isinstance(pad, str) and any(out_pad):
             raise ValueError(f"ConvTranspose: output_padding must be 0 with pad=\"same\", got {output_padding!r}")
         self.act = _activation("ConvTranspose", act)
-        self.weight = _initialised("ConvTranspose", init, (cin, cout // groups, *kernel), rng)
-        self.bias = zeros32(cout) if bias is True else _given_bias(bias, (cout,), "ConvTranspose")
+        self.weight = _initialised("ConvTranspose", init, (cin, cout // groups, *kernel), rng) if weight is None \
+            else weight
+        self.bias = _bias_like("ConvTranspose", bias, self.weight, cout)
         self.stride, self.pad, self.dilation, self.groups = stride, pad, dilation, groups
         self.output_padding = output_padding
 
@@ -188,10 +220,18 @@ class DepthwiseConv(Conv):
     ValueError: DepthwiseConv: cout == 3 must be a multiple of cin == 2
     """
 
-    def __init__(self, kernel: int | tuple[int, ...], cin: int, cout: int, act: Callable = identity, *,
-                 stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
+    def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
+                 act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, ...] = 1, bias: bool | Array = True, init: Callable = glorot_uniform,
                  rng: RNG = None) -> None:
+        if hasattr(kernel, "shape"):   # Flux's DepthwiseConv(weight, bias, act): weight (cin, cout/cin, *kernel)
+            w = _weight_array("DepthwiseConv", kernel)
+            super().__init__(reshape(w, (w.shape[0] * w.shape[1], 1) + tuple(w.shape[2:])), cin, cout, act,
+                             stride=stride, pad=pad, dilation=dilation, groups=w.shape[0], bias=bias)
+            return
+        if cin is None or cout is None:
+            raise TypeError("DepthwiseConv expects DepthwiseConv(kernel, cin, cout, ...) or DepthwiseConv(weight, "
+                            "bias, act)")
         cin, cout = _positive_int("DepthwiseConv", "cin", cin), _positive_int("DepthwiseConv", "cout", cout)
         if cout % cin:
             raise ValueError(f"DepthwiseConv: cout == {cout} must be a multiple of cin == {cin}")
@@ -203,6 +243,24 @@ class DepthwiseConv(Conv):
         return (f"DepthwiseConv({kernel}, {self.in_channels} => {self.out_channels}{_act_part(self.act)}"
                 + _options([("pad", self.pad, 0), ("stride", self.stride, 1), ("dilation", self.dilation, 1)])
                 + ("" if self.bias is not None else ", bias=False") + ")")
+
+
+def _weight_array(name, w):
+    """A weight given to a constructor: a float array of 3 to 5 axes (1 to 3 spatial)."""
+    if len(w.shape) not in (3, 4, 5) or not is_float_dtype(w.dtype):
+        raise ValueError(f"{name}: a weight must be a float array of 3, 4 or 5 axes (1, 2 or 3 spatial), got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    return w
+
+
+def _bias_like(name, bias, weight, n):
+    """The bias of ``n`` channels in the weight's dtype (Flux issue 1421): zeros for True, None for False, or the
+    array given (of shape ``(n,)``, converted)."""
+    if bias is True:
+        return get_array_module(weight).zeros(n, dtype=weight.dtype)
+    if hasattr(bias, "shape") and tuple(bias.shape) == (n,):
+        return bias.astype(weight.dtype, copy=False)
+    return _given_bias(bias, (n,), name)
 
 
 def _conv_sizes(name, kernel, cin, cout, groups):
