@@ -80,7 +80,13 @@ def test_without_the_launcher_the_other_rank_exits_naming_the_one_that_raised():
     procs = [subprocess.Popen([sys.executable, str(WORKER), "--mode", "raise", "--steps", "8"], cwd=ROOT,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=150)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:   # a rank still blocked after the time limit: stop it (the test then fails)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert time.monotonic() - start < 120
     assert procs[0].returncode == 1 and procs[1].returncode == 1, outs
     assert "fluxpy.distributed: rank 1 raised RuntimeError: boom on rank 1 in step 3; rank 0 exits" in outs[0], outs
