@@ -99,3 +99,24 @@ def test_a_model_mismatch_is_detected_at_start():
     assert "DistributedError: DataParallel: the model's structure differs between ranks: rank(s) 1 differ" in \
         run.stdout, run.stdout[-3000:]
     assert "this rank has layers.6.weight (11, 32) float32" in run.stdout
+
+
+def _mnist_dir():
+    for d in (ROOT.parent / "shared" / "data" / "mnist", ROOT / "shared" / "data" / "mnist"):
+        if (d / "t10k-images-idx3-ubyte.gz").exists():
+            return d
+    return None
+
+
+@needs_two
+@pytest.mark.skipif(_mnist_dir() is None, reason="needs the MNIST files of shared/data/mnist")
+def test_the_mnist_example_runs_under_the_launcher_and_only_rank_0_reports_and_saves(tmp_path):
+    env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", "2", "examples/mnist_conv.py",
+                          "--data-dir", str(_mnist_dir()), "--epochs", "2", "--device", "gpu", "--no-progress",
+                          "--save", str(tmp_path / "m.npz"), "--plot", str(tmp_path / "m.png")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "[rank 0] epoch  2/2: train loss" in run.stdout and "2 ranks (batch 128 each)" in run.stdout
+    assert "[rank 1] epoch" not in run.stdout and "[rank 1] saved" not in run.stdout
+    assert "[rank 0] saved" in run.stdout and (tmp_path / "m.npz").exists()
