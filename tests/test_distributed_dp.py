@@ -418,12 +418,12 @@ def test_a_rank_that_exits_cleanly_does_not_stop_the_others(tmp_path):
 def test_init_rejects_a_bad_backend_and_a_world_without_nccl(monkeypatch):
     import fluxpy.distributed.group as group_module
     monkeypatch.setattr(group_module, "_DEFAULT", None)
-    with pytest.raises(ValueError, match="backend must be 'nccl' or 'none'"):
+    with pytest.raises(ValueError, match="backend must be 'auto', 'nccl', 'tcp' or 'none'"):
         init(backend="gloo")
     if not nccl_available()[0]:
         env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
         with pytest.raises(DistributedError, match="rank 1 of 2 cannot use NCCL"):
-            init(environ=env)
+            init(backend="nccl", environ=env)
     monkeypatch.setattr(group_module, "_DEFAULT", None)
 
 
@@ -454,3 +454,50 @@ def test_the_launcher_runs_a_data_parallel_script_of_one_rank_unchanged(tmp_path
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[rank 0] 0 1 (1, 1)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real processes through the launcher, collectives over the tcp backend (the GPU tests' worker, with --cpu)
+
+WORKER = ROOT / "tests" / "gpu" / "distributed_worker.py"
+
+
+def _launch_worker(nproc, *args, timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "5",
+                           str(WORKER), "--cpu", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def _npz(path):
+    with np.load(path) as f:
+        return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.mark.parametrize("options", [[], ["--bn", "--rule", "adam"]], ids=["momentum", "sync_bn_adam"])
+def test_two_processes_at_batch_b_equal_one_at_batch_2b(options, tmp_path):
+    two = _launch_worker(2, "--steps", "3", "--batch", "4", "--out", str(tmp_path / "two"), *options)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
+    one = _launch_worker(1, "--steps", "3", "--batch", "8", "--out", str(tmp_path / "one"), *options)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-2000:]
+    ref, r0, r1 = (_npz(tmp_path / n) for n in ("one.rank0.npz", "two.rank0.npz", "two.rank1.npz"))
+    for a, b in zip(r0, r1):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(ref, r0):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    assert "[rank 0] rank 0 of 2:" in two.stdout and "buckets" in two.stdout
+
+
+def test_processes_with_different_models_fail_at_start_naming_the_array():
+    run = _launch_worker(2, "--mode", "mismatch")
+    assert run.returncode != 0
+    assert "the model's structure differs between ranks: rank(s) 1 differ from rank 0" in run.stdout, run.stdout
+    assert "this rank has layers.6.weight (11, 32) float32" in run.stdout
+
+
+def test_a_process_that_raises_mid_training_stops_the_job_naming_it():
+    start = time.monotonic()
+    run = _launch_worker(2, "--mode", "raise", "--steps", "8")
+    assert time.monotonic() - start < 60
+    assert run.returncode != 0
+    assert "[rank 1] RuntimeError: boom on rank 1 in step 3" in run.stdout, run.stdout[-3000:]

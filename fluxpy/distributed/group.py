@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from .base import DONE, DistributedError
 from .env import DistributedEnv, read_env
 from .rendezvous import DEFAULT_TIMEOUT, rendezvous
 from .watchdog import Watchdog
@@ -22,29 +23,6 @@ from .watchdog import Watchdog
 __all__ = ["ProcessGroup", "init", "get_group", "is_initialized", "destroy", "DistributedError"]
 
 _DEFAULT: ProcessGroup | None = None
-
-
-class DistributedError(RuntimeError):
-    """A collective was used wrongly or the ranks disagree (model structure, collective order); the message names
-    the ranks.
-
-    >>> issubclass(DistributedError, RuntimeError)
-    True
-    """
-
-
-class _Done:
-    """The handle of a collective that has nothing to wait for (a group of one)."""
-    __slots__ = ()
-
-    def wait(self) -> None:
-        return None
-
-    def done(self) -> bool:
-        return True
-
-
-DONE = _Done()
 
 
 class ProcessGroup:
@@ -69,7 +47,7 @@ class ProcessGroup:
         self.comm, self.watchdog = comm, watchdog
         if comm is None and env.world_size > 1:
             self._no_collectives = ("this group was made with backend='none' (rendezvous and watchdog only); "
-                                    "collectives need backend='nccl'")
+                                    "collectives need backend='nccl' or 'tcp'")
         else:
             self._no_collectives = None
 
@@ -136,7 +114,7 @@ class ProcessGroup:
         import numpy as np
 
         from ..backend import to_gpu
-        one = to_gpu(np.ones(1, np.float32))
+        one = np.ones(1, np.float32) if comm.device is None else to_gpu(np.ones(1, np.float32))
         comm.all_reduce(one, "sum", wait=True, what="barrier")
         comm.synchronize()
 
@@ -162,7 +140,7 @@ def _nbytes(x):
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_timeout: float = 600.0,
+def init(*, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, collective_timeout: float = 600.0,
          device: int | None = None, environ: Any = None) -> ProcessGroup:
     """Join the job the launcher started (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
     ``MASTER_PORT``, as ``python -m fluxpy.distributed.run``, ``torchrun`` and Slurm wrappers set them) and return
@@ -174,7 +152,9 @@ def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_
     ``device`` (``LOCAL_RANK`` by default) and joins the NCCL communicator. A watchdog thread then ends this process
     with an error naming the rank (``fluxpy.distributed: rank 1 raised RuntimeError: ...; rank 0 exits``) when
     another rank dies or raises, or when a collective has not finished after ``collective_timeout`` seconds, instead
-    of hanging. ``backend='none'``: the rendezvous and the watchdog only, no communicator (no GPU needed).
+    of hanging. ``backend``: ``'nccl'`` (GPUs), ``'tcp'`` (NumPy arrays between processes through rank 0, slowly:
+    tests and machines without GPUs, :mod:`fluxpy.distributed.tcp`), ``'auto'`` (the default: NCCL where CuPy has it
+    and a GPU is there, else tcp), ``'none'`` (the rendezvous and the watchdog only, no collectives).
     Without the variables (or ``WORLD_SIZE=1``): a group of one, no rendezvous, no GPU needed.
 
     >>> init().world_size
@@ -183,13 +163,15 @@ def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_
     global _DEFAULT
     if _DEFAULT is not None:
         return _DEFAULT
-    if backend not in ("nccl", "none"):
-        raise ValueError(f"init: backend must be 'nccl' or 'none', got {backend!r}")
+    if backend not in ("auto", "nccl", "tcp", "none"):
+        raise ValueError(f"init: backend must be 'auto', 'nccl', 'tcp' or 'none', got {backend!r}")
     env = read_env(environ)
     if env.world_size == 1:
         _DEFAULT = ProcessGroup(env)
         return _DEFAULT
     from ..kernels import nccl
+    if backend == "auto":
+        backend = "nccl" if nccl.nccl_available()[0] else "tcp"
     if backend == "nccl":
         ok, why = nccl.nccl_available()
         if not ok:
@@ -211,6 +193,9 @@ def init(*, backend: str = "nccl", timeout: float = DEFAULT_TIMEOUT, collective_
     if backend == "nccl":
         comm = holder["comm"] = nccl.NcclComm(meeting.payload, env.rank, env.world_size,
                                               env.local_rank if device is None else device)
+    elif backend == "tcp":
+        from .tcp import TcpComm
+        comm = TcpComm(meeting, dog, timeout=collective_timeout)
     _DEFAULT = ProcessGroup(env, comm, dog)
     return _DEFAULT
 

@@ -1,13 +1,13 @@
 """The fault watchdog of a process group: a thread per rank that turns a peer's death, a peer's exception or a
-collective that never finishes into an error naming the rank, and ends this process instead of letting it hang.
-
-It watches the rendezvous connections (rank 0 holds one to every rank, the others one to rank 0), which stay open
-for the whole job. Frames after the rendezvous: ``E`` + text (a rank failed; rank 0 forwards it to the others) and
-``Q`` (a rank is leaving cleanly, at exit). A connection that closes without ``Q`` is a rank that died. A rank whose
-code raises sends ``E`` naming itself and its exception before it exits (:meth:`Watchdog.install_excepthook`).
-Collectives the group queues are tracked (:meth:`Watchdog.track`): one still unfinished after
-``collective_timeout`` seconds, or ``left_grace`` seconds after a peer left, fails the job too, and so does an
-asynchronous NCCL error (``async_error``, polled: ``ncclCommGetAsyncError``).
+collective that never finishes into an error naming the rank, and ends this process instead of letting it hang. It
+watches the rendezvous connections (rank 0 holds one to every rank, the others one to rank 0), which stay open for
+the whole job. Frames after the rendezvous: ``E`` + text (a rank failed; rank 0 forwards it to the others), ``Q`` (a
+rank is leaving cleanly, at exit) and ``D`` (data of the tcp backend's collectives, queued for it). A connection
+that closes without ``Q`` is a rank that died. A rank whose code raises sends ``E`` naming itself and its exception
+before it exits (:meth:`Watchdog.install_excepthook`). Collectives the group queues are tracked
+(:meth:`Watchdog.track`): one still unfinished after ``collective_timeout`` seconds, or ``left_grace`` seconds after
+a peer left, fails the job too, and so does an asynchronous NCCL error (``async_error``, polled:
+``ncclCommGetAsyncError``).
 
 Failing means: say why on stderr (``fluxpy.distributed: rank 1 raised RuntimeError: boom; rank 0 exits``), tell the
 peers, abort the communicator (``ncclCommAbort``, so nothing stays blocked on the GPU), and ``os._exit(1)``.
@@ -18,6 +18,7 @@ import atexit
 import collections
 import contextlib
 import os
+import queue
 import selectors
 import sys
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 from .rendezvous import ERROR, Group, _recv_frame, _send_quiet
 
 LEAVE = b"Q"
+DATA = b"D"    # the tcp backend's collectives (fluxpy.distributed.tcp), handed to it through inbox(rank)
 EXIT_STATUS = 1
 
 
@@ -56,6 +58,8 @@ class Watchdog:
         self.failure: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._inboxes: dict[int, queue.Queue] = {}
+        self.send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -72,6 +76,14 @@ class Watchdog:
         """Watch a queued collective (anything with ``done() -> bool``) until it finishes."""
         with self._lock:
             self.pending.append((work, what, time.monotonic()))
+
+    def inbox(self, rank: int) -> queue.Queue:
+        """The ``D`` frames received from ``rank``, in order (for the tcp backend)."""
+        with self._lock:
+            box = self._inboxes.get(rank)
+            if box is None:
+                box = self._inboxes[rank] = queue.Queue()
+            return box
 
     def install_excepthook(self) -> None:
         """An uncaught exception in this process (main thread or another) tells the peers which rank raised and
@@ -128,7 +140,9 @@ class Watchdog:
             self._fail_remote(f"rank {rank} died (its connection closed without a clean exit)", origin=rank)
             return
         kind = frame[:1]
-        if kind == LEAVE:
+        if kind == DATA:
+            self.inbox(rank).put(frame[1:])
+        elif kind == LEAVE:
             self.left[rank] = time.monotonic()
         elif kind == ERROR:
             self._fail_remote(frame[1:].decode("utf-8", "replace"), origin=rank)

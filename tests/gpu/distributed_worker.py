@@ -26,7 +26,8 @@ from fluxpy.train import train  # noqa: E402
 
 
 def net(bn, classes=10):
-    layers = [Conv((3, 3), 3, 8, relu if not bn else fluxpy.identity, pad=1, rng=1)]
+    # before a BatchNorm a conv has no bias: its gradient would be rounding noise, which Adam scales up to full steps
+    layers = [Conv((3, 3), 3, 8, relu if not bn else fluxpy.identity, pad=1, bias=not bn, rng=1)]
     layers += [BatchNorm(8, relu)] if bn else []
     layers += [MaxPool((2, 2)), Conv((3, 3), 8, 8, relu, pad=1, rng=2), MaxPool((2, 2)), flatten,
                Dense(8 * 4 * 4, 32, relu, rng=3), Dense(32, classes, rng=4)]
