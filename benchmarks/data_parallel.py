@@ -21,7 +21,8 @@ which only sets ``RANK``/``WORLD_SIZE``/``MASTER_*``; no torchrun):
 NVLink multicast stays off (``NCCL_NVLS_ENABLE=0`` and friends are set for every process started).
 
 Run (2+ GPUs, PyTorch for its side): ``PYTHONPATH=. python3 benchmarks/data_parallel.py [--gpus 1,2]
-[--models resnet20:256,resnet18:64] [--sides fluxpy,torch] [--steps 30 --warmup 10 --repeats 5] [--json out.json]``.
+[--models resnet20:256,resnet18:64] [--sides fluxpy,torch] [--tasks scaling,allreduce] [--steps 30 --warmup 10
+--repeats 5] [--json out.json]``.
 ``--smoke``: fluxpy only, on the CPU, one process, ResNet-20 at batch 2, two steps (checks the code path).
 """
 from __future__ import annotations
@@ -210,7 +211,8 @@ def drive(a):
         gpus = [1] + gpus
     common = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--repeats", str(a.repeats)]
     rows, reduce_rows = [], []
-    for model in a.models.split(","):
+    tasks = a.tasks.split(",")
+    for model in a.models.split(",") if "scaling" in tasks else []:
         for side in a.sides.split(","):
             base = None
             for n in gpus:
@@ -227,7 +229,7 @@ def drive(a):
                            buckets=res.get("buckets"))
                 rows.append(row)
                 print(_row_text(row), flush=True)
-    for side in a.sides.split(","):
+    for side in a.sides.split(",") if "allreduce" in tasks else []:
         for n in [g for g in gpus if g > 1]:
             res, _ = launch(n, ["--worker", "allreduce", "--side", side, "--allreduce-mb", str(a.allreduce_mb),
                                 "--iters", str(a.iters), "--warmup", "5", "--repeats", str(a.repeats)], a.timeout)
@@ -281,6 +283,7 @@ def main(argv=None):
     p.add_argument("--gpus", default=None, help="GPU counts to run, e.g. 1,2 (default: 1, 2, 4, 8 up to what exists)")
     p.add_argument("--models", default="resnet20:256,resnet18:64", help="model:batch per GPU, comma-separated")
     p.add_argument("--sides", default="fluxpy,torch")
+    p.add_argument("--tasks", default="scaling,allreduce", help="scaling (the training steps), allreduce, or both")
     p.add_argument("--capture", choices=["on", "off"], default="on", help="fluxpy's step as a CUDA graph")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
