@@ -23,7 +23,9 @@ NVLink multicast stays off (``NCCL_NVLS_ENABLE=0`` and friends are set for every
 Run (2+ GPUs, PyTorch for its side): ``PYTHONPATH=. python3 benchmarks/data_parallel.py [--gpus 1,2]
 [--models resnet20:256,resnet18:64] [--sides fluxpy,torch] [--tasks scaling,allreduce] [--steps 30 --warmup 10
 --repeats 5] [--json out.json]``.
-``--smoke``: fluxpy only, on the CPU, one process, ResNet-20 at batch 2, two steps (checks the code path).
+``--smoke``: fluxpy only, on the CPU, one process, ResNet-20 at batch 2, two steps (checks the code path);
+``--cpu``: the fluxpy side on the CPU through the tcp backend, any ``--gpus`` (processes), to check the driver:
+``--cpu --sides fluxpy --gpus 1,2 --models resnet20:4 --steps 2 --warmup 1 --repeats 3 --allreduce-mb 4``.
 """
 from __future__ import annotations
 
@@ -78,12 +80,12 @@ def fluxpy_worker(a):
     model = ctor(np.random.default_rng(0))
     x = rng.standard_normal((batch, *shape), dtype=np.float32)
     y = fluxpy.onehotbatch(rng.integers(0, classes, batch), range(classes))
-    move = (lambda t: t) if a.smoke else fluxpy.gpu
+    move = (lambda t: t) if a.cpu else fluxpy.gpu
     model, x, y = move((model, x, y))
     net = DataParallel(model) if group.world_size > 1 else model
     step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), net,
                             fluxpy.setup(fluxpy.Adam(LEARNING_RATE), net), capture=a.capture == "on")
-    if a.smoke:
+    if a.cpu:
         def sync():
             return None
     else:
@@ -137,17 +139,18 @@ def allreduce_worker(a):
     nbytes = int(a.allreduce_mb * 1e6)
     n = nbytes // 4
     if a.side == "fluxpy":
-        import cupy
-
         from fluxpy.distributed import init
         from fluxpy.kernels.nccl import nccl_version
         group = init(timeout=300)
-        buf = cupy.ones(n, cupy.float32)
+        if a.cpu:
+            buf, sync, nccl = np.ones(n, np.float32), (lambda: None), "none (tcp backend)"
+        else:
+            import cupy
+            buf, sync, nccl = cupy.ones(n, cupy.float32), cupy.cuda.Device().synchronize, nccl_version()
 
         def op():
             group.all_reduce(buf)
-        sync, barrier, rank, world = cupy.cuda.Device().synchronize, group.barrier, group.rank, group.world_size
-        nccl = nccl_version()
+        barrier, rank, world = group.barrier, group.rank, group.world_size
     else:
         import torch
         import torch.distributed as dist
@@ -216,7 +219,7 @@ def drive(a):
         for side in a.sides.split(","):
             base = None
             for n in gpus:
-                extra = ["--capture", a.capture] if side == "fluxpy" else []
+                extra = (["--capture", a.capture] + (["--cpu"] if a.cpu else [])) if side == "fluxpy" else []
                 res, _ = launch(n, ["--worker", side, "--model", model, *common, *extra], a.timeout)
                 if res is None:
                     continue
@@ -232,7 +235,8 @@ def drive(a):
     for side in a.sides.split(",") if "allreduce" in tasks else []:
         for n in [g for g in gpus if g > 1]:
             res, _ = launch(n, ["--worker", "allreduce", "--side", side, "--allreduce-mb", str(a.allreduce_mb),
-                                "--iters", str(a.iters), "--warmup", "5", "--repeats", str(a.repeats)], a.timeout)
+                                "--iters", str(a.iters), "--warmup", "5", "--repeats", str(a.repeats)]
+                            + (["--cpu"] if a.cpu else []), a.timeout)
             if res is None:
                 continue
             row = dict(side=side, gpus=n, mb=a.allreduce_mb, us=summary(res["us"]), algbw=summary(res["algbw"]),
@@ -293,6 +297,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="fluxpy on the CPU (tcp backend): checks the driver, no GPU")
     a = p.parse_args(argv)
     if a.worker == "fluxpy":
         return fluxpy_worker(a)
@@ -302,7 +307,7 @@ def main(argv=None):
         return allreduce_worker(a)
     if a.smoke:
         res, proc = launch(1, ["--worker", "fluxpy", "--model", "resnet20:2", "--steps", "2", "--warmup", "1",
-                               "--repeats", "3", "--capture", "off", "--smoke"], a.timeout)
+                               "--repeats", "3", "--capture", "off", "--cpu"], a.timeout)
         print(proc.stdout.strip() or proc.stderr[-2000:])
         return 0 if res is not None else 1
     return drive(a)
