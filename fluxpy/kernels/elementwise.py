@@ -245,6 +245,10 @@ class Sym:
     def __abs__(self):
         return self.tr.emit("f", f"{self.tr.fn(np.absolute)}({self.f()})")
 
+    def erf(self):
+        """The error function of this value (CUDA's ``erff``/``erf``): :func:`fluxpy.ops.special.erf` of a ``Sym``."""
+        return self.tr.emit("f", f"{'erff' if self.tr.ctype == 'float' else 'erf'}({self.f()})")
+
     def _compare(self, o, op, reverse=False):
         t = self._text(o)
         if t is None:
@@ -1233,7 +1237,23 @@ def loss_scale_advance(scale: Array, good: Array, flag: Array, applied: Array, i
 
 
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
+def erf(x: Array) -> Array:
+    """``erf`` of a CuPy float array in one kernel (CUDA's ``erff``/``erf``; the halves computed in float32): the
+    ``erf`` op's kernel, instead of its composite of about ninety elementwise passes."""
+    return fused_forward(_erf_of, x)
+
+
+def _erf_of(v):
+    return v.erf()
+
+
+def erf_supports(x) -> bool:
+    """CuPy arrays of a dtype the traced kernels compute (float16, bfloat16, float32, float64)."""
+    return type(x) is cupy.ndarray and x.dtype in _COMPUTE
+
+
 KERNELS = {
+    "erf": (erf, erf_supports),
     "broadcast": (fused_forward, None),
     "broadcast_backward": (fused_pullback, None),
     "bias_act": (bias_act_forward, None),

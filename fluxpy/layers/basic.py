@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, value_of
-from ..backend import get_array_module, is_float_dtype
+from ..backend import get_array_module, gpu_device, is_float_dtype, to_gpu
 from ..functors import cpu, layer
 from ..random import as_rng
 from ..ops import basic as _ops
@@ -289,6 +289,7 @@ def _embed(layer, weight, x, padding_idx):
         xv = value_of(x)
         if not is_tracked(x) and xv.dtype != weight.dtype:
             x = xv.astype(weight.dtype)            # 0/1 data: exact in the weight's dtype
+        x = _on_weight_device(x, weight)           # host one-hot rows for a GPU table, as host indices are taken
         y = matmul(x, weight)
         if padding_idx is None:
             return y
@@ -300,7 +301,15 @@ def _embed(layer, weight, x, padding_idx):
     y = weight[x]
     if padding_idx is None:
         return y
-    return y * (x != padding_idx)[..., None].astype(y.dtype)
+    return y * _on_weight_device((x != padding_idx)[..., None].astype(y.dtype), weight)
+
+
+def _on_weight_device(a, weight):
+    """A plain host array ``a`` moved to the GPU where ``weight`` is there (inputs such as token ids and one-hot
+    rows come from the host); anything else unchanged."""
+    if isinstance(a, np.ndarray) and gpu_device(value_of(weight)) is not None:
+        return to_gpu(a)
+    return a
 
 
 # Ragged bags at once: a sum or mean as one scatter over all bags; a max or min over bags padded to one length by

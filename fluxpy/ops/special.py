@@ -24,6 +24,7 @@ from ..autodiff import Primitive
 from ..backend import Array, get_array_module
 from ..dual import Dual
 from ..kernels import find
+from ..kernels.elementwise import Sym
 from ..kernels.halfs import is_half
 from .basic import exp
 
@@ -89,6 +90,8 @@ def erf(x: Array) -> Array:
     >>> gradient(lambda x: erf(x).sum(), np.array([0.0]))[0]       # 2 / sqrt(pi)
     array([1.12837917])
     """
+    if type(x) is Sym:                      # inside a fused GPU kernel's trace (gelu_erf in broadcast, bias_act)
+        return x.erf()
     if type(x) is Dual:
         slope = _TWO_OVER_SQRT_PI * np.exp(-(x.v * x.v))
         return Dual(erf(x.v), tuple(d * slope for d in x.d))

@@ -87,6 +87,8 @@ def test_partials_match_dual_numbers_elementwise():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 33)) * 3
     for name in A.__all__:
+        if name == "rrelu":       # random slopes at every call: dual numbers refuse it (tested in test_special_gpu)
+            continue
         act = getattr(A, name)
         f = (lambda act: lambda v: act(v))(act)
         dy = rng.standard_normal(x.shape)
