@@ -306,6 +306,17 @@ def test_a_rank_that_does_not_join_a_collective_makes_the_others_fail_naming_it(
     assert isinstance(errors[0], DistributedError) and "did not complete in 0.5 s" in str(errors[0])
 
 
+def test_a_model_on_the_wrong_device_is_refused_naming_the_array():
+    group = ProcessGroup(DistributedEnv(0, 2, 0), local_groups(1)[0].comm)
+
+    class OnGpu:   # what a rank of an NCCL group reports
+        device = 0
+    group.comm = OnGpu()
+    with pytest.raises(DistributedError, match=r"layers.0.weight is on the CPU; every array of the model must be on "
+                                               r"rank 0's GPU 0 \(fluxpy.gpu\(model\) after init\(\)\)"):
+        DataParallel(_net(), group)
+
+
 def test_structure_digest_tells_shapes_dtypes_and_paths_apart():
     base = structure_digest({"w": np.ones((2, 3), np.float32)})[0]
     assert structure_digest({"w": np.zeros((2, 3), np.float32)})[0] == base

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, register_gradient_hook, value_of
-from ..backend import get_array_module, is_array, is_float_dtype
+from ..backend import get_array_module, gpu_device, is_array, is_float_dtype
 from ..functors import _trainable_keys, children, layer
 from .buckets import bucket_plan
 from .group import DistributedError, ProcessGroup, get_group
@@ -130,6 +130,7 @@ class DataParallel:
         self._reducer = None
         self._buffers: list = []
         if group.world_size > 1:
+            _check_device(module, group)
             check_structure(module, group)
             if broadcast:
                 broadcast_arrays(module, group)
@@ -226,6 +227,17 @@ def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False
     for x, tmp in zip(arrays, staged):
         if tmp is not x:   # a channels-last array went through a contiguous copy
             x[...] = tmp
+
+
+def _check_device(model, group):
+    """Every array of ``model`` on the group's GPU (NCCL), or a plain NumPy array (the tcp backend)."""
+    for path, x in _walk(model, trainable_only=False):
+        where = gpu_device(value_of(x))
+        if where != group.device:
+            here = "the CPU" if where is None else f"GPU {where}"
+            want = "the CPU (the tcp backend moves NumPy arrays)" if group.device is None else \
+                f"rank {group.rank}'s GPU {group.device} (fluxpy.gpu(model) after init())"
+            raise DistributedError(f"DataParallel: {path} is on {here}; every array of the model must be on {want}")
 
 
 def _buffers(model):
