@@ -1244,7 +1244,10 @@ def erf(x: Array) -> Array:
 
 
 def _erf_of(v):
-    return v.erf()
+    if type(v) is Sym:
+        return v.erf()
+    # the trace first runs f on small NumPy arrays for the result dtype: erf there, keeping the dtype
+    return np.asarray(np.vectorize(math.erf, otypes=[np.float64])(v), dtype=v.dtype)
 
 
 def erf_supports(x) -> bool:
