@@ -142,6 +142,14 @@ def unique_id() -> bytes:
     return bytes(b & 0xFF for b in raw)
 
 
+def _communicator(world_size, uid, rank):
+    """``cupy.cuda.nccl.NcclCommunicator``: CuPy 14 takes the id as bytes, older CuPy as a tuple of C chars."""
+    try:
+        return _nccl.NcclCommunicator(world_size, uid, rank)
+    except TypeError:
+        return _nccl.NcclCommunicator(world_size, tuple(b - 256 if b > 127 else b for b in uid), rank)
+
+
 def _require():
     if _nccl is None:
         from ..backend import GPUUnavailableError
@@ -195,8 +203,7 @@ class NcclComm:
             raise ValueError(f"NcclComm: the unique id must be {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
         self.rank, self.world_size, self.device = rank, world_size, device
         use_device(device)
-        signed = tuple(b - 256 if b > 127 else b for b in uid)   # CuPy passes the id as C chars
-        self._comm = _call("ncclCommInitRank", rank, _nccl.NcclCommunicator, world_size, signed, rank)
+        self._comm = _call("ncclCommInitRank", rank, _communicator, world_size, bytes(uid), rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.aborted = False
         self._lock = threading.Lock()
