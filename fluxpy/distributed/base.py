@@ -1,12 +1,12 @@
-"""What the process group and its backends share: :class:`DistributedError` and the handle of a finished
-collective, :data:`DONE`.
+"""What the process group and its backends share: :class:`DistributedError`, the handle of a finished
+collective, :data:`DONE`, and :class:`HostComm`, what the host-side backends (threads, tcp) have in common.
 
 >>> DONE.done()
 True
 """
 from __future__ import annotations
 
-__all__ = ["DistributedError", "DONE"]
+__all__ = ["DistributedError", "DONE", "HostComm"]
 
 
 class DistributedError(RuntimeError):
@@ -30,3 +30,17 @@ class _Done:
 
 
 DONE = _Done()
+
+
+class HostComm:
+    """The part of a host-side communicator (ranks as threads, the tcp backend) written once: ``broadcast_many`` as
+    one ``broadcast`` per array, in order (NCCL's backend groups them into one launch instead).
+
+    >>> hasattr(HostComm, "broadcast_many")
+    True
+    """
+
+    def broadcast_many(self, xs: list, root: int = 0, *, wait: bool = True, what: str = "broadcast"):
+        for x in xs:
+            self.broadcast(x, root, what=what)
+        return DONE

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..backend import get_array_module
 from .env import DistributedEnv
+from .base import HostComm
 from .group import DONE, DistributedError, ProcessGroup
 
 __all__ = ["local_groups", "ThreadComm"]
@@ -39,7 +40,7 @@ class _Meeting:
         self.timeout = timeout
 
 
-class ThreadComm:
+class ThreadComm(HostComm):
     """One rank's side of a :class:`_Meeting` (what :class:`ProcessGroup` calls as its communicator).
 
     >>> ThreadComm(_Meeting(1, 1.0), 0).all_reduce(np.ones(1), "sum").done()
@@ -94,11 +95,6 @@ class ThreadComm:
         src = xs[root].copy()
         self._wait(what)
         x[...] = src
-        return DONE
-
-    def broadcast_many(self, xs: list, root: int = 0, *, wait: bool = True, what: str = "broadcast") -> Any:
-        for x in xs:
-            self.broadcast(x, root, what=what)
         return DONE
 
     def all_gather(self, x: Any) -> Any:

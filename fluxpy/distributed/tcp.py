@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DONE, DistributedError
+from .base import DONE, DistributedError, HostComm
 from .rendezvous import Group, _send
 from .watchdog import DATA, Watchdog
 
@@ -28,7 +28,7 @@ CHUNK = 1 << 19
 _HEAD = struct.Struct(">QH")   # payload bytes, length of the key text
 
 
-class TcpComm:
+class TcpComm(HostComm):
     """Rank ``group.rank``'s side of the tcp backend over the rendezvous ``group`` (whose frames ``watchdog``
     reads). ``all_reduce``, ``broadcast`` and ``broadcast_many`` (root 0), ``all_gather``, as :class:`ProcessGroup`
     calls them; NumPy arrays only.
@@ -135,11 +135,6 @@ class TcpComm:
                 self._send(peer, key, payload)
         else:
             x[...] = np.frombuffer(self._from_root(key, x, what), dtype=x.dtype).reshape(x.shape)
-        return DONE
-
-    def broadcast_many(self, xs: list, root: int = 0, *, wait: bool = True, what: str = "broadcast") -> Any:
-        for x in xs:
-            self.broadcast(x, root, what=what)
         return DONE
 
     def all_gather(self, x: Any) -> Any:

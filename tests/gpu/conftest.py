@@ -27,3 +27,19 @@ def isolated_cudnn_cache(tmp_path_factory):
         os.environ.pop("FLUXPY_CACHE", None)
     else:
         os.environ["FLUXPY_CACHE"] = old
+
+
+@pytest.fixture()
+def graph(tmp_path, monkeypatch):
+    """The cuDNN graph module, with fluxpy's normal CuPy kernels registered (the graph versions), a temporary disk
+    cache (FLUXPY_CACHE) and empty plan caches."""
+    import fluxpy
+    from devices import cupy_module
+    from fluxpy.kernels import cuda_conv, cudnn, gpu
+    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
+    cudnn.clear_cache()
+    assert gpu.register()
+    assert fluxpy.kernels.lookup("conv_forward", cupy_module().empty(1)) is cuda_conv.KERNELS["conv_forward"]
+    assert cuda_conv.KERNELS["conv_forward"] is cudnn.graph.conv_forward
+    yield cudnn.graph
+    cudnn.clear_cache()

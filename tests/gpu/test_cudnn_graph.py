@@ -17,19 +17,6 @@ from fluxpy.ops.conv import conv, conv_backward_data, conv_backward_filter, conv
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture()
-def graph(tmp_path, monkeypatch):
-    """The graph module, with fluxpy's normal CuPy kernels registered (the graph versions) and empty caches."""
-    from fluxpy.kernels import cuda_conv, cudnn, gpu
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
-    cudnn.clear_cache()
-    assert gpu.register()
-    assert fluxpy.kernels.lookup("conv_forward", cupy_module().empty(1)) is cuda_conv.KERNELS["conv_forward"]
-    assert cuda_conv.KERNELS["conv_forward"] is cudnn.graph.conv_forward
-    yield cudnn.graph
-    cudnn.clear_cache()
-
-
 @contextlib.contextmanager
 def legacy_kernels():
     """The kernel table with cuDNN's legacy calls for the convolution ops (restored afterwards)."""

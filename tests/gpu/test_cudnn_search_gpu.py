@@ -13,22 +13,19 @@ import pytest
 from devices import cupy_module
 from fluxpy.ops.conv import conv_backward_data, conv_backward_filter, conv_dims
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("searching")]
 
 
 @pytest.fixture()
-def graph(tmp_path, monkeypatch):
-    """The graph module with a temporary disk cache, empty plan caches and a generous search budget."""
-    from fluxpy.kernels import cudnn
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
-    cudnn.clear_cache()
-    old = cudnn.graph.set_search(5000)
-    old_calls = cudnn.graph.SEARCH_CALLS
-    cudnn.graph.SEARCH_CALLS = 10**6        # the budget, not the problem's size, bounds the search here
-    yield cudnn.graph
-    cudnn.graph.SEARCH_CALLS = old_calls
-    cudnn.graph.set_search(old)
-    cudnn.clear_cache()
+def searching(graph):
+    """The graph module (conftest's ``graph``: temporary disk cache, empty plan caches) with a generous search
+    budget that the budget alone bounds."""
+    old = graph.set_search(5000)
+    old_calls = graph.SEARCH_CALLS
+    graph.SEARCH_CALLS = 10**6
+    yield graph
+    graph.SEARCH_CALLS = old_calls
+    graph.set_search(old)
 
 
 def _problem(seed, n=8, c=32, h=14, k=48, r=3, stride=2, pad=1):
@@ -67,7 +64,7 @@ def test_every_configuration_the_search_times_computes_the_gradient(graph, kind)
         got = conv_backward_data(dyg, wg, cd)
         ref = conv_backward_data(dy.astype(np.float64), w.astype(np.float64), cd)
     assert _rel(cp.asnumpy(got), ref) < 1e-5
-    p = _plan(graph, kind)
+    p = _plan(searching, kind)
     sources = [src for _, src, _ in p.tuned]
     assert any(s.startswith("heuristics") for s in sources), sources
     assert any(s == "engine search" or " + " in s for s in sources), f"nothing past the heuristics: {sources}"
