@@ -683,6 +683,8 @@ def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_la
     p = GraphPlan(kind, cdims, dtype, channels_last)
     use_disk = OPTIONS["disk_cache"] and _AUTOTUNE[0] > 0
     stored = _DISK.get(_disk_key(p)) if use_disk else None
+    if not isinstance(stored, dict):
+        stored = None        # nothing, or a row this version does not understand: search afresh
     got, fresh = None, False
     try:
         p.build(handle)
