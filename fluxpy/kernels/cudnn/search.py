@@ -65,7 +65,12 @@ _P = ctypes.c_void_p
 
 class Config(NamedTuple):
     """An engine configuration: the engine's global index and its knob choices ``((knob type, value), ...)``
-    sorted by type (empty: the engine's defaults)."""
+    sorted by type (empty: the engine's defaults).
+
+    >>> c = Config(20).with_knob(KNOB_SPLIT_K_SLC, 4)
+    >>> c, str(c)
+    (Config(engine=20, knobs=((17, 4),)), 'engine 20 [SPLIT_K_SLC=4]')
+    """
     engine: int
     knobs: tuple = ()
 
@@ -88,7 +93,12 @@ class Config(NamedTuple):
 class Candidate:
     """A finalized execution plan (``plan``, workspace bytes ``ws``) of ``config``, its time in ms once timed,
     where it came from (``source``: ``"heuristics #2"``, ``"engine search"``, ``"... + SPLIT_K_SLC=4"``), and the
-    descriptors made for it (destroyed with it)."""
+    descriptors made for it (destroyed with it).
+
+    >>> c = Candidate(plan=None, ws=0, config=Config(5), source="engine search")
+    >>> c.ms, c.source
+    (inf, 'engine search')
+    """
     __slots__ = ("plan", "ws", "config", "source", "ms", "descs")
 
     def __init__(self, plan, ws, config, source, descs=()):
