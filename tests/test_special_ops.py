@@ -33,7 +33,8 @@ def test_erf_matches_math_erf_on_both_branches(path):
     f = erf if path == "op" else erf_composite
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.uniform(-2, 2, 5000), rng.uniform(-30, 30, 5000), [0.0, 2.0, -2.0, 1e-310, -5.9, 6.1]])
-    np.testing.assert_allclose(f(x), _math_erf(x), rtol=4e-16 if path == "op" else 1e-15, atol=0)
+    # the op runs SciPy's kernel where SciPy is installed, else the composite: 1e-15 relative either way
+    np.testing.assert_allclose(f(x), _math_erf(x), rtol=1e-15, atol=0)
     y = f(np.array([np.inf, -np.inf, np.nan]))
     assert y[0] == 1.0 and y[1] == -1.0 and np.isnan(y[2])
 
