@@ -38,7 +38,7 @@ from .layout import keeping_layout
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
-           "DetachedGradientWarning", "register_gradient_hook"]
+           "DetachedGradientWarning", "register_gradient_hook", "SliceCotangent"]
 
 _levels = itertools.count(1)
 # Gradient hooks (register_gradient_hook), per tape level: {level: {id(node): (node, [fn, ...])}}; a gradient or
@@ -456,6 +456,62 @@ def _toposort(root):
     return order
 
 
+class SliceCotangent:
+    """The cotangent of ``x[index]`` for a basic ``index`` (ints, slices, ``None``, ``...``, a boolean mask: each
+    element of ``x`` at most once), kept as ``values`` until needed whole: zeros of ``shape`` with ``values`` at
+    ``index``. A pullback may return one instead of the dense array (getitem's does); the backward walk adds
+    several into one buffer that it owns, in place, so that a loop taking ``x[t]`` at every step pulls back in one
+    buffer of ``x``'s size, not one per step.
+
+    >>> import numpy as np
+    >>> SliceCotangent(np.ones(2), (4,), (slice(1, 3),)).dense()
+    array([0., 1., 1., 0.])
+    """
+    __slots__ = ("values", "shape", "index")
+
+    def __init__(self, values: Any, shape: tuple, index: tuple) -> None:
+        self.values, self.shape, self.index = values, shape, index
+
+    def dense(self) -> Any:
+        """The whole cotangent (a new array: the walk may add into it in place)."""
+        out = get_array_module(self.values).zeros(self.shape, dtype=self.values.dtype)
+        out[self.index] = self.values
+        return out
+
+
+def _accumulate(grads, owned, k, gp):
+    """Add the cotangent ``gp`` to ``grads[k]``. Buffers in ``owned`` (ids) were made by the walk itself and take
+    slice cotangents in place; any other array is copied before it is written."""
+    prev = grads.get(k)
+    if prev is None:
+        grads[k] = gp
+        return
+    if type(gp) is SliceCotangent and type(prev) is not SliceCotangent and gp.values.dtype == prev.dtype \
+            and tuple(prev.shape) == gp.shape:
+        if id(prev) not in owned:
+            prev = prev.copy()
+            owned.add(id(prev))
+            grads[k] = prev
+        prev[gp.index] += gp.values
+        return
+    if type(prev) is SliceCotangent:
+        prev = prev.dense()
+        owned.add(id(prev))
+        if type(gp) is SliceCotangent and gp.values.dtype == prev.dtype:
+            prev[gp.index] += gp.values
+            grads[k] = prev
+            return
+    if type(gp) is SliceCotangent:
+        gp = gp.dense()
+    total = grads[k] = keeping_layout(operator.add, prev, gp)
+    owned.add(id(total))     # a new array: later slices may go into it in place
+
+
+def _whole(g):
+    """``g`` as an array (a slice cotangent made dense)."""
+    return g.dense() if type(g) is SliceCotangent else g
+
+
 def _backprop(root, seed, release=True, hooks=None):
     """Cotangents of the leaves (nodes without a pullback) reached from the :class:`Node` ``root``: {id: grad}.
 
@@ -465,6 +521,7 @@ def _backprop(root, seed, release=True, hooks=None):
     (``{id(node): (node, [fn, ...])}``, see :func:`register_gradient_hook`) run as each hooked node's gradient
     becomes final: when the last node that uses it has pulled back (counted before the walk)."""
     grads = {id(root): seed}
+    owned = set()        # ids of the buffers this walk made (slice cotangents add into them in place)
     leaves = {}
     order = _toposort(root)
     users = _count_users(order, hooks) if hooks else None
@@ -473,7 +530,7 @@ def _backprop(root, seed, release=True, hooks=None):
             order[i] = None
         if users is not None and id(node) in users:   # nothing uses it (the root): final now
             _run_hooks(id(node), hooks, users, grads)
-        g = grads.pop(id(node), None)
+        g = _whole(grads.pop(id(node), None))
         if g is None:
             if users is not None:
                 _used(node.parents, hooks, users, grads)
@@ -489,9 +546,7 @@ def _backprop(root, seed, release=True, hooks=None):
         for p, gp in zip(parents, cotangents):
             if p is None or gp is None:
                 continue
-            k = id(p)
-            prev = grads.get(k)
-            grads[k] = gp if prev is None else keeping_layout(operator.add, prev, gp)
+            _accumulate(grads, owned, id(p), gp)
         if users is not None:
             _used(parents, hooks, users, grads)
         del parents, cotangents
@@ -529,7 +584,7 @@ def _used(parents, hooks, users, grads):
 def _run_hooks(k, hooks, users, grads):
     del users[k]
     node, fns = hooks.pop(k)
-    g = grads.get(k)
+    g = _whole(grads.get(k))
     if g is None:
         hooks[k] = (node, fns)   # no gradient reached it: fn(None) at the end of the walk
         return

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import Primitive, value_of
+from ..autodiff import Primitive, SliceCotangent, is_tracked, value_of
 from ..backend import Array, get_array_module, reduced_axes
 from ..kernels import find, lookup
 from ..kernels.halfs import is_half
@@ -208,7 +208,11 @@ def _getitem_rule(x, index):
             return (_scatter(dy, idx=leading, shape=xshape, op="add"),)
         return y, getitem_rows_pullback
 
+    basic = _is_basic_index(index)
+
     def getitem_pullback(dy):
+        if basic and not is_tracked(dy):   # the walk adds it into one buffer (x[t] at every step of a loop)
+            return (SliceCotangent(dy, tuple(xshape), index),)
         return (scatter_add(dy, xshape, index),)
     return y, getitem_pullback
 
