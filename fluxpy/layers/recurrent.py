@@ -13,8 +13,9 @@ one), an unbatched step ``(in,)`` or sequence ``(T, in)`` is taken as it is, ``b
 ``return_state=True`` (in the constructor or the call) also returns the final state, and :class:`Recurrence` runs any
 cell over time. fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
 
-The time loop runs step by step through fluxpy's ops (on the GPU each step is a few kernels; a fused step kernel
-is not built yet).
+The time loop runs step by step through fluxpy's ops: the input projection of a whole batched sequence is one matrix
+product before the loop, a step the recurrent product and the gates' elementwise ops (on the GPU a few kernels; a
+fused step kernel is not built yet).
 
 >>> import numpy as np
 >>> lstm = LSTM(3, 5, rng=0)
@@ -51,17 +52,28 @@ def _cell_params(cell, who, gates, in_features, hidden, init, rng, bias=True):
     cell.bias = zeros32(gates * hidden) if bias else None
 
 
-def _check_step(cell, x, state_shapes):
-    """``x`` ``(batch, in)`` of the parameters' dtype; the state arrays of ``(batch, hidden)`` or ``(hidden,)``, one
-    state for the whole batch (Flux's)."""
+def _check_step(cell, x, state):
+    """``x`` ``(batch, in)`` of the parameters' dtype, and the cell's ``state`` (:func:`_check_state`)."""
     n_in = cell.weight_ih.shape[1]
     if not hasattr(x, "shape") or len(x.shape) != 2 or x.shape[1] != n_in:
         _fail(cell, f"x of shape (batch, {n_in}) or ({n_in},)", x)
     _require_dtype(cell, x, cell.weight_ih.dtype)
+    _check_state(cell, x.shape[0], state)
+
+
+def _check_state(cell, batch, state):
+    """The state arrays of ``(batch, hidden)`` or ``(hidden,)``, one state for the whole batch (Flux's); an LSTM's a
+    pair ``(h, c)``; None: zeros."""
+    if isinstance(cell, LSTMCell):
+        if state is not None and (not isinstance(state, tuple) or len(state) != 2):
+            raise DimensionMismatch(f"{cell!r} expects its state as a pair (h, c), got {type(state).__name__}")
+        arrays = () if state is None else state
+    else:
+        arrays = (state,)
     hidden = cell.weight_hh.shape[1]
-    for s in state_shapes:
-        if s is not None and tuple(getattr(s, "shape", ())) not in ((x.shape[0], hidden), (hidden,)):
-            _fail(cell, f"a state of shape (batch, hidden) = ({x.shape[0]}, {hidden}) or (hidden,) = ({hidden},)", s)
+    for s in arrays:
+        if s is not None and tuple(getattr(s, "shape", ())) not in ((batch, hidden), (hidden,)):
+            _fail(cell, f"a state of shape (batch, hidden) = ({batch}, {hidden}) or (hidden,) = ({hidden},)", s)
 
 
 def _unbatched(cell, step):
@@ -97,12 +109,15 @@ def _zeros_state(cell, x):
     return xp.zeros((x.shape[0], cell.weight_hh.shape[1]), dtype=cell.weight_hh.dtype)
 
 
-def _gates(cell, x, h):
-    """``x W_ih^T + bias + h W_hh^T`` and its two parts (the GRU needs the recurrent part on its own)."""
+def _project(cell, x):
+    """The input projection ``x W_ih^T + bias`` of any leading shape: one matrix product for a whole sequence."""
     xi = matmul(x, transpose(cell.weight_ih))
-    xi = xi if cell.bias is None else xi + cell.bias
-    hh = matmul(h, transpose(cell.weight_hh))
-    return xi, hh
+    return xi if cell.bias is None else xi + cell.bias
+
+
+def _recurrent(cell, h):
+    """The recurrent part ``h W_hh^T``."""
+    return matmul(h, transpose(cell.weight_hh))
 
 
 def _gate(a, k, n):
@@ -127,10 +142,13 @@ class RNNCell:
         self.act = _activation("RNNCell", act)
 
     def _step(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
-        _check_step(self, x, (h,))
-        h = _zeros_state(self, x) if h is None else h
-        xi, hh = _gates(self, x, h)
-        h = self.act(xi + hh)
+        _check_step(self, x, h)
+        return self._advance(_project(self, x), h)
+
+    def _advance(self, xi: Array, h: Array | None) -> tuple[Array, Array]:
+        """The step from the projected input ``xi`` ``(batch, hidden)``."""
+        h = _zeros_state(self, xi) if h is None else h
+        h = self.act(xi + _recurrent(self, h))
         return h, h
 
     __call__ = _unbatched(None, _step)
@@ -156,14 +174,15 @@ class LSTMCell:
         _cell_params(self, "LSTMCell", 4, in_features, hidden, init, rng, bias)
 
     def _step(self, x: Array, state: tuple[Array, Array] | None = None) -> tuple[Array, tuple[Array, Array]]:
-        if state is not None and (not isinstance(state, tuple) or len(state) != 2):
-            raise DimensionMismatch(f"{self!r} expects its state as a pair (h, c), got {type(state).__name__}")
+        _check_step(self, x, state)
+        return self._advance(_project(self, x), state)
+
+    def _advance(self, xi: Array, state: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array]]:
+        """The step from the projected input ``xi`` ``(batch, 4 hidden)``."""
         h, c = (None, None) if state is None else state
-        _check_step(self, x, (h, c))
-        h = _zeros_state(self, x) if h is None else h
-        c = _zeros_state(self, x) if c is None else c
-        xi, hh = _gates(self, x, h)
-        z = xi + hh
+        h = _zeros_state(self, xi) if h is None else h
+        c = _zeros_state(self, xi) if c is None else c
+        z = xi + _recurrent(self, h)
         i, f, g, o = (_gate(z, k, self.weight_hh.shape[1]) for k in range(4))
         c = sigmoid(f) * c + sigmoid(i) * tanh(g)
         o = sigmoid(o)
@@ -192,9 +211,13 @@ class GRUCell:
         _cell_params(self, "GRUCell", 3, in_features, hidden, init, rng, bias)
 
     def _step(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
-        _check_step(self, x, (h,))
-        h = _zeros_state(self, x) if h is None else h
-        xi, hh = _gates(self, x, h)
+        _check_step(self, x, h)
+        return self._advance(_project(self, x), h)
+
+    def _advance(self, xi: Array, h: Array | None) -> tuple[Array, Array]:
+        """The step from the projected input ``xi`` ``(batch, 3 hidden)``."""
+        h = _zeros_state(self, xi) if h is None else h
+        hh = _recurrent(self, h)
         n = self.weight_hh.shape[1]
         r = sigmoid(_gate(xi, 0, n) + _gate(hh, 0, n))
         z = sigmoid(_gate(xi, 1, n) + _gate(hh, 1, n))
@@ -214,17 +237,35 @@ def _bias_part(cell):
 
 def _run(layer_, x, state, return_state):
     """The cell over the time axis of ``x`` ``(N, T, in)`` (or ``(T, in)``, one unbatched sequence): outputs
-    ``(N, T, hidden)`` (``(T, hidden)``) and, with ``return_state``, the final state."""
+    ``(N, T, hidden)`` (``(T, hidden)``) and, with ``return_state``, the final state. fluxpy's cells on a batch
+    project the whole sequence's input in one matrix product first (each step's slice of it pulls back into one
+    buffer: :class:`fluxpy.autodiff.SliceCotangent`); a step is then the recurrent product and the gates."""
     if not hasattr(x, "shape") or len(x.shape) not in (2, 3):
         _fail(layer_, "x of shape (N, T, in) (batch first) or (T, in)", x)
     if x.shape[-2] < 1:
         _fail(layer_, "at least one time step", x)
+    cell = layer_.cell
+    if len(x.shape) == 3 and isinstance(cell, (RNNCell, LSTMCell, GRUCell)):
+        _check_sequence(cell, x, state)
+        xi = _project(cell, x)
+        step = (lambda t, state: cell._advance(getitem(xi, (slice(None), t)), state))
+    else:
+        step = (lambda t, state: cell(getitem(x, (slice(None), t) if len(x.shape) == 3 else t), state))
     outs = []
     for t in range(x.shape[-2]):
-        h, state = layer_.cell(getitem(x, (slice(None), t) if len(x.shape) == 3 else t), state)
+        h, state = step(t, state)
         outs.append(h)
     y = stack(outs, axis=len(x.shape) - 2)
     return (y, state) if return_state else y
+
+
+def _check_sequence(cell, x, state):
+    """The checks of :func:`_check_step` for a whole batched sequence ``x`` ``(N, T, in)`` and its initial state."""
+    n_in = cell.weight_ih.shape[1]
+    if x.shape[2] != n_in:
+        _fail(cell, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in})", x)
+    _require_dtype(cell, x, cell.weight_ih.dtype)
+    _check_state(cell, x.shape[0], state)
 
 
 class _Recurrent:
