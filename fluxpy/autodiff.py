@@ -480,31 +480,23 @@ class SliceCotangent:
 
 
 def _accumulate(grads, owned, k, gp):
-    """Add the cotangent ``gp`` to ``grads[k]``. Buffers in ``owned`` (ids) were made by the walk itself and take
-    slice cotangents in place; any other array is copied before it is written."""
+    """Add the cotangent ``gp`` to ``grads[k]``. ``owned`` holds the keys whose buffer the walk made itself (a
+    slice cotangent may be added into it in place); any other array is copied before it is written."""
     prev = grads.get(k)
     if prev is None:
         grads[k] = gp
         return
-    if type(gp) is SliceCotangent and type(prev) is not SliceCotangent and gp.values.dtype == prev.dtype \
-            and tuple(prev.shape) == gp.shape:
-        if id(prev) not in owned:
-            prev = prev.copy()
-            owned.add(id(prev))
-            grads[k] = prev
+    if type(prev) is SliceCotangent:
+        prev = grads[k] = prev.dense()
+        owned.add(k)
+    if type(gp) is SliceCotangent and gp.values.dtype == prev.dtype and tuple(prev.shape) == gp.shape:
+        if k not in owned:
+            prev = grads[k] = prev.copy()
+            owned.add(k)
         prev[gp.index] += gp.values
         return
-    if type(prev) is SliceCotangent:
-        prev = prev.dense()
-        owned.add(id(prev))
-        if type(gp) is SliceCotangent and gp.values.dtype == prev.dtype:
-            prev[gp.index] += gp.values
-            grads[k] = prev
-            return
-    if type(gp) is SliceCotangent:
-        gp = gp.dense()
-    total = grads[k] = keeping_layout(operator.add, prev, gp)
-    owned.add(id(total))     # a new array: later slices may go into it in place
+    grads[k] = keeping_layout(operator.add, prev, _whole(gp))
+    owned.add(k)             # a new array: later slices may go into it in place
 
 
 def _whole(g):
@@ -521,7 +513,7 @@ def _backprop(root, seed, release=True, hooks=None):
     (``{id(node): (node, [fn, ...])}``, see :func:`register_gradient_hook`) run as each hooked node's gradient
     becomes final: when the last node that uses it has pulled back (counted before the walk)."""
     grads = {id(root): seed}
-    owned = set()        # ids of the buffers this walk made (slice cotangents add into them in place)
+    owned = set()        # keys of grads whose buffer this walk made (slice cotangents add into it in place)
     leaves = {}
     order = _toposort(root)
     users = _count_users(order, hooks) if hooks else None
@@ -531,6 +523,7 @@ def _backprop(root, seed, release=True, hooks=None):
         if users is not None and id(node) in users:   # nothing uses it (the root): final now
             _run_hooks(id(node), hooks, users, grads)
         g = _whole(grads.pop(id(node), None))
+        owned.discard(id(node))
         if g is None:
             if users is not None:
                 _used(node.parents, hooks, users, grads)
@@ -546,7 +539,11 @@ def _backprop(root, seed, release=True, hooks=None):
         for p, gp in zip(parents, cotangents):
             if p is None or gp is None:
                 continue
-            _accumulate(grads, owned, id(p), gp)
+            k = id(p)
+            if k in grads or type(gp) is SliceCotangent:
+                _accumulate(grads, owned, k, gp)
+            else:
+                grads[k] = gp        # the first cotangent of a parent, as it came (not owned)
         if users is not None:
             _used(parents, hooks, users, grads)
         del parents, cotangents

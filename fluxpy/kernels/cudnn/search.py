@@ -188,8 +188,8 @@ def new_engine(graph, index):
 
 
 def build_config(graph, config: Config):
-    """``(engine config descriptor, [descriptors to destroy after it])`` of ``config`` on ``graph``, or None where
-    the engine or one of the knob values is refused."""
+    """``(engine config descriptor, [descriptors to destroy after it: the engine first, then the knob choices])`` of
+    ``config`` on ``graph``, or None where the engine or one of the knob values is refused."""
     eng = new_engine(graph, config.engine)
     if eng is None:
         return None
@@ -296,7 +296,8 @@ def widen(graph, found: list, try_plan, timed, usable, deadline: float) -> list:
         if built is None:
             return None
         cfg, descs = built
-        got = try_plan(cfg)
+        _, num, beh = engine_info(descs[0])      # the engine: the options may rule it out
+        got = try_plan(cfg) if usable(num) and BEHAVIOR_RUNTIME_COMPILATION not in beh else None
         if got is None:
             destroy_all([cfg] + descs)
             return None
@@ -309,7 +310,7 @@ def widen(graph, found: list, try_plan, timed, usable, deadline: float) -> list:
     for index in range(engine_count(graph)):
         if time.perf_counter() > deadline:
             break
-        if index in proposed or not _allowed(graph, index, usable):
+        if index in proposed:
             continue
         attempt(Config(index), "engine search")
     ranked = sorted(found + new, key=lambda c: c.ms)
@@ -322,13 +323,3 @@ def widen(graph, found: list, try_plan, timed, usable, deadline: float) -> list:
                     best = c
     return new
 
-
-def _allowed(graph, index, usable):
-    eng = new_engine(graph, index)
-    if eng is None:
-        return False
-    try:
-        _, num, beh = engine_info(eng)
-    finally:
-        backend_destroy(eng)
-    return usable(num) and BEHAVIOR_RUNTIME_COMPILATION not in beh
