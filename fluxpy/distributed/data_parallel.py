@@ -170,8 +170,9 @@ class DataParallel:
 
 def check_structure(model: Any, group: ProcessGroup) -> None:
     """Raise :class:`DistributedError` on every rank unless every rank's ``model`` has rank 0's structure (the same
-    array paths, shapes and dtypes): an all-gather of :func:`structure_digest`; on a mismatch rank 0's list is
-    broadcast so that each rank names the first array that differs.
+    array paths, shapes and dtypes): an all-gather of :func:`structure_digest`; on a mismatch every rank's list is
+    all-gathered too, so that every rank's message names the first array where the first differing rank departs
+    from rank 0 (whichever rank exits first, the message is the whole story).
 
     >>> from fluxpy.distributed import init
     >>> check_structure({"w": np.ones(2)}, init())   # one rank: nothing to compare
@@ -185,28 +186,34 @@ def check_structure(model: Any, group: ProcessGroup) -> None:
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if not differ:
         return
-    text = "\n".join(lines).encode()
-    n = xp.asarray(np.array([len(text)], np.int64))
-    group.broadcast(n, 0)
-    size = int(_to_host(n)[0])
-    buf = xp.asarray(np.frombuffer(text.ljust(size, b" ")[:size], np.uint8).copy()) if group.rank == 0 else \
-        xp.zeros(size, np.uint8)
-    group.broadcast(buf, 0)
-    theirs = bytes(_to_host(buf).tobytes()).decode("utf-8", "replace").split("\n")
-    first = _first_difference(theirs, lines)
+    lists = _all_gather_lines(group, xp, lines)
+    other = differ[0]
+    first = _first_difference(lists[0], lists[other], other)
     ranks = ", ".join(str(r) for r in differ)
     raise DistributedError(f"DataParallel: the model's structure differs between ranks: rank(s) {ranks} differ from "
-                           f"rank 0 ({len(lines)} arrays here on rank {group.rank}, {len(theirs)} on rank 0); "
+                           f"rank 0 ({len(lists[0])} arrays on rank 0, {len(lists[other])} on rank {other}); "
                            f"{first}; every rank must build the same model")
 
 
-def _first_difference(theirs, mine):
+def _all_gather_lines(group, xp, lines):
+    """Every rank's ``lines`` (a list of strings per rank), through two all-gathers: the lengths, then the texts
+    padded to the longest."""
+    text = "\n".join(lines).encode()
+    sizes = _to_host(group.all_gather(xp.asarray(np.array([len(text)], np.int64)))).reshape(-1)
+    longest = int(sizes.max())
+    mine = xp.asarray(np.frombuffer(text.ljust(longest, b" "), np.uint8).copy())
+    rows = _to_host(group.all_gather(mine))
+    return [bytes(row[:int(n)].tobytes()).decode("utf-8", "replace").split("\n") for row, n in zip(rows, sizes)]
+
+
+def _first_difference(theirs, mine, rank):
+    """Where rank ``rank``'s list ``mine`` first departs from rank 0's list ``theirs``."""
     for i in range(max(len(theirs), len(mine))):
         a = theirs[i] if i < len(theirs) else "(nothing)"
         b = mine[i] if i < len(mine) else "(nothing)"
         if a != b:
-            return f"array {i}: rank 0 has {a}, this rank has {b}"
-    return "the ranks that differ name the first array that does"
+            return f"array {i}: rank 0 has {a}, rank {rank} has {b}"
+    return "the lists are equal but their digests differ"
 
 
 def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False) -> None:

@@ -98,7 +98,7 @@ def test_a_model_mismatch_is_detected_at_start():
     assert run.returncode != 0
     assert "DistributedError: DataParallel: the model's structure differs between ranks: rank(s) 1 differ" in \
         run.stdout, run.stdout[-3000:]
-    assert "this rank has layers.6.weight (11, 32) float32" in run.stdout
+    assert "rank 1 has layers.6.weight (11, 32) float32" in run.stdout
 
 
 def _mnist_dir():
