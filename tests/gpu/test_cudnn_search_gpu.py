@@ -64,7 +64,7 @@ def test_every_configuration_the_search_times_computes_the_gradient(graph, kind)
         got = conv_backward_data(dyg, wg, cd)
         ref = conv_backward_data(dy.astype(np.float64), w.astype(np.float64), cd)
     assert _rel(cp.asnumpy(got), ref) < 1e-5
-    p = _plan(searching, kind)
+    p = _plan(graph, kind)
     sources = [src for _, src, _ in p.tuned]
     assert any(s.startswith("heuristics") for s in sources), sources
     assert any(s == "engine search" or " + " in s for s in sources), f"nothing past the heuristics: {sources}"
