@@ -30,11 +30,13 @@ Run (2+ GPUs, PyTorch for its side): ``PYTHONPATH=. python3 benchmarks/data_para
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,9 +55,13 @@ LEARNING_RATE = 1e-3
 # ----------------------------------------------------------------------------------------------- the workers
 
 def _windows(step, sync, steps, warmup, repeats, barrier):
+    """``(window seconds, warm-up seconds)``: ``warmup`` steps (compiling, autotuning, capturing), then
+    ``repeats`` windows of ``steps`` steps, each between a barrier and a device synchronisation."""
+    t0 = time.perf_counter()
     for _ in range(warmup):
         step()
     sync()
+    warm = time.perf_counter() - t0
     out = []
     for _ in range(repeats):
         barrier()
@@ -65,10 +71,11 @@ def _windows(step, sync, steps, warmup, repeats, barrier):
             step()
         sync()
         out.append(time.perf_counter() - t0)
-    return out
+    return out, warm
 
 
 def fluxpy_worker(a):
+    started = time.perf_counter()
     import fluxpy
     from fluxpy.distributed import DataParallel, init
     from models import RESNETS
@@ -91,15 +98,17 @@ def fluxpy_worker(a):
     else:
         import cupy   # the benchmark, not the library: it may name CuPy
         sync = cupy.cuda.Device().synchronize
-    times = _windows(lambda: step(x, y), sync, a.steps, a.warmup, a.repeats, group.barrier)
+    setup = time.perf_counter() - started
+    times, warm = _windows(lambda: step(x, y), sync, a.steps, a.warmup, a.repeats, group.barrier)
     captured = sorted(set(step.captured().values())) if hasattr(step, "captured") else []
     report(group.rank, dict(side="fluxpy", model=name, batch=batch, gpus=group.world_size, seconds=times,
-                            steps=a.steps, captured=captured,
+                            steps=a.steps, captured=captured, setup_s=setup, warmup_s=warm,
                             buckets=len(net.buckets) if isinstance(net, DataParallel) else 0))
     group.destroy()
 
 
 def torch_worker(a):
+    started = time.perf_counter()
     import torch
     import torch.distributed as dist
 
@@ -129,8 +138,10 @@ def torch_worker(a):
         torch.nn.functional.cross_entropy(net(tx), ty).backward()
         opt.step()
     barrier = (lambda: dist.barrier(device_ids=[local])) if world > 1 else (lambda: None)
-    times = _windows(step, torch.cuda.synchronize, a.steps, a.warmup, a.repeats, barrier)
-    report(rank, dict(side="torch", model=name, batch=batch, gpus=world, seconds=times, steps=a.steps))
+    setup = time.perf_counter() - started
+    times, warm = _windows(step, torch.cuda.synchronize, a.steps, a.warmup, a.repeats, barrier)
+    report(rank, dict(side="torch", model=name, batch=batch, gpus=world, seconds=times, steps=a.steps,
+                      setup_s=setup, warmup_s=warm))
     if world > 1:
         dist.destroy_process_group()
 
@@ -165,7 +176,7 @@ def allreduce_worker(a):
             dist.all_reduce(buf)
         sync, barrier = torch.cuda.synchronize, (lambda: dist.barrier(device_ids=[local]))
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    times = _windows(op, sync, a.iters, a.warmup, a.repeats, barrier)
+    times, _ = _windows(op, sync, a.iters, a.warmup, a.repeats, barrier)
     per_call = [t / a.iters for t in times]
     algbw = [n * 4 / t / 1e9 for t in per_call]
     busbw = [b * 2 * (world - 1) / world for b in algbw]
@@ -182,18 +193,37 @@ def report(rank, result):
 
 # ----------------------------------------------------------------------------------------------- the driver
 
-def launch(nproc, args, timeout):
+def launch(nproc, args, timeout, log_dir=None):
+    """Run one job under the launcher; ``(result, output)``. Its output goes to a log file (``log_dir``, or a
+    temporary one) as it comes. Past ``timeout`` seconds the launcher gets SIGTERM (it stops every rank first; the
+    ranks have dumped their Python stacks to that output shortly before) and the job counts as failed."""
     env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), str(Path(__file__).resolve()),
-           *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-    for line in proc.stdout.splitlines():
+           *args, "--dump-after", f"{max(timeout - 30, 0.8 * timeout):.0f}"]
+    name = "_".join(a.lstrip("-").replace(":", "-") for a in args[:6]) + f"_{nproc}gpu.log"
+    log = Path(log_dir) / name if log_dir else Path(tempfile.mkdtemp()) / name
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    output = log.read_text(errors="replace")
+    took = time.perf_counter() - started
+    for line in output.splitlines():
         text = line.split("] ", 1)[-1]
         if text.startswith(RESULT):
-            return json.loads(text[len(RESULT):]), proc
-    print(f"job failed ({' '.join(args)}, {nproc} GPU(s)), exit {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-          f"{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
-    return None, proc
+            return json.loads(text[len(RESULT):]), output
+    print(f"job failed ({' '.join(args)}, {nproc} GPU(s)), exit {proc.returncode} after {took:.0f} s (log {log}):\n"
+          f"{output[-6000:]}", file=sys.stderr, flush=True)
+    return None, output
 
 
 def summary(values):
@@ -220,7 +250,7 @@ def drive(a):
             base = None
             for n in gpus:
                 extra = (["--capture", a.capture] + (["--cpu"] if a.cpu else [])) if side == "fluxpy" else []
-                res, _ = launch(n, ["--worker", side, "--model", model, *common, *extra], a.timeout)
+                res, _ = launch(n, ["--worker", side, "--model", model, *common, *extra], a.timeout, a.log_dir)
                 if res is None:
                     continue
                 thr = [n * res["batch"] * res["steps"] / s for s in res["seconds"]]
@@ -229,14 +259,14 @@ def drive(a):
                 eff = [t / (n * base) for t in thr] if base else None
                 row = dict(side=side, model=model, gpus=n, images_per_s=summary(thr),
                            efficiency=summary(eff) if eff else None, captured=res.get("captured"),
-                           buckets=res.get("buckets"))
+                           buckets=res.get("buckets"), setup_s=res.get("setup_s"), warmup_s=res.get("warmup_s"))
                 rows.append(row)
                 print(_row_text(row), flush=True)
     for side in a.sides.split(",") if "allreduce" in tasks else []:
         for n in [g for g in gpus if g > 1]:
             res, _ = launch(n, ["--worker", "allreduce", "--side", side, "--allreduce-mb", str(a.allreduce_mb),
                                 "--iters", str(a.iters), "--warmup", "5", "--repeats", str(a.repeats)]
-                            + (["--cpu"] if a.cpu else []), a.timeout)
+                            + (["--cpu"] if a.cpu else []), a.timeout, a.log_dir)
             if res is None:
                 continue
             row = dict(side=side, gpus=n, mb=a.allreduce_mb, us=summary(res["us"]), algbw=summary(res["algbw"]),
@@ -256,7 +286,8 @@ def _rng(s, spec):
 
 def _row_text(r):
     eff = f", efficiency {_rng(r['efficiency'], '.3f')}" if r["efficiency"] else ""
-    return f"{r['side']} {r['model']} on {r['gpus']} GPU(s): {_rng(r['images_per_s'], '.0f')} images/s{eff}"
+    return (f"{r['side']} {r['model']} on {r['gpus']} GPU(s): {_rng(r['images_per_s'], '.0f')} images/s{eff} "
+            f"(setup {r['setup_s']:.1f} s, warm-up {r['warmup_s']:.1f} s, captured: {r['captured'] or '-'})")
 
 
 def table(rows, reduce_rows):
@@ -296,9 +327,13 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=20, help="all-reduce calls per timed window")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     p.add_argument("--json", default=None)
+    p.add_argument("--log-dir", default=None, help="keep every job's output here (default: a temporary folder)")
+    p.add_argument("--dump-after", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--cpu", action="store_true", help="fluxpy on the CPU (tcp backend): checks the driver, no GPU")
     a = p.parse_args(argv)
+    if a.worker and a.dump_after > 0:   # a stalled job shows where every rank stood before it is stopped
+        faulthandler.dump_traceback_later(a.dump_after, exit=False)
     if a.worker == "fluxpy":
         return fluxpy_worker(a)
     if a.worker == "torch":
@@ -306,9 +341,9 @@ def main(argv=None):
     if a.worker == "allreduce":
         return allreduce_worker(a)
     if a.smoke:
-        res, proc = launch(1, ["--worker", "fluxpy", "--model", "resnet20:2", "--steps", "2", "--warmup", "1",
-                               "--repeats", "3", "--capture", "off", "--cpu"], a.timeout)
-        print(proc.stdout.strip() or proc.stderr[-2000:])
+        res, output = launch(1, ["--worker", "fluxpy", "--model", "resnet20:2", "--steps", "2", "--warmup", "1",
+                                 "--repeats", "3", "--capture", "off", "--cpu"], a.timeout, a.log_dir)
+        print(output.strip())
         return 0 if res is not None else 1
     return drive(a)
 

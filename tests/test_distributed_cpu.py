@@ -278,6 +278,35 @@ def test_launcher_stops_a_rank_that_ignores_sigterm(tmp_path):
     assert time.monotonic() - start < 15
 
 
+def test_launcher_stopped_by_sigterm_stops_every_rank_first(tmp_path):
+    """A batch system's time limit or a benchmark's timeout sends SIGTERM to the launcher: no rank outlives it."""
+    import os
+    import signal
+    script = tmp_path / "job.py"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script.write_text(textwrap.dedent(f"""
+        import os, pathlib, time
+        pathlib.Path({str(pids)!r}, os.environ["RANK"]).write_text(str(os.getpid()))
+        print("started", flush=True)
+        time.sleep(60)
+    """))
+    launcher = subprocess.Popen([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", "2", "--grace", "1",
+                                 str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [int(f.read_text()) for f in pids.iterdir()]
+    assert len(ranks) == 2
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=20)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "the launcher received SIGTERM; stopped every rank" in err
+    for pid in ranks:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_launcher_argument_errors(tmp_path):
     run = subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", "0", "x.py"], cwd=ROOT,
                          capture_output=True, text=True, timeout=30)

@@ -4,7 +4,9 @@ Each rank runs ``python script.py args...`` with ``RANK``, ``LOCAL_RANK``, ``WOR
 (127.0.0.1) and ``MASTER_PORT`` set (a free port unless ``--master-port`` is given). Their output (stdout and
 stderr together) is streamed line by line, each line prefixed ``[rank k]``. If a rank exits with a non-zero
 status the others are terminated (SIGTERM, then SIGKILL after ``--grace`` seconds) and the launcher exits with
-an error naming that rank and its status; it exits 0 when every rank does.
+an error naming that rank and its status; it exits 0 when every rank does. A SIGTERM or SIGHUP sent to the
+launcher (a batch system's time limit, a benchmark's timeout) stops every rank the same way before it exits, so
+that no rank is left running on a GPU.
 """
 from __future__ import annotations
 
@@ -86,14 +88,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     pumps = [threading.Thread(target=_pump, args=(p, rank), daemon=True) for rank, p in enumerate(procs)]
     for t in pumps:
         t.start()
+    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, _terminated) for sig in handled}
     try:
         status = _watch(procs, args.grace)
     except KeyboardInterrupt:
         _stop(procs, args.grace)
         status = 130
+    except _Terminated as why:
+        _stop(procs, args.grace)
+        print(f"fluxpy.distributed.run: {why}; stopped every rank", file=sys.stderr, flush=True)
+        status = 128 + why.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     for t in pumps:
         t.join(timeout=1.0)
     return status
+
+
+class _Terminated(Exception):
+    """The launcher itself was asked to stop (SIGTERM or SIGHUP)."""
+
+    def __init__(self, signum):
+        super().__init__(f"the launcher received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _terminated(signum, frame):
+    raise _Terminated(signum)
 
 
 def _start(args, rank, port):

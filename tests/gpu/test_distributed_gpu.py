@@ -102,7 +102,9 @@ def test_a_model_mismatch_is_detected_at_start():
 
 
 def _mnist_dir():
-    for d in (ROOT.parent / "shared" / "data" / "mnist", ROOT / "shared" / "data" / "mnist"):
+    """``FLUXPY_MNIST_DIR`` (as tests/gpu/test_precision_gpu.py) or ../shared/data/mnist."""
+    given = [Path(os.environ["FLUXPY_MNIST_DIR"])] if os.environ.get("FLUXPY_MNIST_DIR") else []
+    for d in (*given, ROOT.parent / "shared" / "data" / "mnist", ROOT / "shared" / "data" / "mnist"):
         if (d / "t10k-images-idx3-ubyte.gz").exists():
             return d
     return None
