@@ -439,8 +439,8 @@ class OptimiserChain(Rule):
 
 
 _HOST_COUNTERS = ("an Optimisers.jl rule with host-side counters (beta^t, a step count) stepping inside a CUDA "
-                  "graph capture: the graph would freeze them; use Adam, AdamW, Momentum or Descent in a captured "
-                  "step, or run this rule eagerly")
+                  "graph capture: the graph would freeze them; use Adam, AdamW, Momentum, Descent, AdaGrad, AdaDelta, "
+                  "Lion or SignDecay in a captured step, or run this rule eagerly")
 
 
 def _moments(state, dx, beta):
@@ -491,6 +491,16 @@ class AdaGrad(Rule):
         state += dx * dx
         return state, dx * self.eta / (get_array_module(x).sqrt(state) + self.eps)
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("adagrad_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        kernel(x, dx, state, self.eta, self.eps, **_guard())
+        return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("adagrad_update", x, dx) is not None
+
 
 @dataclasses.dataclass(frozen=True)
 class AdaDelta(Rule):
@@ -520,6 +530,17 @@ class AdaDelta(Rule):
         dacc += (1 - self.rho) * (step * step)
         return state, step
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("adadelta_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        acc, dacc = state
+        kernel(x, dx, acc, dacc, self.rho, self.eps, **_guard())
+        return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("adadelta_update", x, dx) is not None
+
 
 @dataclasses.dataclass(frozen=True)
 class AdaMax(_MomentRule):
@@ -542,6 +563,14 @@ class AdaMax(_MomentRule):
         u *= b2
         xp.maximum(u, xp.abs(dx), out=u)
         return (m, u, (b1t * b1, b2t * b2)), (self.eta / (1 - b1t)) * m / (u + self.eps)
+
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("adamax_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, u, (b1t, b2t) = state
+        return m, u, kernel(x, dx, m, u, self.eta, self.beta, self.eps, b1t, b2t)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -569,6 +598,14 @@ class OAdam(_MomentRule):
         b1, b2 = self.beta
         return (m, v, (b1t * b1, b2t * b2), term), 2 * term - prev
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("oadam_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, v, (b1t, b2t), term = state
+        return m, v, kernel(x, dx, m, v, term, self.eta, self.beta, self.eps, b1t, b2t), term
+
 
 @dataclasses.dataclass(frozen=True)
 class NAdam(_MomentRule):
@@ -591,6 +628,14 @@ class NAdam(_MomentRule):
         step = (b1 * m / (1 - b1 * b1t) + (1 - b1) * dx / (1 - b1t)) / (xp.sqrt(v * b2 / (1 - b2t)) + self.eps)
         return (m, v, (b1t * b1, b2t * b2)), step * self.eta
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("nadam_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, v, (b1t, b2t) = state
+        return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
+
 
 @dataclasses.dataclass(frozen=True)
 class RAdam(_MomentRule):
@@ -612,14 +657,30 @@ class RAdam(_MomentRule):
         m, v, (b1t, b2t), t = state
         _moments(state, dx, self.beta)
         b1, b2 = self.beta
-        rho_inf = 2 / (1 - b2) - 1
-        rho = rho_inf - 2 * t * b2t / (1 - b2t)
-        if rho > 4:
-            r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+        r = self._rectification(b2t, t)
+        if r is not None:
             step = m / (1 - b1t) / (xp.sqrt(v / (1 - b2t)) + self.eps) * (self.eta * r)
         else:
             step = m / (1 - b1t) * self.eta
         return (m, v, (b1t * b1, b2t * b2), t + 1), step
+
+    def _rectification(self, b2t, t):
+        """``r(t)`` of step ``t`` (``b2t`` = b2^t), or None while ``rho_t <= 4`` (the warm-up: momentum alone)."""
+        b2 = self.beta[1]
+        rho_inf = 2 / (1 - b2) - 1
+        rho = rho_inf - 2 * t * b2t / (1 - b2t)
+        if rho > 4:
+            return math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+        return None
+
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("radam_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, v, (b1t, b2t), t = state
+        bt = kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t, self._rectification(b2t, t))
+        return m, v, bt, t + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -648,6 +709,14 @@ class AdaBelief(_MomentRule):
         step = self.eta * m / (1 - b1t) / (xp.sqrt(s / (1 - b2t)) + self.eps)
         return (m, s, (b1t * b1, b2t * b2)), step
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("adabelief_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, s, (b1t, b2t) = state
+        return m, s, kernel(x, dx, m, s, self.eta, self.beta, self.eps, b1t, b2t)
+
 
 @dataclasses.dataclass(frozen=True)
 class Lion(Rule):
@@ -671,6 +740,16 @@ class Lion(Rule):
         state += b2 * dx
         return state, self.eta * get_array_module(x).sign((b2 - b1) * dx + b1 * state)
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("lion_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        kernel(x, dx, state, self.eta, self.beta, **_guard())
+        return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("lion_update", x, dx) is not None
+
 
 @dataclasses.dataclass(frozen=True)
 class SignDecay(Rule):
@@ -685,7 +764,20 @@ class SignDecay(Rule):
     lambd: float = 1e-3
 
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
+        kernel = find("sign_decay_gradient", x, dx)
+        if kernel is not None:
+            return state, kernel(x, dx, self.lambd)
         return state, dx + self.lambd * get_array_module(x).sign(x)
+
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find("sign_decay_update", x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        kernel(x, dx, self.lambd, **_guard())
+        return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find("sign_decay_update", x, dx) is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -713,7 +805,10 @@ class AccumGrad(Rule):
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array | None]:
         refuse(_HOST_COUNTERS)
         acc, count = state
-        if count == 1:
+        kernel = find("accum_grad_update", acc, dx)
+        if kernel is not None:
+            kernel(acc, dx, self.n, count == 1)
+        elif count == 1:
             acc[...] = dx / self.n
         else:
             acc += dx / self.n

@@ -53,7 +53,9 @@ from . import halfs
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
            "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
-           "adam_update", "momentum_update", "descent_update", "update_supports", "KERNELS", "BIAS_GRAD_FUSED"]
+           "adam_update", "momentum_update", "descent_update", "adagrad_update", "adadelta_update", "adamax_update",
+           "oadam_update", "nadam_update", "radam_update", "adabelief_update", "lion_update", "sign_decay_update",
+           "sign_decay_gradient", "accum_grad_update", "update_supports", "KERNELS", "BIAS_GRAD_FUSED"]
 
 stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
 """Counters: functions traced, ElementwiseKernels built, calls that fell back to the generic path."""
@@ -894,6 +896,204 @@ def update_supports(x: Any, dx: Any) -> bool:
         and x.dtype in _CTYPE and dx.shape == x.shape
 
 
+# The Optimisers.jl rules beyond Adam (fluxpy.optimise): one kernel per parameter and step, each body the rule's
+# array ops in their order (a host scalar computed in float64 and rounded to T once, as NumPy and CuPy round a
+# Python number against an array). Rules with host-side counters (beta^t, a step count) take them as such scalars
+# and refuse a capture (fluxpy.optimise does); the others take a guard (``ok``), as descent_update does.
+
+def _opt_step(name, ins, outs, body, args, ok):
+    """Runs the update kernel ``name`` on ``args`` (its inputs, then its outputs); with ``ok`` (a device scalar,
+    :func:`fluxpy.capturing.guarding`) its guarded twin, whose body runs only where ``ok[0]`` is finite."""
+    if ok is None:
+        _opt_kernel(name, ins, outs, body)(*args)
+        return
+    n_in = ins.count(",") + 1
+    _opt_kernel(f"{name}_guarded", f"{ins}, raw float64 ok", outs, f"if (isfinite(ok[0])) {{ {body} }}")(
+        *args[:n_in], _float64_scalar(ok), *args[n_in:])
+
+
+def _sign(v):
+    """C text of NumPy's ``sign(v)`` in the type ``T``: 1, -1, +0 for either zero, NaN for NaN."""
+    return f"({v} > (T)0 ? (T)1 : ({v} < (T)0 ? (T)-1 : ({v} == (T)0 ? (T)0 : {v})))"
+
+
+# Adam's moments, as fluxpy.optimise._moments updates them
+_MOMENTS = "m = m * b1; m = m + c1 * dx; v = v * b2; v = v + c2 * (dx * dx); "
+
+
+def adagrad_update(x: Array, dx: Array, acc: Array, eta: float, eps: float, ok: Array | None = None) -> None:
+    """One AdaGrad step in place (fluxpy.optimise.AdaGrad): ``acc += dx^2``, ``x -= dx eta / (sqrt(acc) + eps)``;
+    with ``ok`` (a device scalar, :func:`fluxpy.capturing.guarding`) only where it is finite.
+
+    >>> adagrad_update.__name__
+    'adagrad_update'
+    """
+    t = x.dtype.type
+    _opt_step("adagrad", "T dx, T eta, T eps", "T x, T acc",
+              "acc = acc + dx * dx; x -= dx * eta / (sqrt(acc) + eps);", (dx, t(eta), t(eps), x, acc), ok)
+
+
+def adadelta_update(x: Array, dx: Array, acc: Array, dacc: Array, rho: float, eps: float,
+                    ok: Array | None = None) -> None:
+    """One AdaDelta step in place (fluxpy.optimise.AdaDelta): ``acc = rho acc + (1 - rho) dx^2``,
+    ``s = dx sqrt(dacc + eps) / sqrt(acc + eps)``, ``dacc = rho dacc + (1 - rho) s^2``, ``x -= s``; with ``ok``
+    (a device scalar) only where it is finite.
+
+    >>> adadelta_update.__name__
+    'adadelta_update'
+    """
+    t = x.dtype.type
+    _opt_step("adadelta", "T dx, T rho, T c, T eps", "T x, T acc, T dacc",
+              "acc = acc * rho; acc = acc + c * (dx * dx); T s = dx * sqrt(dacc + eps) / sqrt(acc + eps);"
+              " dacc = dacc * rho; dacc = dacc + c * (s * s); x -= s;",
+              (dx, t(rho), t(1 - rho), t(eps), x, acc, dacc), ok)
+
+
+def adamax_update(x: Array, dx: Array, m: Array, u: Array, eta: float, beta: tuple[float, float], eps: float,
+                  b1t: float, b2t: float) -> tuple[float, float]:
+    """One AdaMax step in place (fluxpy.optimise.AdaMax; ``b1t``, ``b2t`` = beta^t before this step):
+    ``m = b1 m + (1 - b1) dx``, ``u = max(b2 u, |dx|)``, ``x -= (eta / (1 - b1t)) m / (u + eps)``; returns the
+    next ``(b1t, b2t)``.
+
+    >>> adamax_update.__name__
+    'adamax_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_kernel("adamax", "T dx, T b1, T c1, T b2, T eps, T lr", "T x, T m, T u",
+                "m = m * b1; m = m + c1 * dx; u = u * b2; T a = fabs(dx); u = (u > a || isnan(u)) ? u : a;"
+                " T s = lr * m; x -= s / (u + eps);")(
+        dx, t(b1), t(1 - b1), t(b2), t(eps), t(eta / (1 - b1t)), x, m, u)
+    return b1t * b1, b2t * b2
+
+
+def oadam_update(x: Array, dx: Array, m: Array, v: Array, term: Array, eta: float, beta: tuple[float, float],
+                 eps: float, b1t: float, b2t: float) -> tuple[float, float]:
+    """One OAdam step in place (fluxpy.optimise.OAdam; ``b1t``, ``b2t`` = beta^t before this step): Adam's
+    moments, ``term = eta m / (1 - b1t) / (sqrt(v / (1 - b2t)) + eps)``, ``x -= 2 term - term_prev``; returns the
+    next ``(b1t, b2t)``.
+
+    >>> oadam_update.__name__
+    'oadam_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_kernel("oadam", "T dx, T b1, T c1, T b2, T c2, T e1, T e2, T eps, T eta", "T x, T m, T v, T term",
+                _MOMENTS + "T p = term; term = eta * m / e1 / (sqrt(v / e2) + eps); x -= (T)2 * term - p;")(
+        dx, t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 - b1t), t(1 - b2t), t(eps), t(eta), x, m, v, term)
+    return b1t * b1, b2t * b2
+
+
+def nadam_update(x: Array, dx: Array, m: Array, v: Array, eta: float, beta: tuple[float, float], eps: float,
+                 b1t: float, b2t: float) -> tuple[float, float]:
+    """One NAdam step in place (fluxpy.optimise.NAdam; ``b1t``, ``b2t`` = beta^t before this step): Adam's moments,
+    ``x -= eta (b1 m / (1 - b1 b1t) + (1 - b1) dx / (1 - b1t)) / (sqrt(v b2 / (1 - b2t)) + eps)``; returns the
+    next ``(b1t, b2t)``.
+
+    >>> nadam_update.__name__
+    'nadam_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_kernel("nadam", "T dx, T b1, T c1, T b2, T c2, T d1, T e1, T e2, T eps, T eta", "T x, T m, T v",
+                _MOMENTS + "T a = b1 * m / d1 + c1 * dx / e1; T s = a / (sqrt(v * b2 / e2) + eps); x -= s * eta;")(
+        dx, t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 - b1 * b1t), t(1 - b1t), t(1 - b2t), t(eps), t(eta), x, m, v)
+    return b1t * b1, b2t * b2
+
+
+def radam_update(x: Array, dx: Array, m: Array, v: Array, eta: float, beta: tuple[float, float], eps: float,
+                 b1t: float, b2t: float, r: float | None) -> tuple[float, float]:
+    """One RAdam step in place (fluxpy.optimise.RAdam; ``b1t``, ``b2t`` = beta^t before this step, ``r`` the
+    rectification the rule computed on the host, None during the warm-up): Adam's moments, then
+    ``x -= m / (1 - b1t) / (sqrt(v / (1 - b2t)) + eps) * (eta r)``, or ``x -= m / (1 - b1t) * eta`` in the
+    warm-up; returns the next ``(b1t, b2t)``.
+
+    >>> radam_update.__name__
+    'radam_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    moments = (dx, t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 - b1t))
+    if r is None:
+        _opt_kernel("radam_warmup", "T dx, T b1, T c1, T b2, T c2, T e1, T lr", "T x, T m, T v",
+                    _MOMENTS + "x -= m / e1 * lr;")(*moments, t(eta), x, m, v)
+    else:
+        _opt_kernel("radam", "T dx, T b1, T c1, T b2, T c2, T e1, T e2, T eps, T lr", "T x, T m, T v",
+                    _MOMENTS + "T s = m / e1 / (sqrt(v / e2) + eps) * lr; x -= s;")(
+            *moments, t(1 - b2t), t(eps), t(eta * r), x, m, v)
+    return b1t * b1, b2t * b2
+
+
+def adabelief_update(x: Array, dx: Array, m: Array, s: Array, eta: float, beta: tuple[float, float], eps: float,
+                     b1t: float, b2t: float) -> tuple[float, float]:
+    """One AdaBelief step in place (fluxpy.optimise.AdaBelief; ``b1t``, ``b2t`` = beta^t before this step):
+    ``m = b1 m + (1 - b1) dx``, ``s = b2 s + ((1 - b2) (dx - m)^2 + eps)``,
+    ``x -= eta m / (1 - b1t) / (sqrt(s / (1 - b2t)) + eps)``; returns the next ``(b1t, b2t)``.
+
+    >>> adabelief_update.__name__
+    'adabelief_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_kernel("adabelief", "T dx, T b1, T c1, T b2, T c2, T e1, T e2, T eps, T eta", "T x, T m, T s",
+                "m = m * b1; m = m + c1 * dx; T d = dx - m; s = s * b2; s = s + (c2 * (d * d) + eps);"
+                " x -= eta * m / e1 / (sqrt(s / e2) + eps);")(
+        dx, t(b1), t(1 - b1), t(b2), t(1 - b2), t(1 - b1t), t(1 - b2t), t(eps), t(eta), x, m, s)
+    return b1t * b1, b2t * b2
+
+
+def lion_update(x: Array, dx: Array, m: Array, eta: float, beta: tuple[float, float],
+                ok: Array | None = None) -> None:
+    """One Lion step in place (fluxpy.optimise.Lion): ``m = (1 - b2) m + b2 dx``,
+    ``x -= eta sign((b2 - b1) dx + b1 m)``; with ``ok`` (a device scalar) only where it is finite.
+
+    >>> lion_update.__name__
+    'lion_update'
+    """
+    t = x.dtype.type
+    b1, b2 = beta
+    _opt_step("lion", "T dx, T eta, T b1, T b2, T c2, T d21", "T x, T m",
+              f"m = m * c2; m = m + b2 * dx; T a = d21 * dx + b1 * m; x -= eta * {_sign('a')};",
+              (dx, t(eta), t(b1), t(b2), t(1 - b2), t(b2 - b1), x, m), ok)
+
+
+def sign_decay_update(x: Array, dx: Array, lambd: float, ok: Array | None = None) -> None:
+    """``x -= dx + lambd sign(x)`` in place (fluxpy.optimise.SignDecay stepping a parameter alone); with ``ok``
+    (a device scalar) only where it is finite.
+
+    >>> sign_decay_update.__name__
+    'sign_decay_update'
+    """
+    _opt_step("sign_decay", "T dx, T lambd", "T x", f"T s = {_sign('x')}; x -= dx + lambd * s;",
+              (dx, x.dtype.type(lambd), x), ok)
+
+
+def sign_decay_gradient(x: Array, dx: Array, lambd: float) -> Array:
+    """``dx + lambd sign(x)`` in one kernel, a new array laid out as ``dx`` (fluxpy.optimise.SignDecay in a chain).
+
+    >>> sign_decay_gradient.__name__
+    'sign_decay_gradient'
+    """
+    out = cupy.empty_like(dx)
+    _opt_kernel("sign_decay_gradient", "T x, T dx, T lambd", "T y", f"y = dx + lambd * {_sign('x')};")(
+        x, dx, x.dtype.type(lambd), out)
+    return out
+
+
+def accum_grad_update(acc: Array, dx: Array, n: int, first: bool) -> None:
+    """AccumGrad's accumulation in place (fluxpy.optimise.AccumGrad): ``acc = dx / n`` for the ``first``
+    gradient of a round, else ``acc += dx / n``.
+
+    >>> accum_grad_update.__name__
+    'accum_grad_update'
+    """
+    count = acc.dtype.type(n)
+    if first:
+        _opt_kernel("accum_grad_first", "T dx, T count", "T acc", "acc = dx / count;")(dx, count, acc)
+    else:
+        _opt_kernel("accum_grad", "T dx, T count", "T acc", "acc = acc + dx / count;")(dx, count, acc)
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-tensor updates: every parameter of a list in one launch (PyTorch's fused/foreach optimisers)
 #
@@ -1265,6 +1465,17 @@ KERNELS = {
     "descent_update": (descent_update, update_supports),
     "momentum_update": (momentum_update, update_supports),
     "adam_update": (adam_update, update_supports),
+    "adagrad_update": (adagrad_update, update_supports),
+    "adadelta_update": (adadelta_update, update_supports),
+    "adamax_update": (adamax_update, update_supports),
+    "oadam_update": (oadam_update, update_supports),
+    "nadam_update": (nadam_update, update_supports),
+    "radam_update": (radam_update, update_supports),
+    "adabelief_update": (adabelief_update, update_supports),
+    "lion_update": (lion_update, update_supports),
+    "sign_decay_update": (sign_decay_update, update_supports),
+    "sign_decay_gradient": (sign_decay_gradient, update_supports),
+    "accum_grad_update": (accum_grad_update, update_supports),
     "adam_update_many": (adam_update_many, adam_update_many_supports),
     "sgd_update_many": (sgd_update_many, sgd_update_many_supports),
     "loss_scale_advance": (loss_scale_advance, None),
