@@ -7,6 +7,7 @@ batch (``DataLoader(shard=...)``), so that N ranks at batch B see what one proce
 ``--mode raise``: rank 1 raises in its third step. ``--mode mismatch``: rank 1 builds a wider last layer.
 """
 import argparse
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -44,7 +45,10 @@ def main():
     p.add_argument("--capture", action="store_true", help="train(..., capture=True): CUDA graphs")
     p.add_argument("--out", default=None)
     p.add_argument("--cpu", action="store_true", help="NumPy arrays (a one-process smoke run without a GPU)")
+    p.add_argument("--dump-after", type=float, default=0.0, help="seconds: then print every thread's stack")
     a = p.parse_args()
+    if a.dump_after > 0:   # a stalled job shows where each rank stood before the test stops it
+        faulthandler.dump_traceback_later(a.dump_after, exit=False)
     group = init(timeout=120, collective_timeout=60)
     world, rank = group.world_size, group.rank
     rng = np.random.default_rng(0)

@@ -27,12 +27,29 @@ needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs with NCCL")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+class _Run:
+    """What a launched job left: ``returncode``, ``stdout`` (every rank's lines, prefixed), ``stderr``."""
+
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
 def _launch(nproc, *args, timeout=300):
+    """Run the worker under the launcher; ``(run, seconds)``. Past ``timeout`` the launcher gets SIGTERM (it stops
+    the ranks), after each rank has dumped its Python stack (``--dump-after``), and the test fails showing them."""
     env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "10",
-                          str(WORKER), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    return run, time.monotonic() - start
+    proc = subprocess.Popen([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "10",
+                             str(WORKER), *args, "--dump-after", str(max(timeout - 20, timeout * 0.8))], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the job ({' '.join(args)}) did not finish in {timeout} s; its output:\n{out[-8000:]}\n"
+                    f"{err[-2000:]}")
+    return _Run(proc.returncode, out, err), time.monotonic() - start
 
 
 def _weights(path):
@@ -44,9 +61,9 @@ def _weights(path):
 @pytest.mark.parametrize("options", [[], ["--bn"], ["--capture"], ["--bn", "--capture"], ["--rule", "adam"]],
                          ids=["plain", "sync_bn", "captured", "sync_bn_captured", "adam"])
 def test_two_gpus_at_batch_b_give_the_weights_of_one_gpu_at_batch_2b(options, tmp_path):
-    two, _ = _launch(2, "--batch", "16", "--out", str(tmp_path / "two"), *options)
+    two, _ = _launch(2, "--batch", "16", "--out", str(tmp_path / "two"), *options, timeout=150)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
-    one, _ = _launch(1, "--batch", "32", "--out", str(tmp_path / "one"), *options)
+    one, _ = _launch(1, "--batch", "32", "--out", str(tmp_path / "one"), *options, timeout=150)
     assert one.returncode == 0, one.stdout[-4000:] + one.stderr[-2000:]
     ref, r0, r1 = (_weights(tmp_path / n) for n in ("one.rank0.npz", "two.rank0.npz", "two.rank1.npz"))
     assert len(ref) == len(r0) == len(r1) > 4
