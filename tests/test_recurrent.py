@@ -121,3 +121,82 @@ def test_against_pytorch_with_the_same_weights(kind):
     x = rng.standard_normal((2, 6, 3))
     want = t(torch.from_numpy(x))[0].detach().numpy()
     np.testing.assert_allclose(layer(x), want, rtol=1e-10, atol=1e-12)
+
+
+def _torch_pair(kind, rng, n_in=3, hidden=5, bias_hn=False):
+    """A float64 fluxpy layer and the torch layer with the same weights (PyTorch's b_ih + b_hh as fluxpy's bias;
+    the GRU's b_hn zero, where the two forms agree)."""
+    torch = pytest.importorskip("torch")
+    layer = fluxpy.f64(MAKERS[kind](n_in, hidden, rng=int(rng.integers(100))))
+    t = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[kind](n_in, hidden, batch_first=True)
+    t = t.double()
+    b_ih, b_hh = rng.standard_normal(layer.cell.bias.shape), rng.standard_normal(layer.cell.bias.shape)
+    if kind == "gru":
+        b_hh[2 * hidden:] = 0
+    layer.cell.bias[...] = b_ih + b_hh
+    with torch.no_grad():
+        t.weight_ih_l0.copy_(torch.from_numpy(layer.cell.weight_ih))
+        t.weight_hh_l0.copy_(torch.from_numpy(layer.cell.weight_hh))
+        t.bias_ih_l0.copy_(torch.from_numpy(b_ih))
+        t.bias_hh_l0.copy_(torch.from_numpy(b_hh))
+    return layer, t
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_gradients_against_pytorch_with_the_same_weights(kind):
+    """The fused gates' backward (fluxpy.ops.lstm_gates / gru_gates, the RNN's bias_act) against torch's autograd:
+    the input's, the initial state's and every weight's gradient, float64, with a cotangent on every output and on
+    the final state."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    layer, t = _torch_pair(kind, rng)
+    x = rng.standard_normal((3, 7, 3))
+    h0, c0 = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
+    dy, dh = rng.standard_normal((3, 7, 5)), rng.standard_normal((3, 5))
+
+    def loss(m, x, h0, c0):
+        y, state = m(x, (h0, c0) if kind == "lstm" else h0, return_state=True)
+        return (y * dy).sum() + ((state[1] if kind == "lstm" else state) * dh).sum()
+    gm, gx, gh0, gc0 = fluxpy.gradient(loss, layer, x, h0, c0)
+    tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in (x, h0[None], c0[None]))
+    y, state = t(tx, (th0, tc0) if kind == "lstm" else th0)
+    last = state[1] if kind == "lstm" else state
+    ((y * torch.from_numpy(dy)).sum() + (last[0] * torch.from_numpy(dh)).sum()).backward()
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gh0, th0.grad.numpy()[0], rtol=1e-10, atol=1e-12)
+    if kind == "lstm":
+        np.testing.assert_allclose(gc0, tc0.grad.numpy()[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gm["cell"]["weight_ih"], t.weight_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gm["cell"]["weight_hh"], t.weight_hh_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gm["cell"]["bias"], t.bias_ih_l0.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_second_derivatives_through_the_layers(kind):
+    """A Hessian-vector product of each layer by finite differences: a nested gradient runs the gate ops'
+    composites, which the outer tape differentiates."""
+    from gradcheck import check_second_order
+    rng = np.random.default_rng(5)
+    layer = fluxpy.f64(MAKERS[kind](2, 3, rng=6))
+    layer.cell.bias[...] = rng.standard_normal(layer.cell.bias.shape) * 0.5
+    check_second_order(lambda x: layer(x), rng.standard_normal((2, 3, 2)), rng=rng)
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_half_precision_layers_on_the_cpu(kind):
+    """bfloat16 and float16 layers: the gates computed in float32 and rounded once, close to float32's."""
+    from fluxpy.precision import bf16, f16
+    rng = np.random.default_rng(7)
+    layer = MAKERS[kind](3, 4, rng=8)
+    x = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    want = layer(x)
+    gwant = fluxpy.gradient(lambda m: m(x).sum(), layer)[0]["cell"]["weight_hh"]
+    for convert, tol in ((bf16, 3e-2), (f16, 4e-3)):
+        half = convert(layer)
+        xh = x.astype(half.cell.weight_ih.dtype)
+        y = half(xh)
+        assert y.dtype == xh.dtype
+        np.testing.assert_allclose(y.astype(np.float32), want, atol=tol)
+        g = fluxpy.gradient(lambda m: m(xh).sum(), half)[0]["cell"]["weight_hh"]
+        assert g.dtype == xh.dtype
+        np.testing.assert_allclose(g.astype(np.float32), gwant, atol=4 * tol * (1 + np.abs(gwant).max()))

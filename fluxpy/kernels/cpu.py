@@ -631,3 +631,6 @@ register("scatter", "numpy", halves_in_float32(scatter))
 register("gather", "numpy", gather)
 register("matmul", "numpy", matmul_half, matmul_half_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)
+from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
+for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
+    register(_name, "numpy", _fn, _ok)

@@ -14,8 +14,8 @@ one), an unbatched step ``(in,)`` or sequence ``(T, in)`` is taken as it is, ``b
 cell over time. fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
 
 The time loop runs step by step through fluxpy's ops: the input projection of a whole batched sequence is one matrix
-product before the loop, a step the recurrent product and the gates' elementwise ops (on the GPU a few kernels; a
-fused step kernel is not built yet).
+product before the loop; a step is the recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`,
+:func:`fluxpy.ops.gru_gates`, the RNN's :func:`fluxpy.ops.bias_act`), one kernel forward and one backward on the GPU.
 
 >>> import numpy as np
 >>> lstm = LSTM(3, 5, rng=0)
@@ -31,9 +31,10 @@ from typing import Any
 from ..autodiff import value_of
 from ..backend import get_array_module
 from ..functors import layer
-from ..ops.activations import sigmoid
 from ..ops.basic import tanh
+from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
+from ..ops.recurrent import gru_gates, lstm_gates
 from ..ops.shape import getitem, reshape, stack, transpose
 from ._checks import (Array, DimensionMismatch, _activation, _fail, _initialised, _positive_int, _require_dtype)
 from .init import RNG, glorot_uniform, zeros32
@@ -115,14 +116,9 @@ def _project(cell, x):
     return xi if cell.bias is None else xi + cell.bias
 
 
-def _recurrent(cell, h):
-    """The recurrent part ``h W_hh^T``."""
-    return matmul(h, transpose(cell.weight_hh))
-
-
-def _gate(a, k, n):
-    """Gate ``k`` of the stacked gates ``a`` ``(batch, G * n)`` (or ``(G * n,)`` from a vector state)."""
-    return getitem(a, (Ellipsis, slice(k * n, (k + 1) * n)))
+def _recurrent(cell, h, w_hh_t=None):
+    """The recurrent part ``h W_hh^T`` (``w_hh_t``: ``W_hh^T`` made once for a whole sequence)."""
+    return matmul(h, transpose(cell.weight_hh) if w_hh_t is None else w_hh_t)
 
 
 @layer(children=("weight_ih", "weight_hh", "bias"))
@@ -145,10 +141,10 @@ class RNNCell:
         _check_step(self, x, h)
         return self._advance(_project(self, x), h)
 
-    def _advance(self, xi: Array, h: Array | None) -> tuple[Array, Array]:
-        """The step from the projected input ``xi`` ``(batch, hidden)``."""
+    def _advance(self, xi: Array, h: Array | None, w_hh_t: Array | None = None) -> tuple[Array, Array]:
+        """The step from the projected input ``xi`` ``(batch, hidden)``: one fused ``act(xi + h W_hh^T)``."""
         h = _zeros_state(self, xi) if h is None else h
-        h = self.act(xi + _recurrent(self, h))
+        h = bias_act(xi, _recurrent(self, h, w_hh_t), self.act)
         return h, h
 
     __call__ = _unbatched(None, _step)
@@ -177,16 +173,14 @@ class LSTMCell:
         _check_step(self, x, state)
         return self._advance(_project(self, x), state)
 
-    def _advance(self, xi: Array, state: tuple[Array, Array] | None) -> tuple[Array, tuple[Array, Array]]:
-        """The step from the projected input ``xi`` ``(batch, 4 hidden)``."""
+    def _advance(self, xi: Array, state: tuple[Array, Array] | None,
+                 w_hh_t: Array | None = None) -> tuple[Array, tuple[Array, Array]]:
+        """The step from the projected input ``xi`` ``(batch, 4 hidden)``: the recurrent product, then the gates
+        as one op (:func:`fluxpy.ops.lstm_gates`)."""
         h, c = (None, None) if state is None else state
         h = _zeros_state(self, xi) if h is None else h
         c = _zeros_state(self, xi) if c is None else c
-        z = xi + _recurrent(self, h)
-        i, f, g, o = (_gate(z, k, self.weight_hh.shape[1]) for k in range(4))
-        c = sigmoid(f) * c + sigmoid(i) * tanh(g)
-        o = sigmoid(o)
-        h = o * tanh(c)
+        h, c = lstm_gates(xi, c, _recurrent(self, h, w_hh_t))
         return h, (h, c)
 
     __call__ = _unbatched(None, _step)
@@ -214,15 +208,11 @@ class GRUCell:
         _check_step(self, x, h)
         return self._advance(_project(self, x), h)
 
-    def _advance(self, xi: Array, h: Array | None) -> tuple[Array, Array]:
-        """The step from the projected input ``xi`` ``(batch, 3 hidden)``."""
+    def _advance(self, xi: Array, h: Array | None, w_hh_t: Array | None = None) -> tuple[Array, Array]:
+        """The step from the projected input ``xi`` ``(batch, 3 hidden)``: the recurrent product, then the gates
+        as one op (:func:`fluxpy.ops.gru_gates`)."""
         h = _zeros_state(self, xi) if h is None else h
-        hh = _recurrent(self, h)
-        n = self.weight_hh.shape[1]
-        r = sigmoid(_gate(xi, 0, n) + _gate(hh, 0, n))
-        z = sigmoid(_gate(xi, 1, n) + _gate(hh, 1, n))
-        cand = tanh(_gate(xi, 2, n) + r * _gate(hh, 2, n))
-        h = (1 - z) * cand + z * h
+        h = gru_gates(xi, _recurrent(self, h, w_hh_t), h)
         return h, h
 
     __call__ = _unbatched(None, _step)
@@ -239,7 +229,8 @@ def _run(layer_, x, state, return_state):
     """The cell over the time axis of ``x`` ``(N, T, in)`` (or ``(T, in)``, one unbatched sequence): outputs
     ``(N, T, hidden)`` (``(T, hidden)``) and, with ``return_state``, the final state. fluxpy's cells on a batch
     project the whole sequence's input in one matrix product first (each step's slice of it pulls back into one
-    buffer: :class:`fluxpy.autodiff.SliceCotangent`); a step is then the recurrent product and the gates."""
+    buffer: :class:`fluxpy.autodiff.SliceCotangent`) and transpose ``W_hh`` once; a step is then the recurrent
+    product and the gates' one op."""
     if not hasattr(x, "shape") or len(x.shape) not in (2, 3):
         _fail(layer_, "x of shape (N, T, in) (batch first) or (T, in)", x)
     if x.shape[-2] < 1:
@@ -248,7 +239,8 @@ def _run(layer_, x, state, return_state):
     if len(x.shape) == 3 and isinstance(cell, (RNNCell, LSTMCell, GRUCell)):
         _check_sequence(cell, x, state)
         xi = _project(cell, x)
-        step = (lambda t, state: cell._advance(getitem(xi, (slice(None), t)), state))
+        w_hh_t = transpose(cell.weight_hh)
+        step = (lambda t, state: cell._advance(getitem(xi, (slice(None), t)), state, w_hh_t))
     else:
         step = (lambda t, state: cell(getitem(x, (slice(None), t) if len(x.shape) == 3 else t), state))
     outs = []
