@@ -7,7 +7,8 @@ against captured) and its kernels (``captured_profile.py``: GPU time by kind of 
 (``mixed_precision.py``: bfloat16 and float16 steps against PyTorch autocast + channels-last), the ResNet training
 step (``resnet_step.py``: ResNet-20 at batch 128 and 512, ResNet-18 at 64x64 batch 64, TF32 off and
 on; its rows are labelled ``model, batch, tf32 off|on``), the reductions
-(``reduce.py``), cuDNN convolutions (``conv.py``, and ``conv_half``: the same in bfloat16 and float16), fused elementwise kernels (``elementwise.py``)
+(``reduce.py``), cuDNN convolutions (``conv.py``, and ``conv_half``: the same in bfloat16 and float16), the LSTM and
+GRU layers against cuDNN's (``recurrent.py``), fused elementwise kernels (``elementwise.py``)
 and the tape's host overhead (``overhead.py``). Each writes JSON; this script prints each one's
 own table, then a summary markdown table (benchmark, case, fluxpy, PyTorch, ratio fluxpy/PyTorch:
 below 1 means fluxpy is faster) headed by the GPU's name and the date, and writes everything to
@@ -40,6 +41,7 @@ BENCHMARKS = {
     "conv_half_channels_last": ["--dtype", "bfloat16,float16", "--memory", "channels_last", "--json", "{json}"],
     "layernorm": ["--json", "{json}"],
     "scatter": ["--json", "{json}"],
+    "recurrent": ["--json", "{json}"],
     "elementwise": ["--json", "{json}"],
     "overhead": ["--json", "{json}"],
     "data_parallel": ["--json", "{json}"],   # only where 2 GPUs or more exist (main skips it otherwise)
@@ -51,7 +53,7 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "mixed_precision": ["--steps", "5", "--rounds", "3", "--warmup", "3"],
                "reduce": ["--quick"], "conv": ["--quick"], "conv_half": ["--quick"],
                "conv_half_channels_last": ["--quick"], "layernorm": ["--lengths", "768,5140,20480", "--reps", "10"],
-               "scatter": ["--reps", "10", "--rounds", "3"],
+               "scatter": ["--reps", "10", "--rounds", "3"], "recurrent": ["--reps", "2", "--rounds", "3"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"],
                "data_parallel": ["--steps", "10", "--warmup", "5", "--repeats", "3"]}
 SCRIPTS = {"conv_half": "conv", "conv_half_channels_last": "conv"}   # a benchmark that runs another one's script with other arguments
