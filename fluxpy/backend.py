@@ -10,6 +10,8 @@ True
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -466,21 +468,71 @@ class CapturedGraph:
     The pool is used by nothing else, so the addresses the graph reads and writes stay its own between replays
     (the pool's blocks live as long as this object or an array taken from them). :meth:`launch` orders the
     replay after the work already queued on the current stream, and that stream's later work after the replay.
+    ``holds``: the resources the captured work uses that cannot be freed while the graph lives (an NCCL
+    communicator: :func:`hold_in_capture`); :func:`release_graphs` frees the graphs holding one, after which
+    :meth:`launch` raises.
 
     >>> CapturedGraph.__name__
     'CapturedGraph'
     """
-    __slots__ = ("graph", "stream", "pool")
+    __slots__ = ("graph", "stream", "pool", "holds", "released", "__weakref__")
 
-    def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
+    def __init__(self, graph: Any, stream: Any, pool: Any, holds: tuple = ()) -> None:
         self.graph, self.stream, self.pool = graph, stream, pool
+        self.holds, self.released = tuple(holds), None
 
     def launch(self) -> None:
         """Replay the graph once, between the current stream's earlier and later work (no host wait)."""
+        if self.graph is None:
+            raise RuntimeError(f"this captured CUDA graph was released ({self.released}); it cannot be replayed")
         current = cupy.cuda.get_current_stream()
         self.stream.wait_event(current.record())
         self.graph.launch(self.stream)
         current.wait_event(self.stream.record())
+
+    def release(self, why: str) -> None:
+        """Free the graph now (after the device has finished its launches); :meth:`launch` then raises naming
+        ``why``."""
+        if self.graph is not None:
+            if cupy is not None:
+                cupy.cuda.Device().synchronize()
+            self.graph, self.released = None, why
+
+
+_LIVE_GRAPHS: weakref.WeakSet = weakref.WeakSet()   # every CapturedGraph not yet garbage
+_CAPTURE = threading.local()                        # .holds: the resources of the capture under way in this thread
+
+
+def hold_in_capture(resource: Any) -> bool:
+    """Called by code that queues work on a resource which must outlive every graph that captured such work (an
+    NCCL communicator: ``ncclCommDestroy`` waits until those graphs are gone): while :func:`capture_graph` runs
+    in this thread, the graph being recorded holds ``resource`` (see :func:`release_graphs`). Returns whether a
+    capture is under way.
+
+    >>> hold_in_capture(object())   # no capture under way
+    False
+    """
+    holds = getattr(_CAPTURE, "holds", None)
+    if holds is None:
+        return False
+    if all(r is not resource for r in holds):
+        holds.append(resource)
+    return True
+
+
+def release_graphs(resource: Any, why: str) -> int:
+    """Free every live captured graph that holds ``resource`` (:func:`hold_in_capture`), so that the resource can
+    be destroyed; their :meth:`CapturedGraph.launch` then raises naming ``why``. Returns how many were freed.
+
+    >>> release_graphs(object(), "nothing holds it")
+    0
+    """
+    freed = 0
+    for g in list(_LIVE_GRAPHS):
+        if g.graph is not None and any(r is resource for r in g.holds):
+            g.release(why)
+            freed += 1
+    return freed
 
 
 def capture_graph(fn: Any) -> tuple[CapturedGraph, Any]:
@@ -499,15 +551,21 @@ def capture_graph(fn: Any) -> tuple[CapturedGraph, Any]:
     stream = cupy.cuda.Stream(non_blocking=True)
     stream.wait_event(cupy.cuda.get_current_stream().record())
     mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", 2)
-    with cupy.cuda.using_allocator(pool.malloc), stream:
-        stream.begin_capture(mode)
-        try:
-            result = fn()
-        except BaseException:
+    outer, _CAPTURE.holds = getattr(_CAPTURE, "holds", None), []
+    try:
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            stream.begin_capture(mode)
             try:
-                stream.end_capture()
-            except Exception:   # the failed capture is invalidated; ending it is all that is needed
-                pass
-            raise
-        graph = stream.end_capture()
-    return CapturedGraph(graph, stream, pool), result
+                result = fn()
+            except BaseException:
+                try:
+                    stream.end_capture()
+                except Exception:   # the failed capture is invalidated; ending it is all that is needed
+                    pass
+                raise
+            graph = stream.end_capture()
+        captured = CapturedGraph(graph, stream, pool, _CAPTURE.holds)
+    finally:
+        _CAPTURE.holds = outer
+    _LIVE_GRAPHS.add(captured)
+    return captured, result

@@ -512,3 +512,20 @@ def test_a_process_that_raises_mid_training_stops_the_job_naming_it():
     assert time.monotonic() - start < 60
     assert run.returncode != 0
     assert "[rank 1] RuntimeError: boom on rank 1 in step 3" in run.stdout, run.stdout[-3000:]
+
+
+def test_release_graphs_frees_only_the_graphs_that_hold_the_resource():
+    """The bookkeeping behind NcclComm.destroy (no GPU: graphs stand in for CuPy's): a graph recorded while
+    hold_in_capture(resource) was called holds it; release_graphs frees those graphs and their launch names why."""
+    from fluxpy import backend
+    comm, other = object(), object()
+    assert backend.hold_in_capture(comm) is False   # no capture under way
+    held = backend.CapturedGraph(graph=object(), stream=None, pool=None, holds=(comm,))
+    free = backend.CapturedGraph(graph=object(), stream=None, pool=None, holds=(other,))
+    for g in (held, free):
+        backend._LIVE_GRAPHS.add(g)
+    assert backend.release_graphs(comm, "the communicator was destroyed") == 1
+    assert held.graph is None and free.graph is not None
+    with pytest.raises(RuntimeError, match=r"released \(the communicator was destroyed\)"):
+        held.launch()
+    assert backend.release_graphs(comm, "again") == 0

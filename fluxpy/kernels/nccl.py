@@ -29,6 +29,8 @@ except Exception as err:   # ImportError, or CuPy without NCCL / without a drive
     cupy = _nccl = None
     _IMPORT_ERROR = f"{type(err).__name__}: {err}"
 
+from ..backend import hold_in_capture, release_graphs  # noqa: E402  (after the guarded CuPy import)
+
 UNIQUE_ID_BYTES = 128
 
 # ncclResult_t (nccl.h, NCCL 2.28). CuPy's own table stops at 5 and raises KeyError for newer statuses.
@@ -211,7 +213,9 @@ class NcclComm:
     # -- ordering against the caller's stream ------------------------------------------------------------
 
     def _enter(self):
-        """The side stream waits for what the caller queued so far."""
+        """The side stream waits for what the caller queued so far. A graph being captured now holds this
+        communicator (:meth:`destroy` frees such graphs first)."""
+        hold_in_capture(self)
         self.stream.wait_event(cupy.cuda.get_current_stream().record(cupy.cuda.Event(disable_timing=True)))
 
     def _leave(self, what, wait):
@@ -304,11 +308,14 @@ class NcclComm:
                     self._comm.abort()
 
     def destroy(self) -> None:
-        """``ncclCommDestroy`` after the queued collectives (idempotent)."""
+        """``ncclCommDestroy`` after the queued collectives (idempotent). The captured CUDA graphs that hold
+        collectives of this communicator are freed first (their launch raises from then on): NCCL keeps a
+        reference per such graph and ``ncclCommDestroy`` would wait for them forever."""
         if self.aborted:
             return
         with contextlib.suppress(Exception):
             self.stream.synchronize()
+        release_graphs(self, f"rank {self.rank}'s NCCL communicator was destroyed")
         with self._lock:
             if not self.aborted:
                 self.aborted = True

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fluxpy  # noqa: E402
 from fluxpy import DataLoader  # noqa: E402
 from fluxpy.distributed import DataParallel, init  # noqa: E402
-from fluxpy.functors import arrays  # noqa: E402
+from fluxpy.functors import arrays, fmap  # noqa: E402
 from fluxpy.layers import BatchNorm, Chain, Conv, Dense, MaxPool, flatten  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
 from fluxpy.optimise import Adam, Momentum, setup  # noqa: E402
@@ -42,6 +42,7 @@ def main():
     p.add_argument("--batch", type=int, default=16, help="per rank")
     p.add_argument("--bn", action="store_true", help="with BatchNorm (synchronised across ranks)")
     p.add_argument("--rule", choices=["momentum", "adam"], default="momentum")
+    p.add_argument("--float64", action="store_true", help="the model and the data in float64")
     p.add_argument("--capture", action="store_true", help="train(..., capture=True): CUDA graphs")
     p.add_argument("--out", default=None)
     p.add_argument("--cpu", action="store_true", help="NumPy arrays (a one-process smoke run without a GPU)")
@@ -56,6 +57,10 @@ def main():
     x = rng.standard_normal((n, 3, 16, 16), dtype=np.float32)
     y = fluxpy.onehotbatch(rng.integers(0, 10, n), range(10))
     model = net(a.bn, classes=11 if a.mode == "mismatch" and rank == 1 else 10)
+    if a.float64:
+        model = fmap(lambda v: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v,
+                     model)
+        x, y = x.astype(np.float64), y.astype(np.float64)
     move = (lambda t: t) if a.cpu else fluxpy.gpu
     model = move(model)
     dp = DataParallel(model, bucket_mb=0.005, first_bucket_mb=0.002, sync_batchnorm=a.bn)
