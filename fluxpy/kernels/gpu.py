@@ -39,10 +39,10 @@ _before: list = []   # (the table, CuPy's generator factory) as they were before
 
 
 def _modules():
-    from . import (cublas, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_recurrent, cuda_scatter, cuda_softmax,
-                   elementwise, reduce)
+    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_recurrent, cuda_scatter,
+                   cuda_softmax, elementwise, reduce)
     return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter, cuda_layernorm,
-            cuda_recurrent)
+            cuda_recurrent, cuda_arrays)
 
 
 def register() -> bool:

@@ -282,8 +282,9 @@ def _concat_rule(*xs, axis):
 
 def _concat_impl(*xs, axis):
     xp = get_array_module(*xs)
+    kernel = find("concatenate", *xs)
     try:
-        return xp.concatenate(xs, axis=axis)
+        return kernel(xs, axis=axis) if kernel is not None else xp.concatenate(xs, axis=axis)
     except ValueError as err:
         raise ValueError(f"concatenate: shapes {[tuple(x.shape) for x in xs]} do not fit along axis {axis}") from err
 
@@ -314,8 +315,9 @@ def _stack_rule(*xs, axis):
 
 def _stack_impl(*xs, axis):
     xp = get_array_module(*xs)
+    kernel = find("stack", *xs)
     try:
-        return xp.stack(xs, axis=axis)
+        return kernel(xs, axis=axis) if kernel is not None else xp.stack(xs, axis=axis)
     except ValueError as err:
         raise ValueError(f"stack: all shapes must be equal, got {[tuple(x.shape) for x in xs]}") from err
 
