@@ -49,7 +49,11 @@ def _matmul_rule(needs, a, b):
         if needs[0]:
             da = reshape(unbroadcast(_matmul(dy2, swapaxes(b2, -1, -2)), a2.shape), a.shape)
         if needs[1]:
-            db = reshape(unbroadcast(_matmul(swapaxes(a2, -1, -2), dy2), b2.shape), b.shape)
+            if b2.ndim == 2 and a2.ndim > 2:   # a batch against one matrix: one product over the stacked rows
+                rows = reshape(a2, (-1, a2.shape[-1]))
+                db = reshape(_matmul(swapaxes(rows, -1, -2), reshape(dy2, (-1, dy2.shape[-1]))), b.shape)
+            else:
+                db = reshape(unbroadcast(_matmul(swapaxes(a2, -1, -2), dy2), b2.shape), b.shape)
         return da, db
     return y, matmul_pullback
 
