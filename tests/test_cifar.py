@@ -362,3 +362,25 @@ def test_example_schedules_and_arguments(capsys):
     with pytest.raises(SystemExit) as exit_:
         module.parse_args(["--epochs", "2", "--warmup", "2"])
     assert exit_.value.code == 2 and "--warmup must be in 0 .. epochs - 1 = 1, got 2" in capsys.readouterr().err
+
+
+def test_example_runs_under_the_launcher_and_only_rank_0_reports_and_saves(tmp_path):
+    """Two processes through ``python -m fluxpy.distributed.run`` on the CPU (the tcp backend), with SyncBatchNorm:
+    each trains on its shard, only rank 0 prints and saves."""
+    import os
+    import subprocess
+    import sys
+    write_split(tmp_path / "cifar" / CIFAR10_FOLDER, "train", 16)
+    write_split(tmp_path / "cifar" / CIFAR10_FOLDER, "test", 8, seed=10)
+    root = EXAMPLE.parents[1]
+    run = subprocess.run([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", "2", str(EXAMPLE),
+                          "--data-dir", str(tmp_path / "cifar"), "--epochs", "1", "--batchsize", "4", "--limit", "16",
+                          "--device", "cpu", "--no-progress", "--seed", "1", "--sync-batchnorm",
+                          "--save", str(tmp_path / "m.npz"), "--plot", str(tmp_path / "m.png")],
+                         cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "2 ranks (batch 4 each)" in run.stdout
+    assert "[rank 0] epoch   1/1: train loss" in run.stdout and "[rank 0] final test accuracy" in run.stdout
+    assert "[rank 1] epoch" not in run.stdout and "[rank 1] final" not in run.stdout
+    assert (tmp_path / "m.npz").is_file()
