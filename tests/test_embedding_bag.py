@@ -193,3 +193,22 @@ def test_embedding_bag_is_a_model_tree():
     assert [k for k, _ in fluxpy.children(eb)] == ["weight"]
     g = gradient(lambda m: m(np.array([[0, 1]])).sum(), eb)[0]
     assert set(g) == {"weight"} and g["weight"][:2].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_max_bag_ties_share_the_gradient_where_pytorch_gives_it_to_one_item():
+    """A deliberate difference from PyTorch (EmbeddingBag's docstring says so): fluxpy's ``max`` shares a tied
+    maximum's gradient evenly among the tied items (as ``fluxpy.max`` does everywhere), so a repeated index gets it
+    once in total; PyTorch's ``mode="max"`` gives the whole of it to one item (its ``max_indices``)."""
+    w = np.array([[1.0, 5.0], [1.0, 2.0], [0.0, 5.0]])   # column 0: rows 0 and 1 tie; column 1: rows 0 and 2 tie
+    eb = EmbeddingBag(3, 2, fluxpy.max)
+    eb.weight = w.copy()
+    bag = np.array([[0, 1, 2]])
+    g, = gradient(lambda m: m(bag).sum(), eb)
+    np.testing.assert_allclose(g["weight"], [[0.5, 0.5], [0.5, 0.0], [0.0, 0.5]])
+    repeated, = gradient(lambda m: m(np.array([[0, 0, 1]])).sum(), eb)
+    assert repeated["weight"].sum(axis=0).tolist() == [1.0, 1.0]   # one unit per output column in total
+    torch = pytest.importorskip("torch")
+    tw = torch.tensor(w, requires_grad=True)
+    torch.nn.functional.embedding_bag(torch.tensor(bag), tw, mode="max").sum().backward()
+    theirs = tw.grad.numpy()
+    assert theirs.sum(axis=0).tolist() == [1.0, 1.0] and sorted(theirs[:, 0].tolist()) == [0.0, 0.0, 1.0]
