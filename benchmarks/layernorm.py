@@ -6,7 +6,9 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
 ``LayerNorm`` under a half model). Rows:
 
 - ``fwd``: fluxpy ``layernorm_forward`` (y, mean, rstd) against ``F.layer_norm``;
-- ``fwd+bwd``: fluxpy's forward, then ``layernorm_backward`` (dx, dgamma, dbeta) against ``F.layer_norm`` and
+- ``fwd+bwd``: fluxpy's forward, then the ``layernorm_backward`` op (dx, dgamma, dbeta: the kernel of
+  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or two ``ln_bwd``, then ``ln_params``; the composite
+  where no kernel takes the rows, as the layer norm's pullback runs it) against ``F.layer_norm`` and
   ``torch.autograd.grad`` of it for x, gamma and beta.
 
 GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
@@ -63,6 +65,7 @@ def gpu_us(cp, run, reps, rounds):
 def case(cp, torch, length, dtype_name, a):
     from fluxpy.kernels import cuda_layernorm as ln
     from fluxpy.kernels.halfs import BFLOAT16
+    from fluxpy.ops.norm import layernorm_backward
     dtype = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16, "float32": np.dtype(np.float32)}[dtype_name]
     tdtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     rng = np.random.default_rng(0)
@@ -87,10 +90,10 @@ def case(cp, torch, length, dtype_name, a):
 
     def fx_both():
         _, m, r = ln.layernorm_forward(x, g, b, 1, 1e-5)
-        ln.layernorm_backward(dy, x, g, m, r, 1, True)
+        layernorm_backward(dy, x, g, m, r, 1, True)
 
     def fx_bwd():
-        ln.layernorm_backward(dy, x, g, mean, rstd, 1, True)
+        layernorm_backward(dy, x, g, mean, rstd, 1, True)
 
     def t_fwd():
         with torch.no_grad():
@@ -100,7 +103,10 @@ def case(cp, torch, length, dtype_name, a):
         yy = torch.nn.functional.layer_norm(tx, (length,), tg, tb, 1e-5)
         torch.autograd.grad(yy, (tx, tg, tb), tdy)
 
-    r = dict(dtype=dtype_name, length=length, rows=ROWS, max_abs_err_vs_torch=err)
+    plan = ln.backward_shape(length, dtype)
+    r = dict(dtype=dtype_name, length=length, rows=ROWS, max_abs_err_vs_torch=err,
+             bwd_kernel="composite" if plan is None else f"{plan[0]} VW{plan[1]} TPR{plan[2]} RPB{plan[3]} "
+                                                         f"ITEMS{plan[4]} PF{plan[5]}")
     r["copy_us"] = gpu_us(cp, lambda: cp.copyto(out, x), a.reps, a.rounds)
     r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
     r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
@@ -118,7 +124,7 @@ def case(cp, torch, length, dtype_name, a):
     r["fluxpy_us"], r["torch_us"] = r["fluxpy_both_us"], r["torch_both_us"]   # run.py's summary pair
     print(f"{dtype_name:9s} L={length:6d}: fwd {r['fluxpy_fwd_us']:7.1f} us ({r['fwd_share']:.0%} of copy) torch "
           f"{r['torch_fwd_us']:7.1f} ({r['torch_fwd_share']:.0%}); bwd {r['fluxpy_bwd_us']:7.1f} us "
-          f"({r['bwd_share']:.0%}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
+          f"({r['bwd_share']:.0%}, {r['bwd_kernel']}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
           f"max |y - torch y| {err:.2g}", flush=True)
     return r
 

@@ -8,14 +8,28 @@ written once. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` 
 of 20,480 bfloat16 values takes 1,024 threads of 3 vectors (no spills: :func:`kernel_attributes` reports the
 compiled kernels' local memory). Rows are summed by warp shuffles, then across warps in a fixed order.
 
-Backward: ``ln_bwd`` sweeps each row twice (the row sums, then ``dx = rstd (g - mean(g) - xhat mean(g xhat))``,
-``g = dy gamma``; the second sweep rereads ``x`` and ``dy``, from L2 as a rule) and keeps, per thread, the column
-sums of ``dy xhat`` and ``dy`` over the rows its group visits; a block's groups add theirs in shared memory in a
-fixed order and the block writes one row of partials; ``ln_params`` adds the partial rows per column in a fixed
-order (``dgamma``, ``dbeta``): the result does not depend on timing. Rows whose column sums do not fit in a
-thread's registers (:func:`backward_fits`: 20,480 values a row) take the composite backward. Statistics
-(``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma``/``beta`` are in the compute type (float32
-for the halves, as fluxpy's LayerNorm keeps them). Kernels are compiled per (dtype, L) and cached.
+Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
+``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
+residual/bias, ``x``'s vector is summed as it is taken), computes ``xhat`` and ``g = dy gamma``, the two row sums
+``sum g`` and ``sum g xhat`` together (one pair of barriers, fixed order), and writes
+``dx = rstd (g - mean(g) - xhat mean(g xhat))`` from the registers; with ``PF`` it issues the loads of the next
+row it visits before this row's sums, barriers and stores (a second buffer of raw vectors), so loads stay in
+flight. At most 16 values a thread (8 for float64), as many rows a block as the registers of an SM take (one
+block an SM, sized by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills),
+and a grid of as many blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and
+column sums do not fit in the registers of at most 1,024 threads (12,288 and 16,384 values of float32 or halves,
+5,140 of float64), ``ln_bwd`` runs instead: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and
+``dy``, from L2 as a rule), a thread holding only its column sums. Rows whose column sums do not fit even so
+(:func:`backward_fits`: 20,480 values a row) take the composite backward.
+
+``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
+its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
+the block writes one row of partials (one a block: as few as the SMs, at most 132 on an H100), and ``ln_params``
+adds the partial rows per column in a fixed order. A "last block finishes" single launch was weighed and not
+taken: its one block would read all the partial rows alone (``P L`` pairs: some 0.8 MB at L = 768, 21 MB at
+20,480, microseconds to a hundred at one SM's bandwidth), where ``ln_params`` spreads them over ``L / 32`` blocks.
+Statistics (``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma``/``beta`` are in the compute type
+(float32 for the halves, as fluxpy's LayerNorm keeps them). Kernels are compiled per (dtype, L) and cached.
 
 >>> sorted(KERNELS)
 ['layernorm_backward', 'layernorm_forward']
@@ -33,12 +47,16 @@ __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supp
 MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most (128 bytes in flight a thread)
 MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
+ONE_SWEEP_VALUES = {2: 16, 4: 16, 8: 8}   # row values a thread holds in the one-sweep backward, by item size
+ONE_SWEEP_REGISTERS = {2: (5, 4), 4: (6, 4), 8: (13, 10)}   # a value a thread holds, (prefetching, not)
+ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values (indices, pointers, sums)
 
 _SOURCE = r"""
 // T/C/LOAD/STORE: halfs.prelude; L: the row length; VW: elements per vector; VT: the vector type;
 // TPR: threads per row; RPB: rows per block; ITEMS: vectors per thread.
 #define LV (L / VW)
 #define NW (TPR / 32 > 0 ? TPR / 32 : 1)
+typedef VT vec_t;   // VT may be two words ("unsigned int")
 
 // The sum of a over the TPR threads of this thread's row, in a fixed order (every thread of the block calls it).
 __device__ __forceinline__ C row_sum(C a, C* sh) {
@@ -82,6 +100,97 @@ __device__ __forceinline__ void load_row(const T* p, const T* res, const C* bias
         } else {
             #pragma unroll
             for (int u = 0; u < VW; ++u) v[i * VW + u] = 0;
+        }
+    }
+}
+
+// The RPB groups of a block add their column sums (ag, ab) in shared memory in a fixed order (group 0, 1, ...);
+// the block writes them as row blockIdx.x of the partials pg, pb.
+__device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, C* pb, int tid, int grp) {
+#if RPB > 1
+    __shared__ C colg[L], colb[L];
+    for (int q = 0; q < RPB; ++q) {
+        if (grp == q) {
+            #pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const int j = i * TPR + tid;
+                if (j < LV) {
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) {
+                        const int col = j * VW + u;
+                        colg[col] = (q == 0 ? (C)0 : colg[col]) + ag[i * VW + u];
+                        colb[col] = (q == 0 ? (C)0 : colb[col]) + ab[i * VW + u];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int col = threadIdx.x; col < L; col += blockDim.x) {
+        pg[(long long)blockIdx.x * L + col] = colg[col];
+        pb[(long long)blockIdx.x * L + col] = colb[col];
+    }
+#else
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) {
+                pg[(long long)blockIdx.x * L + j * VW + u] = ag[i * VW + u];
+                pb[(long long)blockIdx.x * L + j * VW + u] = ab[i * VW + u];
+            }
+        }
+    }
+#endif
+}
+
+// The sums of a and of b over the TPR threads of this thread's row, in a fixed order, with one pair of barriers
+// (every thread of the block calls it).
+__device__ __forceinline__ void row_sum2(C& a, C& b, C* sh) {
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffff, a, o);
+        b += __shfl_xor_sync(0xffffffff, b, o);
+    }
+#if TPR > 32
+    const int grp = threadIdx.x / TPR, warp = (threadIdx.x % TPR) / 32;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { sh[2 * (grp * NW + warp)] = a; sh[2 * (grp * NW + warp) + 1] = b; }
+    __syncthreads();
+    a = 0;
+    b = 0;
+    for (int w = 0; w < NW; ++w) { a += sh[2 * (grp * NW + w)]; b += sh[2 * (grp * NW + w) + 1]; }
+#endif
+}
+
+// VW compute values (gamma, bias) of vector j, as one load where VW allows.
+__device__ __forceinline__ void load_cvec(const C* p, int j, C* v) {
+#ifdef CVT
+    CVT w = ((const CVT*)p)[j];
+    const C* e = (const C*)&w;
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) v[u] = e[u];
+#else
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) v[u] = p[j * VW + u];
+#endif
+}
+
+// The raw vectors of x and dy this thread holds of a row, and the row's statistics (zeros past the rows or the row).
+__device__ __forceinline__ void fetch(const T* x, const T* dy, const C* mean, const C* rstd, long long row,
+                                      long long R, int tid, VT* bx, VT* bd, C& mu, C& rs) {
+    const bool valid = row < R;
+    mu = valid ? mean[row] : (C)0;
+    rs = valid ? rstd[row] : (C)0;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (valid && j < LV) {
+            bx[i] = ((const VT*)(x + row * (long long)L))[j];
+            bd[i] = ((const VT*)(dy + row * (long long)L))[j];
+        } else {
+            bx[i] = vec_t{};
+            bd[i] = vec_t{};
         }
     }
 }
@@ -148,9 +257,6 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
                                                                long long R, int want_params, const T* res,
                                                                const C* bias) {
     __shared__ C sh[RPB * NW];
-#if RPB > 1
-    __shared__ C colg[L], colb[L];
-#endif
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
@@ -188,58 +294,127 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
             }
         }
     }
-    if (!want_params) return;
-#if RPB > 1
-    for (int q = 0; q < RPB; ++q) {      // group q adds its column sums, in order
-        if (grp == q) {
+    if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
+}
+
+// One sweep a row: a group of TPR threads holds its row's vectors of x and dy in registers (read once), sums
+// g = dy * gamma and g * xhat over the row (row_sum2), writes dx = rs (g - mean(g) - xhat mean(g xhat)) from the
+// registers, and adds dy * xhat and dy to its columns' sums. With PF the loads of the group's next row are issued
+// before this row's sums, barriers and stores (a second buffer of raw vectors). Rows are visited block by block,
+// grid-stride (the same trip count block-wide); with a residual/bias, x's vector is summed as it is taken.
+extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, const T* x, const C* gamma,
+                                                                const C* mean, const C* rstd, T* dx, C* pg, C* pb,
+                                                                long long R, int want_params, const T* res,
+                                                                const C* bias) {
+    __shared__ C sh[2 * RPB * NW];
+    const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+    const long long stride = (long long)gridDim.x * RPB;
+    C ag[ITEMS * VW], ab[ITEMS * VW];
+    #pragma unroll
+    for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
+    VT bx[ITEMS], bd[ITEMS];
+    C bmu, brs;
+    long long row = (long long)blockIdx.x * RPB + grp;
+    fetch(x, dy, mean, rstd, row, R, tid, bx, bd, bmu, brs);
+    for (long long base = blockIdx.x; base * RPB < R; base += gridDim.x, row += stride) {
+        const bool valid = row < R;
+        const C mu = bmu, rs = brs;
+        C xh[ITEMS * VW];
+        VT dv[ITEMS];
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            const T* e = (const T*)&bx[i];
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) xh[i * VW + u] = LOAD(e[u]);
+            if (valid && j < LV) {
+                if (res) {
+                    VT q = ((const VT*)(res + row * (long long)L))[j];
+                    const T* f = (const T*)&q;
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) xh[i * VW + u] += LOAD(f[u]);
+                }
+                if (bias) {
+                    C c[VW];
+                    load_cvec(bias, j, c);
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) xh[i * VW + u] += c[u];
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) xh[i * VW + u] = (xh[i * VW + u] - mu) * rs;
+            dv[i] = bd[i];
+        }
+#if PF
+        fetch(x, dy, mean, rstd, row + stride, R, tid, bx, bd, bmu, brs);
+#endif
+        C s1 = 0, s2 = 0;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (j < LV) {
+                const T* e = (const T*)&dv[i];
+                C gm[VW];
+                if (gamma) load_cvec(gamma, j, gm);
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) {
+                    const C d = LOAD(e[u]), h = xh[i * VW + u], g = gamma ? d * gm[u] : d;
+                    s1 += g;
+                    s2 += g * h;
+                    ag[i * VW + u] += d * h;
+                    ab[i * VW + u] += d;
+                }
+            }
+        }
+        row_sum2(s1, s2, sh);
+        const C m1 = s1 / (C)L, m2 = s2 / (C)L;
+        if (valid) {
             #pragma unroll
             for (int i = 0; i < ITEMS; ++i) {
                 const int j = i * TPR + tid;
                 if (j < LV) {
+                    const T* e = (const T*)&dv[i];
+                    C gm[VW];
+                    if (gamma) load_cvec(gamma, j, gm);
+                    VT w;
+                    T* o = (T*)&w;
                     #pragma unroll
                     for (int u = 0; u < VW; ++u) {
-                        const int col = j * VW + u;
-                        colg[col] = (q == 0 ? (C)0 : colg[col]) + ag[i * VW + u];
-                        colb[col] = (q == 0 ? (C)0 : colb[col]) + ab[i * VW + u];
+                        const C d = LOAD(e[u]), g = gamma ? d * gm[u] : d;
+                        o[u] = STORE(rs * (g - m1 - xh[i * VW + u] * m2));
                     }
+                    ((VT*)(dx + row * (long long)L))[j] = w;
                 }
             }
         }
-        __syncthreads();
-    }
-    for (int col = threadIdx.x; col < L; col += blockDim.x) {
-        pg[(long long)blockIdx.x * L + col] = colg[col];
-        pb[(long long)blockIdx.x * L + col] = colb[col];
-    }
-#else
-    #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        const int j = i * TPR + tid;
-        if (j < LV) {
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) {
-                pg[(long long)blockIdx.x * L + j * VW + u] = ag[i * VW + u];
-                pb[(long long)blockIdx.x * L + j * VW + u] = ab[i * VW + u];
-            }
-        }
-    }
+#if !PF
+        fetch(x, dy, mean, rstd, row + stride, R, tid, bx, bd, bmu, brs);
 #endif
+    }
+    if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
 }
 
-// dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x 8 row lanes.
-extern "C" __global__ void ln_params(const C* pg, const C* pb, long long P, C* dgamma, C* dbeta) {
-    __shared__ C s1[8][33], s2[8][33];
+// dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x PL row lanes, each
+// lane summing every PL-th partial row from its own, then lane 0 the PL lanes' sums in order.
+#define PL 16
+extern "C" __global__ void __launch_bounds__(32 * PL) ln_params(const C* pg, const C* pb, long long P, C* dgamma,
+                                                                C* dbeta) {
+    __shared__ C s1[PL][33], s2[PL][33];
     const int cx = threadIdx.x % 32, ry = threadIdx.x / 32;
     const long long col = (long long)blockIdx.x * 32 + cx;
     C a = 0, b = 0;
-    if (col < L)
-        for (long long p = ry; p < P; p += 8) { a += pg[p * L + col]; b += pb[p * L + col]; }
-    s1[ry][cx] = a; s2[ry][cx] = b;
+    if (col < L) {
+        #pragma unroll 4
+        for (long long p = ry; p < P; p += PL) { a += pg[p * L + col]; b += pb[p * L + col]; }
+    }
+    s1[ry][cx] = a;
+    s2[ry][cx] = b;
     __syncthreads();
     if (ry == 0 && col < L) {
         C ta = 0, tb = 0;
-        for (int k = 0; k < 8; ++k) { ta += s1[k][cx]; tb += s2[k][cx]; }
-        dgamma[col] = ta; dbeta[col] = tb;
+        for (int k = 0; k < PL; ++k) { ta += s1[k][cx]; tb += s2[k][cx]; }
+        dgamma[col] = ta;
+        dbeta[col] = tb;
     }
 }
 """
@@ -250,6 +425,8 @@ extern "C" __global__ void ln_params(const C* pg, const C* pb, long long P, C* d
 _VECTORS = {"half": (("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (("float4", 4), ("float2", 2)),
             np.dtype(np.float64): (("double2", 2),)}
 _modules: dict = {}
+_plans: dict = {}
+_occupancy: dict = {}
 _sm: dict = {}
 
 
@@ -262,12 +439,75 @@ def _vector(dtype, length):
     return "T", 1
 
 
+def _shape(length, dtype, max_items, min_tpr=32):
+    """``(VW, TPR, ITEMS)``: the fewest threads a row (a multiple of 32, from ``min_tpr``) that hold its vectors in
+    at most ``max_items`` vectors a thread, or None past :data:`MAX_THREADS`."""
+    vw = _vector(dtype, length)[1]
+    vectors = length // vw
+    per_thread = -(-vectors // max_items)
+    tpr = max(min_tpr, 32 * -(-per_thread // 32))
+    if tpr > MAX_THREADS:
+        return None
+    return vw, tpr, -(-vectors // tpr)
+
+
+def _one_sweep_registers(dtype, vw, items, prefetch):
+    """Registers a thread of ``ln_bwd1`` needs, by a conservative estimate: :data:`ONE_SWEEP_REGISTERS` a row
+    value a thread holds (its two column sums, its xhat, its raw dy and, prefetching, the next row's raw x and dy)
+    plus :data:`ONE_SWEEP_SPARE`. Fitted to ptxas's counts for sm_90 (NVRTC 13.5) at 2 to 32 values a thread; the
+    GPU test reads the compiled kernels' local memory."""
+    return ONE_SWEEP_REGISTERS[np.dtype(dtype).itemsize][0 if prefetch else 1] * items * vw + ONE_SWEEP_SPARE
+
+
+def _register_cap(threads):
+    """The registers a thread may use in a block of ``threads`` (ptxas's cap under ``__launch_bounds__``: 64K an
+    SM, warps allocated four at a time, a multiple of 8, at most 255)."""
+    return min(255, 65536 // (128 * -(-threads // 128)) // 8 * 8)
+
+
+def _plan(length: int, dtype):
+    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype``, or None.
+
+    ``ln_bwd1`` (one sweep) where a row's vectors of x and dy and the column sums fit in the registers of the
+    threads that hold the row (at most :data:`ONE_SWEEP_VALUES` values a thread, as many rows a block as the
+    registers of an SM take, to at most 1,024 threads), prefetching the next row where that fits too; else the
+    two-sweep ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0; None where that too is too long.
+    """
+    key = (np.dtype(dtype), int(length))
+    if key in _plans:
+        return _plans[key]
+    dtype, length = key
+    plan = None
+    c = 2 if dtype == np.float64 else 1
+    shape = _shape(length, dtype, max(1, ONE_SWEEP_VALUES[dtype.itemsize] // _vector(dtype, length)[1]))
+    while plan is None and shape is not None:
+        vw, tpr, items = shape
+        for pf in (1, 0):
+            regs = _one_sweep_registers(dtype, vw, items, pf)
+            if regs > _register_cap(tpr):
+                continue
+            rpb = max(1, MAX_THREADS // tpr)
+            while rpb > 1 and (regs > _register_cap(tpr * rpb) or 8 * length * c > 40960):
+                rpb -= 1            # the registers of the block, its column sums in (static) shared memory
+            plan = ("ln_bwd1", vw, tpr, rpb, items, pf)
+            break
+        else:   # more threads a row, fewer values a thread
+            shape = _shape(length, dtype, items - 1, tpr + 32) if items > 1 else None
+    if plan is None:
+        two = launch_shape(length, dtype, "backward")
+        if two is not None and _two_sweep_fits(length, dtype):
+            plan = ("ln_bwd",) + two + (0,)
+    _plans[key] = plan
+    return plan
+
+
 def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, int, int, int] | None:
     """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
     the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, from a warp, that hold the row in at
-    most :data:`MAX_VECTORS` vectors a thread forward, :data:`MAX_VALUES` values backward, where a thread also keeps
-    its columns' sums), rows per block (256 threads a block at least) and vectors per thread;
-    None where a row needs more than ``MAX_THREADS`` threads.
+    most :data:`MAX_VECTORS` vectors a thread forward, :data:`MAX_VALUES` values in the two-sweep backward, where a
+    thread also keeps its columns' sums), rows per block (256 threads a block at least) and vectors per thread;
+    None where a row needs more than ``MAX_THREADS`` threads. The backward runs the shape of :func:`_plan`
+    (``direction="backward"`` is the two-sweep kernel's shape; :func:`backward_shape` the one it runs).
 
     >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
     ((4, 32, 8, 6), (4, 1024, 1, 5), (4, 256, 1, 6))
@@ -284,32 +524,74 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
     return vw, tpr, max(1, 256 // tpr), -(-vectors // tpr)
 
 
+def backward_shape(length: int, dtype):
+    """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
+    ``dtype`` (``ln_bwd1``: one sweep, ``PF`` 1 when it prefetches the next row; ``ln_bwd``: two sweeps), or None
+    (the composite runs).
+
+    >>> backward_shape(768, np.float16)[0], backward_shape(20480, np.float32)
+    ('ln_bwd1', None)
+    """
+    return _plan(length, dtype)
+
+
+def _source(dtype, length, direction="forward"):
+    """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``) or
+    ``backward`` (the kernel of :func:`backward_shape` and ``ln_params``)."""
+    dtype = np.dtype(dtype)
+    if direction == "forward":
+        vw, tpr, rpb, items = launch_shape(length, dtype)
+        pf = 0
+    else:
+        _, vw, tpr, rpb, items, pf = _plan(length, dtype)
+    vt = _vector(dtype, length)[0]
+    cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
+    head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
+            f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n" + (f"#define CVT {cvt}\n" if cvt else ""))
+    return head + _SOURCE
+
+
 def _module(dtype, length, direction="forward"):
-    key = (dtype, length, direction)
+    key = (np.dtype(dtype), int(length), direction)
     mod = _modules.get(key)
     if mod is None:
-        vw, tpr, rpb, items = launch_shape(length, dtype, direction)
-        vt = _vector(dtype, length)[0]
-        head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
-                f"#define RPB {rpb}\n#define ITEMS {items}\n")
-        mod = _modules[key] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
+        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction), options=("--std=c++14",))
     return mod
 
 
 def kernel_attributes(dtype, length: int) -> dict:
-    """``{kernel: (registers, local bytes)}`` of the compiled kernels for rows of ``length`` values of ``dtype``
-    (local bytes above 0 would mean register spills).
+    """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
+    ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``, and ``ln_params``) where the backward
+    kernels take the rows (local bytes above 0 would mean register spills).
 
     >>> kernel_attributes.__name__
     'kernel_attributes'
     """
     out = {}
-    for name, direction in (("ln_fwd", "forward"), ("ln_bwd", "backward"), ("ln_params", "backward")):
-        if launch_shape(int(length), dtype, direction) is None:
-            continue
-        f = _module(np.dtype(dtype), int(length), direction).get_function(name)
+    dtype, length = np.dtype(dtype), int(length)
+    names = []
+    if launch_shape(length, dtype) is not None:
+        names.append(("ln_fwd", "forward"))
+    plan = _plan(length, dtype)
+    if plan is not None:
+        names += [(plan[0], "backward"), ("ln_params", "backward")]
+    for name, direction in names:
+        f = _module(dtype, length, direction).get_function(name)
         out[name] = (f.num_regs, f.local_size_bytes)
     return out
+
+
+def _blocks_per_sm(key, fn, threads):
+    """Blocks of ``threads`` threads of ``fn`` (cached under ``key``) that an SM holds at once (registers, threads,
+    shared memory)."""
+    n = _occupancy.get(key)
+    if n is None:
+        warps = -(-threads // 32)
+        regs = -(-max(int(fn.num_regs), 1) * 32 // 256) * 256        # allocated per warp, 256 at a time
+        smem = int(getattr(fn, "shared_size_bytes", 0) or 0) + 1024
+        n = max(1, min(65536 // (regs * warps), 2048 // threads, 32, (228 * 1024) // smem))
+        _occupancy[key] = n
+    return n
 
 
 def _sm_count(dev):
@@ -346,12 +628,18 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
 
 
 def backward_fits(length: int, dtype) -> bool:
-    """Whether the backward's per-thread column sums (two arrays of the row values a thread holds) fit in the
-    registers a thread has at the block size (64K registers an SM, at most 255 a thread): else the composite runs.
+    """Whether a backward kernel takes rows of ``length`` values of ``dtype`` (:func:`backward_shape`): the one
+    sweep's values, or the two sweeps' column sums, fit in registers; else the composite runs.
 
     >>> backward_fits(768, np.float32), backward_fits(20480, np.float32)
     (True, False)
     """
+    return _plan(length, dtype) is not None
+
+
+def _two_sweep_fits(length, dtype):
+    """Whether the two-sweep kernel's per-thread column sums (two arrays of the row values a thread holds) fit in
+    the registers a thread has at its block size (64K registers an SM, at most 255 a thread)."""
     shape = launch_shape(length, dtype, "backward")
     if shape is None:
         return False
@@ -385,26 +673,34 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     return y, stats[0], stats[1]
 
 
+def _aligned(p):
+    """``p``, or a copy of it where it does not start on 16 bytes (a view into a larger array)."""
+    return p if p is None or p.data.ptr % 16 == 0 else p.copy()
+
+
 def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True, residual=None, bias=None):
     """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``;
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
-    vw, tpr, rpb, items = launch_shape(length, x.dtype, "backward")
+    name, vw, tpr, rpb, items, pf = _plan(length, x.dtype)
     cdt = compute_dtype(x.dtype)
     mod = _module(x.dtype, length, "backward")
-    groups = int(min(-(-rows // rpb), 2 * _sm_count(x.device.id)))
+    fn = mod.get_function(name)
+    sms = _sm_count(x.device.id)
+    per_sm = _blocks_per_sm((x.dtype, length, x.device.id), fn, tpr * rpb) if name == "ln_bwd1" else 2
+    gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
+    blocks = int(min(-(-rows // rpb), per_sm * sms))
     dx = cupy.empty_like(x)
-    partial_rows = groups
-    parts = cupy.empty((2, partial_rows, length), cdt) if need_params else None
+    parts = cupy.empty((2, blocks, length), cdt) if need_params else None
     null = np.uint64(0)
-    mod.get_function("ln_bwd")((groups,), (tpr * rpb,), (
-        dy, x, null if gamma is None else gamma, mean, rstd, dx, null if parts is None else parts[0],
-        null if parts is None else parts[1], np.int64(rows), np.int32(need_params),
-        null if residual is None else residual, null if bias is None else bias))
+    fn((blocks,), (tpr * rpb,), (dy, x, null if gamma is None else gamma, mean, rstd, dx,
+                                 null if parts is None else parts[0], null if parts is None else parts[1],
+                                 np.int64(rows), np.int32(need_params), null if residual is None else residual,
+                                 null if bias is None else bias))
     if not need_params:
         return dx, None, None
     out = cupy.empty((2, length), cdt)
-    mod.get_function("ln_params")((-(-length // 32),), (256,), (parts[0], parts[1], np.int64(partial_rows), out[0],
+    mod.get_function("ln_params")((-(-length // 32),), (512,), (parts[0], parts[1], np.int64(blocks), out[0],
                                                                 out[1]))
     shape = x.shape[x.ndim - k:]
     return dx, out[0].reshape(shape), out[1].reshape(shape)

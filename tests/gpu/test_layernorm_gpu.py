@@ -1,12 +1,14 @@
 """fluxpy's layer-norm kernels (fluxpy.kernels.cuda_layernorm) against the CPU composite in float64: forward,
 dx, dgamma, dbeta for row lengths from 2 to 20,480 (a warp, a block, 1,024 threads a row; vector and scalar
-loads), every dtype, with and without gamma/beta, one or two normalised axes; determinism; no register spills;
-second derivatives through the composite. Needs a GPU (``gpu`` marker)."""
+loads), every dtype, with and without gamma/beta, one or two normalised axes; the one-sweep backward over many
+rows (grid-stride with prefetch, ragged blocks, inside a CUDA graph); determinism; no register spills; second
+derivatives through the composite. Needs a GPU (``gpu`` marker)."""
 import numpy as np
 import pytest
 
 import fluxpy
 from devices import cupy_module
+from fluxpy.backend import capture_graph
 from fluxpy.kernels import cuda_layernorm, find
 from fluxpy.ops.norm import layernorm
 from test_half_conv_matmul import BF16
@@ -98,13 +100,46 @@ def test_backward_is_deterministic_and_rows_longer_than_the_kernels_take_run_the
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
 def test_no_register_spills_at_any_size(dtype):
+    """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, and ln_params) keeps to registers, at the
+    lengths of the tests and of the benchmark."""
     for length in LENGTHS + [4096, 16384, 1536, 1024]:
-        if cuda_layernorm.launch_shape(length, dtype) is None:
-            continue
-        for name, (regs, local) in cuda_layernorm.kernel_attributes(dtype, length).items():
-            if name == "ln_bwd" and not cuda_layernorm.backward_fits(length, dtype):
-                continue   # never launched: those rows take the composite backward
+        attrs = cuda_layernorm.kernel_attributes(dtype, length)
+        if cuda_layernorm.backward_fits(length, dtype):
+            assert cuda_layernorm.backward_shape(length, dtype)[0] in attrs and "ln_params" in attrs
+        for name, (regs, local) in attrs.items():
             assert local == 0, f"{name} at L={length} {np.dtype(dtype)}: {local} bytes of local memory ({regs} regs)"
+
+
+@pytest.mark.parametrize("length", [768, 1536, 5140])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_one_sweep_backward_over_many_rows_matches_float64(length, dtype):
+    """More rows than the grid holds groups (each group visits several rows, prefetching the next), a row count
+    that is not a multiple of the rows a block takes, gamma given as an unaligned view (copied for the vector
+    loads), dx alone (no partial rows); the same bits on every call, also from a captured CUDA graph."""
+    cp = cupy_module()
+    shape = cuda_layernorm.backward_shape(length, dtype)
+    assert shape is not None and shape[0] == "ln_bwd1"
+    rpb = shape[3]
+    rows = 3 * 132 * rpb + rpb // 2 + 1     # three rounds of the grid on an H100 (132 SMs), a ragged last block
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((rows,), (length,), dtype, True, seed=8)
+    big = cp.zeros(length + 1, g.dtype)
+    big[1:] = g
+    g_view = big[1:]
+    assert g_view.data.ptr % 16 != 0
+    y, mean, rstd = cuda_layernorm.layernorm_forward(x, g_view, b, 1, 1e-5)
+    dx, dg, db = cuda_layernorm.layernorm_backward(dy, x, g_view, mean, rstd, 1, True)
+    want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dyh).sum(), xh, gh, bh)
+    for name, a, w in zip(("dx", "dgamma", "dbeta"), (dx, dg, db), want):
+        _check(a, w, dtype, name, length if name == "dx" else rows)
+    dx_only = cuda_layernorm.layernorm_backward(dy, x, g_view, mean, rstd, 1, False)
+    assert dx_only[1] is None and dx_only[2] is None and cp.array_equal(dx_only[0], dx)
+    again = cuda_layernorm.layernorm_backward(dy, x, g_view, mean, rstd, 1, True)
+    assert all(cp.array_equal(a, c) for a, c in zip((dx, dg, db), again))
+    graph, captured = capture_graph(lambda: cuda_layernorm.layernorm_backward(dy, x, g_view, mean, rstd, 1, True))
+    for _ in range(2):
+        graph.launch()
+        cp.cuda.get_current_stream().synchronize()
+        assert all(cp.array_equal(a, c) for a, c in zip((dx, dg, db), captured))
 
 
 def test_second_derivatives_go_through_the_composite():
