@@ -11,7 +11,8 @@ module                  kernels
 ======================  =====================================================================
 ``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f``),
                         ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, the fused
-                        ``descent_update``, ``momentum_update``, ``adam_update``
+                        optimiser steps (``descent_update``, ``momentum_update``, ``adam_update``,
+                        ``adagrad_update`` ... ``lion_update``, the multi-tensor ``*_update_many``)
 ``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)
 ``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
@@ -21,6 +22,8 @@ module                  kernels
 ``cublas``              ``matmul`` (our cuBLAS binding: capturable)
 ``cuda_scatter``        ``scatter``, ``gather`` (``cupyx.scatter_add``/``_max``/``_min``, indexing)
 ``cuda_layernorm``      ``layernorm_forward``, ``layernorm_backward`` (a row per warp or block, in registers)
+``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
+``cuda_arrays``         ``stack``, ``concatenate`` while a CUDA-graph capture is under way (a copy per array)
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
