@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -109,8 +109,30 @@ def _guard() -> dict:
     return {} if flag is None else {"ok": flag}
 
 
+class _FusedStep(Rule):
+    """A rule whose step, where the kernel table has its fused kernel ``KERNEL`` for the arrays (the GPU:
+    :mod:`fluxpy.kernels.elementwise`), is that one kernel, which takes the step's guard; elsewhere the array path
+    (:meth:`Rule.step` over ``apply``). A subclass names the kernel and says what it takes after ``x, dx``."""
+    KERNEL: ClassVar[str] = ""
+
+    def kernel_args(self, state: Any) -> tuple:
+        """The fused kernel's arguments after ``x, dx``: the state's arrays (updated in place), then the
+        hyperparameters."""
+        raise NotImplementedError
+
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        kernel = find(self.KERNEL, x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        kernel(x, dx, *self.kernel_args(state), **_guard())
+        return state
+
+    def guarded_kernel(self, x: Array, dx: Array) -> bool:
+        return find(self.KERNEL, x, dx) is not None
+
+
 @dataclasses.dataclass(frozen=True)
-class Descent(Rule):
+class Descent(_FusedStep):
     """Plain gradient descent, ``step = eta * dx``.
 
     >>> import numpy as np
@@ -124,19 +146,14 @@ class Descent(Rule):
     def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array]:
         return state, self.eta * dx
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("descent_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        kernel(x, dx, self.eta, **_guard())
-        return state
+    KERNEL = "descent_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("descent_update", x, dx) is not None
+    def kernel_args(self, state: Any) -> tuple:
+        return (self.eta,)
 
 
 @dataclasses.dataclass(frozen=True)
-class Momentum(Rule):
+class Momentum(_FusedStep):
     """Gradient descent with momentum: ``v = rho v + eta dx``, ``step = v``.
 
     PyTorch's ``SGD(lr=eta, momentum=rho)`` (its buffer is ``v / eta``).
@@ -160,15 +177,10 @@ class Momentum(Rule):
         v += self.eta * dx
         return v, v
 
-    def step(self, v: Any, x: Array, dx: Array) -> Any:
-        kernel = find("momentum_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, v, x, dx)
-        kernel(x, dx, v, self.eta, self.rho, **_guard())
-        return v
+    KERNEL = "momentum_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("momentum_update", x, dx) is not None
+    def kernel_args(self, v: Any) -> tuple:
+        return (v, self.eta, self.rho)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,13 +478,24 @@ class _MomentRule(Rule):
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     eps: float = 1e-8
+    KERNEL: ClassVar[str] = ""   # the fused step: kernel(x, dx, m, v, eta, beta, eps, b1t, b2t) -> beta^t advanced
 
     def init(self, x: Array) -> Any:
         return _zeros2(x, self.beta)
 
+    def step(self, state: Any, x: Array, dx: Array) -> Any:
+        """The fused kernel where the table has one (it refuses a capture: ``beta^t`` is a host number), else the
+        array path."""
+        kernel = find(self.KERNEL, x, dx)
+        if kernel is None:
+            return Rule.step(self, state, x, dx)
+        refuse(_HOST_COUNTERS)
+        m, v, (b1t, b2t) = state
+        return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
+
 
 @dataclasses.dataclass(frozen=True)
-class AdaGrad(Rule):
+class AdaGrad(_FusedStep):
     """AdaGrad (Optimisers.jl's): ``acc += dx^2`` (``acc`` starts at ``eps``), ``step = eta dx / (sqrt(acc) + eps)``.
 
     >>> import numpy as np
@@ -491,19 +514,14 @@ class AdaGrad(Rule):
         state += dx * dx
         return state, dx * self.eta / (get_array_module(x).sqrt(state) + self.eps)
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("adagrad_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        kernel(x, dx, state, self.eta, self.eps, **_guard())
-        return state
+    KERNEL = "adagrad_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("adagrad_update", x, dx) is not None
+    def kernel_args(self, state: Any) -> tuple:
+        return (state, self.eta, self.eps)
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaDelta(Rule):
+class AdaDelta(_FusedStep):
     """AdaDelta (Optimisers.jl's): ``acc = rho acc + (1 - rho) dx^2``, ``step = dx sqrt(dacc + eps) / sqrt(acc + eps)``,
     then ``dacc = rho dacc + (1 - rho) step^2``; no learning rate.
 
@@ -530,16 +548,11 @@ class AdaDelta(Rule):
         dacc += (1 - self.rho) * (step * step)
         return state, step
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("adadelta_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        acc, dacc = state
-        kernel(x, dx, acc, dacc, self.rho, self.eps, **_guard())
-        return state
+    KERNEL = "adadelta_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("adadelta_update", x, dx) is not None
+    def kernel_args(self, state: Any) -> tuple:
+        acc, dacc = state
+        return (acc, dacc, self.rho, self.eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,13 +577,7 @@ class AdaMax(_MomentRule):
         xp.maximum(u, xp.abs(dx), out=u)
         return (m, u, (b1t * b1, b2t * b2)), (self.eta / (1 - b1t)) * m / (u + self.eps)
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("adamax_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        refuse(_HOST_COUNTERS)
-        m, u, (b1t, b2t) = state
-        return m, u, kernel(x, dx, m, u, self.eta, self.beta, self.eps, b1t, b2t)
+    KERNEL = "adamax_update"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,8 +605,10 @@ class OAdam(_MomentRule):
         b1, b2 = self.beta
         return (m, v, (b1t * b1, b2t * b2), term), 2 * term - prev
 
+    KERNEL = "oadam_update"
+
     def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("oadam_update", x, dx)
+        kernel = find(self.KERNEL, x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
         refuse(_HOST_COUNTERS)
@@ -628,13 +637,7 @@ class NAdam(_MomentRule):
         step = (b1 * m / (1 - b1 * b1t) + (1 - b1) * dx / (1 - b1t)) / (xp.sqrt(v * b2 / (1 - b2t)) + self.eps)
         return (m, v, (b1t * b1, b2t * b2)), step * self.eta
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("nadam_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        refuse(_HOST_COUNTERS)
-        m, v, (b1t, b2t) = state
-        return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
+    KERNEL = "nadam_update"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -673,8 +676,10 @@ class RAdam(_MomentRule):
             return math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
         return None
 
+    KERNEL = "radam_update"
+
     def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("radam_update", x, dx)
+        kernel = find(self.KERNEL, x, dx)
         if kernel is None:
             return Rule.step(self, state, x, dx)
         refuse(_HOST_COUNTERS)
@@ -709,17 +714,11 @@ class AdaBelief(_MomentRule):
         step = self.eta * m / (1 - b1t) / (xp.sqrt(s / (1 - b2t)) + self.eps)
         return (m, s, (b1t * b1, b2t * b2)), step
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("adabelief_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        refuse(_HOST_COUNTERS)
-        m, s, (b1t, b2t) = state
-        return m, s, kernel(x, dx, m, s, self.eta, self.beta, self.eps, b1t, b2t)
+    KERNEL = "adabelief_update"
 
 
 @dataclasses.dataclass(frozen=True)
-class Lion(Rule):
+class Lion(_FusedStep):
     """Lion: ``step = eta sign((b2 - b1) dx + b1 m)`` after ``m = b2 dx + (1 - b2) m`` (Optimisers.jl's form).
 
     >>> import numpy as np
@@ -740,19 +739,14 @@ class Lion(Rule):
         state += b2 * dx
         return state, self.eta * get_array_module(x).sign((b2 - b1) * dx + b1 * state)
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("lion_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        kernel(x, dx, state, self.eta, self.beta, **_guard())
-        return state
+    KERNEL = "lion_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("lion_update", x, dx) is not None
+    def kernel_args(self, state: Any) -> tuple:
+        return (state, self.eta, self.beta)
 
 
 @dataclasses.dataclass(frozen=True)
-class SignDecay(Rule):
+class SignDecay(_FusedStep):
     """Adds ``lambd * sign(x)`` to the gradient (L1 regularisation); put it first in a chain.
 
     >>> import numpy as np
@@ -769,15 +763,10 @@ class SignDecay(Rule):
             return state, kernel(x, dx, self.lambd)
         return state, dx + self.lambd * get_array_module(x).sign(x)
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find("sign_decay_update", x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        kernel(x, dx, self.lambd, **_guard())
-        return state
+    KERNEL = "sign_decay_update"
 
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        return find("sign_decay_update", x, dx) is not None
+    def kernel_args(self, state: Any) -> tuple:
+        return (self.lambd,)
 
 
 @dataclasses.dataclass(frozen=True)
