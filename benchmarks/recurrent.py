@@ -29,32 +29,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scatter import wall_us  # noqa: E402
 
 GATE_OPS = ("lstm_gates_forward", "lstm_gates_backward", "gru_gates_forward", "gru_gates_backward")
 SIZES = "64x50x256x512,64x200x256x512"
 
 
 def wall_ms(sync, run, reps, rounds):
-    """``(median, low, high)`` milliseconds per call of ``run`` over ``rounds`` of ``reps`` calls and a sync."""
-    for _ in range(2):
-        run()
-    sync()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            run()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3 / reps)
-    return statistics.median(times), min(times), max(times)
+    """``(median, low, high)`` milliseconds per call of ``run`` over ``rounds`` of ``reps`` calls and a sync, after
+    two warm-up calls (the scatter benchmark's clock)."""
+    run()
+    return tuple(t / 1e3 for t in wall_us(sync, run, reps, rounds))
 
 
 def _unfused(module):
