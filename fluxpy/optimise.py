@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,6 +65,17 @@ class Rule:
     #: the gradients of its arrays for non-finite values (one reduction over all of them) before changing any.
     needs_finite = False
 
+    def __post_init__(self) -> None:
+        """Every hyperparameter checked by its name (:data:`_HYPERPARAMETERS`; a rule's ``_LIMITS`` adds or
+        overrides), when the rule is made and when :func:`adjust` makes it again: a bad value is a ``ValueError``
+        naming the rule, the field and the value, before any update (PyTorch's optimisers check theirs too)."""
+        limits = {**_HYPERPARAMETERS, **getattr(type(self), "_LIMITS", {})}
+        for field in dataclasses.fields(self) if dataclasses.is_dataclass(self) else ():
+            rule = limits.get(field.name)
+            value = getattr(self, field.name)
+            if rule is not None and not rule[0](value):
+                raise ValueError(f"{type(self).__name__}: {field.name} must be {rule[1]}, got {value!r}")
+
     def init(self, x: Array) -> Any:
         return None
 
@@ -101,6 +113,31 @@ class Rule:
         False
         """
         return False
+
+
+def _finite(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _pair(v, closed: bool) -> bool:
+    return (isinstance(v, tuple) and len(v) == 2 and all(_finite(b) and 0 <= b and (b <= 1 if closed else b < 1)
+                                                        for b in v))
+
+
+#: What a hyperparameter of each name must be: ``(test, description)``.
+_HYPERPARAMETERS = {
+    "eta": (lambda v: _finite(v) and v >= 0, "the learning rate, a finite number >= 0"),
+    "rho": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "eps": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "lambd": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "beta": (lambda v: _pair(v, closed=False), "a tuple (b1, b2) of numbers in [0, 1)"),
+    "delta": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "omega": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "p": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0,
+          "a number > 0 (math.inf: the largest entry)"),
+    "centred": (lambda v: isinstance(v, bool), "True or False"),
+    "throw": (lambda v: isinstance(v, bool), "True or False"),
+}
 
 
 def _guard() -> dict:
@@ -729,6 +766,7 @@ class Lion(_FusedStep):
     """
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
+    _LIMITS = {"beta": (lambda v: _pair(v, closed=True), "a tuple (b1, b2) of numbers in [0, 1]")}
 
     def init(self, x: Array) -> Any:
         return get_array_module(x).zeros_like(x)
@@ -1434,7 +1472,8 @@ def adjust(state: Any, eta: float | None = None, **hyper: Any) -> Any:
 
     ``adjust(state, 1e-4)`` sets the learning rate ``eta``; keywords set other fields
     (``adjust(state, rho=0.8)``). Rules in a chain without that field are left alone; a name
-    that no rule has is an error. Accumulated state (moments) is kept.
+    that no rule has, or a value a rule refuses, is an error that changes nothing. Accumulated state (moments) is
+    kept.
 
     >>> import numpy as np
     >>> st = setup(OptimiserChain(ClipGrad(1.0), Adam(0.1)), {"w": np.ones(2)})
@@ -1448,11 +1487,12 @@ def adjust(state: Any, eta: float | None = None, **hyper: Any) -> Any:
         raise ValueError("adjust: give a learning rate or hyperparameters to change, e.g. adjust(state, 1e-4)")
     used = set()
     leaves = _leaves(state)
-    for leaf in leaves:
-        leaf.rule = _adjusted(leaf.rule, changes, used)
+    rules = [_adjusted(leaf.rule, changes, used) for leaf in leaves]   # every new rule made (and checked) first
     missing = set(changes) - used
     if leaves and missing:
         raise ValueError(f"adjust: no rule in the state tree has {sorted(missing)}")
+    for leaf, rule in zip(leaves, rules):   # then all at once: a refused change leaves the state as it was
+        leaf.rule = rule
     return state
 
 
