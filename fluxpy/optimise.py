@@ -527,6 +527,10 @@ class _MomentRule(Rule):
         if kernel is None:
             return Rule.step(self, state, x, dx)
         refuse(_HOST_COUNTERS)
+        return self._fused(kernel, state, x, dx)
+
+    def _fused(self, kernel: Any, state: Any, x: Array, dx: Array) -> Any:
+        """The state after ``kernel``'s step of ``x`` (a rule with more state says how it calls its kernel)."""
         m, v, (b1t, b2t) = state
         return m, v, kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t)
 
@@ -644,11 +648,7 @@ class OAdam(_MomentRule):
 
     KERNEL = "oadam_update"
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find(self.KERNEL, x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        refuse(_HOST_COUNTERS)
+    def _fused(self, kernel: Any, state: Any, x: Array, dx: Array) -> Any:
         m, v, (b1t, b2t), term = state
         return m, v, kernel(x, dx, m, v, term, self.eta, self.beta, self.eps, b1t, b2t), term
 
@@ -715,11 +715,7 @@ class RAdam(_MomentRule):
 
     KERNEL = "radam_update"
 
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        kernel = find(self.KERNEL, x, dx)
-        if kernel is None:
-            return Rule.step(self, state, x, dx)
-        refuse(_HOST_COUNTERS)
+    def _fused(self, kernel: Any, state: Any, x: Array, dx: Array) -> Any:
         m, v, (b1t, b2t), t = state
         bt = kernel(x, dx, m, v, self.eta, self.beta, self.eps, b1t, b2t, self._rectification(b2t, t))
         return m, v, bt, t + 1

@@ -27,21 +27,14 @@ needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs with NCCL")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-class _Run:
-    """What a launched job left: ``returncode``, ``stdout`` (every rank's lines, prefixed), ``stderr``."""
-
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
 def _launch(nproc, *args, timeout=300):
     """Run the worker under the launcher; ``(run, seconds)``. Past ``timeout`` the launcher gets SIGTERM (it stops
     the ranks), after each rank has dumped its Python stack (``--dump-after``), and the test fails showing them."""
     env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "10",
-                             str(WORKER), *args, "--dump-after", str(max(timeout - 20, timeout * 0.8))], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cmd = [sys.executable, "-m", "fluxpy.distributed.run", "--nproc", str(nproc), "--grace", "10", str(WORKER), *args,
+           "--dump-after", str(max(timeout - 20, timeout * 0.8))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -49,7 +42,7 @@ def _launch(nproc, *args, timeout=300):
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"the job ({' '.join(args)}) did not finish in {timeout} s; its output:\n{out[-8000:]}\n"
                     f"{err[-2000:]}")
-    return _Run(proc.returncode, out, err), time.monotonic() - start
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - start
 
 
 def _weights(path):
