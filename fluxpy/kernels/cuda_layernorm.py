@@ -78,6 +78,7 @@ __device__ __forceinline__ void load_vec(const T* p, const T* res, const C* bias
     const T* e = (const T*)&w;
     #pragma unroll
     for (int u = 0; u < VW; ++u) v[u] = LOAD(e[u]);
+#if FUSED   // compiled in only for the fused form: the branches cost the plain forward's loads their overlap
     if (res) {
         VT q = ((const VT*)(res + row * (long long)L))[j];
         const T* f = (const T*)&q;
@@ -88,6 +89,7 @@ __device__ __forceinline__ void load_vec(const T* p, const T* res, const C* bias
         #pragma unroll
         for (int u = 0; u < VW; ++u) v[u] += bias[j * VW + u];
     }
+#endif
 }
 
 __device__ __forceinline__ void load_row(const T* p, const T* res, const C* bias, long long row, bool valid, int tid,
@@ -327,6 +329,7 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, con
             const T* e = (const T*)&bx[i];
             #pragma unroll
             for (int u = 0; u < VW; ++u) xh[i * VW + u] = LOAD(e[u]);
+#if FUSED
             if (valid && j < LV) {
                 if (res) {
                     VT q = ((const VT*)(res + row * (long long)L))[j];
@@ -341,6 +344,7 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, con
                     for (int u = 0; u < VW; ++u) xh[i * VW + u] += c[u];
                 }
             }
+#endif
             #pragma unroll
             for (int u = 0; u < VW; ++u) xh[i * VW + u] = (xh[i * VW + u] - mu) * rs;
             dv[i] = bd[i];
@@ -535,9 +539,10 @@ def backward_shape(length: int, dtype):
     return _plan(length, dtype)
 
 
-def _source(dtype, length, direction="forward"):
+def _source(dtype, length, direction="forward", fused=False):
     """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``) or
-    ``backward`` (the kernel of :func:`backward_shape` and ``ln_params``)."""
+    ``backward`` (the kernel of :func:`backward_shape` and ``ln_params``); ``fused``: with the code that adds a
+    residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
@@ -547,15 +552,17 @@ def _source(dtype, length, direction="forward"):
     vt = _vector(dtype, length)[0]
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
-            f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n" + (f"#define CVT {cvt}\n" if cvt else ""))
+            f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define FUSED {int(bool(fused))}\n"
+            + (f"#define CVT {cvt}\n" if cvt else ""))
     return head + _SOURCE
 
 
-def _module(dtype, length, direction="forward"):
-    key = (np.dtype(dtype), int(length), direction)
+def _module(dtype, length, direction="forward", fused=False):
+    key = (np.dtype(dtype), int(length), direction, bool(fused))
     mod = _modules.get(key)
     if mod is None:
-        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction), options=("--std=c++14",))
+        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused),
+                                             options=("--std=c++14",))
     return mod
 
 
@@ -665,7 +672,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     cdt = compute_dtype(x.dtype)
     y = cupy.empty_like(x)
     stats = cupy.empty((2, rows), cdt)
-    fn = _module(x.dtype, length).get_function("ln_fwd")
+    fn = _module(x.dtype, length, "forward", residual is not None or bias is not None).get_function("ln_fwd")
     null = np.uint64(0)
     fn((-(-rows // rpb),), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
                                           stats[0], stats[1], np.int64(rows), np.float64(eps),
@@ -684,10 +691,11 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     rows, length = _rows(x, k)
     name, vw, tpr, rpb, items, pf = _plan(length, x.dtype)
     cdt = compute_dtype(x.dtype)
-    mod = _module(x.dtype, length, "backward")
+    fused = residual is not None or bias is not None
+    mod = _module(x.dtype, length, "backward", fused)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    per_sm = _blocks_per_sm((x.dtype, length, x.device.id), fn, tpr * rpb) if name == "ln_bwd1" else 2
+    per_sm = _blocks_per_sm((x.dtype, length, x.device.id, fused), fn, tpr * rpb) if name == "ln_bwd1" else 2
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
     blocks = int(min(-(-rows // rpb), per_sm * sms))
     dx = cupy.empty_like(x)
