@@ -566,10 +566,11 @@ def _module(dtype, length, direction="forward", fused=False):
     return mod
 
 
-def kernel_attributes(dtype, length: int) -> dict:
+def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
     ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``, and ``ln_params``) where the backward
-    kernels take the rows (local bytes above 0 would mean register spills).
+    kernels take the rows (local bytes above 0 would mean register spills); ``fused``: the kernels of the
+    ``x + residual + bias`` form.
 
     >>> kernel_attributes.__name__
     'kernel_attributes'
@@ -583,7 +584,7 @@ def kernel_attributes(dtype, length: int) -> dict:
     if plan is not None:
         names += [(plan[0], "backward"), ("ln_params", "backward")]
     for name, direction in names:
-        f = _module(dtype, length, direction).get_function(name)
+        f = _module(dtype, length, direction, fused).get_function(name)
         out[name] = (f.num_regs, f.local_size_bytes)
     return out
 

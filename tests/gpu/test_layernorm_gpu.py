@@ -103,11 +103,13 @@ def test_no_register_spills_at_any_size(dtype):
     """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, and ln_params) keeps to registers, at the
     lengths of the tests and of the benchmark."""
     for length in LENGTHS + [4096, 16384, 1536, 1024]:
-        attrs = cuda_layernorm.kernel_attributes(dtype, length)
-        if cuda_layernorm.backward_fits(length, dtype):
-            assert cuda_layernorm.backward_shape(length, dtype)[0] in attrs and "ln_params" in attrs
-        for name, (regs, local) in attrs.items():
-            assert local == 0, f"{name} at L={length} {np.dtype(dtype)}: {local} bytes of local memory ({regs} regs)"
+        for fused in (False, True):
+            attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
+            if cuda_layernorm.backward_fits(length, dtype):
+                assert cuda_layernorm.backward_shape(length, dtype)[0] in attrs and "ln_params" in attrs
+            for name, (regs, local) in attrs.items():
+                assert local == 0, (f"{name} at L={length} {np.dtype(dtype)} fused={fused}: {local} bytes of local "
+                                    f"memory ({regs} regs)")
 
 
 @pytest.mark.parametrize("length", [768, 1536, 5140])
