@@ -18,18 +18,33 @@ flight. At most 16 values a thread (8 for float64), as many rows a block as the 
 block an SM, sized by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills),
 and a grid of as many blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and
 column sums do not fit in the registers of at most 1,024 threads (12,288 and 16,384 values of float32 or halves,
-5,140 of float64), ``ln_bwd`` runs instead: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and
-``dy``, from L2 as a rule), a thread holding only its column sums. Rows whose column sums do not fit even so
-(:func:`backward_fits`: 20,480 values a row) take the composite backward.
+about 4,100 to 8,192 of float64), ``ln_bwd`` runs instead: two sweeps a row (the row sums, then ``dx``, rereading
+``x`` and ``dy``, from L2 as a rule), a thread holding only its column sums.
+
+Rows whose column sums do not fit even so (past 16,384 values of float32 or halves, to the forward's 32,768;
+float64 from about 8,200 to 16,384; :data:`SPLIT_FROM` can send shorter rows here too) take the split backward: the
+same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``: one sweep,
+the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else ``ln_dx2``:
+two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy`` (5 N L s
+bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by side along
+the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th row of the
+chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums added in
+shared memory in order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape alone (some
+4,096 blocks, at least 64 rows a chunk), not from the device. Every row the forward takes has a backward kernel
+(:func:`backward_fits`); the composite runs only for rows the forward turns down.
 
 ``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
 its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
-the block writes one row of partials (one a block: as few as the SMs, at most 132 on an H100), and ``ln_params``
-adds the partial rows per column in a fixed order. A "last block finishes" single launch was weighed and not
-taken: its one block would read all the partial rows alone (``P L`` pairs: some 0.8 MB at L = 768, 21 MB at
-20,480, microseconds to a hundred at one SM's bandwidth), where ``ln_params`` spreads them over ``L / 32`` blocks.
+the block writes one row of partials (one a block: as few as the SMs, at most 132 on an H100), or ``ln_cols``
+writes one a chunk of rows; ``ln_params`` adds the partial rows per column in a fixed order. Results depend on
+the shape and, for ``ln_bwd1``/``ln_bwd``, the GPU's SM count, never on timing. A "last block finishes" single
+launch was weighed and not taken: its one block would read all the partial rows alone (``P L`` pairs: some 0.8 MB
+at L = 768, 21 MB at 20,480, microseconds to a hundred at one SM's bandwidth), where ``ln_params`` spreads them over
+``L / 32`` blocks.
+
 Statistics (``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma``/``beta`` are in the compute type
-(float32 for the halves, as fluxpy's LayerNorm keeps them). Kernels are compiled per (dtype, L) and cached.
+(float32 for the halves, as fluxpy's LayerNorm keeps them). Kernels are compiled per (dtype, L, fused, backward plan)
+and cached.
 
 >>> sorted(KERNELS)
 ['layernorm_backward', 'layernorm_forward']
@@ -50,10 +65,32 @@ MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
 ONE_SWEEP_VALUES = {2: 16, 4: 16, 8: 8}   # row values a thread holds in the one-sweep backward, by item size
 ONE_SWEEP_REGISTERS = {2: (5, 4), 4: (6, 4), 8: (13, 10)}   # a value a thread holds, (prefetching, not)
 ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values (indices, pointers, sums)
+# Row values a thread holds in the dx-only one sweep (ln_dx1), at most; none for float64 (ptxas spilled 8 to 32 bytes
+# at every shape tried, 10 to 16 values a thread at 8,194 to 10,240 values a row): its long rows take ln_dx2.
+DX_SWEEP_VALUES = {2: 32, 4: 32, 8: 0}
+DX_SWEEP_REGISTERS = {2: (3.25, 1.5), 4: (4.5, 2), 8: (9, 5)}   # a value a thread of ln_dx1 holds, (prefetching, not)
+DX_SWEEP_SPARE = 32    # registers of ln_dx1 besides its values (fitted as ONE_SWEEP_*: ptxas needed 2 V + 32 for
+                       # float32 and 1.5 V + 32 for the halves without prefetch at V = 12 to 32 values a thread)
+
+# THE CHOICE TO MEASURE (by item size): rows of at least this many values take the split backward (dx alone, then
+# ln_cols and ln_params) even where the two-sweep ln_bwd, which also keeps the column sums, fits (12,288 and 16,384
+# values of float32 or the halves); None: only where no kernel that keeps the column sums fits (past 16,384 of
+# float32 and the halves, float64 from about 8,200). ln_bwd1 runs wherever it fits, whatever this says. The split path
+# moves 5 N L s bytes (ln_cols rereads x and dy), ln_bwd 3 N L s from memory plus a reread from L2: set a length here
+# only after timing both (benchmarks/layernorm.py --split).
+SPLIT_FROM = {2: None, 4: None, 8: None}
+COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
+COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
+                       # an SM, 40 to 74 registers); a constant, not the device's SM count, so that the order of the
+                       # sums depends on the shape alone
+COLUMN_MIN_ROWS = 64   # ln_cols: rows a block sums at least (so the partial rows stay few against the data)
 
 _SOURCE = r"""
 // T/C/LOAD/STORE: halfs.prelude; L: the row length; VW: elements per vector; VT: the vector type;
-// TPR: threads per row; RPB: rows per block; ITEMS: vectors per thread.
+// TPR: threads per row; RPB: rows per block; ITEMS: vectors per thread; PF: the one sweep prefetches the next row;
+// FUSED: the x + residual + bias code is compiled in; PARAMS: the dx kernel also keeps the column sums of dgamma/dbeta
+// (1: ln_bwd1/ln_bwd, ln_params) or computes dx alone (0: ln_dx1/ln_dx2, then ln_cols and ln_params);
+// KVW/KVT: the vector of ln_cols (16 bytes where L allows).
 #define LV (L / VW)
 #define NW (TPR / 32 > 0 ? TPR / 32 : 1)
 typedef VT vec_t;   // VT may be two words ("unsigned int")
@@ -106,6 +143,7 @@ __device__ __forceinline__ void load_row(const T* p, const T* res, const C* bias
     }
 }
 
+#if PARAMS
 // The RPB groups of a block add their column sums (ag, ab) in shared memory in a fixed order (group 0, 1, ...);
 // the block writes them as row blockIdx.x of the partials pg, pb.
 __device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, C* pb, int tid, int grp) {
@@ -146,6 +184,7 @@ __device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, 
     }
 #endif
 }
+#endif   // PARAMS
 
 // The sums of a and of b over the TPR threads of this thread's row, in a fixed order, with one pair of barriers
 // (every thread of the block calls it).
@@ -242,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const
 // dx per row, in two sweeps over the row (the second rereads x and dy, from L2 as a rule) so that a thread holds
 // only its column sums of dy * xhat (ag) and dy (ab) over the rows its group visits. The RPB groups of a block add
 // theirs in shared memory in a fixed order; the block writes them as row blockIdx.x of the partials.
+// Compiled with PARAMS 0 it is ln_dx2: dx alone, no column sums (a thread holds a vector's worth of values at a time).
 // Of vector j of a row: xh = (x [+ res + bias] - mu) * rs, d = dy and g = dy * gamma.
 __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bias, const T* dy, const C* gamma,
                                            long long row, int j, C mu, C rs, C* xh, C* g, C* d) {
@@ -254,15 +294,24 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, const T* x, const C* gamma,
+#if PARAMS
+#define LN_BWD ln_bwd
+#define LN_BWD1 ln_bwd1
+#else
+#define LN_BWD ln_dx2
+#define LN_BWD1 ln_dx1
+#endif
+extern "C" __global__ void __launch_bounds__(TPR * RPB) LN_BWD(const T* dy, const T* x, const C* gamma,
                                                                const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                long long R, int want_params, const T* res,
                                                                const C* bias) {
     __shared__ C sh[RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+#if PARAMS
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
+#endif
     for (long long base = blockIdx.x; base * RPB < R; base += gridDim.x) {   // the same trip count block-wide
         const long long row = base * RPB + grp;
         const bool valid = row < R;
@@ -277,7 +326,9 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
                 #pragma unroll
                 for (int u = 0; u < VW; ++u) {
                     s1 += g[u]; s2 += g[u] * xh[u];
+#if PARAMS
                     ag[i * VW + u] += d[u] * xh[u]; ab[i * VW + u] += d[u];
+#endif
                 }
             }
         }
@@ -296,7 +347,9 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
             }
         }
     }
+#if PARAMS
     if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
+#endif
 }
 
 // One sweep a row: a group of TPR threads holds its row's vectors of x and dy in registers (read once), sums
@@ -304,16 +357,19 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd(const T* dy, cons
 // registers, and adds dy * xhat and dy to its columns' sums. With PF the loads of the group's next row are issued
 // before this row's sums, barriers and stores (a second buffer of raw vectors). Rows are visited block by block,
 // grid-stride (the same trip count block-wide); with a residual/bias, x's vector is summed as it is taken.
-extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, const T* x, const C* gamma,
+// Compiled with PARAMS 0 it is ln_dx1: dx alone, no column sums (the registers hold only the row).
+extern "C" __global__ void __launch_bounds__(TPR * RPB) LN_BWD1(const T* dy, const T* x, const C* gamma,
                                                                 const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                 long long R, int want_params, const T* res,
                                                                 const C* bias) {
     __shared__ C sh[2 * RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     const long long stride = (long long)gridDim.x * RPB;
+#if PARAMS
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
+#endif
     VT bx[ITEMS], bd[ITEMS];
     C bmu, brs;
     long long row = (long long)blockIdx.x * RPB + grp;
@@ -365,8 +421,10 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, con
                     const C d = LOAD(e[u]), h = xh[i * VW + u], g = gamma ? d * gm[u] : d;
                     s1 += g;
                     s2 += g * h;
+#if PARAMS
                     ag[i * VW + u] += d * h;
                     ab[i * VW + u] += d;
+#endif
                 }
             }
         }
@@ -395,7 +453,9 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_bwd1(const T* dy, con
         fetch(x, dy, mean, rstd, row + stride, R, tid, bx, bd, bmu, brs);
 #endif
     }
+#if PARAMS
     if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
+#endif
 }
 
 // dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x PL row lanes, each
@@ -421,6 +481,74 @@ extern "C" __global__ void __launch_bounds__(32 * PL) ln_params(const C* pg, con
         dbeta[col] = tb;
     }
 }
+
+#if !PARAMS
+// The split backward's column sums (the first level of dgamma, dbeta), apart from dx: block (bx, by) owns the 32
+// vectors of columns from 32 bx (KVW columns each, a warp's 16-byte loads side by side along the row) and the rows
+// [by rc, by rc + rc). Warp w of the block sums its lane's columns of dy * xhat and dy over the rows by rc + w,
+// + CW, + 2 CW, ... in that order (xhat recomputed from x [+ res + bias], mean and rstd); the CW warps' sums are
+// added in shared memory in a fixed order (warp 0, 1, ...) and written as partial row by; ln_params adds the partial
+// rows. The order of every sum depends on (R, L, rc) alone.
+#define KLV (L / KVW)
+extern "C" __global__ void __launch_bounds__(32 * CW) ln_cols(const T* dy, const T* x, const C* mean, const C* rstd,
+                                                             C* pg, C* pb, long long R, long long rc, const T* res,
+                                                             const C* bias) {
+    __shared__ C sg[CW][32 * KVW + 1], sb[CW][32 * KVW + 1];
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int j = blockIdx.x * 32 + lane;                     // vector index in the row
+    const long long r0 = (long long)blockIdx.y * rc;
+    const long long r1 = r0 + rc < R ? r0 + rc : R;
+    C ag[KVW], ab[KVW];
+    #pragma unroll
+    for (int u = 0; u < KVW; ++u) { ag[u] = 0; ab[u] = 0; }
+    if (j < KLV) {
+#if FUSED
+        C cb[KVW];
+        #pragma unroll
+        for (int u = 0; u < KVW; ++u) cb[u] = bias ? bias[j * KVW + u] : (C)0;
+#endif
+        #pragma unroll 4
+        for (long long r = r0 + w; r < r1; r += CW) {
+            const C mu = mean[r], rs = rstd[r];
+            const KVT a = ((const KVT*)(x + r * (long long)L))[j];
+            const KVT b = ((const KVT*)(dy + r * (long long)L))[j];
+            const T* ea = (const T*)&a;
+            const T* eb = (const T*)&b;
+            C v[KVW];
+            #pragma unroll
+            for (int u = 0; u < KVW; ++u) v[u] = LOAD(ea[u]);
+#if FUSED
+            if (res) {
+                const KVT q = ((const KVT*)(res + r * (long long)L))[j];
+                const T* eq = (const T*)&q;
+                #pragma unroll
+                for (int u = 0; u < KVW; ++u) v[u] += LOAD(eq[u]);
+            }
+            #pragma unroll
+            for (int u = 0; u < KVW; ++u) v[u] += cb[u];
+#endif
+            #pragma unroll
+            for (int u = 0; u < KVW; ++u) {
+                const C d = LOAD(eb[u]);
+                ag[u] += d * ((v[u] - mu) * rs);
+                ab[u] += d;
+            }
+        }
+    }
+    #pragma unroll
+    for (int u = 0; u < KVW; ++u) { sg[w][lane * KVW + u] = ag[u]; sb[w][lane * KVW + u] = ab[u]; }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 32 * KVW; c += 32 * CW) {
+        const long long col = (long long)blockIdx.x * 32 * KVW + c;
+        if (col < L) {
+            C ta = 0, tb = 0;
+            for (int q = 0; q < CW; ++q) { ta += sg[q][c]; tb += sb[q][c]; }
+            pg[(long long)blockIdx.y * L + col] = ta;
+            pb[(long long)blockIdx.y * L + col] = tb;
+        }
+    }
+}
+#endif   // !PARAMS
 """
 
 # (vector type, elements), preferred first; a row takes the first its length divides. The halves load 8 bytes
@@ -428,16 +556,20 @@ extern "C" __global__ void __launch_bounds__(32 * PL) ln_params(const C* pg, con
 # bandwidth on an H100 (56% of copy against 84%, measured).
 _VECTORS = {"half": (("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (("float4", 4), ("float2", 2)),
             np.dtype(np.float64): (("double2", 2),)}
+# ln_cols' vectors: 16 bytes where the length allows (a warp reads 512 contiguous bytes of a row; no register
+# pressure there, so the halves take 8 values a load).
+_COLUMN_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)),
+                   np.dtype(np.float32): (("float4", 4), ("float2", 2)), np.dtype(np.float64): (("double2", 2),)}
 _modules: dict = {}
 _plans: dict = {}
 _occupancy: dict = {}
 _sm: dict = {}
 
 
-def _vector(dtype, length):
+def _vector(dtype, length, table=_VECTORS):
     """``(vector type, elements)`` for rows of ``length`` values of ``dtype``, or ``("T", 1)``."""
     dtype = np.dtype(dtype)
-    for vt, vw in _VECTORS["half" if dtype.itemsize == 2 else dtype]:
+    for vt, vw in table["half" if dtype.itemsize == 2 else dtype]:
         if length % vw == 0:
             return vt, vw
     return "T", 1
@@ -455,12 +587,14 @@ def _shape(length, dtype, max_items, min_tpr=32):
     return vw, tpr, -(-vectors // tpr)
 
 
-def _one_sweep_registers(dtype, vw, items, prefetch):
+def _one_sweep_registers(dtype, vw, items, prefetch, params=True):
     """Registers a thread of ``ln_bwd1`` needs, by a conservative estimate: :data:`ONE_SWEEP_REGISTERS` a row
     value a thread holds (its two column sums, its xhat, its raw dy and, prefetching, the next row's raw x and dy)
-    plus :data:`ONE_SWEEP_SPARE`. Fitted to ptxas's counts for sm_90 (NVRTC 13.5) at 2 to 32 values a thread; the
-    GPU test reads the compiled kernels' local memory."""
-    return ONE_SWEEP_REGISTERS[np.dtype(dtype).itemsize][0 if prefetch else 1] * items * vw + ONE_SWEEP_SPARE
+    plus :data:`ONE_SWEEP_SPARE`; of ``ln_dx1`` (``params`` False: no column sums), :data:`DX_SWEEP_REGISTERS` a
+    value plus :data:`DX_SWEEP_SPARE`. Fitted to ptxas's counts for sm_90 (NVRTC 13.5) at 2 to 32 values a thread;
+    the GPU test reads the compiled kernels' local memory."""
+    per, spare = (ONE_SWEEP_REGISTERS, ONE_SWEEP_SPARE) if params else (DX_SWEEP_REGISTERS, DX_SWEEP_SPARE)
+    return int(np.ceil(per[np.dtype(dtype).itemsize][0 if prefetch else 1] * items * vw)) + spare
 
 
 def _register_cap(threads):
@@ -469,38 +603,55 @@ def _register_cap(threads):
     return min(255, 65536 // (128 * -(-threads // 128)) // 8 * 8)
 
 
-def _plan(length: int, dtype):
-    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype``, or None.
-
-    ``ln_bwd1`` (one sweep) where a row's vectors of x and dy and the column sums fit in the registers of the
-    threads that hold the row (at most :data:`ONE_SWEEP_VALUES` values a thread, as many rows a block as the
-    registers of an SM take, to at most 1,024 threads), prefetching the next row where that fits too; else the
-    two-sweep ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0; None where that too is too long.
-    """
-    key = (np.dtype(dtype), int(length))
-    if key in _plans:
-        return _plans[key]
-    dtype, length = key
-    plan = None
+def _one_sweep_plan(length, dtype, params):
+    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
+    a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
+    the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread, as many rows a
+    block as the registers of an SM take, to at most 1,024 threads, prefetching the next row where that fits too."""
     c = 2 if dtype == np.float64 else 1
-    shape = _shape(length, dtype, max(1, ONE_SWEEP_VALUES[dtype.itemsize] // _vector(dtype, length)[1]))
-    while plan is None and shape is not None:
+    values = (ONE_SWEEP_VALUES if params else DX_SWEEP_VALUES)[dtype.itemsize]
+    if values == 0:
+        return None
+    vectors = values // _vector(dtype, length)[1]
+    if not params:   # at most 8 vectors (ptxas spilled 8 bytes at 16 vectors of 2 halves, 13,090 fused)
+        vectors = min(vectors, MAX_VECTORS)
+    shape = _shape(length, dtype, max(1, vectors))
+    while shape is not None:
         vw, tpr, items = shape
         for pf in (1, 0):
-            regs = _one_sweep_registers(dtype, vw, items, pf)
+            regs = _one_sweep_registers(dtype, vw, items, pf, params)
             if regs > _register_cap(tpr):
                 continue
             rpb = max(1, MAX_THREADS // tpr)
-            while rpb > 1 and (regs > _register_cap(tpr * rpb) or 8 * length * c > 40960):
+            while rpb > 1 and (regs > _register_cap(tpr * rpb) or (params and 8 * length * c > 40960)):
                 rpb -= 1            # the registers of the block, its column sums in (static) shared memory
-            plan = ("ln_bwd1", vw, tpr, rpb, items, pf)
-            break
-        else:   # more threads a row, fewer values a thread
-            shape = _shape(length, dtype, items - 1, tpr + 32) if items > 1 else None
+            return ("ln_bwd1" if params else "ln_dx1", vw, tpr, rpb, items, pf)
+        shape = _shape(length, dtype, items - 1, tpr + 32) if items > 1 else None   # more threads, fewer values
+    return None
+
+
+def _plan(length: int, dtype):
+    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype``, or None.
+
+    ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else the two-sweep
+    ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
+    the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
+    the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
+    None only where the forward turns the rows down (more than 1,024 threads of 8 vectors).
+    """
+    dtype, length = np.dtype(dtype), int(length)
+    split_from = SPLIT_FROM[dtype.itemsize]
+    key = (dtype, length, split_from)
+    if key in _plans:
+        return _plans[key]
+    plan = _one_sweep_plan(length, dtype, True)
     if plan is None:
         two = launch_shape(length, dtype, "backward")
-        if two is not None and _two_sweep_fits(length, dtype):
+        wide = launch_shape(length, dtype)
+        if two is not None and _two_sweep_fits(length, dtype) and (split_from is None or length < split_from):
             plan = ("ln_bwd",) + two + (0,)
+        elif wide is not None:
+            plan = _one_sweep_plan(length, dtype, False) or ("ln_dx2",) + wide + (0,)
     _plans[key] = plan
     return plan
 
@@ -530,35 +681,63 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
 
 def backward_shape(length: int, dtype):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
-    ``dtype`` (``ln_bwd1``: one sweep, ``PF`` 1 when it prefetches the next row; ``ln_bwd``: two sweeps), or None
-    (the composite runs).
+    ``dtype`` (``ln_bwd1``: one sweep, ``PF`` 1 when it prefetches the next row; ``ln_bwd``: two sweeps; the split
+    backward, dx alone then ``ln_cols``: ``ln_dx1`` in one sweep, ``ln_dx2`` in two), or None (the forward turns
+    the rows down, and the composite runs).
 
-    >>> backward_shape(768, np.float16)[0], backward_shape(20480, np.float32)
-    ('ln_bwd1', None)
+    >>> backward_shape(768, np.float16)[0], backward_shape(16384, np.float32)[0], backward_shape(20480, np.float32)
+    ('ln_bwd1', 'ln_bwd', ('ln_dx1', 4, 640, 1, 8, 0))
     """
     return _plan(length, dtype)
 
 
+def _splits(plan) -> bool:
+    """Whether ``plan`` is the split backward (dx alone, the column sums by ``ln_cols``)."""
+    return plan is not None and plan[0].startswith("ln_dx")
+
+
+def column_shape(length: int, dtype, rows: int) -> tuple[int, int, int, int]:
+    """``(KVW, tiles, rc, chunks)`` of ``ln_cols`` for ``rows`` rows of ``length`` values of ``dtype``: values a
+    vector (16 bytes where the length allows), tiles of 32 vectors of columns, rows a chunk (a multiple of
+    :data:`COLUMN_WARPS`, at least :data:`COLUMN_MIN_ROWS`, so that tiles x chunks is near :data:`COLUMN_BLOCKS`)
+    and chunks (the partial rows ``ln_params`` adds). A function of the shape alone, never of the device.
+
+    >>> column_shape(20480, np.float32, 8192), column_shape(20480, np.float16, 8192)
+    ((4, 160, 320, 26), (8, 80, 160, 52))
+    """
+    kvw = _vector(dtype, length, _COLUMN_VECTORS)[1]
+    tiles = -(-(length // kvw) // 32)
+    rc = max(COLUMN_MIN_ROWS, -(-rows * tiles // COLUMN_BLOCKS))
+    rc = COLUMN_WARPS * -(-rc // COLUMN_WARPS)
+    return kvw, tiles, rc, -(-rows // rc)
+
+
 def _source(dtype, length, direction="forward", fused=False):
     """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``) or
-    ``backward`` (the kernel of :func:`backward_shape` and ``ln_params``); ``fused``: with the code that adds a
-    residual and a bias (kept out of the plain kernels)."""
+    ``backward`` (the kernel of :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``);
+    ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
+    params = 1
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
         pf = 0
     else:
-        _, vw, tpr, rpb, items, pf = _plan(length, dtype)
+        plan = _plan(length, dtype)
+        _, vw, tpr, rpb, items, pf = plan
+        params = 0 if _splits(plan) else 1
     vt = _vector(dtype, length)[0]
+    kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
             f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define FUSED {int(bool(fused))}\n"
+            f"#define PARAMS {params}\n#define KVW {kvw}\n#define KVT {kvt}\n#define CW {COLUMN_WARPS}\n"
             + (f"#define CVT {cvt}\n" if cvt else ""))
     return head + _SOURCE
 
 
 def _module(dtype, length, direction="forward", fused=False):
-    key = (np.dtype(dtype), int(length), direction, bool(fused))
+    key = (np.dtype(dtype), int(length), direction, bool(fused),
+           _plan(length, dtype) if direction == "backward" else None)
     mod = _modules.get(key)
     if mod is None:
         mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused),
@@ -568,9 +747,9 @@ def _module(dtype, length, direction="forward", fused=False):
 
 def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
-    ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``, and ``ln_params``) where the backward
-    kernels take the rows (local bytes above 0 would mean register spills); ``fused``: the kernels of the
-    ``x + residual + bias`` form.
+    ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``; or ``ln_dx1`` or ``ln_dx2`` and
+    ``ln_cols``; and ``ln_params``) where the backward kernels take the rows (local bytes above 0 would mean
+    register spills); ``fused``: the kernels of the ``x + residual + bias`` form.
 
     >>> kernel_attributes.__name__
     'kernel_attributes'
@@ -582,7 +761,8 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
         names.append(("ln_fwd", "forward"))
     plan = _plan(length, dtype)
     if plan is not None:
-        names += [(plan[0], "backward"), ("ln_params", "backward")]
+        names += [(plan[0], "backward")] + ([("ln_cols", "backward")] if _splits(plan) else []) + \
+            [("ln_params", "backward")]
     for name, direction in names:
         f = _module(dtype, length, direction, fused).get_function(name)
         out[name] = (f.num_regs, f.local_size_bytes)
@@ -636,10 +816,12 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
 
 
 def backward_fits(length: int, dtype) -> bool:
-    """Whether a backward kernel takes rows of ``length`` values of ``dtype`` (:func:`backward_shape`): the one
-    sweep's values, or the two sweeps' column sums, fit in registers; else the composite runs.
+    """Whether a backward kernel takes rows of ``length`` values of ``dtype`` (:func:`backward_shape`): every row
+    the forward takes (the split backward has no per-thread column sums to fit); else the composite runs.
 
-    >>> backward_fits(768, np.float32), backward_fits(20480, np.float32)
+    >>> backward_fits(768, np.float32), backward_fits(20480, np.float32), backward_fits(32768, np.float16)
+    (True, True, True)
+    >>> backward_fits(16384, np.float64), backward_fits(20480, np.float64)
     (True, False)
     """
     return _plan(length, dtype) is not None
@@ -658,7 +840,7 @@ def _two_sweep_fits(length, dtype):
 
 def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=None, bias=None):
     """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward, rows
-    whose column sums fit in registers (:func:`backward_fits`)."""
+    a backward kernel takes (:func:`backward_fits`: those the forward takes)."""
     return (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and dy._c_contiguous
             and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0, residual, bias)
             and backward_fits(_rows(x, k)[1], x.dtype))
@@ -690,24 +872,33 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``;
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
-    name, vw, tpr, rpb, items, pf = _plan(length, x.dtype)
+    plan = _plan(length, x.dtype)
+    name, vw, tpr, rpb, items, pf = plan
+    split = _splits(plan)
     cdt = compute_dtype(x.dtype)
     fused = residual is not None or bias is not None
     mod = _module(x.dtype, length, "backward", fused)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    per_sm = _blocks_per_sm((x.dtype, length, x.device.id, fused), fn, tpr * rpb) if name == "ln_bwd1" else 2
+    per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb)
+              if name in ("ln_bwd1", "ln_dx1") else 2)
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
     blocks = int(min(-(-rows // rpb), per_sm * sms))
     dx = cupy.empty_like(x)
-    parts = cupy.empty((2, blocks, length), cdt) if need_params else None
+    parts = cupy.empty((2, blocks, length), cdt) if need_params and not split else None
     null = np.uint64(0)
+    res_arg, bias_arg = null if residual is None else residual, null if bias is None else bias
     fn((blocks,), (tpr * rpb,), (dy, x, null if gamma is None else gamma, mean, rstd, dx,
                                  null if parts is None else parts[0], null if parts is None else parts[1],
-                                 np.int64(rows), np.int32(need_params), null if residual is None else residual,
-                                 null if bias is None else bias))
+                                 np.int64(rows), np.int32(parts is not None), res_arg, bias_arg))
     if not need_params:
         return dx, None, None
+    if split:   # the column sums apart: one partial row a chunk of rows
+        _, tiles, rc, blocks = column_shape(length, x.dtype, rows)
+        parts = cupy.empty((2, blocks, length), cdt)
+        mod.get_function("ln_cols")((tiles, blocks), (32 * COLUMN_WARPS,),
+                                    (dy, x, mean, rstd, parts[0], parts[1], np.int64(rows), np.int64(rc), res_arg,
+                                     bias_arg))
     out = cupy.empty((2, length), cdt)
     mod.get_function("ln_params")((-(-length // 32),), (512,), (parts[0], parts[1], np.int64(blocks), out[0],
                                                                 out[1]))

@@ -1,8 +1,10 @@
 """fluxpy's layer-norm kernels (fluxpy.kernels.cuda_layernorm) against the CPU composite in float64: forward,
-dx, dgamma, dbeta for row lengths from 2 to 20,480 (a warp, a block, 1,024 threads a row; vector and scalar
+dx, dgamma, dbeta for row lengths from 2 to 32,768 (a warp, a block, 1,024 threads a row; vector and scalar
 loads), every dtype, with and without gamma/beta, one or two normalised axes; the one-sweep backward over many
-rows (grid-stride with prefetch, ragged blocks, inside a CUDA graph); determinism; no register spills; second
-derivatives through the composite. Needs a GPU (``gpu`` marker)."""
+rows (grid-stride with prefetch, ragged blocks, inside a CUDA graph); the split backward of the long rows (dx alone
+by ln_dx1/ln_dx2, the column sums by ln_cols: ragged chunks and tiles, fused residual/bias, the switch that sends
+shorter rows to it); determinism; no register spills; second derivatives through the composite. Needs a GPU
+(``gpu`` marker)."""
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from test_half_conv_matmul import BF16
 pytestmark = pytest.mark.gpu
 
 EPS = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 2e-6, np.dtype(np.float16): 2e-3, BF16: 1.6e-2}
-LENGTHS = [2, 3, 7, 64, 768, 1000, 5140, 12288, 20480]
+LENGTHS = [2, 3, 7, 64, 768, 1000, 5140, 12288, 20480, 32768]
 
 
 def _case(rows, tail, dtype, affine, seed=0):
@@ -51,10 +53,11 @@ def _check(got, want, dtype, what, length=1):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
 def test_layernorm_matches_the_float64_composite(length, dtype, affine):
-    if np.dtype(dtype) == np.float64 and length > 12288:
+    if np.dtype(dtype) == np.float64 and length > 16384:
         pytest.skip("float64 rows this long are turned down (the composite runs): checked below")
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((5, 7), (length,), dtype, affine)
     assert find("layernorm_forward", x, g, b, 1, 1e-5) is not None, "the fused kernel takes the call"
+    assert find("layernorm_backward", dy, x, g, None, None, 1, True) is not None, "a backward kernel takes it"
 
     def loss(x, g, b, dy):
         return (layernorm(x, g, b, -1, 1e-5) * dy).sum()
@@ -95,18 +98,23 @@ def test_backward_is_deterministic_and_rows_longer_than_the_kernels_take_run_the
         assert all(cp.array_equal(a, c) for a, c in zip(runs[0], later))
     (x64, dy64, g64, b64), (xh, dyh, gh, bh) = _case((3,), (20480,), np.float64, True, seed=3)
     assert find("layernorm_forward", x64, g64, b64, 1, 1e-5) is None
+    assert not cuda_layernorm.backward_fits(20480, np.float64)
     _check(layernorm(x64, g64, b64), layernorm(xh, gh, bh), np.float64, "float64 composite")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
 def test_no_register_spills_at_any_size(dtype):
-    """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, and ln_params) keeps to registers, at the
-    lengths of the tests and of the benchmark."""
-    for length in LENGTHS + [4096, 16384, 1536, 1024]:
+    """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, or ln_dx1 or ln_dx2 and ln_cols; and
+    ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
+    for length in LENGTHS + [4096, 16384, 1536, 1024, 10236, 20484, 24576]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
+            assert cuda_layernorm.backward_fits(length, dtype) == (cuda_layernorm.launch_shape(length, dtype)
+                                                                   is not None), "the backward takes what the forward takes"
             if cuda_layernorm.backward_fits(length, dtype):
-                assert cuda_layernorm.backward_shape(length, dtype)[0] in attrs and "ln_params" in attrs
+                name = cuda_layernorm.backward_shape(length, dtype)[0]
+                assert name in attrs and "ln_params" in attrs
+                assert ("ln_cols" in attrs) == name.startswith("ln_dx")
             for name, (regs, local) in attrs.items():
                 assert local == 0, (f"{name} at L={length} {np.dtype(dtype)} fused={fused}: {local} bytes of local "
                                     f"memory ({regs} regs)")
@@ -164,7 +172,7 @@ def test_the_fused_pullback_differentiates_in_dy():
     _check(got, want, np.float64, "d/d(dy) of |dx|^2", 40)
 
 
-@pytest.mark.parametrize("length", [64, 768, 5140, 12288])
+@pytest.mark.parametrize("length", [64, 768, 5140, 12288, 20480, 32768])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=str)
 def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, dtype):
     """``layernorm(x, g, b, residual=r, bias=c)`` = layer norm of ``x + r + c``, summed inside the kernels: y and
@@ -184,3 +192,80 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
         _check(a, w, dtype, name, length if name in ("dx", "dresidual") else 33 * 4)
     layer = fluxpy.gpu(fluxpy.LayerNorm(length))
     assert cp.array_equal(layer(x, residual=r), layernorm(x, layer.gamma, layer.beta, residual=r))
+
+
+SPLIT_CASES = [(20480, np.float32), (20480, BF16), (20480, np.float16), (32768, np.float32), (32768, BF16),
+               (32768, np.float16), (20484, BF16), (20484, np.float32), (10236, np.float64), (12288, np.float64),
+               (16384, np.float64)]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("length,dtype", SPLIT_CASES, ids=lambda v: str(np.dtype(v)) if not isinstance(v, int) else
+                         str(v))
+def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
+    """Rows whose column sums do not fit in registers take the split backward (no composite): dx alone (ln_dx1, the
+    row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by chunks of rows; here
+    ragged chunks, a ragged last tile at 20,484, 8-byte halves' vectors there) and ln_params. dx, dgamma, dbeta (and
+    with the residual/bias the cotangent of the sum) against float64 on the CPU; dx alone the same bits; the same bits
+    on every call and from a captured CUDA graph."""
+    cp = cupy_module()
+    shape = cuda_layernorm.backward_shape(length, dtype)
+    assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
+    rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
+    assert cuda_layernorm.column_shape(length, dtype, rows)[3] > 1
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((rows,), (length,), dtype, True, seed=9)
+    r = c = rh = ch = None
+    if fused:
+        (r, _, c, _), (rh, _, ch, _) = _case((rows,), (length,), dtype, True, seed=10)
+    assert find("layernorm_backward", dy, x, g, None, None, 1, True, r, c) is not None
+    y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5, r, c)
+    got = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True, r, c)
+    want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5, residual=rh, bias=ch) * dyh).sum(),
+                           xh, gh, bh)
+    for name, a, w in zip(("dx", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, f"{name} at L={length}", length if name == "dx" else rows)
+    dx_only = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, False, r, c)
+    assert dx_only[1] is None and dx_only[2] is None and cp.array_equal(dx_only[0], got[0])
+    for _ in range(2):
+        again = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True, r, c)
+        assert all(cp.array_equal(a, a2) for a, a2 in zip(got, again)), "bitwise the same on every call"
+    graph, captured = capture_graph(lambda: cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True, r, c))
+    graph.launch()
+    cp.cuda.get_current_stream().synchronize()
+    assert all(cp.array_equal(a, a2) for a, a2 in zip(got, captured))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_long_rows_through_the_layer_norm_op(dtype):
+    """fluxpy.gradient of layernorm at 20,480 values a row runs the split backward (not the composite) and matches
+    float64, with the fused residual and bias too."""
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((2, 9), (20480,), dtype, True, seed=11)
+    (r, _, c, _), (rh, _, ch, _) = _case((2, 9), (20480,), dtype, True, seed=12)
+    assert cuda_layernorm.backward_shape(20480, dtype)[0].startswith("ln_dx")
+
+    def loss(x, r, c, g, b, dy):
+        return (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum()
+    got = fluxpy.gradient(lambda x, r, c, g, b: loss(x, r, c, g, b, dy), x, r, c, g, b)
+    want = fluxpy.gradient(lambda x, r, c, g, b: loss(x, r, c, g, b, dyh), xh, rh, ch, gh, bh)
+    for name, a, w in zip(("dx", "dresidual", "dbias", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, name, 20480 if name in ("dx", "dresidual") else 18)
+
+
+def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
+    """SPLIT_FROM (the choice to flip after measuring) sends 12,288 float32 values from ln_bwd to the split
+    backward: same results within rounding, and back when reset."""
+    cp = cupy_module()
+    assert cuda_layernorm.backward_shape(12288, np.float32)[0] == "ln_bwd"
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((70,), (12288,), np.float32, True, seed=13)
+    y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5)
+    two = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
+    monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 4, 12288)
+    assert cuda_layernorm.backward_shape(12288, np.float32)[0] in ("ln_dx1", "ln_dx2")
+    assert "ln_cols" in cuda_layernorm.kernel_attributes(np.float32, 12288)
+    split = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
+    want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dyh).sum(), xh, gh, bh)
+    for name, a, w, t in zip(("dx", "dgamma", "dbeta"), split, want, two):
+        _check(a, w, np.float32, name, 12288 if name == "dx" else 70)
+        assert float(cp.abs(a - t).max()) <= 1e-4 * (float(cp.abs(t).max()) + 1), name
+    monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 4, None)
+    assert cuda_layernorm.backward_shape(12288, np.float32)[0] == "ln_bwd"
