@@ -1,15 +1,18 @@
 """Layer norm at bandwidth: fluxpy's kernels (``fluxpy.kernels.cuda_layernorm``) against
 ``torch.nn.functional.layer_norm``, with the copy bandwidth of the same bytes measured in the same run.
 
-Cases: 8192 rows x {768, 1024, 1536, 4096, 5140, 12288, 16384, 20480} in float16, bfloat16 and float32, with
+Cases: 8192 rows x {768, 1024, 1536, 4096, 5140, 12288, 16384, 20480, 32768} in float16, bfloat16 and float32, with
 gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the input's dtype for PyTorch, as its
 ``LayerNorm`` under a half model). Rows:
 
 - ``fwd``: fluxpy ``layernorm_forward`` (y, mean, rstd) against ``F.layer_norm``;
 - ``fwd+bwd``: fluxpy's forward, then the ``layernorm_backward`` op (dx, dgamma, dbeta: the kernel of
-  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or two ``ln_bwd``, then ``ln_params``; the composite
+  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or two ``ln_bwd``, then ``ln_params``; or the split
+  backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and ``ln_params``; the composite
   where no kernel takes the rows, as the layer norm's pullback runs it) against ``F.layer_norm`` and
   ``torch.autograd.grad`` of it for x, gamma and beta.
+- ``--split``: where the two-sweep ``ln_bwd`` runs, the split backward's time too (``cuda_layernorm.SPLIT_FROM`` set
+  to that length for the call), the measurement that decides ``SPLIT_FROM``.
 
 GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
 hidden, and CUDA events time ``--reps`` calls (median of ``--rounds``). Bandwidth counts the bytes a kernel must
@@ -18,7 +21,8 @@ move: forward reads x and writes y (2 N L s bytes), backward reads x and dy and 
 GB/s. Targets (the issue's): forward at least 85% and backward at least 75% of copy bandwidth, and faster than
 PyTorch on every case.
 
-Run: ``PYTHONPATH=. python3 benchmarks/layernorm.py [--lengths 768,4096] [--dtypes bfloat16] [--json out.json]``
+Run: ``PYTHONPATH=. python3 benchmarks/layernorm.py [--lengths 768,4096] [--dtypes bfloat16] [--split]
+[--json out.json]``
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROWS = 8192
-LENGTHS = "768,1024,1536,4096,5140,12288,16384,20480"
+LENGTHS = "768,1024,1536,4096,5140,12288,16384,20480,32768"
 DTYPES = "float16,bfloat16,float32"
 
 _SPIN = r"""
@@ -111,6 +115,17 @@ def case(cp, torch, length, dtype_name, a):
     r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
     r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
     r["fluxpy_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
+    if a.split and plan is not None and plan[0] == "ln_bwd":
+        key = np.dtype(dtype).itemsize
+        old = ln.SPLIT_FROM[key]
+        ln.SPLIT_FROM[key] = length
+        try:
+            sp = ln.backward_shape(length, dtype)
+            r["split_kernel"] = f"{sp[0]} VW{sp[1]} TPR{sp[2]} RPB{sp[3]} ITEMS{sp[4]} PF{sp[5]} + ln_cols"
+            r["split_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
+            r["split_bwd_share"] = bytes_bwd / r["split_bwd_us"] / 1e3 / (bytes_fwd / r["copy_us"] / 1e3)
+        finally:
+            ln.SPLIT_FROM[key] = old
     r["fluxpy_both_us"] = gpu_us(cp, fx_both, a.reps, a.rounds)
     r["torch_both_us"] = gpu_us(cp, t_both, a.reps, a.rounds)
     copy_gbs = bytes_fwd / r["copy_us"] / 1e3
@@ -125,20 +140,25 @@ def case(cp, torch, length, dtype_name, a):
     print(f"{dtype_name:9s} L={length:6d}: fwd {r['fluxpy_fwd_us']:7.1f} us ({r['fwd_share']:.0%} of copy) torch "
           f"{r['torch_fwd_us']:7.1f} ({r['torch_fwd_share']:.0%}); bwd {r['fluxpy_bwd_us']:7.1f} us "
           f"({r['bwd_share']:.0%}, {r['bwd_kernel']}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
-          f"max |y - torch y| {err:.2g}", flush=True)
+          f"max |y - torch y| {err:.2g}"
+          + (f"; split bwd {r['split_bwd_us']:.1f} us ({r['split_bwd_share']:.0%}, {r['split_kernel']})"
+             if "split_bwd_us" in r else ""), flush=True)
     return r
 
 
 def table(rows, gpu):
     lines = [f"GPU: {gpu}; {ROWS} rows; GPU time per call (median); copy = cupy.copyto of x's bytes", "",
-             "| dtype | L | copy GB/s | fwd us | fwd GB/s | fwd % copy | torch fwd us | torch % copy | fwd / torch | "
-             "bwd us | bwd GB/s | bwd % copy | fwd+bwd us | torch fwd+bwd us | fwd+bwd / torch |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| dtype | L | bwd kernel | copy GB/s | fwd us | fwd GB/s | fwd % copy | torch fwd us | torch % copy | "
+             "fwd / torch | bwd us | bwd GB/s | bwd % copy | split bwd us (% copy) | fwd+bwd us | torch fwd+bwd us | "
+             "fwd+bwd / torch |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['length']} | {r['copy_GBs']:.0f} | {r['fluxpy_fwd_us']:.1f} | "
+        split = (f"{r['split_bwd_us']:.1f} ({r['split_bwd_share']:.0%})" if "split_bwd_us" in r else "")
+        lines.append(f"| {r['dtype']} | {r['length']} | {r['bwd_kernel'].split()[0]} | {r['copy_GBs']:.0f} | "
+                     f"{r['fluxpy_fwd_us']:.1f} | "
                      f"{r['fwd_GBs']:.0f} | {r['fwd_share']:.0%} | {r['torch_fwd_us']:.1f} | "
                      f"{r['torch_fwd_share']:.0%} | {r['fwd_ratio']:.2f} | {r['fluxpy_bwd_us']:.1f} | "
-                     f"{r['bwd_GBs']:.0f} | {r['bwd_share']:.0%} | {r['fluxpy_both_us']:.1f} | "
+                     f"{r['bwd_GBs']:.0f} | {r['bwd_share']:.0%} | {split} | {r['fluxpy_both_us']:.1f} | "
                      f"{r['torch_both_us']:.1f} | {r['both_ratio']:.2f} |")
     return "\n".join(lines)
 
@@ -150,6 +170,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--split", action="store_true", help="also time the split backward where ln_bwd runs")
     a = p.parse_args(argv)
     import cupy as cp
     import torch
