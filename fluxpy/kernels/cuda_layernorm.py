@@ -4,9 +4,11 @@ The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``
 one row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread
 holding its ``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean
 and then the variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is
-written once. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 8 vectors or fewer, so a row
-of 20,480 bfloat16 values takes 1,024 threads of 3 vectors (no spills: :func:`kernel_attributes` reports the
-compiled kernels' local memory). Rows are summed by warp shuffles, then across warps in a fixed order.
+written once, ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps
+``ITEMS`` at 8 vectors or fewer, so a row of 20,480 bfloat16 values takes 1,024 threads of 5 vectors (no spills:
+:func:`kernel_attributes` reports the compiled kernels' local memory). Rows are summed by warp shuffles, then
+across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
+grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`).
 
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
@@ -17,21 +19,21 @@ row it visits before this row's sums, barriers and stores (a second buffer of ra
 flight. At most 16 values a thread (8 for float64), as many rows a block as the registers of an SM take (one
 block an SM, sized by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills),
 and a grid of as many blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and
-column sums do not fit in the registers of at most 1,024 threads (12,288 and 16,384 values of float32 or halves,
-about 4,100 to 8,192 of float64), ``ln_bwd`` runs instead: two sweeps a row (the row sums, then ``dx``, rereading
-``x`` and ``dy``, from L2 as a rule), a thread holding only its column sums.
+column sums do not fit in the registers of at most 1,024 threads, the halves' rows shorter than 12,288 values (from
+8,448) take ``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule),
+a thread holding only its column sums.
 
-Rows whose column sums do not fit even so (past 16,384 values of float32 or halves, to the forward's 32,768;
-float64 from about 8,200 to 16,384; :data:`SPLIT_FROM` can send shorter rows here too) take the split backward: the
-same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``: one sweep,
-the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else ``ln_dx2``:
-two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy`` (5 N L s
-bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by side along
-the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th row of the
-chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums added in
-shared memory in order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape alone (some
-4,096 blocks, at least 64 rows a chunk), not from the device. Every row the forward takes has a backward kernel
-(:func:`backward_fits`); the composite runs only for rows the forward turns down.
+Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
+does not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split
+backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``:
+one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else
+``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
+(5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by
+side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th
+row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums
+added in shared memory in order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape
+alone (some 4,096 blocks, at least 64 rows a chunk), not from the device. Every row the forward takes has a
+backward kernel (:func:`backward_fits`); the composite runs only for rows the forward turns down.
 
 ``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
 its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
@@ -62,6 +64,11 @@ __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supp
 MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most (128 bytes in flight a thread)
 MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
+# The forward of the halves prefetches the next row (PF) where a row takes a whole block of MAX_THREADS, if its row
+# values and the raw vectors of the next row take at most this many registers' worth a thread (ptxas, sm_90, NVRTC
+# 13.5: 20 values and 10 or 20 packed words, or 24 and 12, fit the 64 registers of a 1,024-thread block; 32 and 16
+# spilled).
+FORWARD_PREFETCH_WORDS = 40
 ONE_SWEEP_VALUES = {2: 16, 4: 16, 8: 8}   # row values a thread holds in the one-sweep backward, by item size
 ONE_SWEEP_REGISTERS = {2: (5, 4), 4: (6, 4), 8: (13, 10)}   # a value a thread holds, (prefetching, not)
 ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values (indices, pointers, sums)
@@ -72,13 +79,14 @@ DX_SWEEP_REGISTERS = {2: (3.25, 1.5), 4: (4.5, 2), 8: (9, 5)}   # a value a thre
 DX_SWEEP_SPARE = 32    # registers of ln_dx1 besides its values (fitted as ONE_SWEEP_*: ptxas needed 2 V + 32 for
                        # float32 and 1.5 V + 32 for the halves without prefetch at V = 12 to 32 values a thread)
 
-# THE CHOICE TO MEASURE (by item size): rows of at least this many values take the split backward (dx alone, then
-# ln_cols and ln_params) even where the two-sweep ln_bwd, which also keeps the column sums, fits (12,288 and 16,384
-# values of float32 or the halves); None: only where no kernel that keeps the column sums fits (past 16,384 of
-# float32 and the halves, float64 from about 8,200). ln_bwd1 runs wherever it fits, whatever this says. The split path
-# moves 5 N L s bytes (ln_cols rereads x and dy), ln_bwd 3 N L s from memory plus a reread from L2: set a length here
-# only after timing both (benchmarks/layernorm.py --split).
-SPLIT_FROM = {2: None, 4: None, 8: None}
+# By item size: rows of at least this many values take the split backward (dx alone, then ln_cols and ln_params)
+# even where the two-sweep ln_bwd, which also keeps the column sums, fits; None: only where no kernel that keeps the
+# column sums fits. ln_bwd1 runs wherever it fits, whatever this says. The split path moves 5 N L s bytes (ln_cols
+# rereads x and dy), ln_bwd 3 N L s from memory plus a reread from L2. Measured on an H200, 8192 rows
+# (benchmarks/layernorm.py --split), ln_bwd against the split: float16 8,448: 194 / 196 us, 10,240: 219 / 224,
+# 12,288: 396 / 261, 16,384: 483 / 347; float32 8,448: 373 / 338, 10,240: 422 / 414, 12,288: 492 / 486, 16,384:
+# 653 / 645. float64 not measured.
+SPLIT_FROM = {2: 12288, 4: 0, 8: None}
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
                        # an SM, 40 to 74 registers); a constant, not the device's SM count, so that the order of the
@@ -140,6 +148,41 @@ __device__ __forceinline__ void load_row(const T* p, const T* res, const C* bias
             #pragma unroll
             for (int u = 0; u < VW; ++u) v[i * VW + u] = 0;
         }
+    }
+}
+
+// The prefetching forward's loads: the raw vectors this thread holds of row `row` of x (and of the residual,
+// fused), zeros past the rows or the row; unpack_x converts them once the previous row is written.
+__device__ __forceinline__ void fetch_x(const T* x, const T* res, long long row, long long R, int tid, VT* bx,
+                                        VT* br) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        const bool in = row < R && j < LV;
+        bx[i] = in ? ((const VT*)(x + row * (long long)L))[j] : vec_t{};
+#if FUSED
+        br[i] = in && res ? ((const VT*)(res + row * (long long)L))[j] : vec_t{};
+#endif
+    }
+}
+
+// The row values those raw vectors hold, in the compute type: x [+ residual + bias] (as load_row gives them).
+__device__ __forceinline__ void unpack_x(const VT* bx, const VT* br, const C* bias, int tid, C* v) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const T* e = (const T*)&bx[i];
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) v[i * VW + u] = LOAD(e[u]);
+#if FUSED
+        const T* f = (const T*)&br[i];
+        #pragma unroll
+        for (int u = 0; u < VW; ++u) v[i * VW + u] += LOAD(f[u]);
+        const int j = i * TPR + tid;
+        if (bias && j < LV) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) v[i * VW + u] += bias[j * VW + u];
+        }
+#endif
     }
 }
 
@@ -236,15 +279,10 @@ __device__ __forceinline__ void fetch(const T* x, const T* dy, const C* mean, co
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
-                                                               C* mean_out, C* rstd_out, long long R, double eps,
-                                                               const T* res, const C* bias) {
-    __shared__ C sh[RPB * NW];
-    const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
-    const long long row = (long long)blockIdx.x * RPB + grp;
-    const bool valid = row < R;
-    C v[ITEMS * VW];
-    load_row(x, res, bias, row, valid, tid, v);
+// y of one row from its values v (every thread of the block calls it): the mean, then the variance from the
+// registers, gamma and beta read as vectors (a scalar load a value cost the halves a quarter of their bandwidth).
+__device__ __forceinline__ void normalise_row(const C* v, const C* gamma, const C* beta, T* y, C* mean_out,
+                                              C* rstd_out, long long row, long long R, double eps, int tid, C* sh) {
     C s = 0;
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) s += v[k];
@@ -257,25 +295,47 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const
         for (int u = 0; u < VW; ++u) { const C d = in ? v[i * VW + u] - mu : (C)0; q += d * d; }
     }
     const C rs = (C)1 / sqrt(row_sum(q, sh) / (C)L + (C)eps);
-    if (!valid) return;
+    if (row >= R) return;
     #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
         const int j = i * TPR + tid;
         if (j < LV) {
+            C g[VW], b[VW];
+            if (gamma) load_cvec(gamma, j, g); else for (int u = 0; u < VW; ++u) g[u] = 1;
+            if (beta) load_cvec(beta, j, b); else for (int u = 0; u < VW; ++u) b[u] = 0;
             VT w;
             T* e = (T*)&w;
             #pragma unroll
-            for (int u = 0; u < VW; ++u) {
-                const int col = j * VW + u;
-                C o = (v[i * VW + u] - mu) * rs;
-                if (gamma) o *= gamma[col];
-                if (beta) o += beta[col];
-                e[u] = STORE(o);
-            }
+            for (int u = 0; u < VW; ++u) e[u] = STORE((v[i * VW + u] - mu) * rs * g[u] + b[u]);
             ((VT*)(y + row * (long long)L))[j] = w;
         }
     }
     if (tid == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
+}
+
+// One row a group of TPR threads. With PF (rows of a whole block: an SM holds one such block, and its barriers
+// would leave the SM's loads idle between rows) the grid visits the rows grid-stride, each block issuing the loads
+// of its next row before this row's sums.
+extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
+                                                               C* mean_out, C* rstd_out, long long R, double eps,
+                                                               const T* res, const C* bias) {
+    __shared__ C sh[RPB * NW];
+    const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
+    C v[ITEMS * VW];
+#if PF
+    VT bx[ITEMS], br[FUSED ? ITEMS : 1];
+    fetch_x(x, res, (long long)blockIdx.x * RPB + grp, R, tid, bx, br);
+    for (long long base = blockIdx.x; base * RPB < R; base += gridDim.x) {   // the same trip count block-wide
+        const long long row = base * RPB + grp;
+        unpack_x(bx, br, bias, tid, v);
+        fetch_x(x, res, row + (long long)gridDim.x * RPB, R, tid, bx, br);
+        normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
+    }
+#else
+    const long long row = (long long)blockIdx.x * RPB + grp;
+    load_row(x, res, bias, row, row < R, tid, v);
+    normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
+#endif
 }
 
 // dx per row, in two sweeps over the row (the second rereads x and dy, from L2 as a rule) so that a thread holds
@@ -685,10 +745,28 @@ def backward_shape(length: int, dtype):
     backward, dx alone then ``ln_cols``: ``ln_dx1`` in one sweep, ``ln_dx2`` in two), or None (the forward turns
     the rows down, and the composite runs).
 
-    >>> backward_shape(768, np.float16)[0], backward_shape(16384, np.float32)[0], backward_shape(20480, np.float32)
-    ('ln_bwd1', 'ln_bwd', ('ln_dx1', 4, 640, 1, 8, 0))
+    >>> backward_shape(768, np.float16)[0], backward_shape(10240, np.float16)[0], backward_shape(16384, np.float32)[0]
+    ('ln_bwd1', 'ln_bwd', 'ln_dx1')
+    >>> backward_shape(20480, np.float32)
+    ('ln_dx1', 4, 640, 1, 8, 0)
     """
     return _plan(length, dtype)
+
+
+def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
+    """Whether ``ln_fwd`` visits the rows grid-stride, loading the next row before this row's sums: for the halves
+    where a row takes a whole block of :data:`MAX_THREADS` threads (H200, float16, 20,480 values: 264 -> 190 us) and
+    the next row's raw vectors (and the residual's, fused) fit beside the row's values
+    (:data:`FORWARD_PREFETCH_WORDS`). Not for float32 (2% at 20,480; its unpacked raw vectors spilled at 16,640).
+
+    >>> [_forward_prefetches(n, np.float16) for n in (4096, 20480, 32768)], _forward_prefetches(20480, np.float32)
+    ([False, True, False], False)
+    """
+    shape = launch_shape(length, dtype)
+    if shape is None or shape[1] < MAX_THREADS or np.dtype(dtype).itemsize != 2:
+        return False
+    vw, _, _, items = shape
+    return items * vw + items * vw // 2 * (2 if fused else 1) <= FORWARD_PREFETCH_WORDS
 
 
 def _splits(plan) -> bool:
@@ -720,7 +798,7 @@ def _source(dtype, length, direction="forward", fused=False):
     params = 1
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
-        pf = 0
+        pf = int(_forward_prefetches(length, dtype, fused))
     else:
         plan = _plan(length, dtype)
         _, vw, tpr, rpb, items, pf = plan
@@ -855,9 +933,15 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     cdt = compute_dtype(x.dtype)
     y = cupy.empty_like(x)
     stats = cupy.empty((2, rows), cdt)
-    fn = _module(x.dtype, length, "forward", residual is not None or bias is not None).get_function("ln_fwd")
+    fused = residual is not None or bias is not None
+    fn = _module(x.dtype, length, "forward", fused).get_function("ln_fwd")
+    blocks = -(-rows // rpb)
+    if _forward_prefetches(length, x.dtype, fused):   # as many blocks as the GPU holds at once
+        key = (x.dtype, length, x.device.id, fused, "forward")
+        blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb) * _sm_count(x.device.id))
+    gamma, beta = _aligned(gamma), _aligned(beta)    # read as vectors
     null = np.uint64(0)
-    fn((-(-rows // rpb),), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
+    fn((blocks,), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
                                           stats[0], stats[1], np.int64(rows), np.float64(eps),
                                           null if residual is None else residual, null if bias is None else bias))
     return y, stats[0], stats[1]
