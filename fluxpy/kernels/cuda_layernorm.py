@@ -76,6 +76,9 @@ ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values 
 # at every shape tried, 10 to 16 values a thread at 8,194 to 10,240 values a row): its long rows take ln_dx2.
 DX_SWEEP_VALUES = {2: 32, 4: 32, 8: 0}
 DX_SWEEP_REGISTERS = {2: (3.25, 1.5), 4: (4.5, 2), 8: (9, 5)}   # a value a thread of ln_dx1 holds, (prefetching, not)
+# ln_dx1 takes several rows a block only while its estimate stays this many registers under ptxas's cap: the
+# device's NVRTC spilled 8 bytes at 10,236 float32 values (320 threads x 2 rows, cap 96) where 13.5's fit.
+DX_SWEEP_MARGIN = 8
 DX_SWEEP_SPARE = 32    # registers of ln_dx1 besides its values (fitted as ONE_SWEEP_*: ptxas needed 2 V + 32 for
                        # float32 and 1.5 V + 32 for the halves without prefetch at V = 12 to 32 values a thread)
 
@@ -683,7 +686,8 @@ def _one_sweep_plan(length, dtype, params):
             if regs > _register_cap(tpr):
                 continue
             rpb = max(1, MAX_THREADS // tpr)
-            while rpb > 1 and (regs > _register_cap(tpr * rpb) or (params and 8 * length * c > 40960)):
+            margin = 0 if params else DX_SWEEP_MARGIN
+            while rpb > 1 and (regs + margin > _register_cap(tpr * rpb) or (params and 8 * length * c > 40960)):
                 rpb -= 1            # the registers of the block, its column sums in (static) shared memory
             return ("ln_bwd1" if params else "ln_dx1", vw, tpr, rpb, items, pf)
         shape = _shape(length, dtype, items - 1, tpr + 32) if items > 1 else None   # more threads, fewer values

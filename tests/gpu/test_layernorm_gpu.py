@@ -106,7 +106,7 @@ def test_backward_is_deterministic_and_rows_longer_than_the_kernels_take_run_the
 def test_no_register_spills_at_any_size(dtype):
     """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, or ln_dx1 or ln_dx2 and ln_cols; and
     ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
-    for length in LENGTHS + [4096, 16384, 1536, 1024, 10236, 20484, 24576]:
+    for length in LENGTHS + [4096, 16384, 1536, 1024, 10236, 13568, 20484, 24576]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
             assert cuda_layernorm.backward_fits(length, dtype) == (cuda_layernorm.launch_shape(length, dtype)
