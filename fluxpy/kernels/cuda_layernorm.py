@@ -65,10 +65,10 @@ MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most
 MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
 # The forward of the halves prefetches the next row (PF) where a row takes a whole block of MAX_THREADS, if its row
-# values and the raw vectors of the next row take at most this many registers' worth a thread (ptxas, sm_90, NVRTC
-# 13.5: 20 values and 10 or 20 packed words, or 24 and 12, fit the 64 registers of a 1,024-thread block; 32 and 16
-# spilled).
-FORWARD_PREFETCH_WORDS = 40
+# values and the raw vectors of the next row take at most this many registers' worth a thread (sm_90: 24 values and
+# 12 packed words fit the 64 registers of a 1,024-thread block; 32 and 16 spilled, and so did 20 and 20 of the fused
+# form, 8 bytes on the H200's NVRTC at 16,896 to 19,968).
+FORWARD_PREFETCH_WORDS = 36
 ONE_SWEEP_VALUES = {2: 16, 4: 16, 8: 8}   # row values a thread holds in the one-sweep backward, by item size
 ONE_SWEEP_REGISTERS = {2: (5, 4), 4: (6, 4), 8: (13, 10)}   # a value a thread holds, (prefetching, not)
 ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values (indices, pointers, sums)
@@ -104,6 +104,9 @@ _SOURCE = r"""
 // KVW/KVT: the vector of ln_cols (16 bytes where L allows).
 #define LV (L / VW)
 #define NW (TPR / 32 > 0 ? TPR / 32 : 1)
+// One block an SM is enough: without the 1, ptxas traded registers for a second block and spilled 8 bytes (ln_dx1 at
+// 10,240 float32 values: 96 registers; with it, 115 and no spill). The grid is sized from the registers it used.
+#define ROW_BOUNDS __launch_bounds__(TPR * RPB, 1)
 typedef VT vec_t;   // VT may be two words ("unsigned int")
 
 // The sum of a over the TPR threads of this thread's row, in a fixed order (every thread of the block calls it).
@@ -319,7 +322,7 @@ __device__ __forceinline__ void normalise_row(const C* v, const C* gamma, const 
 // One row a group of TPR threads. With PF (rows of a whole block: an SM holds one such block, and its barriers
 // would leave the SM's loads idle between rows) the grid visits the rows grid-stride, each block issuing the loads
 // of its next row before this row's sums.
-extern "C" __global__ void __launch_bounds__(TPR * RPB) ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
+extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
                                                                C* mean_out, C* rstd_out, long long R, double eps,
                                                                const T* res, const C* bias) {
     __shared__ C sh[RPB * NW];
@@ -364,7 +367,7 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
 #define LN_BWD ln_dx2
 #define LN_BWD1 ln_dx1
 #endif
-extern "C" __global__ void __launch_bounds__(TPR * RPB) LN_BWD(const T* dy, const T* x, const C* gamma,
+extern "C" __global__ void ROW_BOUNDS LN_BWD(const T* dy, const T* x, const C* gamma,
                                                                const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                long long R, int want_params, const T* res,
                                                                const C* bias) {
@@ -421,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB) LN_BWD(const T* dy, cons
 // before this row's sums, barriers and stores (a second buffer of raw vectors). Rows are visited block by block,
 // grid-stride (the same trip count block-wide); with a residual/bias, x's vector is summed as it is taken.
 // Compiled with PARAMS 0 it is ln_dx1: dx alone, no column sums (the registers hold only the row).
-extern "C" __global__ void __launch_bounds__(TPR * RPB) LN_BWD1(const T* dy, const T* x, const C* gamma,
+extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* gamma,
                                                                 const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                 long long R, int want_params, const T* res,
                                                                 const C* bias) {
@@ -831,13 +834,16 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
     ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``; or ``ln_dx1`` or ``ln_dx2`` and
     ``ln_cols``; and ``ln_params``) where the backward kernels take the rows (local bytes above 0 would mean
-    register spills); ``fused``: the kernels of the ``x + residual + bias`` form.
+    register spills); ``fused``: the kernels of the ``x + residual + bias`` form (none where :func:`_fused_fits`
+    turns the rows down).
 
     >>> kernel_attributes.__name__
     'kernel_attributes'
     """
     out = {}
     dtype, length = np.dtype(dtype), int(length)
+    if fused and not _fused_fits(length, dtype):
+        return out
     names = []
     if launch_shape(length, dtype) is not None:
         names.append(("ln_fwd", "forward"))
@@ -879,7 +885,8 @@ def _rows(x, k):
 def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
     """CuPy float16/bfloat16/float32/float64 ``x`` (C-contiguous, 16-byte aligned) normalised over its last ``k``
     axes, ``gamma``/``beta``/``bias`` None or C-contiguous arrays of those axes' shape in the compute type,
-    ``residual`` None or like ``x``, rows short enough for :func:`launch_shape`."""
+    ``residual`` None or like ``x``, rows short enough for :func:`launch_shape` (and for :func:`_fused_fits` with a
+    residual or bias)."""
     if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES or not x._c_contiguous:
         return False
     if not 1 <= k <= x.ndim or x.size == 0 or x.data.ptr % 16:
@@ -894,7 +901,22 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
                               or not p._c_contiguous):
             return False
     rows, length = _rows(x, k)
-    return length >= 2 and rows < 2**31 and launch_shape(length, x.dtype) is not None
+    fused = residual is not None or bias is not None
+    return (length >= 2 and rows < 2**31 and launch_shape(length, x.dtype) is not None
+            and (not fused or _fused_fits(length, x.dtype)))
+
+
+def _fused_fits(length: int, dtype) -> bool:
+    """Whether the fused ``x + residual + bias`` kernels take rows of ``length`` values of ``dtype``: not float64
+    rows of 8 vectors a thread at 1,024 threads (14,337 to 16,384 values), where the H200's NVRTC spilled 16 bytes
+    of the forward (64 registers a thread); the composite runs them.
+
+    >>> _fused_fits(14336, np.float64), _fused_fits(15360, np.float64), _fused_fits(32768, np.float16)
+    (True, False, True)
+    """
+    shape = launch_shape(length, dtype)
+    return shape is not None and not (np.dtype(dtype) == np.float64 and shape[1] == MAX_THREADS
+                                      and shape[3] == MAX_VECTORS)
 
 
 def backward_fits(length: int, dtype) -> bool:
