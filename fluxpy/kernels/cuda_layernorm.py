@@ -908,15 +908,14 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
 
 def _fused_fits(length: int, dtype) -> bool:
     """Whether the fused ``x + residual + bias`` kernels take rows of ``length`` values of ``dtype``: not float64
-    rows of 8 vectors a thread at 1,024 threads (14,337 to 16,384 values), where the H200's NVRTC spilled 16 bytes
-    of the forward (64 registers a thread); the composite runs them.
+    rows of more than 6 vectors a thread at 1,024 threads (12,289 to 16,384 values), where the H200's NVRTC spilled
+    16 bytes of the forward (64 registers a thread); the composite runs them.
 
-    >>> _fused_fits(14336, np.float64), _fused_fits(15360, np.float64), _fused_fits(32768, np.float16)
+    >>> _fused_fits(12288, np.float64), _fused_fits(12800, np.float64), _fused_fits(32768, np.float16)
     (True, False, True)
     """
     shape = launch_shape(length, dtype)
-    return shape is not None and not (np.dtype(dtype) == np.float64 and shape[1] == MAX_THREADS
-                                      and shape[3] == MAX_VECTORS)
+    return shape is not None and not (np.dtype(dtype) == np.float64 and shape[1] == MAX_THREADS and shape[3] > 6)
 
 
 def backward_fits(length: int, dtype) -> bool:
