@@ -65,7 +65,11 @@ __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     }
 }
 
-// True in the last block of a channel to arrive (an integer counter, reset by that block).
+// True in the last block of a channel to arrive (an integer counter, reset by that block). That block then reads the
+// other blocks' partials: after a fence, and through volatile pointers (sum_partials, column_totals), as reduce.py
+// does. Plain loads may be served from this SM's L1, which can hold a stale copy of the line: the partials of
+// neighbouring channels share it, and an earlier last block on this SM read them (or a previous layer of the same
+// shape, which shares the buffers, wrote them).
 __device__ __forceinline__ bool last_block(int* counter, int S) {
     __shared__ bool last;
     __threadfence();
@@ -76,11 +80,13 @@ __device__ __forceinline__ bool last_block(int* counter, int S) {
         if (last) *counter = 0;
     }
     __syncthreads();
+    if (last) __threadfence();
     return last;
 }
 
 // The S partials of a channel added in a fixed order by warp 0.
-__device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S, ACC& s1, ACC& s2) {
+__device__ __forceinline__ void sum_partials(const volatile ACC* p1, const volatile ACC* p2, int S, ACC& s1,
+                                             ACC& s2) {
     s1 = 0; s2 = 0;
     for (int i = threadIdx.x; i < S; i += 32) { s1 += p1[i]; s2 += p2[i]; }
     for (int o = 16; o > 0; o >>= 1) {
@@ -330,7 +336,9 @@ __device__ __forceinline__ bool column_totals(ACC s1, ACC s2, ACC* sh, ACC* part
     }
     if (!last_block(counter, S)) return false;
     ACC a = 0, b = 0;
-    if (lane) for (int i = r; i < S; i += RL) { a += part1[k * S + i]; b += part2[k * S + i]; }
+    const volatile ACC* q1 = part1 + k * S;
+    const volatile ACC* q2 = part2 + k * S;
+    if (lane) for (int i = r; i < S; i += RL) { a += q1[i]; b += q2[i]; }
     __syncthreads();
     if (lane) { sh[threadIdx.x] = a; sh[256 + threadIdx.x] = b; }
     __syncthreads();

@@ -123,3 +123,39 @@ def test_the_kept_implementation_is_reported():
             assert name in ("fluxpy", "cudnn") and set(times) == {"fluxpy", "cudnn"}
     finally:
         cuda_norm.set_impl(old)
+
+
+@pytest.mark.parametrize("layout", ["c_order", "channels_last"])
+def test_own_kernels_read_every_partial_fresh_across_layers_that_share_a_plan(layout):
+    """Batch norms of one shape share one plan's scratch partials, and the last block of each channel (or chunk of
+    channels) reads the other blocks' partials, some in cache lines that an earlier last block on its SM read. 24
+    layers in a row, each forward and backward against float64: mean, invstd, dgamma and dbeta within 1e-4 of the
+    sum of the terms' magnitudes (float32 rounding is well inside that; a stale partial, a whole block's share of
+    another layer's sum, is some 4e-3 of it)."""
+    cp = cupy_module()
+    from fluxpy.kernels import cuda_bn
+    from fluxpy.layout import to_channels_last
+    rng = np.random.default_rng(3)
+    shape, axes = (64, 48, 14, 14), (0, 2, 3)
+    for layer in range(24):
+        x = rng.standard_normal(shape) * (1 + layer % 3) + layer % 5
+        dy = rng.standard_normal(shape)
+        g, b = rng.standard_normal(shape[1]), rng.standard_normal(shape[1])
+        xg, dyg = cp.asarray(x, np.float32), cp.asarray(dy, np.float32)
+        if layout == "channels_last":
+            xg, dyg = to_channels_last(xg), to_channels_last(dyg)
+        gg, bg = cp.asarray(g, np.float32), cp.asarray(b, np.float32)
+        _, mean, invstd = cuda_bn.forward_training(xg, gg, bg, None, None, 0.1, 1e-5)
+        _, dgamma, dbeta = cuda_bn.backward(dyg, xg, gg, bg, mean, invstd, 1e-5)
+        mu = x.mean(axes)
+        inv = 1 / np.sqrt(x.var(axes) + 1e-5)
+        xhat = (x - mu[None, :, None, None]) * inv[None, :, None, None]
+        count = x.size // shape[1]
+        for name, got, want, scale in (
+                ("mean", mean, mu, np.abs(x - x[:1, :, :1, :1]).sum(axes) / count),
+                ("invstd", invstd, inv, inv),
+                ("dbeta", dbeta, dy.sum(axes), np.abs(dy).sum(axes)),
+                ("dgamma", dgamma, (dy * xhat).sum(axes), np.abs(dy * xhat).sum(axes))):
+            err = np.abs(cp.asnumpy(got).astype(np.float64) - want)
+            assert (err <= 1e-4 * scale).all(), (
+                f"layer {layer} {layout} {name}: error {err.max():.3g} at channel {int(err.argmax())}")
