@@ -2,8 +2,9 @@
 
 NumPy has no bfloat16: fluxpy uses ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`), which CuPy 14 accepts as an array
 dtype. A kernel source never includes ``cuda_fp16.h`` or ``cuda_bf16.h`` (NVRTC, as CuPy runs it, need not find
-them): it holds a half as ``unsigned short`` and converts with PTX ``cvt`` (float16) and bit operations (bfloat16 is
-the top half of a float32; stores round to nearest even and keep NaN a NaN). :func:`prelude` gives a kernel the
+them): it holds a half as ``unsigned short`` and converts with PTX ``cvt`` (float16; bfloat16 stores on sm_80 and
+later) and bit operations (bfloat16 loads, the top half of a float32, and its stores before sm_80); stores round to
+nearest even and keep NaN a NaN. :func:`prelude` gives a kernel the
 names it writes against for one dtype:
 
 - ``T``: the storage type (``unsigned short``, ``float`` or ``double``);
