@@ -287,16 +287,18 @@ def test_launcher_stopped_by_sigterm_stops_every_rank_first(tmp_path):
     pids.mkdir()
     script.write_text(textwrap.dedent(f"""
         import os, pathlib, time
-        pathlib.Path({str(pids)!r}, os.environ["RANK"]).write_text(str(os.getpid()))
+        part = pathlib.Path({str(pids)!r}, os.environ["RANK"] + ".part")
+        part.write_text(str(os.getpid()))
+        part.rename(part.with_suffix(""))   # whole, or not there: the test reads it as soon as it appears
         print("started", flush=True)
         time.sleep(60)
     """))
     launcher = subprocess.Popen([sys.executable, "-m", "fluxpy.distributed.run", "--nproc", "2", "--grace", "1",
                                  str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
-    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+    while len(list(pids.glob("[0-9]"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    ranks = [int(f.read_text()) for f in pids.iterdir()]
+    ranks = [int(f.read_text()) for f in pids.glob("[0-9]")]
     assert len(ranks) == 2
     launcher.send_signal(signal.SIGTERM)
     out, err = launcher.communicate(timeout=20)
