@@ -56,11 +56,12 @@ __device__ __forceinline__ unsigned short fx_store_bf16(float f) {
   unsigned short h;        // bfloat16 layer-norm forward about a sixth of its bandwidth on an H200
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
-#endif
+#else
   unsigned int u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);   // a NaN stays a (quiet) NaN
   u += 0x7fffu + ((u >> 16) & 1u);                                                   // round to nearest even
   return (unsigned short)(u >> 16);
+#endif
 }
 """
 
