@@ -7,12 +7,13 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
 
 - ``fwd``: fluxpy ``layernorm_forward`` (y, mean, rstd) against ``F.layer_norm``;
 - ``fwd+bwd``: fluxpy's forward, then the ``layernorm_backward`` op (dx, dgamma, dbeta: the kernel of
-  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or two ``ln_bwd``, then ``ln_params``; or the split
+  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or ``ln_bwds`` or two ``ln_bwd``, then ``ln_params``; or the split
   backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and ``ln_params``; the composite
   where no kernel takes the rows, as the layer norm's pullback runs it) against ``F.layer_norm`` and
   ``torch.autograd.grad`` of it for x, gamma and beta.
-- ``--split``: where the two-sweep ``ln_bwd`` runs, the split backward's time too (``cuda_layernorm.SPLIT_FROM`` set
-  to that length for the call), the measurement that decides ``SPLIT_FROM``.
+- ``--split``: where ``ln_bwds`` (the column sums in shared memory) or the two-sweep ``ln_bwd`` runs, the other
+  backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off, then also ``SPLIT_FROM`` set to that length), the
+  measurements that decide those two switches.
 
 GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
 hidden, and CUDA events time ``--reps`` calls (median of ``--rounds``). Bandwidth counts the bytes a kernel must
@@ -115,17 +116,24 @@ def case(cp, torch, length, dtype_name, a):
     r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
     r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
     r["fluxpy_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-    if a.split and plan is not None and plan[0] == "ln_bwd":
+    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds"):
         key = np.dtype(dtype).itemsize
-        old = ln.SPLIT_FROM[key]
-        ln.SPLIT_FROM[key] = length
+        old = ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key]
+        others = []
         try:
-            sp = ln.backward_shape(length, dtype)
-            r["split_kernel"] = f"{sp[0]} VW{sp[1]} TPR{sp[2]} RPB{sp[3]} ITEMS{sp[4]} PF{sp[5]} + ln_cols"
-            r["split_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-            r["split_bwd_share"] = bytes_bwd / r["split_bwd_us"] / 1e3 / (bytes_fwd / r["copy_us"] / 1e3)
+            ln.SHARED_COLUMNS[key] = False
+            for split_from in (old[0], length):
+                ln.SPLIT_FROM[key] = split_from
+                sp = ln.backward_shape(length, dtype)
+                if sp is None or sp[0] == plan[0] or any(o[0] == sp[0] for o in others):
+                    continue
+                us = gpu_us(cp, fx_bwd, a.reps, a.rounds)
+                others.append((sp[0], us))
+                r[f"{sp[0]}_bwd_us"] = us
         finally:
-            ln.SPLIT_FROM[key] = old
+            ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key] = old
+        copy_gbs_ = bytes_fwd / r["copy_us"] / 1e3
+        r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs_:.0%})" for n, us in others)
     r["fluxpy_both_us"] = gpu_us(cp, fx_both, a.reps, a.rounds)
     r["torch_both_us"] = gpu_us(cp, t_both, a.reps, a.rounds)
     copy_gbs = bytes_fwd / r["copy_us"] / 1e3
@@ -141,19 +149,18 @@ def case(cp, torch, length, dtype_name, a):
           f"{r['torch_fwd_us']:7.1f} ({r['torch_fwd_share']:.0%}); bwd {r['fluxpy_bwd_us']:7.1f} us "
           f"({r['bwd_share']:.0%}, {r['bwd_kernel']}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
           f"max |y - torch y| {err:.2g}"
-          + (f"; split bwd {r['split_bwd_us']:.1f} us ({r['split_bwd_share']:.0%}, {r['split_kernel']})"
-             if "split_bwd_us" in r else ""), flush=True)
+          + (f"; other backwards: {r['others']}" if r.get("others") else ""), flush=True)
     return r
 
 
 def table(rows, gpu):
     lines = [f"GPU: {gpu}; {ROWS} rows; GPU time per call (median); copy = cupy.copyto of x's bytes", "",
              "| dtype | L | bwd kernel | copy GB/s | fwd us | fwd GB/s | fwd % copy | torch fwd us | torch % copy | "
-             "fwd / torch | bwd us | bwd GB/s | bwd % copy | split bwd us (% copy) | fwd+bwd us | torch fwd+bwd us | "
+             "fwd / torch | bwd us | bwd GB/s | bwd % copy | other backwards us (% copy) | fwd+bwd us | torch fwd+bwd us | "
              "fwd+bwd / torch |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        split = (f"{r['split_bwd_us']:.1f} ({r['split_bwd_share']:.0%})" if "split_bwd_us" in r else "")
+        split = r.get("others", "")
         lines.append(f"| {r['dtype']} | {r['length']} | {r['bwd_kernel'].split()[0]} | {r['copy_GBs']:.0f} | "
                      f"{r['fluxpy_fwd_us']:.1f} | "
                      f"{r['fwd_GBs']:.0f} | {r['fwd_share']:.0%} | {r['torch_fwd_us']:.1f} | "
@@ -170,7 +177,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
-    p.add_argument("--split", action="store_true", help="also time the split backward where ln_bwd runs")
+    p.add_argument("--split", action="store_true", help="also time the other backwards where ln_bwds or ln_bwd runs")
     a = p.parse_args(argv)
     import cupy as cp
     import torch

@@ -19,13 +19,18 @@ row it visits before this row's sums, barriers and stores (a second buffer of ra
 flight. At most 16 values a thread (8 for float64), as many rows a block as the registers of an SM take (one
 block an SM, sized by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills),
 and a grid of as many blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and
-column sums do not fit in the registers of at most 1,024 threads, the halves' rows shorter than 12,288 values (from
-8,448) take ``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule),
-a thread holding only its column sums.
+column sums do not fit in the registers of at most 1,024 threads, ``ln_bwds`` sweeps each row once all the same:
+the same kernel with the column sums in dynamic shared memory (``2 L`` compute values a block, one row a block, each
+column's sums owned by one thread, so no barrier guards them), the row in registers as ``ln_dx1`` holds it; it
+takes the halves and float32 where the sums fit a block's shared memory (227 KB on sm_90: up to some 29,000 values)
+and the row the registers (:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for
+example). Where it does not (:data:`SHARED_COLUMNS`, or a GPU with less shared memory), the halves' rows shorter
+than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and
+``dy``, from L2 as a rule), a thread holding only its column sums.
 
 Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
-does not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split
-backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``:
+and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)
+take the split backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``:
 one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else
 ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
 (5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by
@@ -90,6 +95,14 @@ DX_SWEEP_SPARE = 32    # registers of ln_dx1 besides its values (fitted as ONE_S
 # 12,288: 396 / 261, 16,384: 483 / 347; float32 8,448: 373 / 338, 10,240: 422 / 414, 12,288: 492 / 486, 16,384:
 # 653 / 645. float64 not measured.
 SPLIT_FROM = {2: 12288, 4: 0, 8: None}
+# By item size: whether rows too long for ln_bwd1 take ln_bwds (one sweep, the row in registers as ln_dx1 holds it,
+# the column sums in 2 L compute values of dynamic shared memory) where those fit the device's shared memory a
+# block (227 KB on sm_90: rows of up to some 29,000 values). Not float64 (ln_dx1 does not take it).
+SHARED_COLUMNS = {2: True, 4: True, 8: False}
+SHARED_SPARE = 12      # registers ln_bwds needs beyond ln_dx1's estimate (the shared sums' addresses; NVRTC 13.5
+                       # spilled 4 to 12 bytes at 4 and 8, sm_90: 16,388-17,920 float32, 16,388-21,504 halves)
+FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16,388-19,456 halves, 544-608 threads)
+SM90_SHARED_BYTES = 232448   # shared memory a block may opt into on sm_90; the plan's limit where no GPU is asked
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
                        # an SM, 40 to 74 registers); a constant, not the device's SM count, so that the order of the
@@ -360,7 +373,10 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
     }
 }
 
-#if PARAMS
+#if PARAMS && SCOLS
+#define LN_BWD ln_bwd
+#define LN_BWD1 ln_bwds
+#elif PARAMS
 #define LN_BWD ln_bwd
 #define LN_BWD1 ln_bwd1
 #else
@@ -418,12 +434,40 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD(const T* dy, const T* x, const C* g
 #endif
 }
 
+#if SCOLS
+// ln_bwds keeps its column sums in dynamic shared memory (2 L compute values: dy xhat, then dy) instead of registers,
+// so rows too long for ln_bwd1's registers still sweep once. Each column belongs to one thread (RPB is 1), so no
+// barrier guards these sums; a vector of VW columns is one 16-byte access (scalar ones cost 4 wavefronts each).
+__device__ __forceinline__ void add_cols(C* s, int j, const C* a) {
+#ifdef CVT
+    CVT w = ((CVT*)s)[j];
+    C* e = (C*)&w;
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) e[u] += a[u];
+    ((CVT*)s)[j] = w;
+#else
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) s[j * VW + u] += a[u];
+#endif
+}
+
+__device__ __forceinline__ void copy_cols(const C* s, C* p, int j) {
+#ifdef CVT
+    ((CVT*)p)[j] = ((const CVT*)s)[j];
+#else
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) p[j * VW + u] = s[j * VW + u];
+#endif
+}
+#endif
+
 // One sweep a row: a group of TPR threads holds its row's vectors of x and dy in registers (read once), sums
 // g = dy * gamma and g * xhat over the row (row_sum2), writes dx = rs (g - mean(g) - xhat mean(g xhat)) from the
 // registers, and adds dy * xhat and dy to its columns' sums. With PF the loads of the group's next row are issued
 // before this row's sums, barriers and stores (a second buffer of raw vectors). Rows are visited block by block,
 // grid-stride (the same trip count block-wide); with a residual/bias, x's vector is summed as it is taken.
-// Compiled with PARAMS 0 it is ln_dx1: dx alone, no column sums (the registers hold only the row).
+// Compiled with PARAMS 0 it is ln_dx1: dx alone, no column sums (the registers hold only the row); with SCOLS 1 it is
+// ln_bwds: the column sums in shared memory (add_cols), one row a block.
 extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* gamma,
                                                                 const C* mean, const C* rstd, T* dx, C* pg, C* pb,
                                                                 long long R, int want_params, const T* res,
@@ -431,7 +475,19 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
     __shared__ C sh[2 * RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     const long long stride = (long long)gridDim.x * RPB;
-#if PARAMS
+#if PARAMS && SCOLS
+    extern __shared__ __align__(16) unsigned char cols_bytes[];
+    C* const cg = (C*)cols_bytes;   // the column sums of dy xhat, then (cb) of dy
+    C* const cb = cg + L;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) { cg[j * VW + u] = 0; cb[j * VW + u] = 0; }
+        }
+    }
+#elif PARAMS
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
@@ -482,16 +538,26 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
                 const T* e = (const T*)&dv[i];
                 C gm[VW];
                 if (gamma) load_cvec(gamma, j, gm);
+#if PARAMS && SCOLS
+                C th[VW], td[VW];
+#endif
                 #pragma unroll
                 for (int u = 0; u < VW; ++u) {
                     const C d = LOAD(e[u]), h = xh[i * VW + u], g = gamma ? d * gm[u] : d;
                     s1 += g;
                     s2 += g * h;
-#if PARAMS
+#if PARAMS && SCOLS
+                    th[u] = d * h;
+                    td[u] = d;
+#elif PARAMS
                     ag[i * VW + u] += d * h;
                     ab[i * VW + u] += d;
 #endif
                 }
+#if PARAMS && SCOLS
+                add_cols(cg, j, th);
+                add_cols(cb, j, td);
+#endif
             }
         }
         row_sum2(s1, s2, sh);
@@ -519,7 +585,18 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
         fetch(x, dy, mean, rstd, row + stride, R, tid, bx, bd, bmu, brs);
 #endif
     }
-#if PARAMS
+#if PARAMS && SCOLS
+    if (want_params) {   // each thread its own columns: the block's partial row blockIdx.x
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (j < LV) {
+                copy_cols(cg, pg + (long long)blockIdx.x * L, j);
+                copy_cols(cb, pb + (long long)blockIdx.x * L, j);
+            }
+        }
+    }
+#elif PARAMS
     if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
 #endif
 }
@@ -669,11 +746,12 @@ def _register_cap(threads):
     return min(255, 65536 // (128 * -(-threads // 128)) // 8 * 8)
 
 
-def _one_sweep_plan(length, dtype, params):
+def _one_sweep_plan(length, dtype, params, extra=0):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
     a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
     the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread, as many rows a
-    block as the registers of an SM take, to at most 1,024 threads, prefetching the next row where that fits too."""
+    block as the registers of an SM take, to at most 1,024 threads, prefetching the next row where that fits too;
+    ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums)."""
     c = 2 if dtype == np.float64 else 1
     values = (ONE_SWEEP_VALUES if params else DX_SWEEP_VALUES)[dtype.itemsize]
     if values == 0:
@@ -685,7 +763,7 @@ def _one_sweep_plan(length, dtype, params):
     while shape is not None:
         vw, tpr, items = shape
         for pf in (1, 0):
-            regs = _one_sweep_registers(dtype, vw, items, pf, params)
+            regs = _one_sweep_registers(dtype, vw, items, pf, params) + extra
             if regs > _register_cap(tpr):
                 continue
             rpb = max(1, MAX_THREADS // tpr)
@@ -697,21 +775,53 @@ def _one_sweep_plan(length, dtype, params):
     return None
 
 
-def _plan(length: int, dtype):
-    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype``, or None.
+def _shared_limit() -> int:
+    """Bytes of shared memory a block of the current GPU may opt into (:data:`SM90_SHARED_BYTES` without one)."""
+    if cupy is None:
+        return SM90_SHARED_BYTES
+    try:
+        dev = cupy.cuda.Device().id
+    except Exception:   # no GPU: plans are still asked for (doctests, the CPU's checks of shapes)
+        return SM90_SHARED_BYTES
+    limit = _sm.get(("shared", dev))
+    if limit is None:
+        limit = _sm[("shared", dev)] = int(cupy.cuda.Device(dev).attributes["MaxSharedMemoryPerBlockOptin"])
+    return limit
 
-    ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else the two-sweep
+
+def _shared_columns_bytes(length, dtype):
+    """Dynamic shared memory of ``ln_bwds``: the two column sums, ``2 L`` values of the compute type."""
+    return 2 * int(length) * compute_dtype(dtype).itemsize
+
+
+def _shared_sweep_plan(length, dtype, limit, fused):
+    """``("ln_bwds", VW, TPR, 1, ITEMS, PF)`` where :data:`SHARED_COLUMNS` allows it, the column sums fit in
+    ``limit`` bytes of shared memory (less 1 KB for the row sums' static array) and ``ln_dx1`` takes the row in
+    registers with :data:`SHARED_SPARE` more a thread (and :data:`FUSED_SHARED_SPARE` more for the ``fused`` form),
+    in the shape of :func:`_one_sweep_plan`, one row a block."""
+    if not SHARED_COLUMNS[dtype.itemsize] or _shared_columns_bytes(length, dtype) > limit - 1024:
+        return None
+    dx = _one_sweep_plan(length, dtype, False, SHARED_SPARE + (FUSED_SHARED_SPARE if fused else 0))
+    return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
+
+
+def _plan(length: int, dtype, fused: bool = False):
+    """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype`` (of the
+    ``x + residual + bias`` form where ``fused``), or None.
+
+    ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
+    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else the two-sweep
     ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
     None only where the forward turns the rows down (more than 1,024 threads of 8 vectors).
     """
     dtype, length = np.dtype(dtype), int(length)
-    split_from = SPLIT_FROM[dtype.itemsize]
-    key = (dtype, length, split_from)
+    split_from, limit = SPLIT_FROM[dtype.itemsize], _shared_limit()
+    key = (dtype, length, split_from, SHARED_COLUMNS[dtype.itemsize], limit, bool(fused))
     if key in _plans:
         return _plans[key]
-    plan = _one_sweep_plan(length, dtype, True)
+    plan = _one_sweep_plan(length, dtype, True) or _shared_sweep_plan(length, dtype, limit, fused)
     if plan is None:
         two = launch_shape(length, dtype, "backward")
         wide = launch_shape(length, dtype)
@@ -746,18 +856,19 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
     return vw, tpr, max(1, 256 // tpr), -(-vectors // tpr)
 
 
-def backward_shape(length: int, dtype):
+def backward_shape(length: int, dtype, fused: bool = False):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
-    ``dtype`` (``ln_bwd1``: one sweep, ``PF`` 1 when it prefetches the next row; ``ln_bwd``: two sweeps; the split
-    backward, dx alone then ``ln_cols``: ``ln_dx1`` in one sweep, ``ln_dx2`` in two), or None (the forward turns
-    the rows down, and the composite runs).
+    ``dtype`` (of ``x + residual + bias`` where ``fused``): ``ln_bwd1``, one sweep, ``PF`` 1 when it prefetches the
+    next row; ``ln_bwds``, one sweep with the column sums in shared memory; ``ln_bwd``, two sweeps; the split
+    backward, dx alone then ``ln_cols``: ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the
+    rows down, and the composite runs).
 
-    >>> backward_shape(768, np.float16)[0], backward_shape(10240, np.float16)[0], backward_shape(16384, np.float32)[0]
-    ('ln_bwd1', 'ln_bwd', 'ln_dx1')
-    >>> backward_shape(20480, np.float32)
-    ('ln_dx1', 4, 640, 1, 8, 0)
+    >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
+    ('ln_bwd1', 'ln_bwds', 'ln_dx2')
+    >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16)
+    (('ln_dx1', 4, 640, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0))
     """
-    return _plan(length, dtype)
+    return _plan(length, dtype, fused)
 
 
 def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
@@ -802,27 +913,29 @@ def _source(dtype, length, direction="forward", fused=False):
     ``backward`` (the kernel of :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``);
     ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
-    params = 1
+    params, scols = 1, 0
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
         pf = int(_forward_prefetches(length, dtype, fused))
     else:
-        plan = _plan(length, dtype)
+        plan = _plan(length, dtype, fused)
         _, vw, tpr, rpb, items, pf = plan
         params = 0 if _splits(plan) else 1
+        scols = int(plan[0] == "ln_bwds")
     vt = _vector(dtype, length)[0]
     kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
             f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define FUSED {int(bool(fused))}\n"
-            f"#define PARAMS {params}\n#define KVW {kvw}\n#define KVT {kvt}\n#define CW {COLUMN_WARPS}\n"
+            f"#define PARAMS {params}\n#define SCOLS {scols}\n#define KVW {kvw}\n#define KVT {kvt}\n"
+            f"#define CW {COLUMN_WARPS}\n"
             + (f"#define CVT {cvt}\n" if cvt else ""))
     return head + _SOURCE
 
 
 def _module(dtype, length, direction="forward", fused=False):
     key = (np.dtype(dtype), int(length), direction, bool(fused),
-           _plan(length, dtype) if direction == "backward" else None)
+           _plan(length, dtype, fused) if direction == "backward" else None)
     mod = _modules.get(key)
     if mod is None:
         mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused),
@@ -847,7 +960,7 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     names = []
     if launch_shape(length, dtype) is not None:
         names.append(("ln_fwd", "forward"))
-    plan = _plan(length, dtype)
+    plan = _plan(length, dtype, fused)
     if plan is not None:
         names += [(plan[0], "backward")] + ([("ln_cols", "backward")] if _splits(plan) else []) + \
             [("ln_params", "backward")]
@@ -857,14 +970,14 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     return out
 
 
-def _blocks_per_sm(key, fn, threads):
+def _blocks_per_sm(key, fn, threads, dynamic_shared=0):
     """Blocks of ``threads`` threads of ``fn`` (cached under ``key``) that an SM holds at once (registers, threads,
-    shared memory)."""
+    shared memory, with ``dynamic_shared`` bytes a block)."""
     n = _occupancy.get(key)
     if n is None:
         warps = -(-threads // 32)
         regs = -(-max(int(fn.num_regs), 1) * 32 // 256) * 256        # allocated per warp, 256 at a time
-        smem = int(getattr(fn, "shared_size_bytes", 0) or 0) + 1024
+        smem = int(getattr(fn, "shared_size_bytes", 0) or 0) + dynamic_shared + 1024
         n = max(1, min(65536 // (regs * warps), 2048 // threads, 32, (228 * 1024) // smem))
         _occupancy[key] = n
     return n
@@ -981,16 +1094,19 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     """``(dx, dgamma, dbeta)`` (the last two None without ``need_params``), from the forward's ``mean``/``rstd``;
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
-    plan = _plan(length, x.dtype)
+    fused = residual is not None or bias is not None
+    plan = _plan(length, x.dtype, fused)
     name, vw, tpr, rpb, items, pf = plan
     split = _splits(plan)
     cdt = compute_dtype(x.dtype)
-    fused = residual is not None or bias is not None
     mod = _module(x.dtype, length, "backward", fused)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb)
-              if name in ("ln_bwd1", "ln_dx1") else 2)
+    shared = _shared_columns_bytes(length, x.dtype) if name == "ln_bwds" else 0
+    if shared and fn.max_dynamic_shared_size_bytes < shared:
+        fn.max_dynamic_shared_size_bytes = shared     # past the 48 KB a block gets without asking
+    per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
+              if name in ("ln_bwd1", "ln_dx1", "ln_bwds") else 2)
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
     blocks = int(min(-(-rows // rpb), per_sm * sms))
     dx = cupy.empty_like(x)
@@ -999,7 +1115,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     res_arg, bias_arg = null if residual is None else residual, null if bias is None else bias
     fn((blocks,), (tpr * rpb,), (dy, x, null if gamma is None else gamma, mean, rstd, dx,
                                  null if parts is None else parts[0], null if parts is None else parts[1],
-                                 np.int64(rows), np.int32(parts is not None), res_arg, bias_arg))
+                                 np.int64(rows), np.int32(parts is not None), res_arg, bias_arg), shared_mem=shared)
     if not need_params:
         return dx, None, None
     if split:   # the column sums apart: one partial row a chunk of rows

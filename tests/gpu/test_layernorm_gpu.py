@@ -120,6 +120,7 @@ def test_no_register_spills_at_any_size(dtype):
                 name = cuda_layernorm.backward_shape(length, dtype)[0]
                 assert name in attrs and "ln_params" in attrs
                 assert ("ln_cols" in attrs) == name.startswith("ln_dx")
+                assert name != "ln_bwds" or cuda_layernorm._shared_columns_bytes(length, dtype) <= 227 * 1024
             for name, (regs, local) in attrs.items():
                 assert local == 0, (f"{name} at L={length} {np.dtype(dtype)} fused={fused}: {local} bytes of local "
                                     f"memory ({regs} regs)")
@@ -199,25 +200,46 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
     assert cp.array_equal(layer(x, residual=r), layernorm(x, layer.gamma, layer.beta, residual=r))
 
 
-SPLIT_CASES = [(20480, np.float32), (20480, BF16), (20480, np.float16), (32768, np.float32), (32768, BF16),
-               (32768, np.float16), (20484, BF16), (20484, np.float32), (10236, np.float64), (12288, np.float64),
-               (16384, np.float64)]
+SPLIT_CASES = [(20480, np.float32), (24576, np.float16), (32768, np.float32), (32768, BF16), (32768, np.float16),
+               (20484, np.float32), (10236, np.float64), (12288, np.float64), (16384, np.float64)]
+SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (10240, np.float32), (16384, np.float32),
+                (20480, np.float16), (20480, BF16), (20484, BF16)]
+
+
+def _ids(v):
+    return str(np.dtype(v)) if not isinstance(v, int) else str(v)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
-@pytest.mark.parametrize("length,dtype", SPLIT_CASES, ids=lambda v: str(np.dtype(v)) if not isinstance(v, int) else
-                         str(v))
+@pytest.mark.parametrize("length,dtype", SPLIT_CASES, ids=_ids)
 def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
-    """Rows whose column sums do not fit in registers take the split backward (no composite): dx alone (ln_dx1, the
-    row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by chunks of rows; here
-    ragged chunks, a ragged last tile at 20,484, 8-byte halves' vectors there) and ln_params. dx, dgamma, dbeta (and
-    with the residual/bias the cotangent of the sum) against float64 on the CPU; dx alone the same bits; the same bits
-    on every call and from a captured CUDA graph."""
-    cp = cupy_module()
+    """Rows whose column sums fit neither registers nor shared memory take the split backward (no composite): dx
+    alone (ln_dx1, the row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by
+    chunks of rows; here ragged chunks, a ragged last tile at 20,484) and ln_params."""
     shape = cuda_layernorm.backward_shape(length, dtype)
     assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
     rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
     assert cuda_layernorm.column_shape(length, dtype, rows)[3] > 1
+    _check_long_rows(length, dtype, fused, rows)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("length,dtype", SHARED_CASES, ids=_ids)
+def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtype, fused):
+    """Rows too long for ln_bwd1's registers but whose column sums fit in a block's shared memory take ln_bwds: one
+    sweep a row, the sums in dynamic shared memory (past the 48 KB a block gets without asking: 8448 float16 values
+    are 67 KB of sums, 20,480 are 160 KB), here over more rows than the grid holds blocks (each block visits several,
+    prefetching where the plan says so) with a ragged last round; 8-byte halves' vectors at 20,484."""
+    shape = cuda_layernorm.backward_shape(length, dtype)
+    assert shape is not None and shape[0] == "ln_bwds", shape
+    assert cuda_layernorm._shared_columns_bytes(length, dtype) > 48 * 1024
+    _check_long_rows(length, dtype, fused, 3 * 132 + 37)
+
+
+def _check_long_rows(length, dtype, fused, rows):
+    """dx, dgamma, dbeta (and with the residual/bias the cotangent of the sum) against float64 on the CPU; dx alone the
+    same bits; the same bits on every call and from a captured CUDA graph."""
+    cp = cupy_module()
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((rows,), (length,), dtype, True, seed=9)
     r = c = rh = ch = None
     if fused:
@@ -246,11 +268,11 @@ def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_long_rows_through_the_layer_norm_op(dtype):
-    """fluxpy.gradient of layernorm at 20,480 values a row runs the split backward (not the composite) and matches
-    float64, with the fused residual and bias too."""
+    """fluxpy.gradient of layernorm at 20,480 values a row runs a backward kernel (ln_bwds for the halves, the split
+    backward for float32; not the composite) and matches float64, with the fused residual and bias too."""
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((2, 9), (20480,), dtype, True, seed=11)
     (r, _, c, _), (rh, _, ch, _) = _case((2, 9), (20480,), dtype, True, seed=12)
-    assert cuda_layernorm.backward_shape(20480, dtype)[0].startswith("ln_dx")
+    assert cuda_layernorm.backward_shape(20480, dtype)[0] == ("ln_dx1" if dtype == np.float32 else "ln_bwds")
 
     def loss(x, r, c, g, b, dy):
         return (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum()
@@ -264,17 +286,21 @@ def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
     """SPLIT_FROM (set from measurements) sends 10,240 float16 values from ln_bwd to the split backward: same
     results within rounding, and back when reset."""
     cp = cupy_module()
-    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
+    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwds"
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((70,), (10240,), np.float16, True, seed=13)
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5)
+    shared = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
+    monkeypatch.setitem(cuda_layernorm.SHARED_COLUMNS, 2, False)      # as on a GPU with too little shared memory
+    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
     two = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
     monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 2, 10240)
     assert cuda_layernorm.backward_shape(10240, np.float16)[0] in ("ln_dx1", "ln_dx2")
     assert "ln_cols" in cuda_layernorm.kernel_attributes(np.float16, 10240)
     split = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
     want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dyh).sum(), xh, gh, bh)
-    for name, a, w, t in zip(("dx", "dgamma", "dbeta"), split, want, two):
+    for name, a, w, t, s in zip(("dx", "dgamma", "dbeta"), split, want, two, shared):
         _check(a, w, np.float16, name, 10240 if name == "dx" else 70)
+        _check(s, w, np.float16, name, 10240 if name == "dx" else 70)
         a, t = a.astype(cp.float32), t.astype(cp.float32)
         assert float(cp.abs(a - t).max()) <= 2e-3 * (float(cp.abs(t).max()) + 1), name
     monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 2, None)
