@@ -117,7 +117,7 @@ def test_no_register_spills_at_any_size(dtype):
             assert cuda_layernorm.backward_fits(length, dtype) == (cuda_layernorm.launch_shape(length, dtype)
                                                                    is not None), "the backward takes what the forward takes"
             if cuda_layernorm.backward_fits(length, dtype):
-                name = cuda_layernorm.backward_shape(length, dtype)[0]
+                name = cuda_layernorm.backward_shape(length, dtype, fused)[0]
                 assert name in attrs and "ln_params" in attrs
                 assert ("ln_cols" in attrs) == name.startswith("ln_dx")
                 assert name != "ln_bwds" or cuda_layernorm._shared_columns_bytes(length, dtype) <= 227 * 1024
@@ -201,9 +201,9 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
 
 
 SPLIT_CASES = [(20480, np.float32), (24576, np.float16), (32768, np.float32), (32768, BF16), (32768, np.float16),
-               (20484, np.float32), (10236, np.float64), (12288, np.float64), (16384, np.float64)]
+               (20484, BF16), (20484, np.float32), (10236, np.float64), (12288, np.float64), (16384, np.float64)]
 SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (10240, np.float32), (16384, np.float32),
-                (20480, np.float16), (20480, BF16), (20484, BF16)]
+                (16388, np.float16), (20480, np.float16), (20480, BF16)]
 
 
 def _ids(v):
@@ -216,7 +216,7 @@ def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
     """Rows whose column sums fit neither registers nor shared memory take the split backward (no composite): dx
     alone (ln_dx1, the row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by
     chunks of rows; here ragged chunks, a ragged last tile at 20,484) and ln_params."""
-    shape = cuda_layernorm.backward_shape(length, dtype)
+    shape = cuda_layernorm.backward_shape(length, dtype, fused)
     assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
     rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
     assert cuda_layernorm.column_shape(length, dtype, rows)[3] > 1
@@ -229,9 +229,12 @@ def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtyp
     """Rows too long for ln_bwd1's registers but whose column sums fit in a block's shared memory take ln_bwds: one
     sweep a row, the sums in dynamic shared memory (past the 48 KB a block gets without asking: 8448 float16 values
     are 67 KB of sums, 20,480 are 160 KB), here over more rows than the grid holds blocks (each block visits several,
-    prefetching where the plan says so) with a ragged last round; 8-byte halves' vectors at 20,484."""
+    prefetching where the plan says so) with a ragged last round; a ragged last vector a row at 16,388 (the fused
+    form there takes more threads, and at 20,480 halves the split backward: FUSED_SHARED_SPARE)."""
     shape = cuda_layernorm.backward_shape(length, dtype)
     assert shape is not None and shape[0] == "ln_bwds", shape
+    if fused:
+        assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_dx1")
     assert cuda_layernorm._shared_columns_bytes(length, dtype) > 48 * 1024
     _check_long_rows(length, dtype, fused, 3 * 132 + 37)
 
