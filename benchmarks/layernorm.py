@@ -13,7 +13,8 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
   ``torch.autograd.grad`` of it for x, gamma and beta.
 - ``--split``: where ``ln_bwds`` (the column sums in shared memory) or the two-sweep ``ln_bwd`` runs, the other
   backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off, then also ``SPLIT_FROM`` set to that length), the
-  measurements that decide those two switches.
+  measurements that decide those two switches; where the forward stages the next row in shared memory, its time
+  without (``STAGED_FORWARD`` off).
 
 GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
 hidden, and CUDA events time ``--reps`` calls (median of ``--rounds``). Bandwidth counts the bytes a kernel must
@@ -134,6 +135,13 @@ def case(cp, torch, length, dtype_name, a):
             ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key] = old
         copy_gbs_ = bytes_fwd / r["copy_us"] / 1e3
         r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs_:.0%})" for n, us in others)
+    if a.split and ln._forward_stages(length, dtype):
+        key = np.dtype(dtype).itemsize
+        ln.STAGED_FORWARD[key] = False
+        try:
+            r["unstaged_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
+        finally:
+            ln.STAGED_FORWARD[key] = True
     r["fluxpy_both_us"] = gpu_us(cp, fx_both, a.reps, a.rounds)
     r["torch_both_us"] = gpu_us(cp, t_both, a.reps, a.rounds)
     copy_gbs = bytes_fwd / r["copy_us"] / 1e3
@@ -149,7 +157,8 @@ def case(cp, torch, length, dtype_name, a):
           f"{r['torch_fwd_us']:7.1f} ({r['torch_fwd_share']:.0%}); bwd {r['fluxpy_bwd_us']:7.1f} us "
           f"({r['bwd_share']:.0%}, {r['bwd_kernel']}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
           f"max |y - torch y| {err:.2g}"
-          + (f"; other backwards: {r['others']}" if r.get("others") else ""), flush=True)
+          + (f"; other backwards: {r['others']}" if r.get("others") else "")
+          + (f"; forward unstaged {r['unstaged_fwd_us']:.1f} us" if "unstaged_fwd_us" in r else ""), flush=True)
     return r
 
 

@@ -8,7 +8,9 @@ written once, ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest po
 ``ITEMS`` at 8 vectors or fewer, so a row of 20,480 bfloat16 values takes 1,024 threads of 5 vectors (no spills:
 :func:`kernel_attributes` reports the compiled kernels' local memory). Rows are summed by warp shuffles, then
 across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
-grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`).
+grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`), into registers where they
+fit beside the row, else into shared memory, each thread copying its own vectors with ``cp.async``
+(:func:`_forward_stages`).
 
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
@@ -30,9 +32,9 @@ than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row sums,
 
 Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
 and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)
-take the split backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``:
-one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else
-``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
+take the split backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at
+all (``ln_dx1``: one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not
+for float64; else ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
 (5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by
 side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th
 row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums
@@ -102,6 +104,10 @@ SHARED_COLUMNS = {2: True, 4: True, 8: False}
 SHARED_SPARE = 12      # registers ln_bwds needs beyond ln_dx1's estimate (the shared sums' addresses; NVRTC 13.5
                        # spilled 4 to 12 bytes at 4 and 8, sm_90: 16,388-17,920 float32, 16,388-21,504 halves)
 FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16,388-19,456 halves, 544-608 threads)
+# By item size: whether the forward of rows that take a whole block, where the next row does not fit the registers,
+# stages the next row in shared memory instead (cp.async; _forward_stages). Not float32 (its forward is at 85-97% of
+# copy without it, and NVRTC 13.5 spilled 8-32 bytes of the staged form at 20,484 and 28,672-32,764 values).
+STAGED_FORWARD = {2: True, 4: False, 8: False}
 SM90_SHARED_BYTES = 232448   # shared memory a block may opt into on sm_90; the plan's limit where no GPU is asked
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
@@ -332,9 +338,56 @@ __device__ __forceinline__ void normalise_row(const C* v, const C* gamma, const 
     if (tid == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
 }
 
+#if SPF
+// The staged forward's copies: each thread copies its own vectors of a row (and of the residual, fused) into shared
+// memory with cp.async (sm_80 and later), holding no registers while they fly, and later reads back only what it
+// copied itself, so no barrier orders them. Zeros past the rows (a copy of no bytes fills its slot with zeros).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+__device__ __forceinline__ void copy_async(VT* dst, const VT* src, bool in) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(shared_address(dst)), "l"(src),
+                 "n"((int)sizeof(VT)), "r"(in ? (int)sizeof(VT) : 0) : "memory");
+}
+
+__device__ __forceinline__ void stage_row(const T* x, const T* res, long long row, long long R, int tid, VT* sx,
+                                          VT* sr) {
+    const bool valid = row < R;
+    const long long r = valid ? row : 0;   // a copy of no bytes reads nothing, but keep its address in bounds
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            copy_async(sx + j, (const VT*)(x + r * (long long)L) + j, valid);
+#if FUSED
+            if (res) copy_async(sr + j, (const VT*)(res + r * (long long)L) + j, valid);
+#endif
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// The raw vectors this thread staged (zeros past the row), once its copies have landed.
+__device__ __forceinline__ void unstage(const VT* sx, const VT* sr, int tid, VT* bx, VT* br) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        bx[i] = j < LV ? sx[j] : vec_t{};
+#if FUSED
+        br[i] = j < LV ? sr[j] : vec_t{};
+#endif
+    }
+}
+#endif
+
 // One row a group of TPR threads. With PF (rows of a whole block: an SM holds one such block, and its barriers
 // would leave the SM's loads idle between rows) the grid visits the rows grid-stride, each block issuing the loads
-// of its next row before this row's sums.
+// of its next row before this row's sums; with SPF (such rows whose next row does not fit the registers) the same,
+// the next row staged in shared memory instead (stage_row).
 extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
                                                                C* mean_out, C* rstd_out, long long R, double eps,
                                                                const T* res, const C* bias) {
@@ -348,6 +401,18 @@ extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C
         const long long row = base * RPB + grp;
         unpack_x(bx, br, bias, tid, v);
         fetch_x(x, res, row + (long long)gridDim.x * RPB, R, tid, bx, br);
+        normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
+    }
+#elif SPF   // RPB is 1
+    extern __shared__ __align__(16) unsigned char stage_bytes[];
+    VT* const sx = (VT*)stage_bytes;
+    VT* const sr = sx + LV;     // the residual's row (fused)
+    stage_row(x, res, blockIdx.x, R, tid, sx, sr);
+    for (long long row = blockIdx.x; row < R; row += gridDim.x) {   // the same trip count block-wide
+        VT bx[ITEMS], br[FUSED ? ITEMS : 1];
+        unstage(sx, sr, tid, bx, br);
+        unpack_x(bx, br, bias, tid, v);
+        stage_row(x, res, row + gridDim.x, R, tid, sx, sr);
         normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
     }
 #else
@@ -887,6 +952,28 @@ def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
     return items * vw + items * vw // 2 * (2 if fused else 1) <= FORWARD_PREFETCH_WORDS
 
 
+def _forward_stages(length: int, dtype, fused: bool = False) -> bool:
+    """Whether ``ln_fwd`` stages the next row in shared memory (``SPF``): where a row takes a whole block of
+    :data:`MAX_THREADS` threads, :func:`_forward_prefetches` does not hold the next row in registers,
+    :data:`STAGED_FORWARD` allows it, a vector is 4, 8 or 16 bytes (what ``cp.async`` copies) and the row (and the
+    residual's, fused) fits a block's shared memory.
+
+    >>> [_forward_stages(n, np.float16) for n in (4096, 20480, 32768)], _forward_stages(32768, np.float16, True)
+    ([False, False, True], True)
+    """
+    dtype = np.dtype(dtype)
+    shape = launch_shape(length, dtype)
+    if (shape is None or shape[1] < MAX_THREADS or not STAGED_FORWARD[dtype.itemsize]
+            or _forward_prefetches(length, dtype, fused) or shape[0] * dtype.itemsize not in (4, 8, 16)):
+        return False
+    return _staged_bytes(length, dtype, fused) <= _shared_limit() - 1024
+
+
+def _staged_bytes(length, dtype, fused):
+    """Dynamic shared memory of the staged forward: a row of x (and of the residual, fused)."""
+    return int(length) * np.dtype(dtype).itemsize * (2 if fused else 1)
+
+
 def _splits(plan) -> bool:
     """Whether ``plan`` is the split backward (dx alone, the column sums by ``ln_cols``)."""
     return plan is not None and plan[0].startswith("ln_dx")
@@ -913,10 +1000,11 @@ def _source(dtype, length, direction="forward", fused=False):
     ``backward`` (the kernel of :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``);
     ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
-    params, scols = 1, 0
+    params, scols, spf = 1, 0, 0
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
         pf = int(_forward_prefetches(length, dtype, fused))
+        spf = int(_forward_stages(length, dtype, fused))
     else:
         plan = _plan(length, dtype, fused)
         _, vw, tpr, rpb, items, pf = plan
@@ -926,7 +1014,8 @@ def _source(dtype, length, direction="forward", fused=False):
     kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
-            f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define FUSED {int(bool(fused))}\n"
+            f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define SPF {spf}\n"
+            f"#define FUSED {int(bool(fused))}\n"
             f"#define PARAMS {params}\n#define SCOLS {scols}\n#define KVW {kvw}\n#define KVT {kvt}\n"
             f"#define CW {COLUMN_WARPS}\n"
             + (f"#define CVT {cvt}\n" if cvt else ""))
@@ -1074,14 +1163,18 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     fused = residual is not None or bias is not None
     fn = _module(x.dtype, length, "forward", fused).get_function("ln_fwd")
     blocks = -(-rows // rpb)
-    if _forward_prefetches(length, x.dtype, fused):   # as many blocks as the GPU holds at once
-        key = (x.dtype, length, x.device.id, fused, "forward")
-        blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb) * _sm_count(x.device.id))
+    shared = _staged_bytes(length, x.dtype, fused) if _forward_stages(length, x.dtype, fused) else 0
+    if shared and fn.max_dynamic_shared_size_bytes < shared:
+        fn.max_dynamic_shared_size_bytes = shared     # past the 48 KB a block gets without asking
+    if shared or _forward_prefetches(length, x.dtype, fused):   # as many blocks as the GPU holds at once
+        key = (x.dtype, length, x.device.id, fused, "forward", _shared_limit())
+        blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb, shared) * _sm_count(x.device.id))
     gamma, beta = _aligned(gamma), _aligned(beta)    # read as vectors
     null = np.uint64(0)
     fn((blocks,), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
                                           stats[0], stats[1], np.int64(rows), np.float64(eps),
-                                          null if residual is None else residual, null if bias is None else bias))
+                                          null if residual is None else residual, null if bias is None else bias),
+       shared_mem=shared)
     return y, stats[0], stats[1]
 
 

@@ -310,27 +310,31 @@ def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
     assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
 
 
+@pytest.mark.parametrize("length", [20480, 32768])
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=str)
-def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused):
-    """Rows of 20,480 halves take a whole block: the plain forward's blocks visit the rows grid-stride, loading the
-    next row early (the fused one does not: its second raw buffer would spill). More rows than the grid has blocks
-    (each block visits several, the last round ragged): y, mean and rstd against float64, the same bits from a
-    captured CUDA graph."""
+def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, length):
+    """Rows of 20,480 and 32,768 halves take a whole block, whose blocks visit the rows grid-stride, getting the next
+    row early: the plain forward at 20,480 into registers, where the next row's raw vectors fit beside the row
+    (PF); the others into shared memory, each thread copying its own vectors with cp.async (SPF, a row and the
+    residual's: 40 to 128 KB a block). More rows than the grid has blocks (each block visits several, the last
+    round ragged): y, mean and rstd against float64, the same bits from a captured CUDA graph."""
     cp = cupy_module()
-    assert cuda_layernorm._forward_prefetches(20480, dtype, fused) == (not fused)
+    pf = cuda_layernorm._forward_prefetches(length, dtype, fused)
+    assert pf == (length == 20480 and not fused)
+    assert cuda_layernorm._forward_stages(length, dtype, fused) == (not pf)
     rows = 700
-    (x, _, g, b), (xh, _, gh, bh) = _case((rows,), (20480,), dtype, True, seed=14)
+    (x, _, g, b), (xh, _, gh, bh) = _case((rows,), (length,), dtype, True, seed=14)
     r = c = rh = ch = None
     if fused:
-        (r, _, c, _), (rh, _, ch, _) = _case((rows,), (20480,), dtype, True, seed=15)
+        (r, _, c, _), (rh, _, ch, _) = _case((rows,), (length,), dtype, True, seed=15)
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5, r, c)
     s = xh + (rh + ch if fused else 0)
     mu = s.mean(axis=1)
     rs = 1 / np.sqrt(((s - mu[:, None]) ** 2).mean(axis=1) + 1e-5)
-    _check(y, (s - mu[:, None]) * rs[:, None] * gh + bh, dtype, "y", 20480)
-    _check(mean, mu, np.float32, "mean", 20480)
-    _check(rstd, rs, np.float32, "rstd", 20480)
+    _check(y, (s - mu[:, None]) * rs[:, None] * gh + bh, dtype, "y", length)
+    _check(mean, mu, np.float32, "mean", length)
+    _check(rstd, rs, np.float32, "rstd", length)
     graph, captured = capture_graph(lambda: cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5, r, c))
     graph.launch()
     cp.cuda.get_current_stream().synchronize()
