@@ -34,13 +34,14 @@ Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster t
 and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)
 take the split backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at
 all (``ln_dx1``: one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not
-for float64; else ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
-(5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by
-side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th
-row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums
-added in shared memory in order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape
-alone (some 4,096 blocks, at least 64 rows a chunk), not from the device. Every row the forward takes has a
-backward kernel (:func:`backward_fits`); the composite runs only for rows the forward turns down.
+for float64; else ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart,
+rereading ``x`` and ``dy`` (5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns
+(a warp's loads side by side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and
+``dy`` over every 8th row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``,
+``rstd``), the warps' sums added in shared memory in order, one partial row a chunk. :func:`column_shape` sizes the
+chunks from the shape alone (some 4,096 blocks, at least 64 rows a chunk), not from the device. Every row the
+forward takes has a backward kernel (:func:`backward_fits`); the composite runs only for rows the forward turns
+down.
 
 ``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
 its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
