@@ -1025,7 +1025,7 @@ def _source(dtype, length, direction="forward", fused=False):
 
 def _module(dtype, length, direction="forward", fused=False):
     key = (np.dtype(dtype), int(length), direction, bool(fused),
-           _plan(length, dtype, fused) if direction == "backward" else None)
+           _plan(length, dtype, fused) if direction == "backward" else _forward_stages(length, dtype, fused))
     mod = _modules.get(key)
     if mod is None:
         mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused),
