@@ -416,6 +416,7 @@ extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C
         stage_row(x, res, row + gridDim.x, R, tid, sx, sr);
         normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
     }
+    asm volatile("cp.async.wait_all;" ::: "memory");   // the last (empty) copies land before the block's memory goes
 #else
     const long long row = (long long)blockIdx.x * RPB + grp;
     load_row(x, res, bias, row, row < R, tid, v);
