@@ -1166,8 +1166,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     fn = _module(x.dtype, length, "forward", fused).get_function("ln_fwd")
     blocks = -(-rows // rpb)
     shared = _staged_bytes(length, x.dtype, fused) if _forward_stages(length, x.dtype, fused) else 0
-    if shared and fn.max_dynamic_shared_size_bytes < shared:
-        fn.max_dynamic_shared_size_bytes = shared     # past the 48 KB a block gets without asking
+    _allow_shared(fn, shared)
     if shared or _forward_prefetches(length, x.dtype, fused):   # as many blocks as the GPU holds at once
         key = (x.dtype, length, x.device.id, fused, "forward", _shared_limit())
         blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb, shared) * _sm_count(x.device.id))
@@ -1176,8 +1175,14 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     fn((blocks,), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
                                           stats[0], stats[1], np.int64(rows), np.float64(eps),
                                           null if residual is None else residual, null if bias is None else bias),
-       shared_mem=shared)
+                                         shared_mem=shared)
     return y, stats[0], stats[1]
+
+
+def _allow_shared(fn, nbytes):
+    """Let ``fn`` take ``nbytes`` of dynamic shared memory a block (past the 48 KB a block gets without asking)."""
+    if nbytes and fn.max_dynamic_shared_size_bytes < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
 
 
 def _aligned(p):
@@ -1198,8 +1203,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
     shared = _shared_columns_bytes(length, x.dtype) if name == "ln_bwds" else 0
-    if shared and fn.max_dynamic_shared_size_bytes < shared:
-        fn.max_dynamic_shared_size_bytes = shared     # past the 48 KB a block gets without asking
+    _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
               if name in ("ln_bwd1", "ln_dx1", "ln_bwds") else 2)
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
