@@ -5,8 +5,9 @@ one row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads
 holding its ``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean
 and then the variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is
 written once, ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps
-``ITEMS`` at 8 vectors or fewer, so a row of 20,480 bfloat16 values takes 1,024 threads of 5 vectors (no spills:
-:func:`kernel_attributes` reports the compiled kernels' local memory). Rows are summed by warp shuffles, then
+``ITEMS`` at 4 vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values
+takes 64 threads of 3 vectors and one of 20,480 bfloat16 values 1,024 threads of 5 (no spills:
+:func:`kernel_attributes` reports the compiled kernels' local memory); a block holds 128 threads' worth of rows. Rows are summed by warp shuffles, then
 across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
 grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`), into registers where they
 fit beside the row, else into shared memory, each thread copying its own vectors with ``cp.async``
@@ -70,6 +71,13 @@ __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supp
            "kernel_attributes", "KERNELS"]
 
 MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most (128 bytes in flight a thread)
+# The forward of rows that take at most SHORT_ROW_THREADS threads holds at most SHORT_ROW_VECTORS vectors a thread, and
+# a block holds FORWARD_BLOCK_THREADS threads' worth of rows (benchmarks/layernorm.py's lengths on an H200, 8192 rows,
+# against a warp of up to 8 vectors a row and 256-thread blocks: float16 768 7.9 -> 7.3 us, 1,536 17.1 -> 15.9,
+# 4,096 38.6 -> 38.2; float32 1,024 21.4 -> 20.2, 1,536 29.2 -> 28.5; longer rows unchanged).
+SHORT_ROW_VECTORS = 4
+SHORT_ROW_THREADS = 256
+FORWARD_BLOCK_THREADS = 128
 MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
 # The forward of the halves prefetches the next row (PF) where a row takes a whole block of MAX_THREADS, if its row
@@ -80,6 +88,13 @@ FORWARD_PREFETCH_WORDS = 36
 ONE_SWEEP_VALUES = {2: 16, 4: 16, 8: 8}   # row values a thread holds in the one-sweep backward, by item size
 ONE_SWEEP_REGISTERS = {2: (5, 4), 4: (6, 4), 8: (13, 10)}   # a value a thread holds, (prefetching, not)
 ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values (indices, pointers, sums)
+# ln_bwd1 of rows that take at most SHORT_ONE_SWEEP_THREADS threads puts ONE_SWEEP_BLOCK_THREADS threads' worth of
+# rows in a block, as the registers allow, rather than up to 1,024 (H200, 8192 rows: float16 768 17.7 -> 15.9 us,
+# 1,024 24.8 -> 23.7; float32 768 30.3 -> 28.8, 1,024 36.2 -> 35.3). Not longer rows: at float16 1,536 (96 threads)
+# 2 rows a block were no faster than 5 (32.8 against 32.9 us), and at 4,096 1 row of 256 threads took 65.5 us
+# against 61.8 for 2.
+SHORT_ONE_SWEEP_THREADS = 64
+ONE_SWEEP_BLOCK_THREADS = 256
 # Row values a thread holds in the dx-only one sweep (ln_dx1), at most; none for float64 (ptxas spilled 8 to 32 bytes
 # at every shape tried, 10 to 16 values a thread at 8,194 to 10,240 values a row): its long rows take ln_dx2.
 DX_SWEEP_VALUES = {2: 32, 4: 32, 8: 0}
@@ -817,7 +832,8 @@ def _one_sweep_plan(length, dtype, params, extra=0):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
     a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
     the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread, as many rows a
-    block as the registers of an SM take, to at most 1,024 threads, prefetching the next row where that fits too;
+    block as the registers of an SM take, to at most 1,024 threads (``ln_bwd1`` of short rows: to
+    :data:`ONE_SWEEP_BLOCK_THREADS`), prefetching the next row where that fits too;
     ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums)."""
     c = 2 if dtype == np.float64 else 1
     values = (ONE_SWEEP_VALUES if params else DX_SWEEP_VALUES)[dtype.itemsize]
@@ -834,6 +850,8 @@ def _one_sweep_plan(length, dtype, params, extra=0):
             if regs > _register_cap(tpr):
                 continue
             rpb = max(1, MAX_THREADS // tpr)
+            if params and tpr <= SHORT_ONE_SWEEP_THREADS:
+                rpb = min(rpb, ONE_SWEEP_BLOCK_THREADS // tpr)
             margin = 0 if params else DX_SWEEP_MARGIN
             while rpb > 1 and (regs + margin > _register_cap(tpr * rpb) or (params and 8 * length * c > 40960)):
                 rpb -= 1            # the registers of the block, its column sums in (static) shared memory
@@ -902,25 +920,33 @@ def _plan(length: int, dtype, fused: bool = False):
 
 def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, int, int, int] | None:
     """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
-    the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, from a warp, that hold the row in at
-    most :data:`MAX_VECTORS` vectors a thread forward, :data:`MAX_VALUES` values in the two-sweep backward, where a
-    thread also keeps its columns' sums), rows per block (256 threads a block at least) and vectors per thread;
-    None where a row needs more than ``MAX_THREADS`` threads. The backward runs the shape of :func:`_plan`
+    the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, doubling from a warp, that hold the
+    row in at most :data:`SHORT_ROW_VECTORS` vectors a thread up to :data:`SHORT_ROW_THREADS` threads and at most
+    :data:`MAX_VECTORS` past that forward, :data:`MAX_VALUES` values in the two-sweep backward, where a thread also
+    keeps its columns' sums), rows per block (:data:`FORWARD_BLOCK_THREADS` threads a block forward, 256 in the
+    two-sweep backward, at least one row) and vectors per thread; None where a row needs more than ``MAX_THREADS``
+    threads. The backward runs the shape of :func:`_plan`
     (``direction="backward"`` is the two-sweep kernel's shape; :func:`backward_shape` the one it runs).
 
     >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
-    ((4, 32, 8, 6), (4, 1024, 1, 5), (4, 256, 1, 6))
+    ((4, 64, 2, 3), (4, 1024, 1, 5), (4, 256, 1, 6))
     """
     dtype = np.dtype(dtype)
     vw = _vector(dtype, length)[1]
     vectors = length // vw
-    max_items = MAX_VECTORS if direction == "forward" else max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
+    forward = direction == "forward"
+
+    def max_items(tpr):
+        if forward:
+            return SHORT_ROW_VECTORS if tpr < SHORT_ROW_THREADS else MAX_VECTORS
+        return max(1, (16 if dtype == np.float64 else MAX_VALUES) // vw)
     tpr = 32
-    while -(-vectors // tpr) > max_items:
+    while -(-vectors // tpr) > max_items(tpr):
         tpr *= 2
         if tpr > MAX_THREADS:
             return None
-    return vw, tpr, max(1, 256 // tpr), -(-vectors // tpr)
+    block = FORWARD_BLOCK_THREADS if forward else 256
+    return vw, tpr, max(1, block // tpr), -(-vectors // tpr)
 
 
 def backward_shape(length: int, dtype, fused: bool = False):
