@@ -303,3 +303,28 @@ def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words,
     for w in words:
         assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
     assert scatter_calls == []   # raised before any kernel ran
+
+
+# ---------------------------------------------------------------------------------------------
+# The index_checks kernel option ("wait" or "deferred") and check_indices
+
+
+def test_the_index_checks_option_is_validated_and_keeps_the_plan_key():
+    from fluxpy.kernels.cudnn import get_options, handle, set_options
+    assert get_options()["index_checks"] == "wait"
+    key = handle.options_key()
+    old = set_options(index_checks="deferred")
+    try:
+        assert old["index_checks"] == "wait" and get_options()["index_checks"] == "deferred"
+        assert handle.options_key() == key   # plans and algorithm choices do not depend on it
+        for bad in ("Deferred", "later", True, 1):
+            with pytest.raises(ValueError, match=r"set_options: index_checks must be one of \('wait', 'deferred'\)"):
+                set_options(index_checks=bad)
+        with pytest.raises(ValueError):   # a bad value changes nothing, not even the options before it
+            set_options(deterministic=True, index_checks="sometimes")
+        assert get_options() == dict(old, index_checks="deferred")
+        set_options(index_checks=None)   # None: unchanged
+        assert get_options()["index_checks"] == "deferred"
+    finally:
+        set_options(**old)
+    assert get_options() == old and handle.options_key() == key

@@ -26,7 +26,7 @@ The package imports without CuPy or cuDNN; :func:`available` says whether it can
 >>> isinstance(ok, bool) and isinstance(why, str)
 True
 >>> sorted(get_options())
-['allow_tf32', 'deterministic', 'disk_cache', 'workspace_limit']
+['allow_tf32', 'deterministic', 'disk_cache', 'index_checks', 'workspace_limit']
 """
 from __future__ import annotations
 
