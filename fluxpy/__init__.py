@@ -45,6 +45,7 @@ from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_c
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
+from .ops import check_indices
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
                   minimum, relu, relu6, reshape, scatter, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh,
@@ -75,7 +76,8 @@ __all__ = [
     "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
-    "minimum", "reshape", "scatter", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act", "conv",
+    "minimum", "reshape", "scatter", "check_indices", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act",
+    "conv",
     "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",

@@ -328,3 +328,20 @@ def test_the_index_checks_option_is_validated_and_keeps_the_plan_key():
     finally:
         set_options(**old)
     assert get_options() == old and handle.options_key() == key
+
+
+def test_check_indices_on_the_cpu_does_nothing_and_host_indices_raise_at_the_call():
+    from fluxpy.kernels.cudnn import set_options
+    for mode in ("deferred", "wait"):
+        old = set_options(index_checks=mode)
+        try:
+            assert fluxpy.check_indices() is None
+            np.testing.assert_array_equal(gather(np.arange(3), np.array([2])), [2])
+            with pytest.raises(IndexError, match="gather: index 3 in idx"):
+                gather(np.arange(3), np.array([3]))
+            with pytest.raises(IndexError, match="scatter: expects non-negative"):
+                scatter("+", np.ones(1), np.array([-1]))
+            assert fluxpy.check_indices() is None
+        finally:
+            set_options(**old)
+    assert fluxpy.check_indices is fluxpy.ops.check_indices and "check_indices" in fluxpy.__all__

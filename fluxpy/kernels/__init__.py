@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 from ..backend import get_array_module
 
-__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered", "BadIndex"]
+__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered", "registered_for", "BadIndex",
+           "DeferredBadIndex"]
 
 class BadIndex(IndexError):
     """Raised by a ``scatter`` or ``gather`` kernel called with ``checked=True`` when an index lies outside its axis:
@@ -38,6 +39,23 @@ class BadIndex(IndexError):
     def __init__(self, which: int, value: int, size: int, note: str = "") -> None:
         super().__init__(note or f"index {value} in index array {which} is outside an axis of size {size}")
         self.which, self.value, self.size = which, value, size
+
+
+class DeferredBadIndex(BadIndex):
+    """A :class:`BadIndex` of an earlier checked ``scatter``/``gather`` call made with ``index_checks="deferred"``
+    (``fluxpy.kernels.cudnn.set_options``), reported late: by a later checked call or by ``check_indices``. Beside
+    ``which``, ``value`` and ``size`` (-1 where they are not known): ``op`` (``"scatter"``, ``"gather"``, or None
+    where the call is no longer recorded), ``arrays`` (its number of index arrays) and ``where`` (``"file:line"`` of
+    the call into fluxpy).
+
+    >>> err = DeferredBadIndex(0, 7, 5, op="gather", where="train.py:12"); (err.op, err.value, err.where)
+    ('gather', 7, 'train.py:12')
+    """
+
+    def __init__(self, which: int, value: int, size: int, note: str = "", *, op: str | None = None, arrays: int = 1,
+                 where: str = "an unknown place") -> None:
+        super().__init__(which, value, size, note)
+        self.op, self.arrays, self.where = op, arrays, where
 
 
 # (op name, array module name) -> (kernel, supports or None)
@@ -95,6 +113,16 @@ def registered(module: str | None = None) -> list[tuple[str, str]]:
     True
     """
     return sorted(k for k in _KERNELS if module is None or k[1] == module)
+
+
+def registered_for(name: str) -> list[Callable]:
+    """Every module's kernel for ``name``, by module name: for an op with no array argument to dispatch on (as
+    ``check_indices``, which asks each backend).
+
+    >>> "fluxpy.kernels.cpu" in [fn.__module__ for fn in registered_for("gather")]
+    True
+    """
+    return [_KERNELS[k][0] for k in sorted(_KERNELS) if k[0] == name]
 
 
 def snapshot() -> dict:

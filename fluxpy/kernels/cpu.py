@@ -42,7 +42,7 @@ from .halfs import is_half
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
            "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
-           "scatter_empty", "first_bad_index", "scatter", "gather"]
+           "scatter_empty", "first_bad_index", "scatter", "gather", "check_indices"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,6 +589,14 @@ def gather(src: np.ndarray, index: tuple, checked: bool = False) -> np.ndarray:
     return src[index]
 
 
+def check_indices() -> None:
+    """Nothing: NumPy indices are checked on the host before any work, so no index error is ever pending (the GPU's
+    ``check_indices`` reports those of calls made with ``index_checks="deferred"``).
+
+    >>> check_indices()
+    """
+
+
 # ---------------------------------------------------------------------------------------------
 # Half precision: NumPy has float16 but sums it slowly and, for bfloat16 (ml_dtypes), in bfloat16 itself. The
 # registered kernels therefore compute both halves in float32 and round each result once to the half type.
@@ -629,6 +637,7 @@ for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter",
     register(_name, "numpy", halves_in_float32(globals()[_name]))
 register("scatter", "numpy", halves_in_float32(scatter))
 register("gather", "numpy", gather)
+register("check_indices", "numpy", check_indices)
 register("matmul", "numpy", matmul_half, matmul_half_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)

@@ -21,36 +21,52 @@ implementations are candidates. A capture with no choice yet uses ``sorted`` (de
 
 float16 and bfloat16 are computed in float32 and rounded once; integers add modulo their width, as NumPy does.
 
-**Index checks run inside the kernels.** An index outside its axis (or negative) is skipped by every kernel and
-raises a flag in pinned host memory; a *checked* call (the public ``scatter``/``gather`` ops) waits for its kernel and
-raises :class:`~fluxpy.kernels.BadIndex` naming the first bad entry. The result is a new array, so nothing the
-caller holds has changed when the error comes. Inside a CUDA-graph capture there is no waiting: a flag raised by a
-replay is reported after the step that raised it. Unchecked calls (gradients, whose indices were checked on the way
-forward) never wait.
+**Index checks run inside the kernels.** An index outside its axis (or negative) is skipped by every kernel. A
+*checked* call (the public ``scatter``/``gather`` ops with indices on the device) has a number, and its kernels leave
+it in a flag in pinned host memory (unless an earlier checked call's number is there: the flag names the first one
+that met a bad index); unchecked calls (gradients, whose indices were checked on the way forward) leave nothing and
+never wait. The kernel option ``index_checks`` (``fluxpy.kernels.cudnn.set_options``) says what a checked call does:
+
+- ``"wait"`` (the default): it waits for its kernel and raises :class:`~fluxpy.kernels.BadIndex` naming the first
+  bad entry. The result is a new array, so nothing the caller holds has changed when the error comes.
+- ``"deferred"`` (PyTorch's device-side asserts; CUDA.jl's kernel errors at the next synchronization): it does not
+  wait, and returns its result with the bad entries skipped (a gather gives zeros there). The call is recorded (its
+  op, axis sizes, weak references to its index arrays, the caller's file and line; the last 256 per device) and is
+  reported later, as :class:`~fluxpy.kernels.DeferredBadIndex` (naming the entry while its index arrays live): by
+  the next checked call in either mode, which reads the flag before its own work (a read of pinned memory, no
+  wait), or by :func:`check_indices` (``fluxpy.check_indices()``), which waits for the device. Reporting clears the
+  flag.
+
+Inside a CUDA-graph capture there is no waiting in either mode: a flag raised by a replay is reported after the step
+that raised it.
 
 >>> sorted(KERNELS)
-['gather', 'scatter']
+['check_indices', 'gather', 'scatter']
 >>> IMPLEMENTATIONS
 ('one_block', 'atomic', 'sorted')
 """
 from __future__ import annotations
 
-import functools
+import collections
+import itertools
 import math
+import os
+import sys
+import weakref
 from typing import Any
 
 import numpy as np
 
 from ..backend import cupy
 from ..capturing import capturing, on_replay
-from . import BadIndex
+from . import BadIndex, DeferredBadIndex
 from .cpu import first_bad_index, scatter_empty
 from .cudnn.graph import _events_ms   # the plans' timer: host time between launches counts, as in a step
 from .cudnn.handle import OPTIONS
 from .halfs import CONVERSIONS, CONVERT, is_half
 
-__all__ = ["scatter", "gather", "scatter_with", "choices", "clear_choices", "KERNELS", "IMPLEMENTATIONS",
-           "ONE_BLOCK_LIMIT"]
+__all__ = ["scatter", "gather", "check_indices", "scatter_with", "choices", "clear_choices", "KERNELS",
+           "IMPLEMENTATIONS", "ONE_BLOCK_LIMIT"]
 
 IMPLEMENTATIONS = ("one_block", "atomic", "sorted")
 
@@ -127,18 +143,22 @@ def _combine(op, dtype):
 
 
 def _row_function(index_dtypes, strided, small):
-    """``fx_row(k, IDX_ARGS, bad)``: the linear destination row of entry ``k`` of the index arrays, or -1 (and
-    ``*bad = 1``) where an index is outside its axis. ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is
-    at ``k``); otherwise it is the index arrays' number of axes, and entry ``k`` is found through each array's
-    element strides (broadcast views such as ``arange`` columns are read in place, not copied). ``K_T``, the type
-    of ``k`` and of its unravelling, is 32-bit where the sizes allow (64-bit division is several times slower)."""
+    """``fx_row(k, IDX_ARGS, bad, call)``: the linear destination row of entry ``k`` of the index arrays, or -1
+    where an index is outside its axis (then a checked call, ``call`` > 0, leaves its number in ``*bad``).
+    ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is at ``k``); otherwise it is the index arrays' number
+    of axes, and entry ``k`` is found through each array's element strides (broadcast views such as ``arange``
+    columns are read in place, not copied). ``K_T``, the type of ``k`` and of its unravelling, is 32-bit where the
+    sizes allow (64-bit division is several times slower). ``IDX_PARAMS`` lists the index arrays first, then their
+    scalars (per array its axis size and element strides, then the index shape's trailing sizes): a call passes its
+    arrays followed by its problem's scalars, made once (:func:`_index_scalars`)."""
     d = len(index_dtypes)
-    params = []
-    for j, t in enumerate(index_dtypes):
-        params += [f"const {_ctype(t)}* __restrict__ i{j}", f"long long n{j}"]
-        params += [f"long long s{j}_{a}" for a in range(strided)]
+    arrays = [f"const {_ctype(t)}* __restrict__ i{j}" for j, t in enumerate(index_dtypes)]
+    scalars = []
+    for j in range(d):
+        scalars += [f"long long n{j}"] + [f"long long s{j}_{a}" for a in range(strided)]
     for a in range(1, strided):
-        params += [f"K_T m{a}"] + ([f"unsigned int mg{a}", f"unsigned int sh{a}"] if small else [])
+        scalars += [f"K_T m{a}"] + ([f"unsigned int mg{a}", f"unsigned int sh{a}"] if small else [])
+    params = arrays + scalars
     names = [p.split()[-1] for p in params]
     if strided:
         walk = "  K_T q = k, c, quot;\n" + "".join(f"  long long o{j} = 0;\n" for j in range(d))
@@ -152,11 +172,20 @@ def _row_function(index_dtypes, strided, small):
             walk += "".join(f"  o{j} += (long long)c * s{j}_{a};\n" for j in range(d))
     else:
         walk = "".join(f"  const K_T o{j} = k;\n" for j in range(d))
-    body = "".join(f"  v = (long long)i{j}[o{j}];\n  if (v < 0 || v >= n{j}) {{ *bad = 1; return -1; }}\n"
+    body = "".join(f"  v = (long long)i{j}[o{j}];\n  if (v < 0 || v >= n{j}) {{ fx_flag(bad, call); return -1; }}\n"
                    f"  r = r * n{j} + v;\n" for j in range(d))
-    return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n"
-            "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad) {\n"
+    return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
+            + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
             + walk + "  long long r = 0, v;\n" + body + "  return r;\n}\n")
+
+
+_FLAG_FUNCTION = r"""
+__device__ __forceinline__ void fx_flag(volatile int* bad, int call) {
+  // a checked call (call > 0) leaves its number, unless an earlier call's is there (a stream runs its calls in
+  // order, so the flag names the first checked call that met a bad index); an unchecked call (0) leaves nothing
+  if (call && *bad == 0) *bad = call;
+}
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,12 +201,12 @@ _ROWS_LOOP = r"""
 _ONE_BLOCK = r"""
 extern "C" __global__ void __launch_bounds__(256) scatter_one_block(
     const T* __restrict__ src, T* __restrict__ dst, C* __restrict__ work, K_T K, K_T F, K_T R,
-    IDX_PARAMS, volatile int* bad) {
+    IDX_PARAMS, volatile int* bad, int call) {
   // thread t owns columns t, t + blockDim.x, ...: it walks the source rows in order (deterministic, no atomics)
   for (K_T c = threadIdx.x; c < F; c += blockDim.x) {
     for (K_T r = 0; r < R; ++r) work[r * F + c] = EMPTY;
     for (K_T k = 0; k < K; ++k) {
-      long long r = fx_row(k, IDX_ARGS, bad);
+      long long r = fx_row(k, IDX_ARGS, bad, call);
       if (r >= 0) work[r * F + c] = COMBINE(work[r * F + c], LOAD(src[(long long)k * F + c]));
     }
     for (K_T r = 0; r < R; ++r) dst[(long long)r * F + c] = STORE(work[(long long)r * F + c]);
@@ -218,9 +247,9 @@ __device__ __forceinline__ void fx_update(long long* a, long long v) {
 __device__ __forceinline__ void fx_update(unsigned long long* a, unsigned long long v) { ATOMIC_INT(a, v); }
 
 extern "C" __global__ void __launch_bounds__(256) scatter_atomic(
-    const T* __restrict__ src, A* __restrict__ acc, K_T K, K_T F, IDX_PARAMS, volatile int* bad) {
+    const T* __restrict__ src, A* __restrict__ acc, K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
   FOR_ROWS(k, K) {
-    long long r = fx_row(k, IDX_ARGS, bad);
+    long long r = fx_row(k, IDX_ARGS, bad, call);
     if (r < 0) continue;
     const T* s = src + (long long)k * F;
     A* a = acc + r * F;
@@ -231,10 +260,10 @@ extern "C" __global__ void __launch_bounds__(256) scatter_atomic(
 
 _SORTED = r"""
 extern "C" __global__ void __launch_bounds__(256) scatter_rows(K_T K, IDX_PARAMS, KEY* __restrict__ rows,
-                                                               long long R, volatile int* bad) {
+                                                               long long R, volatile int* bad, int call) {
   // each source row's destination row, R (sorted past every segment) where an index is bad
   for (K_T k = blockIdx.x * (K_T)blockDim.x + threadIdx.x; k < K; k += (K_T)gridDim.x * blockDim.x) {
-    long long r = fx_row(k, IDX_ARGS, bad);
+    long long r = fx_row(k, IDX_ARGS, bad, call);
     rows[k] = (KEY)(r < 0 ? R : r);
   }
 }
@@ -268,10 +297,10 @@ extern "C" __global__ void __launch_bounds__(256) scatter_sorted(const T* __rest
 
 _GATHER = r"""
 extern "C" __global__ void __launch_bounds__(256) gather_rows(const U* __restrict__ src, U* __restrict__ out,
-    K_T K, K_T F, IDX_PARAMS, volatile int* bad) {
+    K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
   // out[k, c] = src[row(k), c] in units U of F per row; a bad index gives zeros
   FOR_ROWS(k, K) {
-    long long r = fx_row(k, IDX_ARGS, bad);
+    long long r = fx_row(k, IDX_ARGS, bad, call);
     U* o = out + (long long)k * F;
     if (r < 0) { FOR_COLUMNS(c, F) o[c] = ZERO; continue; }
     const U* s = src + r * F;
@@ -335,50 +364,151 @@ def _grid(n):
 
 # ---------------------------------------------------------------------------------------------
 # The bad-index flag: one int in pinned host memory per device, which the kernels write directly (unified
-# addressing maps pinned memory into the device's address space), so a checked call reads it without a copy
+# addressing maps pinned memory into the device's address space), so a call reads it without a copy or a wait.
+# It holds 0, or the number of the first checked call whose kernels met a bad index.
+
+_CAPTURED_CALL = 0x7FFFFFFF   # the number of every checked call made inside a CUDA-graph capture
+_UNCHECKED = np.int32(0)      # the number of an unchecked call: its kernels skip a bad index and leave no trace
+_RECORDED = 256               # deferred calls remembered per device (older ones are forgotten)
+_numbers = itertools.count()
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # fluxpy/: not the caller
 
 
-@functools.cache
+class _Flag:
+    """One device's flag (``view[0]``; ``pointer``, the kernels' argument) and its record of recent deferred
+    calls: ``(number, op name, axis sizes, weak references to the index arrays, (file, line) of the call)``,
+    oldest first."""
+
+    def __init__(self):
+        self.memory = cupy.cuda.alloc_pinned_memory(4)
+        self.view = np.frombuffer(self.memory, dtype=np.int32, count=1)
+        self.view[0] = 0
+        self.pointer = np.uint64(self.memory.ptr)
+        self.deferred = collections.deque(maxlen=_RECORDED)
+
+
+_flags: dict = {}
+
+
 def _flag(device):
-    memory = cupy.cuda.alloc_pinned_memory(4)
-    view = np.frombuffer(memory, dtype=np.int32, count=1)
-    view[0] = 0
-    return memory, view
+    found = _flags.get(device)
+    if found is None:
+        found = _flags[device] = _Flag()
+    return found
 
 
-def _flag_pointer():
-    return np.uint64(_flag(cupy.cuda.runtime.getDevice())[0].ptr)
+def _start_checked(flag):
+    """A checked call's number for its kernels, after raising for an earlier deferred call that met a bad index
+    (the flag is read without waiting)."""
+    if capturing():
+        return np.int32(_CAPTURED_CALL)
+    if flag.view[0]:
+        raise _deferred_error(flag)
+    return np.int32(next(_numbers) % (_CAPTURED_CALL - 1) + 1)   # 1 .. 2**31 - 2
 
 
-def _raise_if_flagged(fname, index, sizes):
-    """After a checked call: wait for the stream, and where a kernel flagged a bad index, reset the flag and raise
-    :class:`BadIndex` for the first bad entry (found on the host: the error path may be slow)."""
-    view = _flag(cupy.cuda.runtime.getDevice())[1]
+def _finish_checked(flag, call, fname, index, sizes):
+    """After a checked call's kernels are queued: in deferred mode, record the call; in wait mode, wait and raise
+    :class:`BadIndex` for its first bad entry (found on the host: the error path may be slow), or for an earlier
+    deferred call's. Inside a capture, have every replay report (a replay raises nothing by itself)."""
+    if capturing():
+        on_replay(lambda: _report_replay(flag, fname))
+        return
+    if OPTIONS["index_checks"] == "deferred":
+        flag.deferred.append((call, fname, sizes, tuple(weakref.ref(a) for a in index), _caller()))
+        return
     cupy.cuda.get_current_stream().synchronize()
-    if view[0]:
-        view[0] = 0
+    seen = flag.view[0]
+    if seen == call:
+        flag.view[0] = 0
         raise first_bad_index([cupy.asnumpy(a) for a in index], sizes) or BadIndex(
             -1, -1, -1, f"{fname}: a kernel flagged an out-of-range index that the arrays no longer hold")
+    if seen:
+        raise _deferred_error(flag)
 
 
-def _check_after(fname, index, sizes, checked):
-    if not checked:
+def _report_replay(flag, fname):
+    seen = flag.view[0]
+    if seen == _CAPTURED_CALL:
+        flag.view[0] = 0
+        raise BadIndex(-1, -1, -1, f"{fname}: an index in the captured step was out of range (its entry was skipped)")
+    if seen:
+        raise _deferred_error(flag)
+
+
+def _caller():
+    """``(file, line)`` of the code that called into fluxpy."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def _deferred_error(flag):
+    """:class:`~fluxpy.kernels.DeferredBadIndex` for the call whose number the flag holds, which is then cleared;
+    that call and the recorded ones before it (which have run) are forgotten."""
+    seen = int(flag.view[0])
+    flag.view[0] = 0
+    if seen == _CAPTURED_CALL:
+        return BadIndex(-1, -1, -1, "an index in a captured step was out of range (its entry was skipped)")
+    entry = next((e for e in flag.deferred if e[0] == seen), None)
+    if entry is None:
+        return DeferredBadIndex(-1, -1, -1, f"a scatter or gather call made with index_checks='deferred' met an "
+                                            f"out-of-range index (skipped); it is no longer recorded (the last "
+                                            f"{_RECORDED} such calls are)")
+    while flag.deferred.popleft() is not entry:
+        pass
+    _, op, sizes, refs, (file, line) = entry
+    call = {"op": op, "arrays": len(refs), "where": f"{file}:{line}"}
+    arrays = [ref() for ref in refs]
+    bad = None if None in arrays else first_bad_index([cupy.asnumpy(a) for a in arrays], sizes)
+    if bad is None:
+        return DeferredBadIndex(-1, -1, -1, f"an index was out of range for axes of sizes {sizes} (its entry was "
+                                            f"skipped); the index arrays are no longer held or have changed, so "
+                                            f"which entry is not known", **call)
+    return DeferredBadIndex(bad.which, bad.value, bad.size, **call)
+
+
+def check_indices() -> None:
+    """Wait for the current device, then raise :class:`~fluxpy.kernels.DeferredBadIndex` for the first checked
+    call made with ``index_checks="deferred"`` that met an out-of-range index; the record of deferred calls is
+    cleared either way. Nothing inside a CUDA-graph capture (a captured step reports after each replay).
+
+    >>> check_indices.__name__
+    'check_indices'
+    """
+    flag = _flags.get(cupy.cuda.runtime.getDevice())
+    if flag is None or capturing():
         return
-    if capturing():   # no waiting inside a capture: report a flag raised by a replay after that step
-        view = _flag(cupy.cuda.runtime.getDevice())[1]
-
-        def report():
-            if view[0]:
-                view[0] = 0
-                raise BadIndex(-1, -1, -1, f"{fname}: an index in the captured step was out of range (its entry "
-                                           f"was skipped)")
-        on_replay(report)
-        return
-    _raise_if_flagged(fname, index, sizes)
+    cupy.cuda.runtime.deviceSynchronize()
+    try:
+        if flag.view[0]:
+            raise _deferred_error(flag)
+    finally:
+        flag.deferred.clear()
 
 
 # ---------------------------------------------------------------------------------------------
 # The problem and its arguments
+
+
+def _signature(op, src, index, shape, device):
+    """The key of a scatter call's cached :class:`_Problem`, or None where ``index`` is not a tuple of CuPy arrays.
+    It holds every shape, dtype and stride that :func:`_is_leading_array_index` and the problem depend on, so a call
+    whose key is cached needs neither."""
+    if type(index) is not tuple or not index:
+        return None
+    key = [op, src.dtype, src.shape, shape, device]
+    for a in index:
+        if not isinstance(a, cupy.ndarray):
+            return None
+        key += (a.dtype, a.shape, a.strides)
+    return tuple(key)
+
+
+def _on_device(index):
+    """``index`` as a tuple with its NumPy arrays and lists on the device."""
+    return tuple(cupy.asarray(a) if isinstance(a, (np.ndarray, list)) else a for a in index)
 
 
 def _is_leading_array_index(index, src):
@@ -396,20 +526,18 @@ def _index_layout(index):
 
 
 def _index_scalars(index, sizes, strided, small):
-    """The kernels' scalar index arguments: per array its axis size (and its element strides), then the index
-    shape's trailing sizes (:func:`_bind_index` puts the arrays in front of each array's scalars)."""
+    """The kernels' scalar index arguments, in ``IDX_PARAMS``'s order after the arrays: per array its axis size
+    (and its element strides), then the index shape's trailing sizes (and their magic numbers)."""
     count = np.uint32 if small else np.int64
-    per_array = []
+    scalars = []
     for a, n in zip(index, sizes):
-        scalars = [np.int64(n)]
+        scalars.append(np.int64(n))
         if strided:
             scalars += [np.int64(step // a.itemsize) for step in (a.strides if a.ndim else (0,))]
-        per_array.append(tuple(scalars))
     shape = index[0].shape or (1,)
-    tail = []
     for m in shape[1:strided]:
-        tail += [count(m)] + (list(_magic(m)) if small else [])
-    return tuple(per_array), tuple(tail)
+        scalars += [count(m)] + (list(_magic(m)) if small else [])
+    return tuple(scalars)
 
 
 def _magic(m):
@@ -424,21 +552,12 @@ def _magic(m):
     return np.uint32(magic), np.uint32(shift)
 
 
-def _bind_index(index, scalars):
-    per_array, tail = scalars
-    args = []
-    for a, own in zip(index, per_array):
-        args.append(a)
-        args.extend(own)
-    args.extend(tail)
-    return args
-
-
 class _Problem:
-    """One scatter problem in the kernels' terms (K source rows, F columns, R destination rows, the index layout),
-    made once per call signature (:func:`_problem`); :meth:`bind` gives it a call's arrays."""
+    """One scatter problem in the kernels' terms (K source rows, F columns, R destination rows, the index layout)
+    and every argument of its launches that does not change from call to call, made once per call signature
+    (:func:`_problem`); :meth:`bind` gives it a call's arrays and number, :meth:`release` takes them back."""
 
-    def __init__(self, op, src, index, shape):
+    def __init__(self, op, src, index, shape, device):
         self.op, self.dtype = op, np.dtype(src.dtype)
         d = len(index)
         self.sizes = tuple(int(n) for n in shape[:d])
@@ -449,20 +568,27 @@ class _Problem:
         self.index_dtypes = tuple(a.dtype for a in index)
         self.strided = _index_layout(index)
         self.small = max(self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1) < 2 ** 31
-        self.count = np.uint32 if self.small else np.int64
-        self.scalars = _index_scalars(index, self.sizes, self.strided, self.small)
-        self.key = (op, self.dtype, self.index_dtypes, self.strided, self.K, self.F, self.R,
-                    cupy.cuda.runtime.getDevice())
-        self.src, self.index_args = None, None
+        count = np.uint32 if self.small else np.int64
+        self.K_arg, self.F_arg, self.R_arg, self.R_long = count(self.K), count(self.F), count(self.R), np.int64(self.R)
+        self.index_scalars = _index_scalars(index, self.sizes, self.strided, self.small)
+        self.flag = _flag(device)
+        self.wide, self.empty = _accumulator(self.dtype), scatter_empty(op, self.dtype)   # atomic's
+        self.block = _block(self.F)
+        self.threads = max(32, min(_BLOCK, -(-self.F // 32) * 32))                          # one_block's
+        self.work_dtype = None if self.dtype.kind == "f" and not is_half(self.dtype) else _work_dtype(self.dtype)
+        self.key = (op, self.dtype, self.index_dtypes, self.strided, self.K, self.F, self.R, device)
+        self.chosen = {}   # deterministic -> the implementation kept in _choices
+        self.src, self.index_args, self.flag_args = None, None, None
 
-    def bind(self, src, index):
+    def bind(self, src, index, call):
         self.src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
-        self.index_args = _bind_index(index, self.scalars)
+        self.index_args = index + self.index_scalars
+        self.flag_args = (self.flag.pointer, call)
         return self
 
     def release(self):
         """Drop the call's arrays: a cached problem must not keep them alive."""
-        self.src, self.index_args = None, None
+        self.src, self.index_args, self.flag_args = None, None, None
 
     def function(self, kind, name):
         return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small)
@@ -471,42 +597,37 @@ class _Problem:
 _problems: dict = {}
 
 
-def _problem(op, src, index, shape):
-    """The cached :class:`_Problem` of this call's signature, bound to its arrays."""
-    signature = (op, src.dtype, src.shape, shape, tuple((a.dtype, a.strides) for a in index), index[0].shape,
-                 cupy.cuda.runtime.getDevice())
+def _problem(op, src, index, shape, device):
+    """The cached :class:`_Problem` of this call's signature (made on its first call)."""
+    signature = _signature(op, src, index, shape, device)
     p = _problems.get(signature)
     if p is None:
-        p = _problems[signature] = _Problem(op, src, index, shape)
-    return p.bind(src, index)
+        p = _problems[signature] = _Problem(op, src, index, shape, device)
+    return p
 
 
 def _one_block(p):
     dst = cupy.empty(p.shape, p.dtype)
-    work = dst if not is_half(p.dtype) and p.dtype.kind == "f" else cupy.empty(p.shape, _work_dtype(p.dtype))
-    threads = max(32, min(_BLOCK, -(-p.F // 32) * 32))
+    work = dst if p.work_dtype is None else cupy.empty(p.shape, p.work_dtype)
     p.function("one_block", "scatter_one_block")(
-        (1,), (threads,), (p.src, dst, work, p.count(p.K), p.count(p.F), p.count(p.R), *p.index_args,
-                           _flag_pointer()))
+        (1,), (p.threads,), (p.src, dst, work, p.K_arg, p.F_arg, p.R_arg, *p.index_args, *p.flag_args))
     return dst
 
 
 def _work_dtype(dtype):
-    """The compute dtype of the ``one_block`` work array: float32 for the halves, 64-bit for the integers."""
+    """The compute dtype of the ``one_block`` work array (None: the result itself): float32 for the halves, 64-bit
+    for the integers."""
     if is_half(dtype):
         return np.dtype(np.float32)
     return np.dtype(np.int64 if np.dtype(dtype).kind == "i" else np.uint64)
 
 
 def _atomic(p):
-    wide = _accumulator(p.dtype)
-    empty = scatter_empty(p.op, p.dtype)
-    acc = cupy.zeros(p.shape, wide) if empty == 0 else cupy.full(p.shape, empty, dtype=wide)   # zeros: a memset
+    acc = cupy.zeros(p.shape, p.wide) if p.empty == 0 else cupy.full(p.shape, p.empty, dtype=p.wide)   # a memset
     if p.K * p.F:
-        block = _block(p.F)
         p.function("atomic", "scatter_atomic")(
-            _row_grid(p.K, block), block, (p.src, acc, p.count(p.K), p.count(p.F), *p.index_args, _flag_pointer()))
-    return acc if wide == p.dtype else acc.astype(p.dtype)
+            _row_grid(p.K, p.block), p.block, (p.src, acc, p.K_arg, p.F_arg, *p.index_args, *p.flag_args))
+    return acc if p.wide == p.dtype else acc.astype(p.dtype)
 
 
 def _sorted(p):
@@ -515,15 +636,13 @@ def _sorted(p):
         return dst
     rows = cupy.empty(p.K, np.int64)
     if p.K:
-        p.function("sorted", "scatter_rows")(_grid(p.K), (_BLOCK,), (p.count(p.K), *p.index_args, rows,
-                                                                      np.int64(p.R), _flag_pointer()))
+        p.function("sorted", "scatter_rows")(_grid(p.K), (_BLOCK,), (p.K_arg, *p.index_args, rows, p.R_long,
+                                                                      *p.flag_args))
     order = cupy.argsort(rows) if p.K else cupy.empty(0, np.int64)
     starts = cupy.empty(p.R + 1, np.uint32 if p.small else np.int64)
-    p.function("sorted", "scatter_segments")(_grid(p.R + 1), (_BLOCK,), (rows[order], p.count(p.K), np.int64(p.R),
-                                                                          starts))
-    block = _block(p.F)
-    p.function("sorted", "scatter_sorted")(_row_grid(p.R, block), block, (p.src, dst, order, starts, p.count(p.R),
-                                                                          p.count(p.F)))
+    p.function("sorted", "scatter_segments")(_grid(p.R + 1), (_BLOCK,), (rows[order], p.K_arg, p.R_long, starts))
+    p.function("sorted", "scatter_sorted")(_row_grid(p.R, p.block), p.block, (p.src, dst, order, starts, p.R_arg,
+                                                                              p.F_arg))
     return dst
 
 
@@ -569,11 +688,15 @@ def clear_choices() -> None:
 
 
 def _choose(p):
-    key = p.key + (bool(OPTIONS["deterministic"]),)
-    kept = _choices.get(key)
-    if kept is not None:
-        return kept[0]
-    return _measure(p, key)
+    deterministic = bool(OPTIONS["deterministic"])
+    name = p.chosen.get(deterministic)
+    if name is None:
+        key = p.key + (deterministic,)
+        kept = _choices.get(key)
+        name = kept[0] if kept is not None else _measure(p, key)
+        if key in _choices:   # not inside a capture, which measures nothing
+            p.chosen[deterministic] = name
+    return name
 
 
 def _measure(p, key):
@@ -596,21 +719,29 @@ def _measure(p, key):
 def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False) -> Any:
     """``op`` (``"add"``, ``"max"``, ``"min"``) of the CuPy array ``src`` scattered by ``index`` into a new array of
     ``shape``; entries no index hits hold ``scatter_empty(op, src.dtype)``. ``index``: integer arrays of one shape on
-    the leading axes (the measured kernels), or any NumPy index (CuPy's ``ufunc.at``). ``checked``: raise
-    :class:`~fluxpy.kernels.BadIndex` for an index outside ``shape`` (negative included).
+    the leading axes (the measured kernels), or any NumPy index (CuPy's ``ufunc.at``). ``checked``: report an index
+    outside ``shape`` (negative included) as the ``index_checks`` option says: raise
+    :class:`~fluxpy.kernels.BadIndex` before returning (``"wait"``), or later (``"deferred"``).
 
     >>> scatter.__name__
     'scatter'
     """
-    index = tuple(cupy.asarray(a) if isinstance(a, (np.ndarray, list)) else a for a in index)
-    if not _is_leading_array_index(index, src):
-        return _scatter_any_index(op, src, index, shape)
-    p = _problem(op, src, index, tuple(shape))
+    shape = shape if type(shape) is tuple else tuple(shape)
+    device = cupy.cuda.runtime.getDevice()
+    p = _problems.get(_signature(op, src, index, shape, device))
+    if p is None:   # the call's first of this signature, or an index that is not (yet) CuPy arrays
+        index = _on_device(index)
+        if not _is_leading_array_index(index, src):
+            return _scatter_any_index(op, src, index, shape)
+        p = _problem(op, src, index, shape, device)
+    call = _start_checked(p.flag) if checked else _UNCHECKED
+    p.bind(src, index, call)
     try:
         dst = _RUN[_choose(p)](p)
     finally:
         p.release()
-    _check_after("scatter", index, p.sizes, checked)
+    if checked:
+        _finish_checked(p.flag, call, "scatter", index, p.sizes)
     return dst
 
 
@@ -626,9 +757,9 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> An
     index = tuple(cupy.asarray(a) for a in index)
     if not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
-    p = _problem(op, src, index, tuple(shape))
+    p = _problem(op, src, index, tuple(shape), cupy.cuda.runtime.getDevice())
     try:
-        return _RUN[name](p)
+        return _RUN[name](p.bind(src, index, _UNCHECKED))
     finally:
         p.release()
 
@@ -678,47 +809,82 @@ def _unit(nbytes, address):
 _gathers: dict = {}
 
 
-def _gather_launch(src, index):
-    """``(function, grid, block, scalar arguments, index scalars)`` of a gather, cached per call signature."""
-    signature = (src.dtype, src.shape, src.data.ptr % 16, tuple((a.dtype, a.strides) for a in index),
-                 index[0].shape, cupy.cuda.runtime.getDevice())
-    found = _gathers.get(signature)
-    if found is None:
+def _gather_signature(src, index, device):
+    """The key of a gather call's cached :class:`_Gather` (as :func:`_signature`), or None where ``index`` is not a
+    tuple of CuPy arrays."""
+    if type(index) is not tuple or not index:
+        return None
+    key = [src.dtype, src.shape, src.data.ptr % 16, device]
+    for a in index:
+        if not isinstance(a, cupy.ndarray):
+            return None
+        key += (a.dtype, a.shape, a.strides)
+    return tuple(key)
+
+
+def _is_gather_index(index, src):
+    """Whether ``index`` is a tuple of CuPy integer arrays of one shape, at most one per axis of ``src`` (the
+    kernel's form); any other index takes CuPy's indexing."""
+    if not index or not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index):
+        return False
+    return all(a.shape == index[0].shape for a in index) and len(index) <= src.ndim
+
+
+class _Gather:
+    """One gather problem's launch, made once per call signature: the kernel (None for an empty result), grid,
+    block and scalar arguments, the result's shape and the indexed axes' sizes."""
+
+    def __init__(self, src, index, device):
         d = len(index)
-        sizes = tuple(int(n) for n in src.shape[:d])
+        self.sizes = tuple(int(n) for n in src.shape[:d])
+        self.out_shape = tuple(index[0].shape) + tuple(src.shape[d:])
         row_bytes = math.prod(src.shape[d:]) * src.dtype.itemsize
         unit = _unit(row_bytes, src.data.ptr)
         F, K = row_bytes // unit, int(index[0].size)
         strided = _index_layout(index)
         small = max(K * F, src.size) < 2 ** 31
         count = np.uint32 if small else np.int64
-        block = _block(F)
-        found = _gathers[signature] = (
-            _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided, small),
-            _row_grid(K, block), block, (count(K), count(F)), _index_scalars(index, sizes, strided, small))
-    return found
+        self.block = _block(F)
+        self.grid = _row_grid(K, self.block)
+        self.counts = (count(K), count(F))
+        self.index_scalars = _index_scalars(index, self.sizes, strided, small)
+        self.flag = _flag(device)
+        self.function = _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided,
+                                  small) if K * F else None
+
+
+def _gather_of(src, index, device):
+    """The cached :class:`_Gather` of this call's signature (made on its first call)."""
+    signature = _gather_signature(src, index, device)
+    g = _gathers.get(signature)
+    if g is None:
+        g = _gathers[signature] = _Gather(src, index, device)
+    return g
 
 
 def gather(src: Any, index: tuple, checked: bool = False) -> Any:
     """``src[index]`` for a CuPy array and integer arrays of one shape on its leading axes (one kernel, rows copied
-    in 16-byte units where they allow it); ``checked``: raise :class:`~fluxpy.kernels.BadIndex` for an index outside
-    ``src``'s axes (negative included).
+    in 16-byte units where they allow it); ``checked``: report an index outside ``src``'s axes (negative included)
+    as :func:`scatter` does.
 
     >>> gather.__name__
     'gather'
     """
-    index = tuple(cupy.asarray(a) if isinstance(a, (np.ndarray, list)) else a for a in index)
-    if not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index) or len(index) > src.ndim:
-        return src[index]
-    d = len(index)
-    src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
-    out = cupy.empty(index[0].shape + src.shape[d:], src.dtype)
-    if out.size:
-        function, grid, block, counts, scalars = _gather_launch(src, index)
-        function(grid, block, (src, out, *counts, *_bind_index(index, scalars), _flag_pointer()))
+    device = cupy.cuda.runtime.getDevice()
+    g = _gathers.get(_gather_signature(src, index, device)) if src.flags.c_contiguous else None
+    if g is None:   # the call's first of this signature, a strided src, or an index that is not (yet) CuPy arrays
+        index = _on_device(index)
+        if not _is_gather_index(index, src):
+            return src[index]
+        src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+        g = _gather_of(src, index, device)
+    out = cupy.empty(g.out_shape, src.dtype)
+    call = _start_checked(g.flag) if checked else _UNCHECKED
+    if g.function is not None:
+        g.function(g.grid, g.block, (src, out, *g.counts, *index, *g.index_scalars, g.flag.pointer, call))
     if checked:
-        _check_after("gather", index, src.shape[:d], checked)
+        _finish_checked(g.flag, call, "gather", index, g.sizes)
     return out
 
 
-KERNELS = {"scatter": scatter, "gather": gather}
+KERNELS = {"scatter": scatter, "gather": gather, "check_indices": check_indices}

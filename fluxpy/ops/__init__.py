@@ -21,7 +21,7 @@ from .linalg import dot, matmul
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
-from .scatter import gather, scatter
+from .scatter import check_indices, gather, scatter
 from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
                           softplus, softshrink, softsign, swish, tanhshrink, trelu)
@@ -41,8 +41,9 @@ from .special import erf
 # sum, max, min and abs are fluxpy.ops.sum and so on, but not in __all__: `import *` must not shadow the builtins
 __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", "log", "sqrt", "tanh", "sin", "cos",
            "log1p", "expm1", "square", "sign", "maximum", "minimum", "where", "mean", "reshape", "transpose",
-           "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather", "concatenate", "stack", "astype",
-           "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip", "identity", "relu", "leakyrelu", "relu6", "elu",
+           "swapaxes", "broadcast_to", "getitem", "scatter_add", "scatter", "gather", "check_indices", "concatenate",
+           "stack", "astype", "squeeze", "expand_dims", "ravel", "matmul", "dot", "clip", "identity", "relu",
+           "leakyrelu", "relu6", "elu",
            "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish",
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
            "gelu_erf", "rrelu", "erf", "logsumexp",

@@ -14,6 +14,15 @@ The gradient of ``gather`` is a scatter-add and that of a scatter-add is a gathe
 the gradient of ``x[i]`` for integer-array indices on the leading axes (and so of ``Embedding``) is this
 scatter-add too.
 
+Index checks: an index out of range (or negative) raises ``IndexError`` naming the op, the value, the index array,
+the axis and its size. Indices given on the host are checked before any work. Indices on the GPU are checked by the
+kernels as they read them (they skip a bad entry), and the kernel option ``index_checks``
+(``fluxpy.kernels.cudnn.set_options``) says when the error comes: ``"wait"`` (the default) has each call wait for
+its kernel and raise before returning; ``"deferred"`` lets it return at once (PyTorch's and CUDA.jl's way), and the
+error, saying which earlier call made it, comes from the next checked ``scatter``/``gather`` call or from
+:func:`check_indices`, which waits for the GPU. Gradients never check (their indices were checked on the way
+forward).
+
 >>> import numpy as np
 >>> from fluxpy import gradient
 >>> gradient(lambda w: gather(w, np.array([2, 0, 2])).sum(), np.zeros(3))
@@ -28,11 +37,11 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, is_float_dtype
-from ..kernels import BadIndex, lookup
+from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
 from ..kernels.cpu import first_bad_index
 from ..kernels.halfs import is_half
 
-__all__ = ["scatter", "gather"]
+__all__ = ["scatter", "gather", "check_indices"]
 
 # op names (a string, or a callable's __name__: operator.add, max, np.maximum, np.mean, fluxpy.mean, ...)
 _OP_NAMES = {"+": "add", "add": "add", "sum": "add", "max": "max", "maximum": "max", "amax": "max",
@@ -51,28 +60,36 @@ def _op_name(op):
 # Checks, all before any work: NNlib's checkbounds_idx and scatter_dims, with the names of what is wrong
 
 
+_HOST_INDEX = (np.ndarray, np.generic, list, int)
+
+
 def _indices(fname, idx, src):
-    """``idx`` as a tuple of integer arrays of one shape, on ``src``'s device, and whether the kernel must check
-    their values: indices given on the host are checked here (no device work), those on the GPU by the kernel as
-    it reads them (a separate pass would read them twice and wait for each of its results)."""
+    """``(arrays, xp, on_host)``: ``idx`` as a tuple of integer arrays of one shape, the array module of ``src``,
+    and whether the indices were given on the host. Host indices are checked here (no device work) and stay NumPy
+    arrays until :func:`_on_device_of`; those on the GPU are checked by the kernel as it reads them (a separate pass
+    would read them twice and wait for each of its results)."""
     xp = get_array_module(value_of(src))
     entries = value_of(idx)
     entries = tuple(value_of(e) for e in entries) if isinstance(entries, tuple) else (entries,)
     if not entries:
         raise ValueError(f"{fname}: idx must be an integer array or a tuple of them, got an empty tuple")
-    on_host = all(isinstance(e, (np.ndarray, np.generic, list, int)) for e in entries)
-    arrays = tuple(np.asarray(e) if on_host else xp.asarray(e) for e in entries)
+    on_host = all(isinstance(e, _HOST_INDEX) for e in entries)
+    if on_host:
+        arrays = tuple(np.asarray(e) for e in entries)
+    else:
+        arrays = tuple(e if isinstance(e, xp.ndarray) else xp.asarray(e) for e in entries)
     for j, a in enumerate(arrays):
         if a.dtype.kind not in "iu":
             raise TypeError(f"{fname}: expects integer indices, got {_where(j, arrays)} of dtype {a.dtype}")
-    shapes = [tuple(a.shape) for a in arrays]
-    if len(set(shapes)) > 1:
-        raise ValueError(f"{fname}: the {len(arrays)} index arrays must have one shape, got shapes {shapes}")
+    if len(arrays) > 1:
+        shapes = [tuple(a.shape) for a in arrays]
+        if len(set(shapes)) > 1:
+            raise ValueError(f"{fname}: the {len(arrays)} index arrays must have one shape, got shapes {shapes}")
     if on_host:
         for j, a in enumerate(arrays):
             if a.size and int(a.min()) < 0:
                 raise IndexError(_bad_index_message(fname, BadIndex(j, int(a.min()), -1), len(arrays), ""))
-    return arrays, on_host
+    return arrays, xp, on_host
 
 
 def _where(j, arrays):
@@ -87,6 +104,20 @@ def _bad_index_message(fname, bad, d, what):
     if bad.value < 0:
         return f"{fname}: expects non-negative (0-based) indices, got {bad.value} in {where}"
     return f"{fname}: index {bad.value} in {where} is out of range for {what} axis {bad.which} of size {bad.size}"
+
+
+_WHAT = {"scatter": "dstsize", "gather": "src"}   # what each op's index arrays index
+
+
+def _index_error(fname, bad, d):
+    """The ``IndexError`` for a :class:`~fluxpy.kernels.BadIndex` raised during a call of ``fname`` with ``d`` index
+    arrays: its own, or an earlier call's made with ``index_checks="deferred"`` (named as that call's)."""
+    if not isinstance(bad, DeferredBadIndex):
+        return IndexError(_bad_index_message(fname, bad, d, _WHAT.get(fname, "its")))
+    op = bad.op or "scatter/gather"
+    return IndexError(_bad_index_message(op, bad, bad.arrays, _WHAT.get(bad.op, "its")) + (
+        f" (reported late: an earlier {op} call, at {bad.where}, ran with index_checks='deferred' and skipped the "
+        f"out-of-range entries)" if bad.op else " (reported late)"))
 
 
 def _check_bounds(fname, index, sizes, what):
@@ -206,21 +237,21 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
            [6. , 0. ]])
     """
     name = _op_name(op)
-    index, on_host = _indices("scatter", idx, src)
+    index, xp, on_host = _indices("scatter", idx, src)
     _check_src("scatter", src, index)
     shape = _destination_shape(src, index, dstsize, on_host)
-    index = _on_device_of(src, index)
+    index = _on_device_of(xp, index, on_host)
     try:
         if name == "mean":
             return _scatter_mean(src, index, shape, checked=not on_host)
         return _scatter(src, idx=index, shape=shape, op=name, checked=not on_host)
     except BadIndex as bad:
-        raise IndexError(_bad_index_message("scatter", bad, len(index), "dstsize")) from None
+        raise _index_error("scatter", bad, len(index)) from None
 
 
-def _on_device_of(src, index):
-    xp = get_array_module(value_of(src))
-    return tuple(xp.asarray(a) for a in index)
+def _on_device_of(xp, index, on_host):
+    """Host index arrays on ``xp``'s device (indices given on the device are there already)."""
+    return tuple(xp.asarray(a) for a in index) if on_host else index
 
 
 def gather(src: Array, idx: Any) -> Array:
@@ -237,13 +268,39 @@ def gather(src: Array, idx: Any) -> Array:
     >>> gather(np.arange(6).reshape(2, 3), (np.array([1, 0]), np.array([2, 2])))
     array([5, 2])
     """
-    index, on_host = _indices("gather", idx, src)
+    index, xp, on_host = _indices("gather", idx, src)
     if len(index) > src.ndim:
         raise ValueError(f"gather: {len(index)} index arrays need src with at least {len(index)} axes, got "
                          f"src.shape {tuple(src.shape)}")
     if on_host:
         _check_bounds("gather", index, src.shape, "src")
     try:
-        return _gather(src, idx=_on_device_of(src, index), checked=not on_host)
+        return _gather(src, idx=_on_device_of(xp, index, on_host), checked=not on_host)
     except BadIndex as bad:
-        raise IndexError(_bad_index_message("gather", bad, len(index), "src")) from None
+        raise _index_error("gather", bad, len(index)) from None
+
+
+def check_indices() -> None:
+    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call made
+    with ``index_checks="deferred"`` whose device indices had one out of range (the call skipped those entries and
+    did not wait): the message names the op, the bad value, its axis and the axis's size (while the call's index
+    arrays are still held) and the file and line of the call. Forgets the deferred calls either way; nothing to do
+    on the CPU, where indices are checked before any work.
+
+    ``fluxpy.kernels.cudnn.set_options(index_checks="deferred")`` turns the deferred mode on (the default,
+    ``"wait"``, has every checked call wait for its kernel and raise at once); in that mode a later checked call
+    also raises for an earlier call's bad index, before its own work.
+
+    >>> import numpy as np
+    >>> from fluxpy.kernels.cudnn import set_options
+    >>> old = set_options(index_checks="deferred")
+    >>> scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked here in either mode
+    array([0., 3.])
+    >>> check_indices()   # nothing pending
+    >>> _ = set_options(**old)
+    """
+    try:
+        for check in registered_for("check_indices"):
+            check()
+    except BadIndex as bad:
+        raise _index_error("check_indices", bad, 1) from None

@@ -1,0 +1,258 @@
+"""The GPU scatter's and gather's host code (``fluxpy.kernels.cuda_scatter``) on the CPU, through a stand-in for
+CuPy (``cupy_standin``) whose kernels run in NumPy from exactly the arguments the host passes, checked against
+each kernel's parameter list: the packed kernel arguments of every implementation and index layout, the problems
+and launches cached per call signature, and the index checks (``index_checks="wait"`` and ``"deferred"``, the
+flag, the record of deferred calls, ``check_indices``). The CUDA code itself runs only on a GPU
+(tests/gpu/test_scatter_gpu.py)."""
+import gc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fluxpy
+from cupy_standin import FakeArray, kernel_parameters, make_cupy
+from fluxpy import backend, kernels
+from fluxpy.kernels import cpu, cuda_scatter
+from fluxpy.kernels.cudnn import set_options
+
+
+@pytest.fixture
+def cp(monkeypatch):
+    """The stand-in as CuPy for fluxpy (arrays, kernels, the table's "cupy" entries), with empty caches; the choice
+    of implementation is "timed" as ``times`` says (one_block fastest unless a test changes it)."""
+    fake = make_cupy()
+    monkeypatch.setattr(backend, "cupy", fake)
+    monkeypatch.setattr(cuda_scatter, "cupy", fake)
+    for cache in ("_functions", "_problems", "_gathers", "_choices", "_flags"):
+        monkeypatch.setattr(cuda_scatter, cache, {})
+    fake.times = {"one_block": 1.0, "atomic": 2.0, "sorted": 3.0}
+
+    def events_ms(run):
+        run()
+        return fake.times[run.__defaults__[0]]
+    monkeypatch.setattr(cuda_scatter, "_events_ms", events_ms)
+    table = kernels.snapshot()
+    for name, fn in cuda_scatter.KERNELS.items():
+        kernels.register(name, "cupy", fn)
+    old = set_options()
+    yield fake
+    set_options(**old)
+    kernels.restore(table)
+
+
+def _host(x):
+    return np.array(x.a) if isinstance(x, FakeArray) else x
+
+
+def _dev(cp, *arrays):
+    return tuple(cp.asarray(a) for a in arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels' arguments and results
+
+
+def test_the_parameter_lists_put_the_index_arrays_first_then_their_scalars():
+    code = cuda_scatter._source("atomic", "add", np.dtype(np.float32), (np.dtype(np.int64), np.dtype(np.int32)), 2,
+                                True)
+    names = [name for _, _, name in kernel_parameters(code, "scatter_atomic")]
+    assert names == ["src", "acc", "K", "F", "i0", "i1", "n0", "s0_0", "s0_1", "n1", "s1_0", "s1_1", "m1", "mg1",
+                     "sh1", "bad", "call"]
+
+
+def _index(rng, layout, lead):
+    """Index arrays of shape (6, 4) into axes ``lead``: C-contiguous, a transposed view, or broadcast aranges."""
+    if layout == "contiguous":
+        return tuple(rng.integers(0, n, size=(6, 4)) for n in lead)
+    if layout == "transposed":
+        return tuple(rng.integers(0, n, size=(4, 6)).T for n in lead)
+    return tuple(np.broadcast_to(np.arange(6).reshape(6, 1) % n, (6, 4)) for n in lead)
+
+
+@pytest.mark.parametrize("name", cuda_scatter.IMPLEMENTATIONS)
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int8, np.uint64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "broadcast"])
+@pytest.mark.parametrize("lead, trailing", [((5,), (3,)), ((3, 4), ()), ((2, 3), (2, 2))])
+def test_each_implementation_gets_its_arguments_and_matches_numpy(cp, name, op, dtype, layout, lead, trailing):
+    rng = np.random.default_rng(0)
+    idx = _index(rng, layout, lead)
+    src = (rng.standard_normal((6, 4) + trailing) * 10).astype(dtype)
+    want = cpu.halves_in_float32(cpu.scatter)(op, src, idx, lead + trailing)
+    got = cuda_scatter.scatter_with(name, op, cp.asarray(src), tuple(FakeArray(i) for i in idx), lead + trailing)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(_host(got), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8])
+@pytest.mark.parametrize("trailing", [(), (1,), (3,), (8,), (5, 4)])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "broadcast"])
+def test_gather_gets_its_arguments_and_matches_numpy(cp, dtype, trailing, layout):
+    rng = np.random.default_rng(1)
+    src = (rng.standard_normal((9,) + trailing) * 10).astype(dtype)
+    idx = _index(rng, layout, (8,))
+    np.testing.assert_array_equal(_host(cuda_scatter.gather(cp.asarray(src), tuple(FakeArray(i) for i in idx))),
+                                  src[idx])
+    view = cp.asarray(src)[1:]   # an offset start: narrower units
+    np.testing.assert_array_equal(_host(cuda_scatter.gather(view, tuple(FakeArray(i) for i in idx))), src[1:][idx])
+
+
+def test_a_call_of_a_known_signature_reuses_its_problem_and_choice_and_keeps_no_arrays(cp):
+    src, idx = _dev(cp, np.arange(12.0).reshape(4, 3), np.array([2, 0, 2, 1]))
+    first = fluxpy.scatter("+", src, idx, dstsize=(3, 3))
+    (p,) = cuda_scatter._problems.values()
+    (name, times), = cuda_scatter.choices().values()
+    assert name == "one_block" and set(times) == {"one_block", "atomic", "sorted"}
+    cp.times["atomic"] = 0.1   # a second call does not measure again
+    again = fluxpy.scatter("+", src, idx, dstsize=(3, 3))
+    assert list(cuda_scatter._problems.values()) == [p] and p.chosen == {False: "one_block"}
+    np.testing.assert_array_equal(_host(again), _host(first))
+    np.testing.assert_array_equal(_host(first), fluxpy.scatter("+", src.a, idx.a, dstsize=(3, 3)))
+    assert p.src is None and p.index_args is None and p.flag_args is None
+    assert cp.stream.waits["stream"] == 2   # each checked call waited once ("wait" mode)
+
+
+def test_host_indices_and_lists_take_the_conversion_path(cp):
+    src = cp.asarray(np.arange(6.0).reshape(3, 2))
+    for idx in (np.array([2, 2, 0]), [2, 2, 0]):
+        np.testing.assert_array_equal(_host(cuda_scatter.scatter("add", src, (idx,), (3, 2))),
+                                      [[4.0, 5.0], [0.0, 0.0], [2.0, 4.0]])
+        np.testing.assert_array_equal(_host(cuda_scatter.gather(src, (idx,))), src.a[[2, 2, 0]])
+
+
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("index", [(np.zeros((4, 3, 5), np.int64),) * 2, (np.arange(8, dtype=np.int32)[::2],) * 2,
+                                   (np.broadcast_to(np.arange(4).reshape(4, 1, 1), (4, 3, 5)),) * 2])
+def test_the_index_scalars_match_their_parameters(small, index):
+    """Per-problem scalars against the parameters after the index arrays, 32- and 64-bit problems alike."""
+    strided = cuda_scatter._index_layout(index)
+    dtypes = tuple(a.dtype for a in index)
+    params = kernel_parameters(cuda_scatter._source("gather", 4, None, dtypes, strided, small), "gather_rows")
+    scalars = cuda_scatter._index_scalars(index, (4, 4), strided, small)
+    wanted = params[4 + len(index):-2]   # after src, out, K, F and the arrays; before bad, call
+    assert len(scalars) == len(wanted)
+    for (ctype, pointer, name), value in zip(wanted, scalars):
+        assert not pointer and value.itemsize == (8 if ctype in ("long long", "unsigned long long") else 4), name
+        assert (value.dtype.kind == "u") == ctype.startswith("unsigned"), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Index checks
+
+
+def test_wait_mode_raises_at_the_call_and_clears_the_flag(cp):
+    with pytest.raises(IndexError, match=r"scatter: index 5 in idx is out of range for dstsize axis 0 of size 3"):
+        fluxpy.scatter("+", *_dev(cp, np.ones(2), np.array([0, 5])), dstsize=3)
+    assert cuda_scatter._flags[0].view[0] == 0
+    with pytest.raises(IndexError, match="gather: expects non-negative"):
+        fluxpy.gather(*_dev(cp, np.ones(3), np.array([-1])))
+    np.testing.assert_array_equal(_host(fluxpy.gather(*_dev(cp, np.arange(3.0), np.array([2, 1])))), [2.0, 1.0])
+
+
+def test_gradients_do_not_flag(cp):
+    src, idx = _dev(cp, np.ones(2), np.array([0, 7]))
+    cuda_scatter.scatter("add", src, (idx,), (3,))   # unchecked: the bad entry skipped, no trace
+    cuda_scatter.gather(src, (idx,))
+    assert 0 not in cuda_scatter._flags or cuda_scatter._flags[0].view[0] == 0
+    assert cp.stream.waits["stream"] == 0
+
+
+@pytest.fixture
+def deferred(cp):
+    set_options(index_checks="deferred")
+    return cp
+
+
+def test_a_deferred_call_returns_its_valid_entries_and_check_indices_raises_for_it(deferred):
+    cp = deferred
+    src, idx = _dev(cp, np.array([1.0, 2.0, 4.0]), np.array([0, 9, 0]))
+    y = fluxpy.scatter("+", src, idx, dstsize=3)   # no error yet
+    np.testing.assert_array_equal(_host(y), [5.0, 0.0, 0.0])
+    assert cp.stream.waits["stream"] == 0
+    with pytest.raises(IndexError) as info:
+        fluxpy.check_indices()
+    message = str(info.value)
+    for words in ("scatter: index 9 in idx is out of range for dstsize axis 0 of size 3", "reported late",
+                  "index_checks='deferred'", "test_scatter_host.py:"):
+        assert words in message, message
+    assert cp.stream.waits["device"] == 1
+    flag = cuda_scatter._flags[0]
+    assert flag.view[0] == 0 and not flag.deferred
+    fluxpy.check_indices()   # nothing pending
+    np.testing.assert_array_equal(_host(fluxpy.gather(*_dev(cp, np.arange(3.0), np.array([2, 1])))), [2.0, 1.0])
+
+
+def test_the_next_checked_call_raises_for_an_earlier_deferred_one_before_its_own_work(deferred):
+    cp = deferred
+    table, rows = _dev(cp, np.arange(8.0).reshape(4, 2), np.array([[1, -3]]))
+    out = fluxpy.gather(table, rows)
+    np.testing.assert_array_equal(_host(out), [[[2.0, 3.0], [0.0, 0.0]]])   # the bad row: zeros
+    good = _dev(cp, np.ones(2), np.array([0, 1]))
+    launches = sum(k.launches for k in cuda_scatter._functions.values())
+    with pytest.raises(IndexError, match=r"^gather: expects non-negative \(0-based\) indices, got -3 in idx "
+                                         r"\(reported late: an earlier gather call"):
+        fluxpy.scatter("+", *good, dstsize=2)
+    assert sum(k.launches for k in cuda_scatter._functions.values()) == launches   # raised before its own work
+    np.testing.assert_array_equal(_host(fluxpy.scatter("+", *good, dstsize=2)), [1.0, 1.0])
+    fluxpy.check_indices()
+
+
+def test_a_wait_mode_call_reports_a_pending_deferred_error(deferred):
+    cp = deferred
+    src, *idx = _dev(cp, np.ones((2, 2)), np.array([0, 1]), np.array([1, 4]))
+    cp.stream.queue = []   # the GPU runs the queued kernels later
+    fluxpy.gather(src, tuple(idx))
+    set_options(index_checks="wait")
+    with pytest.raises(IndexError, match=r"gather: index 4 in idx\[1\] is out of range for src axis 1 of size 2 "
+                                         r"\(reported late"):
+        fluxpy.gather(*_dev(cp, np.ones(3), np.array([0])))   # read the flag (clear), queued, waited: flagged
+    flag = cuda_scatter._flags[0]
+    assert flag.view[0] == 0 and not flag.deferred
+
+
+def test_the_first_bad_deferred_call_is_reported_and_later_ones_stay_recorded(deferred):
+    cp = deferred
+    src, bad3, good, bad5 = _dev(cp, np.ones(2), np.array([0, 3]), np.array([1, 0]), np.array([5, 0]))
+    cp.stream.queue = []   # the GPU runs the queued kernels later
+    fluxpy.scatter("+", src, bad3, dstsize=2)
+    fluxpy.scatter("+", src, bad5, dstsize=2)
+    fluxpy.scatter("+", src, good, dstsize=2)
+    flag = cuda_scatter._flags[0]
+    first = flag.deferred[0][0]
+    assert flag.view[0] == 0 and [e[0] for e in flag.deferred] == [first, first + 1, first + 2]
+    cp.stream.run_queued()
+    assert flag.view[0] == first   # the second call's kernel found the flag taken: the first bad call is named
+    with pytest.raises(IndexError, match="index 3 in idx"):
+        fluxpy.gather(src, good)   # reports the first, before its own work
+    assert flag.view[0] == 0 and [e[0] for e in flag.deferred] == [first + 1, first + 2]   # the later ones: kept
+    fluxpy.scatter("+", src, bad5, dstsize=2)
+    with pytest.raises(IndexError, match="index 5 in idx"):
+        fluxpy.check_indices()
+    assert not flag.deferred and not cp.stream.queue   # check_indices waited for the device: all forgotten
+
+
+def test_an_error_whose_index_arrays_are_gone_still_names_the_op_and_the_axes(deferred):
+    cp = deferred
+    fluxpy.scatter("max", cp.asarray(np.ones((2, 3))), cp.asarray(np.array([0, 6])), dstsize=(4, 3))
+    gc.collect()
+    with pytest.raises(IndexError, match=r"scatter: an index was out of range for axes of sizes \(4,\).*no longer "
+                                         r"held.*reported late: an earlier scatter call"):
+        fluxpy.check_indices()
+
+
+def test_the_record_is_bounded_and_a_forgotten_call_is_still_reported(deferred, monkeypatch):
+    cp = deferred
+    monkeypatch.setattr(cuda_scatter, "_RECORDED", 4)
+    src, bad, good = _dev(cp, np.ones(1), np.array([2]), np.array([0]))
+    fluxpy.gather(src, bad)
+    flag = cuda_scatter._flags[0]
+    assert flag.deferred.maxlen == 4
+    call, flag.view[0] = flag.view[0], 0   # its report not yet arrived
+    for _ in range(6):
+        fluxpy.gather(src, good)
+    assert len(flag.deferred) == 4
+    flag.view[0] = call
+    with pytest.raises(IndexError, match="no longer recorded"):
+        fluxpy.gather(src, good)
+
