@@ -5,6 +5,9 @@ and launches cached per call signature, and the index checks (``index_checks="wa
 flag, the record of deferred calls, ``check_indices``). The CUDA code itself runs only on a GPU
 (tests/gpu/test_scatter_gpu.py)."""
 import gc
+import itertools
+import shutil
+import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -59,6 +62,52 @@ def test_the_parameter_lists_put_the_index_arrays_first_then_their_scalars():
     names = [name for _, _, name in kernel_parameters(code, "scatter_atomic")]
     assert names == ["src", "acc", "K", "F", "i0", "i1", "n0", "s0_0", "s0_1", "n1", "s1_0", "s1_1", "m1", "mg1",
                      "sh1", "bad", "call"]
+
+
+_CUDA_STUB = r"""
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(n)
+struct fx_dim3 { unsigned int x, y, z; };
+static fx_dim3 threadIdx, blockIdx, blockDim, gridDim;
+struct uint4 { unsigned int x, y, z, w; };
+struct uint2 { unsigned int x, y; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline unsigned int __umulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
+inline float __int_as_float(int) { return 0; }
+inline float __uint_as_float(unsigned) { return 0; }
+inline unsigned int __float_as_uint(float) { return 0; }
+inline double __longlong_as_double(long long) { return 0; }
+inline long long __double_as_longlong(double) { return 0; }
+template <class T> T atomicAdd(T* a, T) { return *a; }
+template <class T> T atomicMax(T* a, T) { return *a; }
+template <class T> T atomicMin(T* a, T) { return *a; }
+template <class T> T atomicCAS(T* a, T, T) { return *a; }
+"""
+
+
+def test_the_cuda_sources_parse_as_cpp(tmp_path):
+    """Every kernel module's source (each kind, index layout and width, with a float, a half and an integer dtype)
+    passes the host C++ compiler's syntax check, CUDA's names stubbed: the signatures, IDX_PARAMS and fx_flag agree
+    (a check short of NVRTC, which only a GPU machine has)."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    sources = []
+    for strided, small in itertools.product((0, 1, 3), (True, False)):
+        index_dtypes = (np.dtype(np.int32), np.dtype(np.int64))
+        sources += [cuda_scatter._source("gather", unit, None, index_dtypes, strided, small) for unit in (16, 1)]
+        for kind, op, dtype in itertools.product(("one_block", "atomic", "sorted"), ("add", "max"),
+                                                 (np.float32, ml_dtypes.bfloat16, np.uint8)):
+            sources.append(cuda_scatter._source(kind, op, np.dtype(dtype), index_dtypes, strided, small))
+    for n, source in enumerate(sources):   # one translation unit each: their macros differ
+        path = tmp_path / f"k{n}.cpp"
+        path.write_text(_CUDA_STUB + source)
+        run = subprocess.run([compiler, "-std=c++14", "-fsyntax-only", "-w", str(path)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
 
 
 def _index(rng, layout, lead):
