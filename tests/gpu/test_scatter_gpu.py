@@ -268,3 +268,216 @@ def test_cached_problems_keep_no_arrays_of_the_call():
     scatter("+", cp.ones((5, 3)), cp.asarray([0, 1, 1, 2, 0]), dstsize=(3, 3))
     assert cuda_scatter._problems
     assert all(p.src is None and p.index_args is None for p in cuda_scatter._problems.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The host path: a call of a cached signature (the fast path) gives what the first call gave
+
+
+@pytest.mark.parametrize("op, dtype", [("max", np.float32), ("add", np.int64), ("min", np.float16)])
+@pytest.mark.parametrize("layout", ["contiguous", "broadcast"])
+def test_a_cached_call_keeps_the_choice_and_the_result(op, dtype, layout):
+    """First call (measures, makes the problem) and later calls (the cached signature: no conversion, no checks
+    again, the problem's packed arguments) give the same bits as the chosen implementation run alone."""
+    from fluxpy.kernels import cpu, cuda_scatter
+    cp = cupy_module()
+    rng = np.random.default_rng(12)
+    if layout == "contiguous":
+        idx = (rng.integers(0, 5, size=(40, 3)), rng.integers(0, 4, size=(40, 3)))
+    else:   # a broadcast arange view (strides 0) and a full array
+        idx = (np.broadcast_to(np.arange(40).reshape(40, 1) % 5, (40, 3)), rng.integers(0, 4, size=(40, 3)))
+    shape = (5, 4, 2)
+    src = _source(rng, (40, 3, 2), dtype)
+    dev = tuple(cp.asarray(i) if layout == "contiguous" or j else cp.broadcast_to(
+        cp.arange(40).reshape(40, 1) % 5, (40, 3)) for j, i in enumerate(idx))
+    cuda_scatter.clear_choices()
+    results = [cp.asnumpy(scatter(op, cp.asarray(src), dev, dstsize=shape)) for _ in range(3)]
+    (name, _), = cuda_scatter.choices().values()
+    alone = cp.asnumpy(cuda_scatter.scatter_with(name, op, cp.asarray(src), dev, shape))
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    if op != "add" or np.dtype(dtype).kind in "iu":   # bit for bit where the order of a sum cannot matter
+        np.testing.assert_array_equal(alone, results[0])
+        np.testing.assert_array_equal(results[0], cpu.halves_in_float32(cpu.scatter)(op, src, idx, shape))
+    assert len(cuda_scatter.choices()) == 1 and len(cuda_scatter._problems) == 1
+
+
+def test_a_cached_gather_and_a_changed_index_shape():
+    """An index tuple whose second array changes shape (same dtypes and strides) is not taken for the cached
+    signature: mismatched shapes go to CuPy's own indexing, which refuses them."""
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    cuda_scatter.clear_choices()
+    src = cp.arange(20.0).reshape(5, 4)
+    i, j = cp.asarray([4, 0, 2]), cp.asarray([3, 3, 1])
+    for _ in range(2):
+        np.testing.assert_array_equal(cp.asnumpy(cuda_scatter.gather(src, (i, j))), [19.0, 3.0, 9.0])
+    assert len(cuda_scatter._gathers) == 1
+    with pytest.raises((IndexError, ValueError)):
+        cuda_scatter.gather(src, (i, j[:2]))
+    assert len(cuda_scatter._gathers) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# index_checks="deferred": a bad device index does not raise at the call; check_indices() (or the next checked call)
+# raises for it
+
+
+@pytest.fixture
+def deferred():
+    """``index_checks="deferred"`` for the test; afterwards the option is put back and nothing is left pending."""
+    from fluxpy.kernels.cudnn import get_options, set_options
+    assert get_options()["index_checks"] == "wait"   # the default
+    old = set_options(index_checks="deferred")
+    try:
+        yield
+    finally:
+        set_options(**old)
+        try:
+            fluxpy.check_indices()
+        except IndexError:
+            pass
+
+
+def _flag_value():
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    flag = cuda_scatter._flags.get(cp.cuda.runtime.getDevice())
+    return 0 if flag is None else int(flag.view[0])
+
+
+def _valid(idx, sizes):
+    ok = np.ones(idx[0].shape, bool)
+    for i, n in zip(idx, sizes):
+        ok &= (i >= 0) & (i < n)
+    return ok
+
+
+DEFERRED_CASES = [
+    ("scatter", "add", (np.array([0, 7, 2, 0]),), (3, 2), ["scatter", "index 7 in idx", "dstsize axis 0 of size 3"]),
+    ("scatter", "max", (np.array([1, -4, 1]),), (2, 3), ["scatter", "non-negative", "-4 in idx"]),
+    ("scatter", "add", (np.array([0, 1, 1]), np.array([0, 1, 5])), (2, 3, 2),
+     ["scatter", "index 5 in idx[1]", "axis 1 of size 3"]),
+    ("gather", None, (np.array([[0, 4], [1, 2]]),), (4, 3), ["gather", "index 4 in idx", "src axis 0 of size 4"]),
+    ("gather", None, (np.array([2, 0]), np.array([-1, 1])), (3, 2, 2), ["gather", "non-negative", "-1 in idx[1]"]),
+]
+
+
+@pytest.mark.parametrize("fname, op, idx, shape, words", DEFERRED_CASES)
+def test_deferred_bad_index_is_skipped_and_reported_by_check_indices(deferred, fname, op, idx, shape, words):
+    cp = cupy_module()
+    rng = np.random.default_rng(13)
+    d = len(idx)
+    dev_idx = tuple(cp.asarray(i) for i in idx)
+    ok = _valid(idx, shape[:d])
+    if fname == "scatter":
+        src = rng.standard_normal(idx[0].shape + shape[d:])
+        got = scatter(op, cp.asarray(src), dev_idx, dstsize=shape)   # no error here
+        want = scatter(op, src[ok], tuple(i[ok] for i in idx), dstsize=shape)
+        np.testing.assert_array_equal(cp.asnumpy(got), want)   # the valid entries (at most two a row: exact sums)
+    else:
+        src = rng.standard_normal(shape)
+        got = cp.asnumpy(gather(cp.asarray(src), dev_idx))   # no error here
+        np.testing.assert_array_equal(got[ok], src[tuple(i[ok] for i in idx)])
+        assert not got[~ok].any()   # a bad entry gives zeros
+    with pytest.raises(IndexError) as info:
+        fluxpy.check_indices()
+    message = str(info.value)
+    for w in words + ["reported late", "index_checks='deferred'", "test_scatter_gpu.py:"]:
+        assert w in message, f"{w!r} not in {message!r}"
+    assert _flag_value() == 0
+    fluxpy.check_indices()   # cleared: nothing more
+    np.testing.assert_array_equal(cp.asnumpy(gather(cp.arange(3.0), cp.asarray([2, 0]))), [2.0, 0.0])
+    fluxpy.check_indices()
+
+
+@pytest.mark.parametrize("mode", ["deferred", "wait"])
+def test_the_next_checked_call_raises_for_an_earlier_deferred_call(deferred, mode):
+    from fluxpy.kernels.cudnn import set_options
+    cp = cupy_module()
+    bad = cp.asarray([0, 9])
+    scatter("+", cp.ones(2), bad, dstsize=4)   # deferred: no error here
+    cp.cuda.runtime.deviceSynchronize()         # its kernel has run: the flag is up
+    set_options(index_checks=mode)
+    with pytest.raises(IndexError, match=r"scatter: index 9 in idx is out of range for dstsize axis 0 of size 4 "
+                                         r"\(reported late: an earlier scatter call"):
+        gather(cp.arange(4.0), cp.asarray([1]))   # a good call: raises for the earlier one
+    assert _flag_value() == 0
+    np.testing.assert_array_equal(cp.asnumpy(gather(cp.arange(4.0), cp.asarray([1]))), [1.0])
+    fluxpy.check_indices()
+
+
+def test_deferred_good_calls_do_not_raise_and_match_wait_mode(deferred):
+    from fluxpy.kernels.cudnn import set_options
+    cp = cupy_module()
+    rng = np.random.default_rng(14)
+    src, idx = rng.standard_normal((50, 3)), rng.integers(0, 7, 50)
+    deferred_results = [cp.asnumpy(scatter("max", cp.asarray(src), cp.asarray(idx), dstsize=(7, 3))),
+                        cp.asnumpy(gather(cp.asarray(src), cp.asarray(idx)))]
+    fluxpy.check_indices()
+    set_options(index_checks="wait")
+    wait_results = [cp.asnumpy(scatter("max", cp.asarray(src), cp.asarray(idx), dstsize=(7, 3))),
+                    cp.asnumpy(gather(cp.asarray(src), cp.asarray(idx)))]
+    for a, b in zip(deferred_results, wait_results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_default_mode_raises_at_the_call():
+    from fluxpy.kernels.cudnn import get_options
+    cp = cupy_module()
+    assert get_options()["index_checks"] == "wait"
+    with pytest.raises(IndexError, match="gather: index 3 in idx is out of range for src axis 0 of size 3$"):
+        gather(cp.ones(3), cp.asarray([0, 3]))
+    assert _flag_value() == 0
+    fluxpy.check_indices()
+
+
+def test_a_deferred_error_whose_index_arrays_are_gone_names_the_op_and_axes(deferred):
+    import gc
+    cp = cupy_module()
+    scatter("+", cp.ones(2), cp.asarray([0, 6]), dstsize=3)   # the index array is a temporary
+    gc.collect()
+    with pytest.raises(IndexError, match=r"scatter: an index was out of range for axes of sizes \(3,\)"):
+        fluxpy.check_indices()
+
+
+def test_gradients_never_flag(deferred):
+    """The gradient of a gather with a bad index is computed with the bad entry skipped; only the forward,
+    checked, reports it."""
+    cp = cupy_module()
+    x, idx = cp.ones(3), cp.asarray([0, 5])
+    g, = fluxpy.gradient(lambda v: gather(v, idx).sum(), x)
+    np.testing.assert_array_equal(cp.asnumpy(g), [1.0, 0.0, 0.0])
+    with pytest.raises(IndexError, match="gather: index 5"):
+        fluxpy.check_indices()
+    fluxpy.check_indices()
+
+
+@pytest.mark.parametrize("mode", ["wait", "deferred"])
+def test_a_captured_bad_index_is_reported_after_the_replay(mode):
+    from fluxpy.backend import capture_graph
+    from fluxpy.capturing import recording
+    from fluxpy.kernels import BadIndex
+    from fluxpy.kernels.cudnn import set_options
+    cp = cupy_module()
+    src, idx = cp.ones(2), cp.asarray([0, 1])
+    scatter("+", src, idx, dstsize=2)   # the choice is made eagerly
+    old = set_options(index_checks=mode)
+    try:
+        with recording() as hooks:
+            graph, y = capture_graph(lambda: scatter("+", src, idx, dstsize=2))
+        graph.launch()
+        cp.cuda.runtime.deviceSynchronize()
+        for hook in hooks:
+            hook()   # a good replay: nothing
+        np.testing.assert_array_equal(cp.asnumpy(y), [1.0, 1.0])
+        idx[1] = 5
+        graph.launch()
+        cp.cuda.runtime.deviceSynchronize()
+        with pytest.raises(BadIndex, match="captured step was out of range"):
+            for hook in hooks:
+                hook()
+        assert _flag_value() == 0
+    finally:
+        set_options(**old)
+    fluxpy.check_indices()
