@@ -16,12 +16,15 @@ fluxpy's ``scatter`` returns a new array (NNlib's), so PyTorch's side is timed o
 (or ``torch.full`` for a max) then the in-place op; the in-place op alone is the ``torch in place`` column.
 
 Timing is wall time per call, what a caller sees: ``--reps`` back-to-back calls, then a device synchronize, over
-``--rounds`` rounds (median and range). fluxpy's public ops check device indices inside their kernels and wait for
-that check (so each call includes its kernel's whole time); PyTorch checks with device-side asserts and does not
-wait. ``ratio`` = fluxpy / PyTorch (out of place), wall times. ``GPU`` columns: GPU time alone (fluxpy's kernel-level
-call, unchecked, and PyTorch's out-of-place call queued behind a spin kernel, so host time is hidden). The chosen implementation and every candidate's measured time
-come from ``fluxpy.kernels.cuda_scatter.choices()``. Targets: ratio at most 1 everywhere, a one-element scatter
-under 10 us.
+``--rounds`` rounds (median and range). fluxpy's public ops check device indices inside their kernels; the ``fluxpy``
+column is the default mode (``index_checks="wait"``: each call waits for that check, so it includes its kernel's
+whole time), the ``deferred`` column the same calls with ``fluxpy.kernels.cudnn.set_options(index_checks="deferred")``
+(no wait: a bad index is reported by a later checked call or ``fluxpy.check_indices()``, run once after the timing),
+which is how PyTorch checks (device-side asserts, no wait). ``ratio`` = fluxpy / PyTorch (out of place), wall times,
+``ratio def.`` the same for the deferred column. ``GPU`` columns: GPU time alone (fluxpy's kernel-level call,
+unchecked, and PyTorch's out-of-place call queued behind a spin kernel, so host time is hidden). The chosen
+implementation and every candidate's measured time come from ``fluxpy.kernels.cuda_scatter.choices()``. Targets:
+ratio at most 1 everywhere, a one-element scatter under 10 us.
 
 Run: ``PYTHONPATH=. python3 benchmarks/scatter.py [--reps 50] [--rounds 5] [--json out.json]``
 """
@@ -110,6 +113,19 @@ def _cases(cp, torch):
     return cases
 
 
+def deferred_wall_us(sync, run, reps, rounds):
+    """:func:`wall_us` of ``run`` with ``index_checks="deferred"``, then ``fluxpy.check_indices()`` (the benchmark's
+    indices are all good: it raises nothing)."""
+    import fluxpy
+    from fluxpy.kernels.cudnn import set_options
+    old = set_options(index_checks="deferred")
+    try:
+        return wall_us(sync, run, reps, rounds)
+    finally:
+        set_options(**old)
+        fluxpy.check_indices()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=50)
@@ -127,21 +143,24 @@ def main(argv=None):
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}; wall us per call, median [low-high] of {args.rounds} rounds x "
           f"{args.reps} calls; GPU us: the kernel unchecked, host time hidden")
-    print(f"{'case':38s} {'op':12s} {'fluxpy':>22s} {'torch':>22s} {'ratio':>6s} {'GPU flux':>9s} {'GPU torch':>9s} "
-          f"{'torch in place':>14s}  chosen")
+    print(f"{'case':38s} {'op':12s} {'fluxpy':>22s} {'deferred':>22s} {'torch':>22s} {'ratio':>6s} "
+          f"{'ratio def.':>10s} {'GPU flux':>9s} {'GPU torch':>9s} {'torch in place':>14s}  chosen")
     fmt = "{:7.1f} [{:6.1f}-{:6.1f}]"
     for case, op, f, kernel, t, t_in in _cases(cp, torch):
         before = set(cuda_scatter.choices())
         fl = wall_us(sync, f, args.reps, args.rounds)
+        fd = deferred_wall_us(sync, f, args.reps, args.rounds)
         th = wall_us(sync, t, args.reps, args.rounds)
         ti = wall_us(sync, t_in, args.reps, args.rounds) if t_in is not None else None
         g_fl, g_th = gpu_us(cp, kernel, args.reps, args.rounds), gpu_us(cp, t, args.reps, args.rounds)
         chosen = "; ".join(f"{n} {times}" for k, (n, times) in cuda_scatter.choices().items() if k not in before)
-        row = {"case": case, "op": op, "fluxpy_us": fl, "torch_us": th, "torch_inplace_us": ti, "ratio": fl[0] / th[0],
+        row = {"case": case, "op": op, "fluxpy_us": fl, "fluxpy_deferred_us": fd, "torch_us": th,
+               "torch_inplace_us": ti, "ratio": fl[0] / th[0], "ratio_deferred": fd[0] / th[0],
                "fluxpy_gpu_us": g_fl, "torch_gpu_us": g_th, "chosen": chosen}
         rows.append(row)
-        print(f"{case:38s} {op:12s} {fmt.format(*fl):>22s} {fmt.format(*th):>22s} {fl[0] / th[0]:6.2f} "
-              f"{g_fl:9.1f} {g_th:9.1f} {(f'{ti[0]:7.1f}' if ti else '-'):>14s}  {chosen}")
+        print(f"{case:38s} {op:12s} {fmt.format(*fl):>22s} {fmt.format(*fd):>22s} {fmt.format(*th):>22s} "
+              f"{fl[0] / th[0]:6.2f} {fd[0] / th[0]:10.2f} {g_fl:9.1f} {g_th:9.1f} "
+              f"{(f'{ti[0]:7.1f}' if ti else '-'):>14s}  {chosen}")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
