@@ -1,14 +1,14 @@
 """Layer norm on the GPU: one read and one write of ``x`` forward, one pass for ``dx`` backward, deterministic.
 
-The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``, C-contiguous) are normalised
-one row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread
-holding its ``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean
-and then the variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is
-written once, ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps
-``ITEMS`` at 4 vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values
-takes 64 threads of 3 vectors and one of 20,480 bfloat16 values 1,024 threads of 5 (no spills:
-:func:`kernel_attributes` reports the compiled kernels' local memory); a block holds 128 threads' worth of rows.
-Rows are summed by warp shuffles, then across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
+The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``, C-contiguous) are normalised one
+row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread holding its
+``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean and then the
+variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once,
+``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 4
+vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads
+of 3 vectors and one of 20,480 bfloat16 values 1,024 threads of 5 (no spills: :func:`kernel_attributes` reports the
+compiled kernels' local memory); a block holds 128 threads' worth of rows. Rows are summed by warp shuffles, then
+across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
 grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`), into registers where they
 fit beside the row, else into shared memory, each thread copying its own vectors with ``cp.async``
 (:func:`_forward_stages`).
