@@ -461,7 +461,7 @@ def _deferred_error(flag):
     _, op, sizes, refs, (file, line) = entry
     call = {"op": op, "arrays": len(refs), "where": f"{file}:{line}"}
     arrays = [ref() for ref in refs]
-    bad = None if None in arrays else first_bad_index([cupy.asnumpy(a) for a in arrays], sizes)
+    bad = None if any(a is None for a in arrays) else first_bad_index([cupy.asnumpy(a) for a in arrays], sizes)
     if bad is None:
         return DeferredBadIndex(-1, -1, -1, f"an index was out of range for axes of sizes {sizes} (its entry was "
                                             f"skipped); the index arrays are no longer held or have changed, so "
