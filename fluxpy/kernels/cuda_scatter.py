@@ -148,20 +148,23 @@ def _row_function(index_dtypes, strided, small):
     ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is at ``k``); otherwise it is the index arrays' number
     of axes, and entry ``k`` is found through each array's element strides (broadcast views such as ``arange``
     columns are read in place, not copied). ``K_T``, the type of ``k`` and of its unravelling, is 32-bit where the
-    sizes allow (64-bit division is several times slower). ``IDX_PARAMS`` lists the index arrays first, then their
-    scalars (per array its axis size and element strides, then the index shape's trailing sizes): a call passes its
-    arrays followed by its problem's scalars, made once (:func:`_index_scalars`)."""
+    sizes allow (64-bit division is several times slower), and so are the index arrays' offsets, their strides and
+    the row (``small``: :func:`_fits_32_bits`; 64-bit multiplies made a 4-d gather integer-bound). ``IDX_PARAMS``
+    lists the index arrays first, then their scalars (per array its axis size and element strides, then the index
+    shape's trailing sizes): a call passes its arrays followed by its problem's scalars, made once
+    (:func:`_index_scalars`)."""
     d = len(index_dtypes)
+    wide = "int" if small else "long long"   # the offsets' and the row's type
     arrays = [f"const {_ctype(t)}* __restrict__ i{j}" for j, t in enumerate(index_dtypes)]
     scalars = []
     for j in range(d):
-        scalars += [f"long long n{j}"] + [f"long long s{j}_{a}" for a in range(strided)]
+        scalars += [f"long long n{j}"] + [f"{wide} s{j}_{a}" for a in range(strided)]
     for a in range(1, strided):
         scalars += [f"K_T m{a}"] + ([f"unsigned int mg{a}", f"unsigned int sh{a}"] if small else [])
     params = arrays + scalars
     names = [p.split()[-1] for p in params]
     if strided:
-        walk = "  K_T q = k, c, quot;\n" + "".join(f"  long long o{j} = 0;\n" for j in range(d))
+        walk = "  K_T q = k, c, quot;\n" + "".join(f"  {wide} o{j} = 0;\n" for j in range(d))
         for a in range(strided - 1, -1, -1):
             if not a:
                 walk += "  c = q;\n"
@@ -169,14 +172,14 @@ def _row_function(index_dtypes, strided, small):
                 walk += f"  quot = (__umulhi(q, mg{a}) + q) >> sh{a}; c = q - quot * m{a}; q = quot;\n"
             else:
                 walk += f"  c = q % m{a}; q /= m{a};\n"
-            walk += "".join(f"  o{j} += (long long)c * s{j}_{a};\n" for j in range(d))
+            walk += "".join(f"  o{j} += ({wide})c * s{j}_{a};\n" for j in range(d))
     else:
         walk = "".join(f"  const K_T o{j} = k;\n" for j in range(d))
     body = "".join(f"  v = (long long)i{j}[o{j}];\n  if (v < 0 || v >= n{j}) {{ fx_flag(bad, call); return -1; }}\n"
-                   f"  r = r * n{j} + v;\n" for j in range(d))
+                   f"  r = r * ({wide})n{j} + ({wide})v;\n" for j in range(d))
     return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
             + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
-            + walk + "  long long r = 0, v;\n" + body + "  return r;\n}\n")
+            + walk + f"  {wide} r = 0;\n  long long v;\n" + body + "  return r;\n}\n")
 
 
 _FLAG_FUNCTION = r"""
@@ -319,7 +322,7 @@ _functions: dict = {}
 def _function(kind, name, op, dtype, index_dtypes, strided, small):
     """The compiled kernel ``name`` of module ``kind`` (``"one_block"``, ``"atomic"``, ``"sorted"`` or
     ``"gather"`` with ``op`` the unit size in bytes) for one dtype, tuple of index dtypes, index layout and
-    index width (``small``: every element count fits 32 bits) on the current device (cached)."""
+    index width (``small``: every element count and index offset fits 32 bits) on the current device (cached)."""
     key = (kind, name, op, dtype, index_dtypes, strided, small, cupy.cuda.runtime.getDevice())
     found = _functions.get(key)
     if found is None:
@@ -525,15 +528,23 @@ def _index_layout(index):
     return 0 if all(a.flags.c_contiguous for a in index) else max(1, index[0].ndim)
 
 
+def _fits_32_bits(index, *counts):
+    """Whether every count and every index array's element offset (its strides times its extents, either sign)
+    is under 2**31: the kernels then count, unravel and address the index arrays in 32 bits."""
+    spans = (sum(abs(step // a.itemsize) * (n - 1) for step, n in zip(a.strides, a.shape)) for a in index)
+    return max(*counts, *spans) < 2 ** 31
+
+
 def _index_scalars(index, sizes, strided, small):
     """The kernels' scalar index arguments, in ``IDX_PARAMS``'s order after the arrays: per array its axis size
     (and its element strides), then the index shape's trailing sizes (and their magic numbers)."""
     count = np.uint32 if small else np.int64
+    stride = np.int32 if small else np.int64
     scalars = []
     for a, n in zip(index, sizes):
         scalars.append(np.int64(n))
         if strided:
-            scalars += [np.int64(step // a.itemsize) for step in (a.strides if a.ndim else (0,))]
+            scalars += [stride(step // a.itemsize) for step in (a.strides if a.ndim else (0,))]
     shape = index[0].shape or (1,)
     for m in shape[1:strided]:
         scalars += [count(m)] + (list(_magic(m)) if small else [])
@@ -567,7 +578,7 @@ class _Problem:
         self.R = math.prod(self.sizes)
         self.index_dtypes = tuple(a.dtype for a in index)
         self.strided = _index_layout(index)
-        self.small = max(self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1) < 2 ** 31
+        self.small = _fits_32_bits(index, self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1)
         count = np.uint32 if self.small else np.int64
         self.K_arg, self.F_arg, self.R_arg, self.R_long = count(self.K), count(self.F), count(self.R), np.int64(self.R)
         self.index_scalars = _index_scalars(index, self.sizes, self.strided, self.small)
@@ -842,7 +853,7 @@ class _Gather:
         unit = _unit(row_bytes, src.data.ptr)
         F, K = row_bytes // unit, int(index[0].size)
         strided = _index_layout(index)
-        small = max(K * F, src.size) < 2 ** 31
+        small = _fits_32_bits(index, K * F, src.size)
         count = np.uint32 if small else np.int64
         self.block = _block(F)
         self.grid = _row_grid(K, self.block)
