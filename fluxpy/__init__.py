@@ -77,8 +77,7 @@ __all__ = [
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
     "minimum", "reshape", "scatter", "check_indices", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act",
-    "conv",
-    "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
+    "conv", "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
     "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp",
