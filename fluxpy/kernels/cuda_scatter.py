@@ -495,18 +495,25 @@ def check_indices() -> None:
 # The problem and its arguments
 
 
-def _signature(op, src, index, shape, device):
-    """The key of a scatter call's cached :class:`_Problem`, or None where ``index`` is not a tuple of CuPy arrays.
-    It holds every shape, dtype and stride that :func:`_is_leading_array_index` and the problem depend on, so a call
-    whose key is cached needs neither."""
+def _index_key(index):
+    """Each index array's dtype, shape and strides, or None where ``index`` is not a non-empty tuple of CuPy arrays:
+    the part of a call's cache key (:func:`_signature`, :func:`_gather_signature`) that the index decides."""
     if type(index) is not tuple or not index:
         return None
-    key = [op, src.dtype, src.shape, shape, device]
+    key = []
     for a in index:
         if not isinstance(a, cupy.ndarray):
             return None
         key += (a.dtype, a.shape, a.strides)
     return tuple(key)
+
+
+def _signature(op, src, index, shape, device):
+    """The key of a scatter call's cached :class:`_Problem`, or None where ``index`` is not a tuple of CuPy arrays.
+    It holds every shape, dtype and stride that :func:`_is_leading_array_index` and the problem depend on, so a call
+    whose key is cached needs neither."""
+    arrays = _index_key(index)
+    return None if arrays is None else (op, src.dtype, src.shape, shape, device) + arrays
 
 
 def _on_device(index):
@@ -823,14 +830,8 @@ _gathers: dict = {}
 def _gather_signature(src, index, device):
     """The key of a gather call's cached :class:`_Gather` (as :func:`_signature`), or None where ``index`` is not a
     tuple of CuPy arrays."""
-    if type(index) is not tuple or not index:
-        return None
-    key = [src.dtype, src.shape, src.data.ptr % 16, device]
-    for a in index:
-        if not isinstance(a, cupy.ndarray):
-            return None
-        key += (a.dtype, a.shape, a.strides)
-    return tuple(key)
+    arrays = _index_key(index)
+    return None if arrays is None else (src.dtype, src.shape, src.data.ptr % 16, device) + arrays
 
 
 def _is_gather_index(index, src):
