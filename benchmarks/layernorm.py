@@ -11,8 +11,9 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
   backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and ``ln_params``; the composite
   where no kernel takes the rows, as the layer norm's pullback runs it) against ``F.layer_norm`` and
   ``torch.autograd.grad`` of it for x, gamma and beta.
-- ``--split``: where ``ln_bwds`` (the column sums in shared memory) or the two-sweep ``ln_bwd`` runs, the other
-  backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off, then also ``SPLIT_FROM`` set to that length), the
+- ``--split``: where ``ln_bwds`` or ``ln_bwdc`` (the column sums in shared memory, of a block or of a cluster of
+  blocks) or the two-sweep ``ln_bwd`` runs, the other backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off,
+  then also ``SPLIT_FROM`` set to that length), the
   measurements that decide those two switches; where the forward stages the next row in shared memory, its time
   without (``STAGED_FORWARD`` off).
 
@@ -117,12 +118,12 @@ def case(cp, torch, length, dtype_name, a):
     r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
     r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
     r["fluxpy_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds"):
+    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdc"):
         key = np.dtype(dtype).itemsize
         old = ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key]
         others = []
         try:
-            ln.SHARED_COLUMNS[key] = False
+            ln.SHARED_COLUMNS[key] = False      # and so ln_bwdc, which runs ln_bwds a block
             for split_from in (old[0], length):
                 ln.SPLIT_FROM[key] = split_from
                 sp = ln.backward_shape(length, dtype)

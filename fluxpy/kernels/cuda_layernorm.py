@@ -16,20 +16,25 @@ fit beside the row, else into shared memory, each thread copying its own vectors
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
 residual/bias, ``x``'s vector is summed as it is taken), computes ``xhat`` and ``g = dy gamma``, the two row sums
-``sum g`` and ``sum g xhat`` together (one pair of barriers, fixed order), and writes
-``dx = rstd (g - mean(g) - xhat mean(g xhat))`` from the registers; with ``PF`` it issues the loads of the next
-row it visits before this row's sums, barriers and stores (a second buffer of raw vectors), so loads stay in
-flight. At most 16 values a thread (8 for float64), as many rows a block as the registers of an SM take (one
-block an SM, sized by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills),
-and a grid of as many blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and
-column sums do not fit in the registers of at most 1,024 threads, ``ln_bwds`` sweeps each row once all the same:
-the same kernel with the column sums in dynamic shared memory (``2 L`` compute values a block, one row a block, each
-column's sums owned by one thread, so no barrier guards them), the row in registers as ``ln_dx1`` holds it; it
-takes the halves and float32 where the sums fit a block's shared memory (227 KB on sm_90: up to some 29,000 values)
-and the row the registers (:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for
-example). Where it does not (:data:`SHARED_COLUMNS`, or a GPU with less shared memory), the halves' rows shorter
-than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and
-``dy``, from L2 as a rule), a thread holding only its column sums.
+``sum g`` and ``sum g xhat`` together (one pair of barriers, fixed order), and writes ``dx = rstd (g - mean(g) -
+xhat mean(g xhat))`` from the registers; with ``PF`` it issues the loads of the next row it visits before this row's
+sums, barriers and stores (a second buffer of raw vectors), so loads stay in flight. At most 16 values a thread (8
+for float64), as many rows a block as the registers of an SM take (one block an SM, sized by a register estimate
+fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills), and a grid of as many blocks as the GPU holds
+at once, each visiting rows grid-stride. Where the row's values and column sums do not fit in the registers of at
+most 1,024 threads, ``ln_bwds`` sweeps each row once all the same: the same kernel with the column sums in dynamic
+shared memory (``2 L`` compute values a block, one row a block, each column's sums owned by one thread, so no
+barrier guards them), the row in registers as ``ln_dx1`` holds it; it takes the halves and float32 where the sums
+fit a block's shared memory (227 KB on sm_90: up to some 29,000 values) and the row the registers
+(:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for example). Rows whose sums do not
+fit one block take ``ln_bwdc``: a cluster of 2, 4 or 8 blocks a row (sm_90), each block ``ln_bwds`` over its share
+of the columns, the two row sums exchanged through distributed shared memory with one cluster barrier a row
+(:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as run at once
+(``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the shared memory
+the sums leave free (``cp.async``, each thread its own vectors) while this row's sums and barriers run. Where
+neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or a GPU with less shared memory
+or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row
+sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column sums.
 
 Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
 and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)
@@ -124,6 +129,9 @@ FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16
 # stages the next row in shared memory instead (cp.async; _forward_stages). Not float32 (its forward is at 85-97% of
 # copy without it, and NVRTC 13.5 spilled 8-32 bytes of the staged form at 20,484 and 28,672-32,764 values).
 STAGED_FORWARD = {2: True, 4: False, 8: False}
+# By item size: whether rows whose column sums do not fit one block's shared memory take ln_bwdc, a cluster of 2, 4 or
+# 8 blocks a row (sm_90 and later), each block ln_bwds over its share of the columns (_cluster_split).
+CLUSTER_COLUMNS = {2: True, 4: True, 8: False}
 SM90_SHARED_BYTES = 232448   # shared memory a block may opt into on sm_90; the plan's limit where no GPU is asked
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
@@ -354,20 +362,25 @@ __device__ __forceinline__ void normalise_row(const C* v, const C* gamma, const 
     if (tid == 0) { mean_out[row] = mu; rstd_out[row] = rs; }
 }
 
-#if SPF
-// The staged forward's copies: each thread copies its own vectors of a row (and of the residual, fused) into shared
-// memory with cp.async (sm_80 and later), holding no registers while they fly, and later reads back only what it
-// copied itself, so no barrier orders them. Zeros past the rows (a copy of no bytes fills its slot with zeros).
+#if SPF || CLUSTER > 1
 __device__ __forceinline__ unsigned shared_address(const void* p) {
     unsigned long long a;
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
     return (unsigned)a;
 }
+#endif
 
+#if SPF || CLUSTER > 1
+// The staged copies (the forward's SPF, ln_bwdc): each thread copies its own vectors of a row into shared memory with
+// cp.async (sm_80 and later), holding no registers while they fly, and later reads back only what it copied itself,
+// so no barrier orders them. Zeros past the rows (a copy of no bytes fills its slot with zeros).
 __device__ __forceinline__ void copy_async(VT* dst, const VT* src, bool in) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(shared_address(dst)), "l"(src),
                  "n"((int)sizeof(VT)), "r"(in ? (int)sizeof(VT) : 0) : "memory");
 }
+#endif
+
+#if SPF
 
 __device__ __forceinline__ void stage_row(const T* x, const T* res, long long row, long long R, int tid, VT* sx,
                                           VT* sr) {
@@ -516,7 +529,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD(const T* dy, const T* x, const C* g
 #endif
 }
 
-#if SCOLS
+#if SCOLS || CLUSTER > 1
 // ln_bwds keeps its column sums in dynamic shared memory (2 L compute values: dy xhat, then dy) instead of registers,
 // so rows too long for ln_bwd1's registers still sweep once. Each column belongs to one thread (RPB is 1), so no
 // barrier guards these sums; a vector of VW columns is one 16-byte access (scalar ones cost 4 wavefronts each).
@@ -682,6 +695,183 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
     if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
 #endif
 }
+
+#if CLUSTER > 1
+// ln_bwdc: ln_bwds for rows whose column sums do not fit one block's shared memory. A cluster of CLUSTER blocks
+// (sm_90) takes a row, block `rank` its LC columns from rank * LC, holding its vectors of x and dy in registers and
+// its columns' sums in shared memory; the row sums are the blocks' partial sums exchanged through distributed shared
+// memory (each block writes its pair, one cluster barrier, every block adds the CLUSTER pairs in rank order, so all
+// get the same bits). The pairs alternate between two slots by row, so a block rewrites a slot only after the next
+// barrier, once every peer has read it. Clusters visit the rows cluster-stride, and each thread stages its vectors of
+// the cluster's next row (x, dy, and the residual fused) in shared memory with cp.async as soon as it has taken this
+// row's, so the next row's loads fly while this row's sums, barriers and stores run (the next row's statistics are
+// read into registers likewise).
+#define LC (L / CLUSTER)
+#define LCV (LC / VW)
+__device__ __forceinline__ unsigned cluster_reg(int which) {
+    unsigned r;
+    if (which == 0) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    else if (which == 1) asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    else asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float peer_load(const float* p, unsigned rank) {
+    unsigned a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(shared_address(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+// This thread's vectors of the block's share of row `row` of x, dy (and the residual), staged; zeros past the rows.
+__device__ __forceinline__ void stage_share(const T* x, const T* dy, const T* res, long long row, long long R,
+                                            long long off, int tid, VT* sx, VT* sd, VT* sr) {
+    const bool valid = row < R;
+    const long long base = (valid ? row : 0) * (long long)L + off;   // in bounds even for a copy of no bytes
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LCV) {
+            copy_async(sx + j, (const VT*)(x + base) + j, valid);
+            copy_async(sd + j, (const VT*)(dy + base) + j, valid);
+#if FUSED
+            if (res) copy_async(sr + j, (const VT*)(res + base) + j, valid);
+#endif
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR, 1) ln_bwdc(
+        const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd, T* dx, C* pg, C* pb, long long R,
+        int want_params, const T* res, const C* bias) {
+    __shared__ C sh[2 * NW];
+    __shared__ float pair[2][2];    // this block's (sum g, sum g xhat) of a row, by the row's parity
+    extern __shared__ __align__(16) unsigned char cols_bytes[];
+    C* const cg = (C*)cols_bytes;   // this block's columns' sums of dy xhat, then (cb) of dy
+    C* const cb = cg + LC;
+    VT* const sx = (VT*)(cb + LC);  // the next row's staged vectors of x, dy (and the residual)
+    VT* const sd = sx + LCV;
+    VT* const sr = sd + LCV;
+    const int tid = threadIdx.x;
+    const unsigned rank = cluster_reg(0);
+    const long long off = (long long)rank * LC;   // this block's first column
+    const long long stride = cluster_reg(2);
+    const C* const gm_ = gamma ? gamma + off : nullptr;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LCV) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) { cg[j * VW + u] = 0; cb[j * VW + u] = 0; }
+        }
+    }
+    long long row = cluster_reg(1);
+    stage_share(x, dy, res, row, R, off, tid, sx, sd, sr);
+    C mu_next = row < R ? mean[row] : (C)0, rs_next = row < R ? rstd[row] : (C)0;
+    int parity = 0;
+    for (; row < R; row += stride, parity ^= 1) {
+        const C mu = mu_next, rs = rs_next;
+        const long long base = row * (long long)L + off;
+        C xh[ITEMS * VW];
+        VT dv[ITEMS];
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            const VT w = j < LCV ? sx[j] : vec_t{};
+            dv[i] = j < LCV ? sd[j] : vec_t{};
+            const T* e = (const T*)&w;
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) xh[i * VW + u] = LOAD(e[u]);
+#if FUSED
+            if (res && j < LCV) {
+                const VT q = sr[j];
+                const T* f = (const T*)&q;
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) xh[i * VW + u] += LOAD(f[u]);
+            }
+#endif
+        }
+        stage_share(x, dy, res, row + stride, R, off, tid, sx, sd, sr);   // this thread's slots are read: refill
+        if (row + stride < R) { mu_next = mean[row + stride]; rs_next = rstd[row + stride]; }
+        C s1 = 0, s2 = 0;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (j < LCV) {
+#if FUSED
+                if (bias) {
+                    C c[VW];
+                    load_cvec(bias + off, j, c);
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) xh[i * VW + u] += c[u];
+                }
+#endif
+                C gv[VW], th[VW], td[VW];
+                if (gm_) load_cvec(gm_, j, gv);
+                const T* ed = (const T*)&dv[i];
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) {
+                    const C h = (xh[i * VW + u] - mu) * rs, d = LOAD(ed[u]), g = gm_ ? d * gv[u] : d;
+                    xh[i * VW + u] = h;
+                    s1 += g;
+                    s2 += g * h;
+                    th[u] = d * h;
+                    td[u] = d;
+                }
+                add_cols(cg, j, th);
+                add_cols(cb, j, td);
+            }
+        }
+        row_sum2(s1, s2, sh);
+        if (tid == 0) { pair[parity][0] = s1; pair[parity][1] = s2; }
+        cluster_barrier();
+        s1 = 0;
+        s2 = 0;
+        for (unsigned q = 0; q < CLUSTER; ++q) {
+            s1 += peer_load(&pair[parity][0], q);
+            s2 += peer_load(&pair[parity][1], q);
+        }
+        const C m1 = s1 / (C)L, m2 = s2 / (C)L;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (j < LCV) {
+                C gv[VW];
+                if (gm_) load_cvec(gm_, j, gv);
+                const T* ed = (const T*)&dv[i];
+                VT w;
+                T* o = (T*)&w;
+                #pragma unroll
+                for (int u = 0; u < VW; ++u) {
+                    const C d = LOAD(ed[u]), g = gm_ ? d * gv[u] : d;
+                    o[u] = STORE(rs * (g - m1 - xh[i * VW + u] * m2));
+                }
+                ((VT*)(dx + base))[j] = w;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");   // the last (empty) copies land before the block's memory goes
+    if (want_params) {   // each thread its own columns: the cluster's partial row
+        const long long prow = (long long)cluster_reg(1) * L + off;
+        #pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int j = i * TPR + tid;
+            if (j < LCV) {
+                copy_cols(cg, pg + prow, j);
+                copy_cols(cb, pb + prow, j);
+            }
+        }
+    }
+    cluster_barrier();   // no block leaves while a peer may still read its pairs
+}
+#endif
 
 // dgamma, dbeta: the P partial rows added per column in a fixed order; a block of 32 columns x PL row lanes, each
 // lane summing every PL-th partial row from its own, then lane 0 the PL lanes' sums in order.
@@ -890,12 +1080,61 @@ def _shared_sweep_plan(length, dtype, limit, fused):
     return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
 
 
+def _cluster_split(length, dtype, limit, fused):
+    """``(CS, plan of a block's share)`` of ``ln_bwdc``, or None: the fewest blocks a cluster (2, 4 or 8) such that
+    each block's share of the row, ``length / CS`` values, is whole vectors of the row's vector width and takes
+    ``ln_bwds`` (:func:`_shared_sweep_plan`), with the share's column sums and its staged next row in ``limit``
+    bytes (less 1 KB), where :data:`CLUSTER_COLUMNS` allows it and the GPU has clusters.
+
+    >>> _cluster_split(32768, np.dtype(np.float16), SM90_SHARED_BYTES, False)[0]
+    2
+    >>> _cluster_split(32768, np.dtype(np.float32), SM90_SHARED_BYTES, False)[0]
+    4
+    """
+    if not CLUSTER_COLUMNS[dtype.itemsize] or not _has_clusters():
+        return None
+    vw = _vector(dtype, length)[1]
+    for cs in (2, 4, 8):
+        share = length // cs
+        if (length % (cs * vw) == 0 and _vector(dtype, share)[1] == vw
+                and _backward_shared_bytes(length, dtype, "ln_bwdc", cs, fused) <= limit - 1024):
+            sub = _shared_sweep_plan(share, dtype, limit, fused)
+            if sub is not None:
+                return cs, sub
+    return None
+
+
+def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
+    """Dynamic shared memory of the backward kernel ``name``: ``ln_bwds``' column sums (``2 L`` compute values);
+    ``ln_bwdc``'s for its block's share of the row (``length / cs`` values) and that share of the next row, staged
+    (x and dy, and the residual ``fused``); none for the others."""
+    if name == "ln_bwds":
+        return _shared_columns_bytes(length, dtype)
+    if name == "ln_bwdc":
+        share = length // cs
+        return _shared_columns_bytes(share, dtype) + share * np.dtype(dtype).itemsize * (3 if fused else 2)
+    return 0
+
+
+def _has_clusters() -> bool:
+    """Whether the current GPU launches thread-block clusters (compute capability 9.0 or later; True where no GPU is
+    asked, as :func:`_shared_limit` assumes sm_90)."""
+    if cupy is None:
+        return True
+    try:
+        dev = cupy.cuda.Device()
+        return int(dev.compute_capability) >= 90
+    except Exception:
+        return True
+
+
 def _plan(length: int, dtype, fused: bool = False):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the backward for rows of ``length`` values of ``dtype`` (of the
     ``x + residual + bias`` form where ``fused``), or None.
 
     ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
-    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else the two-sweep
+    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else ``ln_bwdc``
+    (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
     ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
@@ -903,10 +1142,15 @@ def _plan(length: int, dtype, fused: bool = False):
     """
     dtype, length = np.dtype(dtype), int(length)
     split_from, limit = SPLIT_FROM[dtype.itemsize], _shared_limit()
-    key = (dtype, length, split_from, SHARED_COLUMNS[dtype.itemsize], limit, bool(fused))
+    key = (dtype, length, split_from, SHARED_COLUMNS[dtype.itemsize], CLUSTER_COLUMNS[dtype.itemsize], limit,
+           _has_clusters(), bool(fused))
     if key in _plans:
         return _plans[key]
     plan = _one_sweep_plan(length, dtype, True) or _shared_sweep_plan(length, dtype, limit, fused)
+    if plan is None and launch_shape(length, dtype) is not None:   # the composite runs where the forward's does
+        split = _cluster_split(length, dtype, limit, fused)
+        if split is not None:   # a block's share of the row: its vector width, threads and vectors a thread
+            plan = ("ln_bwdc",) + split[1][1:3] + (1,) + split[1][4:5] + (0,)
     if plan is None:
         two = launch_shape(length, dtype, "backward")
         wide = launch_shape(length, dtype)
@@ -952,14 +1196,15 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
 def backward_shape(length: int, dtype, fused: bool = False):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
     ``dtype`` (of ``x + residual + bias`` where ``fused``): ``ln_bwd1``, one sweep, ``PF`` 1 when it prefetches the
-    next row; ``ln_bwds``, one sweep with the column sums in shared memory; ``ln_bwd``, two sweeps; the split
-    backward, dx alone then ``ln_cols``: ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the
-    rows down, and the composite runs).
+    next row; ``ln_bwds``, one sweep with the column sums in shared memory; ``ln_bwdc``, the same by a cluster of
+    blocks a row (TPR and ITEMS a block's); ``ln_bwd``, two sweeps; the split backward, dx alone then ``ln_cols``:
+    ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the rows down, and the composite runs).
+    On a GPU the plan follows its shared memory and whether it has clusters (here, with none: sm_90's).
 
     >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
-    ('ln_bwd1', 'ln_bwds', 'ln_dx2')
-    >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16)
-    (('ln_dx1', 4, 640, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0))
+    ('ln_bwd1', 'ln_bwds', 'ln_bwdc')
+    >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16), backward_shape(20484, np.float32)[0]
+    (('ln_bwdc', 4, 320, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0), 'ln_dx2')
     """
     return _plan(length, dtype, fused)
 
@@ -1028,7 +1273,7 @@ def _source(dtype, length, direction="forward", fused=False):
     ``backward`` (the kernel of :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``);
     ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
-    params, scols, spf = 1, 0, 0
+    params, scols, spf, cluster = 1, 0, 0, 1
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype)
         pf = int(_forward_prefetches(length, dtype, fused))
@@ -1038,13 +1283,16 @@ def _source(dtype, length, direction="forward", fused=False):
         _, vw, tpr, rpb, items, pf = plan
         params = 0 if _splits(plan) else 1
         scols = int(plan[0] == "ln_bwds")
+        if plan[0] == "ln_bwdc":
+            cluster = _cluster_split(length, dtype, _shared_limit(), fused)[0]
     vt = _vector(dtype, length)[0]
     kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
             f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define SPF {spf}\n"
             f"#define FUSED {int(bool(fused))}\n"
-            f"#define PARAMS {params}\n#define SCOLS {scols}\n#define KVW {kvw}\n#define KVT {kvt}\n"
+            f"#define PARAMS {params}\n#define SCOLS {scols}\n#define CLUSTER {cluster}\n"
+            f"#define KVW {kvw}\n#define KVT {kvt}\n"
             f"#define CW {COLUMN_WARPS}\n"
             + (f"#define CVT {cvt}\n" if cvt else ""))
     return head + _SOURCE
@@ -1098,6 +1346,44 @@ def _blocks_per_sm(key, fn, threads, dynamic_shared=0):
         n = max(1, min(65536 // (regs * warps), 2048 // threads, 32, (228 * 1024) // smem))
         _occupancy[key] = n
     return n
+
+
+CLUSTER_QUERY: dict = {}
+"""The last ``cuOccupancyMaxActiveClusters`` call's outcome (``"status"``: its CUresult, or the error that kept it
+from being made): the GPU tests read it (on the H200 in the seventh session the query failed, so the launcher fell
+back to half the SMs' worth of clusters)."""
+
+
+def _active_clusters(fn, cs, threads, shared, key):
+    """Clusters of ``cs`` blocks of ``fn`` the GPU runs at once (``cuOccupancyMaxActiveClusters``, cached under
+    ``key``): ``ln_bwdc`` gives each cluster a fixed share of the rows, so a cluster left to a second wave would
+    double the time; where the driver cannot say, half the SMs' worth (one wave whatever the GPCs' sizes)."""
+    n = _occupancy.get(("clusters",) + key)
+    if n is None:
+        n = _driver_active_clusters(fn, cs, threads, shared)
+        if n is None or n < 1:
+            n = max(1, _sm_count(cupy.cuda.Device().id) // (2 * cs))
+        _occupancy[("clusters",) + key] = n
+    return n
+
+
+def _driver_active_clusters(fn, cs, threads, shared):
+    import ctypes
+
+    class LaunchConfig(ctypes.Structure):   # CUlaunchConfig
+        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                    ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        config = LaunchConfig((ctypes.c_uint * 3)(cs, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), shared, None, None,
+                              0)
+        status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(fn.ptr), ctypes.byref(config))
+    except (OSError, AttributeError) as e:
+        CLUSTER_QUERY["status"] = repr(e)
+        return None
+    CLUSTER_QUERY["status"] = int(status)   # a CUresult: 0 is success
+    return n.value if status == 0 else None
 
 
 def _sm_count(dev):
@@ -1228,17 +1514,22 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     mod = _module(x.dtype, length, "backward", fused)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    shared = _shared_columns_bytes(length, x.dtype) if name == "ln_bwds" else 0
+    cs = _cluster_split(length, x.dtype, _shared_limit(), fused)[0] if name == "ln_bwdc" else 1
+    shared = _backward_shared_bytes(length, x.dtype, name, cs, fused)
     _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
               if name in ("ln_bwd1", "ln_dx1", "ln_bwds") else 2)
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
-    blocks = int(min(-(-rows // rpb), per_sm * sms))
+    if name == "ln_bwdc":   # partial rows: one a cluster, as many clusters as the GPU holds at once (one wave)
+        blocks = int(min(rows, _active_clusters(fn, cs, tpr, shared, (x.dtype, length, x.device.id, fused))))
+        grid = blocks * cs
+    else:
+        blocks = grid = int(min(-(-rows // rpb), per_sm * sms))
     dx = cupy.empty_like(x)
     parts = cupy.empty((2, blocks, length), cdt) if need_params and not split else None
     null = np.uint64(0)
     res_arg, bias_arg = null if residual is None else residual, null if bias is None else bias
-    fn((blocks,), (tpr * rpb,), (dy, x, null if gamma is None else gamma, mean, rstd, dx,
+    fn((grid,), (tpr * rpb,), (dy, x, null if gamma is None else gamma, mean, rstd, dx,
                                  null if parts is None else parts[0], null if parts is None else parts[1],
                                  np.int64(rows), np.int32(parts is not None), res_arg, bias_arg), shared_mem=shared)
     if not need_params:
