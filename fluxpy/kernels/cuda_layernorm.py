@@ -27,7 +27,9 @@ shared memory (``2 L`` compute values a block, one row a block, each column's su
 barrier guards them), the row in registers as ``ln_dx1`` holds it; it takes the halves and float32 where the sums
 fit a block's shared memory (227 KB on sm_90: up to some 29,000 values) and the row the registers
 (:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for example). Rows whose sums do not
-fit one block take ``ln_bwdc``: a cluster of 2, 4 or 8 blocks a row (sm_90), each block ``ln_bwds`` over its share
+fit one block, and whose dx alone would not fit the registers of one block (measured: ``ln_bwdc`` lost to the split
+backward's one-sweep ``ln_dx1``, and beat its two-sweep ``ln_dx2``), take ``ln_bwdc``: a cluster of 2, 4 or 8 blocks
+a row (sm_90), each block ``ln_bwds`` over its share
 of the columns, the two row sums exchanged through distributed shared memory with one cluster barrier a row
 (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as run at once
 (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the shared memory
@@ -1133,8 +1135,9 @@ def _plan(length: int, dtype, fused: bool = False):
     ``x + residual + bias`` form where ``fused``), or None.
 
     ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
-    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else ``ln_bwdc``
-    (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
+    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else, where dx alone
+    would not fit the registers in one sweep, ``ln_bwdc`` (the same by a cluster of blocks a row,
+    :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
     ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
@@ -1147,7 +1150,10 @@ def _plan(length: int, dtype, fused: bool = False):
     if key in _plans:
         return _plans[key]
     plan = _one_sweep_plan(length, dtype, True) or _shared_sweep_plan(length, dtype, limit, fused)
-    if plan is None and launch_shape(length, dtype) is not None:   # the composite runs where the forward's does
+    # The composite runs where the forward's does not. ln_bwdc only where dx alone would take two sweeps: on the H200
+    # it beat ln_dx2 (32,768 halves 848 us against 941; float32 24,576 965 against 1,163) and lost to ln_dx1
+    # (24,576 halves 715 against 493).
+    if plan is None and launch_shape(length, dtype) is not None and _one_sweep_plan(length, dtype, False) is None:
         split = _cluster_split(length, dtype, limit, fused)
         if split is not None:   # a block's share of the row: its vector width, threads and vectors a thread
             plan = ("ln_bwdc",) + split[1][1:3] + (1,) + split[1][4:5] + (0,)
@@ -1204,7 +1210,7 @@ def backward_shape(length: int, dtype, fused: bool = False):
     >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
     ('ln_bwd1', 'ln_bwds', 'ln_bwdc')
     >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16), backward_shape(20484, np.float32)[0]
-    (('ln_bwdc', 4, 320, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0), 'ln_dx2')
+    (('ln_dx1', 4, 640, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0), 'ln_dx2')
     """
     return _plan(length, dtype, fused)
 
@@ -1378,7 +1384,8 @@ def _driver_active_clusters(fn, cs, threads, shared):
         n = ctypes.c_int(0)
         config = LaunchConfig((ctypes.c_uint * 3)(cs, 1, 1), (ctypes.c_uint * 3)(threads, 1, 1), shared, None, None,
                               0)
-        status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(fn.ptr), ctypes.byref(config))
+        function = ctypes.c_void_p(fn.kernel.ptr)   # RawKernel.kernel: its cupy.cuda.Function (the CUfunction)
+        status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), function, ctypes.byref(config))
     except (OSError, AttributeError) as e:
         CLUSTER_QUERY["status"] = repr(e)
         return None
