@@ -29,11 +29,11 @@ fit a block's shared memory (227 KB on sm_90: up to some 29,000 values) and the 
 (:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for example). Rows whose sums do not
 fit one block, and whose dx alone would not fit the registers of one block (measured: ``ln_bwdc`` lost to the split
 backward's one-sweep ``ln_dx1``, and beat its two-sweep ``ln_dx2``), take ``ln_bwdc``: a cluster of 2, 4 or 8 blocks
-a row (sm_90), each block ``ln_bwds`` over its share
-of the columns, the two row sums exchanged through distributed shared memory with one cluster barrier a row
-(:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as run at once
-(``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the shared memory
-the sums leave free (``cp.async``, each thread its own vectors) while this row's sums and barriers run. Where
+a row (sm_90), each block ``ln_bwds`` over its share of the columns, the two row sums exchanged through distributed
+shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as
+run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the
+shared memory the sums leave free (``cp.async``, each thread its own vectors) while this row's sums and barriers
+run. Where
 neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or a GPU with less shared memory
 or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row
 sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column sums.
