@@ -7,15 +7,14 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
 
 - ``fwd``: fluxpy ``layernorm_forward`` (y, mean, rstd) against ``F.layer_norm``;
 - ``fwd+bwd``: fluxpy's forward, then the ``layernorm_backward`` op (dx, dgamma, dbeta: the kernel of
-  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1`` or ``ln_bwds`` or two ``ln_bwd``, then ``ln_params``; or the split
-  backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and ``ln_params``; the composite
-  where no kernel takes the rows, as the layer norm's pullback runs it) against ``F.layer_norm`` and
-  ``torch.autograd.grad`` of it for x, gamma and beta.
+  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1``, ``ln_bwds`` or ``ln_bwdc`` or two ``ln_bwd``, then
+  ``ln_params``; or the split backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and
+  ``ln_params``; the composite where no kernel takes the rows, as the layer norm's pullback runs it) against
+  ``F.layer_norm`` and ``torch.autograd.grad`` of it for x, gamma and beta.
 - ``--split``: where ``ln_bwds`` or ``ln_bwdc`` (the column sums in shared memory, of a block or of a cluster of
   blocks) or the two-sweep ``ln_bwd`` runs, the other backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off,
-  then also ``SPLIT_FROM`` set to that length), the
-  measurements that decide those two switches; where the forward stages the next row in shared memory, its time
-  without (``STAGED_FORWARD`` off).
+  then also ``SPLIT_FROM`` set to that length), the measurements that decide those switches; where the forward
+  stages the next row in shared memory, its time without (``STAGED_FORWARD`` off).
 
 GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
 hidden, and CUDA events time ``--reps`` calls (median of ``--rounds``). Bandwidth counts the bytes a kernel must
@@ -187,7 +186,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
-    p.add_argument("--split", action="store_true", help="also time the other backwards where ln_bwds or ln_bwd runs")
+    p.add_argument("--split", action="store_true", help="also time the other backwards where ln_bwds, ln_bwdc or ln_bwd runs")
     a = p.parse_args(argv)
     import cupy as cp
     import torch

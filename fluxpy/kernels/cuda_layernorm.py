@@ -33,10 +33,10 @@ a row (sm_90), each block ``ln_bwds`` over its share of the columns, the two row
 shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as
 run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the
 shared memory the sums leave free (``cp.async``, each thread its own vectors) while this row's sums and barriers
-run. Where
-neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or a GPU with less shared memory
-or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row
-sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column sums.
+run. Where neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or a GPU with less
+shared memory or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps
+a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column
+sums.
 
 Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
 and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)

@@ -58,17 +58,14 @@ def set_options(**options) -> dict:
     >>> _ = set_options(**old)
     """
     global _options_key
-    new = {k: _checked_option(k, v) for k, v in options.items() if _known_option(k) and v is not None}
+    for k in options:   # every name and value checked before any option changes
+        if k not in OPTIONS:
+            raise TypeError(f"set_options: unknown option {k!r}; expected one of {sorted(OPTIONS)}")
+    new = {k: _checked_option(k, v) for k, v in options.items() if v is not None}
     old = dict(OPTIONS)
     OPTIONS.update(new)
     _options_key = (OPTIONS["allow_tf32"], OPTIONS["deterministic"], OPTIONS["workspace_limit"])
     return old
-
-
-def _known_option(name):
-    if name not in OPTIONS:
-        raise TypeError(f"set_options: unknown option {name!r}; expected one of {sorted(OPTIONS)}")
-    return True
 
 
 def _checked_option(name, value):
