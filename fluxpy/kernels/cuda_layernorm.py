@@ -85,6 +85,21 @@ MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most
 SHORT_ROW_VECTORS = 4
 SHORT_ROW_THREADS = 256
 FORWARD_BLOCK_THREADS = 128
+# The plain forward of the halves' longer rows (those the rule above gives SHORT_ROW_THREADS threads or more, in
+# 8-byte vectors: 2-half vectors spilled at 10,242-14,338 values as FORWARD_SPARE counts them), where an SM
+# would hold fewer than FORWARD_MIN_ROWS of them at once, takes the shape that lets it hold the most: up to
+# MAX_FORWARD_ITEMS vectors a thread, the threads a row a multiple of 32 (from FORWARD_BLOCK_THREADS), a row a block,
+# ptxas held to that many blocks an SM (__launch_bounds__), the fewest vectors a thread among the shapes that tie. A
+# thread needs its row values and FORWARD_SPARE registers besides (fitted to ptxas for sm_90; a kernel that spills
+# anyway is rebuilt for a block fewer, _forward_kernel). The barriers of a row's two sums leave its block's loads
+# idle, so the more rows an SM holds, the busier its loads. H200, 8192 rows, against the rule above: float16 12,288
+# values, 512 threads of 6 vectors (2 blocks an SM) -> 384 threads of 8 (3 blocks): 115.4 -> 102.3 us (84% -> 94% of
+# copy); 20,480, 1,024 threads of 5, prefetching -> 512 threads of 10 (2 blocks): 190.0 -> 181.0 us (84% -> 88%);
+# 10,240 105.0 -> 87.0 (78% -> 94%), 18,432 175.6 -> 156.7 (82% -> 91%). Not the fused form (slower so: 12,288
+# bfloat16 227 -> 290 us, 18,432 float16 314 -> 345), float32 (85-97% of copy by the rule above) nor float64.
+MAX_FORWARD_ITEMS = 12
+FORWARD_MIN_ROWS = 3
+FORWARD_SPARE = {2: 24, 4: None, 8: None}
 MAX_VALUES = 32        # row values a thread sums per column in the backward, at most (16 for float64)
 MAX_THREADS = 1024     # threads per row, at most (longer rows are turned down)
 # The forward of the halves prefetches the next row (PF) where a row takes a whole block of MAX_THREADS, if its row
@@ -128,9 +143,14 @@ SHARED_SPARE = 12      # registers ln_bwds needs beyond ln_dx1's estimate (the s
                        # spilled 4 to 12 bytes at 4 and 8, sm_90: 16,388-17,920 float32, 16,388-21,504 halves)
 FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16,388-19,456 halves, 544-608 threads)
 # By item size: whether the forward of rows that take a whole block, where the next row does not fit the registers,
-# stages the next row in shared memory instead (cp.async; _forward_stages). Not float32 (its forward is at 85-97% of
-# copy without it, and NVRTC 13.5 spilled 8-32 bytes of the staged form at 20,484 and 28,672-32,764 values).
-STAGED_FORWARD = {2: True, 4: False, 8: False}
+# stages the next row in shared memory instead (cp.async; _forward_stages), one row ahead; where ptxas spills that
+# form, two rows ahead (a ring of two slots, where they fit: it spilled at other lengths), else none (_forward_kernel).
+# float32 too: H200, 8192 rows, against no staging: 18,432 values 329.5 -> 312.1 us (86% -> 91% of copy), 20,480
+# 359.2 -> 344.8 (88% -> 92%), 32,768 599.1 -> 549.9 (84% -> 91%); two rows ahead 20,484 387.0 -> 365.0 (82% ->
+# 87%), 24,576 425.0 -> 412.9 (89% -> 92%), but 28,672 524.9 -> 557.5 (84% -> 79%, not avoided). Two or three rows
+# ahead where one fits was slower (float16 32,768: 310.8, 317.1, 325.3 us), and so were 16-byte copies of the
+# halves, any thread any piece, with a barrier a row (404 us).
+STAGED_FORWARD = {2: True, 4: True, 8: False}
 # By item size: whether rows whose column sums do not fit one block's shared memory take ln_bwdc, a cluster of 2, 4 or
 # 8 blocks a row (sm_90 and later), each block ln_bwds over its share of the columns (_cluster_split).
 CLUSTER_COLUMNS = {2: True, 4: True, 8: False}
@@ -370,9 +390,7 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
     return (unsigned)a;
 }
-#endif
 
-#if SPF || CLUSTER > 1
 // The staged copies (the forward's SPF, ln_bwdc): each thread copies its own vectors of a row into shared memory with
 // cp.async (sm_80 and later), holding no registers while they fly, and later reads back only what it copied itself,
 // so no barrier orders them. Zeros past the rows (a copy of no bytes fills its slot with zeros).
@@ -383,7 +401,7 @@ __device__ __forceinline__ void copy_async(VT* dst, const VT* src, bool in) {
 #endif
 
 #if SPF
-
+// STAGES: the rows staged ahead, a ring of slots.
 __device__ __forceinline__ void stage_row(const T* x, const T* res, long long row, long long R, int tid, VT* sx,
                                           VT* sr) {
     const bool valid = row < R;
@@ -401,9 +419,9 @@ __device__ __forceinline__ void stage_row(const T* x, const T* res, long long ro
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// The raw vectors this thread staged (zeros past the row), once its copies have landed.
+// The raw vectors this thread holds of the row staged STAGES - 1 commits ago (zeros past the row), once it landed.
 __device__ __forceinline__ void unstage(const VT* sx, const VT* sr, int tid, VT* bx, VT* br) {
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
     #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
         const int j = i * TPR + tid;
@@ -419,9 +437,11 @@ __device__ __forceinline__ void unstage(const VT* sx, const VT* sr, int tid, VT*
 // would leave the SM's loads idle between rows) the grid visits the rows grid-stride, each block issuing the loads
 // of its next row before this row's sums; with SPF (such rows whose next row does not fit the registers) the same,
 // the next row staged in shared memory instead (stage_row).
-extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C* beta, T* y,
-                                                               C* mean_out, C* rstd_out, long long R, double eps,
-                                                               const T* res, const C* bias) {
+// FWD_BLOCKS: the blocks an SM is to hold at once (forward_blocks), so that ptxas keeps the registers to that share.
+extern "C" __global__ void __launch_bounds__(TPR * RPB, FWD_BLOCKS) ln_fwd(const T* x, const C* gamma,
+                                                                             const C* beta, T* y, C* mean_out,
+                                                                             C* rstd_out, long long R, double eps,
+                                                                             const T* res, const C* bias) {
     __shared__ C sh[RPB * NW];
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     C v[ITEMS * VW];
@@ -436,14 +456,17 @@ extern "C" __global__ void ROW_BOUNDS ln_fwd(const T* x, const C* gamma, const C
     }
 #elif SPF   // RPB is 1
     extern __shared__ __align__(16) unsigned char stage_bytes[];
-    VT* const sx = (VT*)stage_bytes;
-    VT* const sr = sx + LV;     // the residual's row (fused)
-    stage_row(x, res, blockIdx.x, R, tid, sx, sr);
+    VT* const sx = (VT*)stage_bytes;       // STAGES slots of a row
+    VT* const sr = sx + STAGES * LV;       // and of the residual's row (fused)
+    for (int k = 0; k < STAGES; ++k)
+        stage_row(x, res, blockIdx.x + (long long)k * gridDim.x, R, tid, sx + k * LV, sr + k * LV);
+    int slot = 0;
     for (long long row = blockIdx.x; row < R; row += gridDim.x) {   // the same trip count block-wide
         VT bx[ITEMS], br[FUSED ? ITEMS : 1];
-        unstage(sx, sr, tid, bx, br);
+        unstage(sx + slot * LV, sr + slot * LV, tid, bx, br);
         unpack_x(bx, br, bias, tid, v);
-        stage_row(x, res, row + gridDim.x, R, tid, sx, sr);
+        stage_row(x, res, row + (long long)STAGES * gridDim.x, R, tid, sx + slot * LV, sr + slot * LV);
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
         normalise_row(v, gamma, beta, y, mean_out, rstd_out, row, R, eps, tid, sh);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");   // the last (empty) copies land before the block's memory goes
@@ -978,6 +1001,7 @@ _VECTORS = {"half": (("uint2", 4), ("unsigned int", 2)), np.dtype(np.float32): (
 _COLUMN_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)),
                    np.dtype(np.float32): (("float4", 4), ("float2", 2)), np.dtype(np.float64): (("double2", 2),)}
 _modules: dict = {}
+_forward: dict = {}
 _plans: dict = {}
 _occupancy: dict = {}
 _sm: dict = {}
@@ -1002,6 +1026,18 @@ def _shape(length, dtype, max_items, min_tpr=32):
     if tpr > MAX_THREADS:
         return None
     return vw, tpr, -(-vectors // tpr)
+
+
+def _blocks_an_sm(threads, regs, shared=0):
+    """Blocks of ``threads`` threads, ``regs`` registers a thread and ``shared`` bytes of shared memory that an SM
+    holds at once (sm_90: 64K registers allocated 256 a warp, 2,048 threads, 32 blocks, 228 KB of shared memory less
+    1 KB a block), at least 1.
+
+    >>> _blocks_an_sm(384, 56), _blocks_an_sm(512, 56), _blocks_an_sm(1024, 64, 64 * 1024)
+    (3, 2, 1)
+    """
+    per_warp = -(-max(int(regs), 1) * 32 // 256) * 256
+    return max(1, min(65536 // (per_warp * -(-threads // 32)), 2048 // threads, 32, (228 * 1024) // (shared + 1024)))
 
 
 def _one_sweep_registers(dtype, vw, items, prefetch, params=True):
@@ -1159,7 +1195,7 @@ def _plan(length: int, dtype, fused: bool = False):
             plan = ("ln_bwdc",) + split[1][1:3] + (1,) + split[1][4:5] + (0,)
     if plan is None:
         two = launch_shape(length, dtype, "backward")
-        wide = launch_shape(length, dtype)
+        wide = _doubling_shape(length, dtype, True)
         if two is not None and _two_sweep_fits(length, dtype) and (split_from is None or length < split_from):
             plan = ("ln_bwd",) + two + (0,)
         elif wide is not None:
@@ -1168,7 +1204,8 @@ def _plan(length: int, dtype, fused: bool = False):
     return plan
 
 
-def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, int, int, int] | None:
+def launch_shape(length: int, dtype, direction: str = "forward", fused: bool = False
+                 ) -> tuple[int, int, int, int] | None:
     """``(VW, TPR, RPB, ITEMS)`` for rows of ``length`` values of ``dtype``: elements per vector (16 bytes where
     the length allows, else 8 or 4 bytes, else 1), threads per row (the fewest, doubling from a warp, that hold the
     row in at most :data:`SHORT_ROW_VECTORS` vectors a thread up to :data:`SHORT_ROW_THREADS` threads and at most
@@ -1181,10 +1218,16 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
     >>> launch_shape(768, np.float32), launch_shape(20480, np.float32), launch_shape(5140, np.float32)
     ((4, 64, 2, 3), (4, 1024, 1, 5), (4, 256, 1, 6))
     """
+    shape = _forward_shape(length, dtype, fused) if direction == "forward" else _doubling_shape(length, dtype, False)
+    return None if shape is None else shape[:4]
+
+
+def _doubling_shape(length, dtype, forward):
+    """``(VW, TPR, RPB, ITEMS)`` by doubling the threads a row from a warp (:func:`launch_shape`'s rule for short
+    rows forward and for the two-sweep backward), or None past :data:`MAX_THREADS`."""
     dtype = np.dtype(dtype)
     vw = _vector(dtype, length)[1]
     vectors = length // vw
-    forward = direction == "forward"
 
     def max_items(tpr):
         if forward:
@@ -1197,6 +1240,40 @@ def launch_shape(length: int, dtype, direction: str = "forward") -> tuple[int, i
             return None
     block = FORWARD_BLOCK_THREADS if forward else 256
     return vw, tpr, max(1, block // tpr), -(-vectors // tpr)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _forward_shape(length, dtype, fused=False):
+    """``(VW, TPR, RPB, ITEMS, blocks an SM asked of ptxas)`` of ``ln_fwd``: the doubling rule's shape (and 1) where
+    an SM holds :data:`FORWARD_MIN_ROWS` of its rows at once or no other shape holds more, and for short rows,
+    the ``fused`` form, float32 and float64; else the shape that holds the most rows an SM at once
+    (:data:`MAX_FORWARD_ITEMS`, :data:`FORWARD_SPARE`) and that many blocks. None where the rows are turned down.
+
+    >>> _forward_shape(4096, np.float16), _forward_shape(12288, np.float16), _forward_shape(20480, np.float16)
+    ((4, 256, 1, 4, 1), (4, 384, 1, 8, 3), (4, 512, 1, 10, 2))
+    >>> _forward_shape(32768, np.float16), _forward_shape(12288, np.float32)
+    ((4, 1024, 1, 8, 1), (4, 512, 1, 6, 1))
+    """
+    dtype = np.dtype(dtype)
+    shape = _doubling_shape(length, dtype, True)
+    spare = FORWARD_SPARE[dtype.itemsize]
+    if (shape is None or shape[1] < SHORT_ROW_THREADS or spare is None or shape[0] * dtype.itemsize != 8
+            or fused):
+        return None if shape is None else shape + (1,)
+    vw, vectors = shape[0], length // shape[0]
+    held, best = _blocks_an_sm(shape[1], shape[3] * vw + spare), shape + (1,)
+    if held >= FORWARD_MIN_ROWS:
+        return best
+    for most in range(-(-vectors // MAX_THREADS), MAX_FORWARD_ITEMS + 1):   # vectors a thread, at most
+        tpr = max(FORWARD_BLOCK_THREADS, 32 * -(-_ceil_div(vectors, most) // 32))
+        items = -(-vectors // tpr)
+        blocks = _blocks_an_sm(tpr, items * vw + spare)
+        if blocks > held:   # a tie keeps the fewer vectors a thread
+            held, best = blocks, (vw, tpr, 1, items, blocks)
+    return best
 
 
 def backward_shape(length: int, dtype, fused: bool = False):
@@ -1221,35 +1298,35 @@ def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
     the next row's raw vectors (and the residual's, fused) fit beside the row's values
     (:data:`FORWARD_PREFETCH_WORDS`). Not for float32 (2% at 20,480; its unpacked raw vectors spilled at 16,640).
 
-    >>> [_forward_prefetches(n, np.float16) for n in (4096, 20480, 32768)], _forward_prefetches(20480, np.float32)
+    >>> [_forward_prefetches(n, np.float16) for n in (4096, 24576, 32768)], _forward_prefetches(24576, np.float32)
     ([False, True, False], False)
     """
-    shape = launch_shape(length, dtype)
+    shape = launch_shape(length, dtype, fused=fused)
     if shape is None or shape[1] < MAX_THREADS or np.dtype(dtype).itemsize != 2:
         return False
     vw, _, _, items = shape
     return items * vw + items * vw // 2 * (2 if fused else 1) <= FORWARD_PREFETCH_WORDS
 
 
-def _forward_stages(length: int, dtype, fused: bool = False) -> bool:
-    """Whether ``ln_fwd`` stages the next row in shared memory (``SPF``): where a row takes a whole block of
+def _forward_stages(length: int, dtype, fused: bool = False) -> int:
+    """The rows ``ln_fwd`` stages ahead in shared memory (``SPF``), 1 or 0: 1 where a row takes a whole block of
     :data:`MAX_THREADS` threads, :func:`_forward_prefetches` does not hold the next row in registers,
     :data:`STAGED_FORWARD` allows it, a vector is 4, 8 or 16 bytes (what ``cp.async`` copies) and the row (and the
-    residual's, fused) fits a block's shared memory.
+    residual's, fused) fits a block's shared memory (:func:`_forward_kernel` may take 2 or 0).
 
-    >>> [_forward_stages(n, np.float16) for n in (4096, 20480, 32768)], _forward_stages(32768, np.float16, True)
-    ([False, False, True], True)
+    >>> [_forward_stages(n, np.float16) for n in (4096, 24576, 32768)], _forward_stages(32768, np.float16, True)
+    ([0, 0, 1], 1)
     """
     dtype = np.dtype(dtype)
-    shape = launch_shape(length, dtype)
+    shape = launch_shape(length, dtype, fused=fused)
     if (shape is None or shape[1] < MAX_THREADS or not STAGED_FORWARD[dtype.itemsize]
             or _forward_prefetches(length, dtype, fused) or shape[0] * dtype.itemsize not in (4, 8, 16)):
-        return False
-    return _staged_bytes(length, dtype, fused) <= _shared_limit() - 1024
+        return 0
+    return int(_staged_bytes(length, dtype, fused) <= _shared_limit() - 1024)
 
 
 def _staged_bytes(length, dtype, fused):
-    """Dynamic shared memory of the staged forward: a row of x (and of the residual, fused)."""
+    """Shared memory of a row the forward stages: a row of x (and of the residual, fused)."""
     return int(length) * np.dtype(dtype).itemsize * (2 if fused else 1)
 
 
@@ -1274,16 +1351,17 @@ def column_shape(length: int, dtype, rows: int) -> tuple[int, int, int, int]:
     return kvw, tiles, rc, -(-rows // rc)
 
 
-def _source(dtype, length, direction="forward", fused=False):
-    """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``) or
-    ``backward`` (the kernel of :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``);
-    ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
+def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1):
+    """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``, staging
+    ``stages`` rows ahead, ptxas held to ``blocks`` blocks an SM) or ``backward`` (the kernel of
+    :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``); ``fused``: with the code that
+    adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
     params, scols, spf, cluster = 1, 0, 0, 1
     if direction == "forward":
-        vw, tpr, rpb, items = launch_shape(length, dtype)
+        vw, tpr, rpb, items = launch_shape(length, dtype, fused=fused)
         pf = int(_forward_prefetches(length, dtype, fused))
-        spf = int(_forward_stages(length, dtype, fused))
+        spf = int(stages > 0)
     else:
         plan = _plan(length, dtype, fused)
         _, vw, tpr, rpb, items, pf = plan
@@ -1296,6 +1374,7 @@ def _source(dtype, length, direction="forward", fused=False):
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
             f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define SPF {spf}\n"
+            f"#define FWD_BLOCKS {blocks}\n#define STAGES {max(stages, 1)}\n"
             f"#define FUSED {int(bool(fused))}\n"
             f"#define PARAMS {params}\n#define SCOLS {scols}\n#define CLUSTER {cluster}\n"
             f"#define KVW {kvw}\n#define KVT {kvt}\n"
@@ -1304,14 +1383,38 @@ def _source(dtype, length, direction="forward", fused=False):
     return head + _SOURCE
 
 
-def _module(dtype, length, direction="forward", fused=False):
+def _module(dtype, length, direction="forward", fused=False, stages=0, blocks=1):
     key = (np.dtype(dtype), int(length), direction, bool(fused),
-           _plan(length, dtype, fused) if direction == "backward" else _forward_stages(length, dtype, fused))
+           _plan(length, dtype, fused) if direction == "backward" else (stages, blocks))
     mod = _modules.get(key)
     if mod is None:
-        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused),
+        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused, stages, blocks),
                                              options=("--std=c++14",))
     return mod
+
+
+def _forward_kernel(dtype, length, fused=False):
+    """``(ln_fwd, (VW, TPR, RPB, ITEMS), stages, prefetches)``: the forward compiled for rows of ``length`` values
+    of ``dtype`` (cached with its shape, so that a launch asks no rule again), the first of its forms
+    that ptxas compiles without spilling (local memory): staging the rows ahead that :func:`_forward_stages` says,
+    held to the blocks an SM that :func:`_forward_shape` chose, then a block fewer at a time; staging two rows
+    ahead where they fit, then none (:data:`STAGED_FORWARD`); the last form runs whatever ptxas did (the GPU tests
+    read every kernel's local memory)."""
+    key = (np.dtype(dtype), int(length), bool(fused), _shared_limit())
+    got = _forward.get(key)
+    if got is None:
+        stages, blocks = _forward_stages(length, dtype, fused), _forward_shape(length, dtype, fused)[4]
+        forms = [(stages, b) for b in range(blocks, 0, -1)]
+        if stages:
+            two = 2 * _staged_bytes(length, dtype, fused) <= _shared_limit() - 1024
+            forms += [(2, 1)] * two + [(0, 1)]
+        for stages, blocks in forms:
+            fn = _module(dtype, length, "forward", fused, stages, blocks).get_function("ln_fwd")
+            if fn.local_size_bytes == 0:
+                break
+        got = _forward[key] = (fn, launch_shape(length, dtype, fused=fused), stages,
+                               _forward_prefetches(length, dtype, fused))
+    return got
 
 
 def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
@@ -1328,15 +1431,14 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     dtype, length = np.dtype(dtype), int(length)
     if fused and not _fused_fits(length, dtype):
         return out
-    names = []
+    kernels = []
     if launch_shape(length, dtype) is not None:
-        names.append(("ln_fwd", "forward"))
+        kernels.append(("ln_fwd", _forward_kernel(dtype, length, fused)[0]))
     plan = _plan(length, dtype, fused)
     if plan is not None:
-        names += [(plan[0], "backward")] + ([("ln_cols", "backward")] if _splits(plan) else []) + \
-            [("ln_params", "backward")]
-    for name, direction in names:
-        f = _module(dtype, length, direction, fused).get_function(name)
+        names = [plan[0]] + (["ln_cols"] if _splits(plan) else []) + ["ln_params"]
+        kernels += [(name, _module(dtype, length, "backward", fused).get_function(name)) for name in names]
+    for name, f in kernels:
         out[name] = (f.num_regs, f.local_size_bytes)
     return out
 
@@ -1346,11 +1448,8 @@ def _blocks_per_sm(key, fn, threads, dynamic_shared=0):
     shared memory, with ``dynamic_shared`` bytes a block)."""
     n = _occupancy.get(key)
     if n is None:
-        warps = -(-threads // 32)
-        regs = -(-max(int(fn.num_regs), 1) * 32 // 256) * 256        # allocated per warp, 256 at a time
-        smem = int(getattr(fn, "shared_size_bytes", 0) or 0) + dynamic_shared + 1024
-        n = max(1, min(65536 // (regs * warps), 2048 // threads, 32, (228 * 1024) // smem))
-        _occupancy[key] = n
+        shared = int(getattr(fn, "shared_size_bytes", 0) or 0) + dynamic_shared
+        n = _occupancy[key] = _blocks_an_sm(threads, fn.num_regs, shared)
     return n
 
 
@@ -1477,17 +1576,16 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     With ``residual`` (like ``x``) and/or ``bias`` (the normalised shape, compute type) the rows normalised are
     those of ``x + residual + bias``, summed on the fly (the sum is never stored)."""
     rows, length = _rows(x, k)
-    vw, tpr, rpb, items = launch_shape(length, x.dtype)
+    fused = residual is not None or bias is not None
+    fn, (vw, tpr, rpb, items), stages, prefetches = _forward_kernel(x.dtype, length, fused)
     cdt = compute_dtype(x.dtype)
     y = cupy.empty_like(x)
     stats = cupy.empty((2, rows), cdt)
-    fused = residual is not None or bias is not None
-    fn = _module(x.dtype, length, "forward", fused).get_function("ln_fwd")
     blocks = -(-rows // rpb)
-    shared = _staged_bytes(length, x.dtype, fused) if _forward_stages(length, x.dtype, fused) else 0
+    shared = stages * _staged_bytes(length, x.dtype, fused)
     _allow_shared(fn, shared)
-    if shared or _forward_prefetches(length, x.dtype, fused):   # as many blocks as the GPU holds at once
-        key = (x.dtype, length, x.device.id, fused, "forward", _shared_limit())
+    if shared or prefetches:   # as many blocks as the GPU holds at once
+        key = (x.dtype, length, x.device.id, fused, "forward", stages)
         blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb, shared) * _sm_count(x.device.id))
     gamma, beta = _aligned(gamma), _aligned(beta)    # read as vectors
     null = np.uint64(0)

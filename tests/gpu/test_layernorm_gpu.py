@@ -108,7 +108,8 @@ def test_no_register_spills_at_any_size(dtype):
     ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
     # with the lengths where the H200's NVRTC once spilled (9,728-10,240 float32 and 13,824 fused halves in ln_dx1,
     # 16,896 fused halves and 12,800 fused float64 in ln_fwd)
-    for length in LENGTHS + [4096, 16384, 1536, 1024, 9728, 10236, 12800, 13568, 13824, 16896, 20484, 24576]:
+    for length in LENGTHS + [4096, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
+                             24576, 28672]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
             if fused and not cuda_layernorm._fused_fits(length, dtype):
@@ -349,19 +350,10 @@ def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
     assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
 
 
-@pytest.mark.parametrize("length", [20480, 32768])
-@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
-@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=str)
-def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, length):
-    """Rows of 20,480 and 32,768 halves take a whole block, whose blocks visit the rows grid-stride, getting the next
-    row early: the plain forward at 20,480 into registers, where the next row's raw vectors fit beside the row
-    (PF); the others into shared memory, each thread copying its own vectors with cp.async (SPF, a row and the
-    residual's: 40 to 128 KB a block). More rows than the grid has blocks (each block visits several, the last
-    round ragged): y, mean and rstd against float64, the same bits from a captured CUDA graph."""
+def _forward_over_many_rows(dtype, fused, length):
+    """The forward of 700 rows (more than the grid of a whole-block row has blocks: each block visits several, the
+    last round ragged): y, mean and rstd against float64, the same bits from a captured CUDA graph."""
     cp = cupy_module()
-    pf = cuda_layernorm._forward_prefetches(length, dtype, fused)
-    assert pf == (length == 20480 and not fused)
-    assert cuda_layernorm._forward_stages(length, dtype, fused) == (not pf)
     rows = 700
     (x, _, g, b), (xh, _, gh, bh) = _case((rows,), (length,), dtype, True, seed=14)
     r = c = rh = ch = None
@@ -378,3 +370,46 @@ def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, le
     graph.launch()
     cp.cuda.get_current_stream().synchronize()
     assert all(cp.array_equal(a, a2) for a, a2 in zip((y, mean, rstd), captured))
+
+
+@pytest.mark.parametrize("length", [24576, 32768])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=str)
+def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, length):
+    """Rows of 24,576 and 32,768 halves take a whole block, whose blocks visit the rows grid-stride, getting the next
+    row early: the plain forward at 24,576 into registers, where the next row's raw vectors fit beside the row
+    (PF); the others into shared memory, each thread copying its own vectors with cp.async (SPF, a row and the
+    residual's: 48 to 128 KB a block)."""
+    pf = cuda_layernorm._forward_prefetches(length, dtype, fused)
+    assert pf == (length == 24576 and not fused)
+    assert cuda_layernorm._forward_stages(length, dtype, fused) == (not pf)
+    _forward_over_many_rows(dtype, fused, length)
+
+
+@pytest.mark.parametrize("length,dtype,fused", [(28672, np.float16, False), (20480, np.float32, False),
+                                                (24576, BF16, True)], ids=str)
+def test_forward_staging_two_rows_ahead(monkeypatch, length, dtype, fused):
+    """The staged forward's ring of two rows ahead (the form taken where ptxas spills the form of one), forced:
+    each slot refilled with the row two visits on, the last copies empty."""
+    monkeypatch.setattr(cuda_layernorm, "_forward", {})
+    fn = cuda_layernorm._module(dtype, length, "forward", fused, 2, 1).get_function("ln_fwd")
+    key = (np.dtype(dtype), length, fused, cuda_layernorm._shared_limit())
+    cuda_layernorm._forward[key] = (fn, cuda_layernorm.launch_shape(length, dtype, fused=fused), 2, False)
+    assert cuda_layernorm._forward_kernel(dtype, length, fused)[2] == 2
+    _forward_over_many_rows(dtype, fused, length)
+
+
+def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
+    """Where ptxas spills the form asked for (here a spare of registers far too small, so the rule asks for 6 or more
+    blocks an SM), the forward is rebuilt a block fewer at a time until it does not; it still matches float64."""
+    monkeypatch.setattr(cuda_layernorm, "_forward", {})
+    monkeypatch.setattr(cuda_layernorm, "_modules", {})
+    monkeypatch.setitem(cuda_layernorm.FORWARD_SPARE, 2, -40)
+    length, dtype = 12288, np.float16
+    asked = cuda_layernorm._forward_shape(length, dtype)[4]
+    assert asked >= 6
+    fn = cuda_layernorm._forward_kernel(dtype, length)[0]
+    assert fn.local_size_bytes == 0
+    built = [key[4][1] for key in cuda_layernorm._modules if key[:4] == (np.dtype(dtype), length, "forward", False)]
+    assert asked in built and min(built) < asked, built
+    _forward_over_many_rows(dtype, False, length)
