@@ -6,12 +6,14 @@ row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for
 variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once,
 ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 4
 vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads
-of 3 vectors and one of 20,480 bfloat16 values 1,024 threads of 5 (no spills: :func:`kernel_attributes` reports the
-compiled kernels' local memory); a block holds 128 threads' worth of rows. Rows are summed by warp shuffles, then
-across warps in a fixed order. Where a row of halves takes a whole block of 1,024 threads, the blocks visit the rows
-grid-stride and load the next row before this row's sums (:func:`_forward_prefetches`), into registers where they
-fit beside the row, else into shared memory, each thread copying its own vectors with ``cp.async``
-(:func:`_forward_stages`).
+of 3 vectors; a block holds 128 threads' worth of rows. Where an SM would hold fewer than 3 of the halves' longer
+rows so, the plain forward takes the shape that lets it hold the most (:func:`_forward_shape`: 20,480 bfloat16 values
+take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of a row's sums leave its block's loads idle. Rows
+are summed by warp shuffles, then across warps in a fixed order. Where a row takes a whole block of 1,024 threads,
+the blocks visit the rows grid-stride and load the next row before this row's sums: into registers where they fit
+beside the row (the halves, :func:`_forward_prefetches`), else into shared memory, each thread copying its own
+vectors with ``cp.async`` (:func:`_forward_stages`). A forward that ptxas spilled is rebuilt in the next of its
+forms (:func:`_forward_kernel`; :func:`kernel_attributes` reports the compiled kernels' local memory).
 
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
@@ -437,7 +439,7 @@ __device__ __forceinline__ void unstage(const VT* sx, const VT* sr, int tid, VT*
 // would leave the SM's loads idle between rows) the grid visits the rows grid-stride, each block issuing the loads
 // of its next row before this row's sums; with SPF (such rows whose next row does not fit the registers) the same,
 // the next row staged in shared memory instead (stage_row).
-// FWD_BLOCKS: the blocks an SM is to hold at once (forward_blocks), so that ptxas keeps the registers to that share.
+// FWD_BLOCKS: the blocks an SM is to hold at once (_forward_shape), so that ptxas keeps the registers to that share.
 extern "C" __global__ void __launch_bounds__(TPR * RPB, FWD_BLOCKS) ln_fwd(const T* x, const C* gamma,
                                                                              const C* beta, T* y, C* mean_out,
                                                                              C* rstd_out, long long R, double eps,

@@ -400,11 +400,13 @@ def test_forward_staging_two_rows_ahead(monkeypatch, length, dtype, fused):
 
 
 def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
-    """Where ptxas spills the form asked for (here a spare of registers far too small, so the rule asks for 6 or more
-    blocks an SM), the forward is rebuilt a block fewer at a time until it does not; it still matches float64."""
+    """Where ptxas spills the form asked for (here the rule told that a thread needs 40 registers fewer than its row
+    values, and that no shape holds enough rows an SM, so it asks for 6 or more blocks an SM), the forward is rebuilt
+    a block fewer at a time until it does not; it still matches float64."""
     monkeypatch.setattr(cuda_layernorm, "_forward", {})
     monkeypatch.setattr(cuda_layernorm, "_modules", {})
     monkeypatch.setitem(cuda_layernorm.FORWARD_SPARE, 2, -40)
+    monkeypatch.setattr(cuda_layernorm, "FORWARD_MIN_ROWS", 33)
     length, dtype = 12288, np.float16
     asked = cuda_layernorm._forward_shape(length, dtype)[4]
     assert asked >= 6
