@@ -1269,9 +1269,9 @@ def _forward_shape(length, dtype, fused=False):
     held, best = _blocks_an_sm(shape[1], shape[3] * vw + spare), shape + (1,)
     if held >= FORWARD_MIN_ROWS:
         return best
-    for most in range(-(-vectors // MAX_THREADS), MAX_FORWARD_ITEMS + 1):   # vectors a thread, at most
-        tpr = max(FORWARD_BLOCK_THREADS, 32 * -(-_ceil_div(vectors, most) // 32))
-        items = -(-vectors // tpr)
+    for most in range(_ceil_div(vectors, MAX_THREADS), MAX_FORWARD_ITEMS + 1):   # vectors a thread, at most
+        tpr = max(FORWARD_BLOCK_THREADS, 32 * _ceil_div(_ceil_div(vectors, most), 32))
+        items = _ceil_div(vectors, tpr)
         blocks = _blocks_an_sm(tpr, items * vw + spare)
         if blocks > held:   # a tie keeps the fewer vectors a thread
             held, best = blocks, (vw, tpr, 1, items, blocks)
