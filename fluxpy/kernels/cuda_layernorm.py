@@ -581,6 +581,30 @@ __device__ __forceinline__ void copy_cols(const C* s, C* p, int j) {
     for (int u = 0; u < VW; ++u) p[j * VW + u] = s[j * VW + u];
 #endif
 }
+
+// This thread's columns (vectors j = i * TPR + tid below nv) of the two column sums cg, cb: zeroed, or written as a
+// partial row pg, pb (ln_bwds: the block's; ln_bwdc: the block's share of its cluster's).
+__device__ __forceinline__ void zero_cols(C* cg, C* cb, int tid, int nv) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < nv) {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) { cg[j * VW + u] = 0; cb[j * VW + u] = 0; }
+        }
+    }
+}
+
+__device__ __forceinline__ void write_cols(const C* cg, const C* cb, C* pg, C* pb, int tid, int nv) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < nv) {
+            copy_cols(cg, pg, j);
+            copy_cols(cb, pb, j);
+        }
+    }
+}
 #endif
 
 // One sweep a row: a group of TPR threads holds its row's vectors of x and dy in registers (read once), sums
@@ -601,14 +625,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
     extern __shared__ __align__(16) unsigned char cols_bytes[];
     C* const cg = (C*)cols_bytes;   // the column sums of dy xhat, then (cb) of dy
     C* const cb = cg + L;
-    #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        const int j = i * TPR + tid;
-        if (j < LV) {
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) { cg[j * VW + u] = 0; cb[j * VW + u] = 0; }
-        }
-    }
+    zero_cols(cg, cb, tid, LV);
 #elif PARAMS
     C ag[ITEMS * VW], ab[ITEMS * VW];
     #pragma unroll
@@ -708,16 +725,8 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
 #endif
     }
 #if PARAMS && SCOLS
-    if (want_params) {   // each thread its own columns: the block's partial row blockIdx.x
-        #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-            const int j = i * TPR + tid;
-            if (j < LV) {
-                copy_cols(cg, pg + (long long)blockIdx.x * L, j);
-                copy_cols(cb, pb + (long long)blockIdx.x * L, j);
-            }
-        }
-    }
+    if (want_params)   // each thread its own columns: the block's partial row blockIdx.x
+        write_cols(cg, cb, pg + (long long)blockIdx.x * L, pb + (long long)blockIdx.x * L, tid, LV);
 #elif PARAMS
     if (want_params) write_partials(ag, ab, pg, pb, tid, grp);
 #endif
@@ -790,14 +799,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR
     const long long off = (long long)rank * LC;   // this block's first column
     const long long stride = cluster_reg(2);
     const C* const gm_ = gamma ? gamma + off : nullptr;
-    #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        const int j = i * TPR + tid;
-        if (j < LCV) {
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) { cg[j * VW + u] = 0; cb[j * VW + u] = 0; }
-        }
-    }
+    zero_cols(cg, cb, tid, LCV);
     long long row = cluster_reg(1);
     stage_share(x, dy, res, row, R, off, tid, sx, sd, sr);
     C mu_next = row < R ? mean[row] : (C)0, rs_next = row < R ? rstd[row] : (C)0;
@@ -887,14 +889,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR
     asm volatile("cp.async.wait_all;" ::: "memory");   // the last (empty) copies land before the block's memory goes
     if (want_params) {   // each thread its own columns: the cluster's partial row
         const long long prow = (long long)cluster_reg(1) * L + off;
-        #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) {
-            const int j = i * TPR + tid;
-            if (j < LCV) {
-                copy_cols(cg, pg + prow, j);
-                copy_cols(cb, pb + prow, j);
-            }
-        }
+        write_cols(cg, cb, pg + prow, pb + prow, tid, LCV);
     }
     cluster_barrier();   // no block leaves while a peer may still read its pairs
 }
@@ -1005,6 +1000,7 @@ _COLUMN_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)),
 _modules: dict = {}
 _forward: dict = {}
 _plans: dict = {}
+_clusters: dict = {}
 _occupancy: dict = {}
 _sm: dict = {}
 
@@ -1144,6 +1140,15 @@ def _cluster_split(length, dtype, limit, fused):
     return None
 
 
+def _cluster_size(length, dtype, fused):
+    """The blocks a cluster of ``ln_bwdc`` for these rows (:func:`_cluster_split`), cached: each launch asks it."""
+    key = (np.dtype(dtype), int(length), bool(fused), _shared_limit())
+    cs = _clusters.get(key)
+    if cs is None:
+        cs = _clusters[key] = _cluster_split(length, dtype, _shared_limit(), fused)[0]
+    return cs
+
+
 def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
     """Dynamic shared memory of the backward kernel ``name``: ``ln_bwds``' column sums (``2 L`` compute values);
     ``ln_bwdc``'s for its block's share of the row (``length / cs`` values) and that share of the next row, staged
@@ -1244,10 +1249,6 @@ def _doubling_shape(length, dtype, forward):
     return vw, tpr, max(1, block // tpr), -(-vectors // tpr)
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
 def _forward_shape(length, dtype, fused=False):
     """``(VW, TPR, RPB, ITEMS, blocks an SM asked of ptxas)`` of ``ln_fwd``: the doubling rule's shape (and 1) where
     an SM holds :data:`FORWARD_MIN_ROWS` of its rows at once or no other shape holds more, and for short rows,
@@ -1269,9 +1270,10 @@ def _forward_shape(length, dtype, fused=False):
     held, best = _blocks_an_sm(shape[1], shape[3] * vw + spare), shape + (1,)
     if held >= FORWARD_MIN_ROWS:
         return best
-    for most in range(_ceil_div(vectors, MAX_THREADS), MAX_FORWARD_ITEMS + 1):   # vectors a thread, at most
-        tpr = max(FORWARD_BLOCK_THREADS, 32 * _ceil_div(_ceil_div(vectors, most), 32))
-        items = _ceil_div(vectors, tpr)
+    for most in range(-(-vectors // MAX_THREADS), MAX_FORWARD_ITEMS + 1):   # vectors a thread, at most
+        threads = -(-vectors // most)
+        tpr = max(FORWARD_BLOCK_THREADS, 32 * -(-threads // 32))
+        items = -(-vectors // tpr)
         blocks = _blocks_an_sm(tpr, items * vw + spare)
         if blocks > held:   # a tie keeps the fewer vectors a thread
             held, best = blocks, (vw, tpr, 1, items, blocks)
@@ -1370,7 +1372,7 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1)
         params = 0 if _splits(plan) else 1
         scols = int(plan[0] == "ln_bwds")
         if plan[0] == "ln_bwdc":
-            cluster = _cluster_split(length, dtype, _shared_limit(), fused)[0]
+            cluster = _cluster_size(length, dtype, fused)
     vt = _vector(dtype, length)[0]
     kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
@@ -1621,7 +1623,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     mod = _module(x.dtype, length, "backward", fused)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    cs = _cluster_split(length, x.dtype, _shared_limit(), fused)[0] if name == "ln_bwdc" else 1
+    cs = _cluster_size(length, x.dtype, fused) if name == "ln_bwdc" else 1
     shared = _backward_shared_bytes(length, x.dtype, name, cs, fused)
     _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)

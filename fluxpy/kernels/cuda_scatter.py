@@ -772,7 +772,7 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> An
     """
     if name not in _RUN:
         raise ValueError(f"scatter_with: name must be one of {IMPLEMENTATIONS}, got {name!r}")
-    index = tuple(cupy.asarray(a) for a in index)
+    index = _on_device(index)
     if not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
     p = _problem(op, src, index, tuple(shape), cupy.cuda.runtime.getDevice())
