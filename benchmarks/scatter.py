@@ -8,9 +8,10 @@ Cases (the issue's):
 - ``index_add``: 32768 x 512 rows added into 50000 x 512 at random rows (gather: the same rows read back);
 - ``embedding``: an Embedding's weight gradient, vocabulary 50,000, 64 x 512 tokens, 512 features (gather: the
   forward lookup);
-- ``last axis 4-d``: every element of a (1000, 256, 7, 7) array sent along its last axis (fluxpy: four index
-  arrays, three of them broadcast ``arange`` views read in place; PyTorch: ``scatter_add_(3, ...)`` /
-  ``scatter_reduce_(3, ..., "amax")``; gather: ``torch.gather(..., 3, ...)``).
+- ``last axis 4-d``: every element of a (1000, 256, 7, 7) array sent along its last axis, in both of fluxpy's
+  forms: NNlib's (four index arrays, three of them broadcast ``arange`` views read in place) and the along-axis
+  form (``axis=3``: the one index array, as PyTorch's ``scatter_add_(3, ...)`` / ``scatter_reduce_(3, ...,
+  "amax")``; gather: ``torch.gather(..., 3, ...)``).
 
 fluxpy's ``scatter`` returns a new array (NNlib's), so PyTorch's side is timed out of place too: ``torch.zeros``
 (or ``torch.full`` for a max) then the in-place op; the in-place op alone is the ``torch in place`` column.
@@ -69,15 +70,15 @@ def _cases(cp, torch):
     def both(a):
         return cp.asarray(a), torch.as_tensor(a, device=dev)
 
-    def rows(case, src, idx, shape, t_scatter, t_inplace, t_gather, table=None, op="+"):
+    def rows(case, src, idx, shape, t_scatter, t_inplace, t_gather, table=None, op="+", axis=None):
         table = src if table is None else table
         name = {"+": "add", "max": "max"}[op]
-        out = [(case, f"scatter {name}", lambda: fluxpy.scatter(op, src, idx, dstsize=shape),
-                lambda: cuda_scatter.scatter(name, src, idx if isinstance(idx, tuple) else (idx,), shape),
-                t_scatter, t_inplace)]
+        index = idx if isinstance(idx, tuple) else (idx,)
+        out = [(case, f"scatter {name}", lambda: fluxpy.scatter(op, src, idx, dstsize=shape, axis=axis),
+                lambda: cuda_scatter.scatter(name, src, index, shape, False, axis), t_scatter, t_inplace)]
         if t_gather is not None:
-            out.append((case, "gather", lambda: fluxpy.gather(table, idx),
-                        lambda: cuda_scatter.gather(table, idx if isinstance(idx, tuple) else (idx,)), t_gather, None))
+            out.append((case, "gather", lambda: fluxpy.gather(table, idx, axis=axis),
+                        lambda: cuda_scatter.gather(table, index, False, axis), t_gather, None))
         return out
 
     cases = []
@@ -110,6 +111,12 @@ def _cases(cp, torch):
     cases += rows("last axis of (1000,256,7,7)", big, grid + (last,), shape,
                   lambda: torch.full(shape, -float("inf"), device=dev).scatter_reduce_(3, tlast, tbig, "amax"),
                   lambda: tdst4.scatter_reduce_(3, tlast, tbig, "amax"), None, op="max")
+    cases += rows("(1000,256,7,7) axis=3", big, last, shape,
+                  lambda: torch.zeros(shape, device=dev).scatter_add_(3, tlast, tbig),
+                  lambda: tdst4.scatter_add_(3, tlast, tbig), lambda: torch.gather(tbig, 3, tlast), axis=3)
+    cases += rows("(1000,256,7,7) axis=3", big, last, shape,
+                  lambda: torch.full(shape, -float("inf"), device=dev).scatter_reduce_(3, tlast, tbig, "amax"),
+                  lambda: tdst4.scatter_reduce_(3, tlast, tbig, "amax"), None, op="max", axis=3)
     return cases
 
 

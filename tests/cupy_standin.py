@@ -132,6 +132,8 @@ class Kernel:
 
     def _rows(self, a, K):
         """The destination row of every entry ``k < K`` (-1 where bad), read as ``fx_row`` reads it."""
+        if "inner" in a:
+            return self._along_rows(a, K)
         d = sum(1 for _, pointer, n in self.params if pointer and re.fullmatch(r"i\d+", n))
         strided = sum(1 for _, _, n in self.params if n.startswith("s0_"))
         small = "mg1" in a   # 32-bit problems divide by magic numbers
@@ -159,7 +161,29 @@ class Kernel:
                     break
                 r = r * n + v
             rows[k] = -1 if bad[k] else r
-        if bad.any() and int(a["call"]):
+        return self._flagged(a, rows)
+
+    def _along_rows(self, a, K):
+        """The along-axis form's ``fx_row``: ``k = (outer * na + j) * inner + i`` goes to row ``(outer * n0 +
+        idx[k]) * inner + i``, divided as the kernel divides (magic numbers in 32-bit problems)."""
+        inner, length, n = int(a["inner"]), int(a["na"]), int(a["n0"])
+        rows = np.full(int(K), -1, np.int64)
+        for k in range(int(K)):
+            if "mgi" in a:
+                q = (((k * int(a["mgi"])) >> 32) + k) >> int(a["shi"])
+                outer = (((q * int(a["mga"])) >> 32) + q) >> int(a["sha"])
+            else:
+                q = k // inner
+                outer = q // length
+            v = _read(a["i0"], k)
+            if 0 <= v < n:
+                rows[k] = (outer * n + v) * inner + (k - q * inner)
+        return self._flagged(a, rows)
+
+    @staticmethod
+    def _flagged(a, rows):
+        """``rows``, after leaving a checked call's number in the flag where one is -1 (``fx_flag``)."""
+        if (rows < 0).any() and int(a["call"]):
             flag = ctypes.c_int32.from_address(int(a["bad"]))
             if flag.value == 0:
                 flag.value = int(a["call"])

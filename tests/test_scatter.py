@@ -231,9 +231,9 @@ def scatter_calls(monkeypatch):
     calls = []
     inner = kernels.lookup("scatter", np.ones(1))
 
-    def spy(op, src, index, shape, checked=False):
+    def spy(op, src, index, shape, checked=False, axis=None):
         calls.append(op)
-        return inner(op, src, index, shape, checked)
+        return inner(op, src, index, shape, checked, axis)
     before = kernels.snapshot()
     kernels.register("scatter", "numpy", spy)
     yield calls

@@ -97,8 +97,8 @@ def test_the_cuda_sources_parse_as_cpp(tmp_path):
     if compiler is None:
         pytest.skip("no C++ compiler")
     sources = []
-    for strided, small in itertools.product((0, 1, 3), (True, False)):
-        index_dtypes = (np.dtype(np.int32), np.dtype(np.int64))
+    for strided, small in itertools.product((0, 1, 3, "along"), (True, False)):
+        index_dtypes = (np.dtype(np.int32),) if strided == "along" else (np.dtype(np.int32), np.dtype(np.int64))
         sources += [cuda_scatter._source("gather", unit, None, index_dtypes, strided, small) for unit in (16, 1)]
         for kind, op, dtype in itertools.product(("one_block", "atomic", "sorted"), ("add", "max"),
                                                  (np.float32, ml_dtypes.bfloat16, np.uint8)):
@@ -184,6 +184,77 @@ def test_the_index_scalars_match_their_parameters(small, index):
     for (ctype, pointer, name), value in zip(wanted, scalars):
         assert not pointer and value.itemsize == (8 if ctype in ("long long", "unsigned long long") else 4), name
         assert (value.dtype.kind == "u") == ctype.startswith("unsigned"), name
+
+
+# ---------------------------------------------------------------------------------------------
+# The along-axis form (axis=): one index array of the source's shape, rows of one element
+
+
+ALONG_CASES = [((3, 4, 5), 1, 6), ((2, 3, 4, 5), 3, 4), ((7,), 0, 3), ((4, 5), 0, 2), ((2, 1, 3), 1, 5)]
+
+
+@pytest.fixture(params=[True, False], ids=["32-bit", "64-bit"])
+def width(request, monkeypatch):
+    """Both index widths: 32-bit problems divide by magic numbers, 64-bit ones (forced here) by ``/``."""
+    if not request.param:
+        monkeypatch.setattr(cuda_scatter, "_fits_32_bits", lambda *args: False)
+    return request.param
+
+
+@pytest.mark.parametrize("name", cuda_scatter.IMPLEMENTATIONS)
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.int16])
+@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+def test_each_implementation_along_an_axis_gets_its_arguments_and_matches_numpy(cp, width, name, op, dtype, shape,
+                                                                               axis, n):
+    rng = np.random.default_rng(2)
+    src = (rng.standard_normal(shape) * 10).astype(dtype)
+    idx = rng.integers(0, n, size=shape)
+    dst = shape[:axis] + (n,) + shape[axis + 1:]
+    want = cpu.halves_in_float32(cpu.scatter)(op, src, (idx,), dst, False, axis)
+    got = cuda_scatter.scatter_with(name, op, cp.asarray(src), (FakeArray(idx),), dst, axis)
+    assert got.dtype == want.dtype and got.shape == dst
+    np.testing.assert_array_equal(_host(got), want)
+    assert all(p.small == width for p in cuda_scatter._problems.values())
+
+
+@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int8])
+def test_gather_along_an_axis_gets_its_arguments_and_is_take_along_axis(cp, width, shape, axis, n, dtype):
+    rng = np.random.default_rng(3)
+    table = (rng.standard_normal(shape[:axis] + (n,) + shape[axis + 1:]) * 10).astype(dtype)
+    idx = rng.integers(0, n, size=shape)
+    want = np.take_along_axis(table, idx, axis)
+    np.testing.assert_array_equal(_host(cuda_scatter.gather(cp.asarray(table), (FakeArray(idx),), False, axis)), want)
+    transposed = FakeArray(np.ascontiguousarray(idx.T).T)   # a strided index: read as a contiguous copy
+    np.testing.assert_array_equal(_host(cuda_scatter.gather(cp.asarray(table), (transposed,), False, axis)), want)
+
+
+def test_the_along_scalars_match_their_parameters(width):
+    params = kernel_parameters(cuda_scatter._source("gather", 4, None, (np.dtype(np.int64),), "along", width),
+                               "gather_rows")
+    scalars = cuda_scatter._along_scalars((3, 4, 5), 1, 6, width)
+    wanted = params[5:-2]   # after src, out, K, F and the array; before bad, call
+    assert [name for _, _, name in wanted] == (["n0", "inner", "mgi", "shi", "na", "mga", "sha"] if width else
+                                              ["n0", "inner", "na"])
+    for (ctype, pointer, name), value in zip(wanted, scalars):
+        assert not pointer and value.itemsize == (8 if ctype in ("long long", "unsigned long long") else 4), name
+        assert (value.dtype.kind == "u") == ctype.startswith("unsigned"), name
+
+
+def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
+    src, idx = _dev(cp, np.ones((2, 3)), np.array([[0, 1, 2], [2, 7, 0]]))
+    with pytest.raises(IndexError, match=r"^scatter: index 7 in idx is out of range for dstsize axis 1 of size 3$"):
+        fluxpy.scatter("+", src, idx, dstsize=3, axis=1)
+    with pytest.raises(IndexError, match=r"^gather: index 7 in idx is out of range for src axis 1 of size 3$"):
+        fluxpy.gather(src, idx, axis=-1)
+    set_options(index_checks="deferred")
+    out = fluxpy.gather(src, idx, axis=1)
+    np.testing.assert_array_equal(_host(out), [[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]])   # the bad entry: zero
+    with pytest.raises(IndexError, match=r"gather: index 7 in idx is out of range for src axis 1 of size 3 "
+                                         r"\(reported late"):
+        fluxpy.check_indices()
+    assert cuda_scatter._flags[0].view[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from .halfs import is_half
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
            "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
-           "scatter_empty", "first_bad_index", "scatter", "gather", "check_indices"]
+           "scatter_empty", "first_bad_index", "along_axis_index", "scatter", "gather", "check_indices"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,15 +560,37 @@ def first_bad_index(index: Sequence[np.ndarray], sizes: Sequence[int]) -> BadInd
     return None
 
 
-def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple, checked: bool = False) -> np.ndarray:
+def along_axis_index(idx: Any, axis: int) -> tuple:
+    """The NumPy index tuple that reads the NumPy array ``idx``'s entries along ``axis``: broadcast ``arange``
+    columns on every other axis (views, no copies) and ``idx`` itself at ``axis``, so that ``x[index]`` is
+    ``np.take_along_axis(x, idx, axis)`` and :func:`first_bad_index` names ``axis`` for a bad entry.
+
+    >>> x = np.array([[10, 20, 30], [40, 50, 60]])
+    >>> x[along_axis_index(np.array([[2, 0], [1, 1]]), 1)]
+    array([[30, 10],
+           [50, 50]])
+    """
+    shape = idx.shape
+    return tuple(idx if a == axis else np.broadcast_to(np.arange(n).reshape([-1 if b == a else 1 for b in
+                                                                               range(len(shape))]), shape)
+                 for a, n in enumerate(shape))
+
+
+def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple, checked: bool = False,
+            axis: int | None = None) -> np.ndarray:
     """A new array of ``shape`` holding :func:`scatter_empty` where ``dst[index] op= src`` writes nothing, and
     ``op`` (``"add"``, ``"max"`` or ``"min"``) of every ``src`` value sent to an entry elsewhere. ``index`` is any
     NumPy index tuple, ``src`` has the shape ``dst[index]`` has; repeated indices accumulate. ``checked`` (integer
     arrays on the leading axes): raise :class:`~fluxpy.kernels.BadIndex` for an index outside ``shape``.
+    ``axis``: ``index`` is one integer array of ``src``'s shape whose entries index ``dst``'s ``axis``
+    (``torch.scatter_reduce``'s form; :func:`along_axis_index`).
 
     >>> scatter("add", np.array([1.0, 2.0, 3.0]), (np.array([0, 2, 0]),), (3,))
     array([4., 0., 2.])
+    >>> scatter("max", np.array([[1.0, 5.0, 3.0]]), (np.array([[1, 1, 0]]),), (1, 2), False, 1)
+    array([[3., 5.]])
     """
+    index = index if axis is None else along_axis_index(index[0], axis)
     bad = first_bad_index(index, shape) if checked else None
     if bad is not None:
         raise bad
@@ -577,12 +599,14 @@ def scatter(op: str, src: np.ndarray, index: tuple, shape: tuple, checked: bool 
     return dst
 
 
-def gather(src: np.ndarray, index: tuple, checked: bool = False) -> np.ndarray:
-    """``src[index]`` (a copy), the adjoint of :func:`scatter` with ``"add"``; ``checked`` as :func:`scatter`'s.
+def gather(src: np.ndarray, index: tuple, checked: bool = False, axis: int | None = None) -> np.ndarray:
+    """``src[index]`` (a copy), the adjoint of :func:`scatter` with ``"add"``; ``checked`` and ``axis`` as
+    :func:`scatter`'s (with ``axis``, ``np.take_along_axis(src, index[0], axis)``).
 
     >>> gather(np.array([10.0, 20.0, 30.0]), (np.array([2, 2, 0]),))
     array([30., 30., 10.])
     """
+    index = index if axis is None else along_axis_index(index[0], axis)
     bad = first_bad_index(index, src.shape) if checked else None
     if bad is not None:
         raise bad

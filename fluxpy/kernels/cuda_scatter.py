@@ -60,7 +60,7 @@ import numpy as np
 from ..backend import cupy
 from ..capturing import capturing, on_replay
 from . import BadIndex, DeferredBadIndex
-from .cpu import first_bad_index, scatter_empty
+from .cpu import along_axis_index, first_bad_index, scatter_empty
 from .cudnn.graph import _events_ms   # the plans' timer: host time between launches counts, as in a step
 from .cudnn.handle import OPTIONS
 from .halfs import CONVERSIONS, CONVERT, is_half
@@ -180,6 +180,28 @@ def _row_function(index_dtypes, strided, small):
     return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
             + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
             + walk + f"  {wide} r = 0;\n  long long v;\n" + body + "  return r;\n}\n")
+
+
+def _along_row_function(index_dtype, small):
+    """``fx_row`` of the along-axis form (``axis`` given): one C-contiguous index array of the source's shape whose
+    entry ``k`` replaces ``k``'s own coordinate on the axis. With ``k = (outer * na + a) * inner + i`` (``na``: the
+    index array's axis length, ``inner``: the size of the axes after it) the row is ``(outer * n0 + idx[k]) *
+    inner + i`` in the destination (``n0``: its axis length); two divisions, by magic numbers where ``small``."""
+    wide = "int" if small else "long long"
+    magics = ["unsigned int mgi", "unsigned int shi"] if small else []
+    params = [f"const {_ctype(index_dtype)}* __restrict__ i0", "long long n0", "K_T inner", *magics, "K_T na",
+              *(["unsigned int mga", "unsigned int sha"] if small else [])]
+    names = [p.split()[-1] for p in params]
+    if small:
+        walk = ("  const K_T q = (__umulhi(k, mgi) + k) >> shi, i = k - q * inner;\n"
+                "  const K_T outer = (__umulhi(q, mga) + q) >> sha;\n")
+    else:
+        walk = "  const K_T q = k / inner, i = k - q * inner, outer = q / na;\n"
+    return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
+            + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
+            + walk + "  const long long v = (long long)i0[k];\n"
+            "  if (v < 0 || v >= n0) { fx_flag(bad, call); return -1; }\n"
+            f"  return (({wide})outer * ({wide})n0 + ({wide})v) * ({wide})inner + ({wide})i;\n}}\n")
 
 
 _FLAG_FUNCTION = r"""
@@ -321,8 +343,9 @@ _functions: dict = {}
 
 def _function(kind, name, op, dtype, index_dtypes, strided, small):
     """The compiled kernel ``name`` of module ``kind`` (``"one_block"``, ``"atomic"``, ``"sorted"`` or
-    ``"gather"`` with ``op`` the unit size in bytes) for one dtype, tuple of index dtypes, index layout and
-    index width (``small``: every element count and index offset fits 32 bits) on the current device (cached)."""
+    ``"gather"`` with ``op`` the unit size in bytes) for one dtype, tuple of index dtypes, index layout (``strided``:
+    0, the index arrays' number of axes, or ``"along"`` for the along-axis form) and index width (``small``: every
+    element count and index offset fits 32 bits) on the current device (cached)."""
     key = (kind, name, op, dtype, index_dtypes, strided, small, cupy.cuda.runtime.getDevice())
     found = _functions.get(key)
     if found is None:
@@ -333,8 +356,9 @@ def _function(kind, name, op, dtype, index_dtypes, strided, small):
 
 def _source(kind, op, dtype, index_dtypes, strided, small):
     """The CUDA source of module ``kind`` (see :func:`_function`)."""
-    head = ("#define K_T " + ("unsigned int" if small else "long long") + "\n" + _ROWS_LOOP
-            + _row_function(index_dtypes, strided, small))
+    rows = (_along_row_function(index_dtypes[0], small) if strided == "along"
+            else _row_function(index_dtypes, strided, small))
+    head = "#define K_T " + ("unsigned int" if small else "long long") + "\n" + _ROWS_LOOP + rows
     if kind == "gather":
         unit, zero = _UNITS[op]
         return f"#define U {unit}\n#define ZERO {zero}\n" + head + _GATHER
@@ -379,8 +403,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep 
 
 class _Flag:
     """One device's flag (``view[0]``; ``pointer``, the kernels' argument) and its record of recent deferred
-    calls: ``(number, op name, axis sizes, weak references to the index arrays, (file, line) of the call)``,
-    oldest first."""
+    calls: ``(number, op name, axis sizes, weak references to the index arrays, the along-axis form's axis or None,
+    (file, line) of the call)``, oldest first."""
 
     def __init__(self):
         self.memory = cupy.cuda.alloc_pinned_memory(4)
@@ -410,24 +434,32 @@ def _start_checked(flag):
     return np.int32(next(_numbers) % (_CAPTURED_CALL - 1) + 1)   # 1 .. 2**31 - 2
 
 
-def _finish_checked(flag, call, fname, index, sizes):
+def _finish_checked(flag, call, fname, index, sizes, axis=None):
     """After a checked call's kernels are queued: in deferred mode, record the call; in wait mode, wait and raise
     :class:`BadIndex` for its first bad entry (found on the host: the error path may be slow), or for an earlier
-    deferred call's. Inside a capture, have every replay report (a replay raises nothing by itself)."""
+    deferred call's. Inside a capture, have every replay report (a replay raises nothing by itself). ``sizes``:
+    the indexed axes' (all of them in the along-axis form, ``axis``)."""
     if capturing():
         on_replay(lambda: _report_replay(flag, fname))
         return
     if OPTIONS["index_checks"] == "deferred":
-        flag.deferred.append((call, fname, sizes, tuple(weakref.ref(a) for a in index), _caller()))
+        flag.deferred.append((call, fname, sizes, tuple(weakref.ref(a) for a in index), axis, _caller()))
         return
     cupy.cuda.get_current_stream().synchronize()
     seen = flag.view[0]
     if seen == call:
         flag.view[0] = 0
-        raise first_bad_index([cupy.asnumpy(a) for a in index], sizes) or BadIndex(
+        raise _first_bad_index(index, sizes, axis) or BadIndex(
             -1, -1, -1, f"{fname}: a kernel flagged an out-of-range index that the arrays no longer hold")
     if seen:
         raise _deferred_error(flag)
+
+
+def _first_bad_index(index, sizes, axis):
+    """:func:`~fluxpy.kernels.cpu.first_bad_index` of device index arrays, on the host (the along-axis form's names
+    its axis)."""
+    host = [cupy.asnumpy(a) for a in index]
+    return first_bad_index(host if axis is None else along_axis_index(host[0], axis), sizes)
 
 
 def _report_replay(flag, fname):
@@ -461,10 +493,10 @@ def _deferred_error(flag):
                                             f"{_RECORDED} such calls are)")
     while flag.deferred.popleft() is not entry:
         pass
-    _, op, sizes, refs, (file, line) = entry
+    _, op, sizes, refs, axis, (file, line) = entry
     call = {"op": op, "arrays": len(refs), "where": f"{file}:{line}"}
     arrays = [ref() for ref in refs]
-    bad = None if any(a is None for a in arrays) else first_bad_index([cupy.asnumpy(a) for a in arrays], sizes)
+    bad = None if any(a is None for a in arrays) else _first_bad_index(arrays, sizes, axis)
     if bad is None:
         return DeferredBadIndex(-1, -1, -1, f"an index was out of range for axes of sizes {sizes} (its entry was "
                                             f"skipped); the index arrays are no longer held or have changed, so "
@@ -508,12 +540,12 @@ def _index_key(index):
     return tuple(key)
 
 
-def _signature(op, src, index, shape, device):
+def _signature(op, src, index, shape, device, axis):
     """The key of a scatter call's cached :class:`_Problem`, or None where ``index`` is not a tuple of CuPy arrays.
     It holds every shape, dtype and stride that :func:`_is_leading_array_index` and the problem depend on, so a call
     whose key is cached needs neither."""
     arrays = _index_key(index)
-    return None if arrays is None else (op, src.dtype, src.shape, shape, device) + arrays
+    return None if arrays is None else (op, src.dtype, src.shape, shape, device, axis) + arrays
 
 
 def _on_device(index):
@@ -558,6 +590,16 @@ def _index_scalars(index, sizes, strided, small):
     return tuple(scalars)
 
 
+def _along_scalars(index_shape, axis, n, small):
+    """The along-axis form's scalar index arguments (:func:`_along_row_function`): the destination's (or source's)
+    axis length ``n``, the size of the axes after ``axis`` and the index array's length on it (with their magic
+    numbers where ``small``)."""
+    inner, length = math.prod(index_shape[axis + 1:]), index_shape[axis]
+    if not small:
+        return np.int64(n), np.int64(inner), np.int64(length)
+    return (np.int64(n), np.uint32(inner), *_magic(inner), np.uint32(length), *_magic(max(length, 1)))
+
+
 def _magic(m):
     """``(magic, shift)`` with ``q // m == (umulhi(q, magic) + q) >> shift`` for every ``0 <= q < 2**31`` (the
     division by a constant of Granlund and Montgomery, as PyTorch's ``IntDivider``).
@@ -575,26 +617,28 @@ class _Problem:
     and every argument of its launches that does not change from call to call, made once per call signature
     (:func:`_problem`); :meth:`bind` gives it a call's arrays and number, :meth:`release` takes them back."""
 
-    def __init__(self, op, src, index, shape, device):
-        self.op, self.dtype = op, np.dtype(src.dtype)
-        d = len(index)
+    def __init__(self, op, src, index, shape, device, axis=None):
+        self.op, self.dtype, self.axis = op, np.dtype(src.dtype), axis
+        d = len(index) if axis is None else len(shape)   # the along-axis form: every axis indexed, rows of one
         self.sizes = tuple(int(n) for n in shape[:d])
         self.shape = tuple(shape)
         self.K = int(index[0].size)
         self.F = math.prod(shape[d:])
         self.R = math.prod(self.sizes)
         self.index_dtypes = tuple(a.dtype for a in index)
-        self.strided = _index_layout(index)
+        self.strided = _index_layout(index) if axis is None else "along"
         self.small = _fits_32_bits(index, self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1)
         count = np.uint32 if self.small else np.int64
         self.K_arg, self.F_arg, self.R_arg, self.R_long = count(self.K), count(self.F), count(self.R), np.int64(self.R)
-        self.index_scalars = _index_scalars(index, self.sizes, self.strided, self.small)
+        self.index_scalars = (_index_scalars(index, self.sizes, self.strided, self.small) if axis is None else
+                              _along_scalars(index[0].shape, axis, self.sizes[axis], self.small))
         self.flag = _flag(device)
         self.wide, self.empty = _accumulator(self.dtype), scatter_empty(op, self.dtype)   # atomic's
         self.block = _block(self.F)
         self.threads = max(32, min(_BLOCK, -(-self.F // 32) * 32))                          # one_block's
         self.work_dtype = None if self.dtype.kind == "f" and not is_half(self.dtype) else _work_dtype(self.dtype)
-        self.key = (op, self.dtype, self.index_dtypes, self.strided, self.K, self.F, self.R, device)
+        layout = self.strided if axis is None else ("along", math.prod(shape[axis + 1:]))
+        self.key = (op, self.dtype, self.index_dtypes, layout, self.K, self.F, self.R, device)
         self.chosen = {}   # deterministic -> the implementation kept in _choices
         self.src, self.index_args, self.flag_args = None, None, None
 
@@ -615,12 +659,12 @@ class _Problem:
 _problems: dict = {}
 
 
-def _problem(op, src, index, shape, device):
+def _problem(op, src, index, shape, device, axis):
     """The cached :class:`_Problem` of this call's signature (made on its first call)."""
-    signature = _signature(op, src, index, shape, device)
+    signature = _signature(op, src, index, shape, device, axis)
     p = _problems.get(signature)
     if p is None:
-        p = _problems[signature] = _Problem(op, src, index, shape, device)
+        p = _problems[signature] = _Problem(op, src, index, shape, device, axis)
     return p
 
 
@@ -734,24 +778,28 @@ def _measure(p, key):
 # The registered kernels
 
 
-def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False) -> Any:
+def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False, axis: int | None = None) -> Any:
     """``op`` (``"add"``, ``"max"``, ``"min"``) of the CuPy array ``src`` scattered by ``index`` into a new array of
     ``shape``; entries no index hits hold ``scatter_empty(op, src.dtype)``. ``index``: integer arrays of one shape on
     the leading axes (the measured kernels), or any NumPy index (CuPy's ``ufunc.at``). ``checked``: report an index
     outside ``shape`` (negative included) as the ``index_checks`` option says: raise
-    :class:`~fluxpy.kernels.BadIndex` before returning (``"wait"``), or later (``"deferred"``).
+    :class:`~fluxpy.kernels.BadIndex` before returning (``"wait"``), or later (``"deferred"``). ``axis``: ``index``
+    is one integer array of ``src``'s shape whose entries index ``shape``'s ``axis`` (the along-axis form, the
+    same measured kernels; ``fluxpy.kernels.cpu.along_axis_index``).
 
     >>> scatter.__name__
     'scatter'
     """
     shape = shape if type(shape) is tuple else tuple(shape)
     device = cupy.cuda.runtime.getDevice()
-    p = _problems.get(_signature(op, src, index, shape, device))
+    p = _problems.get(_signature(op, src, index, shape, device, axis))
     if p is None:   # the call's first of this signature, or an index that is not (yet) CuPy arrays
         index = _on_device(index)
-        if not _is_leading_array_index(index, src):
+        if axis is not None:
+            index = _along_index(index, src.shape, shape, axis)
+        elif not _is_leading_array_index(index, src):
             return _scatter_any_index(op, src, index, shape)
-        p = _problem(op, src, index, shape, device)
+        p = _problem(op, src, index, shape, device, axis)
     call = _start_checked(p.flag) if checked else _UNCHECKED
     p.bind(src, index, call)
     try:
@@ -759,11 +807,24 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     finally:
         p.release()
     if checked:
-        _finish_checked(p.flag, call, "scatter", index, p.sizes)
+        _finish_checked(p.flag, call, "scatter", index, p.sizes, axis)
     return dst
 
 
-def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> Any:
+def _along_index(index, src_shape, shape, axis):
+    """The along-axis form's index, checked (one integer array of ``src``'s shape, ``shape`` the same on every
+    other axis) and C-contiguous, as its kernels read it."""
+    idx = index[0] if len(index) == 1 else None
+    if (idx is None or not isinstance(idx, cupy.ndarray) or idx.dtype.kind not in "iu" or idx.shape != src_shape
+            or len(shape) != len(src_shape) or any(a != b for j, (a, b) in enumerate(zip(shape, src_shape))
+                                                   if j != axis)):
+        raise ValueError(f"along axis {axis}: expects one integer index array of shape {tuple(src_shape)} and a "
+                         f"destination of that shape but on axis {axis}, got {len(index)} array(s) and shape "
+                         f"{tuple(shape)}")
+    return (idx if idx.flags.c_contiguous else cupy.ascontiguousarray(idx),)
+
+
+def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple, axis: int | None = None) -> Any:
     """:func:`scatter` by the implementation ``name`` (one of :data:`IMPLEMENTATIONS`), unchecked and unmeasured:
     for tests and benchmarks that compare them.
 
@@ -773,9 +834,11 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple) -> An
     if name not in _RUN:
         raise ValueError(f"scatter_with: name must be one of {IMPLEMENTATIONS}, got {name!r}")
     index = _on_device(index)
-    if not _is_leading_array_index(index, src):
+    if axis is not None:
+        index = _along_index(index, src.shape, tuple(shape), axis)
+    elif not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
-    p = _problem(op, src, index, tuple(shape), cupy.cuda.runtime.getDevice())
+    p = _problem(op, src, index, tuple(shape), cupy.cuda.runtime.getDevice(), axis)
     try:
         return _RUN[name](p.bind(src, index, _UNCHECKED))
     finally:
@@ -827,11 +890,11 @@ def _unit(nbytes, address):
 _gathers: dict = {}
 
 
-def _gather_signature(src, index, device):
+def _gather_signature(src, index, device, axis):
     """The key of a gather call's cached :class:`_Gather` (as :func:`_signature`), or None where ``index`` is not a
     tuple of CuPy arrays."""
     arrays = _index_key(index)
-    return None if arrays is None else (src.dtype, src.shape, src.data.ptr % 16, device) + arrays
+    return None if arrays is None else (src.dtype, src.shape, src.data.ptr % 16, device, axis) + arrays
 
 
 def _is_gather_index(index, src):
@@ -844,58 +907,64 @@ def _is_gather_index(index, src):
 
 class _Gather:
     """One gather problem's launch, made once per call signature: the kernel (None for an empty result), grid,
-    block and scalar arguments, the result's shape and the indexed axes' sizes."""
+    block and scalar arguments, the result's shape and the indexed axes' sizes (all of them in the along-axis
+    form, ``axis``: rows of one element)."""
 
-    def __init__(self, src, index, device):
-        d = len(index)
+    def __init__(self, src, index, device, axis=None):
+        d = len(index) if axis is None else src.ndim
         self.sizes = tuple(int(n) for n in src.shape[:d])
         self.out_shape = tuple(index[0].shape) + tuple(src.shape[d:])
         row_bytes = math.prod(src.shape[d:]) * src.dtype.itemsize
         unit = _unit(row_bytes, src.data.ptr)
         F, K = row_bytes // unit, int(index[0].size)
-        strided = _index_layout(index)
+        strided = _index_layout(index) if axis is None else "along"
         small = _fits_32_bits(index, K * F, src.size)
         count = np.uint32 if small else np.int64
         self.block = _block(F)
         self.grid = _row_grid(K, self.block)
         self.counts = (count(K), count(F))
-        self.index_scalars = _index_scalars(index, self.sizes, strided, small)
+        self.index_scalars = (_index_scalars(index, self.sizes, strided, small) if axis is None else
+                              _along_scalars(index[0].shape, axis, self.sizes[axis], small))
         self.flag = _flag(device)
         self.function = _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided,
                                   small) if K * F else None
 
 
-def _gather_of(src, index, device):
+def _gather_of(src, index, device, axis):
     """The cached :class:`_Gather` of this call's signature (made on its first call)."""
-    signature = _gather_signature(src, index, device)
+    signature = _gather_signature(src, index, device, axis)
     g = _gathers.get(signature)
     if g is None:
-        g = _gathers[signature] = _Gather(src, index, device)
+        g = _gathers[signature] = _Gather(src, index, device, axis)
     return g
 
 
-def gather(src: Any, index: tuple, checked: bool = False) -> Any:
+def gather(src: Any, index: tuple, checked: bool = False, axis: int | None = None) -> Any:
     """``src[index]`` for a CuPy array and integer arrays of one shape on its leading axes (one kernel, rows copied
     in 16-byte units where they allow it); ``checked``: report an index outside ``src``'s axes (negative included)
-    as :func:`scatter` does.
+    as :func:`scatter` does; ``axis``: the along-axis form, ``take_along_axis(src, index[0], axis)`` (the same
+    kernel, an element a row).
 
     >>> gather.__name__
     'gather'
     """
     device = cupy.cuda.runtime.getDevice()
-    g = _gathers.get(_gather_signature(src, index, device)) if src.flags.c_contiguous else None
+    g = _gathers.get(_gather_signature(src, index, device, axis)) if src.flags.c_contiguous else None
     if g is None:   # the call's first of this signature, a strided src, or an index that is not (yet) CuPy arrays
         index = _on_device(index)
-        if not _is_gather_index(index, src):
+        if axis is not None:
+            index = _along_index(index, src.shape[:axis] + index[0].shape[axis:axis + 1] + src.shape[axis + 1:],
+                                 src.shape, axis)
+        elif not _is_gather_index(index, src):
             return src[index]
         src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
-        g = _gather_of(src, index, device)
+        g = _gather_of(src, index, device, axis)
     out = cupy.empty(g.out_shape, src.dtype)
     call = _start_checked(g.flag) if checked else _UNCHECKED
     if g.function is not None:
         g.function(g.grid, g.block, (src, out, *g.counts, *index, *g.index_scalars, g.flag.pointer, call))
     if checked:
-        _finish_checked(g.flag, call, "gather", index, g.sizes)
+        _finish_checked(g.flag, call, "gather", index, g.sizes, axis)
     return out
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, is_float_dtype
 from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
-from ..kernels.cpu import first_bad_index
+from ..kernels.cpu import along_axis_index, first_bad_index
 from ..kernels.halfs import is_half
 
 __all__ = ["scatter", "gather", "check_indices"]
@@ -120,11 +120,12 @@ def _index_error(fname, bad, d):
         f"out-of-range entries)" if bad.op else " (reported late)"))
 
 
-def _check_bounds(fname, index, sizes, what):
-    """Host index arrays against the axis ``sizes``, before any work."""
+def _check_bounds(fname, index, sizes, what, arrays=None):
+    """Host index arrays against the axis ``sizes``, before any work; ``arrays``: how many the caller gave (the
+    along-axis form gives one, expanded by ``along_axis_index``)."""
     bad = first_bad_index(index, sizes)
     if bad is not None:
-        raise IndexError(_bad_index_message(fname, bad, len(index), what))
+        raise IndexError(_bad_index_message(fname, bad, arrays or len(index), what))
 
 
 def _check_src(fname, src, index):
@@ -132,8 +133,37 @@ def _check_src(fname, src, index):
     if tuple(src.shape[:len(ishape)]) != ishape:
         raise ValueError(f"{fname}: expects src.shape to start with idx's shape {ishape}, got src.shape "
                          f"{tuple(src.shape)}")
+    _check_dtype(fname, src)
+
+
+def _check_dtype(fname, src):
     if not (is_float_dtype(src.dtype) or src.dtype.kind in "iu"):
         raise TypeError(f"{fname}: expects a float or integer src, got dtype {src.dtype}")
+
+
+def _along_axis(fname, idx, src, axis):
+    """The along-axis form's ``(index, xp, on_host, axis)``: ``axis`` checked and made non-negative, ``idx`` one
+    integer array with ``src``'s number of axes and (on every other axis) its sizes; ``axis`` may differ for a
+    gather, not for a scatter (one index per ``src`` entry)."""
+    ndim, sshape = len(src.shape), tuple(src.shape)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{fname}: expects axis to be an int or None, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{fname}: axis {axis} is out of range for src with {ndim} axes (shape {sshape})")
+    axis = int(axis) % ndim
+    entries = value_of(idx)
+    if isinstance(entries, tuple):
+        raise TypeError(f"{fname}: with axis, expects idx to be one integer array (np.take_along_axis's form), got "
+                        f"a tuple of {len(entries)}")
+    index, xp, on_host = _indices(fname, idx, src)
+    ishape = tuple(index[0].shape)
+    same = [a for a in range(ndim) if fname == "scatter" or a != axis]
+    if len(ishape) != ndim or any(ishape[a] != sshape[a] for a in same):
+        wanted = "src.shape" if fname == "scatter" else f"src.shape on every axis but {axis}"
+        raise ValueError(f"{fname}: with axis={axis}, expects idx.shape to be {wanted} {sshape}, got idx.shape "
+                         f"{ishape}")
+    _check_dtype(fname, src)
+    return index, xp, on_host, axis
 
 
 def _destination_shape(src, index, dstsize, on_host):
@@ -151,59 +181,85 @@ def _destination_shape(src, index, dstsize, on_host):
     return shape
 
 
+def _destination_shape_along(src, index, dstsize, on_host, axis):
+    """The along-axis form's ``dst.shape``: ``src.shape`` with ``axis`` of ``dstsize`` (an int, or the whole shape),
+    by default the smallest that holds the largest index."""
+    sshape = tuple(src.shape)
+    if dstsize is None:
+        n = max(int(index[0].max()) + 1, 0) if index[0].size else 0
+    elif isinstance(dstsize, (int, np.integer)):
+        n = int(dstsize)
+    else:
+        given = tuple(int(s) for s in dstsize)
+        if len(given) != len(sshape) or any(g != s for a, (g, s) in enumerate(zip(given, sshape)) if a != axis):
+            raise ValueError(f"scatter: with axis={axis}, expects dstsize to be an int or src.shape {sshape} with "
+                             f"another size on axis {axis}, got dstsize {given}")
+        n = given[axis]
+    if n < 0:
+        raise ValueError(f"scatter: expects a non-negative dstsize, got {n} for axis {axis}")
+    shape = sshape[:axis] + (n,) + sshape[axis + 1:]
+    if on_host:
+        _check_bounds("scatter", along_axis_index(index[0], axis), shape, "dstsize", arrays=1)
+    return shape
+
+
 # ---------------------------------------------------------------------------------------------
 # The primitives (``checked``: the kernel checks device indices; gradients, whose indices were checked, do not)
 
 
-def _scatter_impl(src, idx, shape, op, checked=False):
-    return lookup("scatter", src)(op, src, idx, shape, checked)
+def _scatter_impl(src, idx, shape, op, checked=False, axis=None):
+    return lookup("scatter", src)(op, src, idx, shape, checked, axis)
 
 
-def _scatter_rule(src, idx, shape, op, checked=False):
-    y = _scatter(src, idx=idx, shape=shape, op=op, checked=checked)   # src may be tracked at an outer level
+def _scatter_rule(src, idx, shape, op, checked=False, axis=None):
+    y = _scatter(src, idx=idx, shape=shape, op=op, checked=checked, axis=axis)   # src may be tracked further out
     if op == "add":
         def scatter_add_pullback(dy):
-            return (_gather(dy, idx=idx),)
+            return (_gather(dy, idx=idx, axis=axis),)
         return y, scatter_add_pullback
     # NNlib's ∇scatter_src for max/min: every src entry equal to its result gets the whole dy (ties are not split)
     plain = value_of(src)
-    hit = (plain == _gather_impl(value_of(y), idx)).astype(plain.dtype)
+    hit = (plain == _gather_impl(value_of(y), idx, axis=axis)).astype(plain.dtype)
 
     def scatter_extreme_pullback(dy):
-        return (_gather(dy, idx=idx) * hit,)
+        return (_gather(dy, idx=idx, axis=axis) * hit,)
     return y, scatter_extreme_pullback
 
 
 _scatter = Primitive("scatter", _scatter_rule, impl=_scatter_impl)
 
 
-def _gather_impl(src, idx, checked=False):
-    return lookup("gather", src)(src, idx, checked)
+def _gather_impl(src, idx, checked=False, axis=None):
+    return lookup("gather", src)(src, idx, checked, axis)
 
 
-def _gather_rule(src, idx, checked=False):
+def _gather_rule(src, idx, checked=False, axis=None):
     shape = tuple(src.shape)
 
     def gather_pullback(dz):
-        return (_scatter(dz, idx=idx, shape=shape, op="add"),)
-    return _gather(src, idx=idx, checked=checked), gather_pullback
+        return (_scatter(dz, idx=idx, shape=shape, op="add", axis=axis),)
+    return _gather(src, idx=idx, checked=checked, axis=axis), gather_pullback
 
 
 _gather = Primitive("gather", _gather_rule, impl=_gather_impl)
 
 
-def _scatter_mean(src, idx, shape, checked):
+def _scatter_mean(src, idx, shape, checked, axis):
     """The scatter-add over the counts, 0 where no index hits (NNlib's ``safe_div``); integers average in float64
-    (NNlib's ``float(T)``), float16/bfloat16 in float32, rounded once."""
+    (NNlib's ``float(T)``), float16/bfloat16 in float32, rounded once. ``axis``: the along-axis form (the counts
+    have the destination's whole shape)."""
     dtype = src.dtype
     wide = np.dtype(np.float32) if is_half(dtype) else dtype if is_float_dtype(dtype) else np.dtype(np.float64)
     src = src if wide == dtype else src.astype(wide)
     xp = get_array_module(value_of(src))
-    d = len(idx)
     ones = xp.ones(idx[0].shape, wide)
-    counts = lookup("scatter", ones)("add", ones, idx, shape[:d], checked)
-    counts = xp.maximum(counts, 1).reshape(shape[:d] + (1,) * (len(shape) - d))
-    y = _scatter(src, idx=idx, shape=shape, op="add") / counts
+    if axis is None:
+        d = len(idx)
+        counts = lookup("scatter", ones)("add", ones, idx, shape[:d], checked, None)
+        counts = counts.reshape(shape[:d] + (1,) * (len(shape) - d))
+    else:
+        counts = lookup("scatter", ones)("add", ones, idx, shape, checked, axis)
+    y = _scatter(src, idx=idx, shape=shape, op="add", axis=axis) / xp.maximum(counts, 1)
     return y.astype(dtype) if is_half(dtype) else y
 
 
@@ -211,9 +267,10 @@ def _scatter_mean(src, idx, shape, checked):
 # The public ops
 
 
-def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None = None) -> Array:
+def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None = None,
+            axis: int | None = None) -> Array:
     """``dst[idx[k], ...] = op(dst[idx[k], ...], src[k, ...])`` for every ``k``, into a new ``dst`` (NNlib's
-    ``scatter``, on the leading axes).
+    ``scatter``, on the leading axes); with ``axis``, PyTorch's ``scatter_reduce`` along that axis.
 
     ``op``: ``"+"`` (``"add"``, ``operator.add``, ``np.add``), ``"max"`` (``max``, ``np.maximum``), ``"min"``
     (``min``, ``np.minimum``) or ``"mean"`` (``np.mean``). ``idx``: an integer array, or a tuple of ``d`` integer
@@ -222,8 +279,14 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
     smallest that holds the largest index. Entries no index hits hold 0 for ``+`` and ``mean``, the dtype's lowest
     value for ``max`` (``-inf`` for floats) and its highest for ``min`` (NNlib's ``scatter_empty``).
 
+    ``axis`` (an int, negative counts from the end): ``idx`` is one integer array of ``src``'s shape and each entry
+    sends its ``src`` value along ``axis``: ``dst[i, idx[i, j], k] op= src[i, j, k]`` for ``axis=1`` of 3-d arrays
+    (``torch.Tensor.scatter_reduce(axis, idx, src)`` into a new array, one kernel on the GPU). ``dst.shape`` is
+    ``src.shape`` with ``dstsize`` on ``axis`` (an int, or the whole shape; by default the largest index plus one).
+
     Gradient: ``+``: ``gather(dy, idx)``; ``mean``: ``gather(dy, idx) / count``; ``max``/``min``:
-    ``gather(dy, idx)`` at every ``src`` entry equal to its result (tied entries each get all of it, as NNlib).
+    ``gather(dy, idx)`` at every ``src`` entry equal to its result (tied entries each get all of it, as NNlib); the
+    same ``axis`` throughout.
 
     >>> import numpy as np
     >>> scatter("+", np.array([10.0, 100.0, 1000.0]), np.array([2, 0, 1]))
@@ -235,16 +298,23 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
     >>> scatter("mean", np.array([1.0, 2.0, 6.0]), (np.array([0, 0, 1]), np.array([1, 1, 0])))
     array([[0. , 1.5],
            [6. , 0. ]])
+    >>> scatter("+", np.array([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]]), np.array([[0, 0, 1], [1, 1, 1]]), axis=1)
+    array([[ 3.,  4.],
+           [ 0., 56.]])
     """
     name = _op_name(op)
-    index, xp, on_host = _indices("scatter", idx, src)
-    _check_src("scatter", src, index)
-    shape = _destination_shape(src, index, dstsize, on_host)
+    if axis is None:
+        index, xp, on_host = _indices("scatter", idx, src)
+        _check_src("scatter", src, index)
+        shape = _destination_shape(src, index, dstsize, on_host)
+    else:
+        index, xp, on_host, axis = _along_axis("scatter", idx, src, axis)
+        shape = _destination_shape_along(src, index, dstsize, on_host, axis)
     index = _on_device_of(xp, index, on_host)
     try:
         if name == "mean":
-            return _scatter_mean(src, index, shape, checked=not on_host)
-        return _scatter(src, idx=index, shape=shape, op=name, checked=not on_host)
+            return _scatter_mean(src, index, shape, not on_host, axis)
+        return _scatter(src, idx=index, shape=shape, op=name, checked=not on_host, axis=axis)
     except BadIndex as bad:
         raise _index_error("scatter", bad, len(index)) from None
 
@@ -254,11 +324,16 @@ def _on_device_of(xp, index, on_host):
     return tuple(xp.asarray(a) for a in index) if on_host else index
 
 
-def gather(src: Array, idx: Any) -> Array:
+def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
     """``out[k, ...] = src[idx[k], ...]`` (NNlib's ``gather``, on the leading axes): ``src`` read at the integer
     array ``idx``, or at the tuples of a tuple of ``d`` integer arrays of one shape, which index ``src``'s ``d``
-    leading axes. ``out.shape`` is ``idx``'s shape followed by ``src.shape[d:]``. Its gradient is
-    ``scatter("+", dout, idx, dstsize=src.shape)``.
+    leading axes. ``out.shape`` is ``idx``'s shape followed by ``src.shape[d:]``.
+
+    ``axis`` (an int, negative counts from the end): ``np.take_along_axis(src, idx, axis)`` (``torch.gather``):
+    ``idx`` is one integer array with ``src``'s sizes on every other axis, ``out[i, j, k] = src[i, idx[i, j, k], k]``
+    for ``axis=1`` of 3-d arrays, ``out.shape == idx.shape`` (one kernel on the GPU).
+
+    Its gradient is ``scatter("+", dout, idx, dstsize=src.shape)`` (with the same ``axis``).
 
     >>> import numpy as np
     >>> gather(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, 0, 2]))
@@ -267,15 +342,23 @@ def gather(src: Array, idx: Any) -> Array:
            [5, 6]])
     >>> gather(np.arange(6).reshape(2, 3), (np.array([1, 0]), np.array([2, 2])))
     array([5, 2])
+    >>> gather(np.array([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2]]), np.array([[1], [0]]), axis=1)   # picked per row
+    array([[0.7],
+           [0.5]])
     """
-    index, xp, on_host = _indices("gather", idx, src)
-    if len(index) > src.ndim:
-        raise ValueError(f"gather: {len(index)} index arrays need src with at least {len(index)} axes, got "
-                         f"src.shape {tuple(src.shape)}")
-    if on_host:
-        _check_bounds("gather", index, src.shape, "src")
+    if axis is None:
+        index, xp, on_host = _indices("gather", idx, src)
+        if len(index) > src.ndim:
+            raise ValueError(f"gather: {len(index)} index arrays need src with at least {len(index)} axes, got "
+                             f"src.shape {tuple(src.shape)}")
+        if on_host:
+            _check_bounds("gather", index, src.shape, "src")
+    else:
+        index, xp, on_host, axis = _along_axis("gather", idx, src, axis)
+        if on_host:
+            _check_bounds("gather", along_axis_index(index[0], axis), src.shape, "src", arrays=1)
     try:
-        return _gather(src, idx=_on_device_of(xp, index, on_host), checked=not on_host)
+        return _gather(src, idx=_on_device_of(xp, index, on_host), checked=not on_host, axis=axis)
     except BadIndex as bad:
         raise _index_error("gather", bad, len(index)) from None
 

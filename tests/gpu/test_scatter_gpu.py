@@ -481,3 +481,144 @@ def test_a_captured_bad_index_is_reported_after_the_replay(mode):
     finally:
         set_options(**old)
     fluxpy.check_indices()
+
+
+# ---------------------------------------------------------------------------------------------
+# The along-axis form (axis=): np.take_along_axis and PyTorch's scatter_reduce, the same kernels with rows of one
+# element
+
+
+ALONG_CASES = [((3, 4, 5), 1, 6), ((2, 3, 4, 7), 3, 7), ((300,), 0, 11), ((40, 50), 0, 3), ((2, 1, 33), 1, 5),
+               ((64, 9, 2, 3), -3, 4)]
+
+
+@pytest.fixture(params=[True, False], ids=["32-bit", "64-bit"])
+def width(request, monkeypatch):
+    """Both index widths (64-bit problems forced: they divide with ``/`` where 32-bit ones use magic numbers)."""
+    from fluxpy.kernels import cuda_scatter
+    monkeypatch.setattr(cuda_scatter, "_problems", {})
+    monkeypatch.setattr(cuda_scatter, "_gathers", {})
+    if not request.param:
+        monkeypatch.setattr(cuda_scatter, "_fits_32_bits", lambda *args: False)
+    return request.param
+
+
+@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
+@pytest.mark.parametrize("op", ["add", "max", "min"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8])
+@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+def test_each_implementation_along_an_axis_matches_cpu(width, name, op, dtype, shape, axis, n):
+    from fluxpy.kernels import cpu, cuda_scatter
+    cp = cupy_module()
+    rng = np.random.default_rng(15)
+    axis %= len(shape)
+    src = _source(rng, shape, dtype)
+    idx = rng.integers(0, n, size=shape)
+    dst = shape[:axis] + (n,) + shape[axis + 1:]
+    want = cpu.halves_in_float32(cpu.scatter)(op, src, (idx,), dst, False, axis)
+    got = cuda_scatter.scatter_with(name, op, cp.asarray(src), (cp.asarray(idx),), dst, axis)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if np.dtype(dtype).kind in "iu" or op in ("max", "min"):
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
+    else:
+        assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int8])
+@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+def test_gather_along_an_axis_is_take_along_axis(width, dtype, shape, axis, n):
+    cp = cupy_module()
+    rng = np.random.default_rng(16)
+    table = _source(rng, shape[:axis % len(shape)] + (n,) + shape[axis % len(shape) + 1:], dtype)
+    idx = rng.integers(0, n, size=shape).astype(np.int32)
+    got = gather(cp.asarray(table), cp.asarray(idx), axis=axis)
+    np.testing.assert_array_equal(cp.asnumpy(got), np.take_along_axis(table, idx, axis % len(shape)))
+    transposed = cp.asfortranarray(cp.asarray(idx))   # a strided index array
+    np.testing.assert_array_equal(cp.asnumpy(gather(cp.asarray(table), transposed, axis=axis)), cp.asnumpy(got))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_scatter_along_an_axis_and_its_gradient_match_cpu(op):
+    cp = cupy_module()
+    rng = np.random.default_rng(17)
+    src = rng.permutation(4 * 9 * 5).reshape(4, 9, 5) + rng.uniform(0.1, 0.4, size=(4, 9, 5))   # no ties
+    idx = rng.integers(0, 6, size=(4, 9, 5))
+    idx[:, :6] = np.arange(6).reshape(1, 6, 1)   # every destination entry hit
+    cot = rng.standard_normal((4, 6, 5))
+
+    def value_and_grad(xp):
+        f = lambda s: (scatter(op, s, xp.asarray(idx), dstsize=6, axis=1) * xp.asarray(cot)).sum()   # noqa: E731
+        y, (g,) = fluxpy.withgradient(f, xp.asarray(src))
+        return float(y), g
+    (y, g), (want_y, want_g) = value_and_grad(cp), value_and_grad(np)
+    assert_matches_cpu(g, want_g, rtol=1e-12, atol=1e-12)
+    assert abs(y - want_y) <= 1e-9 * max(1.0, abs(want_y))
+
+
+def test_gather_along_an_axis_gradient_and_second_order_match_cpu():
+    cp = cupy_module()
+    rng = np.random.default_rng(18)
+    table, idx = rng.standard_normal((5, 4, 3)), rng.integers(0, 4, size=(5, 7, 3))
+    cot = rng.standard_normal((5, 7, 3))
+
+    def grads(xp):
+        f = lambda t: (gather(t, xp.asarray(idx), axis=1) ** 2 * xp.asarray(cot)).sum()   # noqa: E731
+        g, = fluxpy.gradient(f, xp.asarray(table))
+        gg, = fluxpy.gradient(lambda t: (fluxpy.gradient(f, t)[0] * xp.asarray(cot[:, :4])).sum(), xp.asarray(table))
+        return g, gg
+    for got, want in zip(grads(cp), grads(np)):
+        assert_matches_cpu(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_benchmarks_4d_case_along_the_last_axis_matches_the_index_tuple_form():
+    cp = cupy_module()
+    rng = np.random.default_rng(19)
+    shape = (5, 8, 7, 7)
+    src, last = cp.asarray(rng.standard_normal(shape)), cp.asarray(rng.integers(0, 7, shape))
+    grid = tuple(cp.broadcast_to(cp.arange(n).reshape([-1 if a == j else 1 for a in range(4)]), shape)
+                 for j, n in enumerate(shape[:3]))
+    for op in ("add", "max", "min", "mean"):
+        assert_matches_cpu(scatter(op, src, last, dstsize=7, axis=3), cp.asnumpy(scatter(op, src, grid + (last,))),
+                           rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(cp.asnumpy(gather(src, last, axis=-1)), cp.asnumpy(gather(src, grid + (last,))))
+
+
+def test_deterministic_mode_along_an_axis_is_bit_for_bit():
+    from fluxpy.kernels import cuda_scatter, cudnn
+    cp = cupy_module()
+    rng = np.random.default_rng(20)
+    src = cp.asarray(rng.standard_normal((64, 3000, 4)).astype(np.float32))
+    idx = cp.asarray(rng.integers(0, 20, (64, 3000, 4)))
+    old = cudnn.set_options(deterministic=True)
+    try:
+        cuda_scatter.clear_choices()
+        results = [cp.asnumpy(scatter("+", src, idx, dstsize=20, axis=1)) for _ in range(3)]
+        (name, times), = cuda_scatter.choices().values()
+        assert name != "atomic" and "atomic" not in times
+    finally:
+        cudnn.set_options(**old)
+        cuda_scatter.clear_choices()
+    assert all(np.array_equal(r, results[0]) for r in results)
+    want = scatter("+", cp.asnumpy(src).astype(np.float64), cp.asnumpy(idx), dstsize=20, axis=1)
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["wait", "deferred"])
+def test_a_bad_device_index_along_an_axis_names_the_axis(mode):
+    from fluxpy.kernels.cudnn import set_options
+    cp = cupy_module()
+    src, idx = cp.ones((3, 4)), cp.asarray([[0, 1, 2, 3], [3, 9, 0, 1], [0, 0, 0, 0]])
+    old = set_options(index_checks=mode)
+    try:
+        for call, words in [(lambda: scatter("max", src, idx, dstsize=4, axis=1), "scatter: index 9 in idx is out "
+                             "of range for dstsize axis 1 of size 4"),
+                            (lambda: gather(src, idx, axis=-1), "gather: index 9 in idx is out of range for src axis "
+                             "1 of size 4")]:
+            with pytest.raises(IndexError) as info:
+                call()
+                fluxpy.check_indices()   # deferred: reported here
+            assert str(info.value).startswith(words), str(info.value)
+            assert _flag_value() == 0
+    finally:
+        set_options(**old)
+    fluxpy.check_indices()
