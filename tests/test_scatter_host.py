@@ -80,6 +80,7 @@ inline unsigned int __umulhi(unsigned int a, unsigned int b) { return (unsigned 
 inline float __int_as_float(int) { return 0; }
 inline float __uint_as_float(unsigned) { return 0; }
 inline unsigned int __float_as_uint(float) { return 0; }
+inline int __float_as_int(float) { return 0; }
 inline double __longlong_as_double(long long) { return 0; }
 inline long long __double_as_longlong(double) { return 0; }
 template <class T> T atomicAdd(T* a, T) { return *a; }

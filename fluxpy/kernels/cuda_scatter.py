@@ -76,6 +76,7 @@ of threads walks the whole problem, which beyond a few tens of thousands of step
 bound on what is worth timing, not the choice: the choice is measured)."""
 
 _BLOCK = 256
+_UNROLL = 4   # rows a thread row of the gather and the atomic scatter takes at a time (UNROLL in their source)
 
 # ---------------------------------------------------------------------------------------------
 # Types: storage T, compute C (what LOAD gives and STORE takes), atomic accumulator A
@@ -221,6 +222,17 @@ _ROWS_LOOP = r"""
 #define FOR_ROWS(k, K) \
   for (K_T k = blockIdx.x * (K_T)blockDim.y + threadIdx.y; k < (K); k += (K_T)gridDim.x * blockDim.y)
 #define FOR_COLUMNS(c, F) for (K_T c = threadIdx.x; c < (F); c += blockDim.x)
+// a thread row takes UNROLL rows at a time, k0, k0 + blockDim.y, ...: their index reads, then their source reads,
+// are issued together (one row at a time keeps too few loads in flight to reach the memory's bandwidth)
+#define FOR_ROW_GROUPS(k0, K) \
+  for (K_T k0 = blockIdx.x * (K_T)blockDim.y * UNROLL + threadIdx.y; k0 < (K); \
+       k0 += (K_T)gridDim.x * blockDim.y * UNROLL)
+#define GROUP_ROWS(r, k0, K) \
+  long long r[UNROLL]; \
+  _Pragma("unroll") for (int j = 0; j < UNROLL; ++j) { \
+    const K_T k = k0 + j * blockDim.y; \
+    r[j] = k < (K) ? fx_row(k, IDX_ARGS, bad, call) : -2; \
+  }
 """
 
 _ONE_BLOCK = r"""
@@ -240,24 +252,35 @@ extern "C" __global__ void __launch_bounds__(256) scatter_one_block(
 """
 
 _ATOMIC = r"""
+// A float max (min) in one integer atomic, no compare-and-swap loop: floats of sign 0 order as their bits read as
+// signed integers, floats of sign 1 in reverse as unsigned ones, and every positive float's bits are below every
+// negative one's as unsigned and above them as signed. A NaN wins (NumPy's), stored as the one NaN that no later
+// update displaces: the largest signed integer for a max, the largest unsigned one for a min.
 __device__ __forceinline__ void fx_update(float* a, float v) {
 #if OP_ADD
   atomicAdd(a, v);
+#elif OP_MAX
+  if (v != v) atomicMax((int*)a, 0x7fffffff);
+  else if (__float_as_int(v) >= 0) atomicMax((int*)a, __float_as_int(v));
+  else atomicMin((unsigned int*)a, __float_as_uint(v));
 #else
-  unsigned int* p = (unsigned int*)a; unsigned int old = *p, seen;
-  do { seen = old; float cur = __uint_as_float(seen);
-       if (!((v != v) || (v CMP cur))) return;
-       old = atomicCAS(p, seen, __float_as_uint(v)); } while (old != seen);
+  if (v != v) atomicMax((unsigned int*)a, 0xffffffffu);
+  else if (__float_as_int(v) >= 0) atomicMin((int*)a, __float_as_int(v));
+  else atomicMax((unsigned int*)a, __float_as_uint(v));
 #endif
 }
 __device__ __forceinline__ void fx_update(double* a, double v) {
+  const long long bits = __double_as_longlong(v);
 #if OP_ADD
   atomicAdd(a, v);
+#elif OP_MAX
+  if (v != v) atomicMax((long long*)a, 0x7fffffffffffffffLL);
+  else if (bits >= 0) atomicMax((long long*)a, bits);
+  else atomicMin((unsigned long long*)a, (unsigned long long)bits);
 #else
-  unsigned long long* p = (unsigned long long*)a; unsigned long long old = *p, seen;
-  do { seen = old; double cur = __longlong_as_double((long long)seen);
-       if (!((v != v) || (v CMP cur))) return;
-       old = atomicCAS(p, seen, (unsigned long long)__double_as_longlong(v)); } while (old != seen);
+  if (v != v) atomicMax((unsigned long long*)a, 0xffffffffffffffffULL);
+  else if (bits >= 0) atomicMin((long long*)a, bits);
+  else atomicMax((unsigned long long*)a, (unsigned long long)bits);
 #endif
 }
 __device__ __forceinline__ void fx_update(int* a, long long v) { ATOMIC_INT(a, (int)v); }
@@ -273,12 +296,15 @@ __device__ __forceinline__ void fx_update(unsigned long long* a, unsigned long l
 
 extern "C" __global__ void __launch_bounds__(256) scatter_atomic(
     const T* __restrict__ src, A* __restrict__ acc, K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
-  FOR_ROWS(k, K) {
-    long long r = fx_row(k, IDX_ARGS, bad, call);
-    if (r < 0) continue;
-    const T* s = src + (long long)k * F;
-    A* a = acc + r * F;
-    FOR_COLUMNS(c, F) fx_update(a + c, LOAD(s[c]));
+  FOR_ROW_GROUPS(k0, K) {
+    GROUP_ROWS(r, k0, K)
+    FOR_COLUMNS(c, F) {
+      C v[UNROLL];
+      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
+        v[j] = r[j] >= 0 ? LOAD(src[(long long)(k0 + j * blockDim.y) * F + c]) : (C)0;
+      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
+        if (r[j] >= 0) fx_update(acc + r[j] * F + c, v[j]);
+    }
   }
 }
 """
@@ -324,12 +350,14 @@ _GATHER = r"""
 extern "C" __global__ void __launch_bounds__(256) gather_rows(const U* __restrict__ src, U* __restrict__ out,
     K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
   // out[k, c] = src[row(k), c] in units U of F per row; a bad index gives zeros
-  FOR_ROWS(k, K) {
-    long long r = fx_row(k, IDX_ARGS, bad, call);
-    U* o = out + (long long)k * F;
-    if (r < 0) { FOR_COLUMNS(c, F) o[c] = ZERO; continue; }
-    const U* s = src + r * F;
-    FOR_COLUMNS(c, F) o[c] = s[c];
+  FOR_ROW_GROUPS(k0, K) {
+    GROUP_ROWS(r, k0, K)
+    FOR_COLUMNS(c, F) {
+      U v[UNROLL];
+      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j) v[j] = r[j] >= 0 ? src[r[j] * F + c] : ZERO;
+      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
+        if (r[j] != -2) out[(long long)(k0 + j * blockDim.y) * F + c] = v[j];
+    }
   }
 }
 """
@@ -358,7 +386,8 @@ def _source(kind, op, dtype, index_dtypes, strided, small):
     """The CUDA source of module ``kind`` (see :func:`_function`)."""
     rows = (_along_row_function(index_dtypes[0], small) if strided == "along"
             else _row_function(index_dtypes, strided, small))
-    head = "#define K_T " + ("unsigned int" if small else "long long") + "\n" + _ROWS_LOOP + rows
+    head = (f"#define K_T {'unsigned int' if small else 'long long'}\n#define UNROLL {_UNROLL}\n" + _ROWS_LOOP
+            + rows)
     if kind == "gather":
         unit, zero = _UNITS[op]
         return f"#define U {unit}\n#define ZERO {zero}\n" + head + _GATHER
@@ -367,7 +396,7 @@ def _source(kind, op, dtype, index_dtypes, strided, small):
     code = halves + _type_lines(dtype) + _combine(op, dtype) + f"#define EMPTY {_empty_literal(op, dtype)}\n" + head
     if kind == "atomic":
         return code + (f"#define A {_ctype(_accumulator(dtype))}\n#define OP_ADD {int(op == 'add')}\n"
-                       f"#define CMP {'>' if op == 'max' else '<'}\n#define ATOMIC_INT {_ATOMIC_INT[op]}\n" + _ATOMIC)
+                       f"#define OP_MAX {int(op == 'max')}\n#define ATOMIC_INT {_ATOMIC_INT[op]}\n" + _ATOMIC)
     if kind == "sorted":
         return code + "#define KEY long long\n" + _SORTED
     return code + _ONE_BLOCK
@@ -381,8 +410,10 @@ def _block(columns):
     return (x, _BLOCK // x)
 
 
-def _row_grid(rows, block):
-    return (max(1, min(-(-rows // block[1]), 65536)),)
+def _row_grid(rows, block, unroll=1):
+    """Blocks for ``rows`` rows, ``block[1]`` a block at a time times ``unroll`` (the kernels that take
+    :data:`_UNROLL` rows a thread row), at most 65,536 (the kernels then stride)."""
+    return (max(1, min(-(-rows // (block[1] * unroll)), 65536)),)
 
 
 def _grid(n):
@@ -688,7 +719,7 @@ def _atomic(p):
     acc = cupy.zeros(p.shape, p.wide) if p.empty == 0 else cupy.full(p.shape, p.empty, dtype=p.wide)   # a memset
     if p.K * p.F:
         p.function("atomic", "scatter_atomic")(
-            _row_grid(p.K, p.block), p.block, (p.src, acc, p.K_arg, p.F_arg, *p.index_args, *p.flag_args))
+            _row_grid(p.K, p.block, _UNROLL), p.block, (p.src, acc, p.K_arg, p.F_arg, *p.index_args, *p.flag_args))
     return acc if p.wide == p.dtype else acc.astype(p.dtype)
 
 
@@ -921,7 +952,7 @@ class _Gather:
         small = _fits_32_bits(index, K * F, src.size)
         count = np.uint32 if small else np.int64
         self.block = _block(F)
-        self.grid = _row_grid(K, self.block)
+        self.grid = _row_grid(K, self.block, _UNROLL)
         self.counts = (count(K), count(F))
         self.index_scalars = (_index_scalars(index, self.sizes, strided, small) if axis is None else
                               _along_scalars(index[0].shape, axis, self.sizes[axis], small))

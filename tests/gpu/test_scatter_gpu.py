@@ -520,8 +520,9 @@ def test_each_implementation_along_an_axis_matches_cpu(width, name, op, dtype, s
     assert got.dtype == want.dtype and got.shape == want.shape
     if np.dtype(dtype).kind in "iu" or op in ("max", "min"):
         np.testing.assert_array_equal(cp.asnumpy(got), want)
-    else:
-        assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype))
+    else:   # float32: up to ~20 terms of size ~10 summed in another order, cancelling to near zero
+        atol = 1e-4 if np.dtype(dtype) == np.float32 else _tolerance(dtype)
+        assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=atol)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int8])
