@@ -623,3 +623,26 @@ def test_a_bad_device_index_along_an_axis_names_the_axis(mode):
     finally:
         set_options(**old)
     fluxpy.check_indices()
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16])
+def test_the_atomic_float_max_and_min_order_every_sign_infinity_and_nan(op, dtype):
+    """The atomic scatter's max/min is one integer atomic on the float's bits: positive and negative values, signed
+    zeros, infinities and NaN (of either sign: it wins, as NumPy's) into few destinations, against the CPU."""
+    from fluxpy.kernels import cpu, cuda_scatter
+    cp = cupy_module()
+    rng = np.random.default_rng(21)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 1.5, -1.5, 1e-30, -1e-30])
+    values = np.concatenate([rng.standard_normal(4000) * 10, np.repeat(specials, 50)])
+    rows = rng.integers(0, 40, size=values.size)
+    nan_rows = rng.choice(40, size=5, replace=False)
+    nans = np.array([np.nan, -np.nan, np.nan, -np.nan, np.nan])   # a NaN of each sign
+    values = np.concatenate([values, nans]).astype(dtype)
+    rows = np.concatenate([rows, nan_rows])
+    order = rng.permutation(values.size)
+    values, rows = values[order], rows[order]
+    want = cpu.halves_in_float32(cpu.scatter)(op, values, (rows,), (41,))   # row 40: never hit
+    got = cp.asnumpy(cuda_scatter.scatter_with("atomic", op, cp.asarray(values), (cp.asarray(rows),), (41,)))
+    np.testing.assert_array_equal(got, want)   # NaN where NaN; -0.0 == 0.0
+    assert np.isnan(got[nan_rows].astype(np.float64)).all()
