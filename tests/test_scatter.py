@@ -280,6 +280,21 @@ def test_embedding_gradient_is_the_scatter_add(scatter_calls):
 # Bad input: clear errors before any work
 
 
+@pytest.fixture
+def kernel_calls():
+    """The calls that reach the "scatter" and "gather" kernels (the table entries wrapped, then put back)."""
+    calls = []
+    before = kernels.snapshot()
+    for name in ("scatter", "gather"):
+        inner = kernels.lookup(name, np.ones(1))
+        kernels.register(name, "numpy", lambda *a, _inner=inner, _name=name: calls.append(_name) or _inner(*a))
+    yield calls
+    kernels.restore(before)
+
+
+_X = np.ones((2, 3, 4))
+
+
 @pytest.mark.parametrize("call, error, words", [
     (lambda: scatter("*", np.ones(2), np.array([0, 1])), TypeError, ["scatter: op must be", "'*'"]),
     (lambda: scatter("+", np.ones(2), np.array([0.0, 1.0])), TypeError, ["scatter", "integer indices", "float64"]),
@@ -296,13 +311,39 @@ def test_embedding_gradient_is_the_scatter_add(scatter_calls):
     (lambda: gather(np.ones(3), np.array([-1])), IndexError, ["gather", "non-negative"]),
     (lambda: gather(np.ones(3), np.array([True])), TypeError, ["gather", "integer indices", "bool"]),
     (lambda: gather(np.ones(3), (np.array([0]), np.array([0]))), ValueError, ["gather", "at least 2 axes"]),
+    # the along-axis form (axis=)
+    (lambda: gather(_X, np.zeros((2, 3, 4), int), axis=3), ValueError,
+     ["gather", "axis 3 is out of range", "3 axes", "(2, 3, 4)"]),
+    (lambda: gather(_X, np.zeros((2, 3, 4), int), axis=-4), ValueError, ["gather", "axis -4"]),
+    (lambda: gather(_X, np.zeros((2, 3, 4), int), axis=1.0), TypeError, ["gather", "axis", "1.0"]),
+    (lambda: gather(_X, np.zeros((2, 3, 4), int), axis=True), TypeError, ["gather", "axis", "True"]),
+    (lambda: gather(_X, (np.zeros((2, 3, 4), int),) * 2, axis=1), TypeError,
+     ["gather", "one integer array", "tuple of 2"]),
+    (lambda: gather(_X, np.zeros((2, 5, 3), int), axis=1), ValueError,
+     ["gather", "every axis but 1", "(2, 3, 4)", "idx.shape (2, 5, 3)"]),
+    (lambda: gather(_X, np.zeros((2, 3), int), axis=1), ValueError, ["gather", "idx.shape (2, 3)"]),
+    (lambda: gather(_X, np.full((2, 1, 4), 3), axis=1), IndexError,
+     ["gather", "index 3 in idx", "src axis 1 of size 3"]),
+    (lambda: gather(_X, np.full((2, 3, 1), -1), axis=-1), IndexError, ["gather", "non-negative", "-1 in idx"]),
+    (lambda: gather(_X, np.zeros((2, 3, 4)), axis=0), TypeError, ["gather", "integer indices", "float64"]),
+    (lambda: scatter("+", _X, np.zeros((2, 2, 4), int), axis=1), ValueError,
+     ["scatter", "idx.shape to be src.shape (2, 3, 4)", "(2, 2, 4)"]),
+    (lambda: scatter("+", _X, np.full((2, 3, 4), 5), dstsize=5, axis=2), IndexError,
+     ["scatter", "index 5 in idx", "dstsize axis 2 of size 5"]),
+    (lambda: scatter("+", _X, np.zeros((2, 3, 4), int), dstsize=(2, 4, 4), axis=2), ValueError,
+     ["scatter", "dstsize", "(2, 4, 4)", "axis 2"]),
+    (lambda: scatter("+", _X, np.zeros((2, 3, 4), int), dstsize=-1, axis=2), ValueError,
+     ["scatter", "non-negative dstsize", "-1"]),
+    (lambda: scatter("max", _X, np.zeros((2, 3, 4), int), axis=5), ValueError, ["scatter", "axis 5 is out of range"]),
+    (lambda: scatter("+", _X.astype(bool), np.zeros((2, 3, 4), int), axis=0), TypeError,
+     ["scatter", "float or integer", "bool"]),
 ])
-def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words, scatter_calls):
+def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words, kernel_calls):
     with pytest.raises(error) as info:
         call()
     for w in words:
         assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
-    assert scatter_calls == []   # raised before any kernel ran
+    assert kernel_calls == []   # raised before any kernel ran
 
 
 # ---------------------------------------------------------------------------------------------

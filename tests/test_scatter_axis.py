@@ -1,7 +1,7 @@
 """scatter and gather along one axis (``axis=``: ``np.take_along_axis`` and PyTorch's ``scatter_reduce``): a loop
 reference under hypothesis (shapes, axes negative included, ops, dtypes), ``np.take_along_axis``, PyTorch in
-float64 where it is installed, gradients against float64 finite differences (first and second order), and the
-errors, raised before any kernel runs."""
+float64 where it is installed, gradients against float64 finite differences (first and second order). Its bad
+inputs are in test_scatter.py's table of errors."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -13,33 +13,17 @@ from fluxpy import kernels
 from fluxpy.kernels.cpu import along_axis_index
 from fluxpy.ops import gather, scatter
 from gradcheck import check_grad, check_second_order
+from test_scatter import reference_scatter
 
 seeds = st.integers(0, 2**31 - 1)
 OPS = ("add", "max", "min", "mean")
 
 
 def reference_scatter_along(op, src, idx, axis, n):
-    """``dst[..., idx[..., j, ...], ...] op= src[..., j, ...]``, one entry at a time, into ``n`` on ``axis``."""
-    shape = src.shape[:axis] + (n,) + src.shape[axis + 1:]
-    wide = np.float64 if op == "mean" else src.dtype
-    if op in ("add", "mean"):
-        dst = np.zeros(shape, wide)
-    elif src.dtype.kind == "f":
-        dst = np.full(shape, -np.inf if op == "max" else np.inf, wide)
-    else:
-        dst = np.full(shape, np.iinfo(src.dtype).min if op == "max" else np.iinfo(src.dtype).max, wide)
-    count = np.zeros(shape)
-    with np.errstate(over="ignore"):
-        for k in np.ndindex(src.shape):
-            at = k[:axis] + (int(idx[k]),) + k[axis + 1:]
-            if op in ("add", "mean"):
-                dst[at] += src[k]
-            else:
-                dst[at] = (np.maximum if op == "max" else np.minimum)(dst[at], src[k])
-            count[at] += 1
-    if op == "mean":
-        return (dst / np.maximum(count, 1)).astype(src.dtype if src.dtype.kind == "f" else np.float64)
-    return dst
+    """``dst[..., idx[..., j, ...], ...] op= src[..., j, ...]`` into ``n`` entries on ``axis``: test_scatter's loop
+    over the index tuple that reads along the axis (``along_axis_index``, itself checked against
+    ``np.take_along_axis`` below)."""
+    return reference_scatter(op, src, along_axis_index(idx, axis), src.shape[:axis] + (n,) + src.shape[axis + 1:])
 
 
 @st.composite
@@ -196,60 +180,6 @@ def test_float32_gradient_along_matches_float64(op):
                              src.astype(t))[0] for t in (np.float64, np.float32)]
     assert grads[1].dtype == np.float32
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-5)
-
-
-# ---------------------------------------------------------------------------------------------
-# Bad input: clear errors before any work
-
-
-@pytest.fixture
-def kernel_calls():
-    """The calls that reach the "scatter" and "gather" kernels (the table entries wrapped, then put back)."""
-    calls = []
-    before = kernels.snapshot()
-    for name in ("scatter", "gather"):
-        inner = kernels.lookup(name, np.ones(1))
-        kernels.register(name, "numpy", lambda *a, _inner=inner, _name=name: calls.append(_name) or _inner(*a))
-    yield calls
-    kernels.restore(before)
-
-
-X = np.ones((2, 3, 4))
-
-
-@pytest.mark.parametrize("call, error, words", [
-    (lambda: gather(X, np.zeros((2, 3, 4), int), axis=3), ValueError,
-     ["gather", "axis 3 is out of range", "3 axes", "(2, 3, 4)"]),
-    (lambda: gather(X, np.zeros((2, 3, 4), int), axis=-4), ValueError, ["gather", "axis -4"]),
-    (lambda: gather(X, np.zeros((2, 3, 4), int), axis=1.0), TypeError, ["gather", "axis", "1.0"]),
-    (lambda: gather(X, np.zeros((2, 3, 4), int), axis=True), TypeError, ["gather", "axis", "True"]),
-    (lambda: gather(X, (np.zeros((2, 3, 4), int),) * 2, axis=1), TypeError,
-     ["gather", "one integer array", "tuple of 2"]),
-    (lambda: gather(X, np.zeros((2, 5, 3), int), axis=1), ValueError,
-     ["gather", "every axis but 1", "(2, 3, 4)", "idx.shape (2, 5, 3)"]),
-    (lambda: gather(X, np.zeros((2, 3), int), axis=1), ValueError, ["gather", "idx.shape (2, 3)"]),
-    (lambda: gather(X, np.full((2, 1, 4), 3), axis=1), IndexError,
-     ["gather", "index 3 in idx", "src axis 1 of size 3"]),
-    (lambda: gather(X, np.full((2, 3, 1), -1), axis=-1), IndexError, ["gather", "non-negative", "-1 in idx"]),
-    (lambda: gather(X, np.zeros((2, 3, 4)), axis=0), TypeError, ["gather", "integer indices", "float64"]),
-    (lambda: scatter("+", X, np.zeros((2, 2, 4), int), axis=1), ValueError,
-     ["scatter", "idx.shape to be src.shape (2, 3, 4)", "(2, 2, 4)"]),
-    (lambda: scatter("+", X, np.full((2, 3, 4), 5), dstsize=5, axis=2), IndexError,
-     ["scatter", "index 5 in idx", "dstsize axis 2 of size 5"]),
-    (lambda: scatter("+", X, np.zeros((2, 3, 4), int), dstsize=(2, 4, 4), axis=2), ValueError,
-     ["scatter", "dstsize", "(2, 4, 4)", "axis 2"]),
-    (lambda: scatter("+", X, np.zeros((2, 3, 4), int), dstsize=-1, axis=2), ValueError,
-     ["scatter", "non-negative dstsize", "-1"]),
-    (lambda: scatter("max", X, np.zeros((2, 3, 4), int), axis=5), ValueError, ["scatter", "axis 5 is out of range"]),
-    (lambda: scatter("+", X.astype(bool), np.zeros((2, 3, 4), int), axis=0), TypeError,
-     ["scatter", "float or integer", "bool"]),
-])
-def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words, kernel_calls):
-    with pytest.raises(error) as info:
-        call()
-    for w in words:
-        assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
-    assert kernel_calls == []   # raised before any kernel ran
 
 
 def test_empty_index_arrays():
