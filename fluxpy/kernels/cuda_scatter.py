@@ -398,7 +398,7 @@ def _source(kind, op, dtype, index_dtypes, strided, small):
         return code + (f"#define A {_ctype(_accumulator(dtype))}\n#define OP_ADD {int(op == 'add')}\n"
                        f"#define OP_MAX {int(op == 'max')}\n#define ATOMIC_INT {_ATOMIC_INT[op]}\n" + _ATOMIC)
     if kind == "sorted":
-        return code + "#define KEY long long\n" + _SORTED
+        return code + f"#define KEY {'unsigned int' if small else 'long long'}\n" + _SORTED
     return code + _ONE_BLOCK
 
 
@@ -727,7 +727,7 @@ def _sorted(p):
     dst = cupy.empty(p.shape, p.dtype)
     if p.R * p.F == 0:
         return dst
-    rows = cupy.empty(p.K, np.int64)
+    rows = cupy.empty(p.K, np.uint32 if p.small else np.int64)   # 32-bit keys: half the radix sort's passes
     if p.K:
         p.function("sorted", "scatter_rows")(_grid(p.K), (_BLOCK,), (p.K_arg, *p.index_args, rows, p.R_long,
                                                                       *p.flag_args))
