@@ -243,6 +243,18 @@ def test_the_along_scalars_match_their_parameters(width):
         assert (value.dtype.kind == "u") == ctype.startswith("unsigned"), name
 
 
+@pytest.mark.parametrize("name", cuda_scatter.IMPLEMENTATIONS)
+def test_empty_problems_along_an_axis(cp, width, name):
+    """No entries (an axis of size 0 after, on or before the one indexed): empty results, or the empty value."""
+    for shape, axis, n in [((2, 3, 0), 1, 4), ((2, 0, 3), 1, 4), ((0, 3), 1, 2)]:
+        dst = shape[:axis] + (n,) + shape[axis + 1:]
+        src, idx = _dev(cp, np.ones(shape), np.zeros(shape, np.int64))
+        got = cuda_scatter.scatter_with(name, "max", src, (idx,), dst, axis)
+        np.testing.assert_array_equal(_host(got), np.full(dst, -np.inf))
+        table = cp.asarray(np.ones(dst))
+        assert _host(cuda_scatter.gather(table, (idx,), False, axis)).shape == shape
+
+
 def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
     src, idx = _dev(cp, np.ones((2, 3)), np.array([[0, 1, 2], [2, 7, 0]]))
     with pytest.raises(IndexError, match=r"^scatter: index 7 in idx is out of range for dstsize axis 1 of size 3$"):

@@ -625,10 +625,10 @@ def _along_scalars(index_shape, axis, n, small):
     """The along-axis form's scalar index arguments (:func:`_along_row_function`): the destination's (or source's)
     axis length ``n``, the size of the axes after ``axis`` and the index array's length on it (with their magic
     numbers where ``small``)."""
-    inner, length = math.prod(index_shape[axis + 1:]), index_shape[axis]
+    inner, length = max(math.prod(index_shape[axis + 1:]), 1), max(index_shape[axis], 1)   # 0: no entries to divide
     if not small:
         return np.int64(n), np.int64(inner), np.int64(length)
-    return (np.int64(n), np.uint32(inner), *_magic(inner), np.uint32(length), *_magic(max(length, 1)))
+    return (np.int64(n), np.uint32(inner), *_magic(inner), np.uint32(length), *_magic(length))
 
 
 def _magic(m):

@@ -647,3 +647,15 @@ def test_the_atomic_float_max_and_min_order_every_sign_infinity_and_nan(op, dtyp
     got, want = got.astype(np.float64), want.astype(np.float64)   # (NumPy takes NaN == NaN for its own dtypes only)
     np.testing.assert_array_equal(got, want)   # NaN where NaN; -0.0 == 0.0
     assert np.isnan(got[nan_rows]).all()
+
+
+@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
+def test_empty_problems_along_an_axis(name):
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    for shape, axis, n in [((2, 3, 0), 1, 4), ((2, 0, 3), 1, 4), ((0, 3), 1, 2)]:
+        dst = shape[:axis] + (n,) + shape[axis + 1:]
+        src, idx = cp.ones(shape), cp.zeros(shape, cp.int64)
+        got = cuda_scatter.scatter_with(name, "max", src, (idx,), dst, axis)
+        np.testing.assert_array_equal(cp.asnumpy(got), np.full(dst, -np.inf))
+        assert gather(cp.ones(dst), idx, axis=axis).shape == shape
