@@ -6,6 +6,8 @@ Needs a GPU (``gpu`` marker)."""
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fluxpy
 from devices import assert_matches_cpu, cupy_module
@@ -659,3 +661,31 @@ def test_empty_problems_along_an_axis(name):
         got = cuda_scatter.scatter_with(name, "max", src, (idx,), dst, axis)
         np.testing.assert_array_equal(cp.asnumpy(got), np.full(dst, -np.inf))
         assert gather(cp.ones(dst), idx, axis=axis).shape == shape
+
+
+@st.composite
+def _along_cases(draw):
+    """A source shape of 1 to 4 axes, an axis (negative too), the destination's length on it, an index dtype."""
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return shape, axis, draw(st.integers(1, 12)), draw(st.sampled_from([np.int64, np.int32, np.uint8])), \
+        draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_along_cases(), op=st.sampled_from(OPS))
+def test_the_along_axis_ops_and_gradients_match_cpu_at_drawn_shapes(case, op):
+    cp = cupy_module()
+    shape, axis, n, idx_dtype, seed = case
+    rng = np.random.default_rng(seed)
+    a = axis % len(shape)
+    src, idx = rng.standard_normal(shape), rng.integers(0, n, size=shape).astype(idx_dtype)
+    table = rng.standard_normal(shape[:a] + (n,) + shape[a + 1:])
+    assert_matches_cpu(scatter(op, cp.asarray(src), cp.asarray(idx), dstsize=n, axis=axis),
+                       scatter(op, src, idx, dstsize=n, axis=axis), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(cp.asnumpy(gather(cp.asarray(table), cp.asarray(idx), axis=axis)),
+                                  np.take_along_axis(table, idx.astype(np.int64), a))
+    cot = rng.standard_normal(table.shape)
+    grads = [fluxpy.gradient(lambda s: (scatter("+", s, xp.asarray(idx), dstsize=n, axis=axis)
+                                        * xp.asarray(cot)).sum(), xp.asarray(src))[0] for xp in (cp, np)]
+    assert_matches_cpu(grads[0], grads[1], rtol=1e-12, atol=1e-12)
