@@ -1,4 +1,4 @@
-"""``scatter`` and ``gather`` (NNlib's), differentiable, on the leading axes.
+"""``scatter`` and ``gather`` (NNlib's), differentiable, on the leading axes or along one axis.
 
 NNlib indexes the trailing axes of column-major arrays; fluxpy is row-major, so here ``idx`` indexes the LEADING
 axes of the destination and ``src``'s leading axes are ``idx``'s shape::
@@ -9,6 +9,12 @@ axes of the destination and ``src``'s leading axes are ``idx``'s shape::
 ``idx`` is an integer array (one index per entry, ``d = 1``) or a tuple of ``d`` integer arrays of one shape
 (NumPy's ``x[i, j]``: the ``d``-tuple ``(i[k], j[k])`` indexes the ``d`` leading axes; NNlib's tuple or
 CartesianIndex indices). Indices are 0-based and never negative.
+
+With ``axis=a`` both work along that one axis instead (NumPy's ``take_along_axis``, PyTorch's ``gather`` and
+``scatter_reduce``): ``idx`` is one integer array with ``src``'s number of axes, and for 3-d arrays and ``a = 1``::
+
+    scatter(op, src, idx, axis=1)[i, idx[i, j, k], k]  =  op over every j of src[i, j, k]
+    gather(src, idx, axis=1)[i, j, k]                   =  src[i, idx[i, j, k], k]
 
 The gradient of ``gather`` is a scatter-add and that of a scatter-add is a gather, so second derivatives come free;
 the gradient of ``x[i]`` for integer-array indices on the leading axes (and so of ``Embedding``) is this
