@@ -153,6 +153,13 @@ FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16
 # ahead where one fits was slower (float16 32,768: 310.8, 317.1, 325.3 us), and so were 16-byte copies of the
 # halves, any thread any piece, with a barrier a row (404 us).
 STAGED_FORWARD = {2: True, 4: True, 8: False}
+# By item size: whether ln_bwd1, where its plan holds fewer than two rows an SM, runs the first form that holds two
+# that ptxas compiles without spilling (_two_block_plan): more rows an SM hide the barriers of a row's sums, as in the
+# forward (FORWARD_MIN_ROWS). H200, 8192 rows, share of copy: float16 4,608 71.6% -> 80.7% (256 threads of 5
+# vectors), 5,140 73.4% -> 78.0% and 5,376 76.4% -> 80.9% (192 of 7), bfloat16 5,140 72.4% -> 78.5%; at float16 6,144
+# every two-block form spilled. float32 4,096 lost (91.1% -> 83.1%: the one form that fit took 250 registers) and at
+# 5,140 every form spilled, so not for float32.
+BACKWARD_TWO_BLOCKS = {2: True, 4: False, 8: False}
 # By item size: whether rows whose column sums do not fit one block's shared memory take ln_bwdc, a cluster of 2, 4 or
 # 8 blocks a row (sm_90 and later), each block ln_bwds over its share of the columns (_cluster_split).
 CLUSTER_COLUMNS = {2: True, 4: True, 8: False}
@@ -173,7 +180,8 @@ _SOURCE = r"""
 #define NW (TPR / 32 > 0 ? TPR / 32 : 1)
 // One block an SM is enough: without the 1, ptxas traded registers for a second block and spilled 8 bytes (ln_dx1 at
 // 10,240 float32 values: 96 registers; with it, 115 and no spill). The grid is sized from the registers it used.
-#define ROW_BOUNDS __launch_bounds__(TPR * RPB, 1)
+// BWD_BLOCKS is 2 for the two-block forms of ln_bwd1 (_two_block_plan), which are kept only where ptxas fits them.
+#define ROW_BOUNDS __launch_bounds__(TPR * RPB, BWD_BLOCKS)
 typedef VT vec_t;   // VT may be two words ("unsigned int")
 
 // The sum of a over the TPR threads of this thread's row, in a fixed order (every thread of the block calls it).
@@ -1001,6 +1009,7 @@ _modules: dict = {}
 _forward: dict = {}
 _plans: dict = {}
 _clusters: dict = {}
+_launched: dict = {}
 _occupancy: dict = {}
 _sm: dict = {}
 
@@ -1161,6 +1170,17 @@ def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
     return 0
 
 
+def _on_gpu() -> bool:
+    """Whether a GPU is there to compile for (the compiled kernels decide :func:`_launch_plan`; without one, plans are
+    still asked for: doctests, the CPU's checks of shapes)."""
+    if cupy is None:
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
 def _has_clusters() -> bool:
     """Whether the current GPU launches thread-block clusters (compute capability 9.0 or later; True where no GPU is
     asked, as :func:`_shared_limit` assumes sm_90)."""
@@ -1286,14 +1306,15 @@ def backward_shape(length: int, dtype, fused: bool = False):
     next row; ``ln_bwds``, one sweep with the column sums in shared memory; ``ln_bwdc``, the same by a cluster of
     blocks a row (TPR and ITEMS a block's); ``ln_bwd``, two sweeps; the split backward, dx alone then ``ln_cols``:
     ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the rows down, and the composite runs).
-    On a GPU the plan follows its shared memory and whether it has clusters (here, with none: sm_90's).
+    On a GPU the plan follows its shared memory and whether it has clusters (here, with none: sm_90's), and
+    ``ln_bwd1`` of the halves may run in a two-block form where ptxas fits one (:data:`BACKWARD_TWO_BLOCKS`).
 
     >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
     ('ln_bwd1', 'ln_bwds', 'ln_bwdc')
     >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16), backward_shape(20484, np.float32)[0]
     (('ln_dx1', 4, 640, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0), 'ln_dx2')
     """
-    return _plan(length, dtype, fused)
+    return _launch_plan(length, dtype, fused)[0]
 
 
 def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
@@ -1355,11 +1376,11 @@ def column_shape(length: int, dtype, rows: int) -> tuple[int, int, int, int]:
     return kvw, tiles, rc, -(-rows // rc)
 
 
-def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1):
+def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1, plan=None):
     """The CUDA source of the kernels for rows of ``length`` values of ``dtype``: ``forward`` (``ln_fwd``, staging
-    ``stages`` rows ahead, ptxas held to ``blocks`` blocks an SM) or ``backward`` (the kernel of
-    :func:`backward_shape`, ``ln_cols`` for the split backward, and ``ln_params``); ``fused``: with the code that
-    adds a residual and a bias (kept out of the plain kernels)."""
+    ``stages`` rows ahead, ptxas held to ``blocks`` blocks an SM) or ``backward`` (the kernel of ``plan``, by
+    default :func:`_plan`'s, held to ``blocks`` blocks an SM, ``ln_cols`` for the split backward, and
+    ``ln_params``); ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
     params, scols, spf, cluster = 1, 0, 0, 1
     if direction == "forward":
@@ -1367,7 +1388,7 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1)
         pf = int(_forward_prefetches(length, dtype, fused))
         spf = int(stages > 0)
     else:
-        plan = _plan(length, dtype, fused)
+        plan = plan or _plan(length, dtype, fused)
         _, vw, tpr, rpb, items, pf = plan
         params = 0 if _splits(plan) else 1
         scols = int(plan[0] == "ln_bwds")
@@ -1378,7 +1399,8 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
     head = (prelude(dtype) + f"#define L {length}\n#define VW {vw}\n#define VT {vt}\n#define TPR {tpr}\n"
             f"#define RPB {rpb}\n#define ITEMS {items}\n#define PF {pf}\n#define SPF {spf}\n"
-            f"#define FWD_BLOCKS {blocks}\n#define STAGES {max(stages, 1)}\n"
+            f"#define FWD_BLOCKS {blocks}\n#define BWD_BLOCKS {blocks if direction == 'backward' else 1}\n"
+            f"#define STAGES {max(stages, 1)}\n"
             f"#define FUSED {int(bool(fused))}\n"
             f"#define PARAMS {params}\n#define SCOLS {scols}\n#define CLUSTER {cluster}\n"
             f"#define KVW {kvw}\n#define KVT {kvt}\n"
@@ -1387,14 +1409,62 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1)
     return head + _SOURCE
 
 
-def _module(dtype, length, direction="forward", fused=False, stages=0, blocks=1):
-    key = (np.dtype(dtype), int(length), direction, bool(fused),
-           _plan(length, dtype, fused) if direction == "backward" else (stages, blocks))
+def _module(dtype, length, direction="forward", fused=False, stages=0, blocks=1, plan=None):
+    """The compiled module of :func:`_source` (cached). The backward's ``plan`` and ``blocks`` are, by default, what
+    :func:`_launch_plan` says runs."""
+    if direction == "backward" and plan is None:
+        plan, blocks = _launch_plan(length, dtype, fused)
+    key = (np.dtype(dtype), int(length), direction, bool(fused), plan if direction == "backward" else stages, blocks)
     mod = _modules.get(key)
     if mod is None:
-        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused, stages, blocks),
+        mod = _modules[key] = cupy.RawModule(code=_source(dtype, length, direction, fused, stages, blocks, plan),
                                              options=("--std=c++14",))
     return mod
+
+
+def _launch_plan(length, dtype, fused=False):
+    """``(plan, blocks)``: the backward that runs, :func:`_plan`'s held to one block an SM, or on a GPU where
+    :data:`BACKWARD_TWO_BLOCKS` allows it and ptxas fits one, a two-block form (:func:`_two_block_plan`; cached)."""
+    dtype, length = np.dtype(dtype), int(length)
+    plan = _plan(length, dtype, fused)
+    if plan is None or plan[0] != "ln_bwd1" or not BACKWARD_TWO_BLOCKS[dtype.itemsize] or not _on_gpu():
+        return plan, 1
+    key = (dtype, length, bool(fused), cupy.cuda.Device().id, plan)
+    got = _launched.get(key)
+    if got is None:
+        got = _launched[key] = _two_block_plan(dtype, length, fused, plan) or (plan, 1)
+    return got
+
+
+def _two_block_forms(plan, length):
+    """The two-block forms of ``ln_bwd1`` that :func:`_two_block_plan` tries, in order: a row a block in fewer
+    threads with more values each (the registers a thread needs beyond its values are then shared by more of them),
+    from one more vector a thread than ``plan`` to :data:`MAX_VALUES` values, each thread count once.
+
+    >>> _two_block_forms(("ln_bwd1", 4, 352, 1, 4, 1), 5140)[:3]
+    [('ln_bwd1', 4, 288, 1, 5, 1), ('ln_bwd1', 4, 224, 1, 6, 1), ('ln_bwd1', 4, 192, 1, 7, 1)]
+    """
+    name, vw, _, _, items, pf = plan
+    vectors, forms = -(-length // vw), []
+    for more in range(items + 1, MAX_VALUES // vw + 1):
+        threads = 32 * -(-vectors // (32 * more))   # whole warps
+        if all(form[2] != threads for form in forms):
+            forms.append((name, vw, threads, 1, more, pf))
+    return forms
+
+
+def _two_block_plan(dtype, length, fused, plan):
+    """``(form, 2)``: ``ln_bwd1`` in the first of :func:`_two_block_forms` that ptxas compiles without spilling under
+    ``__launch_bounds__(threads, 2)``, where the compiled ``plan`` holds fewer than two rows an SM; else None. The
+    register estimate of :func:`_one_sweep_plan` is not asked (it turns these forms down): the compiled kernel is."""
+    fn = _module(dtype, length, "backward", fused, plan=plan).get_function(plan[0])
+    if plan[3] * _blocks_an_sm(plan[2] * plan[3], fn.num_regs, fn.shared_size_bytes) >= 2:
+        return None
+    for form in _two_block_forms(plan, length):
+        fn = _module(dtype, length, "backward", fused, blocks=2, plan=form).get_function(form[0])
+        if fn.local_size_bytes == 0 and _blocks_an_sm(form[2], fn.num_regs, fn.shared_size_bytes) >= 2:
+            return form, 2
+    return None
 
 
 def _forward_kernel(dtype, length, fused=False):
@@ -1438,7 +1508,7 @@ def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     kernels = []
     if launch_shape(length, dtype) is not None:
         kernels.append(("ln_fwd", _forward_kernel(dtype, length, fused)[0]))
-    plan = _plan(length, dtype, fused)
+    plan = backward_shape(length, dtype, fused)
     if plan is not None:
         names = [plan[0]] + (["ln_cols"] if _splits(plan) else []) + ["ln_params"]
         kernels += [(name, _module(dtype, length, "backward", fused).get_function(name)) for name in names]
@@ -1616,7 +1686,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
-    plan = _plan(length, x.dtype, fused)
+    plan = backward_shape(length, x.dtype, fused)
     name, vw, tpr, rpb, items, pf = plan
     split = _splits(plan)
     cdt = compute_dtype(x.dtype)

@@ -415,3 +415,33 @@ def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
     built = [key[4][1] for key in cuda_layernorm._modules if key[:4] == (np.dtype(dtype), length, "forward", False)]
     assert asked in built and min(built) < asked, built
     _forward_over_many_rows(dtype, False, length)
+
+
+@pytest.mark.parametrize("length", [4608, 5140, 5376, 6144])
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=str)
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_a_backward_of_one_row_an_sm_runs_two_blocks_where_ptxas_fits_them(length, dtype, fused):
+    """ln_bwd1 where its plan holds one row an SM: for the halves, the first two-block form that ptxas compiles
+    without spilling (else the plan, every form having spilled); float32 keeps its plan. Either way the result
+    matches float64, the same bits on every call and from a captured CUDA graph."""
+    dtype = np.dtype(dtype)
+    plan = cuda_layernorm._plan(length, dtype, fused)
+    assert plan[0] == "ln_bwd1" and plan[3] == 1
+    launched, blocks = cuda_layernorm._launch_plan(length, dtype, fused)
+    assert cuda_layernorm.backward_shape(length, dtype, fused) == launched
+    fn = cuda_layernorm._module(dtype, length, "backward", fused).get_function("ln_bwd1")
+    if not cuda_layernorm.BACKWARD_TWO_BLOCKS[dtype.itemsize]:
+        assert (launched, blocks) == (plan, 1)
+    elif blocks == 2:
+        assert launched[4] > plan[4] and launched[2] < plan[2], "more values a thread, fewer threads a row"
+        assert fn.local_size_bytes == 0
+        assert cuda_layernorm._blocks_an_sm(launched[2], fn.num_regs, fn.shared_size_bytes) >= 2
+    else:   # every two-block form spilled
+        assert launched == plan
+        for form in cuda_layernorm._two_block_forms(plan, length):
+            f = cuda_layernorm._module(dtype, length, "backward", fused, blocks=2, plan=form).get_function("ln_bwd1")
+            assert f.local_size_bytes > 0 or cuda_layernorm._blocks_an_sm(form[2], f.num_regs,
+                                                                          f.shared_size_bytes) < 2
+    if dtype.itemsize == 2 and length == 5140 and not fused:
+        assert blocks == 2, "the H200's NVRTC fits 192 threads of 7 vectors (the benchmark's case)"
+    _check_long_rows(length, dtype, fused, 2 * 132 * 2 + 7)   # more rows than two rounds of the grid
