@@ -1172,13 +1172,15 @@ def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
 
 def _on_gpu() -> bool:
     """Whether a GPU is there to compile for (the compiled kernels decide :func:`_launch_plan`; without one, plans are
-    still asked for: doctests, the CPU's checks of shapes)."""
-    if cupy is None:
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    still asked for: doctests, the CPU's checks of shapes). Asked once a process: each backward call needs it."""
+    found = _sm.get("on_gpu")
+    if found is None:
+        try:
+            found = cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0
+        except Exception:
+            found = False
+        _sm["on_gpu"] = found
+    return found
 
 
 def _has_clusters() -> bool:
