@@ -255,6 +255,15 @@ def test_empty_problems_along_an_axis(cp, width, name):
         assert _host(cuda_scatter.gather(table, (idx,), False, axis)).shape == shape
 
 
+def test_the_along_axis_kernels_turn_down_an_index_of_the_wrong_shape(cp):
+    src, idx = _dev(cp, np.ones((2, 3)), np.zeros((2, 4), np.int64))
+    with pytest.raises(ValueError, match=r"along axis 1: .*src's shape \(2, 3\); got 1 array\(s\) of shape \(2, 4\)"):
+        cuda_scatter.scatter("add", src, (idx,), (2, 5), False, 1)
+    with pytest.raises(ValueError, match=r"along axis 0: expects one integer index array of shape \(2, 3\) but on"):
+        cuda_scatter.gather(src, (idx,), False, 0)
+    assert _host(cuda_scatter.gather(src, (idx,), False, 1)).shape == (2, 4)   # another length on the axis
+
+
 def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
     src, idx = _dev(cp, np.ones((2, 3)), np.array([[0, 1, 2], [2, 7, 0]]))
     with pytest.raises(IndexError, match=r"^scatter: index 7 in idx is out of range for dstsize axis 1 of size 3$"):

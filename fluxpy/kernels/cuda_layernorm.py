@@ -1688,11 +1688,11 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
-    plan = backward_shape(length, x.dtype, fused)
+    plan, bwd_blocks = _launch_plan(length, x.dtype, fused)
     name, vw, tpr, rpb, items, pf = plan
     split = _splits(plan)
     cdt = compute_dtype(x.dtype)
-    mod = _module(x.dtype, length, "backward", fused)
+    mod = _module(x.dtype, length, "backward", fused, blocks=bwd_blocks, plan=plan)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
     cs = _cluster_size(length, x.dtype, fused) if name == "ln_bwdc" else 1

@@ -231,7 +231,7 @@ _ROWS_LOOP = r"""
   long long r[UNROLL]; \
   _Pragma("unroll") for (int j = 0; j < UNROLL; ++j) { \
     const K_T k = k0 + j * blockDim.y; \
-    r[j] = k < (K) ? fx_row(k, IDX_ARGS, bad, call) : -2; \
+    r[j] = k < (K) ? fx_row(k, IDX_ARGS, bad, call) : -2;  /* -1: a bad index; -2: past the last row */ \
   }
 """
 
@@ -827,7 +827,7 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     if p is None:   # the call's first of this signature, or an index that is not (yet) CuPy arrays
         index = _on_device(index)
         if axis is not None:
-            index = _along_index(index, src.shape, shape, axis)
+            index = _along_index(index, shape, axis, src.shape)
         elif not _is_leading_array_index(index, src):
             return _scatter_any_index(op, src, index, shape)
         p = _problem(op, src, index, shape, device, axis)
@@ -842,16 +842,18 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     return dst
 
 
-def _along_index(index, src_shape, shape, axis):
-    """The along-axis form's index, checked (one integer array of ``src``'s shape, ``shape`` the same on every
-    other axis) and C-contiguous, as its kernels read it."""
+def _along_index(index, shape, axis, src_shape=None):
+    """The along-axis form's index, checked (one integer array with ``shape``'s sizes on every axis but ``axis``:
+    the destination's of a scatter, the source's of a gather; a scatter's also of ``src_shape``, one index a source
+    entry) and C-contiguous, as its kernels read it."""
     idx = index[0] if len(index) == 1 else None
-    if (idx is None or not isinstance(idx, cupy.ndarray) or idx.dtype.kind not in "iu" or idx.shape != src_shape
-            or len(shape) != len(src_shape) or any(a != b for j, (a, b) in enumerate(zip(shape, src_shape))
-                                                   if j != axis)):
-        raise ValueError(f"along axis {axis}: expects one integer index array of shape {tuple(src_shape)} and a "
-                         f"destination of that shape but on axis {axis}, got {len(index)} array(s) and shape "
-                         f"{tuple(shape)}")
+    if not (isinstance(idx, cupy.ndarray) and idx.dtype.kind in "iu" and idx.ndim == len(shape)
+            and all(a == b for j, (a, b) in enumerate(zip(idx.shape, shape)) if j != axis)
+            and (src_shape is None or idx.shape == tuple(src_shape))):
+        raise ValueError(f"along axis {axis}: expects one integer index array of shape {tuple(shape)} but on axis "
+                         f"{axis}" + ("" if src_shape is None else f", and of src's shape {tuple(src_shape)}")
+                         + f"; got {len(index)} array(s)"
+                         + (f" of shape {tuple(idx.shape)}" if isinstance(idx, cupy.ndarray) else ""))
     return (idx if idx.flags.c_contiguous else cupy.ascontiguousarray(idx),)
 
 
@@ -866,7 +868,7 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple, axis:
         raise ValueError(f"scatter_with: name must be one of {IMPLEMENTATIONS}, got {name!r}")
     index = _on_device(index)
     if axis is not None:
-        index = _along_index(index, src.shape, tuple(shape), axis)
+        index = _along_index(index, tuple(shape), axis, src.shape)
     elif not _is_leading_array_index(index, src):
         raise ValueError("scatter_with: expects integer arrays of one shape that src's shape starts with")
     p = _problem(op, src, index, tuple(shape), cupy.cuda.runtime.getDevice(), axis)
@@ -984,8 +986,7 @@ def gather(src: Any, index: tuple, checked: bool = False, axis: int | None = Non
     if g is None:   # the call's first of this signature, a strided src, or an index that is not (yet) CuPy arrays
         index = _on_device(index)
         if axis is not None:
-            index = _along_index(index, src.shape[:axis] + index[0].shape[axis:axis + 1] + src.shape[axis + 1:],
-                                 src.shape, axis)
+            index = _along_index(index, src.shape, axis)
         elif not _is_gather_index(index, src):
             return src[index]
         src = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
