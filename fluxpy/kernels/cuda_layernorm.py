@@ -144,6 +144,13 @@ SHARED_COLUMNS = {2: True, 4: True, 8: False}
 SHARED_SPARE = 12      # registers ln_bwds needs beyond ln_dx1's estimate (the shared sums' addresses; NVRTC 13.5
                        # spilled 4 to 12 bytes at 4 and 8, sm_90: 16,388-17,920 float32, 16,388-21,504 halves)
 FUSED_SHARED_SPARE = 8   # and its fused form beyond that (spilled 4 bytes at 16,388-19,456 halves, 544-608 threads)
+# By item size: registers a row value a thread of ln_bwds or ln_bwdc needs for its copy of gamma's value of that
+# column (and as many for the bias's, fused; fitted to ptxas for sm_90, NVRTC 13.5: the halves' copies cost less
+# than a register each beside the prefetching row), those kernels holding them (HOLD in the source) rather than
+# reading them twice a row, for their column sums take the shared memory and with it most of L1. H200, 8192 rows,
+# held against read: float16 12,288 190.3 -> 165.0 us, 32,768 854.7 -> 514.5; float32 24,576 977.6 -> 629.2,
+# 32,768 1,478.2 -> 861.1.
+HELD_REGISTERS = {2: 0.5, 4: 1, 8: 2}
 # By item size: whether the forward of rows that take a whole block, where the next row does not fit the registers,
 # stages the next row in shared memory instead (cp.async; _forward_stages), one row ahead; where ptxas spills that
 # form, two rows ahead (a ring of two slots, where they fit: it spilled at other lengths), else none (_forward_kernel).
@@ -338,6 +345,35 @@ __device__ __forceinline__ void load_cvec(const C* p, int j, C* v) {
 #else
     #pragma unroll
     for (int u = 0; u < VW; ++u) v[u] = p[j * VW + u];
+#endif
+}
+
+// HOLD (ln_bwds, ln_bwdc: their column sums fill the shared memory, so L1 keeps little of gamma and bias): a thread
+// reads its columns of gamma (and of the bias, fused) into registers once, not twice a row (H200, 8192 rows: float32
+// 32,768 values, ln_bwdc, 1,478 us with gamma against 872 without).
+#define HOLD (SCOLS || CLUSTER > 1)
+
+// This thread's vectors j = i * TPR + tid below nv of p, held in h (zeros past the row or where p is null).
+__device__ __forceinline__ void hold_cols(const C* p, int tid, int nv, C* h) {
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (p && j < nv) {
+            load_cvec(p, j, h + i * VW);
+        } else {
+            #pragma unroll
+            for (int u = 0; u < VW; ++u) h[i * VW + u] = 0;
+        }
+    }
+}
+
+// Vector j (this thread's i-th) of p: from the held copy h where HOLD, else read (p is not null).
+__device__ __forceinline__ void cols_of(const C* p, const C* h, int i, int j, C* v) {
+#if HOLD
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) v[u] = h[i * VW + u];
+#else
+    load_cvec(p, j, v);
 #endif
 }
 
@@ -639,6 +675,13 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
     #pragma unroll
     for (int k = 0; k < ITEMS * VW; ++k) { ag[k] = 0; ab[k] = 0; }
 #endif
+    C gh[HOLD ? ITEMS * VW : 1], bh[HOLD && FUSED ? ITEMS * VW : 1];
+#if HOLD
+    hold_cols(gamma, tid, LV, gh);
+#if FUSED
+    hold_cols(bias, tid, LV, bh);
+#endif
+#endif
     VT bx[ITEMS], bd[ITEMS];
     C bmu, brs;
     long long row = (long long)blockIdx.x * RPB + grp;
@@ -664,7 +707,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
                 }
                 if (bias) {
                     C c[VW];
-                    load_cvec(bias, j, c);
+                    cols_of(bias, bh, i, j, c);
                     #pragma unroll
                     for (int u = 0; u < VW; ++u) xh[i * VW + u] += c[u];
                 }
@@ -684,7 +727,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
             if (j < LV) {
                 const T* e = (const T*)&dv[i];
                 C gm[VW];
-                if (gamma) load_cvec(gamma, j, gm);
+                if (gamma) cols_of(gamma, gh, i, j, gm);
 #if PARAMS && SCOLS
                 C th[VW], td[VW];
 #endif
@@ -716,7 +759,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
                 if (j < LV) {
                     const T* e = (const T*)&dv[i];
                     C gm[VW];
-                    if (gamma) load_cvec(gamma, j, gm);
+                    if (gamma) cols_of(gamma, gh, i, j, gm);
                     VT w;
                     T* o = (T*)&w;
                     #pragma unroll
@@ -791,7 +834,7 @@ __device__ __forceinline__ void stage_share(const T* x, const T* dy, const T* re
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR, 1) ln_bwdc(
+extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR, BWD_BLOCKS) ln_bwdc(
         const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd, T* dx, C* pg, C* pb, long long R,
         int want_params, const T* res, const C* bias) {
     __shared__ C sh[2 * NW];
@@ -808,6 +851,11 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR
     const long long stride = cluster_reg(2);
     const C* const gm_ = gamma ? gamma + off : nullptr;
     zero_cols(cg, cb, tid, LCV);
+    C gh[ITEMS * VW], bh[FUSED ? ITEMS * VW : 1];
+    hold_cols(gm_, tid, LCV, gh);
+#if FUSED
+    hold_cols(bias ? bias + off : nullptr, tid, LCV, bh);
+#endif
     long long row = cluster_reg(1);
     stage_share(x, dy, res, row, R, off, tid, sx, sd, sr);
     C mu_next = row < R ? mean[row] : (C)0, rs_next = row < R ? rstd[row] : (C)0;
@@ -845,13 +893,13 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR
 #if FUSED
                 if (bias) {
                     C c[VW];
-                    load_cvec(bias + off, j, c);
+                    cols_of(bias + off, bh, i, j, c);
                     #pragma unroll
                     for (int u = 0; u < VW; ++u) xh[i * VW + u] += c[u];
                 }
 #endif
                 C gv[VW], th[VW], td[VW];
-                if (gm_) load_cvec(gm_, j, gv);
+                if (gm_) cols_of(gm_, gh, i, j, gv);
                 const T* ed = (const T*)&dv[i];
                 #pragma unroll
                 for (int u = 0; u < VW; ++u) {
@@ -881,7 +929,7 @@ extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(TPR
             const int j = i * TPR + tid;
             if (j < LCV) {
                 C gv[VW];
-                if (gm_) load_cvec(gm_, j, gv);
+                if (gm_) cols_of(gm_, gh, i, j, gv);
                 const T* ed = (const T*)&dv[i];
                 VT w;
                 T* o = (T*)&w;
@@ -1063,13 +1111,14 @@ def _register_cap(threads):
     return min(255, 65536 // (128 * -(-threads // 128)) // 8 * 8)
 
 
-def _one_sweep_plan(length, dtype, params, extra=0):
+def _one_sweep_plan(length, dtype, params, extra=0, held=0):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
     a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
     the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread, as many rows a
     block as the registers of an SM take, to at most 1,024 threads (``ln_bwd1`` of short rows: to
     :data:`ONE_SWEEP_BLOCK_THREADS`), prefetching the next row where that fits too;
-    ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums)."""
+    ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums) and ``held`` a row value a thread
+    (``ln_bwds``' and ``ln_bwdc``'s copies of gamma and the bias, :data:`HELD_REGISTERS`)."""
     c = 2 if dtype == np.float64 else 1
     values = (ONE_SWEEP_VALUES if params else DX_SWEEP_VALUES)[dtype.itemsize]
     if values == 0:
@@ -1081,7 +1130,7 @@ def _one_sweep_plan(length, dtype, params, extra=0):
     while shape is not None:
         vw, tpr, items = shape
         for pf in (1, 0):
-            regs = _one_sweep_registers(dtype, vw, items, pf, params) + extra
+            regs = _one_sweep_registers(dtype, vw, items, pf, params) + extra + int(np.ceil(held * items * vw))
             if regs > _register_cap(tpr):
                 continue
             rpb = max(1, MAX_THREADS // tpr)
@@ -1118,10 +1167,12 @@ def _shared_sweep_plan(length, dtype, limit, fused):
     """``("ln_bwds", VW, TPR, 1, ITEMS, PF)`` where :data:`SHARED_COLUMNS` allows it, the column sums fit in
     ``limit`` bytes of shared memory (less 1 KB for the row sums' static array) and ``ln_dx1`` takes the row in
     registers with :data:`SHARED_SPARE` more a thread (and :data:`FUSED_SHARED_SPARE` more for the ``fused`` form),
-    in the shape of :func:`_one_sweep_plan`, one row a block."""
+    in the shape of :func:`_one_sweep_plan`, one row a block, with its copies of gamma's values of the thread's columns
+    (and the bias's, fused) besides (:data:`HELD_REGISTERS`)."""
     if not SHARED_COLUMNS[dtype.itemsize] or _shared_columns_bytes(length, dtype) > limit - 1024:
         return None
-    dx = _one_sweep_plan(length, dtype, False, SHARED_SPARE + (FUSED_SHARED_SPARE if fused else 0))
+    held = HELD_REGISTERS[dtype.itemsize] * (2 if fused else 1)
+    dx = _one_sweep_plan(length, dtype, False, SHARED_SPARE + (FUSED_SHARED_SPARE if fused else 0), held)
     return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
 
 
@@ -1200,9 +1251,8 @@ def _plan(length: int, dtype, fused: bool = False):
     ``x + residual + bias`` form where ``fused``), or None.
 
     ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
-    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else, where dx alone
-    would not fit the registers in one sweep, ``ln_bwdc`` (the same by a cluster of blocks a row,
-    :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
+    (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else ``ln_bwdc``
+    (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
     ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
@@ -1215,10 +1265,10 @@ def _plan(length: int, dtype, fused: bool = False):
     if key in _plans:
         return _plans[key]
     plan = _one_sweep_plan(length, dtype, True) or _shared_sweep_plan(length, dtype, limit, fused)
-    # The composite runs where the forward's does not. ln_bwdc only where dx alone would take two sweeps: on the H200
-    # it beat ln_dx2 (32,768 halves 848 us against 941; float32 24,576 965 against 1,163) and lost to ln_dx1
-    # (24,576 halves 715 against 493).
-    if plan is None and launch_shape(length, dtype) is not None and _one_sweep_plan(length, dtype, False) is None:
+    # The composite runs where the forward's does not. ln_bwdc before the split backward, which moves 5 N L s bytes to
+    # its 3: with gamma held (HELD_REGISTERS), on the H200, float16 24,576 403 us against ln_dx1's 493, float32 20,480
+    # 486 against 803 (before, reading gamma twice a row, it lost to ln_dx1: 715 against 493 at 24,576 halves).
+    if plan is None and launch_shape(length, dtype) is not None:
         split = _cluster_split(length, dtype, limit, fused)
         if split is not None:   # a block's share of the row: its vector width, threads and vectors a thread
             plan = ("ln_bwdc",) + split[1][1:3] + (1,) + split[1][4:5] + (0,)
@@ -1313,8 +1363,8 @@ def backward_shape(length: int, dtype, fused: bool = False):
 
     >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
     ('ln_bwd1', 'ln_bwds', 'ln_bwdc')
-    >>> backward_shape(20480, np.float32), backward_shape(20480, np.float16), backward_shape(20484, np.float32)[0]
-    (('ln_dx1', 4, 640, 1, 8, 0), ('ln_bwds', 4, 640, 1, 8, 0), 'ln_dx2')
+    >>> backward_shape(20480, np.float32), backward_shape(16388, np.float16)[0], backward_shape(20484, np.float32)[0]
+    (('ln_bwdc', 4, 320, 1, 8, 0), 'ln_dx1', 'ln_dx2')
     """
     return _launch_plan(length, dtype, fused)[0]
 

@@ -201,11 +201,12 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
     assert cp.array_equal(layer(x, residual=r), layernorm(x, layer.gamma, layer.beta, residual=r))
 
 
-SPLIT_CASES = [(32764, np.float16), (20484, BF16), (20484, np.float32), (10236, np.float64), (12288, np.float64),
-               (16384, np.float64)]
-CLUSTER_CASES = [(28672, np.float16), (32768, np.float16), (32768, BF16), (24576, np.float32), (32768, np.float32)]
-SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (10240, np.float32), (16384, np.float32),
-                (16388, np.float16), (20480, np.float16), (20480, BF16)]
+SPLIT_CASES = [(32764, np.float16), (20484, BF16), (20484, np.float32), (16388, np.float16), (10236, np.float64),
+               (12288, np.float64), (16384, np.float64)]
+CLUSTER_CASES = [(20480, np.float16), (20480, BF16), (24576, np.float16), (28672, np.float16), (32768, np.float16),
+                 (32768, BF16), (16384, np.float32), (20480, np.float32), (24576, np.float32), (32768, np.float32)]
+SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (16384, np.float16), (10240, np.float32),
+                (12288, np.float32)]
 
 
 def _ids(v):
@@ -217,7 +218,8 @@ def _ids(v):
 def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
     """Rows whose column sums fit neither registers nor shared memory take the split backward (no composite): dx
     alone (ln_dx1, the row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by
-    chunks of rows; here ragged chunks, a ragged last tile at 20,484) and ln_params."""
+    chunks of rows; here ragged chunks, a ragged last tile at 20,484) and ln_params: rows that split into no
+    cluster's whole vectors (16,388 halves: ln_bwds does not fit beside its copy of gamma) and float64."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
     assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
     rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
@@ -230,13 +232,13 @@ def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
 def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtype, fused):
     """Rows too long for ln_bwd1's registers but whose column sums fit in a block's shared memory take ln_bwds: one
     sweep a row, the sums in dynamic shared memory (past the 48 KB a block gets without asking: 8448 float16 values
-    are 67 KB of sums, 20,480 are 160 KB), here over more rows than the grid holds blocks (each block visits several,
-    prefetching where the plan says so) with a ragged last round; a ragged last vector a row at 16,388 (the fused
-    form there takes more threads, and at 20,480 halves the split backward's ln_dx1: FUSED_SHARED_SPARE)."""
+    are 67 KB of sums, 16,384 are 128 KB), here over more rows than the grid holds blocks (each block visits
+    several, prefetching where the plan says so) with a ragged last round; gamma's (and the bias's) values of a
+    thread's columns held in registers (the fused form takes more of them, so at 12,288 float32 values ln_bwdc)."""
     shape = cuda_layernorm.backward_shape(length, dtype)
     assert shape is not None and shape[0] == "ln_bwds", shape
     if fused:
-        assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_dx1")
+        assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc")
     assert cuda_layernorm._shared_columns_bytes(length, dtype) > 48 * 1024
     _check_long_rows(length, dtype, fused, 3 * 132 + 37)
 
@@ -245,15 +247,34 @@ def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtyp
 @pytest.mark.parametrize("length,dtype", CLUSTER_CASES, ids=_ids)
 def test_cluster_backward_matches_float64(length, dtype, fused):
     """Rows whose column sums do not fit one block's shared memory take ln_bwdc: a cluster of blocks a row, each
-    block its share of the columns, the row sums exchanged through distributed shared memory (only where dx alone
-    would take two sweeps: one_sweep is None); more rows than the
-    clusters the GPU holds at once (each cluster visits several, the last round ragged)."""
+    block its share of the columns, the row sums exchanged through distributed shared memory, gamma's (and the
+    bias's) values of a thread's columns held in registers; before the split backward (ln_dx1 or ln_dx2), which
+    rereads x and dy. More rows than the clusters the GPU holds at once (each cluster visits several, the last round
+    ragged)."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
     assert shape is not None and shape[0] == "ln_bwdc", shape
     limit = cuda_layernorm._shared_limit()
     assert cuda_layernorm._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # one block: no
-    assert cuda_layernorm._one_sweep_plan(length, np.dtype(dtype), False) is None
     _check_long_rows(length, dtype, fused, 3 * 66 + 17)
+
+
+@pytest.mark.parametrize("length,dtype", [(12288, np.float16), (20480, np.float32), (32768, BF16)], ids=_ids)
+def test_held_gamma_kernels_without_gamma_with_residual_and_bias(length, dtype):
+    """ln_bwds and ln_bwdc hold gamma's and the bias's values of a thread's columns in registers: without gamma (a
+    layer norm with no scale) and with a residual and bias, dx, dgamma and dbeta match float64 (dgamma and dbeta
+    are those of gamma = 1 and beta = 0)."""
+    cp = cupy_module()
+    assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc")
+    (x, dy, _, _), (xh, dyh, _, _) = _case((3 * 66 + 5,), (length,), dtype, False, seed=14)
+    (r, _, c, _), (rh, _, ch, _) = _case((3 * 66 + 5,), (length,), dtype, True, seed=15)
+    y, mean, rstd = cuda_layernorm.layernorm_forward(x, None, None, 1, 1e-5, r, c)
+    got = cuda_layernorm.layernorm_backward(dy, x, None, mean, rstd, 1, True, r, c)
+    ones, zeros = np.ones(length), np.zeros(length)
+    want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5, residual=rh, bias=ch) * dyh).sum(),
+                           xh, ones, zeros)
+    for name, a, w in zip(("dx", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, f"{name} at L={length}", length if name == "dx" else x.shape[0])
+    assert cp.array_equal(cuda_layernorm.layernorm_backward(dy, x, None, mean, rstd, 1, True, r, c)[0], got[0])
 
 
 def test_the_driver_says_how_many_clusters_run_at_once():
@@ -309,13 +330,12 @@ def _check_long_rows(length, dtype, fused, rows):
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_long_rows_through_the_layer_norm_op(dtype):
-    """fluxpy.gradient of layernorm at 20,480 values a row runs a backward kernel (ln_bwds for the halves, the split
-    backward's ln_dx1 for float32 and the fused halves; not the composite) and matches float64, with the fused
-    residual and bias too."""
+    """fluxpy.gradient of layernorm at 20,480 values a row runs a backward kernel (ln_bwdc, a cluster of blocks a
+    row; not the composite) and matches float64, with the fused residual and bias too."""
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((2, 9), (20480,), dtype, True, seed=11)
     (r, _, c, _), (rh, _, ch, _) = _case((2, 9), (20480,), dtype, True, seed=12)
-    assert cuda_layernorm.backward_shape(20480, dtype)[0] == ("ln_dx1" if dtype == np.float32 else "ln_bwds")
-    assert cuda_layernorm.backward_shape(20480, dtype, True)[0] == "ln_dx1"
+    assert cuda_layernorm.backward_shape(20480, dtype)[0] == "ln_bwdc"
+    assert cuda_layernorm.backward_shape(20480, dtype, True)[0] == "ln_bwdc"
 
     def loss(x, r, c, g, b, dy):
         return (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum()
@@ -412,7 +432,7 @@ def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
     assert asked >= 6
     fn = cuda_layernorm._forward_kernel(dtype, length)[0]
     assert fn.local_size_bytes == 0
-    built = [key[4][1] for key in cuda_layernorm._modules if key[:4] == (np.dtype(dtype), length, "forward", False)]
+    built = [key[5] for key in cuda_layernorm._modules if key[:4] == (np.dtype(dtype), length, "forward", False)]
     assert asked in built and min(built) < asked, built
     _forward_over_many_rows(dtype, False, length)
 
