@@ -26,11 +26,12 @@ fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills), and a grid 
 at once, each visiting rows grid-stride. Where the row's values and column sums do not fit in the registers of at
 most 1,024 threads, ``ln_bwds`` sweeps each row once all the same: the same kernel with the column sums in dynamic
 shared memory (``2 L`` compute values a block, one row a block, each column's sums owned by one thread, so no
-barrier guards them), the row in registers as ``ln_dx1`` holds it; it takes the halves and float32 where the sums
-fit a block's shared memory (227 KB on sm_90: up to some 29,000 values) and the row the registers
-(:func:`_shared_sweep_plan`: float16 to 20,480 and float32 to 16,384 values, for example). Rows whose sums do not
-fit one block, and whose dx alone would not fit the registers of one block (measured: ``ln_bwdc`` lost to the split
-backward's one-sweep ``ln_dx1``, and beat its two-sweep ``ln_dx2``), take ``ln_bwdc``: a cluster of 2, 4 or 8 blocks
+barrier guards them), the row in registers as ``ln_dx1`` holds it, and beside it the thread's columns of gamma
+(and of the bias, fused), read once (``HOLD``: with the shared memory taken by the sums, L1 keeps little, and reading
+them twice a row cost more than the row itself); it takes the halves and float32 where the sums fit a block's shared
+memory (227 KB on sm_90: up to some 29,000 values) and the row the registers (:func:`_shared_sweep_plan`: float16
+to 16,384 and float32 to 12,288 values, for example). Rows whose sums or row do not fit one block take ``ln_bwdc``
+(measured: before the split backward, which rereads ``x`` and ``dy``): a cluster of 2, 4 or 8 blocks
 a row (sm_90), each block ``ln_bwds`` over its share of the columns, the two row sums exchanged through distributed
 shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as
 run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the
@@ -40,9 +41,10 @@ shared memory or no clusters), the halves' rows shorter than 12,288 values (from
 a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column
 sums.
 
-Longer rows (:data:`SPLIT_FROM`: measured, the split path is as fast or faster there; float32 wherever ``ln_bwd1``
-and ``ln_bwds`` do not fit; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384)
-take the split backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at
+Longer rows that none of these take (:data:`SPLIT_FROM`: measured, the split path is as fast or faster than
+``ln_bwd`` there; rows that split into no cluster's whole vectors, 16,388 halves for example; float64 where no
+kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split backward: the same kernels
+compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at
 all (``ln_dx1``: one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not
 for float64; else ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart,
 rereading ``x`` and ``dy`` (5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns
