@@ -172,6 +172,12 @@ BACKWARD_TWO_BLOCKS = {2: True, 4: False, 8: False}
 # By item size: whether rows whose column sums do not fit one block's shared memory take ln_bwdc, a cluster of 2, 4 or
 # 8 blocks a row (sm_90 and later), each block ln_bwds over its share of the columns (_cluster_split).
 CLUSTER_COLUMNS = {2: True, 4: True, 8: False}
+# By item size: blocks of ln_bwdc an SM is to hold, taking more blocks a cluster (smaller shares) where the fewest
+# that fit hold fewer (_cluster_split). H200, 8192 rows, against the fewest blocks a cluster, one an SM: float16
+# 24,576 values 403.5 -> 385.0 us (4 blocks of 192 threads of 8 vectors, two an SM), 28,672 444.3 -> 433.9, 32,768
+# 515.2 -> 489.8, fused 16,384 403.0 -> 335.0 and 32,768 889.9 -> 693.2, 18,432 349.2 -> 322.1; but 20,480 329.8 ->
+# 335.5 (bfloat16 342.7 -> 345.2). Not float32 (24,576: 630 -> 642 us, 20,480: 486 -> 495).
+CLUSTER_BLOCKS = {2: 2, 4: 1, 8: 1}
 SM90_SHARED_BYTES = 232448   # shared memory a block may opt into on sm_90; the plan's limit where no GPU is asked
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
@@ -1178,37 +1184,56 @@ def _shared_sweep_plan(length, dtype, limit, fused):
     return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
 
 
-def _cluster_split(length, dtype, limit, fused):
-    """``(CS, plan of a block's share)`` of ``ln_bwdc``, or None: the fewest blocks a cluster (2, 4 or 8) such that
-    each block's share of the row, ``length / CS`` values, is whole vectors of the row's vector width and takes
-    ``ln_bwds`` (:func:`_shared_sweep_plan`), with the share's column sums and its staged next row in ``limit``
-    bytes (less 1 KB), where :data:`CLUSTER_COLUMNS` allows it and the GPU has clusters.
+def _shared_sweep_registers(dtype, vw, items, fused):
+    """Registers a thread of ``ln_bwdc`` (``ln_bwds`` without prefetching) of ``items`` vectors of ``vw`` values
+    needs, as :func:`_shared_sweep_plan` estimates them.
 
-    >>> _cluster_split(32768, np.dtype(np.float16), SM90_SHARED_BYTES, False)[0]
-    2
-    >>> _cluster_split(32768, np.dtype(np.float32), SM90_SHARED_BYTES, False)[0]
-    4
+    >>> _shared_sweep_registers(np.dtype(np.float16), 4, 8, False)
+    108
+    """
+    held = HELD_REGISTERS[dtype.itemsize] * (2 if fused else 1)
+    return (_one_sweep_registers(dtype, vw, items, False, False) + SHARED_SPARE
+            + (FUSED_SHARED_SPARE if fused else 0) + int(np.ceil(held * items * vw)))
+
+
+def _cluster_split(length, dtype, limit, fused):
+    """``(CS, plan of a block's share, blocks an SM)`` of ``ln_bwdc``, or None: the fewest blocks a cluster (2, 4
+    or 8) such that each block's share of the row, ``length / CS`` values, is whole vectors of the row's vector
+    width and takes ``ln_bwds`` (:func:`_shared_sweep_plan`), with the share's column sums and its staged next row in
+    ``limit`` bytes (less 1 KB), where :data:`CLUSTER_COLUMNS` allows it and the GPU has clusters; of those, the
+    fewest such that an SM holds :data:`CLUSTER_BLOCKS` of its blocks (shared memory, threads, and the registers
+    :func:`_shared_sweep_registers` estimates), held to that many, where one does; else the first, held to one.
+
+    >>> _cluster_split(32768, np.dtype(np.float16), SM90_SHARED_BYTES, False)[::2]
+    (4, 2)
+    >>> _cluster_split(32768, np.dtype(np.float32), SM90_SHARED_BYTES, False)[::2]
+    (4, 1)
     """
     if not CLUSTER_COLUMNS[dtype.itemsize] or not _has_clusters():
         return None
-    vw = _vector(dtype, length)[1]
+    vw, want, first = _vector(dtype, length)[1], CLUSTER_BLOCKS[dtype.itemsize], None
     for cs in (2, 4, 8):
-        share = length // cs
-        if (length % (cs * vw) == 0 and _vector(dtype, share)[1] == vw
-                and _backward_shared_bytes(length, dtype, "ln_bwdc", cs, fused) <= limit - 1024):
-            sub = _shared_sweep_plan(share, dtype, limit, fused)
-            if sub is not None:
-                return cs, sub
-    return None
+        share, nbytes = length // cs, _backward_shared_bytes(length, dtype, "ln_bwdc", cs, fused)
+        if length % (cs * vw) or _vector(dtype, share)[1] != vw or nbytes > limit - 1024:
+            continue
+        sub = _shared_sweep_plan(share, dtype, limit, fused)
+        if sub is None:
+            continue
+        first = first or (cs, sub, 1)
+        threads, regs = sub[2], _shared_sweep_registers(dtype, sub[1], sub[4], fused)
+        if (want > 1 and want * (nbytes + 1024) <= limit + 1024 and want * threads <= 2048
+                and regs <= _register_cap(want * threads)):
+            return cs, sub, want
+    return first
 
 
-def _cluster_size(length, dtype, fused):
-    """The blocks a cluster of ``ln_bwdc`` for these rows (:func:`_cluster_split`), cached: each launch asks it."""
+def _cluster_shape(length, dtype, fused):
+    """``(CS, blocks an SM)`` of ``ln_bwdc`` for these rows (:func:`_cluster_split`), cached: each launch asks it."""
     key = (np.dtype(dtype), int(length), bool(fused), _shared_limit())
-    cs = _clusters.get(key)
-    if cs is None:
-        cs = _clusters[key] = _cluster_split(length, dtype, _shared_limit(), fused)[0]
-    return cs
+    shape = _clusters.get(key)
+    if shape is None:
+        shape = _clusters[key] = _cluster_split(length, dtype, _shared_limit(), fused)[::2]
+    return shape
 
 
 def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
@@ -1447,7 +1472,7 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1,
         params = 0 if _splits(plan) else 1
         scols = int(plan[0] == "ln_bwds")
         if plan[0] == "ln_bwdc":
-            cluster = _cluster_size(length, dtype, fused)
+            cluster = _cluster_shape(length, dtype, fused)[0]
     vt = _vector(dtype, length)[0]
     kvt, kvw = _vector(dtype, length, _COLUMN_VECTORS)
     cvt = {(4, 4): "float4", (4, 2): "float2", (8, 2): "double2"}.get((compute_dtype(dtype).itemsize, vw))
@@ -1477,10 +1502,13 @@ def _module(dtype, length, direction="forward", fused=False, stages=0, blocks=1,
 
 
 def _launch_plan(length, dtype, fused=False):
-    """``(plan, blocks)``: the backward that runs, :func:`_plan`'s held to one block an SM, or on a GPU where
-    :data:`BACKWARD_TWO_BLOCKS` allows it and ptxas fits one, a two-block form (:func:`_two_block_plan`; cached)."""
+    """``(plan, blocks)``: the backward that runs, :func:`_plan`'s held to one block an SM (``ln_bwdc``: to the
+    blocks an SM :func:`_cluster_split` chose), or on a GPU where :data:`BACKWARD_TWO_BLOCKS` allows it and ptxas fits
+    one, a two-block form of ``ln_bwd1`` (:func:`_two_block_plan`; cached)."""
     dtype, length = np.dtype(dtype), int(length)
     plan = _plan(length, dtype, fused)
+    if plan is not None and plan[0] == "ln_bwdc":
+        return plan, _cluster_shape(length, dtype, fused)[1]
     if plan is None or plan[0] != "ln_bwd1" or not BACKWARD_TWO_BLOCKS[dtype.itemsize] or not _on_gpu():
         return plan, 1
     key = (dtype, length, bool(fused), cupy.cuda.Device().id, plan)
@@ -1747,7 +1775,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     mod = _module(x.dtype, length, "backward", fused, blocks=bwd_blocks, plan=plan)
     fn = mod.get_function(name)
     sms = _sm_count(x.device.id)
-    cs = _cluster_size(length, x.dtype, fused) if name == "ln_bwdc" else 1
+    cs = _cluster_shape(length, x.dtype, fused)[0] if name == "ln_bwdc" else 1
     shared = _backward_shared_bytes(length, x.dtype, name, cs, fused)
     _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
