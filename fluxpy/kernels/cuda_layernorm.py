@@ -195,7 +195,8 @@ _SOURCE = r"""
 #define NW (TPR / 32 > 0 ? TPR / 32 : 1)
 // One block an SM is enough: without the 1, ptxas traded registers for a second block and spilled 8 bytes (ln_dx1 at
 // 10,240 float32 values: 96 registers; with it, 115 and no spill). The grid is sized from the registers it used.
-// BWD_BLOCKS is 2 for the two-block forms of ln_bwd1 (_two_block_plan), which are kept only where ptxas fits them.
+// BWD_BLOCKS is 2 for the two-block forms of ln_bwd1 (_two_block_plan), which are kept only where ptxas fits them,
+// and for ln_bwdc where an SM is to hold two of its blocks (CLUSTER_BLOCKS).
 #define ROW_BOUNDS __launch_bounds__(TPR * RPB, BWD_BLOCKS)
 typedef VT vec_t;   // VT may be two words ("unsigned int")
 
@@ -792,7 +793,7 @@ extern "C" __global__ void ROW_BOUNDS LN_BWD1(const T* dy, const T* x, const C* 
 }
 
 #if CLUSTER > 1
-// ln_bwdc: ln_bwds for rows whose column sums do not fit one block's shared memory. A cluster of CLUSTER blocks
+// ln_bwdc: ln_bwds for rows whose column sums or row values do not fit one block. A cluster of CLUSTER blocks
 // (sm_90) takes a row, block `rank` its LC columns from rank * LC, holding its vectors of x and dy in registers and
 // its columns' sums in shared memory; the row sums are the blocks' partial sums exchanged through distributed shared
 // memory (each block writes its pair, one cluster barrier, every block adds the CLUSTER pairs in rank order, so all
