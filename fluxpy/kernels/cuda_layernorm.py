@@ -1180,9 +1180,15 @@ def _shared_sweep_plan(length, dtype, limit, fused):
     (and the bias's, fused) besides (:data:`HELD_REGISTERS`)."""
     if not SHARED_COLUMNS[dtype.itemsize] or _shared_columns_bytes(length, dtype) > limit - 1024:
         return None
-    held = HELD_REGISTERS[dtype.itemsize] * (2 if fused else 1)
-    dx = _one_sweep_plan(length, dtype, False, SHARED_SPARE + (FUSED_SHARED_SPARE if fused else 0), held)
+    dx = _one_sweep_plan(length, dtype, False, *_shared_sweep_spares(dtype, fused))
     return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
+
+
+def _shared_sweep_spares(dtype, fused):
+    """``(extra, held)`` of :func:`_one_sweep_plan` for ``ln_bwds`` and ``ln_bwdc``: registers a thread beyond
+    ``ln_dx1``'s estimate (the shared sums' addresses), and a row value a thread (the copies of gamma and the bias)."""
+    return (SHARED_SPARE + (FUSED_SHARED_SPARE if fused else 0),
+            HELD_REGISTERS[dtype.itemsize] * (2 if fused else 1))
 
 
 def _shared_sweep_registers(dtype, vw, items, fused):
@@ -1192,9 +1198,8 @@ def _shared_sweep_registers(dtype, vw, items, fused):
     >>> _shared_sweep_registers(np.dtype(np.float16), 4, 8, False)
     108
     """
-    held = HELD_REGISTERS[dtype.itemsize] * (2 if fused else 1)
-    return (_one_sweep_registers(dtype, vw, items, False, False) + SHARED_SPARE
-            + (FUSED_SHARED_SPARE if fused else 0) + int(np.ceil(held * items * vw)))
+    extra, held = _shared_sweep_spares(dtype, fused)
+    return _one_sweep_registers(dtype, vw, items, False, False) + extra + int(np.ceil(held * items * vw))
 
 
 def _cluster_split(length, dtype, limit, fused):
@@ -1222,6 +1227,8 @@ def _cluster_split(length, dtype, limit, fused):
             continue
         first = first or (cs, sub, 1)
         threads, regs = sub[2], _shared_sweep_registers(dtype, sub[1], sub[4], fused)
+        # ptxas's cap under __launch_bounds__(threads, want), not the occupancy of _blocks_an_sm (warps counted one
+        # at a time): the estimate must fit the cap the kernel is compiled to
         if (want > 1 and want * (nbytes + 1024) <= limit + 1024 and want * threads <= 2048
                 and regs <= _register_cap(want * threads)):
             return cs, sub, want
