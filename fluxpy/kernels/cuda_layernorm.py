@@ -85,10 +85,17 @@ MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most
 # The forward of rows that take at most SHORT_ROW_THREADS threads holds at most SHORT_ROW_VECTORS vectors a thread, and
 # a block holds FORWARD_BLOCK_THREADS threads' worth of rows (benchmarks/layernorm.py's lengths on an H200, 8192 rows,
 # against a warp of up to 8 vectors a row and 256-thread blocks: float16 768 7.9 -> 7.3 us, 1,536 17.1 -> 15.9,
-# 4,096 38.6 -> 38.2; float32 1,024 21.4 -> 20.2, 1,536 29.2 -> 28.5; longer rows unchanged).
-SHORT_ROW_VECTORS = 4
+# 4,096 38.6 -> 38.2; float32 1,024 21.4 -> 20.2, 1,536 29.2 -> 28.5; longer rows unchanged). 5 vectors, not 4:
+# fewer threads a row, with no idle ones, where 4 left a quarter of a row's threads idle (H200, float16 1,280: 128
+# threads of 3 vectors, 13.5 us (74% of copy) -> 64 of 5, 11.4 us; 10.4 prefetching).
+SHORT_ROW_VECTORS = 5
 SHORT_ROW_THREADS = 256
 FORWARD_BLOCK_THREADS = 128
+# By item size: whether the forward of those short rows visits the rows grid-stride, loading the next row into
+# registers before this row's sums (PF, as the longest rows do). H200, 8192 rows: float16 512 5.9 -> 5.6 us, 1,024
+# 8.8 -> 8.3, 1,536 15.6 -> 15.1; float32 768 14.6 -> 13.4; lost at float16 768 (7.2 -> 7.4) and float32 1,024 (19.7
+# -> 19.8). float64 not measured.
+SHORT_ROW_PREFETCH = {2: True, 4: True, 8: False}
 # The plain forward of the halves' longer rows (those the rule above gives SHORT_ROW_THREADS threads or more, in
 # 8-byte vectors: 2-half vectors spilled at 10,242-14,338 values as FORWARD_SPARE counts them), where an SM
 # would hold fewer than FORWARD_MIN_ROWS of them at once, takes the shape that lets it hold the most: up to
@@ -121,6 +128,9 @@ ONE_SWEEP_SPARE = 48   # registers of the one-sweep backward besides its values 
 # against 61.8 for 2.
 SHORT_ONE_SWEEP_THREADS = 64
 ONE_SWEEP_BLOCK_THREADS = 256
+# ln_bwd1 gives a row two warps where one would hold more than this many values a thread (H200, 8192 rows, a warp of
+# 16 values, 8 rows a block -> 64 threads of 8, 4 rows: float16 512 15.9 -> 12.9 us, float32 512 23.5 -> 19.3).
+ONE_SWEEP_WARP_VALUES = 8
 # Row values a thread holds in the dx-only one sweep (ln_dx1), at most; none for float64 (ptxas spilled 8 to 32 bytes
 # at every shape tried, 10 to 16 values a thread at 8,194 to 10,240 values a row): its long rows take ln_dx2.
 DX_SWEEP_VALUES = {2: 32, 4: 32, 8: 0}
@@ -326,8 +336,20 @@ __device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, 
 }
 #endif   // PARAMS
 
-// The sums of a and of b over the TPR threads of this thread's row, in a fixed order, with one pair of barriers
-// (every thread of the block calls it).
+// The barrier of the TPR threads of row group grp: a named barrier a group (ids 1 to RPB; 0 is __syncthreads'), so
+// that a row's warps wait for each other and not for the block's other rows; the block's barrier where RPB is 1 or
+// past the 15 ids there are (H200, ln_bwd1, 8192 rows: float16 1,536 in 128 threads of 3 vectors, 4 rows a block,
+// 30.3 -> 29.4 us; float32 1,024 in 128 of 2, 33.5 -> 32.2).
+__device__ __forceinline__ void row_barrier(int grp) {
+#if RPB > 1 && RPB < 16
+    asm volatile("bar.sync %0, %1;" :: "r"(grp + 1), "r"(TPR) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// The sums of a and of b over the TPR threads of this thread's row, in a fixed order, with one pair of barriers of
+// the row's threads (every thread of the block calls it).
 __device__ __forceinline__ void row_sum2(C& a, C& b, C* sh) {
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_xor_sync(0xffffffff, a, o);
@@ -335,9 +357,9 @@ __device__ __forceinline__ void row_sum2(C& a, C& b, C* sh) {
     }
 #if TPR > 32
     const int grp = threadIdx.x / TPR, warp = (threadIdx.x % TPR) / 32;
-    __syncthreads();
+    row_barrier(grp);
     if ((threadIdx.x & 31) == 0) { sh[2 * (grp * NW + warp)] = a; sh[2 * (grp * NW + warp) + 1] = b; }
-    __syncthreads();
+    row_barrier(grp);
     a = 0;
     b = 0;
     for (int w = 0; w < NW; ++w) { a += sh[2 * (grp * NW + w)]; b += sh[2 * (grp * NW + w) + 1]; }
@@ -1123,7 +1145,8 @@ def _register_cap(threads):
 def _one_sweep_plan(length, dtype, params, extra=0, held=0):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
     a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
-    the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread, as many rows a
+    the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread (``ln_bwd1``: two
+    warps a row where one would hold more than :data:`ONE_SWEEP_WARP_VALUES`), as many rows a
     block as the registers of an SM take, to at most 1,024 threads (``ln_bwd1`` of short rows: to
     :data:`ONE_SWEEP_BLOCK_THREADS`), prefetching the next row where that fits too;
     ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums) and ``held`` a row value a thread
@@ -1136,6 +1159,8 @@ def _one_sweep_plan(length, dtype, params, extra=0, held=0):
     if not params:   # at most 8 vectors (ptxas spilled 8 bytes at 16 vectors of 2 halves, 13,090 fused)
         vectors = min(vectors, MAX_VECTORS)
     shape = _shape(length, dtype, max(1, vectors))
+    if params and shape is not None and shape[1] == 32 and shape[0] * shape[2] > ONE_SWEEP_WARP_VALUES:
+        shape = _shape(length, dtype, max(1, vectors), 64)
     while shape is not None:
         vw, tpr, items = shape
         for pf in (1, 0):
@@ -1405,15 +1430,21 @@ def backward_shape(length: int, dtype, fused: bool = False):
 
 
 def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
-    """Whether ``ln_fwd`` visits the rows grid-stride, loading the next row before this row's sums: for the halves
-    where a row takes a whole block of :data:`MAX_THREADS` threads (H200, float16, 20,480 values: 264 -> 190 us) and
-    the next row's raw vectors (and the residual's, fused) fit beside the row's values
-    (:data:`FORWARD_PREFETCH_WORDS`). Not for float32 (2% at 20,480; its unpacked raw vectors spilled at 16,640).
+    """Whether ``ln_fwd`` visits the rows grid-stride, loading the next row before this row's sums: for the short
+    rows (fewer than :data:`SHORT_ROW_THREADS` threads a row) where :data:`SHORT_ROW_PREFETCH` says so; for the
+    halves where a row takes a whole block of :data:`MAX_THREADS` threads (H200, float16, 20,480 values: 264 -> 190
+    us) and the next row's raw vectors (and the residual's, fused) fit beside the row's values
+    (:data:`FORWARD_PREFETCH_WORDS`). Not float32's long rows (2% at 20,480; its unpacked raw vectors spilled at
+    16,640).
 
-    >>> [_forward_prefetches(n, np.float16) for n in (4096, 24576, 32768)], _forward_prefetches(24576, np.float32)
-    ([False, True, False], False)
+    >>> [_forward_prefetches(n, np.float16) for n in (1024, 4096, 24576, 32768)]
+    [True, False, True, False]
+    >>> [_forward_prefetches(768, t) for t in (np.float32, np.float64)], _forward_prefetches(24576, np.float32)
+    ([True, False], False)
     """
     shape = launch_shape(length, dtype, fused=fused)
+    if shape is not None and shape[1] < SHORT_ROW_THREADS:
+        return SHORT_ROW_PREFETCH[np.dtype(dtype).itemsize]
     if shape is None or shape[1] < MAX_THREADS or np.dtype(dtype).itemsize != 2:
         return False
     vw, _, _, items = shape

@@ -18,7 +18,7 @@ from test_half_conv_matmul import BF16
 pytestmark = pytest.mark.gpu
 
 EPS = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 2e-6, np.dtype(np.float16): 2e-3, BF16: 1.6e-2}
-LENGTHS = [2, 3, 7, 64, 768, 1000, 5140, 12288, 20480, 32768]
+LENGTHS = [2, 3, 7, 64, 512, 768, 1000, 1280, 5140, 12288, 20480, 32768]
 
 
 def _case(rows, tail, dtype, affine, seed=0):
@@ -108,7 +108,7 @@ def test_no_register_spills_at_any_size(dtype):
     ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
     # with the lengths where the H200's NVRTC once spilled (9,728-10,240 float32 and 13,824 fused halves in ln_dx1,
     # 16,896 fused halves and 12,800 fused float64 in ln_fwd)
-    for length in LENGTHS + [4096, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
+    for length in LENGTHS + [384, 640, 2304, 2560, 4096, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
                              24576, 28672]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
@@ -211,6 +211,22 @@ SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (16384, 
 
 def _ids(v):
     return str(np.dtype(v)) if not isinstance(v, int) else str(v)
+
+
+@pytest.mark.parametrize("length,dtype", [(512, np.float16), (1280, BF16), (640, np.float32), (2560, np.float16)],
+                         ids=_ids)
+def test_short_rows_visited_grid_stride_match_float64(length, dtype):
+    """More rows than the GPU holds at once, a count no block shape divides: the short rows' forward visits them
+    grid-stride, loading the next row early (SHORT_ROW_PREFETCH), and ln_bwd1 its rows with a barrier a row group."""
+    assert cuda_layernorm._forward_prefetches(length, dtype)
+    plan = cuda_layernorm.backward_shape(length, dtype)
+    assert plan[0] == "ln_bwd1" and plan[2] > 32
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((4099,), (length,), dtype, True, seed=7)
+    _check(layernorm(x, g, b, -1, 1e-5), layernorm(xh, gh, bh, -1, 1e-5), dtype, "y")
+    got = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dy).sum(), x, g, b)
+    want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dyh).sum(), xh, gh, bh)
+    for name, a, w in zip(("dx", "dgamma", "dbeta"), got, want):
+        _check(a, w, dtype, name, length if name == "dx" else 4099)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
