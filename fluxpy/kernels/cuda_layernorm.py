@@ -4,56 +4,57 @@ The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``
 row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread holding its
 ``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean and then the
 variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once,
-``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 4
+``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 5
 vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads
-of 3 vectors; a block holds 128 threads' worth of rows. Where an SM would hold fewer than 3 of the halves' longer
-rows so, the plain forward takes the shape that lets it hold the most (:func:`_forward_shape`: 20,480 bfloat16 values
-take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of a row's sums leave its block's loads idle. Rows
-are summed by warp shuffles, then across warps in a fixed order. Where a row takes a whole block of 1,024 threads,
-the blocks visit the rows grid-stride and load the next row before this row's sums: into registers where they fit
-beside the row (the halves, :func:`_forward_prefetches`), else into shared memory, each thread copying its own
-vectors with ``cp.async`` (:func:`_forward_stages`). A forward that ptxas spilled is rebuilt in the next of its
-forms (:func:`_forward_kernel`; :func:`kernel_attributes` reports the compiled kernels' local memory).
+of 3 vectors; a block holds 128 threads' worth of rows, and the blocks of these short rows visit the rows
+grid-stride, loading the next row before this row's sums (:data:`SHORT_ROW_PREFETCH`). Where an SM would hold fewer
+than 3 of the halves' longer rows so, the plain forward takes the shape that lets it hold the most
+(:func:`_forward_shape`: 20,480 bfloat16 values take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of
+a row's sums leave its block's loads idle. Rows are summed by warp shuffles, then across warps in a fixed order.
+Where a row takes a whole block of 1,024 threads, the blocks visit the rows grid-stride and load the next row before
+this row's sums: into registers where they fit beside the row (the halves, :func:`_forward_prefetches`), else into
+shared memory, each thread copying its own vectors with ``cp.async`` (:func:`_forward_stages`). A forward that ptxas
+spilled is rebuilt in the next of its forms (:func:`_forward_kernel`; :func:`kernel_attributes` reports the compiled
+kernels' local memory).
 
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
 residual/bias, ``x``'s vector is summed as it is taken), computes ``xhat`` and ``g = dy gamma``, the two row sums
-``sum g`` and ``sum g xhat`` together (one pair of barriers, fixed order), and writes ``dx = rstd (g - mean(g) -
-xhat mean(g xhat))`` from the registers; with ``PF`` it issues the loads of the next row it visits before this row's
-sums, barriers and stores (a second buffer of raw vectors), so loads stay in flight. At most 16 values a thread (8
-for float64), as many rows a block as the registers of an SM take (one block an SM, sized by a register estimate
-fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills), and a grid of as many blocks as the GPU holds
-at once, each visiting rows grid-stride. Where the row's values and column sums do not fit in the registers of at
-most 1,024 threads, ``ln_bwds`` sweeps each row once all the same: the same kernel with the column sums in dynamic
-shared memory (``2 L`` compute values a block, one row a block, each column's sums owned by one thread, so no
-barrier guards them), the row in registers as ``ln_dx1`` holds it, and beside it the thread's columns of gamma
-(and of the bias, fused), read once (``HOLD``: with the shared memory taken by the sums, L1 keeps little, and reading
-them twice a row cost more than the row itself); it takes the halves and float32 where the sums fit a block's shared
-memory (227 KB on sm_90: up to some 29,000 values) and the row the registers (:func:`_shared_sweep_plan`: float16
-to 16,384 and float32 to 12,288 values, for example). Rows whose sums or row do not fit one block take ``ln_bwdc``
-(measured: before the split backward, which rereads ``x`` and ``dy``): a cluster of 2, 4 or 8 blocks
-a row (sm_90), each block ``ln_bwds`` over its share of the columns, the two row sums exchanged through distributed
-shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`), as many clusters as
-run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging its next row in the
-shared memory the sums leave free (``cp.async``, each thread its own vectors) while this row's sums and barriers
-run. Where neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or a GPU with less
-shared memory or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps
-a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread holding only its column
-sums.
+``sum g`` and ``sum g xhat`` together (one pair of barriers of the row's own warps, fixed order), and writes ``dx =
+rstd (g - mean(g) - xhat mean(g xhat))`` from the registers; with ``PF`` it issues the loads of the next row it
+visits before this row's sums, barriers and stores (a second buffer of raw vectors), so loads stay in flight. At
+most 16 values a thread (8 for float64), as many rows a block as the registers of an SM take (one block an SM, sized
+by a register estimate fitted to ptxas for sm_90 and kept under ptxas's cap, so no spills), and a grid of as many
+blocks as the GPU holds at once, each visiting rows grid-stride. Where the row's values and column sums do not fit
+in the registers of at most 1,024 threads, ``ln_bwds`` sweeps each row once all the same: the same kernel with the
+column sums in dynamic shared memory (``2 L`` compute values a block, one row a block, each column's sums owned by
+one thread, so no barrier guards them), the row in registers as ``ln_dx1`` holds it, and beside it the thread's
+columns of gamma (and of the bias, fused), read once (``HOLD``: with the shared memory taken by the sums, L1 keeps
+little, and reading them twice a row cost more than the row itself); it takes the halves and float32 where the sums
+fit a block's shared memory (227 KB on sm_90: up to some 29,000 values) and the row the registers
+(:func:`_shared_sweep_plan`: float16 to 16,384 and float32 to 12,288 values, for example). Rows whose sums or row do
+not fit one block take ``ln_bwdc`` (measured: before the split backward, which rereads ``x`` and ``dy``): a cluster
+of 2, 4 or 8 blocks a row (sm_90), each block ``ln_bwds`` over its share of the columns, the two row sums exchanged
+through distributed shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`),
+as many clusters as run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging
+its next row in the shared memory the sums leave free (``cp.async``, each thread its own vectors) while this row's
+sums and barriers run. Where neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or
+a GPU with less shared memory or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take
+``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread
+holding only its column sums.
 
 Longer rows that none of these take (:data:`SPLIT_FROM`: measured, the split path is as fast or faster than
 ``ln_bwd`` there; rows that split into no cluster's whole vectors, 16,388 halves for example; float64 where no
 kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split backward: the same kernels
-compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at
-all (``ln_dx1``: one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not
-for float64; else ``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart,
-rereading ``x`` and ``dy`` (5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns
-(a warp's loads side by side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and
-``dy`` over every 8th row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``,
-``rstd``), the warps' sums added in shared memory in order, one partial row a chunk. :func:`column_shape` sizes the
-chunks from the shape alone (some 4,096 blocks, at least 64 rows a chunk), not from the device. Every row the
-forward takes has a backward kernel (:func:`backward_fits`); the composite runs only for rows the forward turns
-down.
+compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``: one sweep, the row in
+registers, up to 32 values a thread, where the register estimate fits, not for float64; else ``ln_dx2``: two sweeps,
+a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy`` (5 N L s bytes in all
+instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by side along the row) and
+a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th row of the chunk in order
+(``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums added in shared memory in
+order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape alone (some 4,096 blocks, at
+least 64 rows a chunk), not from the device. Every row the forward takes has a backward kernel
+(:func:`backward_fits`); the composite runs only for rows the forward turns down.
 
 ``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
 its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
