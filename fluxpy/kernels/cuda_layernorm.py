@@ -294,48 +294,6 @@ __device__ __forceinline__ void unpack_x(const VT* bx, const VT* br, const C* bi
     }
 }
 
-#if PARAMS
-// The RPB groups of a block add their column sums (ag, ab) in shared memory in a fixed order (group 0, 1, ...);
-// the block writes them as row blockIdx.x of the partials pg, pb.
-__device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, C* pb, int tid, int grp) {
-#if RPB > 1
-    __shared__ C colg[L], colb[L];
-    for (int q = 0; q < RPB; ++q) {
-        if (grp == q) {
-            #pragma unroll
-            for (int i = 0; i < ITEMS; ++i) {
-                const int j = i * TPR + tid;
-                if (j < LV) {
-                    #pragma unroll
-                    for (int u = 0; u < VW; ++u) {
-                        const int col = j * VW + u;
-                        colg[col] = (q == 0 ? (C)0 : colg[col]) + ag[i * VW + u];
-                        colb[col] = (q == 0 ? (C)0 : colb[col]) + ab[i * VW + u];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int col = threadIdx.x; col < L; col += blockDim.x) {
-        pg[(long long)blockIdx.x * L + col] = colg[col];
-        pb[(long long)blockIdx.x * L + col] = colb[col];
-    }
-#else
-    #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-        const int j = i * TPR + tid;
-        if (j < LV) {
-            #pragma unroll
-            for (int u = 0; u < VW; ++u) {
-                pg[(long long)blockIdx.x * L + j * VW + u] = ag[i * VW + u];
-                pb[(long long)blockIdx.x * L + j * VW + u] = ab[i * VW + u];
-            }
-        }
-    }
-#endif
-}
-#endif   // PARAMS
 
 // The barrier of the TPR threads of row group grp: a named barrier a group (ids 1 to RPB; 0 is __syncthreads'), so
 // that a row's warps wait for each other and not for the block's other rows; the block's barrier where RPB is 1 or
@@ -379,6 +337,66 @@ __device__ __forceinline__ void load_cvec(const C* p, int j, C* v) {
     for (int u = 0; u < VW; ++u) v[u] = p[j * VW + u];
 #endif
 }
+
+// The same, stored.
+__device__ __forceinline__ void store_cvec(C* p, int j, const C* v) {
+#ifdef CVT
+    CVT w;
+    C* e = (C*)&w;
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) e[u] = v[u];
+    ((CVT*)p)[j] = w;
+#else
+    #pragma unroll
+    for (int u = 0; u < VW; ++u) p[j * VW + u] = v[u];
+#endif
+}
+
+#if PARAMS
+// The RPB groups of a block add their column sums (ag, ab) in a fixed order (group 0, 1, ...): the first RPB - 1 in
+// shared memory, a round and a barrier each, the last adding its own as it writes the block's partial row blockIdx.x
+// of pg, pb. A vector of VW columns is one access (scalar ones, VW apart, met in the same banks).
+__device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, C* pb, int tid, int grp) {
+    C* const rg = pg + (long long)blockIdx.x * L;
+    C* const rb = pb + (long long)blockIdx.x * L;
+#if RPB > 1
+    __shared__ __align__(16) C colg[L];
+    __shared__ __align__(16) C colb[L];
+    for (int q = 0; q < RPB; ++q) {
+        if (grp == q) {
+            #pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const int j = i * TPR + tid;
+                if (j < LV) {
+                    C g[VW], b[VW];
+                    if (q == 0) {
+                        #pragma unroll
+                        for (int u = 0; u < VW; ++u) { g[u] = 0; b[u] = 0; }
+                    } else {
+                        load_cvec(colg, j, g);
+                        load_cvec(colb, j, b);
+                    }
+                    #pragma unroll
+                    for (int u = 0; u < VW; ++u) { g[u] += ag[i * VW + u]; b[u] += ab[i * VW + u]; }
+                    store_cvec(q + 1 < RPB ? colg : rg, j, g);
+                    store_cvec(q + 1 < RPB ? colb : rb, j, b);
+                }
+            }
+        }
+        if (q + 1 < RPB) __syncthreads();
+    }
+#else
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = i * TPR + tid;
+        if (j < LV) {
+            store_cvec(rg, j, ag + i * VW);
+            store_cvec(rb, j, ab + i * VW);
+        }
+    }
+#endif
+}
+#endif   // PARAMS
 
 // HOLD (ln_bwds, ln_bwdc: their column sums fill the shared memory, so L1 keeps little of gamma and bias): a thread
 // reads its columns of gamma (and of the bias, fused) into registers once, not twice a row (H200, 8192 rows: float32
