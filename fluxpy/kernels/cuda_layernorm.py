@@ -6,9 +6,9 @@ row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for
 variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once,
 ``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 5
 vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads
-of 3 vectors; a block holds 128 threads' worth of rows, and the blocks of these short rows visit the rows
-grid-stride, loading the next row before this row's sums (:data:`SHORT_ROW_PREFETCH`). Where an SM would hold fewer
-than 3 of the halves' longer rows so, the plain forward takes the shape that lets it hold the most
+of 3 vectors; a block holds 128 threads' worth of rows, and the blocks of these short rows, under 4 KB, visit the
+rows grid-stride, loading the next row before this row's sums (:data:`SHORT_ROW_PREFETCH`). Where an SM would hold
+fewer than 3 of the halves' longer rows so, the plain forward takes the shape that lets it hold the most
 (:func:`_forward_shape`: 20,480 bfloat16 values take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of
 a row's sums leave its block's loads idle. Rows are summed by warp shuffles, then across warps in a fixed order.
 Where a row takes a whole block of 1,024 threads, the blocks visit the rows grid-stride and load the next row before
@@ -92,11 +92,14 @@ MAX_VECTORS = 8        # vectors of a row a thread holds in the forward, at most
 SHORT_ROW_VECTORS = 5
 SHORT_ROW_THREADS = 256
 FORWARD_BLOCK_THREADS = 128
-# By item size: whether the forward of those short rows visits the rows grid-stride, loading the next row into
-# registers before this row's sums (PF, as the longest rows do). H200, 8192 rows: float16 512 5.9 -> 5.6 us, 1,024
-# 8.8 -> 8.3, 1,536 15.6 -> 15.1; float32 768 14.6 -> 13.4; lost at float16 768 (7.2 -> 7.4) and float32 1,024 (19.7
-# -> 19.8). float64 not measured.
+# By item size: whether the forward of those short rows, where a row is smaller than SHORT_ROW_PREFETCH_BYTES, visits
+# the rows grid-stride, loading the next row into registers before this row's sums (PF, as the longest rows do).
+# H200, 8192 rows, without -> with: float16 1,024 8.79 -> 8.34 us, 1,280 11.36 -> 10.36, 1,536 15.57 -> 14.83, 1,792
+# 19.66 -> 19.18; float32 512 8.88 -> 7.66, 640 10.87 -> 8.90, 768 14.44 -> 12.94. Rows of 4 KB and more gained
+# nothing or lost (float16 2,048 21.11 -> 21.06, 2,304 23.41 -> 24.18; float32 1,024 20.02 -> 20.04, 1,280 24.11 ->
+# 25.09, 2,048 36.36 -> 37.44), and so did float16 768 (7.16 -> 7.26). float64 not measured.
 SHORT_ROW_PREFETCH = {2: True, 4: True, 8: False}
+SHORT_ROW_PREFETCH_BYTES = 4096
 # The plain forward of the halves' longer rows (those the rule above gives SHORT_ROW_THREADS threads or more, in
 # 8-byte vectors: 2-half vectors spilled at 10,242-14,338 values as FORWARD_SPARE counts them), where an SM
 # would hold fewer than FORWARD_MIN_ROWS of them at once, takes the shape that lets it hold the most: up to
@@ -1450,20 +1453,22 @@ def backward_shape(length: int, dtype, fused: bool = False):
 
 def _forward_prefetches(length: int, dtype, fused: bool = False) -> bool:
     """Whether ``ln_fwd`` visits the rows grid-stride, loading the next row before this row's sums: for the short
-    rows (fewer than :data:`SHORT_ROW_THREADS` threads a row) where :data:`SHORT_ROW_PREFETCH` says so; for the
+    rows (fewer than :data:`SHORT_ROW_THREADS` threads a row) of less than :data:`SHORT_ROW_PREFETCH_BYTES` where
+    :data:`SHORT_ROW_PREFETCH` says so; for the
     halves where a row takes a whole block of :data:`MAX_THREADS` threads (H200, float16, 20,480 values: 264 -> 190
     us) and the next row's raw vectors (and the residual's, fused) fit beside the row's values
     (:data:`FORWARD_PREFETCH_WORDS`). Not float32's long rows (2% at 20,480; its unpacked raw vectors spilled at
     16,640).
 
-    >>> [_forward_prefetches(n, np.float16) for n in (1024, 4096, 24576, 32768)]
-    [True, False, True, False]
+    >>> [_forward_prefetches(n, np.float16) for n in (1024, 2048, 4096, 24576, 32768)]
+    [True, False, False, True, False]
     >>> [_forward_prefetches(768, t) for t in (np.float32, np.float64)], _forward_prefetches(24576, np.float32)
     ([True, False], False)
     """
     shape = launch_shape(length, dtype, fused=fused)
     if shape is not None and shape[1] < SHORT_ROW_THREADS:
-        return SHORT_ROW_PREFETCH[np.dtype(dtype).itemsize]
+        size = np.dtype(dtype).itemsize
+        return SHORT_ROW_PREFETCH[size] and length * size < SHORT_ROW_PREFETCH_BYTES
     if shape is None or shape[1] < MAX_THREADS or np.dtype(dtype).itemsize != 2:
         return False
     vw, _, _, items = shape
