@@ -7,7 +7,7 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
 
 - ``fwd``: fluxpy ``layernorm_forward`` (y, mean, rstd) against ``F.layer_norm``;
 - ``fwd+bwd``: fluxpy's forward, then the ``layernorm_backward`` op (dx, dgamma, dbeta: the kernel of
-  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1``, ``ln_bwds`` or ``ln_bwdc`` or two ``ln_bwd``, then
+  ``cuda_layernorm.backward_shape``, one sweep ``ln_bwd1``, ``ln_bwds``, ``ln_bwdr`` or ``ln_bwdc`` or two ``ln_bwd``, then
   ``ln_params``; or the split backward of the long rows, dx alone by ``ln_dx1``/``ln_dx2``, then ``ln_cols`` and
   ``ln_params``; the composite where no kernel takes the rows, as the layer norm's pullback runs it) against
   ``F.layer_norm`` and ``torch.autograd.grad`` of it for x, gamma and beta.
@@ -117,7 +117,7 @@ def case(cp, torch, length, dtype_name, a):
     r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
     r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
     r["fluxpy_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdc"):
+    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
         key = np.dtype(dtype).itemsize
         old = ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key]
         others = []

@@ -38,23 +38,24 @@ of 2, 4 or 8 blocks a row (sm_90), each block ``ln_bwds`` over its share of the 
 through distributed shared memory with one cluster barrier a row (:func:`_cluster_split`; :data:`CLUSTER_COLUMNS`),
 as many clusters as run at once (``cuOccupancyMaxActiveClusters``), each visiting a fixed set of rows and staging
 its next row in the shared memory the sums leave free (``cp.async``, each thread its own vectors) while this row's
-sums and barriers run. Where neither fits (:data:`SHARED_COLUMNS`, a row that does not split into whole vectors, or
-a GPU with less shared memory or no clusters), the halves' rows shorter than 12,288 values (from 8,448) take
-``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and ``dy``, from L2 as a rule), a thread
-holding only its column sums.
+sums and barriers run. Rows that split into no cluster's whole vectors, whose copy of gamma does not fit beside the
+row, take ``ln_bwdr``: ``ln_bwds`` reading gamma (and the bias) twice a row (16,388 halves, for example). Where none
+of these fits (:data:`SHARED_COLUMNS`, or a GPU with less shared memory or no clusters), the halves' rows shorter
+than 12,288 values (from 8,448) take ``ln_bwd``: two sweeps a row (the row sums, then ``dx``, rereading ``x`` and
+``dy``, from L2 as a rule), a thread holding only its column sums.
 
 Longer rows that none of these take (:data:`SPLIT_FROM`: measured, the split path is as fast or faster than
-``ln_bwd`` there; rows that split into no cluster's whole vectors, 16,388 halves for example; float64 where no
-kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split backward: the same kernels
-compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``: one sweep, the row in
-registers, up to 32 values a thread, where the register estimate fits, not for float64; else ``ln_dx2``: two sweeps,
-a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy`` (5 N L s bytes in all
-instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by side along the row) and
-a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th row of the chunk in order
-(``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums added in shared memory in
-order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape alone (some 4,096 blocks, at
-least 64 rows a chunk), not from the device. Every row the forward takes has a backward kernel
-(:func:`backward_fits`); the composite runs only for rows the forward turns down.
+``ln_bwd`` there; rows that split into no cluster's whole vectors and do not fit ``ln_bwdr``, 20,484 halves for
+example; float64 where no kernel that keeps the column sums fits, from about 8,200 to 16,384) take the split
+backward: the same kernels compiled with ``PARAMS 0`` compute ``dx`` alone, with no column sums at all (``ln_dx1``:
+one sweep, the row in registers, up to 32 values a thread, where the register estimate fits, not for float64; else
+``ln_dx2``: two sweeps, a vector at a time), and then ``ln_cols`` sums the columns apart, rereading ``x`` and ``dy``
+(5 N L s bytes in all instead of 3): a block owns a tile of 32 16-byte vectors of columns (a warp's loads side by
+side along the row) and a chunk of ``rc`` rows, each of its 8 warps summing ``dy xhat`` and ``dy`` over every 8th
+row of the chunk in order (``xhat`` recomputed from ``x`` [+ residual + bias], ``mean``, ``rstd``), the warps' sums
+added in shared memory in order, one partial row a chunk. :func:`column_shape` sizes the chunks from the shape alone
+(some 4,096 blocks, at least 64 rows a chunk), not from the device. Every row the forward takes has a backward
+kernel (:func:`backward_fits`); the composite runs only for rows the forward turns down.
 
 ``dgamma``/``dbeta`` are deterministic: each thread keeps the column sums of ``dy xhat`` and ``dy`` over the rows
 its group visits (a fixed set, in a fixed order), a block's groups add theirs in shared memory in a fixed order and
@@ -403,8 +404,8 @@ __device__ __forceinline__ void write_partials(const C* ag, const C* ab, C* pg, 
 
 // HOLD (ln_bwds, ln_bwdc: their column sums fill the shared memory, so L1 keeps little of gamma and bias): a thread
 // reads its columns of gamma (and of the bias, fused) into registers once, not twice a row (H200, 8192 rows: float32
-// 32,768 values, ln_bwdc, 1,478 us with gamma against 872 without).
-#define HOLD (SCOLS || CLUSTER > 1)
+// 32,768 values, ln_bwdc, 1,478 us with gamma against 872 without). ln_bwdr is ln_bwds without them (HOLD 0), for rows
+// whose copies do not fit beside the row.
 
 // This thread's vectors j = i * TPR + tid below nv of p, held in h (zeros past the row or where p is null).
 __device__ __forceinline__ void hold_cols(const C* p, int tid, int nv, C* h) {
@@ -592,9 +593,12 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
     }
 }
 
-#if PARAMS && SCOLS
+#if PARAMS && SCOLS && HOLD
 #define LN_BWD ln_bwd
 #define LN_BWD1 ln_bwds
+#elif PARAMS && SCOLS
+#define LN_BWD ln_bwd
+#define LN_BWD1 ln_bwdr
 #elif PARAMS
 #define LN_BWD ln_bwd
 #define LN_BWD1 ln_bwd1
@@ -1219,16 +1223,18 @@ def _shared_columns_bytes(length, dtype):
     return 2 * int(length) * compute_dtype(dtype).itemsize
 
 
-def _shared_sweep_plan(length, dtype, limit, fused):
+def _shared_sweep_plan(length, dtype, limit, fused, hold=True):
     """``("ln_bwds", VW, TPR, 1, ITEMS, PF)`` where :data:`SHARED_COLUMNS` allows it, the column sums fit in
     ``limit`` bytes of shared memory (less 1 KB for the row sums' static array) and ``ln_dx1`` takes the row in
     registers with :data:`SHARED_SPARE` more a thread (and :data:`FUSED_SHARED_SPARE` more for the ``fused`` form),
     in the shape of :func:`_one_sweep_plan`, one row a block, with its copies of gamma's values of the thread's columns
-    (and the bias's, fused) besides (:data:`HELD_REGISTERS`)."""
+    (and the bias's, fused) besides (:data:`HELD_REGISTERS`); without ``hold``, ``("ln_bwdr", ...)``, the same kernel
+    reading gamma (and the bias) twice a row instead of holding them."""
     if not SHARED_COLUMNS[dtype.itemsize] or _shared_columns_bytes(length, dtype) > limit - 1024:
         return None
-    dx = _one_sweep_plan(length, dtype, False, *_shared_sweep_spares(dtype, fused))
-    return None if dx is None else ("ln_bwds",) + dx[1:3] + (1,) + dx[4:]
+    extra, held = _shared_sweep_spares(dtype, fused)
+    dx = _one_sweep_plan(length, dtype, False, extra, held if hold else 0)
+    return None if dx is None else ("ln_bwds" if hold else "ln_bwdr",) + dx[1:3] + (1,) + dx[4:]
 
 
 def _shared_sweep_spares(dtype, fused):
@@ -1292,10 +1298,11 @@ def _cluster_shape(length, dtype, fused):
 
 
 def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
-    """Dynamic shared memory of the backward kernel ``name``: ``ln_bwds``' column sums (``2 L`` compute values);
+    """Dynamic shared memory of the backward kernel ``name``: ``ln_bwds``' and ``ln_bwdr``'s column sums (``2 L``
+    compute values);
     ``ln_bwdc``'s for its block's share of the row (``length / cs`` values) and that share of the next row, staged
     (x and dy, and the residual ``fused``); none for the others."""
-    if name == "ln_bwds":
+    if name in ("ln_bwds", "ln_bwdr"):
         return _shared_columns_bytes(length, dtype)
     if name == "ln_bwdc":
         share = length // cs
@@ -1334,7 +1341,8 @@ def _plan(length: int, dtype, fused: bool = False):
 
     ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
     (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else ``ln_bwdc``
-    (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else the two-sweep
+    (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else ``ln_bwdr``
+    (``ln_bwds`` without its copy of gamma, read twice a row instead); else the two-sweep
     ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
@@ -1354,6 +1362,13 @@ def _plan(length: int, dtype, fused: bool = False):
         split = _cluster_split(length, dtype, limit, fused)
         if split is not None:   # a block's share of the row: its vector width, threads and vectors a thread
             plan = ("ln_bwdc",) + split[1][1:3] + (1,) + split[1][4:5] + (0,)
+    # ln_bwdr (ln_bwds reading gamma twice a row) where the copy of gamma does not fit and no cluster takes the row
+    # (it splits into no cluster's whole vectors), before the split backward, which rereads x and dy. H200, 8192
+    # rows, split -> ln_bwdr: float16 16,388 375.6 -> 298.0 us, 20,476 473.2 -> 383.4; float32 16,380 654.9 -> 427.5;
+    # fused float16 16,388 715.4 -> 529.2, float32 12,292 860.8 -> 598.8. Not before ln_bwdc, which won at float16
+    # 16,896 (257 against 283 us) and lost at 18,432 (322 against 301).
+    if plan is None and launch_shape(length, dtype) is not None:
+        plan = _shared_sweep_plan(length, dtype, limit, fused, hold=False)
     if plan is None:
         two = launch_shape(length, dtype, "backward")
         wide = _doubling_shape(length, dtype, True)
@@ -1437,7 +1452,8 @@ def _forward_shape(length, dtype, fused=False):
 def backward_shape(length: int, dtype, fused: bool = False):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
     ``dtype`` (of ``x + residual + bias`` where ``fused``): ``ln_bwd1``, one sweep, ``PF`` 1 when it prefetches the
-    next row; ``ln_bwds``, one sweep with the column sums in shared memory; ``ln_bwdc``, the same by a cluster of
+    next row; ``ln_bwds``, one sweep with the column sums in shared memory (``ln_bwdr``: reading gamma twice a row
+    where the copy ``ln_bwds`` holds does not fit); ``ln_bwdc``, the same by a cluster of
     blocks a row (TPR and ITEMS a block's); ``ln_bwd``, two sweeps; the split backward, dx alone then ``ln_cols``:
     ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the rows down, and the composite runs).
     On a GPU the plan follows its shared memory and whether it has clusters (here, with none: sm_90's), and
@@ -1446,7 +1462,7 @@ def backward_shape(length: int, dtype, fused: bool = False):
     >>> backward_shape(768, np.float16)[0], backward_shape(12288, np.float16)[0], backward_shape(32768, np.float32)[0]
     ('ln_bwd1', 'ln_bwds', 'ln_bwdc')
     >>> backward_shape(20480, np.float32), backward_shape(16388, np.float16)[0], backward_shape(20484, np.float32)[0]
-    (('ln_bwdc', 4, 320, 1, 8, 0), 'ln_dx1', 'ln_dx2')
+    (('ln_bwdc', 4, 320, 1, 8, 0), 'ln_bwdr', 'ln_dx2')
     """
     return _launch_plan(length, dtype, fused)[0]
 
@@ -1524,7 +1540,7 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1,
     default :func:`_plan`'s, held to ``blocks`` blocks an SM, ``ln_cols`` for the split backward, and
     ``ln_params``); ``fused``: with the code that adds a residual and a bias (kept out of the plain kernels)."""
     dtype = np.dtype(dtype)
-    params, scols, spf, cluster = 1, 0, 0, 1
+    params, scols, spf, cluster, hold = 1, 0, 0, 1, 0
     if direction == "forward":
         vw, tpr, rpb, items = launch_shape(length, dtype, fused=fused)
         pf = int(_forward_prefetches(length, dtype, fused))
@@ -1533,7 +1549,8 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1,
         plan = plan or _plan(length, dtype, fused)
         _, vw, tpr, rpb, items, pf = plan
         params = 0 if _splits(plan) else 1
-        scols = int(plan[0] == "ln_bwds")
+        scols = int(plan[0] in ("ln_bwds", "ln_bwdr"))
+        hold = int(plan[0] in ("ln_bwds", "ln_bwdc"))
         if plan[0] == "ln_bwdc":
             cluster = _cluster_shape(length, dtype, fused)[0]
     vt = _vector(dtype, length)[0]
@@ -1544,7 +1561,7 @@ def _source(dtype, length, direction="forward", fused=False, stages=0, blocks=1,
             f"#define FWD_BLOCKS {blocks}\n#define BWD_BLOCKS {blocks if direction == 'backward' else 1}\n"
             f"#define STAGES {max(stages, 1)}\n"
             f"#define FUSED {int(bool(fused))}\n"
-            f"#define PARAMS {params}\n#define SCOLS {scols}\n#define CLUSTER {cluster}\n"
+            f"#define PARAMS {params}\n#define SCOLS {scols}\n#define CLUSTER {cluster}\n#define HOLD {hold}\n"
             f"#define KVW {kvw}\n#define KVT {kvt}\n"
             f"#define CW {COLUMN_WARPS}\n"
             + (f"#define CVT {cvt}\n" if cvt else ""))
@@ -1638,10 +1655,10 @@ def _forward_kernel(dtype, length, fused=False):
 
 def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
-    ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1`` or ``ln_bwd``; or ``ln_dx1`` or ``ln_dx2`` and
-    ``ln_cols``; and ``ln_params``) where the backward kernels take the rows (local bytes above 0 would mean
-    register spills); ``fused``: the kernels of the ``x + residual + bias`` form (none where :func:`_fused_fits`
-    turns the rows down).
+    ``dtype``: ``ln_fwd``, and the backward's (``ln_bwd1``, ``ln_bwds``, ``ln_bwdr``, ``ln_bwdc`` or ``ln_bwd``; or
+    ``ln_dx1`` or ``ln_dx2`` and ``ln_cols``; and ``ln_params``) where the backward kernels take the rows (local
+    bytes above 0 would mean register spills); ``fused``: the kernels of the ``x + residual + bias`` form (none
+    where :func:`_fused_fits` turns the rows down).
 
     >>> kernel_attributes.__name__
     'kernel_attributes'
@@ -1842,7 +1859,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     shared = _backward_shared_bytes(length, x.dtype, name, cs, fused)
     _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
-              if name in ("ln_bwd1", "ln_dx1", "ln_bwds") else 2)
+              if name in ("ln_bwd1", "ln_dx1", "ln_bwds", "ln_bwdr") else 2)
     gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
     if name == "ln_bwdc":   # partial rows: one a cluster, as many clusters as the GPU holds at once (one wave)
         blocks = int(min(rows, _active_clusters(fn, cs, tpr, shared, (x.dtype, length, x.device.id, fused))))

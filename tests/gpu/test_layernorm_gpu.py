@@ -108,7 +108,7 @@ def test_no_register_spills_at_any_size(dtype):
     ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
     # with the lengths where the H200's NVRTC once spilled (9,728-10,240 float32 and 13,824 fused halves in ln_dx1,
     # 16,896 fused halves and 12,800 fused float64 in ln_fwd)
-    for length in LENGTHS + [384, 640, 2304, 2560, 4096, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
+    for length in LENGTHS + [384, 640, 2304, 2560, 4096, 14340, 16380, 16388, 18436, 20476, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
                              24576, 28672]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
@@ -201,8 +201,9 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
     assert cp.array_equal(layer(x, residual=r), layernorm(x, layer.gamma, layer.beta, residual=r))
 
 
-SPLIT_CASES = [(32764, np.float16), (20484, BF16), (20484, np.float32), (16388, np.float16), (10236, np.float64),
+SPLIT_CASES = [(32764, np.float16), (20484, BF16), (20484, np.float32), (20484, np.float16), (10236, np.float64),
                (12288, np.float64), (16384, np.float64)]
+READ_CASES = [(16388, np.float16), (16900, BF16), (16380, np.float32)]
 CLUSTER_CASES = [(20480, np.float16), (20480, BF16), (24576, np.float16), (28672, np.float16), (32768, np.float16),
                  (32768, BF16), (16384, np.float32), (20480, np.float32), (24576, np.float32), (32768, np.float32)]
 SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (16384, np.float16), (10240, np.float32),
@@ -235,7 +236,8 @@ def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
     """Rows whose column sums fit neither registers nor shared memory take the split backward (no composite): dx
     alone (ln_dx1, the row in registers, or ln_dx2, two sweeps), then ln_cols (tiles of 32 vectors of columns by
     chunks of rows; here ragged chunks, a ragged last tile at 20,484) and ln_params: rows that split into no
-    cluster's whole vectors (16,388 halves: ln_bwds does not fit beside its copy of gamma) and float64."""
+    cluster's whole vectors and whose row does not fit ln_bwds even without its copy of gamma (20,484 halves), and
+    float64."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
     assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
     rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
@@ -260,6 +262,18 @@ def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtyp
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("length,dtype", READ_CASES, ids=_ids)
+def test_shared_sweep_reading_gamma_matches_float64(length, dtype, fused):
+    """Rows whose copy of gamma does not fit beside the row in ln_bwds and that split into no cluster's whole
+    vectors take ln_bwdr: ln_bwds reading gamma (and the bias, fused) twice a row, not the split backward."""
+    shape = cuda_layernorm.backward_shape(length, dtype, fused)
+    assert shape is not None and shape[0] == "ln_bwdr", shape
+    limit = cuda_layernorm._shared_limit()
+    assert cuda_layernorm._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # held: no
+    _check_long_rows(length, dtype, fused, 3 * 132 + 37)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("length,dtype", CLUSTER_CASES, ids=_ids)
 def test_cluster_backward_matches_float64(length, dtype, fused):
     """Rows whose column sums do not fit one block's shared memory take ln_bwdc: a cluster of blocks a row, each
@@ -274,13 +288,14 @@ def test_cluster_backward_matches_float64(length, dtype, fused):
     _check_long_rows(length, dtype, fused, 3 * 66 + 17)
 
 
-@pytest.mark.parametrize("length,dtype", [(12288, np.float16), (20480, np.float32), (32768, BF16)], ids=_ids)
+@pytest.mark.parametrize("length,dtype", [(12288, np.float16), (20480, np.float32), (32768, BF16), (16388, np.float16)],
+                         ids=_ids)
 def test_held_gamma_kernels_without_gamma_with_residual_and_bias(length, dtype):
-    """ln_bwds and ln_bwdc hold gamma's and the bias's values of a thread's columns in registers: without gamma (a
-    layer norm with no scale) and with a residual and bias, dx, dgamma and dbeta match float64 (dgamma and dbeta
-    are those of gamma = 1 and beta = 0)."""
+    """ln_bwds and ln_bwdc hold gamma's and the bias's values of a thread's columns in registers (ln_bwdr reads
+    them): without gamma (a layer norm with no scale) and with a residual and bias, dx, dgamma and dbeta match
+    float64 (dgamma and dbeta are those of gamma = 1 and beta = 0)."""
     cp = cupy_module()
-    assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc")
+    assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc", "ln_bwdr")
     (x, dy, _, _), (xh, dyh, _, _) = _case((3 * 66 + 5,), (length,), dtype, False, seed=14)
     (r, _, c, _), (rh, _, ch, _) = _case((3 * 66 + 5,), (length,), dtype, True, seed=15)
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, None, None, 1, 1e-5, r, c)
