@@ -64,6 +64,19 @@ def test_the_parameter_lists_put_the_index_arrays_first_then_their_scalars():
                      "sh1", "bad", "call"]
 
 
+def test_a_strided_layout_multiplies_only_by_the_strides_an_array_has():
+    """``reads`` (``_reads``): a broadcast column's offset takes one multiply, a C-contiguous array's is ``k``; the
+    parameters are those of the generic code."""
+    dtypes = (np.dtype(np.int64),) * 3
+    generic = cuda_scatter._source("gather", 4, None, dtypes, 2, True)
+    code = cuda_scatter._source("gather", 4, None, dtypes, 2, True, ((0,), (0, 1), None))
+    assert kernel_parameters(code, "gather_rows") == kernel_parameters(generic, "gather_rows")
+    assert "o0 += (int)c * s0_0;" in code and "s0_1;" not in code.split("fx_row")[-1]
+    assert "o1 += (int)c * s1_0;" in code and "o1 += (int)c * s1_1;" in code
+    assert "int o2 = k;" in code and "o2 +=" not in code
+    assert all(f"o{j} += (int)c * s{j}_{a};" in generic for j in range(3) for a in range(2))
+
+
 _CUDA_STUB = r"""
 #define __device__
 #define __global__
@@ -101,6 +114,8 @@ def test_the_cuda_sources_parse_as_cpp(tmp_path):
     for strided, small in itertools.product((0, 1, 3, "along"), (True, False)):
         index_dtypes = (np.dtype(np.int32),) if strided == "along" else (np.dtype(np.int32), np.dtype(np.int64))
         sources += [cuda_scatter._source("gather", unit, None, index_dtypes, strided, small) for unit in (16, 1)]
+        if strided in (1, 3):   # an array read by one axis beside a C-contiguous one
+            sources.append(cuda_scatter._source("gather", 4, None, index_dtypes, strided, small, ((0,), None)))
         for kind, op, dtype in itertools.product(("one_block", "atomic", "sorted"), ("add", "max"),
                                                  (np.float32, ml_dtypes.bfloat16, np.uint8)):
             sources.append(cuda_scatter._source(kind, op, np.dtype(dtype), index_dtypes, strided, small))

@@ -148,7 +148,7 @@ def _combine(op, dtype):
     return f"#define COMBINE(a, v) ((((v) != (v)) || ((v) {cmp} (a))) ? (v) : (a))\n"
 
 
-def _row_function(index_dtypes, strided, small):
+def _row_function(index_dtypes, strided, small, reads=None):
     """``fx_row(k, IDX_ARGS, bad, call)``: the linear destination row of entry ``k`` of the index arrays, or -1
     where an index is outside its axis (then a checked call, ``call`` > 0, leaves its number in ``*bad``).
     ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is at ``k``); otherwise it is the index arrays' number
@@ -158,7 +158,10 @@ def _row_function(index_dtypes, strided, small):
     the row (``small``: :func:`_fits_32_bits`; 64-bit multiplies made a 4-d gather integer-bound). ``IDX_PARAMS``
     lists the index arrays first, then their scalars (per array its axis size and element strides, then the index
     shape's trailing sizes): a call passes its arrays followed by its problem's scalars, made once
-    (:func:`_index_scalars`)."""
+    (:func:`_index_scalars`). ``reads`` (strided layouts, :func:`_reads`): per array the axes whose strides it is
+    read by, or None for a C-contiguous array (entry ``k`` at ``k``); the code takes no multiply for the others
+    (a broadcast ``arange`` column is read by one axis), the parameters stay the same. By default every array is
+    read by every axis."""
     d = len(index_dtypes)
     wide = "int" if small else "long long"   # the offsets' and the row's type
     arrays = [f"const {_ctype(t)}* __restrict__ i{j}" for j, t in enumerate(index_dtypes)]
@@ -170,7 +173,9 @@ def _row_function(index_dtypes, strided, small):
     params = arrays + scalars
     names = [p.split()[-1] for p in params]
     if strided:
-        walk = "  K_T q = k, c, quot;\n" + "".join(f"  {wide} o{j} = 0;\n" for j in range(d))
+        reads = reads or (tuple(range(strided)),) * d
+        walk = "  K_T q = k, c, quot;\n" + "".join(f"  {wide} o{j} = {'0' if reads[j] is not None else 'k'};\n"
+                                                   for j in range(d))
         for a in range(strided - 1, -1, -1):
             if not a:
                 walk += "  c = q;\n"
@@ -178,7 +183,8 @@ def _row_function(index_dtypes, strided, small):
                 walk += f"  quot = (__umulhi(q, mg{a}) + q) >> sh{a}; c = q - quot * m{a}; q = quot;\n"
             else:
                 walk += f"  c = q % m{a}; q /= m{a};\n"
-            walk += "".join(f"  o{j} += ({wide})c * s{j}_{a};\n" for j in range(d))
+            walk += "".join(f"  o{j} += ({wide})c * s{j}_{a};\n" for j in range(d)
+                            if reads[j] is not None and a in reads[j])
     else:
         walk = "".join(f"  const K_T o{j} = k;\n" for j in range(d))
     body = "".join(f"  v = (long long)i{j}[o{j}];\n  if (v < 0 || v >= n{j}) {{ fx_flag(bad, call); return -1; }}\n"
@@ -374,23 +380,23 @@ _UNITS = {16: ("uint4", "make_uint4(0, 0, 0, 0)"), 8: ("uint2", "make_uint2(0, 0
 _functions: dict = {}
 
 
-def _function(kind, name, op, dtype, index_dtypes, strided, small):
+def _function(kind, name, op, dtype, index_dtypes, strided, small, reads=None):
     """The compiled kernel ``name`` of module ``kind`` (``"one_block"``, ``"atomic"``, ``"sorted"`` or
     ``"gather"`` with ``op`` the unit size in bytes) for one dtype, tuple of index dtypes, index layout (``strided``:
-    0, the index arrays' number of axes, or ``"along"`` for the along-axis form) and index width (``small``: every
-    element count and index offset fits 32 bits) on the current device (cached)."""
-    key = (kind, name, op, dtype, index_dtypes, strided, small, cupy.cuda.runtime.getDevice())
+    0, the index arrays' number of axes, or ``"along"`` for the along-axis form; ``reads``: :func:`_reads`) and
+    index width (``small``: every element count and index offset fits 32 bits) on the current device (cached)."""
+    key = (kind, name, op, dtype, index_dtypes, strided, small, reads, cupy.cuda.runtime.getDevice())
     found = _functions.get(key)
     if found is None:
-        found = _functions[key] = cupy.RawModule(code=_source(kind, op, dtype, index_dtypes, strided, small),
+        found = _functions[key] = cupy.RawModule(code=_source(kind, op, dtype, index_dtypes, strided, small, reads),
                                                  options=("--std=c++11",)).get_function(name)
     return found
 
 
-def _source(kind, op, dtype, index_dtypes, strided, small):
+def _source(kind, op, dtype, index_dtypes, strided, small, reads=None):
     """The CUDA source of module ``kind`` (see :func:`_function`)."""
     rows = (_along_row_function(index_dtypes[0], small) if strided == "along"
-            else _row_function(index_dtypes, strided, small))
+            else _row_function(index_dtypes, strided, small, reads))
     head = (f"#define K_T {'unsigned int' if small else 'long long'}\n#define UNROLL {_unroll(index_dtypes)}\n"
             + _ROWS_LOOP
             + rows)
@@ -614,6 +620,22 @@ def _index_layout(index):
     return 0 if all(a.flags.c_contiguous for a in index) else max(1, index[0].ndim)
 
 
+def _reads(index):
+    """Per index array of a strided layout, the axes whose strides it is read by (those of a stride other than 0),
+    or None for a C-contiguous array: :func:`_row_function` multiplies only by those. None where every array is
+    C-contiguous.
+
+    >>> import numpy
+    >>> column = numpy.broadcast_to(numpy.arange(3).reshape(3, 1), (3, 4))
+    >>> _reads((column, numpy.zeros((3, 4), numpy.int64))), _reads((numpy.zeros((3, 4), numpy.int64),))
+    (((0,), None), None)
+    """
+    if not _index_layout(index):
+        return None
+    return tuple(None if a.flags.c_contiguous else tuple(i for i, step in enumerate(a.strides) if step)
+                 for a in index)
+
+
 def _fits_32_bits(index, *counts):
     """Whether every count and every index array's element offset (its strides times its extents, either sign)
     is under 2**31: the kernels then count, unravel and address the index arrays in 32 bits."""
@@ -674,6 +696,7 @@ class _Problem:
         self.R = math.prod(self.sizes)
         self.index_dtypes = tuple(a.dtype for a in index)
         self.strided = _index_layout(index) if axis is None else "along"
+        self.reads = _reads(index) if axis is None else None
         self.small = _fits_32_bits(index, self.K * max(self.F, 1), self.R * max(self.F, 1), self.R + 1)
         count = np.uint32 if self.small else np.int64
         self.K_arg, self.F_arg, self.R_arg, self.R_long = count(self.K), count(self.F), count(self.R), np.int64(self.R)
@@ -700,7 +723,7 @@ class _Problem:
         self.src, self.index_args, self.flag_args = None, None, None
 
     def function(self, kind, name):
-        return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small)
+        return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small, self.reads)
 
 
 _problems: dict = {}
@@ -976,8 +999,9 @@ class _Gather:
         self.index_scalars = (_index_scalars(index, self.sizes, strided, small) if axis is None else
                               _along_scalars(index[0].shape, axis, self.sizes[axis], small))
         self.flag = _flag(device)
+        reads = _reads(index) if axis is None else None
         self.function = _function("gather", "gather_rows", unit, None, tuple(a.dtype for a in index), strided,
-                                  small) if K * F else None
+                                  small, reads) if K * F else None
 
 
 def _gather_of(src, index, device, axis):

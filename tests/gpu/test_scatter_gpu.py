@@ -201,6 +201,28 @@ def test_scatter_along_the_last_axis_of_a_4d_array():
     assert_matches_cpu(gather(cp.asarray(src), tuple(cp.asarray(i) for i in idx)), gather(src, idx), rtol=0)
 
 
+def test_strided_index_arrays_are_read_by_their_own_axes_only():
+    """Index arrays of a strided layout are read through the strides they have (``cuda_scatter._reads``): a
+    broadcast ``arange`` column by one axis, a transposed view and a reversed one (negative strides) by every axis,
+    a broadcast scalar by none, a C-contiguous array at its entry number; gather and scatter-add against the CPU."""
+    from fluxpy.kernels import cuda_scatter
+    cp = cupy_module()
+    rng = np.random.default_rng(21)
+    shape, table_shape = (5, 6, 7), (4, 5, 6, 3, 4, 2)
+    index = (cp.broadcast_to(cp.arange(5).reshape(5, 1, 1) % 4, shape),
+             cp.asarray(rng.integers(0, 5, size=shape[::-1])).transpose(2, 1, 0),
+             cp.asarray(rng.integers(0, 6, size=shape))[:, ::-1, :],
+             cp.broadcast_to(cp.asarray(2), shape),
+             cp.asarray(rng.integers(0, 4, size=shape)))
+    assert cuda_scatter._reads(index) == ((0,), (0, 1, 2), (0, 1, 2), (), None)
+    host = tuple(cp.asnumpy(i) for i in index)
+    table = rng.standard_normal(table_shape)
+    assert_matches_cpu(gather(cp.asarray(table), index), gather(table, host), rtol=0)
+    values = rng.standard_normal(shape + (2,))
+    assert_matches_cpu(scatter("+", cp.asarray(values), index, dstsize=table_shape),
+                       scatter("+", values, host, dstsize=table_shape), rtol=1e-12)
+
+
 def test_the_choice_is_measured_once_and_kept():
     from fluxpy.kernels import cuda_scatter
     cp = cupy_module()
