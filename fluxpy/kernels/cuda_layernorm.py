@@ -1172,9 +1172,9 @@ def _one_sweep_plan(length, dtype, params, extra=0, held=0):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)`` of the one sweep (``ln_bwd1``, or ``ln_dx1`` without ``params``) where
     a row's vectors of x and dy (and with ``params`` the column sums) fit in the registers of the threads that hold
     the row, else None: at most :data:`ONE_SWEEP_VALUES` (:data:`DX_SWEEP_VALUES`) values a thread (``ln_bwd1``: two
-    warps a row where one would hold more than :data:`ONE_SWEEP_WARP_VALUES`), as many rows a
-    block as the registers of an SM take, to at most 1,024 threads (``ln_bwd1`` of short rows: to
-    :data:`ONE_SWEEP_BLOCK_THREADS`), prefetching the next row where that fits too;
+    warps a row where one would hold more than :data:`ONE_SWEEP_WARP_VALUES`), as many rows a block as the registers
+    of an SM take, to at most 1,024 threads (``ln_bwd1`` of short rows: to :data:`ONE_SWEEP_BLOCK_THREADS`),
+    prefetching the next row where that fits too;
     ``extra`` registers a thread on top of the estimate (``ln_bwds``' shared sums) and ``held`` a row value a thread
     (``ln_bwds``' and ``ln_bwdc``'s copies of gamma and the bias, :data:`HELD_REGISTERS`)."""
     c = 2 if dtype == np.float64 else 1
@@ -1299,9 +1299,8 @@ def _cluster_shape(length, dtype, fused):
 
 def _backward_shared_bytes(length, dtype, name, cs=1, fused=False):
     """Dynamic shared memory of the backward kernel ``name``: ``ln_bwds``' and ``ln_bwdr``'s column sums (``2 L``
-    compute values);
-    ``ln_bwdc``'s for its block's share of the row (``length / cs`` values) and that share of the next row, staged
-    (x and dy, and the residual ``fused``); none for the others."""
+    compute values); ``ln_bwdc``'s for its block's share of the row (``length / cs`` values) and that share of the
+    next row, staged (x and dy, and the residual ``fused``); none for the others."""
     if name in ("ln_bwds", "ln_bwdr"):
         return _shared_columns_bytes(length, dtype)
     if name == "ln_bwdc":
@@ -1342,8 +1341,8 @@ def _plan(length: int, dtype, fused: bool = False):
     ``ln_bwd1`` (one sweep, dx and the column sums) wherever it fits (:func:`_one_sweep_plan`); else ``ln_bwds``
     (one sweep, the column sums in shared memory) where those fit (:func:`_shared_sweep_plan`); else ``ln_bwdc``
     (the same by a cluster of blocks a row, :func:`_cluster_split`; its TPR and ITEMS are a block's); else ``ln_bwdr``
-    (``ln_bwds`` without its copy of gamma, read twice a row instead); else the two-sweep
-    ``ln_bwd`` (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
+    (``ln_bwds`` without its copy of gamma, read twice a row instead); else the two-sweep ``ln_bwd``
+    (:data:`MAX_VALUES` column sums a thread) with ``PF`` 0 where its column sums fit in registers and
     the row is shorter than :data:`SPLIT_FROM`; else the split backward: dx alone, in one sweep (``ln_dx1``) where
     the row fits in registers, else in two (``ln_dx2``, the forward's shape), then ``ln_cols`` for the column sums.
     None only where the forward turns the rows down (more than 1,024 threads of 8 vectors).
@@ -1453,8 +1452,8 @@ def backward_shape(length: int, dtype, fused: bool = False):
     """``(kernel, VW, TPR, RPB, ITEMS, PF)``: what :func:`layernorm_backward` runs for rows of ``length`` values of
     ``dtype`` (of ``x + residual + bias`` where ``fused``): ``ln_bwd1``, one sweep, ``PF`` 1 when it prefetches the
     next row; ``ln_bwds``, one sweep with the column sums in shared memory (``ln_bwdr``: reading gamma twice a row
-    where the copy ``ln_bwds`` holds does not fit); ``ln_bwdc``, the same by a cluster of
-    blocks a row (TPR and ITEMS a block's); ``ln_bwd``, two sweeps; the split backward, dx alone then ``ln_cols``:
+    where the copy ``ln_bwds`` holds does not fit); ``ln_bwdc``, the same by a cluster of blocks a row (TPR and
+    ITEMS a block's); ``ln_bwd``, two sweeps; the split backward, dx alone then ``ln_cols``:
     ``ln_dx1`` in one sweep, ``ln_dx2`` in two; or None (the forward turns the rows down, and the composite runs).
     On a GPU the plan follows its shared memory and whether it has clusters (here, with none: sm_90's), and
     ``ln_bwd1`` of the halves may run in a two-block form where ptxas fits one (:data:`BACKWARD_TWO_BLOCKS`).
