@@ -397,7 +397,7 @@ def _source(kind, op, dtype, index_dtypes, strided, small, reads=None):
     """The CUDA source of module ``kind`` (see :func:`_function`)."""
     rows = (_along_row_function(index_dtypes[0], small) if strided == "along"
             else _row_function(index_dtypes, strided, small, reads))
-    head = (f"#define K_T {'unsigned int' if small else 'long long'}\n#define UNROLL {_unroll(index_dtypes)}\n"
+    head = (f"#define K_T {'unsigned int' if small else 'long long'}\n#define UNROLL {_unroll(len(index_dtypes))}\n"
             + _ROWS_LOOP
             + rows)
     if kind == "gather":
@@ -422,14 +422,14 @@ def _block(columns):
     return (x, _BLOCK // x)
 
 
-def _unroll(index_dtypes) -> int:
-    """Rows a thread row of the gather and the atomic scatter takes at a time, by the index arrays that give a row:
-    their index reads, then their source reads, are issued together.
+def _unroll(arrays: int) -> int:
+    """Rows a thread row of the gather and the atomic scatter takes at a time, by the number of index arrays that
+    give a row: their index reads, then their source reads, are issued together.
 
-    >>> _unroll((np.dtype(np.int64),)), _unroll((np.dtype(np.int64),) * 4)
+    >>> _unroll(1), _unroll(4)
     (2, 4)
     """
-    return UNROLL_ONE_INDEX if len(index_dtypes) == 1 else UNROLL_SEVERAL_INDICES
+    return UNROLL_ONE_INDEX if arrays == 1 else UNROLL_SEVERAL_INDICES
 
 
 def _row_grid(rows, block, unroll=1):
@@ -758,7 +758,7 @@ def _atomic(p):
     acc = cupy.zeros(p.shape, p.wide) if p.empty == 0 else cupy.full(p.shape, p.empty, dtype=p.wide)   # a memset
     if p.K * p.F:
         p.function("atomic", "scatter_atomic")(
-            _row_grid(p.K, p.block, _unroll(p.index_dtypes)), p.block,
+            _row_grid(p.K, p.block, _unroll(len(p.index_dtypes))), p.block,
             (p.src, acc, p.K_arg, p.F_arg, *p.index_args, *p.flag_args))
     return acc if p.wide == p.dtype else acc.astype(p.dtype)
 
@@ -994,7 +994,7 @@ class _Gather:
         small = _fits_32_bits(index, K * F, src.size)
         count = np.uint32 if small else np.int64
         self.block = _block(F)
-        self.grid = _row_grid(K, self.block, _unroll(tuple(a.dtype for a in index)))
+        self.grid = _row_grid(K, self.block, _unroll(len(index)))
         self.counts = (count(K), count(F))
         self.index_scalars = (_index_scalars(index, self.sizes, strided, small) if axis is None else
                               _along_scalars(index[0].shape, axis, self.sizes[axis], small))
