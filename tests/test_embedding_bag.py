@@ -94,7 +94,7 @@ def test_embedding_errors():
     with pytest.raises(DimensionMismatch, match=r"Embedding\(5 => 2\) expects integer indices, or one-hot rows of "
                                                 r"length 5 \(the last axis\), got \(3, 4\) float32"):
         emb(np.zeros((3, 4), np.float32))
-    with pytest.raises(DimensionMismatch, match=r"Embedding\(5 => 2\) expects indices in \[0, 5\), found 0 to 5"):
+    with pytest.raises(DimensionMismatch, match=r"Embedding\(5 => 2\) expects indices in \[0, 5\), found indices from 0 to 5"):
         emb(np.array([0, 5]))
     with pytest.raises(ValueError, match=r"Embedding: padding_idx must be an int in \[0, 5\) or None, got 5"):
         Embedding(5, 2, padding_idx=5)
@@ -182,7 +182,7 @@ def test_embedding_bag_errors():
         eb([[0, 1], []])
     with pytest.raises(ValueError, match=r"expects at least one bag, got an empty list"):
         eb([])
-    with pytest.raises(DimensionMismatch, match=r"expects indices in \[0, 5\), found 0 to 7"):
+    with pytest.raises(DimensionMismatch, match=r"expects indices in \[0, 5\), found indices from 0 to 7"):
         eb(np.array([[0, 7]]))
     with pytest.raises(TypeError, match=r"EmbeddingBag: reduction must be callable, got 'mean'"):
         EmbeddingBag(5, 2, "mean")

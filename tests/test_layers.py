@@ -209,7 +209,7 @@ def test_chain_error_names_the_layer_index():
     (BatchNorm(3), np.ones((2, 4), np.float32),
      "BatchNorm(3) expects x.shape[1] == 3 (x of shape (N, C, ...)), got (2, 4) float32"),
     (LayerNorm(3), np.ones((2, 4), np.float32), "LayerNorm(3) expects x.shape[-1:] == (3,), got (2, 4) float32"),
-    (Embedding(5, 2), np.array([0, 5]), "Embedding(5 => 2) expects indices in [0, 5), found 0 to 5 in, got (2,) int64"),
+    (Embedding(5, 2), np.array([0, 5]), "Embedding(5 => 2) expects indices in [0, 5), found indices from 0 to 5 in x, got (2,) int64"),
     (Embedding(5, 2), np.array([0.5]),
      "Embedding(5 => 2) expects integer indices, or one-hot rows of length 5 (the last axis), got (1,) float64"),
     (MaxPool((2, 2)), np.ones((1, 2, 4), np.float32), "MaxPool((2, 2)) expects a 4-d input (N, C, H, W), got (1, 2, 4) float32"),

@@ -135,6 +135,18 @@ def test_groupnorm_extremes_are_instance_and_layer_norm():
     (lambda: instancenorm(np.ones((2, 4))), r"instancenorm expects x of shape \(N, C, S1, ...\) with a spatial axis"),
     (lambda: instancenorm(np.ones((2, 4, 1))), r"instancenorm expects more than 1 value per instance and channel"),
     (lambda: instancenorm(np.ones((2, 4, 3)), None, np.ones(2)), r"instancenorm expects beta of shape \(4,\)"),
+    # eps: a negative one makes var + eps negative (NaN) where the variance is small, an infinite one the output 0
+    (lambda: groupnorm(np.ones((2, 4, 3)), 2, eps=-1e-5), r"groupnorm expects eps to be a finite number >= 0, got -1e-05"),
+    (lambda: instancenorm(np.ones((2, 4, 3)), eps=float("inf")), r"instancenorm expects eps .* got inf"),
+    (lambda: fluxpy.ops.layernorm(np.ones((2, 4)), eps=float("nan")), r"layernorm expects eps .* got nan"),
+    (lambda: fluxpy.ops.layernorm(np.ones((2, 4)), eps="1e-5"), r"layernorm expects eps .* got '1e-5'"),
+    (lambda: fluxpy.ops.normalise(np.ones((2, 4)), eps=-1.0), r"normalise expects eps .* got -1.0"),
+    (lambda: fluxpy.ops.batchnorm_train(np.ones((2, 4)), eps=-1.0), r"batchnorm_train expects eps .* got -1.0"),
+    (lambda: fluxpy.ops.batchnorm_infer(np.ones((2, 4)), None, None, np.zeros(4), np.ones(4), eps=-1.0),
+     r"batchnorm_infer expects eps .* got -1.0"),
+    (lambda: fluxpy.ops.batchnorm(np.ones((2, 4)), eps=True), r"batchnorm expects eps .* got True"),
+    (lambda: fluxpy.ops.batchnorm(np.ones((2, 4)), momentum=1.5), r"batchnorm expects momentum to be a number in "
+                                                                  r"\[0, 1\], got 1.5"),
 ])
 def test_norm_op_errors(call, message):
     with pytest.raises(ValueError, match=message):

@@ -304,6 +304,13 @@ _X = np.ones((2, 3, 4))
      ["scatter", "index 4", "out of range", "size 3"]),
     (lambda: scatter("+", np.ones((2, 3)), np.array([0, 1]), dstsize=(2, 4)), ValueError,
      ["scatter", "dstsize", "(n, *(3,))", "(2, 4)"]),
+    (lambda: scatter("+", np.ones(2), np.array([0, 1]), dstsize=6.7), TypeError,
+     ["scatter", "dstsize to be an int or a tuple of ints", "6.7"]),   # never rounded to 6
+    (lambda: scatter("+", np.ones((2, 3)), np.array([0, 1]), dstsize=(2.0, 3)), TypeError, ["scatter", "(2.0, 3)"]),
+    (lambda: scatter("+", np.ones(2), np.array([0, 1]), dstsize="3"), TypeError, ["scatter", "dstsize", "'3'"]),
+    (lambda: scatter("+", np.ones(2), np.array([0, 1]), dstsize=(-2,)), ValueError,
+     ["scatter", "non-negative sizes in dstsize", "(-2,)"]),
+    (lambda: scatter("+", _X, np.zeros((2, 3, 4), int), dstsize=4.0, axis=2), TypeError, ["scatter", "4.0"]),
     (lambda: scatter("+", np.ones(2), (np.array([0, 1]), np.array([0]))), ValueError,
      ["scatter", "one shape", "[(2,), (1,)]"]),
     (lambda: scatter("+", np.ones(2, bool), np.array([0, 1])), TypeError, ["scatter", "float or integer", "bool"]),

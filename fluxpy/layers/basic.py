@@ -297,7 +297,7 @@ def _embed(layer, weight, x, padding_idx):
     if not hasattr(x, "dtype") or np.dtype(x.dtype).kind not in "iu":
         _fail(layer, f"integer indices, or one-hot rows of length {n} (bool or float)", x)
     if x.size and (int(x.min()) < 0 or int(x.max()) >= n):
-        _fail(layer, f"indices in [0, {n}), found {int(x.min())} to {int(x.max())} in", x)
+        _fail(layer, f"indices in [0, {n}), found indices from {int(x.min())} to {int(x.max())} in x", x)
     y = weight[x]
     if padding_idx is None:
         return y

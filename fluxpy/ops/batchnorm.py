@@ -33,6 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import math
+import numbers
+from typing import Any
+
 import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
@@ -46,7 +50,21 @@ from .reduce import mean as _mean
 from .reduce import sum as _sum
 from .shape import astype, reshape
 
-__all__ = ["batchnorm", "batchnorm_backward", "fused_kind"]
+__all__ = ["batchnorm", "batchnorm_backward", "fused_kind", "check_eps"]
+
+
+def check_eps(op: str, eps: Any) -> None:
+    """Raise unless ``eps`` is a finite real number >= 0, naming the normalisation ``op``: a negative one makes
+    ``var + eps`` negative, and so the result NaN, wherever the variance is smaller; an infinite one makes it 0.
+
+    >>> check_eps("layernorm", 1e-5)
+    >>> check_eps("layernorm", -1e-5)
+    Traceback (most recent call last):
+    ...
+    ValueError: layernorm expects eps to be a finite number >= 0, got -1e-05
+    """
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"{op} expects eps to be a finite number >= 0, got {eps!r}")
 
 
 def _axes(x):
@@ -214,6 +232,9 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
                          "to its output")
     running_mean, running_var = value_of(running_mean), value_of(running_var)
     _check(x, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
+    check_eps("batchnorm", eps)
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
+        raise ValueError(f"batchnorm expects momentum to be a number in [0, 1], got {momentum!r}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batchnorm expects both running_mean and running_var, or neither")
     return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, kind)

@@ -29,7 +29,7 @@ from ..kernels import find
 from ..backend import Array, get_array_module
 from ..kernels.halfs import compute_dtype, is_half
 from .basic import sqrt
-from .batchnorm import batchnorm
+from .batchnorm import batchnorm, check_eps
 from .fused import fused_op
 from .reduce import check_half_mix
 from .reduce import mean as _mean
@@ -91,6 +91,7 @@ def normalise(x: Array, axis: int | tuple[int, ...] | None = -1, eps: float = 1e
     >>> normalise(np.array([1.0, 2.0, 3.0]), eps=0.0).round(4)
     array([-1.2247,  0.    ,  1.2247])
     """
+    check_eps("normalise", eps)
     axes = normalize_axis(axis, x.ndim, "normalise")
     if axes is None:
         axes = tuple(range(x.ndim))
@@ -141,6 +142,7 @@ def batchnorm_train(x: Array, gamma: Array | None = None, beta: Array | None = N
            [ 1.,  1.]]), array([1., 3.]), array([1., 4.]))
     """
     _check_channel_params("batchnorm_train", x, gamma=gamma, beta=beta)
+    check_eps("batchnorm_train", eps)
     axes = (0,) + tuple(range(2, x.ndim))
     _require_values("batchnorm_train", x, axes, "per channel (x.size // x.shape[1])")
     # The batchnorm primitive, with running statistics that momentum 1 sets to the batch's.
@@ -166,6 +168,7 @@ def batchnorm_infer(x: Array, gamma: Array | None, beta: Array | None, running_m
     """
     _check_channel_params("batchnorm_infer", x, gamma=gamma, beta=beta, running_mean=running_mean,
                           running_var=running_var)
+    check_eps("batchnorm_infer", eps)
     scale = 1 / sqrt(running_var + eps)
     if gamma is not None:
         scale = scale * gamma
@@ -210,6 +213,7 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
             if not ok:
                 raise ValueError(f"layernorm: {name} of shape {tuple(p.shape)} does not broadcast to x of shape "
                                  f"{tuple(x.shape)}")
+    check_eps("layernorm", eps)
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta, bias=bias)
@@ -323,6 +327,7 @@ def groupnorm(x: Array, groups: int, gamma: Array | None = None, beta: Array | N
     array([[-1.,  1., -1.,  1.]])
     """
     _check_channel_params("groupnorm", x, gamma=gamma, beta=beta)
+    check_eps("groupnorm", eps)
     c = x.shape[1]
     if not (isinstance(groups, (int, np.integer)) and not isinstance(groups, bool) and groups >= 1 and c % groups == 0):
         raise ValueError(f"groupnorm expects groups to be a positive int dividing x.shape[1] == {c}, got {groups!r}")
@@ -347,6 +352,7 @@ def instancenorm(x: Array, gamma: Array | None = None, beta: Array | None = None
             [-1.,  1.]]])
     """
     _check_channel_params("instancenorm", x, gamma=gamma, beta=beta)
+    check_eps("instancenorm", eps)
     axes = tuple(range(2, x.ndim))
     if not axes:
         raise ValueError(f"instancenorm expects x of shape (N, C, S1, ...) with a spatial axis, got {tuple(x.shape)}")

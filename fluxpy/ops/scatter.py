@@ -172,12 +172,26 @@ def _along_axis(fname, idx, src, axis):
     return index, xp, on_host, axis
 
 
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _dstsize(dstsize):
+    """``dstsize`` as a shape tuple: an int, or a tuple or list of non-negative ints (no float is rounded)."""
+    sizes = (dstsize,) if _is_int(dstsize) else tuple(dstsize) if isinstance(dstsize, (tuple, list)) else None
+    if sizes is None or not all(_is_int(s) for s in sizes):
+        raise TypeError(f"scatter: expects dstsize to be an int or a tuple of ints, got {dstsize!r}")
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"scatter: expects non-negative sizes in dstsize, got {dstsize!r}")
+    return tuple(int(s) for s in sizes)
+
+
 def _destination_shape(src, index, dstsize, on_host):
     """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
     trailing = tuple(src.shape[index[0].ndim:])
     if dstsize is None:
         return tuple(max(int(a.max()) + 1, 0) if a.size else 0 for a in index) + trailing
-    shape = (int(dstsize),) if isinstance(dstsize, (int, np.integer)) else tuple(int(s) for s in dstsize)
+    shape = _dstsize(dstsize)
     d = len(index)
     if len(shape) != d + len(trailing) or shape[d:] != trailing:
         raise ValueError(f"scatter: expects dstsize of the form ({', '.join(['n'] * d)}, *{trailing}) for "
@@ -193,10 +207,10 @@ def _destination_shape_along(src, index, dstsize, on_host, axis):
     sshape = tuple(src.shape)
     if dstsize is None:
         n = max(int(index[0].max()) + 1, 0) if index[0].size else 0
-    elif isinstance(dstsize, (int, np.integer)):
+    elif _is_int(dstsize):
         n = int(dstsize)
     else:
-        given = tuple(int(s) for s in dstsize)
+        given = _dstsize(dstsize)
         if len(given) != len(sshape) or any(g != s for a, (g, s) in enumerate(zip(given, sshape)) if a != axis):
             raise ValueError(f"scatter: with axis={axis}, expects dstsize to be an int or src.shape {sshape} with "
                              f"another size on axis {axis}, got dstsize {given}")
