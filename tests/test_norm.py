@@ -179,6 +179,29 @@ def test_layernorm_errors():
         layernorm(np.ones((2, 3)), None, None, axes=2)
 
 
+@given(rows=st.integers(1, 4), length=st.integers(2, 9), fused=st.booleans(), seed=st.integers(0, 2**16))
+@settings(max_examples=20, deadline=None)
+def test_half_parameters_are_read_in_float32(rows, length, fused, seed):
+    """gamma, beta and the bias in x's half dtype give the layer norm of their float32 values, to the bit (the GPU
+    kernels read them so), and their gradients in their own dtype."""
+    from fluxpy.kernels.halfs import BFLOAT16
+    rng = np.random.default_rng(seed)
+    for dtype in (np.dtype(np.float16), BFLOAT16):
+        x, r = (rng.standard_normal((rows, length)).astype(dtype) for _ in range(2))
+        halves = [rng.standard_normal(length).astype(dtype) for _ in range(3)]
+        wide = [a.astype(np.float32) for a in halves]
+        extra = (lambda p: dict(residual=r, bias=p[2])) if fused else (lambda p: {})
+        y = layernorm(x, halves[0], halves[1], **extra(halves))
+        assert y.dtype == dtype and np.array_equal(y, layernorm(x, wide[0], wide[1], **extra(wide)))
+        grads = fluxpy.gradient(lambda g, b, c: (layernorm(x, g, b, **extra((g, b, c))).astype(np.float32) ** 2).sum(),
+                                *halves)
+        want = fluxpy.gradient(lambda g, b, c: (layernorm(x, g, b, **extra((g, b, c))).astype(np.float32) ** 2).sum(),
+                               *wide)
+        for got, w, used in zip(grads, want, (True, True, fused)):
+            if used:
+                assert got.dtype == dtype and np.array_equal(got, w.astype(dtype))
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: normalise(np.ones(1)), r"normalise expects more than 1 value along axis -1, got x of shape \(1,\)"),
     (lambda: normalise(np.ones((3, 1)), axis=1), r"normalise expects more than 1 value along axis 1, got x of shape \(3, 1\)"),

@@ -217,6 +217,7 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta, bias=bias)
+    gamma, beta, bias = (_in_compute_type(p, x) for p in (gamma, beta, bias))
     k = _trailing(dims, x.ndim)
     if k and _one_tape_level(x, gamma, beta, residual, bias) and \
             find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps, value_of(residual),
@@ -225,6 +226,15 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     summed = _summed(x, residual, bias)
     y = _affine(normalise(summed, axes, eps), gamma, beta, None)
     return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+def _in_compute_type(p, x):
+    """A half ``gamma``, ``beta`` or ``bias`` in ``x``'s compute type (float32 for halves and float32; exact), as the
+    kernels read them: half parameters (a PyTorch-style half model) take the fused kernels too, not the composite,
+    and get the same result from either. Their gradients come back in their own dtype."""
+    if p is None or not is_half(p.dtype) or compute_dtype(x.dtype) == p.dtype:
+        return p
+    return astype(p, compute_dtype(x.dtype))
 
 
 def _summed(x, residual, bias):

@@ -496,3 +496,31 @@ def test_a_backward_of_one_row_an_sm_runs_two_blocks_where_ptxas_fits_them(lengt
     if dtype.itemsize == 2 and length == 5140 and not fused:
         assert blocks == 2, "the H200's NVRTC fits 192 threads of 7 vectors (the benchmark's case)"
     _check_long_rows(length, dtype, fused, 2 * 132 * 2 + 7)   # more rows than two rounds of the grid
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=str)
+def test_half_parameters_take_the_kernels(monkeypatch, dtype):
+    """gamma, beta and the bias in x's half dtype (a PyTorch-style half model) are read in float32, so the fused
+    kernels take the call rather than the composite; the result is the float32 parameters' to the bit, and their
+    gradients come back in their own dtype, matching float64."""
+    cp = cupy_module()
+    (x, dy, g, b), (xh, dyh, gh, bh) = _case((3, 41), (768,), dtype, True, seed=21)
+    (r, _, c, _), (rh, _, ch, _) = _case((3, 41), (768,), dtype, True, seed=22)
+    host_halves = [a.astype(np.float32).astype(dtype) for a in (gh, bh, ch)]
+    halves = [cp.asarray(a.view(np.uint16)).view(a.dtype) if a.dtype == BF16 else cp.asarray(a) for a in host_halves]
+    exact = [cp.asarray(a.astype(np.float32)) for a in host_halves]   # the half values, in float32
+    want_y = layernorm(x, *exact[:2], -1, 1e-5, residual=r, bias=exact[2])
+
+    hosts = [a.astype(np.float64) for a in host_halves]   # the float64 reference first: the host runs the composite
+    want = fluxpy.gradient(lambda g, b, c: (layernorm(xh, g, b, -1, 1e-5, residual=rh, bias=c) * dyh).sum(), *hosts)
+
+    def composite(*args, **kw):
+        raise AssertionError("the composite ran")
+    monkeypatch.setattr(fluxpy.ops.norm, "normalise", composite)
+    got_y = layernorm(x, *halves[:2], -1, 1e-5, residual=r, bias=halves[2])
+    assert got_y.dtype == dtype and bool((got_y.view(cp.uint16) == want_y.view(cp.uint16)).all())   # the same bits
+    assert find("layernorm_backward", dy, x, exact[0], None, None, 1, True, r, exact[2]) is not None
+    grads = fluxpy.gradient(lambda g, b, c: (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum(), *halves)
+    for name, a, w in zip(("dgamma", "dbeta", "dbias"), grads, want):
+        assert a.dtype == dtype, name
+        _check(a, w, dtype, name, 123)
