@@ -1740,22 +1740,21 @@ def _rows(x, k):
 
 
 def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
-    """CuPy float16/bfloat16/float32/float64 ``x`` (C-contiguous, 16-byte aligned) normalised over its last ``k``
-    axes, ``gamma``/``beta``/``bias`` None or C-contiguous arrays of those axes' shape in the compute type,
-    ``residual`` None or like ``x``, rows short enough for :func:`launch_shape` (and for :func:`_fused_fits` with a
-    residual or bias)."""
-    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES or not x._c_contiguous:
+    """CuPy float16/bfloat16/float32/float64 ``x`` normalised over its last ``k`` axes, ``gamma``/``beta``/``bias``
+    None or arrays of those axes' shape in the compute type, ``residual`` None or like ``x``, rows short enough for
+    :func:`launch_shape` (and for :func:`_fused_fits` with a residual or bias). Any strides: an array that is not
+    C-contiguous and 16-byte aligned is copied so first (:func:`_readable`; a transposed view, as a ConvNeXt block's
+    channels-last layer norm reads)."""
+    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES:
         return False
-    if not 1 <= k <= x.ndim or x.size == 0 or x.data.ptr % 16:
+    if not 1 <= k <= x.ndim or x.size == 0:
         return False
     if residual is not None and (type(residual) is not cupy.ndarray or residual.dtype != x.dtype
-                                 or residual.shape != x.shape or not residual._c_contiguous
-                                 or residual.data.ptr % 16):
+                                 or residual.shape != x.shape):
         return False
     shape, cdt = x.shape[x.ndim - k:], compute_dtype(x.dtype)
     for p in (gamma, beta, bias):
-        if p is not None and (type(p) is not cupy.ndarray or p.shape != shape or p.dtype != cdt
-                              or not p._c_contiguous):
+        if p is not None and (type(p) is not cupy.ndarray or p.shape != shape or p.dtype != cdt):
             return False
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
@@ -1799,11 +1798,16 @@ def _two_sweep_fits(length, dtype):
 
 
 def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=None, bias=None):
-    """The calls :func:`layernorm_backward` takes: ``dy`` like ``x`` (C-contiguous, aligned), as the forward, rows
-    a backward kernel takes (:func:`backward_fits`: those the forward takes)."""
-    return (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape and dy._c_contiguous
-            and dy.data.ptr % 16 == 0 and supports(x, gamma, None, k, 0.0, residual, bias)
-            and backward_fits(_rows(x, k)[1], x.dtype))
+    """The calls :func:`layernorm_backward` takes: ``x``, ``gamma``, ``residual`` and ``bias`` as the forward takes
+    them, ``dy`` like ``x`` (any strides: a transpose's pullback gives a transposed one), ``mean`` and ``rstd`` one
+    value a row in the compute type (as the forward gives them), rows a backward kernel takes
+    (:func:`backward_fits`: those the forward takes)."""
+    if not (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape
+            and supports(x, gamma, None, k, 0.0, residual, bias)):
+        return False
+    rows, length = _rows(x, k)
+    return all(type(s) is cupy.ndarray and s.dtype == compute_dtype(x.dtype) and s.size == rows
+               for s in (mean, rstd)) and backward_fits(length, x.dtype)
 
 
 def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=None):
@@ -1812,6 +1816,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     those of ``x + residual + bias``, summed on the fly (the sum is never stored)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
+    x, gamma, beta, residual, bias = (_readable(a) for a in (x, gamma, beta, residual, bias))
     fn, (vw, tpr, rpb, items), stages, prefetches = _forward_kernel(x.dtype, length, fused)
     cdt = compute_dtype(x.dtype)
     y = cupy.empty_like(x)
@@ -1822,7 +1827,6 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     if shared or prefetches:   # as many blocks as the GPU holds at once
         key = (x.dtype, length, x.device.id, fused, "forward", stages)
         blocks = min(blocks, _blocks_per_sm(key, fn, tpr * rpb, shared) * _sm_count(x.device.id))
-    gamma, beta = _aligned(gamma), _aligned(beta)    # read as vectors
     null = np.uint64(0)
     fn((blocks,), (tpr * rpb,), (x, null if gamma is None else gamma, null if beta is None else beta, y,
                                           stats[0], stats[1], np.int64(rows), np.float64(eps),
@@ -1837,9 +1841,15 @@ def _allow_shared(fn, nbytes):
         fn.max_dynamic_shared_size_bytes = nbytes
 
 
-def _aligned(p):
-    """``p``, or a copy of it where it does not start on 16 bytes (a view into a larger array)."""
-    return p if p is None or p.data.ptr % 16 == 0 else p.copy()
+def _readable(a):
+    """``a`` as the kernels read it, C-contiguous and starting on 16 bytes (they load 16-byte vectors along a row):
+    ``a`` itself, or a copy where it is a strided view or a view into a larger array (None stays None)."""
+    if a is None or (a._c_contiguous and a.data.ptr % 16 == 0):
+        return a
+    # a new allocation (C-contiguous, and aligned as every allocation is), copied as unsigned words of the item's
+    # size: the bits alike, for bfloat16 too, which CuPy's copy kernels do not know
+    bits = np.dtype(f"u{a.itemsize}")
+    return a.view(bits).copy(order="C").view(a.dtype)
 
 
 def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True, residual=None, bias=None):
@@ -1847,6 +1857,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
+    dy, x, gamma, residual, bias, mean, rstd = (_readable(a) for a in (dy, x, gamma, residual, bias, mean, rstd))
     plan, bwd_blocks = _launch_plan(length, x.dtype, fused)
     name, vw, tpr, rpb, items, pf = plan
     split = _splits(plan)
@@ -1859,7 +1870,6 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     _allow_shared(fn, shared)
     per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, tpr * rpb, shared)
               if name in ("ln_bwd1", "ln_dx1", "ln_bwds", "ln_bwdr") else 2)
-    gamma, bias = _aligned(gamma), _aligned(bias)    # ln_bwd1 reads them as vectors
     if name == "ln_bwdc":   # partial rows: one a cluster, as many clusters as the GPU holds at once (one wave)
         blocks = int(min(rows, _active_clusters(fn, cs, tpr, shared, (x.dtype, length, x.device.id, fused))))
         grid = blocks * cs

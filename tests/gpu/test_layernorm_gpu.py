@@ -36,6 +36,14 @@ def _case(rows, tail, dtype, affine, seed=0):
     return dev, host
 
 
+def _stats(x):
+    """Arrays like the forward's mean and rstd of x's rows over its last axis (what the backward's supports reads:
+    their dtype and size)."""
+    cp = cupy_module()
+    cdt = np.float64 if x.dtype == np.float64 else np.float32
+    return cp.zeros(x.size // x.shape[-1], cdt), cp.ones(x.size // x.shape[-1], cdt)
+
+
 def _np(a):
     cp = cupy_module()
     a = fluxpy.value_of(a)
@@ -57,7 +65,7 @@ def test_layernorm_matches_the_float64_composite(length, dtype, affine):
         pytest.skip("float64 rows this long are turned down (the composite runs): checked below")
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((5, 7), (length,), dtype, affine)
     assert find("layernorm_forward", x, g, b, 1, 1e-5) is not None, "the fused kernel takes the call"
-    assert find("layernorm_backward", dy, x, g, None, None, 1, True) is not None, "a backward kernel takes it"
+    assert find("layernorm_backward", dy, x, g, *_stats(x), 1, True) is not None, "a backward kernel takes it"
 
     def loss(x, g, b, dy):
         return (layernorm(x, g, b, -1, 1e-5) * dy).sum()
@@ -339,9 +347,9 @@ def _check_long_rows(length, dtype, fused, rows):
         (r, _, c, _), (rh, _, ch, _) = _case((rows,), (length,), dtype, True, seed=10)
         if not cuda_layernorm._fused_fits(length, dtype):   # float64 at 16,384: the composite (spills otherwise)
             assert find("layernorm_forward", x, g, b, 1, 1e-5, r, c) is None
-            assert find("layernorm_backward", dy, x, g, None, None, 1, True, r, c) is None
+            assert find("layernorm_backward", dy, x, g, *_stats(x), 1, True, r, c) is None
             return
-    assert find("layernorm_backward", dy, x, g, None, None, 1, True, r, c) is not None
+    assert find("layernorm_backward", dy, x, g, *_stats(x), 1, True, r, c) is not None
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5, r, c)
     got = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True, r, c)
     want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5, residual=rh, bias=ch) * dyh).sum(),
@@ -519,8 +527,45 @@ def test_half_parameters_take_the_kernels(monkeypatch, dtype):
     monkeypatch.setattr(fluxpy.ops.norm, "normalise", composite)
     got_y = layernorm(x, *halves[:2], -1, 1e-5, residual=r, bias=halves[2])
     assert got_y.dtype == dtype and bool((got_y.view(cp.uint16) == want_y.view(cp.uint16)).all())   # the same bits
-    assert find("layernorm_backward", dy, x, exact[0], None, None, 1, True, r, exact[2]) is not None
+    assert find("layernorm_backward", dy, x, exact[0], *_stats(x), 1, True, r, exact[2]) is not None
     grads = fluxpy.gradient(lambda g, b, c: (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum(), *halves)
     for name, a, w in zip(("dgamma", "dbeta", "dbias"), grads, want):
         assert a.dtype == dtype, name
         _check(a, w, dtype, name, 123)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=str)
+def test_strided_and_offset_arrays_take_the_kernels(dtype):
+    """x, dy and the residual as transposed views (a ConvNeXt block's channels-last layer norm reads one, a
+    transpose's pullback gives one) and x starting an element into its buffer: the kernels take them (copied
+    C-contiguous first) and match float64. mean and rstd of another dtype or size are turned down (the composite
+    runs)."""
+    cp = cupy_module()
+    (x, dy, _, _), (xh, dyh, _, _) = _case((2, 96), (35,), dtype, False, seed=31)   # (n, c, h * w) in memory
+    (r, _, _, _), (rh, _, _, _) = _case((2, 96), (35,), dtype, False, seed=32)
+    gh = np.random.default_rng(33).standard_normal(96).astype(np.float32).astype(np.float64)
+    g = cp.asarray(gh.astype(np.float32))
+    xt, dyt, rt = (a.transpose(0, 2, 1) for a in (x, dy, r))        # (n, h * w, c) views: c is strided
+    xth, dyth, rth = (a.transpose(0, 2, 1) for a in (xh, dyh, rh))
+    assert not xt.flags.c_contiguous and not dyt.flags.c_contiguous
+    assert find("layernorm_forward", xt, g, None, 1, 1e-5, rt) is not None
+
+    def loss(x, r, g, dy):
+        return (layernorm(x, g, None, -1, 1e-5, residual=r) * dy).sum()
+    got = fluxpy.gradient(lambda x, r, g: loss(x, r, g, dyt), xt, rt, g)
+    want = fluxpy.gradient(lambda x, r, g: loss(x, r, g, dyth), xth, rth, gh)
+    _check(layernorm(xt, g, None, -1, 1e-5, residual=rt), layernorm(xth, gh, None, -1, 1e-5, residual=rth), dtype,
+           "y of strided x", 96)
+    for name, a, w in zip(("dx", "dresidual", "dgamma"), got, want):
+        _check(a, w, dtype, name, 96 if name != "dgamma" else 70)
+
+    buffer = cp.empty(x.size + 1, x.dtype)
+    offset = buffer[1:].reshape(x.shape)             # C-contiguous, 2 or 4 bytes past a 16-byte boundary
+    bits = np.dtype(f"u{x.itemsize}")
+    offset.view(bits)[...] = x.view(bits)   # the bits (CuPy's copy kernels do not know bfloat16)
+    assert offset.data.ptr % 16
+    y, mean, rstd = cuda_layernorm.layernorm_forward(offset, None, None, 1, 1e-5)
+    _check(y, layernorm(xh, None, None, -1, 1e-5), dtype, "y of an offset x", 35)
+    assert find("layernorm_backward", dy, offset, None, mean, rstd, 1, True) is not None
+    assert find("layernorm_backward", dy, x, None, mean.astype(np.float64), rstd, 1, True) is None
+    assert find("layernorm_backward", dy, x, None, mean[:-1], rstd[:-1], 1, True) is None
