@@ -1,21 +1,21 @@
 """Layer norm on the GPU: one read and one write of ``x`` forward, one pass for ``dx`` backward, deterministic.
 
-The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``, C-contiguous) are normalised one
-row per group of ``TPR`` threads (a warp for short rows, up to 1,024 threads for long ones), each thread holding its
-``ITEMS`` 16-byte vectors of the row in registers: the row is read from global memory once, the mean and then the
-variance are summed from the registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once,
-``gamma`` and ``beta`` read as vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 5
-vectors or fewer up to 256 threads a row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads
-of 3 vectors; a block holds 128 threads' worth of rows, and the blocks of these short rows, under 4 KB, visit the
-rows grid-stride, loading the next row before this row's sums (:data:`SHORT_ROW_PREFETCH`). Where an SM would hold
-fewer than 3 of the halves' longer rows so, the plain forward takes the shape that lets it hold the most
-(:func:`_forward_shape`: 20,480 bfloat16 values take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of
-a row's sums leave its block's loads idle. Rows are summed by warp shuffles, then across warps in a fixed order.
-Where a row takes a whole block of 1,024 threads, the blocks visit the rows grid-stride and load the next row before
-this row's sums: into registers where they fit beside the row (the halves, :func:`_forward_prefetches`), else into
-shared memory, each thread copying its own vectors with ``cp.async`` (:func:`_forward_stages`). A forward that ptxas
-spilled is rebuilt in the next of its forms (:func:`_forward_kernel`; :func:`kernel_attributes` reports the compiled
-kernels' local memory).
+The rows of ``x`` (``(R, L)``: the normalised trailing axes flattened into ``L``, C-contiguous: a strided or offset
+``x``, ``dy`` or residual is copied so first, :func:`_readable`) are normalised one row per group of ``TPR`` threads
+(a warp for short rows, up to 1,024 threads for long ones), each thread holding its ``ITEMS`` 16-byte vectors of the
+row in registers: the row is read from global memory once, the mean and then the variance are summed from the
+registers (two exact passes, no ``E[x^2] - E[x]^2``), and ``y`` is written once, ``gamma`` and ``beta`` read as
+vectors. ``TPR`` is the smallest power of two from 32 that keeps ``ITEMS`` at 5 vectors or fewer up to 256 threads a
+row, at 8 or fewer past that, so a row of 768 float16 values takes 64 threads of 3 vectors; a block holds 128
+threads' worth of rows, and the blocks of these short rows, under 4 KB, visit the rows grid-stride, loading the next
+row before this row's sums (:data:`SHORT_ROW_PREFETCH`). Where an SM would hold fewer than 3 of the halves' longer
+rows so, the plain forward takes the shape that lets it hold the most (:func:`_forward_shape`: 20,480 bfloat16
+values take 512 threads of 10 vectors, 2 blocks an SM), for the barriers of a row's sums leave its block's loads
+idle. Rows are summed by warp shuffles, then across warps in a fixed order. Where a row takes a whole block of 1,024
+threads, the blocks visit the rows grid-stride and load the next row before this row's sums: into registers where
+they fit beside the row (the halves, :func:`_forward_prefetches`), else into shared memory, each thread copying its
+own vectors with ``cp.async`` (:func:`_forward_stages`). A forward that ptxas spilled is rebuilt in the next of its
+forms (:func:`_forward_kernel`; :func:`kernel_attributes` reports the compiled kernels' local memory).
 
 Backward (:func:`backward_shape` picks the kernel per (dtype, L)): ``ln_bwd1`` sweeps each row ONCE. A group of
 ``TPR`` threads loads its row's vectors of ``x`` and ``dy`` into registers (read once from global memory; with a
