@@ -1,6 +1,8 @@
 """The kernel table (fluxpy.kernels): register, lookup, find with supports(), snapshot and restore."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy import kernels
@@ -68,3 +70,22 @@ def test_no_optional_kernel_is_registered_for_numpy():
     for name in ("broadcast", "broadcast_backward", "bias_act", "bias_act_backward", "sum", "adam_update",
                  "logit_crossentropy_rows"):
         assert kernels.find(name, x) is None, name
+
+
+@given(ndim=st.integers(1, 5), data=st.data())
+@settings(max_examples=80, deadline=None)
+def test_merged_axes_walk_a_view_in_the_same_order(ndim, data):
+    """cuda_arrays._merged (the GPU's tiled copy plans with it; plain shape arithmetic, checked here on NumPy views):
+    the merged sizes and strides, taken as a view of the same memory, give the view's elements in the same order."""
+    from fluxpy.kernels import cuda_arrays
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
+    base = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    perm = data.draw(st.permutations(list(range(ndim))))
+    steps = data.draw(st.lists(st.sampled_from([1, 1, -1, 2]), min_size=ndim, max_size=ndim))
+    view = base[tuple(slice(None, None, s) for s in steps)].transpose(perm)
+    sizes, strides = cuda_arrays._merged(view)
+    assert len(sizes) <= sum(n > 1 for n in view.shape)
+    again = np.lib.stride_tricks.as_strided(view, sizes, [s * view.itemsize for s in strides])
+    assert np.array_equal(again.ravel(), view.ravel())
+    if view.ndim == 4 and min(view.shape) > 1 and steps == [1] * 4 and perm == [0, 2, 3, 1]:
+        assert sizes[1] == view.shape[1] * view.shape[2]   # NHWC of NCHW memory: H and W are one axis

@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from .cuda_arrays import c_contiguous
 from .halfs import KERNEL_DTYPES, compute_dtype, prelude
 
 __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "launch_shape",
@@ -1846,10 +1847,10 @@ def _readable(a):
     ``a`` itself, or a copy where it is a strided view or a view into a larger array (None stays None)."""
     if a is None or (a._c_contiguous and a.data.ptr % 16 == 0):
         return a
-    # a new allocation (C-contiguous, and aligned as every allocation is), copied as unsigned words of the item's
-    # size: the bits alike, for bfloat16 too, which CuPy's copy kernels do not know
-    bits = np.dtype(f"u{a.itemsize}")
-    return a.view(bits).copy(order="C").view(a.dtype)
+    if not a._c_contiguous:
+        return c_contiguous(a)   # a new allocation, aligned as every allocation is
+    bits = np.dtype(f"u{a.itemsize}")   # copied as unsigned words: the bits alike, for bfloat16 too
+    return a.view(bits).copy().view(a.dtype)
 
 
 def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True, residual=None, bias=None):
