@@ -25,7 +25,7 @@ There are no floating-point atomics, so a given GPU gives the same bits on every
 ``S`` depends on the multiprocessor count, so a different GPU model may round differently).
 
 Patterns with kept axes on both sides of a reduced one (``(A, B, C)`` over axis 1) are brought to
-the column form by a transposed contiguous copy (``cupy.ascontiguousarray``), which costs one
+the column form by a transposed contiguous copy (``cuda_arrays.c_contiguous``), which costs one
 extra read and write; non-contiguous inputs are copied to C order first.
 
 Accumulation is in float32 for float16/bfloat16/float32 input and float64 for float64 input, or as
@@ -60,6 +60,7 @@ import numpy as np
 
 from ..backend import Array, cupy
 from ..layout import is_channels_last, like_layout
+from .cuda_arrays import c_contiguous
 from .halfs import KERNEL_DTYPES, prelude
 
 __all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
@@ -728,13 +729,13 @@ def _kernel_inputs(x, y, dtype, transpose, has_m, axes):
         if has_m:
             raise ValueError(f"mapreduce: out_mapped is not supported for reducing shape {x.shape} over {axes} "
                              "(kept axes on both sides of a reduced one)")
-        x = cupy.ascontiguousarray(x.transpose(transpose))
-        y = None if y is None else cupy.ascontiguousarray(y.transpose(transpose))
+        x = c_contiguous(x.transpose(transpose))
+        y = None if y is None else c_contiguous(y.transpose(transpose))
     else:
         if not x.flags.c_contiguous:
-            x = cupy.ascontiguousarray(x)
+            x = c_contiguous(x)
         if y is not None and not y.flags.c_contiguous:
-            y = cupy.ascontiguousarray(y)
+            y = c_contiguous(y)
     return x, y
 
 

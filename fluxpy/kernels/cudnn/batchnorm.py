@@ -24,6 +24,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
+from ..cuda_arrays import c_contiguous
 from .descriptors import data_type, scalars, tensor_descriptor
 from .errors import check
 from .handle import get_handle
@@ -116,7 +117,7 @@ def _what(x):
 
 def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float):
     """``(y, saved_mean, saved_invstd)``; ``running_mean``/``running_var`` (or None) are updated in place."""
-    x = cupy.ascontiguousarray(x)
+    x = c_contiguous(x)
     d = _desc(x)
     g, b = _params(x, gamma, beta)
     y = cupy.empty_like(x)
@@ -132,7 +133,7 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
 
 def forward_inference(x, gamma, beta, mean, var, eps: float):
     """``y = (x - mean) / sqrt(var + eps) * gamma + beta`` with the given statistics."""
-    x = cupy.ascontiguousarray(x)
+    x = c_contiguous(x)
     d = _desc(x)
     g, b = _params(x, gamma, beta)
     y = cupy.empty_like(x)
@@ -144,8 +145,8 @@ def forward_inference(x, gamma, beta, mean, var, eps: float):
 
 def backward(dy, x, gamma, saved_mean, saved_invstd, eps: float):
     """``(dx, dgamma, dbeta)`` from the statistics that :func:`forward_training` saved."""
-    x = cupy.ascontiguousarray(x)
-    dy = cupy.ascontiguousarray(dy)
+    x = c_contiguous(x)
+    dy = c_contiguous(dy)
     d = _desc(x)
     g, _ = _params(x, gamma, None)
     dx = cupy.empty_like(x)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from ...backend import cupy
-from ..cuda_arrays import contiguous
+from ..cuda_arrays import c_contiguous, contiguous
 
 __all__ = ["ConvDimsLike", "PadSplit", "split_pad", "pad_input", "crop_dx", "contiguous", "aligned", "ALIGN",
            "descriptor_shape", "descriptor_geometry"]
@@ -92,7 +92,7 @@ def pad_input(x, extra_pad):
         pairs = tuple((extra_pad[i], extra_pad[i + 1]) for i in range(0, len(extra_pad), 2))
         return cupy.pad(x, ((0, 0), (0, 0)) + pairs)
     if not x.flags.c_contiguous:
-        x = cupy.ascontiguousarray(x)
+        x = c_contiguous(x)
     return x
 
 
@@ -102,7 +102,7 @@ def crop_dx(dx, extra_pad):
     if extra_pad is None:
         return dx
     inner = tuple(slice(extra_pad[2 * i], n - extra_pad[2 * i + 1]) for i, n in enumerate(dx.shape[2:]))
-    return cupy.ascontiguousarray(dx[(slice(None), slice(None)) + inner])
+    return c_contiguous(dx[(slice(None), slice(None)) + inner])
 
 
 def aligned(a):

@@ -31,6 +31,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
+from ..cuda_arrays import c_contiguous
 from ..halfs import BFLOAT16, is_half
 from . import library
 from .diskcache import DiskTable
@@ -372,7 +373,7 @@ def float32_to_half(a: cupy.ndarray, dtype) -> cupy.ndarray:
     """
     if np.dtype(dtype) != BFLOAT16:
         return a.astype(dtype)
-    u = cupy.ascontiguousarray(a).view(np.uint32)
+    u = c_contiguous(a).view(np.uint32)
     rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     return cupy.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16).view(BFLOAT16)
