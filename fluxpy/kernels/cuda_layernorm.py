@@ -1858,7 +1858,8 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
-    dy, x, gamma, residual, bias, mean, rstd = (_readable(a) for a in (dy, x, gamma, residual, bias, mean, rstd))
+    dy, x, gamma, residual, bias = (_readable(a) for a in (dy, x, gamma, residual, bias))
+    mean, rstd = c_contiguous(mean), c_contiguous(rstd)   # read a value at a time: any start will do
     plan, bwd_blocks = _launch_plan(length, x.dtype, fused)
     name, vw, tpr, rpb, items, pf = plan
     split = _splits(plan)
