@@ -27,6 +27,7 @@ def cp(monkeypatch):
     fake = make_cupy()
     monkeypatch.setattr(backend, "cupy", fake)
     monkeypatch.setattr(cuda_scatter, "cupy", fake)
+    monkeypatch.setattr(cuda_scatter, "c_contiguous", fake.ascontiguousarray)   # its tiled copy runs on a GPU only
     for cache in ("_functions", "_problems", "_gathers", "_choices", "_flags"):
         monkeypatch.setattr(cuda_scatter, cache, {})
     fake.times = {"one_block": 1.0, "atomic": 2.0, "sorted": 3.0}
