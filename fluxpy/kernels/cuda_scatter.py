@@ -714,7 +714,7 @@ class _Problem:
         self.src, self.index_args, self.flag_args = None, None, None
 
     def bind(self, src, index, call):
-        self.src = src if src.flags.c_contiguous else c_contiguous(src)
+        self.src = c_contiguous(src)
         self.index_args = index + self.index_scalars
         self.flag_args = (self.flag.pointer, call)
         return self
@@ -895,7 +895,7 @@ def _along_index(index, shape, axis, src_shape=None):
                          f"{axis}" + ("" if src_shape is None else f", and of src's shape {tuple(src_shape)}")
                          + f"; got {len(index)} array(s)"
                          + (f" of shape {tuple(idx.shape)}" if isinstance(idx, cupy.ndarray) else ""))
-    return (idx if idx.flags.c_contiguous else c_contiguous(idx),)
+    return (c_contiguous(idx),)
 
 
 def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple, axis: int | None = None) -> Any:
@@ -1031,7 +1031,7 @@ def gather(src: Any, index: tuple, checked: bool = False, axis: int | None = Non
             index = _along_index(index, src.shape, axis)
         elif not _is_gather_index(index, src):
             return src[index]
-        src = src if src.flags.c_contiguous else c_contiguous(src)
+        src = c_contiguous(src)
         g = _gather_of(src, index, device, axis)
     out = cupy.empty(g.out_shape, src.dtype)
     call = _start_checked(g.flag) if checked else _UNCHECKED

@@ -732,10 +732,8 @@ def _kernel_inputs(x, y, dtype, transpose, has_m, axes):
         x = c_contiguous(x.transpose(transpose))
         y = None if y is None else c_contiguous(y.transpose(transpose))
     else:
-        if not x.flags.c_contiguous:
-            x = c_contiguous(x)
-        if y is not None and not y.flags.c_contiguous:
-            y = c_contiguous(y)
+        x = c_contiguous(x)
+        y = None if y is None else c_contiguous(y)
     return x, y
 
 

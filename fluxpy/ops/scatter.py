@@ -46,6 +46,7 @@ from ..backend import Array, get_array_module, is_float_dtype
 from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
 from ..kernels.cpu import along_axis_index, first_bad_index
 from ..kernels.halfs import is_half
+from .dims import _is_int
 
 __all__ = ["scatter", "gather", "check_indices"]
 
@@ -170,10 +171,6 @@ def _along_axis(fname, idx, src, axis):
                          f"{ishape}")
     _check_dtype(fname, src)
     return index, xp, on_host, axis
-
-
-def _is_int(v):
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def _dstsize(dstsize):

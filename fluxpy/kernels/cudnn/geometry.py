@@ -91,9 +91,7 @@ def pad_input(x, extra_pad):
     if extra_pad is not None:
         pairs = tuple((extra_pad[i], extra_pad[i + 1]) for i in range(0, len(extra_pad), 2))
         return cupy.pad(x, ((0, 0), (0, 0)) + pairs)
-    if not x.flags.c_contiguous:
-        x = c_contiguous(x)
-    return x
+    return c_contiguous(x)
 
 
 def crop_dx(dx, extra_pad):
