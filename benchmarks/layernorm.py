@@ -16,19 +16,29 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
   then also ``SPLIT_FROM`` set to that length), the measurements that decide those switches; where the forward
   stages the next row in shared memory, its time without (``STAGED_FORWARD`` off).
 
-GPU time only: each side's calls are queued behind a ~4 ms spin kernel on the same stream, so host time is
+GPU time only: each side's calls are queued behind a ~10 ms spin kernel on the same stream, so host time is
 hidden, and CUDA events time ``--reps`` calls (median of ``--rounds``). Bandwidth counts the bytes a kernel must
 move: forward reads x and writes y (2 N L s bytes), backward reads x and dy and writes dx (3 N L s); ``copy`` is
 ``cupy.copyto`` of an array of x's size (its 2 N L s bytes), the practical peak; ``% copy`` = GB/s over copy's
 GB/s. Targets (the issue's): forward at least 85% and backward at least 75% of copy bandwidth, and faster than
 PyTorch on every case.
 
+Every case is timed in two modes (:data:`MODES`), the copy with the rest, and printed as two tables:
+
+- ``warm``: one set of inputs, read call after call. Where a call's bytes fit the L2 (50 MB on an H100 or H200: the
+  short rows, 8192 x 768 halves moving 25 MB forward), the copy and the kernels run largely from the L2, as data
+  just written by the op before often arrives. The tables of earlier sessions are of this mode.
+- ``hbm``: each call takes the next of several sets of inputs (x, dy, mean, rstd and the copy's output; PyTorch's
+  too), enough to touch at least 4 L2s before a set comes round again (``--sets`` to choose), so every call reads
+  device memory: copy bandwidth as a large device-to-device copy measures it, and the kernels against it.
+
 Run: ``PYTHONPATH=. python3 benchmarks/layernorm.py [--lengths 768,4096] [--dtypes bfloat16] [--split]
-[--json out.json]``
+[--sets 8] [--json out.json]``
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -41,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROWS = 8192
 LENGTHS = "768,1024,1536,4096,5140,12288,16384,20480,32768"
 DTYPES = "float16,bfloat16,float32"
+HBM_L2_MULTIPLE = 4   # the "hbm" mode's sets touch at least this many L2s between two reads of one set
 
 _SPIN = r"""
 extern "C" __global__ void bench_spin(long long cycles) {
@@ -58,7 +69,7 @@ def gpu_us(cp, run, reps, rounds):
     times = []
     for _ in range(rounds):
         start, end = cp.cuda.Event(), cp.cuda.Event()
-        spin((1,), (1,), (np.int64(8_000_000),))
+        spin((1,), (1,), (np.int64(20_000_000),))   # ~10 ms: 20 calls of host time
         start.record()
         for _ in range(reps):
             run()
@@ -68,6 +79,35 @@ def gpu_us(cp, run, reps, rounds):
     return statistics.median(times)
 
 
+def input_sets(cp, bytes_a_set, sets=None):
+    """How many sets of inputs a mode rotates through: 1 for ``warm`` (one set, read again and again: what fits the
+    L2 stays there, as data just written by the op before often arrives); for ``hbm``, enough sets to touch at least
+    :data:`HBM_L2_MULTIPLE` times the GPU's L2 between two reads of one set, so each call reads from device memory
+    (METHOD.md: repeated runs over one buffer measure the cache).
+
+    >>> class D:                      # a stand-in for cupy with a 50 MiB L2
+    ...     class cuda:
+    ...         class Device:
+    ...             attributes = {"L2CacheSize": 50 << 20}
+    >>> input_sets(D, 25 << 20), input_sets(D, 1 << 30), input_sets(D, 25 << 20, sets=3)
+    (8, 1, 3)
+    """
+    if sets:
+        return sets
+    l2 = int(cp.cuda.Device().attributes["L2CacheSize"])
+    return max(1, -(-HBM_L2_MULTIPLE * l2 // bytes_a_set))
+
+
+def rotating(items):
+    """A function that returns the next of ``items`` on each call, round and round.
+
+    >>> nxt = rotating("ab"); [nxt() for _ in range(3)]
+    ['a', 'b', 'a']
+    """
+    it = itertools.cycle(items)
+    return lambda: next(it)
+
+
 def case(cp, torch, length, dtype_name, a):
     from fluxpy.kernels import cuda_layernorm as ln
     from fluxpy.kernels.halfs import BFLOAT16
@@ -75,50 +115,107 @@ def case(cp, torch, length, dtype_name, a):
     dtype = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16, "float32": np.dtype(np.float32)}[dtype_name]
     tdtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     rng = np.random.default_rng(0)
-    x32 = rng.standard_normal((ROWS, length), dtype=np.float32) * 2 + 0.5
-    dy32 = rng.standard_normal((ROWS, length), dtype=np.float32)
-    x, dy = cp.asarray(x32).astype(dtype), cp.asarray(dy32).astype(dtype)
     g = cp.asarray(rng.standard_normal(length, dtype=np.float32))
     b = cp.asarray(rng.standard_normal(length, dtype=np.float32))
-    tx = torch.from_numpy(x32).cuda().to(tdtype).requires_grad_(True)
-    tdy = torch.from_numpy(dy32).cuda().to(tdtype)
     tg = torch.from_numpy(cp.asnumpy(g)).cuda().to(tdtype).requires_grad_(True)
     tb = torch.from_numpy(cp.asnumpy(b)).cuda().to(tdtype).requires_grad_(True)
-    out = cp.empty_like(x)
-    s = x.itemsize
-    bytes_fwd, bytes_bwd = 2 * x.size * s, 3 * x.size * s
-    y, mean, rstd = ln.layernorm_forward(x, g, b, 1, 1e-5)
-    ty = torch.nn.functional.layer_norm(tx, (length,), tg, tb, 1e-5)
+    s = np.dtype(dtype).itemsize
+    bytes_fwd, bytes_bwd = 2 * ROWS * length * s, 3 * ROWS * length * s
+    n_sets = input_sets(cp, bytes_bwd, a.sets)
+
+    def one_set(seed):
+        r = np.random.default_rng(seed)
+        x32 = r.standard_normal((ROWS, length), dtype=np.float32) * 2 + 0.5
+        dy32 = r.standard_normal((ROWS, length), dtype=np.float32)
+        x, dy = cp.asarray(x32).astype(dtype), cp.asarray(dy32).astype(dtype)
+        _, mean, rstd = ln.layernorm_forward(x, g, b, 1, 1e-5)
+        return dict(x=x, dy=dy, out=cp.empty_like(x), mean=mean, rstd=rstd,
+                    tx=torch.from_numpy(x32).cuda().to(tdtype).requires_grad_(True),
+                    tdy=torch.from_numpy(dy32).cuda().to(tdtype))
+
+    sets = [one_set(seed) for seed in range(n_sets)]
+    first = sets[0]
+    y, _, _ = ln.layernorm_forward(first["x"], g, b, 1, 1e-5)
+    ty = torch.nn.functional.layer_norm(first["tx"], (length,), tg, tb, 1e-5)
     err = float(np.abs(cp.asnumpy(y.astype(cp.float32)) - ty.detach().float().cpu().numpy()).max())
+    plan = ln.backward_shape(length, dtype)
+    r = dict(dtype=dtype_name, length=length, rows=ROWS, max_abs_err_vs_torch=err, hbm_sets=n_sets,
+             bwd_kernel="composite" if plan is None else f"{plan[0]} VW{plan[1]} TPR{plan[2]} RPB{plan[3]} "
+                                                         f"ITEMS{plan[4]} PF{plan[5]}")
+    for mode, mode_sets in (("warm", sets[:1]), ("hbm", sets)):
+        r[mode] = measure(cp, torch, ln, layernorm_backward, mode_sets, g, b, tg, tb, length, a)
+        m = r[mode]
+        copy_gbs = bytes_fwd / m["copy_us"] / 1e3
+        m["copy_GBs"] = copy_gbs
+        m["fwd_GBs"] = bytes_fwd / m["fluxpy_fwd_us"] / 1e3
+        m["bwd_GBs"] = bytes_bwd / m["fluxpy_bwd_us"] / 1e3
+        m["fwd_share"], m["bwd_share"] = m["fwd_GBs"] / copy_gbs, m["bwd_GBs"] / copy_gbs
+        m["torch_fwd_share"] = bytes_fwd / m["torch_fwd_us"] / 1e3 / copy_gbs
+        m["fwd_ratio"] = m["fluxpy_fwd_us"] / m["torch_fwd_us"]
+        m["both_ratio"] = m["fluxpy_both_us"] / m["torch_both_us"]
+    if a.split:
+        split_times(cp, ln, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a)
+    r["fluxpy_us"], r["torch_us"] = r["warm"]["fluxpy_both_us"], r["warm"]["torch_both_us"]   # run.py's summary pair
+    w, h = r["warm"], r["hbm"]
+    print(f"{dtype_name:9s} L={length:6d}: fwd {w['fluxpy_fwd_us']:7.1f} us ({w['fwd_share']:.0%} of copy; from HBM "
+          f"{h['fluxpy_fwd_us']:.1f}, {h['fwd_share']:.0%}) torch {w['torch_fwd_us']:7.1f} ({w['torch_fwd_share']:.0%}); "
+          f"bwd {w['fluxpy_bwd_us']:7.1f} us ({w['bwd_share']:.0%}; from HBM {h['fluxpy_bwd_us']:.1f}, "
+          f"{h['bwd_share']:.0%}; {r['bwd_kernel']}); fwd+bwd {w['fluxpy_both_us']:7.1f} vs torch "
+          f"{w['torch_both_us']:7.1f}; max |y - torch y| {err:.2g}"
+          + (f"; other backwards: {r['others']}" if r.get("others") else "")
+          + (f"; forward unstaged {r['unstaged_fwd_us']:.1f} us" if "unstaged_fwd_us" in r else ""), flush=True)
+    return r
+
+
+def measure(cp, torch, ln, layernorm_backward, sets, g, b, tg, tb, length, a):
+    """GPU microseconds a call of the copy, fluxpy's forward, backward and both, and PyTorch's forward and both, each
+    call taking the next of ``sets`` (its own x, dy, mean, rstd and output)."""
+    nxt = rotating(sets)
+
+    def copy():
+        c = nxt()
+        cp.copyto(c["out"], c["x"])
 
     def fx_fwd():
-        ln.layernorm_forward(x, g, b, 1, 1e-5)
+        ln.layernorm_forward(nxt()["x"], g, b, 1, 1e-5)
+
+    def fx_bwd():
+        c = nxt()
+        layernorm_backward(c["dy"], c["x"], g, c["mean"], c["rstd"], 1, True)
 
     def fx_both():
-        _, m, r = ln.layernorm_forward(x, g, b, 1, 1e-5)
-        layernorm_backward(dy, x, g, m, r, 1, True)
+        c = nxt()
+        _, mean, rstd = ln.layernorm_forward(c["x"], g, b, 1, 1e-5)
+        layernorm_backward(c["dy"], c["x"], g, mean, rstd, 1, True)
+
+    def t_fwd():
+        with torch.no_grad():
+            torch.nn.functional.layer_norm(nxt()["tx"], (length,), tg, tb, 1e-5)
+
+    def t_both():
+        c = nxt()
+        yy = torch.nn.functional.layer_norm(c["tx"], (length,), tg, tb, 1e-5)
+        torch.autograd.grad(yy, (c["tx"], tg, tb), c["tdy"])
+
+    reps = max(a.reps, len(sets))
+    return {name: gpu_us(cp, run, reps, a.rounds) for name, run in
+            (("copy_us", copy), ("fluxpy_fwd_us", fx_fwd), ("torch_fwd_us", t_fwd), ("fluxpy_bwd_us", fx_bwd),
+             ("fluxpy_both_us", fx_both), ("torch_both_us", t_both))}
+
+
+def split_times(cp, ln, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a):
+    """``--split``: the other backwards' times (one set of inputs) where ``ln_bwd``, ``ln_bwds``, ``ln_bwdr`` or
+    ``ln_bwdc`` runs, and the unstaged forward's where the forward stages rows."""
+    x, dy, mean, rstd = first["x"], first["dy"], first["mean"], first["rstd"]
 
     def fx_bwd():
         layernorm_backward(dy, x, g, mean, rstd, 1, True)
 
-    def t_fwd():
-        with torch.no_grad():
-            torch.nn.functional.layer_norm(tx, (length,), tg, tb, 1e-5)
+    def fx_fwd():
+        ln.layernorm_forward(x, g, b, 1, 1e-5)
 
-    def t_both():
-        yy = torch.nn.functional.layer_norm(tx, (length,), tg, tb, 1e-5)
-        torch.autograd.grad(yy, (tx, tg, tb), tdy)
-
-    plan = ln.backward_shape(length, dtype)
-    r = dict(dtype=dtype_name, length=length, rows=ROWS, max_abs_err_vs_torch=err,
-             bwd_kernel="composite" if plan is None else f"{plan[0]} VW{plan[1]} TPR{plan[2]} RPB{plan[3]} "
-                                                         f"ITEMS{plan[4]} PF{plan[5]}")
-    r["copy_us"] = gpu_us(cp, lambda: cp.copyto(out, x), a.reps, a.rounds)
-    r["fluxpy_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
-    r["torch_fwd_us"] = gpu_us(cp, t_fwd, a.reps, a.rounds)
-    r["fluxpy_bwd_us"] = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-    if a.split and plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
-        key = np.dtype(dtype).itemsize
+    key = np.dtype(dtype).itemsize
+    if plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
         old = ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key]
         others = []
         try:
@@ -133,10 +230,9 @@ def case(cp, torch, length, dtype_name, a):
                 r[f"{sp[0]}_bwd_us"] = us
         finally:
             ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key] = old
-        copy_gbs_ = bytes_fwd / r["copy_us"] / 1e3
-        r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs_:.0%})" for n, us in others)
-    if a.split and ln._forward_stages(length, dtype):
-        key = np.dtype(dtype).itemsize
+        copy_gbs = r["warm"]["copy_GBs"]
+        r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs:.0%})" for n, us in others)
+    if ln._forward_stages(length, dtype):
         ln.STAGED_FORWARD[key] = False
         ln._forward.clear()   # the compiled forwards, cached with their forms
         try:
@@ -144,40 +240,30 @@ def case(cp, torch, length, dtype_name, a):
         finally:
             ln.STAGED_FORWARD[key] = True
             ln._forward.clear()
-    r["fluxpy_both_us"] = gpu_us(cp, fx_both, a.reps, a.rounds)
-    r["torch_both_us"] = gpu_us(cp, t_both, a.reps, a.rounds)
-    copy_gbs = bytes_fwd / r["copy_us"] / 1e3
-    r["copy_GBs"] = copy_gbs
-    r["fwd_GBs"] = bytes_fwd / r["fluxpy_fwd_us"] / 1e3
-    r["bwd_GBs"] = bytes_bwd / r["fluxpy_bwd_us"] / 1e3
-    r["fwd_share"], r["bwd_share"] = r["fwd_GBs"] / copy_gbs, r["bwd_GBs"] / copy_gbs
-    r["torch_fwd_share"] = bytes_fwd / r["torch_fwd_us"] / 1e3 / copy_gbs
-    r["fwd_ratio"] = r["fluxpy_fwd_us"] / r["torch_fwd_us"]
-    r["both_ratio"] = r["fluxpy_both_us"] / r["torch_both_us"]
-    r["fluxpy_us"], r["torch_us"] = r["fluxpy_both_us"], r["torch_both_us"]   # run.py's summary pair
-    print(f"{dtype_name:9s} L={length:6d}: fwd {r['fluxpy_fwd_us']:7.1f} us ({r['fwd_share']:.0%} of copy) torch "
-          f"{r['torch_fwd_us']:7.1f} ({r['torch_fwd_share']:.0%}); bwd {r['fluxpy_bwd_us']:7.1f} us "
-          f"({r['bwd_share']:.0%}, {r['bwd_kernel']}); fwd+bwd {r['fluxpy_both_us']:7.1f} vs torch {r['torch_both_us']:7.1f}; "
-          f"max |y - torch y| {err:.2g}"
-          + (f"; other backwards: {r['others']}" if r.get("others") else "")
-          + (f"; forward unstaged {r['unstaged_fwd_us']:.1f} us" if "unstaged_fwd_us" in r else ""), flush=True)
-    return r
 
 
-def table(rows, gpu):
-    lines = [f"GPU: {gpu}; {ROWS} rows; GPU time per call (median); copy = cupy.copyto of x's bytes", "",
-             "| dtype | L | bwd kernel | copy GB/s | fwd us | fwd GB/s | fwd % copy | torch fwd us | torch % copy | "
+MODES = {"warm": "one set of inputs, read again and again (what fits the L2 stays there)",
+         "hbm": "inputs rotated through sets of at least 4 L2s, so each call reads device memory"}
+
+
+def table(rows, gpu, mode):
+    """The markdown table of ``rows`` in one mode (``warm`` or ``hbm``, :data:`MODES`)."""
+    lines = [f"GPU: {gpu}; {ROWS} rows; GPU time per call (median); copy = cupy.copyto of x's bytes; {mode}: "
+             f"{MODES[mode]}", "",
+             "| dtype | L | sets | bwd kernel | copy GB/s | fwd us | fwd GB/s | fwd % copy | torch fwd us | torch % copy | "
              "fwd / torch | bwd us | bwd GB/s | bwd % copy | other backwards us (% copy) | fwd+bwd us | torch fwd+bwd us | "
              "fwd+bwd / torch |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        split = r.get("others", "")
-        lines.append(f"| {r['dtype']} | {r['length']} | {r['bwd_kernel'].split()[0]} | {r['copy_GBs']:.0f} | "
-                     f"{r['fluxpy_fwd_us']:.1f} | "
-                     f"{r['fwd_GBs']:.0f} | {r['fwd_share']:.0%} | {r['torch_fwd_us']:.1f} | "
-                     f"{r['torch_fwd_share']:.0%} | {r['fwd_ratio']:.2f} | {r['fluxpy_bwd_us']:.1f} | "
-                     f"{r['bwd_GBs']:.0f} | {r['bwd_share']:.0%} | {split} | {r['fluxpy_both_us']:.1f} | "
-                     f"{r['torch_both_us']:.1f} | {r['both_ratio']:.2f} |")
+        m = r[mode]
+        split = r.get("others", "") if mode == "warm" else ""
+        lines.append(f"| {r['dtype']} | {r['length']} | {r['hbm_sets'] if mode == 'hbm' else 1} | "
+                     f"{r['bwd_kernel'].split()[0]} | {m['copy_GBs']:.0f} | "
+                     f"{m['fluxpy_fwd_us']:.1f} | "
+                     f"{m['fwd_GBs']:.0f} | {m['fwd_share']:.0%} | {m['torch_fwd_us']:.1f} | "
+                     f"{m['torch_fwd_share']:.0%} | {m['fwd_ratio']:.2f} | {m['fluxpy_bwd_us']:.1f} | "
+                     f"{m['bwd_GBs']:.0f} | {m['bwd_share']:.0%} | {split} | {m['fluxpy_both_us']:.1f} | "
+                     f"{m['torch_both_us']:.1f} | {m['both_ratio']:.2f} |")
     return "\n".join(lines)
 
 
@@ -187,6 +273,8 @@ def main(argv=None):
     p.add_argument("--dtypes", default=DTYPES)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--sets", type=int, default=None,
+                   help="input sets the hbm mode rotates through (default: enough for 4 L2s)")
     p.add_argument("--json", default=None)
     p.add_argument("--split", action="store_true", help="also time the other backwards where ln_bwds, ln_bwdc or ln_bwd runs")
     a = p.parse_args(argv)
@@ -195,7 +283,8 @@ def main(argv=None):
     import fluxpy  # noqa: F401  (registers the kernels)
     gpu = torch.cuda.get_device_name()
     rows = [case(cp, torch, int(n), d, a) for d in a.dtypes.split(",") for n in a.lengths.split(",")]
-    print("\n" + table(rows, gpu))
+    for mode in MODES:
+        print("\n" + table(rows, gpu, mode))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -188,12 +188,18 @@ BACKWARD_TWO_BLOCKS = {2: True, 4: False, 8: False}
 # By item size: whether rows whose column sums do not fit one block's shared memory take ln_bwdc, a cluster of 2, 4 or
 # 8 blocks a row (sm_90 and later), each block ln_bwds over its share of the columns (_cluster_split).
 CLUSTER_COLUMNS = {2: True, 4: True, 8: False}
-# By item size: blocks of ln_bwdc an SM is to hold, taking more blocks a cluster (smaller shares) where the fewest
-# that fit hold fewer (_cluster_split). H200, 8192 rows, against the fewest blocks a cluster, one an SM: float16
-# 24,576 values 403.5 -> 385.0 us (4 blocks of 192 threads of 8 vectors, two an SM), 28,672 444.3 -> 433.9, 32,768
-# 515.2 -> 489.8, fused 16,384 403.0 -> 335.0 and 32,768 889.9 -> 693.2, 18,432 349.2 -> 322.1; but 20,480 329.8 ->
-# 335.5 (bfloat16 342.7 -> 345.2). Not float32 (24,576: 630 -> 642 us, 20,480: 486 -> 495).
-CLUSTER_BLOCKS = {2: 2, 4: 1, 8: 1}
+# By item size: the blocks of ln_bwdc an SM may hold, in order of preference; _cluster_split takes the split (blocks a
+# cluster, blocks an SM) with the most threads an SM, ties to the earlier here, and compiles it held to that many
+# blocks (__launch_bounds__), so ptxas keeps the registers to that share. H200, 8192 rows, against the fewest blocks a
+# cluster, one an SM: float16 24,576 values 403.5 -> 385.0 us (4 blocks of 192 threads of 8 vectors, two an SM),
+# 32,768 515.2 -> 489.8, fused 32,768 889.9 -> 693.2. Three and four an SM (fifteenth session), against two only:
+# float16 18,432 322.5 -> 268.1 us and 20,480 336.7 -> 285.8, bfloat16 20,480 345.4 -> 289.8, fused 17,920 436.7 ->
+# 366.9 (4 blocks of 160 threads held to three an SM: 128 registers where two an SM let ptxas take 142, and the
+# driver then ran 62 clusters at once, not 92); fused 26,624 621.9 -> 548.2 (8 blocks of 128 held to four). Losses:
+# 24,832 398.3 -> 402.1, fused 531.1 -> 542.3 (eight blocks a cluster, four an SM, against four and two), and 0.3-0.5%
+# where three an SM left the clusters run at once as they were (fused 14,592 to 16,384, 28,928 to 32,768). Not
+# float32 (24,576: 630 -> 642 us with two an SM, 20,480: 486 -> 495; four: 485 -> 545).
+CLUSTER_BLOCKS = {2: (2, 3, 4, 1), 4: (1,), 8: (1,)}
 SM90_SHARED_BYTES = 232448   # shared memory a block may opt into on sm_90; the plan's limit where no GPU is asked
 COLUMN_WARPS = 8       # ln_cols: warps a block, each its own rows of the block's chunk
 COLUMN_BLOCKS = 4096   # ln_cols: blocks aimed at (5 to 10 waves of an H100's 132 SMs at 3 to 6 blocks of 256 threads
@@ -212,7 +218,7 @@ _SOURCE = r"""
 // One block an SM is enough: without the 1, ptxas traded registers for a second block and spilled 8 bytes (ln_dx1 at
 // 10,240 float32 values: 96 registers; with it, 115 and no spill). The grid is sized from the registers it used.
 // BWD_BLOCKS is 2 for the two-block forms of ln_bwd1 (_two_block_plan), which are kept only where ptxas fits them,
-// and for ln_bwdc where an SM is to hold two of its blocks (CLUSTER_BLOCKS).
+// and for ln_bwdc where an SM is to hold two or four of its blocks (CLUSTER_BLOCKS).
 #define ROW_BOUNDS __launch_bounds__(TPR * RPB, BWD_BLOCKS)
 typedef VT vec_t;   // VT may be two words ("unsigned int")
 
@@ -1257,21 +1263,27 @@ def _shared_sweep_registers(dtype, vw, items, fused):
 
 
 def _cluster_split(length, dtype, limit, fused):
-    """``(CS, plan of a block's share, blocks an SM)`` of ``ln_bwdc``, or None: the fewest blocks a cluster (2, 4
-    or 8) such that each block's share of the row, ``length / CS`` values, is whole vectors of the row's vector
-    width and takes ``ln_bwds`` (:func:`_shared_sweep_plan`), with the share's column sums and its staged next row in
-    ``limit`` bytes (less 1 KB), where :data:`CLUSTER_COLUMNS` allows it and the GPU has clusters; of those, the
-    fewest such that an SM holds :data:`CLUSTER_BLOCKS` of its blocks (shared memory, threads, and the registers
-    :func:`_shared_sweep_registers` estimates), held to that many, where one does; else the first, held to one.
+    """``(CS, plan of a block's share, blocks an SM)`` of ``ln_bwdc``, or None, where :data:`CLUSTER_COLUMNS` allows
+    it and the GPU has clusters. The candidates: each number of blocks a cluster, 2, 4 or 8, such that a block's
+    share of the row, ``length / CS`` values, is whole vectors of the row's vector width and takes ``ln_bwds``
+    (:func:`_shared_sweep_plan`), with each number of blocks an SM in :data:`CLUSTER_BLOCKS` that the SM holds
+    (the shares' column sums and staged next rows in ``limit`` bytes, less 1 KB a block; threads; the registers
+    :func:`_shared_sweep_registers` estimates, under ptxas's cap for that many). Of those, the most threads an SM
+    (the more loads in flight while a row waits at its barriers), ties to the earlier blocks an SM in
+    :data:`CLUSTER_BLOCKS`, then to fewer blocks a cluster; held to that many blocks an SM.
 
     >>> _cluster_split(32768, np.dtype(np.float16), SM90_SHARED_BYTES, False)[::2]
     (4, 2)
+    >>> _cluster_split(20480, np.dtype(np.float16), SM90_SHARED_BYTES, False)[::2]
+    (4, 3)
+    >>> _cluster_split(26624, np.dtype(np.float16), SM90_SHARED_BYTES, True)[::2]
+    (8, 4)
     >>> _cluster_split(32768, np.dtype(np.float32), SM90_SHARED_BYTES, False)[::2]
     (4, 1)
     """
     if not CLUSTER_COLUMNS[dtype.itemsize] or not _has_clusters():
         return None
-    vw, want, first = _vector(dtype, length)[1], CLUSTER_BLOCKS[dtype.itemsize], None
+    vw, order, best, best_key = _vector(dtype, length)[1], CLUSTER_BLOCKS[dtype.itemsize], None, None
     for cs in (2, 4, 8):
         share, nbytes = length // cs, _backward_shared_bytes(length, dtype, "ln_bwdc", cs, fused)
         if length % (cs * vw) or _vector(dtype, share)[1] != vw or nbytes > limit - 1024:
@@ -1279,14 +1291,17 @@ def _cluster_split(length, dtype, limit, fused):
         sub = _shared_sweep_plan(share, dtype, limit, fused)
         if sub is None:
             continue
-        first = first or (cs, sub, 1)
         threads, regs = sub[2], _shared_sweep_registers(dtype, sub[1], sub[4], fused)
-        # ptxas's cap under __launch_bounds__(threads, want), not the occupancy of _blocks_an_sm (warps counted one
-        # at a time): the estimate must fit the cap the kernel is compiled to
-        if (want > 1 and want * (nbytes + 1024) <= limit + 1024 and want * threads <= 2048
-                and regs <= _register_cap(want * threads)):
-            return cs, sub, want
-    return first
+        for rank, want in enumerate(order):
+            # ptxas's cap under __launch_bounds__(threads, want), not the occupancy of _blocks_an_sm (warps counted
+            # one at a time): the estimate must fit the cap the kernel is compiled to
+            if want > 1 and (want * (nbytes + 1024) > limit + 1024 or want * threads > 2048
+                             or regs > _register_cap(want * threads)):
+                continue
+            key = (want * threads, -rank, -cs)
+            if best_key is None or key > best_key:
+                best, best_key = (cs, sub, want), key
+    return best
 
 
 def _cluster_shape(length, dtype, fused):

@@ -212,7 +212,8 @@ def test_the_fused_residual_and_bias_form_matches_the_float64_composite(length, 
 SPLIT_CASES = [(32764, np.float16), (20484, BF16), (20484, np.float32), (20484, np.float16), (10236, np.float64),
                (12288, np.float64), (16384, np.float64)]
 READ_CASES = [(16388, np.float16), (16900, BF16), (16380, np.float32)]
-CLUSTER_CASES = [(20480, np.float16), (20480, BF16), (24576, np.float16), (28672, np.float16), (32768, np.float16),
+CLUSTER_CASES = [(18432, np.float16), (20480, np.float16), (20480, BF16), (24576, np.float16), (26624, BF16),
+                 (28672, np.float16), (32768, np.float16),
                  (32768, BF16), (16384, np.float32), (20480, np.float32), (24576, np.float32), (32768, np.float32)]
 SHARED_CASES = [(8448, np.float16), (12288, np.float16), (12288, BF16), (16384, np.float16), (10240, np.float32),
                 (12288, np.float32)]
