@@ -16,6 +16,8 @@ names it writes against for one dtype:
 a half dtype's load and store functions.
 
 >>> import numpy as np
+
+from . import compiler
 >>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
 True
 >>> is_half(np.float16), is_half(BFLOAT16), is_half(np.float32)
@@ -30,8 +32,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "CONVERT", "is_half", "prelude", "compute_dtype",
-           "result_dtype"]
+from . import compiler
+
+__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "CONVERT", "is_half", "prelude", "dtype_defines",
+           "compute_dtype", "result_dtype"]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (np.dtype(np.float16), BFLOAT16)
@@ -41,34 +45,27 @@ _STORAGE = {np.dtype(np.float16): "unsigned short", BFLOAT16: "unsigned short", 
             np.dtype(np.float64): "double"}
 CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
 
-CONVERSIONS = r"""
-__device__ __forceinline__ float fx_load_f16(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ unsigned short fx_store_f16(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
-}
-__device__ __forceinline__ float fx_load_bf16(unsigned short h) {
-  return __uint_as_float(((unsigned int)h) << 16);
-}
-__device__ __forceinline__ unsigned short fx_store_bf16(float f) {
-#if __CUDA_ARCH__ >= 800   // one instruction (round to nearest even, a NaN a NaN): the bit form below cost the
-  unsigned short h;        // bfloat16 layer-norm forward about a sixth of its bandwidth on an H200
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-#else
-  unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);   // a NaN stays a (quiet) NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                                   // round to nearest even
-  return (unsigned short)(u >> 16);
-#endif
-}
-"""
+CONVERSIONS = compiler.source("halfs.cuh")
+"""The four conversion functions (``cuda/halfs.cuh`` without ``FX_DTYPE``), for a kernel of several dtypes."""
+
+_DTYPE_CODE = {np.dtype(np.float16): 1, BFLOAT16: 2, np.dtype(np.float32): 3, np.dtype(np.float64): 4}
 
 
 def is_half(dtype: Any) -> bool:
     """Whether ``dtype`` is float16 or bfloat16."""
     return np.dtype(dtype) in HALVES
+
+
+def dtype_defines(dtype: Any) -> dict:
+    """The define that makes ``cuda/halfs.cuh`` give ``T``, ``C``, ``LOAD`` and ``STORE`` for ``dtype``.
+
+    >>> dtype_defines(BFLOAT16), dtype_defines(np.float32)
+    ({'FX_DTYPE': 2}, {'FX_DTYPE': 3})
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _DTYPE_CODE:
+        raise TypeError(f"fluxpy's CUDA kernels store float16, bfloat16, float32 or float64, not {dtype}")
+    return {"FX_DTYPE": _DTYPE_CODE[dtype]}
 
 
 def compute_dtype(dtype: Any) -> np.dtype:
