@@ -46,7 +46,7 @@ STANDARD = "--std=c++17"
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULTILINE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def source(name: str) -> str:
     """The text of ``cuda/<name>`` with each local ``#include "h.cuh"`` replaced by that header's text, once
     (a header included twice is inlined at its first include only).
