@@ -93,7 +93,9 @@ def case_id(value):
         return "x".join(map(case_id, value))
     if isinstance(value, type) or hasattr(value, "kind") and hasattr(value, "itemsize"):
         try:
-            return np.dtype(value).name
+            dtype = np.dtype(value)
+            if dtype.kind != "O":   # any other class reads as NumPy's object dtype
+                return dtype.name
         except TypeError:
             pass
     return getattr(value, "__name__", None) or str(value)
