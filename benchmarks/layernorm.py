@@ -27,7 +27,7 @@ Every case is timed in two modes (:data:`MODES`), the copy with the rest, and pr
 
 - ``warm``: one set of inputs, read call after call. Where a call's bytes fit the L2 (50 MB on an H100 or H200: the
   short rows, 8192 x 768 halves moving 25 MB forward), the copy and the kernels run largely from the L2, as data
-  just written by the op before often arrives. The tables of earlier sessions are of this mode.
+  just written by the op before often arrives. The older tables of docs/history/benchmarks.md are of this mode.
 - ``hbm``: each call takes the next of several sets of inputs (x, dy, mean, rstd and the copy's output; PyTorch's
   too), enough to touch at least 4 L2s before a set comes round again (``--sets`` to choose), so every call reads
   device memory: copy bandwidth as a large device-to-device copy measures it, and the kernels against it.

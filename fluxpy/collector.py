@@ -2,8 +2,8 @@
 
 A training step makes thousands of short-lived objects (tape nodes, closures, tuples). Reference counting frees
 them (the tape is acyclic), but their allocations trigger the cyclic collector, which now and then scans every
-object of the process: with PyTorch imported that scan took 20-175 ms in the middle of a 9 ms ResNet-20 step,
-once every few dozen steps (measured with ``gc.callbacks``). Two policies, each on while any user of it runs
+object of the process: with a large library such as PyTorch imported, that scan can take longer than a whole
+training step, and it lands in the middle of one every few dozen steps. Two policies, each on while any user of it runs
 (nested calls and threads count; the last to end restores what was there):
 
 - :data:`paused_while_recording`: the collector is off while a tape is alive (``gradient`` and friends), so

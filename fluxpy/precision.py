@@ -14,8 +14,8 @@ arithmetic float32's.
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
 (``memory="channels_last"``, the default; :mod:`fluxpy.layout`), so the convolutions, batch norms, pools and
 elementwise ops run in NHWC with no transposes inside cuDNN, as PyTorch's autocast recipe with
-``channels_last``; the float32 masters keep their own layout (their gradients come back in it). Measured on an
-H100 (BENCHMARKS.md): half-precision ResNet-20 at batch 512 and ResNet-18 take 0.79-0.86 of the C-order time;
+``channels_last``; the float32 masters keep their own layout (their gradients come back in it). cuDNN's half
+engines are NHWC, so C-order halves pay a transpose inside every convolution (``mixed_precision`` in BENCHMARKS.md);
 ``memory="contiguous"`` keeps C order (float32 training is faster in C order: cuDNN's float32 engines are NCHW).
 
 Why a wrapper around the model and not an optimiser wrapper (as Optimisers.jl's ``MixedPrecision`` rule) or a

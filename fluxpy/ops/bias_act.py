@@ -34,7 +34,7 @@ __all__ = ["bias_act", "bias_act_backward", "bias_act_derivative"]
 
 
 def _relu_dz(y, dy):
-    return dy * (value_of(y) > 0)  # a mask product: NumPy's where is ~12x slower on float32
+    return dy * (value_of(y) > 0)  # a mask product: cheaper than NumPy's where
 
 
 def _tanh_dz(y, dy):

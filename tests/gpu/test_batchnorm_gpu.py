@@ -6,6 +6,7 @@ import fluxpy
 from devices import assert_matches_cpu, cupy_module
 from fluxpy import kernels
 from fluxpy.ops.batchnorm import batchnorm
+from sweeps import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -30,9 +31,9 @@ def impl(request):
     cuda_norm.set_impl(old)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-4)])
-@pytest.mark.parametrize("act", [None, fluxpy.relu])
+@pytest.mark.parametrize("shape, dtype, tol, act", sweep(cases=[
+    (shape, dtype, tol, act) for shape in SHAPES for dtype, tol in [(np.float64, 1e-10), (np.float32, 2e-4)]
+    for act in [None, fluxpy.relu]]))
 def test_forward_backward_and_running_statistics_match_cpu(shape, dtype, tol, impl, act):
     cp = cupy_module()
     x, g, b, rm, rv, dy = _case(shape, dtype, 0)

@@ -17,6 +17,7 @@ from fluxpy.ops.batchnorm import batchnorm
 from fluxpy.ops.conv import conv, conv_bias_act
 from fluxpy.ops.pool import maxpool, meanpool
 from test_half_conv_matmul import BF16
+from sweeps import case_id, sweep
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cudnn_cache")]
 
@@ -42,14 +43,16 @@ def _close(got, ref, dtype, length, what):
     assert err <= bound, f"{what}: max error {err:.3g} above {bound:.3g}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", [
+CONV_CASES = [
     dict(x=(4, 16, 12, 12), w=(32, 16, 3, 3), stride=1, pad=1),
     dict(x=(2, 24, 9, 9), w=(8, 24, 1, 1), stride=2, pad=0),
     dict(x=(3, 8, 10, 11), w=(16, 8, 3, 3), stride=2, pad=(0, 1, 1, 2)),     # asymmetric: padded first
     dict(x=(2, 3, 16, 16), w=(16, 3, 3, 3), stride=1, pad=1),                # an image: few channels
-], ids=lambda c: f"x{c['x']}w{c['w']}s{c['stride']}")
-@pytest.mark.parametrize("which", ["x", "w"])
+]
+
+
+@pytest.mark.parametrize("dtype, case, which", sweep(DTYPES, CONV_CASES, ["x", "w"]),
+                         ids=lambda c: f"x{c['x']}w{c['w']}s{c['stride']}" if isinstance(c, dict) else case_id(c))
 def test_convolution_in_channels_last_matches_c_order_and_keeps_the_layout(dtype, case, which):
     """Either operand channels-last puts the convolution in NHWC memory: y, dx and dw come back channels-last,
     with C order's values."""
@@ -83,10 +86,9 @@ def test_convolution_in_channels_last_matches_c_order_and_keeps_the_layout(dtype
     _close(y2, conv(x, w, **opts), dtype, length, "conv without bias")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(8, 16, 10, 10), (4, 40, 7, 5), (2, 3, 33, 9), (64, 70, 2, 2), (5, 8, 6)],
-                         ids=str)
-@pytest.mark.parametrize("act", [None, fluxpy.relu], ids=["identity", "relu"])
+@pytest.mark.parametrize("dtype, shape, act", sweep(
+    DTYPES, [(8, 16, 10, 10), (4, 40, 7, 5), (2, 3, 33, 9), (64, 70, 2, 2), (5, 8, 6)], [None, fluxpy.relu]),
+    ids=lambda v: "relu" if v is fluxpy.relu else "identity" if v is None else case_id(v))
 def test_batchnorm_in_channels_last_matches_c_order(dtype, shape, act):
     """fluxpy's column kernels: statistics, running statistics, y, dx, dgamma, dbeta as in C order, y and dx
     channels-last (channel counts under, at and over a 32-channel chunk; a 3-d input)."""

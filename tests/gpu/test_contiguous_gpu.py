@@ -3,13 +3,14 @@ last: NHWC of NCHW memory) by a tiled transpose kernel, the rest by CuPy; the sa
 dtype (bfloat16 included), shape, permutation, reversed and broadcast axes, and inside a CUDA-graph capture."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from devices import cupy_module
 from fluxpy.backend import capture_graph
 from fluxpy.kernels import cuda_arrays
 from test_half_conv_matmul import BF16
+from sweeps import examples
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +60,7 @@ def _take(a, perm, steps, broadcast):
 
 
 @given(views())
-@settings(max_examples=60, deadline=None)
+@examples(60)
 def test_c_contiguous_copies_every_strided_view_bit_for_bit(case):
     shape, perm, steps, dtype, broadcast, seed = case
     host = _make(shape, dtype, seed)

@@ -15,6 +15,7 @@ from devices import cupy_module
 from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_bias_act, conv_transpose
 from fluxpy.ops.pool import adaptive_maxpool, global_maxpool, maxpool, meanpool
+from sweeps import grid
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cudnn_cache")]
 
@@ -53,14 +54,14 @@ def compare(f, args, dtype, seed=0, tol=None):
 
 
 PADS = [0, 1, "same", (1, 0, 2, 1)]
-GRID = list(itertools.product([1, 2], PADS, [1, 2], [1, 2], [False, True]))
+GRID = list(itertools.product([1, 2], PADS, [1, 2], [1, 2], [False, True]))   # each pair of options by default
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_conv_bias_act_relu_grid(dtype):
     rng = np.random.default_rng(1)
     failures = []
-    for stride, pad, dilation, groups, flipped in GRID:
+    for stride, pad, dilation, groups, flipped in grid(GRID):
         x = rng.standard_normal((2, 4, 9, 8))
         w = rng.standard_normal((6, 4 // groups, 3, 3))
         b = rng.standard_normal(6)
@@ -76,7 +77,7 @@ def test_conv_bias_act_relu_grid(dtype):
 def test_conv_and_identity_bias_grid(dtype):
     rng = np.random.default_rng(2)
     failures = []
-    for stride, pad, dilation, groups, flipped in GRID[::3]:
+    for stride, pad, dilation, groups, flipped in grid(GRID[::3]):
         x = rng.standard_normal((2, 4, 7, 9))
         w = rng.standard_normal((4, 4 // groups, 2, 3))
         b = rng.standard_normal(4)

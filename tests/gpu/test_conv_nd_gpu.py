@@ -19,6 +19,7 @@ from fluxpy.kernels.cudnn import graph, legacy
 from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_bias_act, conv_dims, conv_transpose
 from fluxpy.ops.pool import adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, meanpool
+from sweeps import grid
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cudnn_cache")]
 
@@ -59,9 +60,10 @@ SHAPES = {1: ((13,), (3,)), 3: ((6, 7, 5), (3, 2, 3))}
 PADS = {1: [0, 1, "same", (2, 0)], 3: [0, 1, "same", (1, 0, 0, 2, 1, 1)]}
 
 
-def _grid(n):
-    return [dict(stride=s, pad=p, dilation=d, groups=g, flipped=f)
-            for s, p, d, g, f in itertools.product([1, 2], PADS[n], [1, 2], [1, 2], [False, True])]
+def _grid(n, step=1):
+    """The option grid of rank ``n`` (every ``step``-th case): each pair of options by default, all with --full."""
+    cases = list(itertools.product([1, 2], PADS[n], [1, 2], [1, 2], [False, True]))[::step]
+    return [dict(stride=s, pad=p, dilation=d, groups=g, flipped=f) for s, p, d, g, f in grid(cases)]
 
 
 def _problem(rng, n, groups, cin=4, cout=6):
@@ -89,7 +91,7 @@ def test_conv_bias_act_relu_grid(n, dtype):
 def test_conv_identity_and_no_bias_grid(n, dtype):
     rng = np.random.default_rng(2)
     failures = []
-    for opts in _grid(n)[::3]:
+    for opts in _grid(n, step=3):
         x, w = _problem(rng, n, opts["groups"])
         b = rng.standard_normal(w.shape[0])
         try:

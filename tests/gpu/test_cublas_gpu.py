@@ -6,11 +6,12 @@ Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 
 import fluxpy
 from fluxpy.kernels import cublas, find
 from fluxpy.kernels.cudnn import set_options
+from sweeps import examples
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,7 @@ def _laid_out(cp, host, column_major):
     return cp.asarray(host.T).T if column_major else cp.asarray(host)
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(m=st.integers(1, 70), k=st.integers(1, 70), n=st.integers(1, 70), a_col=st.booleans(), b_col=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16))
 def test_matrix_products_in_every_layout_match_numpy(m, k, n, a_col, b_col, dtype, seed):

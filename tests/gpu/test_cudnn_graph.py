@@ -13,6 +13,7 @@ from devices import cupy_module
 from fluxpy import losses as L
 from fluxpy.ops import activations as A
 from fluxpy.ops.conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_dims
+from sweeps import sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +43,7 @@ GRID = list(itertools.product((1, 2), (0, 1, "same"), (1, 2), (True, False)))
 TOL = 1e-4
 
 
-@pytest.mark.parametrize("stride,pad,dilation,flipped", GRID)
+@pytest.mark.parametrize("stride,pad,dilation,flipped", sweep(cases=GRID))
 def test_forward_and_backward_match_numpy(graph, stride, pad, dilation, flipped):
     cp = cupy_module()
     rng = np.random.default_rng(hash((stride, str(pad), dilation, flipped)) % 2**32)

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
@@ -18,6 +18,7 @@ from fluxpy.ops.bias_act import bias_act
 from devices import assert_matches_cpu
 from strategies import array, broadcast_pair
 from test_broadcast import SCALAR_FUNCTIONS
+from sweeps import examples
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +49,7 @@ def _close(gpu, cpu, rtol, atol):
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 @given(pair=broadcast_pair(), seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([np.float64, np.float32]))
-@settings(max_examples=12)
+@examples(12, default=4)
 def test_fused_matches_cpu(name, pair, seed, dtype):
     import cupy as cp
     f = FUNCTIONS[name]

@@ -7,13 +7,14 @@ Every test needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere).
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy.broadcast import broadcast
 from fluxpy.kernels import elementwise as E
 from fluxpy.kernels.halfs import BFLOAT16
+from sweeps import examples
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def _rounded(a, dtype):
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("name", list(FUNCTIONS))
-@settings(max_examples=6, deadline=None)
+@examples(6, default=3)
 @given(shape=st.lists(st.integers(1, 33), min_size=1, max_size=3).map(tuple), seed=st.integers(0, 2**31 - 1))
 def test_forward_and_pullback_are_the_float32_kernels_rounded_once(dtype, name, shape, seed):
     f = FUNCTIONS[name]

@@ -15,6 +15,7 @@ from fluxpy import ops
 from fluxpy.kernels import find
 from fluxpy.kernels import reduce as R
 from fluxpy.kernels import cuda_bn
+from sweeps import case_id, sweep
 
 pytestmark = pytest.mark.gpu
 IDS = {"ids": lambda d: d.name}
@@ -56,10 +57,11 @@ def test_the_half_kernels_are_the_ones_found(dtype):
     assert find("logit_crossentropy_rows", y2, y2) is not None
 
 
-@pytest.mark.parametrize("dtype", HALVES, **IDS)
-@pytest.mark.parametrize("shape, axes", [((64, 16, 28, 28), (0, 2, 3)), ((512, 136), (0,)), ((33, 517), (1,)),
-                                         ((7, 5, 9), (1,)), ((4099,), None), ((128, 8, 24), (0, 2))])
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype, shape, axes, op", sweep(cases=[
+    (dtype, shape, axes, op) for dtype in HALVES
+    for shape, axes in [((64, 16, 28, 28), (0, 2, 3)), ((512, 136), (0,)), ((33, 517), (1,)), ((7, 5, 9), (1,)),
+                        ((4099,), None), ((128, 8, 24), (0, 2))]
+    for op in ["sum", "mean", "max"]]), ids=case_id)
 def test_mapreduce_halves_round_a_float32_result_once(dtype, shape, axes, op):
     """Vector widths 8, 4, 2 and 1, split and unsplit reductions, the transposed copy."""
     x, x32 = random_input(shape, dtype, seed=3)

@@ -17,6 +17,7 @@ from fluxpy.functors import fmap
 from fluxpy.kernels import cuda_recurrent, find
 from fluxpy.ops import gru_gates, lstm_gates, stack
 from gradcheck import check_grad, check_second_order
+from sweeps import case_id, sweep
 from test_half_conv_matmul import BF16
 
 pytestmark = pytest.mark.gpu
@@ -192,9 +193,7 @@ def _model(kind, n_in, hidden, dtype):
     return host, dev
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("kind, size, dtype", sweep(sorted(MAKERS), SIZES, DTYPES), ids=case_id)
 def test_layers_match_the_cpu(kind, size, dtype):
     """Outputs, the final state and every gradient (input, initial state, weights) of a layer in ``dtype`` on the
     GPU against the float64 CPU layer on the same (rounded) numbers."""

@@ -5,12 +5,13 @@ once per (dtype, accumulator, op, map) module, so the draws keep to a few maps.
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
 from devices import cupy_module
 from fluxpy.kernels import reduce as R
+from sweeps import examples
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +69,7 @@ def _check(got, ref, sumabs, dtype, op, count):
 
 @given(sa=shapes_and_axes(), dtype=st.sampled_from(DTYPES), op=st.sampled_from(["sum", "mean", "max"]),
        map_expr=st.sampled_from(list(MAPS)), keepdims=st.booleans(), seed=st.integers(0, 2**31))
-@settings(max_examples=60)
+@examples(60)
 def test_matches_numpy_float64(sa, dtype, op, map_expr, keepdims, seed):
     cp = cupy_module()
     shape, axes = sa

@@ -6,13 +6,14 @@ Needs a GPU (``gpu`` marker)."""
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
 from devices import assert_matches_cpu, cupy_module
 from fluxpy import kernels
 from fluxpy.ops import gather, scatter
+from sweeps import examples, sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -41,9 +42,7 @@ def test_the_cuda_kernels_are_registered():
     assert kernels.lookup("gather", cp.ones(1)) is cuda_scatter.gather
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.parametrize("op, dtype, d", sweep(OPS, DTYPES, [1, 2]))
 def test_scatter_matches_cpu(op, dtype, d):
     cp = cupy_module()
     rng, idx, shape = _problem(0, d)
@@ -155,10 +154,9 @@ def _source(rng, shape, dtype):
     return (rng.standard_normal(shape) * 10).astype(dtype)
 
 
-@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
-@pytest.mark.parametrize("op", ["add", "max", "min"])
-@pytest.mark.parametrize("dtype", DTYPES + INT_DTYPES)
-@pytest.mark.parametrize("d, trailing", [(1, (3,)), (2, (3,)), (1, ()), (3, (5, 2))])
+@pytest.mark.parametrize("name, op, dtype, d, trailing", sweep(cases=[
+    (name, op, dtype, d, trailing) for name in ("one_block", "atomic", "sorted") for op in ("add", "max", "min")
+    for dtype in DTYPES + INT_DTYPES for d, trailing in [(1, (3,)), (2, (3,)), (1, ()), (3, (5, 2))]]))
 def test_each_implementation_matches_cpu(name, op, dtype, d, trailing):
     from fluxpy.kernels import cpu, cuda_scatter
     cp = cupy_module()
@@ -527,10 +525,11 @@ def width(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("name", ["one_block", "atomic", "sorted"])
-@pytest.mark.parametrize("op", ["add", "max", "min"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8])
-@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+@pytest.mark.parametrize("width, name, op, dtype, shape, axis, n", sweep(cases=[
+    (width, name, op, dtype, *case) for width in (True, False) for name in ("one_block", "atomic", "sorted")
+    for op in ("add", "max", "min")
+    for dtype in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8)
+    for case in ALONG_CASES]), indirect=["width"])
 def test_each_implementation_along_an_axis_matches_cpu(width, name, op, dtype, shape, axis, n):
     from fluxpy.kernels import cpu, cuda_scatter
     cp = cupy_module()
@@ -549,8 +548,10 @@ def test_each_implementation_along_an_axis_matches_cpu(width, name, op, dtype, s
         assert_matches_cpu(got, want, rtol=_tolerance(dtype), atol=atol)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int8])
-@pytest.mark.parametrize("shape, axis, n", ALONG_CASES)
+@pytest.mark.parametrize("width, dtype, shape, axis, n", sweep(cases=[
+    (width, dtype, *case) for width in (True, False)
+    for dtype in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int8) for case in ALONG_CASES]),
+    indirect=["width"])
 def test_gather_along_an_axis_is_take_along_axis(width, dtype, shape, axis, n):
     cp = cupy_module()
     rng = np.random.default_rng(16)
@@ -694,7 +695,7 @@ def _along_cases(draw):
         draw(st.integers(0, 2**31 - 1))
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(case=_along_cases(), op=st.sampled_from(OPS))
 def test_the_along_axis_ops_and_gradients_match_cpu_at_drawn_shapes(case, op):
     cp = cupy_module()
