@@ -153,14 +153,14 @@ def main(argv=None):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    cudnn.set_options(allow_tf32=False)
+    fluxpy.options.set(allow_tf32=False)
     if args.search_ms is not None:
-        cudnn.graph.set_search(args.search_ms)
+        fluxpy.options.set(search_budget_ms=args.search_ms)
     relu = fluxpy.relu
     gpu = torch.cuda.get_device_name()
     print(f"# conv benchmark: {gpu}, cuDNN {cudnn.version()} (fluxpy) / {torch.backends.cudnn.version()} (torch), "
           f"torch {torch.__version__}, cupy {cp.__version__}, {datetime.date.today()}; fluxpy search budget "
-          f"{cudnn.graph.get_search():g} ms per problem, graph choices file {cudnn.graph.cache_file()}", flush=True)
+          f"{fluxpy.options.search_budget_ms:g} ms per problem, graph choices file {cudnn.graph.cache_file()}", flush=True)
 
     if args.profile:
         profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu)
@@ -289,7 +289,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
     spent = [i["choose_s"] for i in cudnn.graph.plan_info()]
     print(f"fluxpy spent {sum(spent):.1f} s choosing {len(spent)} graph plans (at most {max(spent, default=0):.2f} s "
-          f"on one; search budget {cudnn.graph.get_search():g} ms per problem)")
+          f"on one; search budget {fluxpy.options.search_budget_ms:g} ms per problem)")
     if half:
         reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
         print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +

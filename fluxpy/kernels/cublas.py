@@ -7,8 +7,8 @@ handle per device bound to CuPy's current stream, with a workspace of its own pe
 (``cublasSetWorkspace_v2``: cuBLAS then allocates nothing during a call, as capture requires).
 
 The library is the one CuPy loaded (found in the process's memory map after CuPy's cuBLAS module is imported),
-else ``$FLUXPY_CUBLAS_LIBRARY``, else ``ctypes.util.find_library("cublas")``. Float32 uses TF32 tensor cores
-only with ``fluxpy.kernels.cudnn.set_options(allow_tf32=True)`` (the one TF32 switch).
+else the ``cublas_library`` option (:mod:`fluxpy.options`), else ``ctypes.util.find_library("cublas")``. Float32
+uses TF32 tensor cores only with the ``allow_tf32`` option (the one TF32 switch, shared with cuDNN).
 
 float16 and bfloat16 run through ``cublasGemmEx`` with ``CUBLAS_COMPUTE_32F``: half storage, float32
 accumulation on tensor cores, and (``CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION``) no split-K reduction
@@ -37,8 +37,8 @@ import threading
 import numpy as np
 
 from ..backend import cupy
-from .cudnn.handle import OPTIONS
-from .halfs import BFLOAT16, is_half   # the one TF32 switch of the project
+from ..options import options
+from .halfs import BFLOAT16, is_half
 
 __all__ = ["matmul", "matmul_supports", "CublasError", "STATUS_NAMES", "library_path", "KERNELS",
            "WORKSPACE_BYTES"]
@@ -132,7 +132,7 @@ def _load():
             from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401  (loads CuPy's libcublas)
         except ImportError:
             pass
-        for path in (_mapped_cublas(), os.environ.get("FLUXPY_CUBLAS_LIBRARY"), ctypes.util.find_library("cublas")):
+        for path in (_mapped_cublas(), options.cublas_library, ctypes.util.find_library("cublas")):
             if not path:
                 continue
             lib = ctypes.CDLL(path)
@@ -141,8 +141,9 @@ def _load():
                 f.argtypes, f.restype = args, ctypes.c_int
             _lib[0], _lib[1] = lib, path
             return lib
-        raise OSError("cuBLAS was not found: CuPy has not loaded libcublas, $FLUXPY_CUBLAS_LIBRARY is unset and "
-                      "ctypes.util.find_library('cublas') found nothing")
+        raise OSError("cuBLAS was not found: CuPy has not loaded libcublas, the cublas_library option "
+                      "(fluxpy.options, or $FLUXPY_CUBLAS_LIBRARY) is unset and ctypes.util.find_library('cublas') "
+                      "found nothing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def _math_mode(dtype) -> int:
     only with ``allow_tf32``."""
     if is_half(dtype):
         return _DEFAULT_MATH | _DISALLOW_REDUCED_REDUCTION
-    return _TF32_MATH if OPTIONS["allow_tf32"] else _DEFAULT_MATH
+    return _TF32_MATH if options.allow_tf32 else _DEFAULT_MATH
 
 
 def _handle(lib, dtype) -> int:

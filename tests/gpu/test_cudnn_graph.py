@@ -21,11 +21,11 @@ pytestmark = pytest.mark.gpu
 def legacy_kernels():
     """The kernel table with cuDNN's legacy calls for the convolution ops (restored afterwards)."""
     from fluxpy import kernels
-    from fluxpy.kernels import cuda_conv
+    from fluxpy.kernels.cudnn import legacy
     snap = kernels.snapshot()
     try:
-        for name, fn in cuda_conv.LEGACY_KERNELS.items():
-            kernels.register(name, "cupy", fn)
+        for name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "conv_bias_act_forward"):
+            kernels.register(name, "cupy", getattr(legacy, name))
         yield
     finally:
         kernels.restore(snap)
@@ -149,7 +149,6 @@ def test_error_is_cudnn_error(graph):
 
 
 def test_deterministic_and_tf32_options_replan(graph):
-    from fluxpy.kernels import cudnn
     cp = cupy_module()
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 8, 10, 10))
@@ -157,13 +156,10 @@ def test_deterministic_and_tf32_options_replan(graph):
     xg, wg = cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))
     cd = conv_dims(xg, wg, pad=1)
     dy = cp.asarray(rng.standard_normal(cd.y_shape).astype(np.float32))
-    old = cudnn.set_options(deterministic=True)
-    try:
+    with fluxpy.options(deterministic=True):
         a = graph.conv_backward_filter(xg, dy, cd)
         b = graph.conv_backward_filter(xg, dy, cd)
         assert bool(cp.all(a == b))
-    finally:
-        cudnn.set_options(**old)
     n = graph.stats()["builds"]
     graph.conv_backward_filter(xg, dy, cd)
     assert graph.stats()["builds"] == n + 1   # other options: another plan
@@ -205,7 +201,11 @@ def test_the_legacy_call_keeps_a_problem_where_it_is_faster(monkeypatch, tmp_pat
     import cupy as cp
     from fluxpy.kernels.cudnn import graph as G
     from fluxpy.ops.dims import ConvDims
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
+    with fluxpy.options(cache_dir=tmp_path):
+        _legacy_verdicts(monkeypatch, cp, G, ConvDims)
+
+
+def _legacy_verdicts(monkeypatch, cp, G, ConvDims):
     rng = np.random.default_rng(11)
     x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
     w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
