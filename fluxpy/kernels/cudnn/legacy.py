@@ -5,7 +5,7 @@ Every function takes C-contiguous-able CuPy arrays and a :class:`fluxpy.ops.dims
 
 - :func:`conv_forward` (``cudnnConvolutionForward``), :func:`conv_bias_act_forward`
   (``cudnnConvolutionBiasActivationForward``, relu or identity), :func:`conv_backward_data`,
-  :func:`conv_backward_filter`, :func:`conv_backward_bias`.
+  :func:`conv_backward_filter`.
 - A :class:`Plan` holds the tensor, filter, convolution and activation descriptors of one
   ``(ConvDims, dtype)`` under the current options on the current device, built once (:func:`plan`).
   ``flipped=False`` (true convolution) is ``CUDNN_CONVOLUTION``, ``flipped=True``
@@ -46,7 +46,7 @@ from .library import fn
 
 __all__ = ["Plan", "plan", "stats", "clear_cache", "cache_file", "conv_forward", "conv_bias_act_forward",
            "half_to_float32", "float32_to_half",
-           "compose_bias_act", "conv_backward_data", "conv_backward_filter", "conv_backward_bias"]
+           "compose_bias_act", "conv_backward_data", "conv_backward_filter"]
 
 # ---------------------------------------------------------------------------------------------
 # Enums of the legacy API (cudnn_ops.h, cudnn_cnn.h of cuDNN 9)
@@ -470,16 +470,3 @@ def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike)
     _run("bwd_filter", p, h, xp_, dyp, dwp, fn.cudnnConvolutionBackwardFilter, "cudnnConvolutionBackwardFilter",
          (h, p.one_p, p.xd, xp_, p.yd, dyp, p.convd), (p.zero_p, p.wd, dwp))
     return dw
-
-
-def conv_backward_bias(dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
-    """``cudnnConvolutionBackwardBias``: ``dy`` summed over every axis but the channels' (``(0, 2, 3)`` in 2-d), of
-    shape ``(K,)``."""
-    dtype = dy.dtype
-    p = plan(cdims, dtype)
-    h = get_handle()
-    dy = contiguous(dy, dtype)
-    db = cupy.empty(cdims.w_shape[0], dtype=dtype)
-    check(fn.cudnnConvolutionBackwardBias(h, p.one_p, p.yd, dy.data.ptr, p.zero_p, p.bd, db.data.ptr),
-          "cudnnConvolutionBackwardBias", p.describe)
-    return db

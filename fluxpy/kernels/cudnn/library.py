@@ -75,7 +75,6 @@ SIGNATURES = {
                                                _P, _P], _I),
     "cudnnConvolutionBackwardData": ([_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P], _I),
     "cudnnConvolutionBackwardFilter": ([_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P], _I),
-    "cudnnConvolutionBackwardBias": ([_P, _P, _P, _P, _P, _P, _P], _I),
     # the backend (graph) API
     "cudnnBackendCreateDescriptor": ([_I, _P], _I),
     "cudnnBackendDestroyDescriptor": ([_P], _I),
