@@ -314,13 +314,6 @@ def _is_foreign(o):
     return type(o).__name__ == "Dual"
 
 
-def _sym_of(tr, args):
-    for a in args:
-        if type(a) is Sym:
-            return a
-    raise Untraceable("no traced value")
-
-
 def _ftext(tr, a):
     if type(a) is Sym:
         return a.f()
