@@ -20,31 +20,14 @@ Traceback (most recent call last):
 ...
 ValueError: fluxpy.options: index_checks expects 'wait' or 'deferred', got 'later'
 
-The options, each with its default and, where there is one, the environment variable read when fluxpy is imported:
+Each option and its default: :class:`Options`. The environment variables, read once, when this module is imported
+(an empty one counts as unset):
 
-- ``allow_tf32`` (False): float32 convolutions and matrix products may use TF32 tensor cores (about 3e-4 relative
-  error); off, cuDNN runs them with ``CUDNN_FMA_MATH``. The halves always may use tensor cores, float64 never does.
-- ``deterministic`` (False): only algorithms that give the same bits every run (the cuDNN engines not marked
-  non-deterministic, the deterministic scatter implementations).
-- ``workspace_limit`` (``4 << 30``, 4 GiB): the most workspace, in bytes, a cuDNN algorithm may take.
-- ``autotune`` (8): how many finalized cuDNN execution plans are timed per problem, the fastest kept; 0 takes the
-  first that finalizes, in the heuristics' order, untimed.
-- ``search_budget_ms`` (2000.0): milliseconds per new problem for the search past cuDNN's heuristics (every
-  engine, then the knobs of the fastest); 0 turns it off. Needs ``autotune`` > 0.
-- ``disk_cache`` (True): read and write the cuDNN algorithm choices on disk, under ``cache_dir``.
-- ``cache_dir`` (``$FLUXPY_CACHE``, else ``$XDG_CACHE_HOME/fluxpy``, else ``~/.cache/fluxpy``): the folder of the
-  files fluxpy keeps between runs: the cuDNN choices (``cudnn/``), downloaded data sets (``mnist/``, ``cifar10/``).
-- ``index_checks`` (``"wait"``): how ``scatter``/``gather`` report an index out of range that their GPU kernels
-  find (and skip). ``"wait"``: the call waits for its kernel and raises ``IndexError``. ``"deferred"``: it does not
-  wait, and the next checked call or ``fluxpy.check_indices()`` raises for it. Host indices are checked before any
-  work either way.
-- ``value_checks`` (``"auto"``; ``$FLUXPY_CHECKS``: ``1``, ``0`` or ``auto``): when the losses read their inputs'
-  values to check them. ``"auto"``: NumPy arrays only (no host sync on the GPU); True: every device (a sync per
-  check, for debugging); False: never. Shape checks are always on.
-- ``cudnn_library`` (``$FLUXPY_CUDNN_LIBRARY``, else None): the ``libcudnn.so.9`` to load instead of the
-  ``nvidia-cudnn-cu13`` wheel's or the system's; read when cuDNN is first loaded.
-- ``cublas_library`` (``$FLUXPY_CUBLAS_LIBRARY``, else None): the libcublas to load where CuPy has loaded none
-  (else ``ctypes.util.find_library("cublas")``); read when cuBLAS is first loaded.
+- ``FLUXPY_CACHE``: ``cache_dir`` (unset: ``$XDG_CACHE_HOME/fluxpy``, else ``~/.cache/fluxpy``);
+- ``FLUXPY_CHECKS``: ``value_checks`` (``1``, ``0`` or ``auto``; also ``true``/``false``, ``yes``/``no``,
+  ``on``/``off``);
+- ``FLUXPY_CUDNN_LIBRARY``: ``cudnn_library``;
+- ``FLUXPY_CUBLAS_LIBRARY``: ``cublas_library``.
 
 A value is checked before anything changes: an unknown name or a bad value raises (``TypeError`` for a name,
 ``ValueError`` for a value) naming the option, what it expects and what it got, and leaves every option as it was.
@@ -52,8 +35,7 @@ The settings are the process's (every thread sees the same ones). Cached cuDNN p
 per ``(allow_tf32, deterministic, workspace_limit, autotune, search_budget_ms)``, so changing one of those selects
 afresh, and changing it back finds the earlier choices again.
 
-This module reads the environment (once, when it is imported) and imports nothing of fluxpy: every layer may
-import it.
+No other module of fluxpy reads these variables, and this one imports nothing of fluxpy: every layer may import it.
 """
 from __future__ import annotations
 
@@ -188,7 +170,33 @@ def _checked(values: dict) -> dict:
 
 
 class Options:
-    """fluxpy's settings (see the module docstring for each one); :data:`options` is the one instance.
+    """fluxpy's settings; :data:`options` is the one instance.
+
+    The options, each with its default and, where there is one, the environment variable read when fluxpy is imported:
+
+    - ``allow_tf32`` (False): float32 convolutions and matrix products may use TF32 tensor cores (about 3e-4 relative
+      error); off, cuDNN runs them with ``CUDNN_FMA_MATH``. The halves always may use tensor cores, float64 never does.
+    - ``deterministic`` (False): only algorithms that give the same bits every run (the cuDNN engines not marked
+      non-deterministic, the deterministic scatter implementations).
+    - ``workspace_limit`` (``4 << 30``, 4 GiB): the most workspace, in bytes, a cuDNN algorithm may take.
+    - ``autotune`` (8): how many finalized cuDNN execution plans are timed per problem, the fastest kept; 0 takes the
+      first that finalizes, in the heuristics' order, untimed.
+    - ``search_budget_ms`` (2000.0): milliseconds per new problem for the search past cuDNN's heuristics (every
+      engine, then the knobs of the fastest); 0 turns it off. Needs ``autotune`` > 0.
+    - ``disk_cache`` (True): read and write the cuDNN algorithm choices on disk, under ``cache_dir``.
+    - ``cache_dir`` (``$FLUXPY_CACHE``, else ``$XDG_CACHE_HOME/fluxpy``, else ``~/.cache/fluxpy``): the folder of the
+      files fluxpy keeps between runs: the cuDNN choices (``cudnn/``), downloaded data sets (``mnist/``, ``cifar10/``).
+    - ``index_checks`` (``"wait"``): how ``scatter``/``gather`` report an index out of range that their GPU kernels
+      find (and skip). ``"wait"``: the call waits for its kernel and raises ``IndexError``. ``"deferred"``: it does not
+      wait, and the next checked call or ``fluxpy.check_indices()`` raises for it. Host indices are checked before any
+      work either way.
+    - ``value_checks`` (``"auto"``; ``$FLUXPY_CHECKS``: ``1``, ``0`` or ``auto``): when the losses read their inputs'
+      values to check them. ``"auto"``: NumPy arrays only (no host sync on the GPU); True: every device (a sync per
+      check, for debugging); False: never. Shape checks are always on.
+    - ``cudnn_library`` (``$FLUXPY_CUDNN_LIBRARY``, else None): the ``libcudnn.so.9`` to load instead of the
+      ``nvidia-cudnn-cu13`` wheel's or the system's; read when cuDNN is first loaded.
+    - ``cublas_library`` (``$FLUXPY_CUBLAS_LIBRARY``, else None): the libcublas to load where CuPy has loaded none
+      (else ``ctypes.util.find_library("cublas")``); read when cuBLAS is first loaded.
 
     Read one as an attribute (``options.deterministic``), all with :meth:`get`; set them with :meth:`set` (for
     the process) or ``with options(name=value, ...):`` (for a block). ``Options(environ)`` starts from the

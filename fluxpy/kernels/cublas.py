@@ -47,9 +47,8 @@ STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 
                 7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
                 13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
                 15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
-# Per stream: what cuBLAS may use instead of allocating during a call. 32 MiB, as NVIDIA advises for Hopper:
-# with 4 MiB an H100 ran the small gemms of the MNIST nets in 15.5-17.5 us against CuPy's 7.3-8.6 (other
-# kernels); with 32 MiB in the same time as CuPy's (measured).
+# Per stream: what cuBLAS may use instead of allocating during a call. 32 MiB is NVIDIA's advice for its recent
+# GPUs; with less, cuBLAS picks slower kernels for small products than the ones CuPy's calls get.
 WORKSPACE_BYTES = 32 << 20
 _OP_N, _OP_T = 0, 1
 _DEFAULT_MATH, _TF32_MATH, _DISALLOW_REDUCED_REDUCTION = 0, 3, 16   # cublasMath_t

@@ -202,27 +202,23 @@ def test_the_legacy_call_keeps_a_problem_where_it_is_faster(monkeypatch, tmp_pat
     from fluxpy.kernels.cudnn import graph as G
     from fluxpy.ops.dims import ConvDims
     with fluxpy.options(cache_dir=tmp_path):
-        _legacy_verdicts(monkeypatch, cp, G, ConvDims)
-
-
-def _legacy_verdicts(monkeypatch, cp, G, ConvDims):
-    rng = np.random.default_rng(11)
-    x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
-    w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
-    cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
-    expected = None
-    for margin, graph in ((1e9, False), (0.0, True)):   # the legacy call always / never "clearly faster"
+        rng = np.random.default_rng(11)
+        x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
+        w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
+        cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
+        expected = None
+        for margin, graph in ((1e9, False), (0.0, True)):   # the legacy call always / never "clearly faster"
+            G.clear_cache(disk=True)
+            monkeypatch.setattr(G, "LEGACY_MARGIN", margin)
+            y = G.conv_forward(x, w, cd)
+            reasons = " ".join(G.fallback_reasons().values())
+            assert ("legacy call was faster" in reasons) is (not graph)
+            expected = y if expected is None else expected
+            np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(expected), rtol=1e-12)
+            if not graph:   # the verdict is kept on disk: a new process goes to the legacy call without timing
+                G.clear_cache()
+                monkeypatch.setattr(G, "LEGACY_MARGIN", 0.0)
+                G.conv_forward(x, w, cd)
+                assert "legacy call was faster" in " ".join(G.fallback_reasons().values())
+                assert "disk cache" in " ".join(G.fallback_reasons().values())
         G.clear_cache(disk=True)
-        monkeypatch.setattr(G, "LEGACY_MARGIN", margin)
-        y = G.conv_forward(x, w, cd)
-        reasons = " ".join(G.fallback_reasons().values())
-        assert ("legacy call was faster" in reasons) is (not graph)
-        expected = y if expected is None else expected
-        np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(expected), rtol=1e-12)
-        if not graph:   # the verdict is kept on disk: a new process goes to the legacy call without timing
-            G.clear_cache()
-            monkeypatch.setattr(G, "LEGACY_MARGIN", 0.0)
-            G.conv_forward(x, w, cd)
-            assert "legacy call was faster" in " ".join(G.fallback_reasons().values())
-            assert "disk cache" in " ".join(G.fallback_reasons().values())
-    G.clear_cache(disk=True)

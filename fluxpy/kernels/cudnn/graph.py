@@ -2,7 +2,7 @@
 autotuned, falling back per problem to the legacy calls (:mod:`fluxpy.kernels.cudnn.legacy`).
 
 cuDNN 9 implements the legacy per-call API on top of its graph engine and redoes much of that work
-on every call (25-57 us of host time per call, measured). This module builds the operation graph,
+on every call, at a host cost comparable to a small convolution's GPU time. This module builds the operation graph,
 asks the heuristics for engine configurations, finalizes an execution plan **once per problem**
 (kind, shapes, dtype, mode, options, autotune width, device) and caches it (:class:`GraphPlan`); a
 call is then only a variant pack (data pointers + workspace, itself cached per pointer set) and one
@@ -40,8 +40,8 @@ may use tensor cores. What the graph path does not plan (any problem where no en
 finalizes) runs through the legacy functions unchanged: :func:`conv_forward`, :func:`conv_bias_act_forward`,
 :func:`conv_backward_data` and :func:`conv_backward_filter` have the legacy signatures and fall back
 per problem. With autotuning, the legacy call on the same buffers is timed too and keeps the problem
-where it takes under :data:`LEGACY_MARGIN` of the plan's time (seen once: a 512-channel 3x3 layer at
-7x7, batch 256, where the legacy search found a kernel the TF32-free graph engines do not offer).
+where it takes under :data:`LEGACY_MARGIN` of the plan's time (its own search can find a kernel that no engine of
+the graph API offers under the same options).
 Asymmetric padding is handled by :mod:`fluxpy.kernels.cudnn.geometry`, as on the legacy path.
 
 The module imports without CuPy or cuDNN:
@@ -473,8 +473,8 @@ def _finalized(p, want):
     later.
 
     Float32 with ``allow_tf32`` gets ``want`` tensor-core candidates AND ``want`` without tensor cores: the
-    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes make them slower
-    than the FMA engines (measured: a ResNet-20 step at batch 128), so allowing TF32 must not drop those."""
+    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes can make them slower
+    than the FMA engines, so allowing TF32 must not drop those."""
     fp32 = p.dtype == np.float32
     split = fp32 and options.allow_tf32
     quota = {True: want, False: want} if split else {None: want}

@@ -63,7 +63,7 @@ class Workspace:
     Taken from CuPy's memory pool per call and given back right after, as PyTorch does: the pool keeps
     freed blocks per stream, so work already queued on this stream finishes before a later allocation
     can reuse the block, and the workspace is in use only while a call runs (a buffer kept between calls
-    holds the largest workspace for the whole run: 142 MB of a 460 MB ResNet-20 step, measured).
+    would hold the largest workspace for the whole run, a large share of a training step's memory).
 
     >>> Workspace(0).ptr
     0
