@@ -4,8 +4,9 @@ For each shape, float32, NCHW: one training forward (batch statistics, running s
 backward of a fixed cotangent (``dx``, ``dgamma``, ``dbeta``), timed as a pair:
 
 - fluxpy: ``fluxpy.pullback`` of :func:`fluxpy.ops.batchnorm.batchnorm`, then the pullback, with the kernels
-  kept per direction (``auto``), and with each implementation forced: fluxpy's own two launches each way
-  and cuDNN's one call each way (:mod:`fluxpy.kernels.cuda_norm`);
+  kept per direction (:mod:`fluxpy.kernels.cuda_norm` times both implementations and keeps the faster); and each
+  implementation's forward and backward called directly: fluxpy's own two launches each way
+  (:mod:`fluxpy.kernels.cuda_bn`) and cuDNN's one call each way (:mod:`fluxpy.kernels.cudnn.batchnorm`);
 - PyTorch: ``F.batch_norm(x, rm, rv, w, b, training=True)`` then ``y.backward(dy)`` (autograd);
 - the composite it replaced: ``fluxpy.ops.norm.normalise`` and the affine as separate ops, plus the running
   statistics update, as the layer did before.
@@ -35,6 +36,19 @@ def fluxpy_pair(cp, x, g, b, rm, rv, dy):
     def run():
         _, back = fluxpy.pullback(lambda x, g, b: batchnorm(x, g, b, rm, rv), x, g, b)
         return back(dy)
+    return run
+
+
+def kernel_pair(impl, x, g, b, rm, rv, dy):
+    """One implementation's training forward and backward, called directly (no tape): ``impl`` is
+    :mod:`fluxpy.kernels.cuda_bn` or :mod:`fluxpy.kernels.cudnn.batchnorm`."""
+    from fluxpy.kernels import cuda_bn
+
+    def run():
+        _, mean, invstd = impl.forward_training(x, g, b, rm, rv, 0.1, 1e-5)
+        if impl is cuda_bn:
+            return cuda_bn.backward(dy, x, g, b, mean, invstd, 1e-5)
+        return impl.backward(dy, x, g, mean, invstd, 1e-5)
     return run
 
 
@@ -84,13 +98,12 @@ def measure(cp, torch, timer, shape):
     g = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     b = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     rm, rv = cp.zeros(c, cp.float32), cp.ones(c, cp.float32)
-    from fluxpy.kernels import cuda_norm
+    from fluxpy.kernels import cuda_bn
+    from fluxpy.kernels.cudnn import batchnorm as cudnn_bn
     row = {"shape": list(shape), "mbytes": x.nbytes / 1e6}
-    for impl in ("fluxpy", "cudnn"):   # each implementation alone, then the one kept per direction ("auto")
-        old = cuda_norm.set_impl(impl)
-        row[f"{impl}_kernels_gpu_us"], row[f"{impl}_kernels_wall_us"] = timer.both(
-            fluxpy_pair(cp, x, g, b, rm, rv, dy))
-        cuda_norm.set_impl(old)
+    for name, impl in (("fluxpy", cuda_bn), ("cudnn", cudnn_bn)):   # each implementation alone
+        row[f"{name}_kernels_gpu_us"], row[f"{name}_kernels_wall_us"] = timer.both(
+            kernel_pair(impl, x, g, b, rm, rv, dy))
     row["fluxpy_gpu_us"], row["fluxpy_wall_us"] = timer.both(fluxpy_pair(cp, x, g, b, rm, rv, dy))
     row["composite_gpu_us"], row["composite_wall_us"] = timer.both(composite_pair(cp, x, g, b, rm.copy(), rv.copy(),
                                                                                  dy))

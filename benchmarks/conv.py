@@ -8,14 +8,13 @@ Rows per layer (float32, cross-correlation as PyTorch, TF32 off on both sides):
   ``relu(conv2d(x, w, b))``;
 - ``bwd_data`` / ``bwd_filter``: fluxpy ``conv_backward_data`` / ``conv_backward_filter`` (the public ops)
   vs ``torch.ops.aten.convolution_backward`` with output_mask (True, False, False) / (False, True, False);
-- ``bias_mr`` / ``bias_cudnn``: the relu backward and bias gradient ``(dz, db)`` by fluxpy's mapreduce (one
-  pass) / by a mask kernel + cudnnConvolutionBackwardBias (:func:`fluxpy.kernels.cuda_conv.set_bias_grad`), vs
-  ``threshold_backward`` + ``sum((0, 2, 3))``.
+- ``bias_mr``: the relu backward and bias gradient ``(dz, db)`` by fluxpy's mapreduce (one pass,
+  :func:`fluxpy.kernels.cuda_conv.conv_bias_act_backward`), vs ``threshold_backward`` + ``sum((0, 2, 3))``.
 
 ``--dtype float16,bfloat16`` (default ``float32``) runs the same rows in those dtypes against PyTorch in the same
 dtype, both channels-first (NCHW) or both channels-last (``--memory channels_last``), on the ResNet layers (``--dtype`` with float32 keeps the MNIST rows); fluxpy
-computes the halves in float32 on tensor cores (cuDNN's fused graph where an engine finalizes); the bias rows are
-fluxpy's half path (a mask on the bits, then cuDNN's bias sum) against ``threshold_backward`` + ``sum``. The
+computes the halves in float32 on tensor cores (cuDNN's fused graph where an engine finalizes); the bias row sums in
+float32 (the same mapreduce pass) against ``threshold_backward`` + ``sum``. The
 issue's targets: fwd at most 0.8x, bwd_data and bwd_filter at most 1.0x.
 
 Timing: CUDA events around ``iters`` back-to-back calls (host overhead included, as in a
@@ -153,14 +152,14 @@ def main(argv=None):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    cudnn.set_options(allow_tf32=False)
+    fluxpy.options.set(allow_tf32=False)
     if args.search_ms is not None:
-        cudnn.graph.set_search(args.search_ms)
+        fluxpy.options.set(search_budget_ms=args.search_ms)
     relu = fluxpy.relu
     gpu = torch.cuda.get_device_name()
     print(f"# conv benchmark: {gpu}, cuDNN {cudnn.version()} (fluxpy) / {torch.backends.cudnn.version()} (torch), "
           f"torch {torch.__version__}, cupy {cp.__version__}, {datetime.date.today()}; fluxpy search budget "
-          f"{cudnn.graph.get_search():g} ms per problem, graph choices file {cudnn.graph.cache_file()}", flush=True)
+          f"{fluxpy.options.search_budget_ms:g} ms per problem, graph choices file {cudnn.graph.cache_file()}", flush=True)
 
     if args.profile:
         profile(cp, torch, F, cudnn, cuda_conv, conv_bias_act, relu)
@@ -225,12 +224,8 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
             return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False,
                                                                [0, 0], 1, mask)
 
-        def fx_bias(how):
-            def run():
-                old = cuda_conv.set_bias_grad(how)
-                cuda_conv.conv_bias_act_backward(dy, y, "relu", cd_sym, True)
-                cuda_conv.set_bias_grad(old)
-            return run
+        def fx_bias():
+            cuda_conv.conv_bias_act_backward(dy, y, "relu", cd_sym, True)
 
         def t_bias():
             dz = torch.ops.aten.threshold_backward(tdy, ty, 0)
@@ -242,8 +237,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
             "fwd_kernel": (lambda: cudnn.legacy.conv_bias_act_forward(x, w, b, "relu", cd), None),
             "bwd_data": (lambda: conv_backward_data(dy, w, cd), bwd((True, False, False))),
             "bwd_filter": (lambda: conv_backward_filter(x, dy, cd), bwd((False, True, False))),
-            "bias_mr": (fx_bias("mapreduce"), t_bias),
-            "bias_cudnn": (fx_bias("cudnn"), None),   # the halves ignore set_bias_grad: one path
+            "bias_mr": (fx_bias, t_bias),
         }
         # correctness of the backward rows against torch, once
         dx_err = float(cp.abs(as_f32(cp, conv_backward_data(dy, w, cd)) -
@@ -289,7 +283,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
     spent = [i["choose_s"] for i in cudnn.graph.plan_info()]
     print(f"fluxpy spent {sum(spent):.1f} s choosing {len(spent)} graph plans (at most {max(spent, default=0):.2f} s "
-          f"on one; search budget {cudnn.graph.get_search():g} ms per problem)")
+          f"on one; search budget {fluxpy.options.search_budget_ms:g} ms per problem)")
     if half:
         reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
         print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +
@@ -317,8 +311,8 @@ def _chosen(cudnn, x_shape, w_shape, stride, dtype):
 
 def _table(by):
     print("| layer | fwd fluxpy | fwd torch | ratio | bwd_data fluxpy | torch | ratio | bwd_filter fluxpy | torch | ratio "
-          "| bias mapreduce | bias cudnn | torch relu'+sum |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bias mapreduce | torch relu'+sum |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for layer, d in by.items():
         def cell(row, key="fluxpy_us"):
             v = d[row][key]
@@ -329,7 +323,7 @@ def _table(by):
             return "-" if v is None else f"{v:.2f}"
         print(f"| {layer} | {cell('fwd')} | {cell('fwd', 'torch_us')} | {ratio('fwd')} | {cell('bwd_data')} | "
               f"{cell('bwd_data', 'torch_us')} | {ratio('bwd_data')} | {cell('bwd_filter')} | "
-              f"{cell('bwd_filter', 'torch_us')} | {ratio('bwd_filter')} | {cell('bias_mr')} | {cell('bias_cudnn')} | "
+              f"{cell('bwd_filter', 'torch_us')} | {ratio('bwd_filter')} | {cell('bias_mr')} | "
               f"{cell('bias_mr', 'torch_us')} |")
 
 

@@ -103,10 +103,9 @@ class Fluxpy:
     def __init__(self, tune):
         from fluxpy.kernels import cudnn
         from fluxpy.kernels.cudnn import graph
+        from fluxpy.options import options
         self.graph, self.handle = graph, cudnn.handle
-        cudnn.set_options(allow_tf32=False, disk_cache=False)
-        graph.set_autotune(tune)
-        graph.set_search(0)
+        options.set(allow_tf32=False, disk_cache=False, autotune=tune, search_budget_ms=0)
 
     def call(self, op, p):
         g, cd = self.graph, p.cd

@@ -54,8 +54,9 @@ def main():
     from fluxpy.kernels.cudnn import graph as cudnn_graph
     from fluxpy.kernels.cudnn import legacy
     from fluxpy.ops.dims import ConvDims
+    from fluxpy.options import options
 
-    cudnn.set_options(allow_tf32=False)
+    options.set(allow_tf32=False)
     try:
         import torch
         torch.backends.cudnn.benchmark = True

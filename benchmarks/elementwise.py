@@ -8,9 +8,9 @@ Dense ``(128, 10)`` with ``(10,)``), float32:
   from torch ops, autograd ``backward``). ``f`` is ``tanh(1.5 x + b) * x`` and ``gelu(x + b)``
   (tanh form).
 - ``bias_act(x, b, relu)`` forward + backward vs torch ``relu(x + b)`` + ``backward``, and the two
-  bias-gradient variants of the backward alone: one map+reduce pass that writes ``dx`` while
-  summing ``db`` (``mapreduce(..., out_mapped=dx)``) vs an elementwise ``dx`` kernel then the
-  reduction.
+  bias-gradient paths of the backward alone: one map+reduce pass that writes ``dx`` while
+  summing ``db`` (``mapreduce(..., out_mapped=dx)``, what fluxpy runs where the layouts allow) vs an
+  elementwise ``dx`` kernel then the reduction (``bias_act_output_backward(..., fused=False)``).
 
 Timing: CUDA events around each call, median of many calls after warm-up. ``gpu us``: the calls
 are queued behind a spin kernel, so the events measure GPU time alone; ``wall us``: no spin, so
@@ -97,7 +97,6 @@ def main():
 
     import cupy as cp
 
-    from fluxpy.kernels import elementwise as E
     from fluxpy.kernels import gpu
     try:
         import torch
@@ -116,7 +115,7 @@ def main():
         rows += broadcast_rows(cp, torch, timer, x, b, dy, xs, bs)
         rows += bias_act_rows(torch, timer, x, b, dy, xs, bs)
         rows.append(bias_grad_row(cp, timer, x, b, dy, xs, bs))
-    print_table(rows, name, E.BIAS_GRAD_FUSED)
+    print_table(rows, name)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(gpu=name, rows=rows), fh, indent=1)
@@ -162,10 +161,9 @@ def broadcast_rows(cp, torch, timer, x, b, dy, xs, bs):
 
 
 def bias_act_rows(torch, timer, x, b, dy, xs, bs):
-    """Rows timing ``bias_act(x, b, relu)``: forward + backward (both bias-gradient variants) and forward
-    alone, against PyTorch's ``relu(x + b)``."""
+    """Rows timing ``bias_act(x, b, relu)``: forward + backward and forward alone, against PyTorch's
+    ``relu(x + b)``."""
     import fluxpy
-    from fluxpy.kernels import elementwise as E
     from fluxpy.ops.activations import relu
     from fluxpy.ops.bias_act import bias_act
 
@@ -176,10 +174,6 @@ def bias_act_rows(torch, timer, x, b, dy, xs, bs):
     def ba_fwd():
         bias_act(x, b, relu)
     row = dict(case="bias_act relu fwd+bwd", shape=f"{xs} + {bs}", fused=timer.both(ba))
-    old = E.BIAS_GRAD_FUSED
-    E.BIAS_GRAD_FUSED = not old
-    row["fused_alt"] = timer.both(ba)
-    E.BIAS_GRAD_FUSED = old
     if torch is not None:
         txs, tbs = _torch_view(torch, x).clone().requires_grad_(), _torch_view(torch, b).clone().requires_grad_()
         tdy = _torch_view(torch, dy)
@@ -214,18 +208,16 @@ def bias_grad_row(cp, timer, x, b, dy, xs, bs):
     return dict(case="bias_act relu bwd: dx+db one pass | dx then db", shape=f"{xs} + {bs}", fused=one, unfused=two)
 
 
-def print_table(rows, name, bias_grad_fused):
+def print_table(rows, name):
     def fmt(v):
         return "" if v is None else f"{v[0]:.1f} / {v[1]:.1f}"
     print(f"\n### fluxpy fused elementwise kernels, {name}, float32, median us (gpu / wall)\n")
     print("| case | shape | fluxpy fused | fluxpy alt | torch eager |")
     print("| --- | --- | ---: | ---: | ---: |")
     for r in rows:
-        alt = r.get("unfused", r.get("fused_alt"))
+        alt = r.get("unfused")
         print(f"| {r['case']} | {r['shape']} | {fmt(r['fused'])} | {fmt(alt)} | {fmt(r.get('torch'))} |")
-    print("\nfluxpy alt: op-by-op broadcast for `broadcast` rows; the other bias-gradient variant "
-          f"(BIAS_GRAD_FUSED={not bias_grad_fused}) for `bias_act fwd+bwd`; elementwise-then-reduce "
-          "for the `bwd` rows.")
+    print("\nfluxpy alt: op-by-op broadcast for `broadcast` rows; elementwise-then-reduce for the `bwd` rows.")
 
 
 if __name__ == "__main__":

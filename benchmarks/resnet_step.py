@@ -10,7 +10,7 @@ as torchvision's ResNets, in-place add and ReLU). Loss ``logitcrossentropy`` / `
 implementation). Inputs are standard normal, labels uniform over the classes; the first losses (same
 weights, same batch, BatchNorm on batch statistics) are printed side by side as the check. PyTorch runs
 with ``cudnn.benchmark = True``. Every case runs twice: TF32 off and TF32 on, the same on both sides
-(fluxpy: ``fluxpy.kernels.cudnn.set_options(allow_tf32=...)``; PyTorch: ``torch.backends.cudnn.allow_tf32``
+(fluxpy: ``fluxpy.options.set(allow_tf32=...)``; PyTorch: ``torch.backends.cudnn.allow_tf32``
 and ``torch.backends.cuda.matmul.allow_tf32``; fluxpy's one matmul, the Dense 64/512 => classes, is a CuPy
 matmul and stays float32 either way).
 
@@ -212,8 +212,7 @@ def set_tf32(on, torch, device):
         torch.backends.cudnn.allow_tf32 = on
         torch.backends.cuda.matmul.allow_tf32 = on
     if device == "gpu":
-        from fluxpy.kernels import cudnn
-        cudnn.set_options(allow_tf32=on)
+        fluxpy.options.set(allow_tf32=on)
 
 
 def reset_case(torch, device):

@@ -19,7 +19,7 @@ fluxpy's ``scatter`` returns a new array (NNlib's), so PyTorch's side is timed o
 Timing is wall time per call, what a caller sees: ``--reps`` back-to-back calls, then a device synchronize, over
 ``--rounds`` rounds (median and range). fluxpy's public ops check device indices inside their kernels; the ``fluxpy``
 column is the default mode (``index_checks="wait"``: each call waits for that check, so it includes its kernel's
-whole time), the ``deferred`` column the same calls with ``fluxpy.kernels.cudnn.set_options(index_checks="deferred")``
+whole time), the ``deferred`` column the same calls with ``fluxpy.options.set(index_checks="deferred")``
 (no wait: a bad index is reported by a later checked call or ``fluxpy.check_indices()``, run once after the timing),
 which is how PyTorch checks (device-side asserts, no wait). ``ratio`` = fluxpy / PyTorch (out of place), wall times,
 ``ratio def.`` the same for the deferred column. ``GPU`` columns: GPU time alone (fluxpy's kernel-level call,
@@ -124,12 +124,10 @@ def deferred_wall_us(sync, run, reps, rounds):
     """:func:`wall_us` of ``run`` with ``index_checks="deferred"``, then ``fluxpy.check_indices()`` (the benchmark's
     indices are all good: it raises nothing)."""
     import fluxpy
-    from fluxpy.kernels.cudnn import set_options
-    old = set_options(index_checks="deferred")
     try:
-        return wall_us(sync, run, reps, rounds)
+        with fluxpy.options(index_checks="deferred"):
+            return wall_us(sync, run, reps, rounds)
     finally:
-        set_options(**old)
         fluxpy.check_indices()
 
 

@@ -22,6 +22,7 @@ the module (or ``fluxpy.ops``).
 """
 from __future__ import annotations
 
+from .options import options as options  # every setting: fluxpy.options.set(...), with fluxpy.options(...): ...
 from . import augment, cifar, layout, losses, models, ops, optimise, schedules
 from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, hessian, in_gradient, is_tracked,
                        jacobian, no_grad, primitive, pullback, stop_gradient, value_of, withgradient)

@@ -68,8 +68,8 @@ class CIFARUnavailableError(RuntimeError):
 
 
 def cifar_cache_dir() -> Path:
-    """Where CIFAR-10 is looked for and downloaded by default: ``$FLUXPY_CACHE/cifar10``, else
-    ``~/.cache/fluxpy/cifar10`` (beside :func:`fluxpy.data.mnist_cache_dir`).
+    """Where CIFAR-10 is looked for and downloaded by default: ``cifar10`` under the ``cache_dir`` option
+    (:mod:`fluxpy.options`), beside :func:`fluxpy.data.mnist_cache_dir`.
 
     >>> cifar_cache_dir().name
     'cifar10'

@@ -36,6 +36,7 @@ import numpy as np
 from .autodiff import value_of
 from .backend import Array, get_array_module, host_to_device, is_array
 from .functors import cpu, gpu
+from .options import options
 from .random import as_rng
 
 __all__ = ["DataLoader", "onehotbatch", "onecold", "load_mnist", "read_idx", "write_idx", "mnist_cache_dir",
@@ -512,13 +513,12 @@ class MNISTUnavailableError(RuntimeError):
 
 
 def mnist_cache_dir() -> Path:
-    """Where downloaded MNIST files live: ``$FLUXPY_CACHE/mnist``, else ``~/.cache/fluxpy/mnist``.
+    """Where downloaded MNIST files live: ``mnist`` under the ``cache_dir`` option (:mod:`fluxpy.options`).
 
     >>> mnist_cache_dir().name
     'mnist'
     """
-    root = os.environ.get("FLUXPY_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "fluxpy") / "mnist"
+    return Path(options.cache_dir) / "mnist"
 
 
 def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, *, download: bool = True,

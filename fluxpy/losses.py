@@ -14,14 +14,14 @@ Shape checks are always on and cost nothing: ``ŷ`` and ``y`` of different shape
 probabilities ``ŷ`` outside [0, 1] for :func:`crossentropy`, :func:`binarycrossentropy` and
 :func:`kldivergence` (logits passed by mistake), targets ``y`` outside [0, 1] for those and for the
 logit losses, class indices outside ``[0, C)``. Reading a CuPy array's values makes the host wait
-for the GPU, so the policy, set by :func:`check_values` or the environment variable
-``FLUXPY_CHECKS`` at import, is:
+for the GPU, so the policy, the ``value_checks`` option (:mod:`fluxpy.options`; the environment
+variable ``FLUXPY_CHECKS`` sets it at import), is:
 
 - ``"auto"`` (the default): values are checked on NumPy arrays, not on CuPy arrays (no host sync
   is ever added on the GPU). There, class indices out of range still cannot pass silently: their
   rows of the loss are NaN (which :func:`fluxpy.train` reports as a divergence).
 - ``True`` (``FLUXPY_CHECKS=1``): values are checked on every device, a host sync per check on the
-  GPU: for debugging.
+  GPU: for debugging (``with fluxpy.options(value_checks=True): ...``).
 - ``False`` (``FLUXPY_CHECKS=0``): no value checks anywhere.
 
 Tracked values (inside :func:`fluxpy.gradient`) are checked on their values; a check never goes
@@ -49,7 +49,6 @@ from __future__ import annotations
 import builtins
 import math
 import numbers
-import os
 from collections.abc import Callable
 
 import ml_dtypes
@@ -57,6 +56,7 @@ import numpy as np
 
 from .autodiff import value_of
 from .backend import Array, get_array_module, is_array, is_float_dtype
+from .options import options
 from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
@@ -65,53 +65,18 @@ from .ops.shape import reshape
 from .ops.softmax import logit_crossentropy_rows, logsoftmax
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
-           "logitbinarycrossentropy", "kldivergence", "label_smoothing", "check_values", "msle", "poisson_loss",
+           "logitbinarycrossentropy", "kldivergence", "label_smoothing", "msle", "poisson_loss",
            "hinge_loss", "squared_hinge_loss", "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss",
            "siamese_contrastive_loss", "xlogx", "xlogy"]
 
 
 # ---------------------------------------------------------------------------------------------
-# The value-check policy
-
-
-def _policy_from_env(text):
-    text = (text or "").strip().lower()
-    if text in ("", "auto"):
-        return "auto"
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"FLUXPY_CHECKS must be 1, 0 or auto, got {text!r}")
-
-
-_POLICY = [_policy_from_env(os.environ.get("FLUXPY_CHECKS"))]
-
-
-def check_values(mode: bool | str | None = None) -> bool | str:
-    """Sets when the losses check their inputs' values, and returns the previous setting.
-
-    ``mode``: ``"auto"`` (the default: NumPy arrays only, so no host sync on the GPU), ``True``
-    (every device: a host sync per check on the GPU, for debugging) or ``False`` (never); ``None``
-    only returns the current setting. The environment variable ``FLUXPY_CHECKS`` (``1``, ``0`` or
-    ``auto``) sets it at import. Shape checks are always on. See the module docstring.
-
-    >>> previous = check_values(True)   # check values on every device (debugging)
-    >>> check_values()
-    True
-    >>> _ = check_values(previous)      # back to the setting before
-    """
-    old = _POLICY[0]
-    if mode is not None:
-        if not (mode is True or mode is False or mode == "auto"):
-            raise ValueError(f"check_values expects True, False or \"auto\", got {mode!r}")
-        _POLICY[0] = mode
-    return old
+# The value-check policy (the value_checks option)
 
 
 def _values_checked(v):
     """Whether to read the values of the plain array ``v`` under the current policy."""
-    policy = _POLICY[0]
+    policy = options.value_checks
     if policy == "auto":
         return isinstance(v, np.ndarray)
     return policy and is_array(v)

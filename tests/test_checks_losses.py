@@ -1,6 +1,5 @@
 """Losses refuse bad input with errors naming the loss (domains, empty batches, options), under the value-check
-policy of fluxpy.losses; and logitcrossentropy from integer class indices."""
-import contextlib
+policy (the value_checks option); and logitcrossentropy from integer class indices."""
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 import fluxpy
 from fluxpy import losses as L
+from fluxpy.options import Options, options
 from gradcheck import check_grad, check_second_order
 
 seeds = st.integers(0, 2**31 - 1)
@@ -25,13 +25,9 @@ HINTS = {"crossentropy": "; for logits use logitcrossentropy(ŷ, y), or apply so
          "kldivergence": "; apply softmax to logits first"}
 
 
-@contextlib.contextmanager
 def policy(mode):
-    previous = L.check_values(mode)
-    try:
-        yield
-    finally:
-        L.check_values(previous)
+    """A block with the value_checks option set to ``mode``."""
+    return options(value_checks=mode)
 
 
 def softmax_rows(z):
@@ -113,8 +109,9 @@ def test_check_values_policy():
         with pytest.raises(ValueError):
             L.crossentropy(bad, y)
     for mode in ("yes", 1, 0.5):
-        with pytest.raises(ValueError, match="check_values expects True, False or \"auto\""):
-            L.check_values(mode)
+        with pytest.raises(ValueError, match="value_checks expects 'auto', True or False"):
+            options.set(value_checks=mode)
+    assert options.value_checks == "auto"
 
 
 def test_shape_checks_stay_on_with_value_checks_off():
@@ -128,12 +125,12 @@ def test_shape_checks_stay_on_with_value_checks_off():
 @pytest.mark.parametrize("text, mode", [("1", True), ("0", False), ("", "auto"), ("auto", "auto"), ("on", True),
                                         ("False", False)])
 def test_policy_from_the_environment(text, mode):
-    assert L._policy_from_env(text) == mode
+    assert Options({"FLUXPY_CHECKS": text}).value_checks == mode
 
 
 def test_environment_variable_sets_the_policy_at_import():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "import fluxpy; print(fluxpy.losses.check_values())"
+    code = "import fluxpy; print(fluxpy.options.value_checks)"
     for value, expected in (("1", "True"), ("0", "False")):
         run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                              env={**os.environ, "FLUXPY_CHECKS": value})
@@ -141,7 +138,7 @@ def test_environment_variable_sets_the_policy_at_import():
         assert run.stdout.strip() == expected
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "FLUXPY_CHECKS": "2"})
-    assert run.returncode != 0 and "FLUXPY_CHECKS must be 1, 0 or auto, got '2'" in run.stderr
+    assert run.returncode != 0 and "FLUXPY_CHECKS (the option value_checks) expects 1, 0 or auto, got '2'" in run.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import fluxpy.cifar as cifar
 import fluxpy.data as data
+from fluxpy.options import options
 from fluxpy.cifar import (CIFAR10_FILES, CIFAR10_FOLDER, CIFARUnavailableError, cifar_cache_dir, extract_batches,
                           load_cifar10, read_cifar_batch, write_cifar_batch)
 
@@ -178,11 +179,11 @@ def test_missing_files_without_download_say_where_to_put_them(tmp_path):
         assert part in message
 
 
-def test_default_folder_is_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
-    assert cifar_cache_dir() == tmp_path / "cifar10"
-    _, labels = write_split(tmp_path / "cifar10" / CIFAR10_FOLDER, "test", 2)
-    np.testing.assert_array_equal(load_cifar10("test", download=False)[1], labels)
+def test_default_folder_is_the_cache(tmp_path):
+    with options(cache_dir=tmp_path):
+        assert cifar_cache_dir() == tmp_path / "cifar10"
+        _, labels = write_split(tmp_path / "cifar10" / CIFAR10_FOLDER, "test", 2)
+        np.testing.assert_array_equal(load_cifar10("test", download=False)[1], labels)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -387,11 +387,11 @@ def test_load_mnist_from_data_dir(tmp_path, gz):
     np.testing.assert_array_equal(y, labels)
 
 
-def test_load_mnist_uses_the_cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
+def test_load_mnist_uses_the_cache_dir(tmp_path):
     write_mnist(tmp_path / "mnist", "test", 3)
-    assert data.mnist_cache_dir() == tmp_path / "mnist"
-    assert load_mnist("test")[0].shape == (3, 1, 28, 28)
+    with fluxpy.options(cache_dir=tmp_path):
+        assert data.mnist_cache_dir() == tmp_path / "mnist"
+        assert load_mnist("test")[0].shape == (3, 1, 28, 28)
 
 
 def test_load_mnist_downloads_into_the_folder(tmp_path, monkeypatch):

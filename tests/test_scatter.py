@@ -358,31 +358,25 @@ def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words,
 
 
 def test_the_index_checks_option_is_validated_and_keeps_the_plan_key():
-    from fluxpy.kernels.cudnn import get_options, handle, set_options
-    assert get_options()["index_checks"] == "wait"
-    key = handle.options_key()
-    old = set_options(index_checks="deferred")
-    try:
-        assert old["index_checks"] == "wait" and get_options()["index_checks"] == "deferred"
+    from fluxpy.kernels.cudnn import handle
+    from fluxpy.options import options
+    assert options.index_checks == "wait"
+    key, before = handle.options_key(), options.get()
+    with options(index_checks="deferred"):
+        assert options.index_checks == "deferred"
         assert handle.options_key() == key   # plans and algorithm choices do not depend on it
-        for bad in ("Deferred", "later", True, 1):
-            with pytest.raises(ValueError, match=r"set_options: index_checks must be one of \('wait', 'deferred'\)"):
-                set_options(index_checks=bad)
+        for bad in ("Deferred", "later", True, 1, None):
+            with pytest.raises(ValueError, match=r"index_checks expects 'wait' or 'deferred', got"):
+                options.set(index_checks=bad)
         with pytest.raises(ValueError):   # a bad value changes nothing, not even the options before it
-            set_options(deterministic=True, index_checks="sometimes")
-        assert get_options() == dict(old, index_checks="deferred")
-        set_options(index_checks=None)   # None: unchanged
-        assert get_options()["index_checks"] == "deferred"
-    finally:
-        set_options(**old)
-    assert get_options() == old and handle.options_key() == key
+            options.set(deterministic=True, index_checks="sometimes")
+        assert options.get() == dict(before, index_checks="deferred")
+    assert options.get() == before and handle.options_key() == key
 
 
 def test_check_indices_on_the_cpu_does_nothing_and_host_indices_raise_at_the_call():
-    from fluxpy.kernels.cudnn import set_options
     for mode in ("deferred", "wait"):
-        old = set_options(index_checks=mode)
-        try:
+        with fluxpy.options(index_checks=mode):
             assert fluxpy.check_indices() is None
             np.testing.assert_array_equal(gather(np.arange(3), np.array([2])), [2])
             with pytest.raises(IndexError, match="gather: index 3 in idx"):
@@ -390,6 +384,4 @@ def test_check_indices_on_the_cpu_does_nothing_and_host_indices_raise_at_the_cal
             with pytest.raises(IndexError, match="scatter: expects non-negative"):
                 scatter("+", np.ones(1), np.array([-1]))
             assert fluxpy.check_indices() is None
-        finally:
-            set_options(**old)
     assert fluxpy.check_indices is fluxpy.ops.check_indices and "check_indices" in fluxpy.__all__

@@ -17,7 +17,7 @@ import fluxpy
 from cupy_standin import FakeArray, kernel_parameters, make_cupy
 from fluxpy import backend, kernels
 from fluxpy.kernels import cpu, cuda_scatter
-from fluxpy.kernels.cudnn import set_options
+from fluxpy.options import options
 
 
 @pytest.fixture
@@ -39,9 +39,9 @@ def cp(monkeypatch):
     table = kernels.snapshot()
     for name, fn in cuda_scatter.KERNELS.items():
         kernels.register(name, "cupy", fn)
-    old = set_options()
+    before = options.get()
     yield fake
-    set_options(**old)
+    options.set(**before)   # a test's options.set(...) ends with it
     kernels.restore(table)
 
 
@@ -286,7 +286,7 @@ def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
         fluxpy.scatter("+", src, idx, dstsize=3, axis=1)
     with pytest.raises(IndexError, match=r"^gather: index 7 in idx is out of range for src axis 1 of size 3$"):
         fluxpy.gather(src, idx, axis=-1)
-    set_options(index_checks="deferred")
+    options.set(index_checks="deferred")
     out = fluxpy.gather(src, idx, axis=1)
     np.testing.assert_array_equal(_host(out), [[1.0, 1.0, 1.0], [1.0, 0.0, 1.0]])   # the bad entry: zero
     with pytest.raises(IndexError, match=r"gather: index 7 in idx is out of range for src axis 1 of size 3 "
@@ -318,7 +318,7 @@ def test_gradients_do_not_flag(cp):
 
 @pytest.fixture
 def deferred(cp):
-    set_options(index_checks="deferred")
+    options.set(index_checks="deferred")
     return cp
 
 
@@ -361,7 +361,7 @@ def test_a_wait_mode_call_reports_a_pending_deferred_error(deferred):
     src, *idx = _dev(cp, np.ones((2, 2)), np.array([0, 1]), np.array([1, 4]))
     cp.stream.queue = []   # the GPU runs the queued kernels later
     fluxpy.gather(src, tuple(idx))
-    set_options(index_checks="wait")
+    options.set(index_checks="wait")
     with pytest.raises(IndexError, match=r"gather: index 4 in idx\[1\] is out of range for src axis 1 of size 2 "
                                          r"\(reported late"):
         fluxpy.gather(*_dev(cp, np.ones(3), np.array([0])))   # read the flag (clear), queued, waited: flagged

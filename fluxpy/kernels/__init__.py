@@ -43,7 +43,7 @@ class BadIndex(IndexError):
 
 class DeferredBadIndex(BadIndex):
     """A :class:`BadIndex` of an earlier checked ``scatter``/``gather`` call made with ``index_checks="deferred"``
-    (``fluxpy.kernels.cudnn.set_options``), reported late: by a later checked call or by ``check_indices``. Beside
+    (:mod:`fluxpy.options`), reported late: by a later checked call or by ``check_indices``. Beside
     ``which``, ``value`` and ``size`` (-1 where they are not known): ``op`` (``"scatter"``, ``"gather"``, or None
     where the call is no longer recorded), ``arrays`` (its number of index arrays) and ``where`` (``"file:line"`` of
     the call into fluxpy).

@@ -7,8 +7,8 @@ handle per device bound to CuPy's current stream, with a workspace of its own pe
 (``cublasSetWorkspace_v2``: cuBLAS then allocates nothing during a call, as capture requires).
 
 The library is the one CuPy loaded (found in the process's memory map after CuPy's cuBLAS module is imported),
-else ``$FLUXPY_CUBLAS_LIBRARY``, else ``ctypes.util.find_library("cublas")``. Float32 uses TF32 tensor cores
-only with ``fluxpy.kernels.cudnn.set_options(allow_tf32=True)`` (the one TF32 switch).
+else the ``cublas_library`` option (:mod:`fluxpy.options`), else ``ctypes.util.find_library("cublas")``. Float32
+uses TF32 tensor cores only with the ``allow_tf32`` option (the one TF32 switch, shared with cuDNN).
 
 float16 and bfloat16 run through ``cublasGemmEx`` with ``CUBLAS_COMPUTE_32F``: half storage, float32
 accumulation on tensor cores, and (``CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION``) no split-K reduction
@@ -37,8 +37,8 @@ import threading
 import numpy as np
 
 from ..backend import cupy
-from .cudnn.handle import OPTIONS
-from .halfs import BFLOAT16, is_half   # the one TF32 switch of the project
+from ..options import options
+from .halfs import BFLOAT16, is_half
 
 __all__ = ["matmul", "matmul_supports", "CublasError", "STATUS_NAMES", "library_path", "KERNELS",
            "WORKSPACE_BYTES"]
@@ -47,9 +47,8 @@ STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 
                 7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
                 13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
                 15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
-# Per stream: what cuBLAS may use instead of allocating during a call. 32 MiB, as NVIDIA advises for Hopper:
-# with 4 MiB an H100 ran the small gemms of the MNIST nets in 15.5-17.5 us against CuPy's 7.3-8.6 (other
-# kernels); with 32 MiB in the same time as CuPy's (measured).
+# Per stream: what cuBLAS may use instead of allocating during a call. 32 MiB is NVIDIA's advice for its recent
+# GPUs; with less, cuBLAS picks slower kernels for small products than the ones CuPy's calls get.
 WORKSPACE_BYTES = 32 << 20
 _OP_N, _OP_T = 0, 1
 _DEFAULT_MATH, _TF32_MATH, _DISALLOW_REDUCED_REDUCTION = 0, 3, 16   # cublasMath_t
@@ -132,7 +131,7 @@ def _load():
             from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401  (loads CuPy's libcublas)
         except ImportError:
             pass
-        for path in (_mapped_cublas(), os.environ.get("FLUXPY_CUBLAS_LIBRARY"), ctypes.util.find_library("cublas")):
+        for path in (_mapped_cublas(), options.cublas_library, ctypes.util.find_library("cublas")):
             if not path:
                 continue
             lib = ctypes.CDLL(path)
@@ -141,8 +140,9 @@ def _load():
                 f.argtypes, f.restype = args, ctypes.c_int
             _lib[0], _lib[1] = lib, path
             return lib
-        raise OSError("cuBLAS was not found: CuPy has not loaded libcublas, $FLUXPY_CUBLAS_LIBRARY is unset and "
-                      "ctypes.util.find_library('cublas') found nothing")
+        raise OSError("cuBLAS was not found: CuPy has not loaded libcublas, the cublas_library option "
+                      "(fluxpy.options, or $FLUXPY_CUBLAS_LIBRARY) is unset and ctypes.util.find_library('cublas') "
+                      "found nothing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def _math_mode(dtype) -> int:
     only with ``allow_tf32``."""
     if is_half(dtype):
         return _DEFAULT_MATH | _DISALLOW_REDUCED_REDUCTION
-    return _TF32_MATH if OPTIONS["allow_tf32"] else _DEFAULT_MATH
+    return _TF32_MATH if options.allow_tf32 else _DEFAULT_MATH
 
 
 def _handle(lib, dtype) -> int:

@@ -10,8 +10,7 @@
 ``conv_bias_act_forward``       ``act(conv(x, w) + b)`` in one graph, relu or identity, ``b`` or None
 ``conv_bias_act_backward``      ``(dz, db)`` from the output: ``dz = dy * (y > 0)`` for relu, ``db``
                                 by :func:`fluxpy.kernels.reduce.mapreduce` (one pass that also writes
-                                ``dz``) or ``cudnnConvolutionBackwardBias`` (:func:`set_bias_grad`);
-                                float16/bfloat16: a mask on the bits and cuDNN's bias sum
+                                ``dz``); float16/bfloat16 without ``db``: a mask on the bits
 ==============================  ===============================================================
 
 float16 and bfloat16 run as float32 and float64 do (the same calls, half storage, float32 compute
@@ -24,16 +23,13 @@ gradient sums every axis but the channels'.
 The four convolution kernels are the graph module's own functions, registered as they are (no
 extra Python frame per call); each falls back per problem to the legacy call of
 :mod:`fluxpy.kernels.cudnn.legacy`, and ``conv_bias_act_forward`` composes conv, bias and relu
-itself where cuDNN refuses the fusion, so every kernel returns a result. :data:`LEGACY_KERNELS` is
-the same table on the legacy calls alone (for comparisons and benchmarks).
+itself where cuDNN refuses the fusion, so every kernel returns a result.
 
 The module imports without CuPy; cuDNN is loaded on the first convolution, and where it cannot run
 that call raises a ``RuntimeError`` saying why (see :func:`fluxpy.kernels.cudnn.available`).
 
 >>> sorted(KERNELS)
 ['conv_backward_data', 'conv_backward_filter', 'conv_bias_act_backward', 'conv_bias_act_forward', 'conv_forward']
->>> sorted(LEGACY_KERNELS) == sorted(KERNELS)
-True
 """
 from __future__ import annotations
 
@@ -42,42 +38,13 @@ import numpy as np
 
 from ..backend import cupy
 from ..layout import keeping_layout, like_layout
-from .cudnn import graph, legacy
-from .cudnn.errors import CudnnError
+from .cudnn import graph
 from .cudnn.geometry import ConvDimsLike
-from .cudnn.legacy import float32_to_half, half_to_float32
 from .halfs import BFLOAT16, is_half
 from .reduce import mapreduce
 
 
-__all__ = ["KERNELS", "LEGACY_KERNELS", "set_bias_grad", "get_bias_grad", "conv_bias_act_backward"]
-
-_BIAS_GRAD = ["mapreduce"]
-
-
-def set_bias_grad(how: str) -> str:
-    """How the conv bias gradient is summed, ``"mapreduce"`` or ``"cudnn"``; returns the previous choice.
-
-    ``"mapreduce"`` (default): fluxpy's reduce kernel, which for relu also applies the mask and
-    writes ``dz`` in the same pass; ``"cudnn"``: a mask kernel, then ``cudnnConvolutionBackwardBias``.
-
-    >>> old = set_bias_grad("cudnn"); _ = set_bias_grad(old); old
-    'mapreduce'
-    """
-    if how not in ("mapreduce", "cudnn"):
-        raise ValueError(f"set_bias_grad expects 'mapreduce' or 'cudnn', got {how!r}")
-    old, _BIAS_GRAD[0] = _BIAS_GRAD[0], how
-    return old
-
-
-def get_bias_grad() -> str:
-    """The current bias-gradient route, ``"mapreduce"`` or ``"cudnn"``.
-
-    >>> get_bias_grad() in ("mapreduce", "cudnn")
-    True
-    """
-    return _BIAS_GRAD[0]
-
+__all__ = ["KERNELS", "conv_bias_act_backward"]
 
 _relu_mask = None
 
@@ -105,23 +72,6 @@ def _half_mask(dy, y):
     return _half_mask_kernel(dy.view(np.uint16), y.view(np.uint16), limit).view(y.dtype)
 
 
-_CUDNN_BIAS_OK = {}   # dtype -> whether cudnnConvolutionBackwardBias took it
-
-
-def _half_bias_backward(dy, y, kind, cdims, need_b):
-    """``(dz, db)`` for the halves: the mask on bits, ``db`` by cuDNN (float32 accumulation) where it takes the
-    dtype, else summed in float32 and rounded once."""
-    dz = keeping_layout(_half_mask, dy, y) if kind == "relu" else dy
-    if not need_b:
-        return dz, None
-    if _CUDNN_BIAS_OK.get(dz.dtype, True):
-        try:
-            return dz, legacy.conv_backward_bias(dz, cdims)
-        except CudnnError:
-            _CUDNN_BIAS_OK[dz.dtype] = False
-    return dz, float32_to_half(half_to_float32(dz).sum(axis=_bias_axes(dz.ndim)), dz.dtype)
-
-
 def _bias_axes(ndim):
     """``(0, 2, 3)`` in 2-d: every axis but the channels'."""
     return (0, 2, 3) if ndim == 4 else (0,) + tuple(range(2, ndim))
@@ -137,13 +87,9 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
     if y.dtype != dy.dtype:
         dy = dy.astype(y.dtype)
     dy = like_layout(dy, y)   # channels-last where the forward's output is
-    if is_half(y.dtype) and (_BIAS_GRAD[0] == "cudnn" or not need_b):
-        return _half_bias_backward(dy, y, kind, cdims, need_b)
-    if _BIAS_GRAD[0] == "cudnn":
-        dz = keeping_layout(_mask, dy, y) if kind == "relu" else dy
-        return dz, (legacy.conv_backward_bias(dz, cdims) if need_b else None)
     if not need_b:
-        return (keeping_layout(_mask, dy, y) if kind == "relu" else dy), None
+        mask = _half_mask if is_half(y.dtype) else _mask
+        return (keeping_layout(mask, dy, y) if kind == "relu" else dy), None
     axes = _bias_axes(dy.ndim)
     if kind == "relu":
         dz = cupy.empty_like(dy)
@@ -160,12 +106,3 @@ KERNELS = {
     "conv_bias_act_backward": conv_bias_act_backward,
 }
 """Op name -> CuPy convolution kernel, for :func:`fluxpy.kernels.register` (what fluxpy uses by default)."""
-
-LEGACY_KERNELS = {
-    "conv_forward": legacy.conv_forward,
-    "conv_backward_data": legacy.conv_backward_data,
-    "conv_backward_filter": legacy.conv_backward_filter,
-    "conv_bias_act_forward": legacy.conv_bias_act_forward,
-    "conv_bias_act_backward": conv_bias_act_backward,
-}
-"""The same ops on cuDNN's legacy calls only (``cudnnConvolution*``), to compare against :data:`KERNELS`."""

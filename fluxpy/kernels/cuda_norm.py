@@ -4,9 +4,8 @@ Two implementations: fluxpy's own kernels (:mod:`fluxpy.kernels.cuda_bn`, float1
 launches each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, float16/float32/float64). For the
 halves both keep the statistics and parameters in float32; bfloat16 runs fluxpy's kernels only. Where both take a
 problem (shape, dtype, device), the first call times the GPU time of each direction of both on the call's own arrays
-(the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times,
-:func:`set_impl` forces one (``"fluxpy"``, ``"cudnn"`` or ``"auto"``). The ``supports`` predicates accept what
-either takes; other calls run the op's composite.
+(the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times.
+The ``supports`` predicates accept what either takes; other calls run the op's composite.
 
 >>> sorted(KERNELS)
 ['batchnorm_backward', 'batchnorm_forward']
@@ -20,23 +19,10 @@ from ..layout import like_layout
 from . import cuda_bn
 from .cudnn import batchnorm as bn
 
-__all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "set_impl", "choices"]
+__all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "choices"]
 
 _DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_IMPL = ["auto"]
 _choices: dict = {}   # (direction, shape, dtype, device) -> (name, {name: us})
-
-
-def set_impl(name: str) -> str:
-    """Use ``"fluxpy"``'s kernels, ``"cudnn"``'s, or the faster per problem (``"auto"``); returns the old setting.
-
-    >>> set_impl(set_impl("auto"))
-    'auto'
-    """
-    if name not in ("auto", "fluxpy", "cudnn"):
-        raise ValueError(f"set_impl expects 'auto', 'fluxpy' or 'cudnn', got {name!r}")
-    old, _IMPL[0] = _IMPL[0], name
-    return old
 
 
 def choices() -> dict:
@@ -94,13 +80,11 @@ def _time_us(run, reps=5):
 
 
 def _pick(direction, x, ours_ok, cudnn_ok, candidates):
-    """The implementation to run: forced, the only one that fits, or the faster one timed on first use."""
+    """The implementation to run: the only one that fits, or the faster one timed on first use."""
     if not cudnn_ok:
         return "fluxpy"
     if not ours_ok:
         return "cudnn"
-    if _IMPL[0] != "auto":
-        return _IMPL[0]
     key = (direction, x.shape, x.dtype, x.device.id)
     hit = _choices.get(key)
     if hit is None:

@@ -16,7 +16,7 @@ scatter was slow for tiny inputs, a badly threaded one for large ones):
 The first call of a problem (op, dtype, index dtypes, the row counts and column count, device) outside a CUDA-graph
 capture times every implementation it may use on the call's own arrays (one warm run, then CUDA events) and keeps
 the fastest for the process, as cuDNN plans are kept; :func:`choices` lists them. In deterministic mode
-(``fluxpy.kernels.cudnn.set_options(deterministic=True)``, one switch for every kernel) only deterministic
+(the ``deterministic`` option of :mod:`fluxpy.options`, one switch for every kernel) only deterministic
 implementations are candidates. A capture with no choice yet uses ``sorted`` (deterministic) or ``atomic``, untimed.
 
 float16 and bfloat16 are computed in float32 and rounded once; integers add modulo their width, as NumPy does.
@@ -25,7 +25,7 @@ float16 and bfloat16 are computed in float32 and rounded once; integers add modu
 *checked* call (the public ``scatter``/``gather`` ops with indices on the device) has a number, and its kernels leave
 it in a flag in pinned host memory (unless an earlier checked call's number is there: the flag names the first one
 that met a bad index); unchecked calls (gradients, whose indices were checked on the way forward) leave nothing and
-never wait. The kernel option ``index_checks`` (``fluxpy.kernels.cudnn.set_options``) says what a checked call does:
+never wait. The ``index_checks`` option (:mod:`fluxpy.options`) says what a checked call does:
 
 - ``"wait"`` (the default): it waits for its kernel and raises :class:`~fluxpy.kernels.BadIndex` naming the first
   bad entry. The result is a new array, so nothing the caller holds has changed when the error comes.
@@ -59,11 +59,11 @@ import numpy as np
 
 from ..backend import cupy
 from ..capturing import capturing, on_replay
+from ..options import options
 from . import BadIndex, DeferredBadIndex
 from .cuda_arrays import c_contiguous
 from .cpu import along_axis_index, first_bad_index, scatter_empty
 from .cudnn.graph import _events_ms   # the plans' timer: host time between launches counts, as in a step
-from .cudnn.handle import OPTIONS
 from .halfs import CONVERSIONS, CONVERT, is_half
 
 __all__ = ["scatter", "gather", "check_indices", "scatter_with", "choices", "clear_choices", "KERNELS",
@@ -496,7 +496,7 @@ def _finish_checked(flag, call, fname, index, sizes, axis=None):
     if capturing():
         on_replay(lambda: _report_replay(flag, fname))
         return
-    if OPTIONS["index_checks"] == "deferred":
+    if options.index_checks == "deferred":
         flag.deferred.append((call, fname, sizes, tuple(weakref.ref(a) for a in index), axis, _caller()))
         return
     cupy.cuda.get_current_stream().synchronize()
@@ -784,7 +784,7 @@ _RUN = {"one_block": _one_block, "atomic": _atomic, "sorted": _sorted}
 
 
 def _candidates(p):
-    deterministic = OPTIONS["deterministic"]
+    deterministic = options.deterministic
     names = []
     if (p.K + p.R) * p.F <= ONE_BLOCK_LIMIT:
         names.append("one_block")
@@ -822,7 +822,7 @@ def clear_choices() -> None:
 
 
 def _choose(p):
-    deterministic = bool(OPTIONS["deterministic"])
+    deterministic = options.deterministic
     name = p.chosen.get(deterministic)
     if name is None:
         key = p.key + (deterministic,)

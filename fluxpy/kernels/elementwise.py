@@ -55,14 +55,10 @@ __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused
            "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
            "adam_update", "momentum_update", "descent_update", "adagrad_update", "adadelta_update", "adamax_update",
            "oadam_update", "nadam_update", "radam_update", "adabelief_update", "lion_update", "sign_decay_update",
-           "sign_decay_gradient", "accum_grad_update", "update_supports", "KERNELS", "BIAS_GRAD_FUSED"]
+           "sign_decay_gradient", "accum_grad_update", "update_supports", "KERNELS"]
 
 stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
 """Counters: functions traced, ElementwiseKernels built, calls that fell back to the generic path."""
-
-BIAS_GRAD_FUSED = True
-"""bias_act backward: compute dx and db in one map+reduce pass (``mapreduce(..., out_mapped=dx)``)
-rather than an elementwise kernel followed by a reduction (benchmarks/elementwise.py times both)."""
 
 
 class Untraceable(Exception):
@@ -316,13 +312,6 @@ class Sym:
 def _is_foreign(o):
     """Values another type handles (dual numbers over Syms): let their methods run."""
     return type(o).__name__ == "Dual"
-
-
-def _sym_of(tr, args):
-    for a in args:
-        if type(a) is Sym:
-            return a
-    raise Untraceable("no traced value")
 
 
 def _ftext(tr, a):
@@ -767,16 +756,17 @@ def bias_act_output_backward_supports(kind: str, y: Any, dy: Any, *_: Any) -> bo
 
 
 def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, ...] | None, need_x: bool,
-                             need_b: bool, fused: bool | None = None) -> tuple[Array | None, Array | None]:
+                             need_b: bool, fused: bool = True) -> tuple[Array | None, Array | None]:
     """``(dx, db)`` for an activation whose derivative comes from its output ``y`` (the
     ``bias_act_backward`` kernel for CuPy).
 
-    ``dx = dy * act'(y)`` (elementwise), ``db = unbroadcast(dx, bshape)``. With ``fused`` (default
-    :data:`BIAS_GRAD_FUSED`) and both needed, one map+reduce pass writes ``dx`` while summing ``db``.
+    ``dx = dy * act'(y)`` (elementwise), ``db = unbroadcast(dx, bshape)``. Where both are needed and ``y`` and
+    ``dy`` share a layout the reduction reads in one pass, that pass writes ``dx`` while summing ``db``; otherwise
+    (or with ``fused=False``, which tests and benchmarks use to reach that path) an elementwise kernel writes ``dx``
+    and a reduction sums it.
     """
     from .reduce import canonical_form, mapreduce
     need_b = need_b and bshape is not None
-    fused = BIAS_GRAD_FUSED if fused is None else fused
     cm, mp = _OUTPUT_DERIVS[kind]
     axes = reduced_axes(y.shape, bshape) if need_b else None
     dx = db = None

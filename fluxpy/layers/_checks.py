@@ -131,26 +131,9 @@ def _number(who, name, value, low, high=None, low_open=False):
     return value
 
 
-def _pad_option(who, pad):
-    """``pad``, checked: a non-negative int, a pair, a 4-tuple ``(top, bottom, left, right)`` or ``"same"``."""
-    if isinstance(pad, str) and pad == "same":
-        return pad
-    values = (pad,) if _is_int(pad) else tuple(pad) if isinstance(pad, (tuple, list)) and len(pad) in (2, 4) else ()
-    if not values or not all(_is_int(v) and v >= 0 for v in values):
-        raise ValueError(f"{who}: pad must be a non-negative int, a pair (ph, pw), a 4-tuple (top, bottom, left, "
-                         f"right) or \"same\", got {pad!r}")
-    return pad
-
-
 def _require_ndim(layer, x, ndim, layout):
     if not hasattr(x, "shape") or len(x.shape) != ndim:
         _fail(layer, f"a {ndim}-d input {layout}", x)
-
-
-def _require_channels(layer, x, channels):
-    _require_ndim(layer, x, 4, "(N, C, H, W)")
-    if x.shape[1] != channels:
-        _fail(layer, f"x.shape[1] == {channels}", x)
 
 
 def _renamed(layer, err, op):

@@ -22,8 +22,8 @@ scatter-add too.
 
 Index checks: an index out of range (or negative) raises ``IndexError`` naming the op, the value, the index array,
 the axis and its size. Indices given on the host are checked before any work. Indices on the GPU are checked by the
-kernels as they read them (they skip a bad entry), and the kernel option ``index_checks``
-(``fluxpy.kernels.cudnn.set_options``) says when the error comes: ``"wait"`` (the default) has each call wait for
+kernels as they read them (they skip a bad entry), and the option ``index_checks``
+(:mod:`fluxpy.options`) says when the error comes: ``"wait"`` (the default) has each call wait for
 its kernel and raise before returning; ``"deferred"`` lets it return at once (PyTorch's and CUDA.jl's way), and the
 error, saying which earlier call made it, comes from the next checked ``scatter``/``gather`` call or from
 :func:`check_indices`, which waits for the GPU. Gradients never check (their indices were checked on the way
@@ -387,17 +387,16 @@ def check_indices() -> None:
     arrays are still held) and the file and line of the call. Forgets the deferred calls either way; nothing to do
     on the CPU, where indices are checked before any work.
 
-    ``fluxpy.kernels.cudnn.set_options(index_checks="deferred")`` turns the deferred mode on (the default,
+    ``fluxpy.options.set(index_checks="deferred")`` turns the deferred mode on (the default,
     ``"wait"``, has every checked call wait for its kernel and raise at once); in that mode a later checked call
     also raises for an earlier call's bad index, before its own work.
 
     >>> import numpy as np
-    >>> from fluxpy.kernels.cudnn import set_options
-    >>> old = set_options(index_checks="deferred")
-    >>> scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked here in either mode
+    >>> from fluxpy.options import options
+    >>> with options(index_checks="deferred"):
+    ...     scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked here in either mode
+    ...     check_indices()   # nothing pending
     array([0., 3.])
-    >>> check_indices()   # nothing pending
-    >>> _ = set_options(**old)
     """
     try:
         for check in registered_for("check_indices"):

@@ -10,7 +10,6 @@ from hypothesis import given
 
 import fluxpy
 from fluxpy.kernels import cublas, find
-from fluxpy.kernels.cudnn import set_options
 from sweeps import examples
 
 pytestmark = pytest.mark.gpu
@@ -93,11 +92,8 @@ def test_a_product_on_another_stream_and_with_tf32():
         got = cublas.matmul(cp.asarray(a), cp.asarray(b))
         s.synchronize()
     np.testing.assert_allclose(cp.asnumpy(got), a @ b, rtol=1e-5, atol=1e-5)
-    old = set_options(allow_tf32=True)
-    try:
+    with fluxpy.options(allow_tf32=True):
         tf32 = cublas.matmul(cp.asarray(a), cp.asarray(b))
-    finally:
-        set_options(**old)
     np.testing.assert_allclose(cp.asnumpy(tf32), a @ b, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(cublas.matmul(cp.asarray(a), cp.asarray(b))), a @ b, rtol=1e-5, atol=1e-5)
 

@@ -22,11 +22,11 @@ pytestmark = pytest.mark.gpu
 def legacy_kernels():
     """The kernel table with cuDNN's legacy calls for the convolution ops (restored afterwards)."""
     from fluxpy import kernels
-    from fluxpy.kernels import cuda_conv
+    from fluxpy.kernels.cudnn import legacy
     snap = kernels.snapshot()
     try:
-        for name, fn in cuda_conv.LEGACY_KERNELS.items():
-            kernels.register(name, "cupy", fn)
+        for name in ("conv_forward", "conv_backward_data", "conv_backward_filter", "conv_bias_act_forward"):
+            kernels.register(name, "cupy", getattr(legacy, name))
         yield
     finally:
         kernels.restore(snap)
@@ -150,7 +150,6 @@ def test_error_is_cudnn_error(graph):
 
 
 def test_deterministic_and_tf32_options_replan(graph):
-    from fluxpy.kernels import cudnn
     cp = cupy_module()
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 8, 10, 10))
@@ -158,13 +157,10 @@ def test_deterministic_and_tf32_options_replan(graph):
     xg, wg = cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))
     cd = conv_dims(xg, wg, pad=1)
     dy = cp.asarray(rng.standard_normal(cd.y_shape).astype(np.float32))
-    old = cudnn.set_options(deterministic=True)
-    try:
+    with fluxpy.options(deterministic=True):
         a = graph.conv_backward_filter(xg, dy, cd)
         b = graph.conv_backward_filter(xg, dy, cd)
         assert bool(cp.all(a == b))
-    finally:
-        cudnn.set_options(**old)
     n = graph.stats()["builds"]
     graph.conv_backward_filter(xg, dy, cd)
     assert graph.stats()["builds"] == n + 1   # other options: another plan
@@ -206,24 +202,24 @@ def test_the_legacy_call_keeps_a_problem_where_it_is_faster(monkeypatch, tmp_pat
     import cupy as cp
     from fluxpy.kernels.cudnn import graph as G
     from fluxpy.ops.dims import ConvDims
-    monkeypatch.setenv("FLUXPY_CACHE", str(tmp_path))
-    rng = np.random.default_rng(11)
-    x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
-    w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
-    cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
-    expected = None
-    for margin, graph in ((1e9, False), (0.0, True)):   # the legacy call always / never "clearly faster"
+    with fluxpy.options(cache_dir=tmp_path):
+        rng = np.random.default_rng(11)
+        x = cp.asarray(rng.standard_normal((2, 3, 9, 9)))
+        w = cp.asarray(rng.standard_normal((4, 3, 3, 3)))
+        cd = ConvDims.from_arrays(x, w, pad=1, flipped=True)
+        expected = None
+        for margin, graph in ((1e9, False), (0.0, True)):   # the legacy call always / never "clearly faster"
+            G.clear_cache(disk=True)
+            monkeypatch.setattr(G, "LEGACY_MARGIN", margin)
+            y = G.conv_forward(x, w, cd)
+            reasons = " ".join(G.fallback_reasons().values())
+            assert ("legacy call was faster" in reasons) is (not graph)
+            expected = y if expected is None else expected
+            np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(expected), rtol=1e-12)
+            if not graph:   # the verdict is kept on disk: a new process goes to the legacy call without timing
+                G.clear_cache()
+                monkeypatch.setattr(G, "LEGACY_MARGIN", 0.0)
+                G.conv_forward(x, w, cd)
+                assert "legacy call was faster" in " ".join(G.fallback_reasons().values())
+                assert "disk cache" in " ".join(G.fallback_reasons().values())
         G.clear_cache(disk=True)
-        monkeypatch.setattr(G, "LEGACY_MARGIN", margin)
-        y = G.conv_forward(x, w, cd)
-        reasons = " ".join(G.fallback_reasons().values())
-        assert ("legacy call was faster" in reasons) is (not graph)
-        expected = y if expected is None else expected
-        np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(expected), rtol=1e-12)
-        if not graph:   # the verdict is kept on disk: a new process goes to the legacy call without timing
-            G.clear_cache()
-            monkeypatch.setattr(G, "LEGACY_MARGIN", 0.0)
-            G.conv_forward(x, w, cd)
-            assert "legacy call was faster" in " ".join(G.fallback_reasons().values())
-            assert "disk cache" in " ".join(G.fallback_reasons().values())
-    G.clear_cache(disk=True)

@@ -12,20 +12,18 @@ import pytest
 
 from devices import cupy_module
 from fluxpy.ops.conv import conv_backward_data, conv_backward_filter, conv_dims
+from fluxpy.options import options
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("searching")]
 
 
 @pytest.fixture()
-def searching(graph):
-    """The graph module (conftest's ``graph``: temporary disk cache, empty plan caches) with a generous search
-    budget that the budget alone bounds."""
-    old = graph.set_search(5000)
-    old_calls = graph.SEARCH_CALLS
-    graph.SEARCH_CALLS = 10**6
-    yield graph
-    graph.SEARCH_CALLS = old_calls
-    graph.set_search(old)
+def searching(graph, monkeypatch):
+    """The graph module (conftest's ``graph``: temporary disk cache, empty plan caches, the options put back after
+    the test) with a generous search budget that the budget alone bounds."""
+    options.set(search_budget_ms=5000)
+    monkeypatch.setattr(graph, "SEARCH_CALLS", 10**6)
+    return graph
 
 
 def _problem(seed, n=8, c=32, h=14, k=48, r=3, stride=2, pad=1):
@@ -120,7 +118,7 @@ def test_the_choice_is_kept_on_disk_and_rebuilt_without_timing(graph):
     chosen, timed = str(p.config), len(p.tuned)
     assert timed > 1
     path = graph.cache_file()
-    assert path.startswith(os.environ["FLUXPY_CACHE"]) and os.path.exists(path)
+    assert path.startswith(options.cache_dir) and os.path.exists(path)
     rows = json.load(open(path))
     assert any(v.get("config") == p.config.to_json() for v in rows.values())
     graph.clear_cache()                                   # a new process: memory empty, the file stays
@@ -154,12 +152,10 @@ def test_a_stale_row_on_disk_is_searched_again(graph):
 
 def test_deterministic_mode_searches_only_deterministic_engines(graph):
     cp = cupy_module()
-    from fluxpy.kernels import cudnn
     from fluxpy.kernels.cudnn import search
     from fluxpy.kernels.cudnn.descriptors import NOTE_NONDETERMINISTIC
     x, w, dy, cd = _problem(4)
-    old = cudnn.set_options(deterministic=True)
-    try:
+    with options(deterministic=True):
         a = cp.asnumpy(conv_backward_filter(cp.asarray(x), cp.asarray(dy), cd))
         b = cp.asnumpy(conv_backward_filter(cp.asarray(x), cp.asarray(dy), cd))
         p = _plan(graph, "bwd_filter")
@@ -168,20 +164,18 @@ def test_deterministic_mode_searches_only_deterministic_engines(graph):
             _, num, _ = search.engine_info(eng)
             search.destroy_all([eng])
             assert NOTE_NONDETERMINISTIC not in num, str(c)
-    finally:
-        cudnn.set_options(**old)
     np.testing.assert_array_equal(a, b)
 
 
 def test_no_budget_keeps_to_the_heuristics(graph):
     cp = cupy_module()
-    graph.set_search(0)
+    options.set(search_budget_ms=0)
     x, w, dy, cd = _problem(5)
     conv_backward_data(cp.asarray(dy), cp.asarray(w), cd)
     p = _plan(graph, "bwd_data")
     assert all(src.startswith(("heuristics", "fallback heuristics", "legacy")) for _, src, _ in p.tuned), p.tuned
 
 
-def test_set_search_refuses_a_negative_budget(graph):
-    with pytest.raises(ValueError, match="set_search: budget_ms must be >= 0"):
-        graph.set_search(-1)
+def test_a_negative_search_budget_is_refused(graph):
+    with pytest.raises(ValueError, match="search_budget_ms expects a number of milliseconds >= 0, got -1"):
+        options.set(search_budget_ms=-1)

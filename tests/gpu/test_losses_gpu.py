@@ -85,16 +85,13 @@ def test_value_checks_on_the_gpu_follow_the_policy():
     from fluxpy import losses as L
     logits, y = cp.asarray([[2.0, -1.0]]), cp.asarray([[1.0, 0.0]])
     labels = cp.asarray([0, 3, -1])
-    previous = L.check_values("auto")
-    try:
+    with fluxpy.options(value_checks="auto"):
         assert not L._values_checked(logits)
         L.crossentropy(logits, y)   # "auto": values on the GPU are not read (no host sync)
         rows = cp.asnumpy(fluxpy.logitcrossentropy(cp.zeros((3, 3)), labels, agg=lambda l: l))
         assert np.isfinite(rows[0]) and np.isnan(rows[1:]).all()   # bad class indices poison their rows
-        L.check_values(True)
+    with fluxpy.options(value_checks=True):
         with pytest.raises(ValueError, match="crossentropy expects ŷ in"):
             L.crossentropy(logits, y)
         with pytest.raises(ValueError, match=r"class indices in \[0, 3\).*got values from -1 to 3"):
             fluxpy.logitcrossentropy(cp.zeros((3, 3)), labels)
-    finally:
-        L.check_values(previous)

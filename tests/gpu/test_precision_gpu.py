@@ -82,9 +82,7 @@ def test_a_dynamic_loss_scale_in_a_captured_step_skips_overflows_on_the_device_a
 
     import cupy as cp
     from fluxpy import DynamicLossScale, TrainStep
-    from fluxpy.kernels.cudnn import set_options
-    old = set_options(deterministic=True)
-    try:
+    with fluxpy.options(deterministic=True):
         rng = np.random.default_rng(3)
         base = reference_net(rng)
         batches = []
@@ -111,8 +109,6 @@ def test_a_dynamic_loss_scale_in_a_captured_step_skips_overflows_on_the_device_a
         assert cm.loss_scale.scale == em.loss_scale.scale == 2.0 ** 9
         for a, b in zip(cw[-1], ew[-1]):
             np.testing.assert_array_equal(a, b)
-    finally:
-        set_options(**old)
 
 
 def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
@@ -120,9 +116,7 @@ def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
 
     import cupy as cp
     from fluxpy import DynamicLossScale
-    from fluxpy.kernels.cudnn import set_options
-    old = set_options(deterministic=True)
-    try:
+    with fluxpy.options(deterministic=True):
         rng = np.random.default_rng(4)
         base = reference_net(rng)
         batches = [(cp.asarray(rng.random((16, 1, 28, 28), dtype=np.float32)),
@@ -141,5 +135,3 @@ def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
         assert cm.loss_scale.scale == em.loss_scale.scale == 2.0 ** 9
         for a, b in zip(fluxpy.trainables(cm.model), fluxpy.trainables(em.model)):
             np.testing.assert_array_equal(fluxpy.cpu(a), fluxpy.cpu(b))
-    finally:
-        set_options(**old)

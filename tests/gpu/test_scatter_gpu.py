@@ -238,18 +238,17 @@ def test_the_choice_is_measured_once_and_kept():
 
 
 def test_deterministic_mode_uses_deterministic_implementations_only():
-    from fluxpy.kernels import cuda_scatter, cudnn
+    from fluxpy.kernels import cuda_scatter
     cp = cupy_module()
     rng = np.random.default_rng(10)
     src, idx = cp.asarray(rng.standard_normal((20000, 64)).astype(np.float32)), cp.asarray(rng.integers(0, 50, 20000))
-    old = cudnn.set_options(deterministic=True)
+    cuda_scatter.clear_choices()
     try:
-        cuda_scatter.clear_choices()
-        results = [cp.asnumpy(scatter("+", src, idx, dstsize=(50, 64))) for _ in range(3)]
-        (name, times), = cuda_scatter.choices().values()
-        assert name != "atomic" and "atomic" not in times
+        with fluxpy.options(deterministic=True):
+            results = [cp.asnumpy(scatter("+", src, idx, dstsize=(50, 64))) for _ in range(3)]
+            (name, times), = cuda_scatter.choices().values()
+            assert name != "atomic" and "atomic" not in times
     finally:
-        cudnn.set_options(**old)
         cuda_scatter.clear_choices()
     assert all(np.array_equal(r, results[0]) for r in results)   # bit for bit
 
@@ -348,17 +347,13 @@ def test_a_cached_gather_and_a_changed_index_shape():
 @pytest.fixture
 def deferred():
     """``index_checks="deferred"`` for the test; afterwards the option is put back and nothing is left pending."""
-    from fluxpy.kernels.cudnn import get_options, set_options
-    assert get_options()["index_checks"] == "wait"   # the default
-    old = set_options(index_checks="deferred")
-    try:
+    assert fluxpy.options.index_checks == "wait"   # the default
+    with fluxpy.options(index_checks="deferred"):
         yield
-    finally:
-        set_options(**old)
-        try:
-            fluxpy.check_indices()
-        except IndexError:
-            pass
+    try:
+        fluxpy.check_indices()
+    except IndexError:
+        pass
 
 
 def _flag_value():
@@ -415,12 +410,11 @@ def test_deferred_bad_index_is_skipped_and_reported_by_check_indices(deferred, f
 
 @pytest.mark.parametrize("mode", ["deferred", "wait"])
 def test_the_next_checked_call_raises_for_an_earlier_deferred_call(deferred, mode):
-    from fluxpy.kernels.cudnn import set_options
     cp = cupy_module()
     bad = cp.asarray([0, 9])
     scatter("+", cp.ones(2), bad, dstsize=4)   # deferred: no error here
     cp.cuda.runtime.deviceSynchronize()         # its kernel has run: the flag is up
-    set_options(index_checks=mode)
+    fluxpy.options.set(index_checks=mode)   # the fixture's block puts it back
     with pytest.raises(IndexError, match=r"scatter: index 9 in idx is out of range for dstsize axis 0 of size 4 "
                                          r"\(reported late: an earlier scatter call"):
         gather(cp.arange(4.0), cp.asarray([1]))   # a good call: raises for the earlier one
@@ -430,14 +424,13 @@ def test_the_next_checked_call_raises_for_an_earlier_deferred_call(deferred, mod
 
 
 def test_deferred_good_calls_do_not_raise_and_match_wait_mode(deferred):
-    from fluxpy.kernels.cudnn import set_options
     cp = cupy_module()
     rng = np.random.default_rng(14)
     src, idx = rng.standard_normal((50, 3)), rng.integers(0, 7, 50)
     deferred_results = [cp.asnumpy(scatter("max", cp.asarray(src), cp.asarray(idx), dstsize=(7, 3))),
                         cp.asnumpy(gather(cp.asarray(src), cp.asarray(idx)))]
     fluxpy.check_indices()
-    set_options(index_checks="wait")
+    fluxpy.options.set(index_checks="wait")   # the fixture's block puts it back
     wait_results = [cp.asnumpy(scatter("max", cp.asarray(src), cp.asarray(idx), dstsize=(7, 3))),
                     cp.asnumpy(gather(cp.asarray(src), cp.asarray(idx)))]
     for a, b in zip(deferred_results, wait_results):
@@ -445,9 +438,8 @@ def test_deferred_good_calls_do_not_raise_and_match_wait_mode(deferred):
 
 
 def test_the_default_mode_raises_at_the_call():
-    from fluxpy.kernels.cudnn import get_options
     cp = cupy_module()
-    assert get_options()["index_checks"] == "wait"
+    assert fluxpy.options.index_checks == "wait"
     with pytest.raises(IndexError, match="gather: index 3 in idx is out of range for src axis 0 of size 3$"):
         gather(cp.ones(3), cp.asarray([0, 3]))
     assert _flag_value() == 0
@@ -480,12 +472,10 @@ def test_a_captured_bad_index_is_reported_after_the_replay(mode):
     from fluxpy.backend import capture_graph
     from fluxpy.capturing import recording
     from fluxpy.kernels import BadIndex
-    from fluxpy.kernels.cudnn import set_options
     cp = cupy_module()
     src, idx = cp.ones(2), cp.asarray([0, 1])
     scatter("+", src, idx, dstsize=2)   # the choice is made eagerly
-    old = set_options(index_checks=mode)
-    try:
+    with fluxpy.options(index_checks=mode):
         with recording() as hooks:
             graph, y = capture_graph(lambda: scatter("+", src, idx, dstsize=2))
         graph.launch()
@@ -500,8 +490,6 @@ def test_a_captured_bad_index_is_reported_after_the_replay(mode):
             for hook in hooks:
                 hook()
         assert _flag_value() == 0
-    finally:
-        set_options(**old)
     fluxpy.check_indices()
 
 
@@ -610,19 +598,18 @@ def test_the_benchmarks_4d_case_along_the_last_axis_matches_the_index_tuple_form
 
 
 def test_deterministic_mode_along_an_axis_is_bit_for_bit():
-    from fluxpy.kernels import cuda_scatter, cudnn
+    from fluxpy.kernels import cuda_scatter
     cp = cupy_module()
     rng = np.random.default_rng(20)
     src = cp.asarray(rng.standard_normal((64, 3000, 4)).astype(np.float32))
     idx = cp.asarray(rng.integers(0, 20, (64, 3000, 4)))
-    old = cudnn.set_options(deterministic=True)
+    cuda_scatter.clear_choices()
     try:
-        cuda_scatter.clear_choices()
-        results = [cp.asnumpy(scatter("+", src, idx, dstsize=20, axis=1)) for _ in range(3)]
-        (name, times), = cuda_scatter.choices().values()
-        assert name != "atomic" and "atomic" not in times
+        with fluxpy.options(deterministic=True):
+            results = [cp.asnumpy(scatter("+", src, idx, dstsize=20, axis=1)) for _ in range(3)]
+            (name, times), = cuda_scatter.choices().values()
+            assert name != "atomic" and "atomic" not in times
     finally:
-        cudnn.set_options(**old)
         cuda_scatter.clear_choices()
     assert all(np.array_equal(r, results[0]) for r in results)
     want = scatter("+", cp.asnumpy(src).astype(np.float64), cp.asnumpy(idx), dstsize=20, axis=1)
@@ -631,11 +618,9 @@ def test_deterministic_mode_along_an_axis_is_bit_for_bit():
 
 @pytest.mark.parametrize("mode", ["wait", "deferred"])
 def test_a_bad_device_index_along_an_axis_names_the_axis(mode):
-    from fluxpy.kernels.cudnn import set_options
     cp = cupy_module()
     src, idx = cp.ones((3, 4)), cp.asarray([[0, 1, 2, 3], [3, 9, 0, 1], [0, 0, 0, 0]])
-    old = set_options(index_checks=mode)
-    try:
+    with fluxpy.options(index_checks=mode):
         for call, words in [(lambda: scatter("max", src, idx, dstsize=4, axis=1), "scatter: index 9 in idx is out "
                              "of range for dstsize axis 1 of size 4"),
                             (lambda: gather(src, idx, axis=-1), "gather: index 9 in idx is out of range for src axis "
@@ -645,8 +630,6 @@ def test_a_bad_device_index_along_an_axis_names_the_axis(mode):
                 fluxpy.check_indices()   # deferred: reported here
             assert str(info.value).startswith(words), str(info.value)
             assert _flag_value() == 0
-    finally:
-        set_options(**old)
     fluxpy.check_indices()
 
 

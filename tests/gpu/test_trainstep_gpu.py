@@ -17,7 +17,6 @@ import pytest
 import fluxpy
 from fluxpy import (BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, MaxPool, TrainStep, flatten,
                     logitcrossentropy, relu)
-from fluxpy.kernels.cudnn import set_options
 from fluxpy.models import resnet20
 from fluxpy.optimise import Adam, AdamW, Descent, Momentum, setup
 
@@ -26,9 +25,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _deterministic_cudnn():
-    old = set_options(deterministic=True)
-    yield
-    set_options(**old)
+    with fluxpy.options(deterministic=True):
+        yield
 
 
 def _reference(rng):

@@ -6,8 +6,8 @@ CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, mo
   wheel or the system), the bound functions, :func:`available`, :func:`version`;
 - :mod:`~fluxpy.kernels.cudnn.errors`: :class:`CudnnError` (naming the call, the status and the
   problem) and the one status check;
-- :mod:`~fluxpy.kernels.cudnn.handle`: the options (:func:`set_options`, :func:`get_options`), one
-  handle per device bound to CuPy's current stream, the workspace per (device, stream);
+- :mod:`~fluxpy.kernels.cudnn.handle`: one handle per device bound to CuPy's current stream, the workspace of a
+  call, the options (:mod:`fluxpy.options`) that plans depend on;
 - :mod:`~fluxpy.kernels.cudnn.descriptors`: the enums, the legacy descriptors and the backend
   API's descriptor calls;
 - :mod:`~fluxpy.kernels.cudnn.geometry`: the asymmetric-padding split, padding the input, cropping
@@ -19,26 +19,24 @@ CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, mo
 - :mod:`~fluxpy.kernels.cudnn.search`: the search past the heuristics (every engine, the knobs of the fastest);
 - :mod:`~fluxpy.kernels.cudnn.diskcache`: the files of choices kept between runs (both paths).
 
-Which of these the kernel table uses for CuPy arrays is decided by :mod:`fluxpy.kernels.cuda_conv`.
-The package imports without CuPy or cuDNN; :func:`available` says whether it can run and why not.
+Which of these the kernel table uses for CuPy arrays is decided by :mod:`fluxpy.kernels.cuda_conv`. The
+settings are :mod:`fluxpy.options`'s: ``allow_tf32``, ``deterministic``, ``workspace_limit``, ``autotune``,
+``search_budget_ms``, ``disk_cache``, ``cache_dir``, ``cudnn_library``. The package imports without CuPy or
+cuDNN; :func:`available` says whether it can run and why not.
 
 >>> ok, why = available()
 >>> isinstance(ok, bool) and isinstance(why, str)
 True
->>> sorted(get_options())
-['allow_tf32', 'deterministic', 'disk_cache', 'index_checks', 'workspace_limit']
 """
 from __future__ import annotations
 
 from . import descriptors, diskcache, errors, geometry, graph, handle, legacy, library, search
 from .errors import STATUS_NAMES, CudnnError
-from .handle import get_options, set_options
 from .legacy import Plan, cache_file, plan, stats
 from .library import available, version
 
-__all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "set_options", "get_options", "clear_cache",
-           "stats", "cache_file", "plan", "Plan", "library", "errors", "handle", "descriptors", "geometry", "legacy",
-           "graph", "search", "diskcache"]
+__all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "clear_cache", "stats", "cache_file", "plan", "Plan",
+           "library", "errors", "handle", "descriptors", "geometry", "legacy", "graph", "search", "diskcache"]
 
 
 def clear_cache(memory: bool = True, disk: bool = False) -> None:

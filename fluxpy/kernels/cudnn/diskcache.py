@@ -16,22 +16,20 @@ import json
 import os
 
 from ...backend import cupy
+from ...options import options
 from . import library
 
 __all__ = ["cache_dir", "DiskTable"]
 
 
 def cache_dir() -> str:
-    """``$FLUXPY_CACHE/cudnn``, by default ``$XDG_CACHE_HOME/fluxpy/cudnn`` or ``~/.cache/fluxpy/cudnn``.
+    """The folder ``cudnn`` under the ``cache_dir`` option (:mod:`fluxpy.options`).
 
-    >>> cache_dir().endswith("cudnn")
-    True
+    >>> with options(cache_dir="/tmp/fx"):
+    ...     cache_dir()
+    '/tmp/fx/cudnn'
     """
-    root = os.environ.get("FLUXPY_CACHE")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "fluxpy")
-    return os.path.join(root, "cudnn")
+    return os.path.join(options.cache_dir, "cudnn")
 
 
 def _gpu_name() -> str:
@@ -45,7 +43,7 @@ def _gpu_name() -> str:
 
 class DiskTable:
     """A ``{key: JSON value}`` table in the file :meth:`path` (read on first use, re-read when the path changes,
-    e.g. when ``$FLUXPY_CACHE`` does).
+    e.g. when the ``cache_dir`` option does).
 
     >>> DiskTable("graph").name
     'graph'

@@ -2,7 +2,7 @@
 autotuned, falling back per problem to the legacy calls (:mod:`fluxpy.kernels.cudnn.legacy`).
 
 cuDNN 9 implements the legacy per-call API on top of its graph engine and redoes much of that work
-on every call (25-57 us of host time per call, measured). This module builds the operation graph,
+on every call, at a host cost comparable to a small convolution's GPU time. This module builds the operation graph,
 asks the heuristics for engine configurations, finalizes an execution plan **once per problem**
 (kind, shapes, dtype, mode, options, autotune width, device) and caches it (:class:`GraphPlan`); a
 call is then only a variant pack (data pointers + workspace, itself cached per pointer set) and one
@@ -18,16 +18,17 @@ Graphs (``GraphPlan.kind``):
 Engine choice: ``CUDNN_HEUR_MODE_A`` (then ``FALLBACK``) configurations in order, filtered as
 PyTorch filters them: never ``DOWN_CONVERT_INPUTS``; float32 without ``allow_tf32`` never
 ``TENSOR_CORE``; ``deterministic`` never ``NONDETERMINISTIC``; plans whose workspace exceeds
-``workspace_limit`` are dropped (the options are :func:`fluxpy.kernels.cudnn.set_options`'s).
+``workspace_limit`` are dropped (the options are :mod:`fluxpy.options`'s).
 Runtime-compiled engines are only tried when no precompiled one finalizes. With autotuning on
-(:func:`set_autotune`, default 8) up to that many finalized plans (those of ``HEUR_MODE_A``, then of
+(the ``autotune`` option, default 8) up to that many finalized plans (those of ``HEUR_MODE_A``, then of
 ``FALLBACK``) are timed once on the call's own buffers (one warm run, then 5 under events) and the
 fastest kept (as ``torch.backends.cudnn.benchmark``).
 
-Past the heuristics (:func:`set_search`, default 2000 ms per problem, and at most :data:`SEARCH_CALLS` calls'
-worth of time): every other engine of the graph with its default knobs, then the knobs of the three fastest
+Past the heuristics (the ``search_budget_ms`` option, default 2000 ms per problem, and at most :data:`SEARCH_CALLS`
+calls' worth of time): every other engine of the graph with its default knobs, then the knobs of the three fastest
 configurations (split-K slices, tile shapes, stages... whatever the engine exposes), one knob at a time
 (:mod:`fluxpy.kernels.cudnn.search`); the three fastest are timed again (20 calls) before the pick.
+
 :func:`plan_info` says per problem which configuration won and where it came from (``source``: the heuristics'
 rank, ``engine search``, ``... + SPLIT_K_SLC=4`` for a knob change), and the heuristics' best time beside it.
 The choice (or that the legacy call won) is kept on disk per GPU model and cuDNN version (:func:`cache_file`,
@@ -39,16 +40,14 @@ may use tensor cores. What the graph path does not plan (any problem where no en
 finalizes) runs through the legacy functions unchanged: :func:`conv_forward`, :func:`conv_bias_act_forward`,
 :func:`conv_backward_data` and :func:`conv_backward_filter` have the legacy signatures and fall back
 per problem. With autotuning, the legacy call on the same buffers is timed too and keeps the problem
-where it takes under :data:`LEGACY_MARGIN` of the plan's time (seen once: a 512-channel 3x3 layer at
-7x7, batch 256, where the legacy search found a kernel the TF32-free graph engines do not offer).
+where it takes under :data:`LEGACY_MARGIN` of the plan's time (its own search can find a kernel that no engine of
+the graph API offers under the same options).
 Asymmetric padding is handled by :mod:`fluxpy.kernels.cudnn.geometry`, as on the legacy path.
 
 The module imports without CuPy or cuDNN:
 
 >>> sorted(stats())
 ['builds', 'disk_hits', 'executes', 'fallbacks', 'hits', 'legacy_faster', 'vpack_builds', 'vpack_hits']
->>> get_autotune() >= 0
-True
 """
 from __future__ import annotations
 
@@ -59,6 +58,7 @@ import numpy as np
 
 from ...backend import cupy
 from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
+from ...options import options
 from ..halfs import HALVES
 from . import legacy, library, search
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
@@ -82,12 +82,12 @@ from .errors import CudnnError, check
 from .geometry import (ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, descriptor_geometry, descriptor_shape,
                        pad_input, split_pad)
 from .diskcache import DiskTable
-from .handle import OPTIONS, Workspace, get_handle, options_key
+from .handle import Workspace, get_handle, options_key
 from .library import fn
 from .search import Candidate, Config
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
-           "clear_cache", "set_autotune", "get_autotune", "plan_info", "fallback_reasons", "GraphPlan",
+           "clear_cache", "plan_info", "fallback_reasons", "GraphPlan",
            "LEGACY_MARGIN"]
 
 GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), *HALVES}   # halves: tensor-core engines, fp32 compute
@@ -102,11 +102,8 @@ _P = ctypes.c_void_p
 
 
 # ---------------------------------------------------------------------------------------------
-# Options, statistics, caches
+# Statistics, caches
 
-_AUTOTUNE = [8]
-_SEARCH_MS = [2000.0]
-_GROUPS = [True]       # False: grouped convolutions run on the legacy path
 _stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds": 0, "vpack_hits": 0,
           "legacy_faster": 0, "disk_hits": 0}
 _plans = {}            # key -> GraphPlan, or None where the legacy path runs
@@ -114,50 +111,10 @@ _why = {}              # key -> why the graph path could not plan it
 _DISK = DiskTable("graph")   # problem -> {"config": Config.to_json(), "source", "ms"} or {"legacy": ms}
 
 SEARCH_CALLS = 200
-"""The search past the heuristics spends at most the time of this many calls of the problem (at the heuristics'
-best speed), and at most :func:`set_search`'s budget: a problem of 20 us gets 4 ms (a few engines), one of 10 ms
-the whole budget. A gain of 1% pays for the search within 20,000 calls (the disk cache keeps the choice, so it
+"""The search past the heuristics spends at most the time of this many calls of the problem (at the heuristics' best
+speed), and at most the ``search_budget_ms`` option's budget: a problem of 20 us gets 4 ms (a few engines), one of
+10 ms the whole budget. A gain of 1% pays for the search within 20,000 calls (the disk cache keeps the choice, so it
 is paid once per machine)."""
-
-
-def set_autotune(n: int) -> int:
-    """Time up to ``n`` finalized plans per problem once and keep the fastest (0: the first that finalizes,
-    heuristics' order). Returns the previous value; plans built already are kept.
-
-    >>> old = set_autotune(0); _ = set_autotune(old); old >= 0
-    True
-    """
-    old, _AUTOTUNE[0] = _AUTOTUNE[0], int(n)
-    return old
-
-
-def get_autotune() -> int:
-    """The autotune width (see :func:`set_autotune`)."""
-    return _AUTOTUNE[0]
-
-
-def set_search(budget_ms: float) -> float:
-    """Search each new problem past the heuristics for up to ``budget_ms`` milliseconds of wall time (and at most
-    :data:`SEARCH_CALLS` calls' worth): every engine of the graph and the knobs (split-K slices, tile shapes...)
-    of the fastest ones (:mod:`fluxpy.kernels.cudnn.search`). 0 turns it off (the heuristics' candidates only).
-    Needs autotuning (:func:`set_autotune` > 0). Returns the previous budget; plans built already are kept.
-
-    >>> old = set_search(0); set_search(old)
-    0.0
-    """
-    if not budget_ms >= 0:
-        raise ValueError(f"set_search: budget_ms must be >= 0 milliseconds, got {budget_ms!r}")
-    old, _SEARCH_MS[0] = _SEARCH_MS[0], float(budget_ms)
-    return old
-
-
-def get_search() -> float:
-    """The search budget in milliseconds per problem (see :func:`set_search`).
-
-    >>> get_search() >= 0
-    True
-    """
-    return _SEARCH_MS[0]
 
 
 def stats() -> dict:
@@ -497,14 +454,14 @@ def _usable(num, fp32):
     """Whether an engine with numerical notes ``num`` obeys the options."""
     if NOTE_DOWN_CONVERT_INPUTS in num:
         return False
-    if fp32 and not OPTIONS["allow_tf32"] and NOTE_TENSOR_CORE in num:
+    if fp32 and not options.allow_tf32 and NOTE_TENSOR_CORE in num:
         return False
-    return not (OPTIONS["deterministic"] and NOTE_NONDETERMINISTIC in num)
+    return not (options.deterministic and NOTE_NONDETERMINISTIC in num)
 
 
 def _within_limit(got):
     """``got`` (a plan and its workspace, or None) where the workspace is within the limit, else None (destroyed)."""
-    if got is not None and got[1] > OPTIONS["workspace_limit"]:
+    if got is not None and got[1] > options.workspace_limit:
         backend_destroy(got[0])
         return None
     return got
@@ -516,10 +473,10 @@ def _finalized(p, want):
     later.
 
     Float32 with ``allow_tf32`` gets ``want`` tensor-core candidates AND ``want`` without tensor cores: the
-    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes make them slower
-    than the FMA engines (measured: a ResNet-20 step at batch 128), so allowing TF32 must not drop those."""
+    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes can make them slower
+    than the FMA engines, so allowing TF32 must not drop those."""
     fp32 = p.dtype == np.float32
-    split = fp32 and OPTIONS["allow_tf32"]
+    split = fp32 and options.allow_tf32
     quota = {True: want, False: want} if split else {None: want}
     found, later, seen = [], [], set()
     for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
@@ -567,7 +524,7 @@ def _choose(p, handle, ptrs):
     """Finalize execution plans in heuristics order (filtered by the options), with a search budget widen the
     pool past the heuristics (:func:`fluxpy.kernels.cudnn.search.widen`), and keep the fastest."""
     start = time.perf_counter()
-    found, later = _finalized(p, max(1, _AUTOTUNE[0]))
+    found, later = _finalized(p, max(1, options.autotune))
     if not found:
         found = _runtime_compiled(p, later)
     if not found:
@@ -577,12 +534,12 @@ def _choose(p, handle, ptrs):
         c.ms = _events_ms(lambda: p.execute(handle, ptrs, c.plan, c.ws), n)
         p.tuned.append((str(c.config), c.source, round(c.ms, 4)))
 
-    if len(found) > 1 or (_SEARCH_MS[0] > 0 and _AUTOTUNE[0]):
+    if len(found) > 1 or (options.search_budget_ms > 0 and options.autotune):
         for c in found:
             timed(c)
     p.heuristics_ms = min(c.ms for c in found)
-    budget_ms = min(_SEARCH_MS[0], SEARCH_CALLS * p.heuristics_ms)
-    if budget_ms > 0 and _AUTOTUNE[0]:
+    budget_ms = min(options.search_budget_ms, SEARCH_CALLS * p.heuristics_ms)
+    if budget_ms > 0 and options.autotune:
         fp32 = p.dtype == np.float32
         found += search.widen(p.graph, found, lambda cfg: _within_limit(p.try_plan(cfg)), timed,
                               lambda num: _usable(num, fp32), time.perf_counter() + budget_ms / 1e3)
@@ -647,8 +604,8 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None, channels_last
     """``(plan, buffers)``: the cached :class:`GraphPlan` of the problem (built on first use, on the call's own
     buffers ``bufs(plan, *args)``) or ``(None, None)`` where the legacy path must run: no plan finalizes, or
     (with autotuning) ``legacy_call()``, the legacy call on the same arguments, is clearly faster."""
-    key = (kind, cdims, dtype, options_key(), _AUTOTUNE[0], _SEARCH_MS[0], cupy.cuda.runtime.getDevice(),
-           channels_last)
+    key = (kind, cdims, dtype, options_key(), options.autotune, options.search_budget_ms,
+           cupy.cuda.runtime.getDevice(), channels_last)
     p = _plans.get(key, _MISSING)
     if p is not _MISSING:
         if p is None:
@@ -656,10 +613,6 @@ def _get(kind, cdims, dtype, handle, bufs, args, legacy_call=None, channels_last
         _stats["hits"] += 1
         return p, bufs(p, *args)
     _stats["builds"] += 1
-    if cdims.groups > 1 and not _GROUPS[0]:
-        _why[key] = "groups > 1 run on the legacy path"
-        _plans[key] = None
-        return None, None
     p, got = _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_last)
     _plans[key] = p
     return p, got
@@ -672,8 +625,8 @@ def cache_file() -> str | None:
 
 def _disk_key(p) -> str:
     """The problem and the settings its choice depends on, as the disk cache's key."""
-    return (f"{legacy._key_str(p.kind, p)}|cl={int(p.channels_last)}|tune={_AUTOTUNE[0]}|"
-            f"search={_SEARCH_MS[0]:g}")
+    return (f"{legacy._key_str(p.kind, p)}|cl={int(p.channels_last)}|tune={options.autotune}|"
+            f"search={options.search_budget_ms:g}")
 
 
 def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_last):
@@ -681,7 +634,7 @@ def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_la
     disk where there is one that still builds, else the heuristics' candidates (and the search past them), then
     the legacy call timed against the winner. A fresh choice goes to disk."""
     p = GraphPlan(kind, cdims, dtype, channels_last)
-    use_disk = OPTIONS["disk_cache"] and _AUTOTUNE[0] > 0
+    use_disk = options.disk_cache and options.autotune > 0
     stored = _DISK.get(_disk_key(p)) if use_disk else None
     if not isinstance(stored, dict):
         stored = None        # nothing, or a row this version does not understand: search afresh
@@ -698,7 +651,7 @@ def _build(key, kind, cdims, dtype, handle, bufs, args, legacy_call, channels_la
             fresh = not ok
             if fresh:
                 ok = _choose(p, handle, got[0])
-                if ok and legacy_call is not None and _AUTOTUNE[0]:
+                if ok and legacy_call is not None and options.autotune:
                     ok = _graph_beats_legacy(p, key, handle, got[0], legacy_call)
     except CudnnError as err:
         ok = fresh = False

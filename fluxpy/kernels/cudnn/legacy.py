@@ -5,15 +5,15 @@ Every function takes C-contiguous-able CuPy arrays and a :class:`fluxpy.ops.dims
 
 - :func:`conv_forward` (``cudnnConvolutionForward``), :func:`conv_bias_act_forward`
   (``cudnnConvolutionBiasActivationForward``, relu or identity), :func:`conv_backward_data`,
-  :func:`conv_backward_filter`, :func:`conv_backward_bias`.
+  :func:`conv_backward_filter`.
 - A :class:`Plan` holds the tensor, filter, convolution and activation descriptors of one
   ``(ConvDims, dtype)`` under the current options on the current device, built once (:func:`plan`).
   ``flipped=False`` (true convolution) is ``CUDNN_CONVOLUTION``, ``flipped=True``
   ``CUDNN_CROSS_CORRELATION``; asymmetric padding is split by :mod:`fluxpy.kernels.cudnn.geometry`.
   1-d problems run as 2-d ones with a unit axis, 3-d ones with 5-d (``Nd``) descriptors (see that module).
 - Algorithms: on a problem's first use ``cudnnFind*AlgorithmEx`` times them; the ranked list is
-  kept in memory and in a JSON file per GPU model and cuDNN version under
-  ``$FLUXPY_CACHE/cudnn`` (default ``~/.cache/fluxpy/cudnn``, :func:`cache_file`). The workspace
+  kept in memory and (with the ``disk_cache`` option) in a JSON file per GPU model and cuDNN version under
+  the ``cache_dir`` option's ``cudnn/`` (:func:`cache_file`). The workspace
   (:class:`fluxpy.kernels.cudnn.handle.Workspace`, taken per call) is limited by the ``workspace_limit``
   option; when it cannot be had, the next algorithm needing less is used.
 - float16 and bfloat16 (stored in 16 bits, computed in float32 on tensor cores: ``PSEUDO_HALF_CONFIG`` and
@@ -31,6 +31,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
+from ...options import options
 from ..cuda_arrays import c_contiguous
 from ..halfs import BFLOAT16, is_half
 from . import library
@@ -40,12 +41,12 @@ from .descriptors import (activation_descriptor, convolution_descriptor, describ
 from .errors import BAD_PARAM, NOT_SUPPORTED, CudnnError, check
 from .geometry import (ConvDimsLike, contiguous, crop_dx, descriptor_geometry, descriptor_shape, pad_input,
                        split_pad)
-from .handle import OPTIONS, Workspace, get_handle, options_key
+from .handle import Workspace, get_handle, options_key
 from .library import fn
 
 __all__ = ["Plan", "plan", "stats", "clear_cache", "cache_file", "conv_forward", "conv_bias_act_forward",
            "half_to_float32", "float32_to_half",
-           "compose_bias_act", "conv_backward_data", "conv_backward_filter", "conv_backward_bias"]
+           "compose_bias_act", "conv_backward_data", "conv_backward_filter"]
 
 # ---------------------------------------------------------------------------------------------
 # Enums of the legacy API (cudnn_ops.h, cudnn_cnn.h of cuDNN 9)
@@ -81,7 +82,7 @@ def math_type(dtype) -> int:
         return DEFAULT_MATH
     if is_half(dtype):
         return TENSOR_OP_MATH
-    return DEFAULT_MATH if OPTIONS["allow_tf32"] else FMA_MATH
+    return DEFAULT_MATH if options.allow_tf32 else FMA_MATH
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +209,8 @@ def cache_file() -> str | None:
 def _key_str(kind, p):
     c = p.cdims
     return (f"{kind}|x{p.x_shape}|w{c.w_shape}|s{c.stride}|p{p.sym_pad}|d{c.dilation}|g{c.groups}|"
-            f"{'xcorr' if c.flipped else 'conv'}|{p.dtype.name}|tf32={int(OPTIONS['allow_tf32'])}|"
-            f"det={int(OPTIONS['deterministic'])}|ws={OPTIONS['workspace_limit']}").replace(" ", "")
+            f"{'xcorr' if c.flipped else 'conv'}|{p.dtype.name}|tf32={int(options.allow_tf32)}|"
+            f"det={int(options.deterministic)}|ws={options.workspace_limit}").replace(" ", "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ def _max_workspace(kind, p, h):
 def _find_workspace(kind, p, h):
     """``(memory or None, nbytes)``: the largest workspace an algorithm of ``kind`` asks for, within the
     ``workspace_limit`` option, quartered while it cannot be had."""
-    want = min(_max_workspace(kind, p, h), OPTIONS["workspace_limit"])
+    want = min(_max_workspace(kind, p, h), options.workspace_limit)
     while True:
         try:
             return (cupy.cuda.alloc(want) if want else None), want
@@ -271,7 +272,7 @@ def _find(kind, p, h, a, b, out):
                                0 if ws is None else ws.ptr, want)
     check(status, call, p.describe)
     _stats["find"] += 1
-    det = OPTIONS["deterministic"]
+    det = options.deterministic
     rows = []
     for r in perf[:got.value]:
         if r.status != 0 or r.memory > want or (det and r.determinism != 1):
@@ -290,12 +291,12 @@ def _algos(kind, p, h, a, b, out):
     if rows is not None:
         return rows
     key = _key_str(kind, p)
-    found = _DISK.get(key) if OPTIONS["disk_cache"] else None
+    found = _DISK.get(key) if options.disk_cache else None
     if found:
         _stats["disk_hits"] += 1
     else:
         found = _find(kind, p, h, a, b, out)
-        if OPTIONS["disk_cache"]:
+        if options.disk_cache:
             _DISK.put(key, found)
     rows = p.algos[kind] = [(int(r[0]), int(r[1]), int(r[2])) for r in found]
     return rows
@@ -469,16 +470,3 @@ def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike)
     _run("bwd_filter", p, h, xp_, dyp, dwp, fn.cudnnConvolutionBackwardFilter, "cudnnConvolutionBackwardFilter",
          (h, p.one_p, p.xd, xp_, p.yd, dyp, p.convd), (p.zero_p, p.wd, dwp))
     return dw
-
-
-def conv_backward_bias(dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
-    """``cudnnConvolutionBackwardBias``: ``dy`` summed over every axis but the channels' (``(0, 2, 3)`` in 2-d), of
-    shape ``(K,)``."""
-    dtype = dy.dtype
-    p = plan(cdims, dtype)
-    h = get_handle()
-    dy = contiguous(dy, dtype)
-    db = cupy.empty(cdims.w_shape[0], dtype=dtype)
-    check(fn.cudnnConvolutionBackwardBias(h, p.one_p, p.yd, dy.data.ptr, p.zero_p, p.bd, db.data.ptr),
-          "cudnnConvolutionBackwardBias", p.describe)
-    return db

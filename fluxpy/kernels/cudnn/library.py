@@ -1,8 +1,8 @@
 """Finding, loading and binding ``libcudnn.so.9`` with ctypes.
 
-The library is looked for, in order, at ``$FLUXPY_CUDNN_LIBRARY``, in the ``nvidia-cudnn-cu13``
-wheel (``site-packages/nvidia/cudnn/lib``, whose sub-libraries ``libcudnn_graph``, ``libcudnn_ops``,
-``libcudnn_cnn``, ``libcudnn_engines_*`` are preloaded with ``RTLD_GLOBAL`` so that the shim's
+The library is looked for, in order, at the ``cudnn_library`` option (:mod:`fluxpy.options`), in the
+``nvidia-cudnn-cu13`` wheel (``site-packages/nvidia/cudnn/lib``, whose sub-libraries ``libcudnn_graph``,
+``libcudnn_ops``, ``libcudnn_cnn``, ``libcudnn_engines_*`` are preloaded with ``RTLD_GLOBAL`` so that the shim's
 ``dlopen`` finds them) and on the system (``ctypes.util.find_library("cudnn")``). It is loaded once,
 on first use, and every function of :data:`SIGNATURES` (the legacy calls and the backend API) is
 bound on :data:`fn` with its argument and result types.
@@ -22,6 +22,7 @@ import sys
 import threading
 
 from ...backend import cupy
+from ...options import options
 
 __all__ = ["fn", "SIGNATURES", "OPTIONAL_SIGNATURES", "has", "load", "loaded", "load_error", "library_path",
            "available", "version", "require", "wheel_dirs", "candidates"]
@@ -74,7 +75,6 @@ SIGNATURES = {
                                                _P, _P], _I),
     "cudnnConvolutionBackwardData": ([_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P], _I),
     "cudnnConvolutionBackwardFilter": ([_P, _P, _P, _P, _P, _P, _P, _I, _P, _S, _P, _P, _P], _I),
-    "cudnnConvolutionBackwardBias": ([_P, _P, _P, _P, _P, _P, _P], _I),
     # the backend (graph) API
     "cudnnBackendCreateDescriptor": ([_I, _P], _I),
     "cudnnBackendDestroyDescriptor": ([_P], _I),
@@ -135,15 +135,18 @@ def wheel_dirs() -> list[str]:
 
 
 def candidates() -> list[str]:
-    """The paths (or sonames) tried, in order: ``$FLUXPY_CUDNN_LIBRARY`` alone where it is set, else the wheels',
+    """The paths (or sonames) tried, in order: the ``cudnn_library`` option alone where it is set, else the wheels',
     the system's, then plain ``libcudnn.so.9``.
 
-    >>> candidates()[-1] in ("libcudnn.so.9", os.environ.get("FLUXPY_CUDNN_LIBRARY"))
-    True
+    >>> with options(cudnn_library="/opt/cudnn/libcudnn.so.9"):
+    ...     candidates()
+    ['/opt/cudnn/libcudnn.so.9']
+    >>> with options(cudnn_library=None):
+    ...     candidates()[-1]
+    'libcudnn.so.9'
     """
-    env = os.environ.get("FLUXPY_CUDNN_LIBRARY")
-    if env:
-        return [env]
+    if options.cudnn_library:
+        return [options.cudnn_library]
     out = [os.path.join(d, "libcudnn.so.9") for d in wheel_dirs()]
     found = ctypes.util.find_library("cudnn")
     if found:
@@ -205,7 +208,8 @@ def load() -> ctypes.CDLL | None:
             _lib, _lib_path = lib, path
             return lib
         _load_error = "libcudnn.so.9 could not be loaded (" + "; ".join(errors) + \
-            "); install nvidia-cudnn-cu13 (fluxpy[cuda]) or set FLUXPY_CUDNN_LIBRARY"
+            "); install nvidia-cudnn-cu13 (fluxpy[cuda]) or set the cudnn_library option " \
+            "(fluxpy.options, or $FLUXPY_CUDNN_LIBRARY)"
         return None
 
 
