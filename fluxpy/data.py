@@ -117,8 +117,8 @@ class DataLoader:
     arrays, ready for the CUDA stream current when it is handed out (that stream waits for the
     copy; the host does not); no later batch overwrites it. Batch i+1 is read from ``data``
     before batch i is handed out, so a change to ``data`` during iteration shows one batch later.
-    ``prefetch=False``, other data (strings, arrays already on the GPU) and no GPU take
-    :func:`fluxpy.gpu` per batch, as before.
+    ``prefetch=False``, other data (strings, arrays already on the GPU) and no GPU move each batch
+    with :func:`fluxpy.gpu` when it is handed out.
 
     >>> import numpy as np
     >>> x = np.arange(5)

@@ -319,3 +319,12 @@ def test_onecold_on_scores_and_tracked_values():
     seen = []
     fluxpy.gradient(lambda s: (seen.append(onecold(s)), s.sum())[1], scores)
     np.testing.assert_array_equal(seen[0], [1, 0])
+
+
+def test_the_top_level_keeps_the_verbs_and_the_data_sets_live_in_fluxpy_datasets():
+    assert (fluxpy.DataLoader, fluxpy.onehotbatch, fluxpy.onecold) == (DataLoader, onehotbatch, onecold)
+    for name in ("load_mnist", "load_cifar10", "MNISTUnavailableError", "CIFARUnavailableError", "cifar", "augment"):
+        assert not hasattr(fluxpy, name) and name not in fluxpy.__all__, name
+    assert fluxpy.datasets.load_mnist is fluxpy.datasets.mnist.load_mnist
+    assert fluxpy.datasets.load_cifar10 is fluxpy.datasets.cifar.load_cifar10
+    assert fluxpy.datasets.random_crop is fluxpy.datasets.augment.random_crop
