@@ -120,3 +120,17 @@ def test_unregister_before_first_use_means_no_cuda_kernels():
         print("ok")
     """)
     assert out.split() == ["ok"]
+
+
+def test_a_snapshot_taken_before_first_use_holds_the_cuda_kernels_so_restore_keeps_them():
+    out = run("""
+        gpu._modules = lambda: (types.SimpleNamespace(KERNELS={"sum": abs}), philox)
+        before = kernels.snapshot()
+        assert before[("sum", "cupy")][0] is abs and gpu.is_registered()
+        kernels.register("sum", "cupy", round)
+        assert kernels.find("sum", ndarray()) is round
+        kernels.restore(before)
+        assert kernels.find("sum", ndarray()) is abs
+        print("ok")
+    """)
+    assert out.split() == ["ok"]

@@ -185,10 +185,13 @@ def registered_for(name: str) -> list[Callable]:
 
 
 def snapshot() -> dict:
-    """A copy of the whole table, for :func:`restore`.
+    """A copy of the whole table, for :func:`restore`. The CUDA kernels are registered first where CuPy is present
+    and they have not been yet (as on first use), so that restoring never takes away kernels registered in between.
 
     >>> restore(snapshot())
     """
+    if "cupy" not in _settled:
+        _first_use("cupy")
     return dict(_KERNELS)
 
 

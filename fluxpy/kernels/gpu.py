@@ -2,10 +2,10 @@
 
 Each CUDA module lists its kernels in a ``KERNELS`` dict (op name -> kernel, or ``(kernel,
 supports)`` for an optional one that takes only some calls); :func:`register` puts them all in the
-table under ``"cupy"``, after a :func:`fluxpy.kernels.snapshot` of it, and :func:`unregister` puts
-that snapshot back, so the table is exactly what it was. The table calls :func:`register` the first
-time it is asked about CuPy arrays; it does nothing and returns ``False`` where CuPy cannot be
-imported. After an explicit :func:`unregister` the table stays without them until :func:`register`.
+table under ``"cupy"``, after taking a copy of it, and :func:`unregister` puts that copy back, so
+the table is exactly what it was. The table calls :func:`register` the first time it is asked about
+CuPy arrays; it does nothing and returns ``False`` where CuPy cannot be imported. After an explicit
+:func:`unregister` the table stays without them until :func:`register`.
 
 ======================  =====================================================================
 module                  kernels
@@ -33,7 +33,7 @@ True
 """
 from __future__ import annotations
 
-from . import _backend_lock, _settle, restore, snapshot
+from . import _KERNELS, _backend_lock, _settle, restore
 from . import register as register_kernel
 from ..backend import cupy
 
@@ -59,7 +59,7 @@ def register() -> bool:
         return False
     with _backend_lock:   # a lookup in another thread waits until the table is whole
         if not _before:
-            table = snapshot()
+            table = dict(_KERNELS)   # not snapshot(), which registers these kernels first
             for module in _modules():
                 for name, entry in module.KERNELS.items():
                     fn, supports = entry if isinstance(entry, tuple) else (entry, None)
