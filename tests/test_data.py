@@ -228,9 +228,9 @@ def test_only_device_gpu_with_prefetch_uses_a_copier(fake_copier, device, prefet
         assert fake_copier == []
 
 
-def test_without_a_copier_device_gpu_moves_each_batch_as_before(monkeypatch):
+def test_without_a_copier_device_gpu_moves_each_batch_with_fluxpy_gpu(monkeypatch):
     """Where host_to_device says no (no GPU, strings, data on the GPU), batches go through fluxpy.gpu: without a
-    GPU that is the same error as before prefetching existed."""
+    GPU that is fluxpy.gpu's error."""
     monkeypatch.setattr(data, "host_to_device", lambda sources, rows: None)
     loader = DataLoader((np.ones((4, 2)), np.arange(4)), batchsize=2, device="gpu")
     ok, _ = fluxpy.gpu_available()
