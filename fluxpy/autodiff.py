@@ -7,7 +7,8 @@ returns the output together with a ``pullback`` closure (ChainRules' ``rrule``).
 
 Pullbacks are written with fluxpy ops, so when ``gradient`` is nested the
 backward pass of the inner call is itself recorded by the outer one (HIPS
-autograd's trace levels): second derivatives come for free.
+autograd's trace levels): second derivatives come for free. The walk back along
+the tape is :func:`fluxpy.backward.backprop`.
 
 >>> import numpy as np
 >>> gradient(lambda x: (x ** 3).sum(), np.array([1.0, 2.0]))
@@ -31,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from .backend import Array, get_array_module, is_float_array, is_float_dtype
+from .backward import SliceCotangent, backprop
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
-from .layout import keeping_layout
 
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
@@ -434,182 +435,6 @@ def no_grad() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The backward walk
-
-
-def _toposort(root):
-    """The :class:`Node` s reachable from ``root`` through ``parents``, each after all nodes that use it."""
-    order, visited, stack = [], set(), [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        for p in node.parents:
-            if p is not None and id(p) not in visited:
-                stack.append((p, False))
-    order.reverse()
-    return order
-
-
-class SliceCotangent:
-    """The cotangent of ``x[index]`` for a basic ``index`` (ints, slices, ``None``, ``...``, a boolean mask: each
-    element of ``x`` at most once), kept as ``values`` until needed whole: zeros of ``shape`` with ``values`` at
-    ``index``. A pullback may return one instead of the dense array (getitem's does); the backward walk adds
-    several into one buffer that it owns, in place, so that a loop taking ``x[t]`` at every step pulls back in one
-    buffer of ``x``'s size, not one per step.
-
-    >>> import numpy as np
-    >>> SliceCotangent(np.ones(2), (4,), (slice(1, 3),)).dense()
-    array([0., 1., 1., 0.])
-    """
-    __slots__ = ("values", "shape", "index")
-
-    def __init__(self, values: Any, shape: tuple, index: tuple) -> None:
-        self.values, self.shape, self.index = values, shape, index
-
-    def dense(self) -> Any:
-        """The whole cotangent (a new array: the walk may add into it in place)."""
-        out = get_array_module(self.values).zeros(self.shape, dtype=self.values.dtype)
-        out[self.index] = self.values
-        return out
-
-
-def _accumulate(grads, owned, k, gp):
-    """Add the cotangent ``gp`` to ``grads[k]``. ``owned`` holds the keys whose buffer the walk made itself (a
-    slice cotangent may be added into it in place); any other array is copied before it is written."""
-    prev = grads.get(k)
-    if prev is None:
-        grads[k] = gp
-        return
-    if type(prev) is SliceCotangent:
-        prev = grads[k] = prev.dense()
-        owned.add(k)
-    if type(gp) is SliceCotangent and gp.values.dtype == prev.dtype and tuple(prev.shape) == gp.shape:
-        if k not in owned:
-            prev = grads[k] = prev.copy()
-            owned.add(k)
-        prev[gp.index] += gp.values
-        return
-    grads[k] = keeping_layout(operator.add, prev, _whole(gp))
-    owned.add(k)             # a new array: later slices may go into it in place
-
-
-def _whole(g):
-    """``g`` as an array (a slice cotangent made dense)."""
-    return g.dense() if type(g) is SliceCotangent else g
-
-
-def _backprop(root, seed, release=True, hooks=None):
-    """Cotangents of the leaves (nodes without a pullback) reached from the :class:`Node` ``root``: {id: grad}.
-
-    With ``release`` (a tape walked once, as by :func:`gradient`), each node lets go of its pullback and
-    parents as soon as its pullback has run, so the arrays saved for the backward pass and the forward
-    values are freed as the walk goes (as PyTorch frees saved tensors), not all at its end. ``hooks``
-    (``{id(node): (node, [fn, ...])}``, see :func:`register_gradient_hook`) run as each hooked node's gradient
-    becomes final: when the last node that uses it has pulled back (counted before the walk)."""
-    grads = {id(root): seed}
-    owned = set()        # keys of grads whose buffer this walk made (slice cotangents add into it in place)
-    leaves = {}
-    order = _toposort(root)
-    users = _count_users(order, hooks) if hooks else None
-    for i, node in enumerate(order):
-        if release:
-            order[i] = None
-        if users is not None and id(node) in users:   # nothing uses it (the root): final now
-            _run_hooks(id(node), hooks, users, grads)
-        g = _whole(grads.pop(id(node), None))
-        owned.discard(id(node))
-        if g is None:
-            if users is not None:
-                _used(node.parents, hooks, users, grads)
-            continue
-        if node.pullback is None:
-            leaves[id(node)] = g
-            continue
-        back = node.pullback if _pullback_hook is None else _pullback_hook(node.pullback)
-        parents, cotangents = node.parents, back(g)
-        if release:
-            node.pullback, node.parents = _used_pullback, ()
-        del back, g
-        for p, gp in zip(parents, cotangents):
-            if p is None or gp is None:
-                continue
-            k = id(p)
-            if k in grads or type(gp) is SliceCotangent:
-                _accumulate(grads, owned, k, gp)
-            else:
-                grads[k] = gp        # the first cotangent of a parent, as it came (not owned)
-        if users is not None:
-            _used(parents, hooks, users, grads)
-        del parents, cotangents
-    if hooks:
-        _run_unreached_hooks(hooks, leaves)
-    return leaves
-
-
-def _count_users(order, hooks):
-    """For each hooked node on the tape: how many nodes use it (an edge per parent slot)."""
-    users, present = {k: 0 for k in hooks}, set()
-    for node in order:
-        if id(node) in users:
-            present.add(id(node))
-        for p in node.parents:
-            if p is not None and id(p) in users:
-                users[id(p)] += 1
-    # a hooked node that the result does not reach is not on this tape: fn(None) at the end of the walk
-    return {k: n for k, n in users.items() if k in present}
-
-
-def _used(parents, hooks, users, grads):
-    """One use of each hooked parent has pulled back; a hook whose node has no use left runs now."""
-    for p in parents:
-        if p is not None:
-            k = id(p)
-            n = users.get(k)
-            if n is not None:
-                if n <= 1:
-                    _run_hooks(k, hooks, users, grads)
-                else:
-                    users[k] = n - 1
-
-
-def _run_hooks(k, hooks, users, grads):
-    del users[k]
-    node, fns = hooks.pop(k)
-    g = _whole(grads.get(k))
-    if g is None:
-        hooks[k] = (node, fns)   # no gradient reached it: fn(None) at the end of the walk
-        return
-    for fn in fns:
-        out = fn(g)
-        if out is not None:
-            g = out
-    grads[k] = g
-
-
-def _run_unreached_hooks(hooks, leaves):
-    """``fn(None)`` for each hooked node that got no gradient; a returned array becomes a leaf's gradient."""
-    for k, (node, fns) in list(hooks.items()):
-        g = None
-        for fn in fns:
-            out = fn(g)
-            if out is not None:
-                g = out
-        if g is not None and node.pullback is None:
-            leaves[k] = g
-
-
-def _used_pullback(dy):
-    raise RuntimeError("this value's pullback has already run: the tape of gradient/withgradient is walked once "
-                       "and freed as it goes; use fluxpy.pullback for a backward pass you call more than once")
-
-
-# ---------------------------------------------------------------------------------------------
 # Boxing arguments and shaping gradients like them
 
 
@@ -758,7 +583,7 @@ def _withgradient_of(who, fname, y, args, boxes, level, hooks=None):
                          "reduce it first (e.g. .sum() or a loss), or use fluxpy.pullback for non-scalar outputs")
     if type(y) is not Tracked or y.level != level:
         return y, tuple(fmapstructure(lambda leaf: None, a) for a in args), _detached_reason(who, y, boxes, False)
-    leaf_grads = _backprop(y.node, _ones_like(y.value), hooks=hooks)
+    leaf_grads = backprop(y.node, _ones_like(y.value), hooks=hooks, wrap=_pullback_hook)
     detached = None if leaf_grads else _detached_reason(who, y, boxes, True)
     return y.value, _shape_grads(args, boxes, leaf_grads), detached
 
@@ -842,7 +667,7 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
         if not tracked:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
         fresh = {k: (node, list(fns)) for k, (node, fns) in hooks.items()} if hooks else None
-        return _shape_grads(args, boxes, _backprop(y.node, dy, release=False, hooks=fresh))
+        return _shape_grads(args, boxes, backprop(y.node, dy, release=False, hooks=fresh, wrap=_pullback_hook))
     return value, back
 
 

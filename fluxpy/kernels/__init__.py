@@ -12,8 +12,10 @@ An op never asks which kernel exists. It calls either
   that is found always computes the result.
 
 Each backend registers its implementations under its array module's name (``"numpy"``,
-``"cupy"``): :mod:`fluxpy.kernels.cpu` on import, :mod:`fluxpy.kernels.gpu` when fluxpy is imported
-where CuPy is present. :func:`snapshot` and :func:`restore` put the table back exactly as it was.
+``"cupy"``): :mod:`fluxpy.kernels.cpu` on import, :mod:`fluxpy.kernels.gpu` the first time the
+table is asked about CuPy arrays (by :func:`lookup`, :func:`find` or :func:`kernel_for`), so that
+importing fluxpy compiles nothing and changes no other library's state. :func:`snapshot` and
+:func:`restore` put the table back exactly as it was.
 
 >>> import numpy as np
 >>> lookup("conv_forward", np.ones(1)).__module__
@@ -21,12 +23,14 @@ where CuPy is present. :func:`snapshot` and :func:`restore` put the table back e
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from typing import Any
 
 from ..backend import get_array_module
 
-__all__ = ["register", "lookup", "find", "snapshot", "restore", "registered", "registered_for", "BadIndex",
-           "DeferredBadIndex"]
+__all__ = ["register", "lookup", "find", "kernel_for", "snapshot", "restore", "registered", "registered_for",
+           "BadIndex", "DeferredBadIndex"]
 
 class BadIndex(IndexError):
     """Raised by a ``scatter`` or ``gather`` kernel called with ``checked=True`` when an index lies outside its axis:
@@ -61,6 +65,43 @@ class DeferredBadIndex(BadIndex):
 # (op name, array module name) -> (kernel, supports or None)
 _KERNELS: dict[tuple[str, str], tuple[Callable, Callable | None]] = {}
 
+# Array module names whose backend has registered (or been told not to): the table is asked no more about them.
+# Checked without the lock, so it gains a name only once that backend's entries are all in the table.
+_settled: set[str] = {"numpy"}
+_loading: set[str] = set()  # names whose backend the thread holding _backend_lock is registering now
+_backend_lock = threading.RLock()
+
+
+def _module_name(args) -> str:
+    """The name of the array module of ``args``; its backend is registered first if this is its first use."""
+    name = get_array_module(*args).__name__
+    if name not in _settled:
+        _first_use(name)
+    return name
+
+
+def _first_use(name: str) -> None:
+    """Register the backend of the array module ``name`` (fluxpy's CUDA kernels for ``"cupy"``), once.
+
+    Other threads wait on the lock until the table is whole; a lookup made by the registering thread
+    itself (while a kernel module is imported) sees the table as it is.
+    """
+    with _backend_lock:
+        if name in _settled or name in _loading:
+            return
+        _loading.add(name)
+        try:
+            if name == "cupy":
+                gpu.register()
+        finally:
+            _loading.discard(name)
+        _settled.add(name)
+
+
+def _settle(name: str) -> None:
+    """Mark ``name``'s backend as decided (registered, or unregistered on purpose): no first-use registration."""
+    _settled.add(name)
+
 
 def register(name: str, module: str, fn: Callable, supports: Callable | None = None) -> None:
     """Use ``fn`` for op ``name`` on arrays of ``module`` (``"numpy"`` or ``"cupy"``), replacing any other.
@@ -84,7 +125,7 @@ def lookup(name: str, *arrays) -> Callable:
     >>> lookup("gather", np.ones(1)).__name__
     'gather'
     """
-    module = get_array_module(*arrays).__name__
+    module = _module_name(arrays)
     entry = _KERNELS.get((name, module))
     if entry is None:
         raise NotImplementedError(f"{name}: no kernel is registered for {module} arrays")
@@ -99,11 +140,29 @@ def find(name: str, *args) -> Callable | None:
     >>> find("logit_crossentropy_rows", np.ones(1)) is None
     True
     """
-    entry = _KERNELS.get((name, get_array_module(*args).__name__))
+    entry = _KERNELS.get((name, _module_name(args)))
     if entry is None:
         return None
     fn, supports = entry
     return fn if supports is None or supports(*args) else None
+
+
+def kernel_for(name: str, module: Any) -> Callable | None:
+    """The kernel for ``name`` registered for the array module ``module`` (the module, or its name), or ``None``:
+    for what has no array argument to dispatch on, as a module's default random generator (``"default_rng"``,
+    called with a seed).
+
+    >>> import numpy as np
+    >>> kernel_for("conv_forward", np) is lookup("conv_forward", np.ones(1)), kernel_for("default_rng", "numpy")
+    (True, None)
+    """
+    name_of_module = module if isinstance(module, str) else getattr(module, "__name__", None)
+    if name_of_module is None:
+        return None
+    if name_of_module not in _settled:
+        _first_use(name_of_module)
+    entry = _KERNELS.get((name, name_of_module))
+    return None if entry is None else entry[0]
 
 
 def registered(module: str | None = None) -> list[tuple[str, str]]:
@@ -126,10 +185,13 @@ def registered_for(name: str) -> list[Callable]:
 
 
 def snapshot() -> dict:
-    """A copy of the whole table, for :func:`restore`.
+    """A copy of the whole table, for :func:`restore`. The CUDA kernels are registered first where CuPy is present
+    and they have not been yet (as on first use), so that restoring never takes away kernels registered in between.
 
     >>> restore(snapshot())
     """
+    if "cupy" not in _settled:
+        _first_use("cupy")
     return dict(_KERNELS)
 
 
@@ -148,3 +210,4 @@ def restore(table: dict) -> None:
 
 
 from . import cpu  # noqa: E402,F401  (registers the NumPy kernels)
+from . import gpu  # noqa: E402  (registers the CUDA kernels, on first use)

@@ -2,9 +2,10 @@
 
 Each CUDA module lists its kernels in a ``KERNELS`` dict (op name -> kernel, or ``(kernel,
 supports)`` for an optional one that takes only some calls); :func:`register` puts them all in the
-table under ``"cupy"``, after a :func:`fluxpy.kernels.snapshot` of it, and :func:`unregister` puts
-that snapshot back, so the table is exactly what it was. ``fluxpy/__init__.py`` calls
-:func:`register` on import; it does nothing and returns ``False`` where CuPy cannot be imported.
+table under ``"cupy"``, after taking a copy of it, and :func:`unregister` puts that copy back, so
+the table is exactly what it was. The table calls :func:`register` the first time it is asked about
+CuPy arrays; it does nothing and returns ``False`` where CuPy cannot be imported. After an explicit
+:func:`unregister` the table stays without them until :func:`register`.
 
 ======================  =====================================================================
 module                  kernels
@@ -24,6 +25,7 @@ module                  kernels
 ``cuda_layernorm``      ``layernorm_forward``, ``layernorm_backward`` (a row per warp or block, in registers)
 ``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
 ``cuda_arrays``         ``stack``, ``concatenate`` while a CUDA-graph capture is under way (a copy per array)
+``philox``              ``default_rng``: the generator of :func:`fluxpy.random.rng_for` for CuPy arrays
 ======================  =====================================================================
 
 >>> isinstance(register(), bool)
@@ -31,21 +33,20 @@ True
 """
 from __future__ import annotations
 
+from . import _KERNELS, _backend_lock, _settle, restore
 from . import register as register_kernel
-from . import restore, snapshot
 from ..backend import cupy
-from ..random import set_generator_factory
 
 __all__ = ["register", "unregister", "is_registered"]
 
-_before: list = []   # (the table, CuPy's generator factory) as they were before register(), while registered
+_before: list = []   # the table as it was before register(), while registered
 
 
 def _modules():
     from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_recurrent, cuda_scatter,
-                   cuda_softmax, elementwise, reduce)
+                   cuda_softmax, elementwise, philox, reduce)
     return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter, cuda_layernorm,
-            cuda_recurrent, cuda_arrays)
+            cuda_recurrent, cuda_arrays, philox)
 
 
 def register() -> bool:
@@ -56,35 +57,36 @@ def register() -> bool:
     """
     if cupy is None:
         return False
-    if _before:
-        return True
-    from .philox import PhiloxGenerator
-    table = snapshot()
-    for module in _modules():
-        for name, entry in module.KERNELS.items():
-            fn, supports = entry if isinstance(entry, tuple) else (entry, None)
-            register_kernel(name, "cupy", fn, supports)
-    _before.append((table, set_generator_factory(cupy, PhiloxGenerator)))
+    with _backend_lock:   # a lookup in another thread waits until the table is whole
+        if not _before:
+            table = dict(_KERNELS)   # not snapshot(), which registers these kernels first
+            for module in _modules():
+                for name, entry in module.KERNELS.items():
+                    fn, supports = entry if isinstance(entry, tuple) else (entry, None)
+                    register_kernel(name, "cupy", fn, supports)
+            _before.append(table)
+        _settle("cupy")
     return True
 
 
 def unregister() -> None:
-    """Put the kernel table (and CuPy's generator) back exactly as it was before :func:`register`.
+    """Put the kernel table back exactly as it was before :func:`register`; CuPy arrays then take the ops'
+    composites (and CuPy's own generator) until :func:`register` is called again.
 
     >>> unregister(); is_registered()
     False
     >>> _ = register()
     """
-    if _before:
-        table, factory = _before.pop()
-        restore(table)
-        set_generator_factory(cupy, factory)
+    with _backend_lock:
+        if _before:
+            restore(_before.pop())
+        _settle("cupy")
 
 
 def is_registered() -> bool:
     """Whether the CuPy kernels are in the table now.
 
-    >>> is_registered() == (cupy is not None)
+    >>> _ = register(); is_registered() == (cupy is not None)
     True
     """
     return bool(_before)

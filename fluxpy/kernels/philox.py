@@ -135,7 +135,7 @@ def _kernels(dtype):
 
 
 class PhiloxGenerator:
-    """The GPU's default generator (what :func:`fluxpy.random.rng_for` gives for CuPy): ``random(shape, dtype)``
+    """fluxpy's generator for CuPy arrays (what :func:`fluxpy.random.rng_for` gives): ``random(shape, dtype)``
     as ``numpy.random.Generator.random``, drawn on the device from a position kept on the device, so that a draw
     inside a captured CUDA graph draws new numbers at every replay (``capturable``).
 
@@ -175,3 +175,8 @@ class PhiloxGenerator:
             draw((blocks,), (256,), (out, np.int64(n), offset, np.uint32(self.key[0]), np.uint32(self.key[1])))
             advance((1,), (1,), (offset, np.uint64(counters)))
         return out.reshape(shape)
+
+
+# name -> kernel: what fluxpy.kernels.gpu registers for CuPy arrays. fluxpy.random.rng_for makes the GPU's generator
+# with it; CuPy's own generator (cupy.random) is left as it is.
+KERNELS = {"default_rng": PhiloxGenerator}

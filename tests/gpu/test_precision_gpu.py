@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy import (DataLoader, load_mnist, logitcrossentropy, mixed_precision,
-                    onecold, onehotbatch)
+from fluxpy import DataLoader, logitcrossentropy, mixed_precision, onecold, onehotbatch
+from fluxpy.datasets import load_mnist
 from fluxpy.kernels.halfs import BFLOAT16
 from fluxpy.optimise import Adam, adjust, setup
 from test_mnist import reference_net

@@ -23,14 +23,13 @@ import contextlib
 import os
 import tarfile
 import time
-import urllib.error
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from .data import _describe, _fetch_checked, _write_new_file, mnist_cache_dir
+from ._files import NETWORK_RETRY_AFTER, cache_dir, describe, fetch_checked, unreachable, write_new_file
 
 __all__ = ["load_cifar10", "read_cifar_batch", "write_cifar_batch", "extract_batches", "cifar_cache_dir",
            "CIFARUnavailableError", "CIFAR10_CLASSES", "CIFAR10_FILES", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR10_URL",
@@ -47,7 +46,7 @@ CIFAR10_FILES = {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "te
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 """The class names, indexed by label."""
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-"""Per-channel (R, G, B) mean of the training images scaled to [0, 1], for :func:`fluxpy.augment.normalise`."""
+"""Per-channel (R, G, B) mean of the training images scaled to [0, 1], for :func:`fluxpy.datasets.normalise`."""
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 """Per-channel standard deviation of the training images scaled to [0, 1]."""
 
@@ -55,7 +54,6 @@ _SHAPE = (3, 32, 32)
 _IMAGE_BYTES = 3 * 32 * 32
 _RECORD_BYTES = 1 + _IMAGE_BYTES
 _RECORD_TEXT = f"{_RECORD_BYTES}-byte records (1 label byte + 3x32x32 = {_IMAGE_BYTES} pixel bytes)"
-_NETWORK_RETRY_AFTER = 300  # seconds: after a download could not reach the server, do not try again for this long
 _network_failure: list = [None]  # (time.monotonic(), message) of the last failed attempt to reach the server
 
 
@@ -69,12 +67,12 @@ class CIFARUnavailableError(RuntimeError):
 
 def cifar_cache_dir() -> Path:
     """Where CIFAR-10 is looked for and downloaded by default: ``cifar10`` under the ``cache_dir`` option
-    (:mod:`fluxpy.options`), beside :func:`fluxpy.data.mnist_cache_dir`.
+    (:mod:`fluxpy.options`), beside :func:`fluxpy.datasets.mnist_cache_dir`.
 
     >>> cifar_cache_dir().name
     'cifar10'
     """
-    return mnist_cache_dir().parent / "cifar10"
+    return cache_dir("cifar10")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,10 +139,10 @@ def write_cifar_batch(path: str | os.PathLike, images: np.ndarray, labels: Seque
     images = np.asarray(images)
     labels = np.asarray(labels)
     if images.ndim != 4 or images.shape[1:] != _SHAPE or images.dtype != np.uint8:
-        raise ValueError(f"write_cifar_batch expects images of shape (N, 3, 32, 32) uint8, got {_describe(images)}")
+        raise ValueError(f"write_cifar_batch expects images of shape (N, 3, 32, 32) uint8, got {describe(images)}")
     if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
         raise ValueError(f"write_cifar_batch expects {len(images)} integer labels (one per image), "
-                         f"got {_describe(labels)}")
+                         f"got {describe(labels)}")
     if labels.size and (labels.min() < 0 or labels.max() >= len(CIFAR10_CLASSES)):
         raise ValueError(f"write_cifar_batch expects labels in 0..9, got values from {labels.min()} to {labels.max()}")
     table = np.empty((len(images), _RECORD_BYTES), np.uint8)
@@ -184,10 +182,10 @@ def load_cifar10(split: str = "train", data_dir: str | os.PathLike | None = None
     >>> load_cifar10("train", folder, download=False)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    fluxpy.cifar.CIFARUnavailableError: load_cifar10: the CIFAR-10 train files (data_batch_1.bin, ...
+    fluxpy.datasets.cifar.CIFARUnavailableError: load_cifar10: the CIFAR-10 train files (data_batch_1.bin, ...
     """
     if not isinstance(split, str) or split not in CIFAR10_FILES:
-        raise ValueError(f"load_cifar10: split must be \"train\" or \"test\", got {_describe(split)}")
+        raise ValueError(f"load_cifar10: split must be \"train\" or \"test\", got {describe(split)}")
     dtype = _check_dtype(dtype)
     folder = Path(data_dir).expanduser() if data_dir is not None else cifar_cache_dir()
     if folder.exists() and not folder.is_dir():
@@ -207,7 +205,7 @@ def _check_dtype(dtype):
     try:
         dtype = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"load_cifar10 expects dtype to be numpy.uint8 or a float dtype, got {_describe(dtype)}") \
+        raise TypeError(f"load_cifar10 expects dtype to be numpy.uint8 or a float dtype, got {describe(dtype)}") \
             from None
     if dtype != np.uint8 and dtype.kind != "f":
         raise ValueError(f"load_cifar10 expects dtype to be numpy.uint8 or a float dtype, got {dtype}")
@@ -267,23 +265,18 @@ def _download_archive(archive, verbose):
     When the server could not be reached, later calls within a few minutes fail at once with the same message.
     """
     failed = _network_failure[0]
-    if failed is not None and time.monotonic() - failed[0] < _NETWORK_RETRY_AFTER:
+    if failed is not None and time.monotonic() - failed[0] < NETWORK_RETRY_AFTER:
         raise OSError(f"{failed[1]} ({time.monotonic() - failed[0]:.0f} s ago; not retried within "
-                      f"{_NETWORK_RETRY_AFTER} s of that failure)")
+                      f"{NETWORK_RETRY_AFTER} s of that failure)")
     if verbose:
         print(f"fluxpy: downloading {CIFAR10_URL} (170 MB)", flush=True)
     try:
-        payload = _fetch_checked(CIFAR10_URL, CIFAR10_MD5)
+        payload = fetch_checked(CIFAR10_URL, CIFAR10_MD5)
     except OSError as err:
-        if _unreachable(err):
+        if unreachable(err):
             _network_failure[0] = (time.monotonic(), str(err))
         raise
-    _write_new_file(archive, payload)
-
-
-def _unreachable(err):
-    return isinstance(err, (urllib.error.URLError, TimeoutError, ConnectionError)) and \
-        not isinstance(err, urllib.error.HTTPError)
+    write_new_file(archive, payload)
 
 
 def extract_batches(archive: str | os.PathLike, names: Sequence[str]) -> dict[str, bytes]:
@@ -330,7 +323,7 @@ def _save_extracted(target_folder, payloads):
     """Keep the extracted files for next time; a folder that cannot be written only means extracting again."""
     for name, payload in payloads.items():
         with contextlib.suppress(OSError):
-            _write_new_file(target_folder / name, payload)
+            write_new_file(target_folder / name, payload)
 
 
 def _check_same_sizes(batches):

@@ -23,11 +23,11 @@ import operator
 
 import numpy as np
 
-from .functors import trainables
-from .layers import (BatchNorm, Chain, Conv, CrossCor, Dense, GlobalMeanPool, Parallel, SkipConnection, flatten,
+from ..functors import trainables
+from ..layers import (BatchNorm, Chain, Conv, CrossCor, Dense, GlobalMeanPool, Parallel, SkipConnection, flatten,
                      kaiming_normal)
-from .ops.activations import relu
-from .random import RNG, as_rng
+from ..ops.activations import relu
+from ..random import RNG, as_rng
 
 __all__ = ["resnet20", "resnet18", "basic_block", "parameter_count", "RESNETS", "RESNET20_PARAMETERS",
            "RESNET18_PARAMETERS"]

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_array, is_float_dtype
-from .data import _describe
-from .random import RNG, as_rng
+from ..backend import Array, get_array_module, is_array, is_float_dtype
+from ._files import describe
+from ..random import RNG, as_rng
 
 __all__ = ["random_crop", "random_flip", "normalise"]
 
@@ -87,7 +87,7 @@ def normalise(x: Array, mean: Sequence[float], std: Sequence[float]) -> Array:
 
     Integer images (uint8) are first converted to float32 and scaled to ``[0, 1]`` (divided by
     255), so ``mean`` and ``std`` are always in the units of ``[0, 1]`` pixels, as
-    :data:`fluxpy.cifar.CIFAR10_MEAN` and :data:`fluxpy.cifar.CIFAR10_STD`. Float images keep their
+    :data:`fluxpy.datasets.CIFAR10_MEAN` and :data:`fluxpy.datasets.CIFAR10_STD`. Float images keep their
     dtype and are not rescaled.
 
     >>> import numpy as np
@@ -117,13 +117,13 @@ def normalise(x: Array, mean: Sequence[float], std: Sequence[float]) -> Array:
 def _check_images(x, who):
     """The array module of ``x``, a NumPy or CuPy array of images ``(N, C, H, W)``; a clear error otherwise."""
     if not is_array(x):
-        raise TypeError(f"{who} expects a NumPy or CuPy array of images (N, C, H, W), got {_describe(x)}"
+        raise TypeError(f"{who} expects a NumPy or CuPy array of images (N, C, H, W), got {describe(x)}"
                         + (" (augment the data before the model, outside gradient)"
                            if getattr(x, "__fluxpy_tracked__", False) else ""))
     if x.ndim != 4:
-        raise ValueError(f"{who} expects images of shape (N, C, H, W), got {_describe(x)}")
+        raise ValueError(f"{who} expects images of shape (N, C, H, W), got {describe(x)}")
     if x.dtype.kind not in "uif":
-        raise TypeError(f"{who} expects images of an integer or float dtype, got {_describe(x)}")
+        raise TypeError(f"{who} expects images of an integer or float dtype, got {describe(x)}")
     return get_array_module(x)
 
 
@@ -135,4 +135,4 @@ def _check_count(value, who, name):
 
 def _shown(value):
     """A number as it was written (``-1``, ``2.5``); anything else described by type."""
-    return repr(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else _describe(value)
+    return repr(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else describe(value)
