@@ -11,7 +11,7 @@ so results depend on the shape (and for the backward's partial rows the GPU's SM
 The CUDA is in ``cuda/layernorm*.cu`` (one kernel family a file); which kernel runs, in what shape, is
 :mod:`fluxpy.kernels.layernorm_plan`'s choice (plain Python). This module turns a plan into a source and its
 defines (:func:`forward_source`, :func:`backward_source`, :func:`params_source`), compiles them through
-:mod:`fluxpy.kernels.compiler`, where ptxas decides takes the first form that does not spill, and launches.
+:mod:`fluxpy.kernels.compiler` (where ptxas decides between forms, the first it does not spill) and launches.
 :func:`SOURCE_VARIANTS` lists every variant that can launch, for the CI's NVRTC compile.
 
 Statistics (``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma``/``beta`` are in the compute type.
@@ -59,7 +59,11 @@ def _row_defines(length, dtype, plan, fused) -> dict:
 
 
 def forward_source(plan: ForwardPlan, length: int, dtype, fused: bool = False) -> tuple[str, dict]:
-    """``(source name, defines)`` of ``ln_fwd`` in ``plan``'s form."""
+    """``(source name, defines)`` of ``ln_fwd`` in ``plan``'s form.
+
+    >>> forward_source(layernorm_plan.forward_plan(32768, np.float16), 32768, np.float16)[1]["STAGES"]
+    1
+    """
     return "layernorm_forward.cu", dict(_row_defines(length, dtype, plan, fused), PREFETCH=int(plan.prefetch),
                                         STAGES=plan.stages)
 
@@ -80,7 +84,11 @@ def backward_source(plan: BackwardPlan, length: int, dtype, fused: bool = False)
 
 
 def params_source(length: int, dtype, fused: bool = False, split: bool = False) -> tuple[str, dict]:
-    """``(source name, defines)`` of ``ln_params`` (and with ``split``, of ``ln_cols`` too)."""
+    """``(source name, defines)`` of ``ln_params`` (and with ``split``, of ``ln_cols`` too).
+
+    >>> sorted(params_source(20484, np.float16, split=True)[1])
+    ['CW', 'FUSED', 'FX_DTYPE', 'KVT', 'KVW', 'L']
+    """
     defines = dict(dtype_defines(dtype), L=int(length))
     if split:
         kvt, kvw = vector(dtype, length, layernorm_plan._COLUMN_VECTORS)
@@ -187,7 +195,11 @@ def _on_gpu() -> bool:
 
 
 def limits() -> Limits:
-    """The current GPU's :class:`~fluxpy.kernels.layernorm_plan.Limits` (sm_90's where there is none)."""
+    """The current GPU's :class:`~fluxpy.kernels.layernorm_plan.Limits` (sm_90's where there is none).
+
+    >>> limits().shared_per_block >= 48 * 1024
+    True
+    """
     if not _on_gpu():
         return SM90
     dev = compiler.device()

@@ -82,7 +82,11 @@ _COLUMN_VECTORS = {"half": (("uint4", 8), ("uint2", 4), ("unsigned int", 2)),
 
 @dataclass(frozen=True)
 class Limits:
-    """What a plan asks of the GPU: the shared memory a block may opt into, and whether it launches clusters."""
+    """What a plan asks of the GPU: the shared memory a block may opt into, and whether it launches clusters.
+
+    >>> backward_plan(32768, np.float16, limits=Limits(clusters=False)).kernel
+    'ln_dx2'
+    """
     shared_per_block: int = SM90_SHARED_BYTES
     clusters: bool = True
 
@@ -93,7 +97,11 @@ SM90 = Limits()
 @dataclass(frozen=True)
 class RowShape:
     """A row spread over threads: ``vw`` values a vector, ``tpr`` threads a row, ``rpb`` rows a block, ``items``
-    vectors a thread."""
+    vectors a thread.
+
+    >>> row_shape(1000, np.float32)
+    RowShape(vw=4, tpr=64, rpb=2, items=4)
+    """
     vw: int
     tpr: int
     rpb: int
@@ -104,7 +112,11 @@ class RowShape:
 class ForwardPlan:
     """``ln_fwd``'s shape (as :class:`RowShape`), ``blocks`` an SM ptxas is held to (``__launch_bounds__``),
     ``prefetch``: the grid visits rows grid-stride, loading the next row into registers early; ``stages``: rows
-    staged ahead in shared memory (``cp.async``) instead."""
+    staged ahead in shared memory (``cp.async``) instead.
+
+    >>> ForwardPlan(vw=4, tpr=64, rpb=2, items=3).threads
+    128
+    """
     vw: int
     tpr: int
     rpb: int
@@ -122,7 +134,11 @@ class ForwardPlan:
 class BackwardPlan:
     """The backward's ``kernel`` (``ln_bwd1``, ``ln_bwds``, ``ln_bwdr``, ``ln_bwdc``, ``ln_bwd``, ``ln_dx1``,
     ``ln_dx2``) in its shape (``ln_bwdc``: a block's share of the row), ``prefetch``: the next row's loads issued
-    before this row's sums; ``cluster``: blocks a row (``ln_bwdc``), ``blocks``: blocks an SM ptxas is held to."""
+    before this row's sums; ``cluster``: blocks a row (``ln_bwdc``), ``blocks``: blocks an SM ptxas is held to.
+
+    >>> BackwardPlan("ln_dx1", vw=4, tpr=320, rpb=2, items=8).splits
+    True
+    """
     kernel: str
     vw: int
     tpr: int
@@ -145,7 +161,11 @@ class BackwardPlan:
 @dataclass(frozen=True)
 class ColumnPlan:
     """``ln_cols``: ``kvw`` values a vector, ``tiles`` of 32 vectors of columns, ``chunk`` rows a block, ``chunks``
-    (the partial rows ``ln_params`` adds)."""
+    (the partial rows ``ln_params`` adds).
+
+    >>> column_plan(768, np.float16, 64)
+    ColumnPlan(kvw=8, tiles=3, chunk=64, chunks=1)
+    """
     kvw: int
     tiles: int
     chunk: int
@@ -300,7 +320,11 @@ def forward_forms(plan: ForwardPlan, length: int, dtype, fused: bool = False, li
 
 
 def staged_bytes(length, dtype, fused) -> int:
-    """Shared memory of a row the forward stages: a row of x (and of the residual, fused)."""
+    """Shared memory of a row the forward stages: a row of x (and of the residual, fused).
+
+    >>> staged_bytes(32768, np.float16, True)
+    131072
+    """
     return int(length) * np.dtype(dtype).itemsize * (2 if fused else 1)
 
 
@@ -535,7 +559,11 @@ def backward_fits(length: int, dtype, limits: Limits = SM90) -> bool:
 
 def tuning(dtype) -> tuple:
     """The switches of :func:`backward_plan` and :func:`forward_plan` for ``dtype`` that tests and benchmarks turn
-    (a cache key: a plan cached under other switches is not reused)."""
+    (a cache key: a plan cached under other switches is not reused).
+
+    >>> tuning(np.float16) == tuning(np.float16) != tuning(np.float32)
+    True
+    """
     size = np.dtype(dtype).itemsize
     return (SPLIT_FROM[size], SHARED_COLUMNS[size], CLUSTER_COLUMNS[size], STAGED_FORWARD[size],
             BACKWARD_TWO_BLOCKS[size], FORWARD_SPARE[size], FORWARD_MIN_ROWS)
