@@ -32,9 +32,9 @@ from ..backend import cupy
 from . import compiler, layernorm_plan
 from .cuda_arrays import c_contiguous
 from .halfs import BFLOAT16, KERNEL_DTYPES, compute_dtype, dtype_defines
-from .layernorm_plan import (BackwardPlan, ForwardPlan, Limits, SM90, backward_plan, backward_shared_bytes,
-                             blocks_an_sm, column_plan, forward_forms, forward_plan, fused_fits, staged_bytes,
-                             two_block_forms, vector)
+from .layernorm_plan import (SM90, BackwardPlan, ForwardPlan, Limits, backward_plan, backward_shared_bytes,
+                             blocks_an_sm, column_plan, column_vector, forward_forms, forward_plan, fused_fits,
+                             staged_bytes, two_block_forms, vector)
 
 __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "backward_shape",
            "backward_fits", "kernel_attributes", "forward_source", "backward_source", "params_source",
@@ -91,7 +91,7 @@ def params_source(length: int, dtype, fused: bool = False, split: bool = False) 
     """
     defines = dict(dtype_defines(dtype), L=int(length))
     if split:
-        kvt, kvw = vector(dtype, length, layernorm_plan._COLUMN_VECTORS)
+        kvt, kvw = column_vector(dtype, length)
         defines.update(KVW=kvw, KVT=kvt, CW=layernorm_plan.COLUMN_WARPS, FUSED=int(bool(fused)))
     return "layernorm_params.cu", defines
 

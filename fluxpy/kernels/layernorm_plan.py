@@ -31,9 +31,10 @@ import numpy as np
 
 from .halfs import compute_dtype
 
-__all__ = ["Limits", "SM90", "RowShape", "ForwardPlan", "BackwardPlan", "ColumnPlan", "row_shape", "forward_plan",
-           "forward_forms", "backward_plan", "two_block_forms", "column_plan", "fused_fits", "backward_fits",
-           "backward_shared_bytes", "shared_columns_bytes", "staged_bytes", "blocks_an_sm", "register_cap"]
+__all__ = ["Limits", "SM90", "RowShape", "ForwardPlan", "BackwardPlan", "ColumnPlan", "vector", "column_vector",
+           "row_shape", "forward_plan", "forward_forms", "backward_plan", "two_block_forms", "column_plan",
+           "fused_fits", "backward_fits", "backward_shared_bytes", "shared_columns_bytes", "staged_bytes",
+           "blocks_an_sm", "register_cap", "tuning"]
 
 # ---- tuning (each measured on sm_90; the measurements are in BENCHMARKS.md and the history archive) ----
 MAX_VECTORS = 8        # vectors of a row a thread holds forward, at most: 128 bytes in flight a thread
@@ -187,6 +188,15 @@ def vector(dtype, length, table=_VECTORS) -> tuple[str, int]:
         if length % vw == 0:
             return vt, vw
     return "T", 1
+
+
+def column_vector(dtype, length) -> tuple[str, int]:
+    """``ln_cols``' ``(vector type, values)``: 16 bytes where the length allows.
+
+    >>> column_vector(np.float16, 768), column_vector(np.float16, 20484)
+    (('uint4', 8), ('uint2', 4))
+    """
+    return vector(dtype, length, _COLUMN_VECTORS)
 
 
 def blocks_an_sm(threads, regs, shared=0) -> int:
@@ -530,7 +540,7 @@ def column_plan(length: int, dtype, rows: int) -> ColumnPlan:
     >>> column_plan(20480, np.float32, 8192), column_plan(20480, np.float16, 8192).chunks
     (ColumnPlan(kvw=4, tiles=160, chunk=320, chunks=26), 52)
     """
-    kvw = vector(dtype, length, _COLUMN_VECTORS)[1]
+    kvw = column_vector(dtype, length)[1]
     tiles = -(-(length // kvw) // 32)
     rc = max(COLUMN_MIN_ROWS, -(-rows * tiles // COLUMN_BLOCKS))
     rc = COLUMN_WARPS * -(-rc // COLUMN_WARPS)
