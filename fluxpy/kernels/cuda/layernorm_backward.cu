@@ -33,10 +33,14 @@ __device__ __forceinline__ void fetch(const T* x, const T* dy, const C* mean, co
     }
 }
 
+// The row sums' scratch (two values a warp of each row of the block), declared before write_partials' arrays so that
+// it comes first in the block's shared memory, as ptxas was tuned with.
+__shared__ C row_scratch[2 * RPB * NW];
+
 __device__ __forceinline__ void one_sweep(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd,
                                           T* dx, C* pg, C* pb, long long R, int want_params, const T* res,
                                           const C* bias) {
-    __shared__ C sh[2 * RPB * NW];
+    C* const sh = row_scratch;
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     const long long stride = (long long)gridDim.x * RPB;
     extern __shared__ __align__(16) unsigned char cols_bytes[];

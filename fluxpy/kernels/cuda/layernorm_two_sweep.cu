@@ -18,10 +18,14 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
     }
 }
 
+// The row sums' scratch (a value a warp of each row of the block), declared before write_partials' arrays so that it
+// comes first in the block's shared memory, as ptxas was tuned with.
+__shared__ C row_scratch[RPB * NW];
+
 __device__ __forceinline__ void two_sweeps(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd,
                                            T* dx, C* pg, C* pb, long long R, int want_params, const T* res,
                                            const C* bias) {
-    __shared__ C sh[RPB * NW];
+    C* const sh = row_scratch;
     const int tid = threadIdx.x % TPR, grp = threadIdx.x / TPR;
     C ag[SUMS ? ITEMS * VW : 1], ab[SUMS ? ITEMS * VW : 1];
     if constexpr (SUMS) {
