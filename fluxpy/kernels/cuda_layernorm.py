@@ -274,15 +274,22 @@ def backward_fits(length: int, dtype) -> bool:
     >>> backward_fits(32768, np.float16), backward_fits(20480, np.float64)
     (True, False)
     """
-    return backward_plan(length, dtype, False, limits()) is not None
+    dtype, lim = np.dtype(dtype), limits()
+    key = ("fits", dtype, int(length), lim, layernorm_plan.tuning(dtype))   # asked on every backward call: cached
+    found = _state.get(key)
+    if found is None:
+        found = _state[key] = backward_plan(length, dtype, False, lim) is not None
+    return found
 
 
 def kernel_attributes(dtype, length: int, fused: bool = False) -> dict:
     """``{kernel: (registers, local bytes)}`` of the compiled kernels that run for rows of ``length`` values of
     ``dtype`` (``ln_fwd``; the backward's kernel, ``ln_cols`` for the split backward, ``ln_params``); local bytes
-    above 0 are register spills. Empty where the fused kernels turn the rows down. Needs a GPU."""
+    above 0 are register spills. Empty where the kernels turn the rows down. Needs a GPU."""
     dtype, length = np.dtype(dtype), int(length)
     if fused and not fused_fits(length, dtype):
+        return {}
+    if layernorm_plan.row_shape(length, dtype) is None:   # the composite runs these rows
         return {}
     kernels = [("ln_fwd", _forward_kernel(dtype, length, fused)[0])]
     got = _backward_kernels_of(dtype, length, fused)
