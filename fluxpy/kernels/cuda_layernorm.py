@@ -138,8 +138,9 @@ def SOURCE_VARIANTS(attributes=None):
     row lengths, dtypes and fused forms the ops take (:func:`_lengths_to_compile`), each pair once.
 
     Where ptxas decides between forms (the forward's, ``ln_bwd1``'s two-block forms), ``attributes(name, defines,
-    kernel) -> (registers, local bytes, static shared bytes)`` (from a compile) resolves them as the GPU does;
-    without it, each plan's first form.
+    kernel) -> (registers, local bytes, static shared bytes)`` (from a compile) resolves them as the GPU does, so a
+    form the GPU skips for spilling is not yielded; a spill check must pass it. Without it, each plan's first form
+    (some of which spill and never launch: the staged forward of the longest rows, for one).
 
     >>> variants = list(SOURCE_VARIANTS())
     >>> len(variants) == len({(n, tuple(sorted(d.items()))) for n, d in variants})
