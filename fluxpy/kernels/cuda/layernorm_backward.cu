@@ -34,7 +34,7 @@ __device__ __forceinline__ void fetch(const T* x, const T* dy, const C* mean, co
 }
 
 // The row sums' scratch (two values a warp of each row of the block), declared before write_partials' arrays so that
-// it comes first in the block's shared memory, as ptxas was tuned with.
+// it comes first in shared memory: the layout the planner's register estimates were fitted to.
 __shared__ C row_scratch[2 * RPB * NW];
 
 __device__ __forceinline__ void one_sweep(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd,

@@ -19,7 +19,7 @@ __device__ __forceinline__ void xhat_and_g(const T* x, const T* res, const C* bi
 }
 
 // The row sums' scratch (a value a warp of each row of the block), declared before write_partials' arrays so that it
-// comes first in the block's shared memory, as ptxas was tuned with.
+// comes first in shared memory: the layout the planner's register estimates were fitted to.
 __shared__ C row_scratch[RPB * NW];
 
 __device__ __forceinline__ void two_sweeps(const T* dy, const T* x, const C* gamma, const C* mean, const C* rstd,
