@@ -12,7 +12,7 @@ gamma and beta (float32 for fluxpy's halves, as its LayerNorm keeps them; the in
   ``ln_params``; the composite where no kernel takes the rows, as the layer norm's pullback runs it) against
   ``F.layer_norm`` and ``torch.autograd.grad`` of it for x, gamma and beta.
 - ``--split``: where ``ln_bwds`` or ``ln_bwdc`` (the column sums in shared memory, of a block or of a cluster of
-  blocks) or the two-sweep ``ln_bwd`` runs, the other backwards' times too (``cuda_layernorm.SHARED_COLUMNS`` off,
+  blocks) or the two-sweep ``ln_bwd`` runs, the other backwards' times too (``layernorm_plan.SHARED_COLUMNS`` off,
   then also ``SPLIT_FROM`` set to that length), the measurements that decide those switches; where the forward
   stages the next row in shared memory, its time without (``STAGED_FORWARD`` off).
 
@@ -110,6 +110,7 @@ def rotating(items):
 
 def case(cp, torch, length, dtype_name, a):
     from fluxpy.kernels import cuda_layernorm as ln
+    from fluxpy.kernels import layernorm_plan as lp
     from fluxpy.kernels.halfs import BFLOAT16
     from fluxpy.ops.norm import layernorm_backward
     dtype = {"float16": np.dtype(np.float16), "bfloat16": BFLOAT16, "float32": np.dtype(np.float32)}[dtype_name]
@@ -140,8 +141,8 @@ def case(cp, torch, length, dtype_name, a):
     err = float(np.abs(cp.asnumpy(y.astype(cp.float32)) - ty.detach().float().cpu().numpy()).max())
     plan = ln.backward_shape(length, dtype)
     r = dict(dtype=dtype_name, length=length, rows=ROWS, max_abs_err_vs_torch=err, hbm_sets=n_sets,
-             bwd_kernel="composite" if plan is None else f"{plan[0]} VW{plan[1]} TPR{plan[2]} RPB{plan[3]} "
-                                                         f"ITEMS{plan[4]} PF{plan[5]}")
+             bwd_kernel="composite" if plan is None else f"{plan.kernel} VW{plan.vw} TPR{plan.tpr} RPB{plan.rpb} "
+                                                         f"ITEMS{plan.items} PF{int(plan.prefetch)}")
     for mode, mode_sets in (("warm", sets[:1]), ("hbm", sets)):
         r[mode] = measure(cp, torch, ln, layernorm_backward, mode_sets, g, b, tg, tb, length, a)
         m = r[mode]
@@ -154,7 +155,7 @@ def case(cp, torch, length, dtype_name, a):
         m["fwd_ratio"] = m["fluxpy_fwd_us"] / m["torch_fwd_us"]
         m["both_ratio"] = m["fluxpy_both_us"] / m["torch_both_us"]
     if a.split:
-        split_times(cp, ln, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a)
+        split_times(cp, ln, lp, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a)
     r["fluxpy_us"], r["torch_us"] = r["warm"]["fluxpy_both_us"], r["warm"]["torch_both_us"]   # run.py's summary pair
     w, h = r["warm"], r["hbm"]
     print(f"{dtype_name:9s} L={length:6d}: fwd {w['fluxpy_fwd_us']:7.1f} us ({w['fwd_share']:.0%} of copy; from HBM "
@@ -203,7 +204,7 @@ def measure(cp, torch, ln, layernorm_backward, sets, g, b, tg, tb, length, a):
              ("fluxpy_both_us", fx_both), ("torch_both_us", t_both))}
 
 
-def split_times(cp, ln, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a):
+def split_times(cp, ln, lp, layernorm_backward, first, g, b, plan, length, dtype, bytes_fwd, bytes_bwd, r, a):
     """``--split``: the other backwards' times (one set of inputs) where ``ln_bwd``, ``ln_bwds``, ``ln_bwdr`` or
     ``ln_bwdc`` runs, and the unstaged forward's where the forward stages rows."""
     x, dy, mean, rstd = first["x"], first["dy"], first["mean"], first["rstd"]
@@ -215,31 +216,29 @@ def split_times(cp, ln, layernorm_backward, first, g, b, plan, length, dtype, by
         ln.layernorm_forward(x, g, b, 1, 1e-5)
 
     key = np.dtype(dtype).itemsize
-    if plan is not None and plan[0] in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
-        old = ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key]
+    if plan is not None and plan.kernel in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
+        old = lp.SPLIT_FROM[key], lp.SHARED_COLUMNS[key]
         others = []
         try:
-            ln.SHARED_COLUMNS[key] = False      # and so ln_bwdc, which runs ln_bwds a block
+            lp.SHARED_COLUMNS[key] = False      # and so ln_bwdc, which runs ln_bwds a block
             for split_from in (old[0], length):
-                ln.SPLIT_FROM[key] = split_from
+                lp.SPLIT_FROM[key] = split_from
                 sp = ln.backward_shape(length, dtype)
-                if sp is None or sp[0] == plan[0] or any(o[0] == sp[0] for o in others):
+                if sp is None or sp.kernel == plan.kernel or any(o[0] == sp.kernel for o in others):
                     continue
                 us = gpu_us(cp, fx_bwd, a.reps, a.rounds)
-                others.append((sp[0], us))
-                r[f"{sp[0]}_bwd_us"] = us
+                others.append((sp.kernel, us))
+                r[f"{sp.kernel}_bwd_us"] = us
         finally:
-            ln.SPLIT_FROM[key], ln.SHARED_COLUMNS[key] = old
+            lp.SPLIT_FROM[key], lp.SHARED_COLUMNS[key] = old
         copy_gbs = r["warm"]["copy_GBs"]
         r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs:.0%})" for n, us in others)
-    if ln._forward_stages(length, dtype):
-        ln.STAGED_FORWARD[key] = False
-        ln._forward.clear()   # the compiled forwards, cached with their forms
+    if lp.forward_plan(length, dtype, False, ln.limits()).stages:
+        lp.STAGED_FORWARD[key] = False   # the compiled forwards are cached under the planner's switches
         try:
             r["unstaged_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
         finally:
-            ln.STAGED_FORWARD[key] = True
-            ln._forward.clear()
+            lp.STAGED_FORWARD[key] = True
 
 
 MODES = {"warm": "one set of inputs, read again and again (what fits the L2 stays there)",

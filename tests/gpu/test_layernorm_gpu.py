@@ -1,17 +1,19 @@
-"""fluxpy's layer-norm kernels (fluxpy.kernels.cuda_layernorm) against the CPU composite in float64: forward,
+"""fluxpy's layer-norm kernels (fluxpy.kernels.cuda_layernorm, planned by layernorm_plan) against the CPU composite in float64: forward,
 dx, dgamma, dbeta for row lengths from 2 to 32,768 (a warp, a block, 1,024 threads a row; vector and scalar
 loads), every dtype, with and without gamma/beta, one or two normalised axes; the one-sweep backward over many
 rows (grid-stride with prefetch, ragged blocks, inside a CUDA graph), and the forward's (1,024-thread rows of
 halves); the split backward of the long rows (dx alone by ln_dx1/ln_dx2, the column sums by ln_cols: ragged chunks
 and tiles, fused residual/bias, the switch that sends shorter rows to it); determinism; no register spills; second
 derivatives through the composite. Needs a GPU (``gpu`` marker)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import fluxpy
 from devices import cupy_module
 from fluxpy.backend import capture_graph
-from fluxpy.kernels import cuda_layernorm, find
+from fluxpy.kernels import compiler, cuda_layernorm, find, layernorm_plan
 from fluxpy.ops.norm import layernorm
 from test_half_conv_matmul import BF16
 
@@ -120,16 +122,16 @@ def test_no_register_spills_at_any_size(dtype):
                              24576, 28672]:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
-            if fused and not cuda_layernorm._fused_fits(length, dtype):
+            if fused and not layernorm_plan.fused_fits(length, dtype):
                 assert attrs == {}, "no fused kernel where the composite takes the rows"
                 continue
-            assert cuda_layernorm.backward_fits(length, dtype) == (cuda_layernorm.launch_shape(length, dtype)
+            assert cuda_layernorm.backward_fits(length, dtype) == (layernorm_plan.row_shape(length, dtype)
                                                                    is not None), "the backward takes what the forward takes"
             if cuda_layernorm.backward_fits(length, dtype):
-                name = cuda_layernorm.backward_shape(length, dtype, fused)[0]
+                name = cuda_layernorm.backward_shape(length, dtype, fused).kernel
                 assert name in attrs and "ln_params" in attrs
                 assert ("ln_cols" in attrs) == name.startswith("ln_dx")
-                assert name != "ln_bwds" or cuda_layernorm._shared_columns_bytes(length, dtype) <= 227 * 1024
+                assert name != "ln_bwds" or layernorm_plan.shared_columns_bytes(length, dtype) <= 227 * 1024
             for name, (regs, local) in attrs.items():
                 assert local == 0, (f"{name} at L={length} {np.dtype(dtype)} fused={fused}: {local} bytes of local "
                                     f"memory ({regs} regs)")
@@ -143,8 +145,8 @@ def test_one_sweep_backward_over_many_rows_matches_float64(length, dtype):
     loads), dx alone (no partial rows); the same bits on every call, also from a captured CUDA graph."""
     cp = cupy_module()
     shape = cuda_layernorm.backward_shape(length, dtype)
-    assert shape is not None and shape[0] == "ln_bwd1"
-    rpb = shape[3]
+    assert shape is not None and shape.kernel == "ln_bwd1"
+    rpb = shape.rpb
     rows = 3 * 132 * rpb + rpb // 2 + 1     # three rounds of the grid on an H100 (132 SMs), a ragged last block
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((rows,), (length,), dtype, True, seed=8)
     big = cp.zeros(length + 1, g.dtype)
@@ -228,9 +230,9 @@ def _ids(v):
 def test_short_rows_visited_grid_stride_match_float64(length, dtype):
     """More rows than the GPU holds at once, a count no block shape divides: the short rows' forward visits them
     grid-stride, loading the next row early (SHORT_ROW_PREFETCH), and ln_bwd1 its rows with a barrier a row group."""
-    assert cuda_layernorm._forward_prefetches(length, dtype)
+    assert layernorm_plan.forward_plan(length, dtype).prefetch
     plan = cuda_layernorm.backward_shape(length, dtype)
-    assert plan[0] == "ln_bwd1" and plan[2] > 32
+    assert plan.kernel == "ln_bwd1" and plan.tpr > 32
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((4099,), (length,), dtype, True, seed=7)
     _check(layernorm(x, g, b, -1, 1e-5), layernorm(xh, gh, bh, -1, 1e-5), dtype, "y")
     got = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dy).sum(), x, g, b)
@@ -248,9 +250,9 @@ def test_split_backward_of_long_rows_matches_float64(length, dtype, fused):
     cluster's whole vectors and whose row does not fit ln_bwds even without its copy of gamma (20,484 halves), and
     float64."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
-    assert shape is not None and shape[0] in ("ln_dx1", "ln_dx2"), shape
+    assert shape is not None and shape.kernel in ("ln_dx1", "ln_dx2"), shape
     rows = 300                  # chunks of 64 rows (COLUMN_MIN_ROWS): the last one ragged, not a multiple of 8 warps
-    assert cuda_layernorm.column_shape(length, dtype, rows)[3] > 1
+    assert layernorm_plan.column_plan(length, dtype, rows).chunks > 1
     _check_long_rows(length, dtype, fused, rows)
 
 
@@ -263,10 +265,10 @@ def test_one_sweep_backward_with_shared_column_sums_matches_float64(length, dtyp
     several, prefetching where the plan says so) with a ragged last round; gamma's (and the bias's) values of a
     thread's columns held in registers (the fused form takes more of them, so at 12,288 float32 values ln_bwdc)."""
     shape = cuda_layernorm.backward_shape(length, dtype)
-    assert shape is not None and shape[0] == "ln_bwds", shape
+    assert shape is not None and shape.kernel == "ln_bwds", shape
     if fused:
-        assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc")
-    assert cuda_layernorm._shared_columns_bytes(length, dtype) > 48 * 1024
+        assert cuda_layernorm.backward_shape(length, dtype, True).kernel in ("ln_bwds", "ln_bwdc")
+    assert layernorm_plan.shared_columns_bytes(length, dtype) > 48 * 1024
     _check_long_rows(length, dtype, fused, 3 * 132 + 37)
 
 
@@ -276,9 +278,9 @@ def test_shared_sweep_reading_gamma_matches_float64(length, dtype, fused):
     """Rows whose copy of gamma does not fit beside the row in ln_bwds and that split into no cluster's whole
     vectors take ln_bwdr: ln_bwds reading gamma (and the bias, fused) twice a row, not the split backward."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
-    assert shape is not None and shape[0] == "ln_bwdr", shape
-    limit = cuda_layernorm._shared_limit()
-    assert cuda_layernorm._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # held: no
+    assert shape is not None and shape.kernel == "ln_bwdr", shape
+    limit = cuda_layernorm.limits().shared_per_block
+    assert layernorm_plan._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # held: no
     _check_long_rows(length, dtype, fused, 3 * 132 + 37)
 
 
@@ -291,9 +293,9 @@ def test_cluster_backward_matches_float64(length, dtype, fused):
     rereads x and dy. More rows than the clusters the GPU holds at once (each cluster visits several, the last round
     ragged)."""
     shape = cuda_layernorm.backward_shape(length, dtype, fused)
-    assert shape is not None and shape[0] == "ln_bwdc", shape
-    limit = cuda_layernorm._shared_limit()
-    assert cuda_layernorm._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # one block: no
+    assert shape is not None and shape.kernel == "ln_bwdc", shape
+    limit = cuda_layernorm.limits().shared_per_block
+    assert layernorm_plan._shared_sweep_plan(length, np.dtype(dtype), limit, fused) is None   # one block: no
     _check_long_rows(length, dtype, fused, 3 * 66 + 17)
 
 
@@ -304,7 +306,7 @@ def test_held_gamma_kernels_without_gamma_with_residual_and_bias(length, dtype):
     them): without gamma (a layer norm with no scale) and with a residual and bias, dx, dgamma and dbeta match
     float64 (dgamma and dbeta are those of gamma = 1 and beta = 0)."""
     cp = cupy_module()
-    assert cuda_layernorm.backward_shape(length, dtype, True)[0] in ("ln_bwds", "ln_bwdc", "ln_bwdr")
+    assert cuda_layernorm.backward_shape(length, dtype, True).kernel in ("ln_bwds", "ln_bwdc", "ln_bwdr")
     (x, dy, _, _), (xh, dyh, _, _) = _case((3 * 66 + 5,), (length,), dtype, False, seed=14)
     (r, _, c, _), (rh, _, ch, _) = _case((3 * 66 + 5,), (length,), dtype, True, seed=15)
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, None, None, 1, 1e-5, r, c)
@@ -333,8 +335,8 @@ def test_the_driver_says_how_many_clusters_run_at_once():
 def test_without_clusters_the_split_backward_takes_those_rows(monkeypatch, length, dtype):
     """CLUSTER_COLUMNS off (as on a GPU before sm_90): the split backward's two-sweep ln_dx2 takes the rows the
     clusters take, with the same results within rounding."""
-    monkeypatch.setitem(cuda_layernorm.CLUSTER_COLUMNS, np.dtype(dtype).itemsize, False)
-    assert cuda_layernorm.backward_shape(length, dtype)[0] == "ln_dx2"
+    monkeypatch.setitem(layernorm_plan.CLUSTER_COLUMNS, np.dtype(dtype).itemsize, False)
+    assert cuda_layernorm.backward_shape(length, dtype).kernel == "ln_dx2"
     _check_long_rows(length, dtype, False, 150)
 
 
@@ -346,7 +348,7 @@ def _check_long_rows(length, dtype, fused, rows):
     r = c = rh = ch = None
     if fused:
         (r, _, c, _), (rh, _, ch, _) = _case((rows,), (length,), dtype, True, seed=10)
-        if not cuda_layernorm._fused_fits(length, dtype):   # float64 at 16,384: the composite (spills otherwise)
+        if not layernorm_plan.fused_fits(length, dtype):   # float64 at 16,384: the composite (spills otherwise)
             assert find("layernorm_forward", x, g, b, 1, 1e-5, r, c) is None
             assert find("layernorm_backward", dy, x, g, *_stats(x), 1, True, r, c) is None
             return
@@ -374,8 +376,8 @@ def test_long_rows_through_the_layer_norm_op(dtype):
     row; not the composite) and matches float64, with the fused residual and bias too."""
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((2, 9), (20480,), dtype, True, seed=11)
     (r, _, c, _), (rh, _, ch, _) = _case((2, 9), (20480,), dtype, True, seed=12)
-    assert cuda_layernorm.backward_shape(20480, dtype)[0] == "ln_bwdc"
-    assert cuda_layernorm.backward_shape(20480, dtype, True)[0] == "ln_bwdc"
+    assert cuda_layernorm.backward_shape(20480, dtype).kernel == "ln_bwdc"
+    assert cuda_layernorm.backward_shape(20480, dtype, True).kernel == "ln_bwdc"
 
     def loss(x, r, c, g, b, dy):
         return (layernorm(x, g, b, -1, 1e-5, residual=r, bias=c) * dy).sum()
@@ -389,15 +391,15 @@ def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
     """SPLIT_FROM (set from measurements) sends 10,240 float16 values from ln_bwd to the split backward: same
     results within rounding, and back when reset."""
     cp = cupy_module()
-    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwds"
+    assert cuda_layernorm.backward_shape(10240, np.float16).kernel == "ln_bwds"
     (x, dy, g, b), (xh, dyh, gh, bh) = _case((70,), (10240,), np.float16, True, seed=13)
     y, mean, rstd = cuda_layernorm.layernorm_forward(x, g, b, 1, 1e-5)
     shared = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
-    monkeypatch.setitem(cuda_layernorm.SHARED_COLUMNS, 2, False)      # as on a GPU with too little shared memory
-    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
+    monkeypatch.setitem(layernorm_plan.SHARED_COLUMNS, 2, False)      # as on a GPU with too little shared memory
+    assert cuda_layernorm.backward_shape(10240, np.float16).kernel == "ln_bwd"
     two = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
-    monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 2, 10240)
-    assert cuda_layernorm.backward_shape(10240, np.float16)[0] in ("ln_dx1", "ln_dx2")
+    monkeypatch.setitem(layernorm_plan.SPLIT_FROM, 2, 10240)
+    assert cuda_layernorm.backward_shape(10240, np.float16).kernel in ("ln_dx1", "ln_dx2")
     assert "ln_cols" in cuda_layernorm.kernel_attributes(np.float16, 10240)
     split = cuda_layernorm.layernorm_backward(dy, x, g, mean, rstd, 1, True)
     want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, -1, 1e-5) * dyh).sum(), xh, gh, bh)
@@ -406,8 +408,8 @@ def test_the_split_switch_sends_shorter_rows_to_the_split_backward(monkeypatch):
         _check(s, w, np.float16, name, 10240 if name == "dx" else 70)
         a, t = a.astype(cp.float32), t.astype(cp.float32)
         assert float(cp.abs(a - t).max()) <= 2e-3 * (float(cp.abs(t).max()) + 1), name
-    monkeypatch.setitem(cuda_layernorm.SPLIT_FROM, 2, None)
-    assert cuda_layernorm.backward_shape(10240, np.float16)[0] == "ln_bwd"
+    monkeypatch.setitem(layernorm_plan.SPLIT_FROM, 2, None)
+    assert cuda_layernorm.backward_shape(10240, np.float16).kernel == "ln_bwd"
 
 
 def _forward_over_many_rows(dtype, fused, length):
@@ -440,9 +442,10 @@ def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, le
     row early: the plain forward at 24,576 into registers, where the next row's raw vectors fit beside the row
     (PF); the others into shared memory, each thread copying its own vectors with cp.async (SPF, a row and the
     residual's: 48 to 128 KB a block)."""
-    pf = cuda_layernorm._forward_prefetches(length, dtype, fused)
+    plan = layernorm_plan.forward_plan(length, dtype, fused, cuda_layernorm.limits())
+    pf = plan.prefetch
     assert pf == (length == 24576 and not fused)
-    assert cuda_layernorm._forward_stages(length, dtype, fused) == (not pf)
+    assert plan.stages == (not pf)
     _forward_over_many_rows(dtype, fused, length)
 
 
@@ -451,11 +454,12 @@ def test_prefetching_forward_over_more_rows_than_the_grid_holds(dtype, fused, le
 def test_forward_staging_two_rows_ahead(monkeypatch, length, dtype, fused):
     """The staged forward's ring of two rows ahead (the form taken where ptxas spills the form of one), forced:
     each slot refilled with the row two visits on, the last copies empty."""
-    monkeypatch.setattr(cuda_layernorm, "_forward", {})
-    fn = cuda_layernorm._module(dtype, length, "forward", fused, 2, 1).get_function("ln_fwd")
-    key = (np.dtype(dtype), length, fused, cuda_layernorm._shared_limit())
-    cuda_layernorm._forward[key] = (fn, cuda_layernorm.launch_shape(length, dtype, fused=fused), 2, False)
-    assert cuda_layernorm._forward_kernel(dtype, length, fused)[2] == 2
+    monkeypatch.setattr(cuda_layernorm, "_forward_kernels", {})
+    plan = layernorm_plan.forward_plan(length, dtype, fused, cuda_layernorm.limits())
+    two = dataclasses.replace(plan, stages=2, blocks=1, prefetch=False)
+    fn = compiler.module(*cuda_layernorm.forward_source(two, length, dtype, fused)).get_function("ln_fwd")
+    cuda_layernorm._forward_kernels[cuda_layernorm._kernel_key(dtype, length, fused)] = (fn, two)
+    assert cuda_layernorm._forward_kernel(dtype, length, fused)[1].stages == 2
     _forward_over_many_rows(dtype, fused, length)
 
 
@@ -463,16 +467,20 @@ def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
     """Where ptxas spills the form asked for (here the rule told that a thread needs 40 registers fewer than its row
     values, and that no shape holds enough rows an SM, so it asks for 6 or more blocks an SM), the forward is rebuilt
     a block fewer at a time until it does not; it still matches float64."""
-    monkeypatch.setattr(cuda_layernorm, "_forward", {})
-    monkeypatch.setattr(cuda_layernorm, "_modules", {})
-    monkeypatch.setitem(cuda_layernorm.FORWARD_SPARE, 2, -40)
-    monkeypatch.setattr(cuda_layernorm, "FORWARD_MIN_ROWS", 33)
+    monkeypatch.setattr(cuda_layernorm, "_forward_kernels", {})
+    monkeypatch.setitem(layernorm_plan.FORWARD_SPARE, 2, -40)
+    monkeypatch.setattr(layernorm_plan, "FORWARD_MIN_ROWS", 33)
+    built, compiled = [], cuda_layernorm._compiled_attributes
+
+    def recording(name, defines, kernel):
+        built.append(defines["BLOCKS"])
+        return compiled(name, defines, kernel)
+    monkeypatch.setattr(cuda_layernorm, "_compiled_attributes", recording)
     length, dtype = 12288, np.float16
-    asked = cuda_layernorm._forward_shape(length, dtype)[4]
+    asked = layernorm_plan.forward_plan(length, dtype, False, cuda_layernorm.limits()).blocks
     assert asked >= 6
-    fn = cuda_layernorm._forward_kernel(dtype, length)[0]
-    assert fn.local_size_bytes == 0
-    built = [key[5] for key in cuda_layernorm._modules if key[:4] == (np.dtype(dtype), length, "forward", False)]
+    fn, plan = cuda_layernorm._forward_kernel(dtype, length)
+    assert fn.local_size_bytes == 0 and plan.blocks < asked
     assert asked in built and min(built) < asked, built
     _forward_over_many_rows(dtype, False, length)
 
@@ -485,23 +493,23 @@ def test_a_backward_of_one_row_an_sm_runs_two_blocks_where_ptxas_fits_them(lengt
     without spilling (else the plan, every form having spilled); float32 keeps its plan. Either way the result
     matches float64, the same bits on every call and from a captured CUDA graph."""
     dtype = np.dtype(dtype)
-    plan = cuda_layernorm._plan(length, dtype, fused)
-    assert plan[0] == "ln_bwd1" and plan[3] == 1
-    launched, blocks = cuda_layernorm._launch_plan(length, dtype, fused)
+    plan = layernorm_plan.backward_plan(length, dtype, fused, cuda_layernorm.limits())
+    assert plan.kernel == "ln_bwd1" and plan.rpb == 1
+    launched, fn = cuda_layernorm._backward_kernels_of(dtype, length, fused)[:2]
     assert cuda_layernorm.backward_shape(length, dtype, fused) == launched
-    fn = cuda_layernorm._module(dtype, length, "backward", fused).get_function("ln_bwd1")
-    if not cuda_layernorm.BACKWARD_TWO_BLOCKS[dtype.itemsize]:
+    blocks = launched.blocks
+    if not layernorm_plan.BACKWARD_TWO_BLOCKS[dtype.itemsize]:
         assert (launched, blocks) == (plan, 1)
     elif blocks == 2:
-        assert launched[4] > plan[4] and launched[2] < plan[2], "more values a thread, fewer threads a row"
+        assert launched.items > plan.items and launched.tpr < plan.tpr, "more values a thread, fewer threads a row"
         assert fn.local_size_bytes == 0
-        assert cuda_layernorm._blocks_an_sm(launched[2], fn.num_regs, fn.shared_size_bytes) >= 2
+        assert layernorm_plan.blocks_an_sm(launched.tpr, fn.num_regs, fn.shared_size_bytes) >= 2
     else:   # every two-block form spilled
         assert launched == plan
-        for form in cuda_layernorm._two_block_forms(plan, length):
-            f = cuda_layernorm._module(dtype, length, "backward", fused, blocks=2, plan=form).get_function("ln_bwd1")
-            assert f.local_size_bytes > 0 or cuda_layernorm._blocks_an_sm(form[2], f.num_regs,
-                                                                          f.shared_size_bytes) < 2
+        for form in layernorm_plan.two_block_forms(plan, length):
+            f = compiler.module(*cuda_layernorm.backward_source(form, length, dtype, fused)).get_function("ln_bwd1")
+            assert f.local_size_bytes > 0 or layernorm_plan.blocks_an_sm(form.tpr, f.num_regs,
+                                                                         f.shared_size_bytes) < 2
     if dtype.itemsize == 2 and length == 5140 and not fused:
         assert blocks == 2, "the H200's NVRTC fits 192 threads of 7 vectors (the benchmark's case)"
     _check_long_rows(length, dtype, fused, 2 * 132 * 2 + 7)   # more rows than two rounds of the grid
