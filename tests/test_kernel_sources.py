@@ -1,0 +1,100 @@
+"""Every CUDA source under ``fluxpy/kernels/cuda/`` compiles for sm_90 with NVRTC, without a GPU, in every variant
+its module can launch, and spills no register.
+
+NVRTC comes from the ``nvidia-cuda-nvrtc`` pip wheel (the ``test`` extra), loaded by ctypes (``tests/nvrtc.py``).
+The text and options are the GPU path's own: ``compiler.source(name)`` and ``compiler.compile_options(defines)``.
+Each kernel module lists its variants with ``SOURCE_VARIANTS()`` (``(source name, defines)`` pairs made by the same
+functions that pick the defines at run time); a ``.cu`` file that no module lists fails here, and so does a module
+that compiles ``.cu`` files (it names one in its text) without a ``SOURCE_VARIANTS``.
+"""
+import concurrent.futures
+import importlib
+import os
+import pkgutil
+import re
+
+import pytest
+
+import fluxpy.kernels
+from fluxpy.kernels import compiler
+
+nvrtc = pytest.importorskip("nvrtc")
+
+ARCH = ("-arch=sm_90", "-Xptxas=-v")
+
+if nvrtc.library() is None:
+    pytest.skip("the nvidia-cuda-nvrtc wheel is not installed (pip install -e '.[test]')", allow_module_level=True)
+
+
+def _kernel_modules():
+    """Every module of ``fluxpy.kernels`` (its subpackages too), imported: they import without CuPy."""
+    found = {}
+    for info in pkgutil.walk_packages(fluxpy.kernels.__path__, "fluxpy.kernels."):
+        found[info.name] = importlib.import_module(info.name)
+    return found
+
+
+MODULES = _kernel_modules()
+_NAMES_A_SOURCE = re.compile(r"""["']([\w-]+\.cu)["']""")
+
+
+def _variants():
+    """``[(module, source, defines)]`` of every module's ``SOURCE_VARIANTS``, each distinct variant once."""
+    out, seen = [], set()
+    for name, module in sorted(MODULES.items()):
+        for source, defines in getattr(module, "SOURCE_VARIANTS", lambda: ())():
+            key = (source, compiler.compile_options(defines))
+            if key not in seen:
+                seen.add(key)
+                out.append((name, source, dict(defines)))
+    return out
+
+
+VARIANTS = _variants()
+
+
+def test_every_module_that_compiles_a_source_lists_its_variants():
+    missing = []
+    for name, module in MODULES.items():
+        text = open(module.__file__).read()
+        if _NAMES_A_SOURCE.search(text) and not hasattr(module, "SOURCE_VARIANTS"):
+            missing.append(name)
+    assert not missing, f"modules that compile a cuda/*.cu source without a SOURCE_VARIANTS(): {missing}"
+
+
+def test_every_source_file_is_compiled_by_some_variant():
+    listed = {source for _, source, _ in VARIANTS}
+    files = {p.name for p in compiler.SOURCE_DIR.glob("*.cu")}
+    assert files, "no CUDA sources found"
+    assert not files - listed, f"cuda/ sources no module's SOURCE_VARIANTS lists: {sorted(files - listed)}"
+    assert not listed - files, f"SOURCE_VARIANTS name sources that do not exist: {sorted(listed - files)}"
+
+
+# Modules whose kernels move to cuda/ in a change of their own (issue 35): drop each entry as its change lands.
+MOVING = {"fluxpy.kernels.cuda_layernorm": "layer norm's move", "fluxpy.kernels.elementwise": "the optimiser kernels"}
+
+
+def test_no_python_file_holds_a_kernel():
+    holders = [name for name, module in MODULES.items() if "__global__" in open(module.__file__).read()
+               and name not in MOVING]
+    assert not holders, f"__global__ functions in Python files (they belong in fluxpy/kernels/cuda/): {holders}"
+
+
+def _compile(variant):
+    module, source, defines = variant
+    result = nvrtc.compile(compiler.source(source), compiler.compile_options(defines, ARCH), source)
+    return module, source, defines, result
+
+
+def test_every_variant_compiles_for_sm90_without_spills():
+    """One NVRTC compilation per variant (in threads: NVRTC releases nothing global between programs)."""
+    failures = []
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for module, source, defines, result in pool.map(_compile, VARIANTS):
+            if not result.ok:
+                failures.append(f"{source} {defines} ({module}) does not compile:\n{result.log[-2000:]}")
+            elif result.spills():
+                failures.append(f"{source} {defines} ({module}) spills registers: {result.spills()}")
+    assert len(VARIANTS) > 50
+    assert not failures, f"{len(failures)} of {len(VARIANTS)} variants fail:\n" + "\n\n".join(failures[:10])
