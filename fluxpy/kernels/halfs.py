@@ -4,8 +4,8 @@ NumPy has no bfloat16: fluxpy uses ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`), wh
 dtype. A kernel source never includes ``cuda_fp16.h`` or ``cuda_bf16.h`` (NVRTC, as CuPy runs it, need not find
 them): it holds a half as ``unsigned short`` and converts with PTX ``cvt`` (float16; bfloat16 stores on sm_80 and
 later) and bit operations (bfloat16 loads, the top half of a float32, and its stores before sm_80); stores round to
-nearest even and keep NaN a NaN. :func:`prelude` gives a kernel the
-names it writes against for one dtype:
+nearest even and keep NaN a NaN. A kernel source writes ``#include "halfs.cuh"`` (``cuda/halfs.cuh``) and is compiled
+with :func:`dtype_defines` of its dtype, which give it the names it writes against:
 
 - ``T``: the storage type (``unsigned short``, ``float`` or ``double``);
 - ``C``: the compute type (``float`` for the halves and float32, ``double`` for float64);
@@ -13,11 +13,12 @@ names it writes against for one dtype:
 
 :data:`CONVERSIONS` alone is the four functions (``fx_load_f16``, ``fx_store_f16``, ``fx_load_bf16``,
 ``fx_store_bf16``), for a kernel that takes several dtypes (the traced broadcast kernels); :data:`CONVERT` names
-a half dtype's load and store functions.
+a half dtype's load and store functions. :func:`prelude` (the same names as text pasted before a source) serves
+the layer-norm kernels until they move to ``cuda/``.
 
 >>> import numpy as np
-
-from . import compiler
+>>> dtype_defines(BFLOAT16), dtype_defines(np.float64)
+({'FX_DTYPE': 2}, {'FX_DTYPE': 4})
 >>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
 True
 >>> is_half(np.float16), is_half(BFLOAT16), is_half(np.float32)
