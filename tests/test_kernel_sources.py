@@ -10,12 +10,12 @@ that compiles ``.cu`` files (it names one in its text) without a ``SOURCE_VARIAN
 import concurrent.futures
 import importlib
 import os
-import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 
-import fluxpy.kernels
+import fluxpy
 from fluxpy.kernels import compiler
 
 nvrtc = pytest.importorskip("nvrtc")
@@ -26,16 +26,24 @@ if nvrtc.library() is None:
     pytest.skip("the nvidia-cuda-nvrtc wheel is not installed (pip install -e '.[test]')", allow_module_level=True)
 
 
+_NAMES_A_SOURCE = re.compile(r"""["']([\w-]+\.cu)["']""")
+_PACKAGE = Path(fluxpy.__file__).resolve().parent
+
+
 def _kernel_modules():
-    """Every module of ``fluxpy.kernels`` (its subpackages too), imported: they import without CuPy."""
+    """``{module name: source text}`` of every fluxpy module that names a ``.cu`` source, holds a ``__global__``
+    function or defines ``SOURCE_VARIANTS``."""
     found = {}
-    for info in pkgutil.walk_packages(fluxpy.kernels.__path__, "fluxpy.kernels."):
-        found[info.name] = importlib.import_module(info.name)
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if _NAMES_A_SOURCE.search(text) or "__global__" in text or "def SOURCE_VARIANTS" in text:
+            name = ".".join(("fluxpy",) + path.relative_to(_PACKAGE).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = text
     return found
 
 
-MODULES = _kernel_modules()
-_NAMES_A_SOURCE = re.compile(r"""["']([\w-]+\.cu)["']""")
+TEXTS = _kernel_modules()
+MODULES = {name: importlib.import_module(name) for name in TEXTS}   # they import without CuPy
 
 
 def _variants():
@@ -56,8 +64,7 @@ VARIANTS = _variants()
 def test_every_module_that_compiles_a_source_lists_its_variants():
     missing = []
     for name, module in MODULES.items():
-        text = open(module.__file__).read()
-        if _NAMES_A_SOURCE.search(text) and not hasattr(module, "SOURCE_VARIANTS"):
+        if _NAMES_A_SOURCE.search(TEXTS[name]) and not hasattr(module, "SOURCE_VARIANTS"):
             missing.append(name)
     assert not missing, f"modules that compile a cuda/*.cu source without a SOURCE_VARIANTS(): {missing}"
 
@@ -75,8 +82,7 @@ MOVING = {"fluxpy.kernels.cuda_layernorm": "layer norm's move", "fluxpy.kernels.
 
 
 def test_no_python_file_holds_a_kernel():
-    holders = [name for name, module in MODULES.items() if "__global__" in open(module.__file__).read()
-               and name not in MOVING]
+    holders = [name for name, text in TEXTS.items() if "__global__" in text and name not in MOVING]
     assert not holders, f"__global__ functions in Python files (they belong in fluxpy/kernels/cuda/): {holders}"
 
 
