@@ -4,7 +4,8 @@ its module can launch, and spills no register.
 NVRTC comes from the ``nvidia-cuda-nvrtc`` pip wheel (the ``test`` extra), loaded by ctypes (``tests/nvrtc.py``).
 The text and options are the GPU path's own: ``compiler.source(name)`` and ``compiler.compile_options(defines)``.
 Each kernel module lists its variants with ``SOURCE_VARIANTS()`` (``(source name, defines)`` pairs made by the same
-functions that pick the defines at run time); a ``.cu`` file that no module lists fails here, and so does a module
+functions that pick the defines at run time, or ``(source name, defines, name expressions)`` for templated kernels,
+as ``compiler.module``'s ``name_expressions``); a ``.cu`` file that no module lists fails here, and so does a module
 that compiles ``.cu`` files (it names one in its text) without a ``SOURCE_VARIANTS``.
 """
 import concurrent.futures
@@ -47,14 +48,16 @@ MODULES = {name: importlib.import_module(name) for name in TEXTS}   # they impor
 
 
 def _variants():
-    """``[(module, source, defines)]`` of every module's ``SOURCE_VARIANTS``, each distinct variant once."""
+    """``[(module, source, defines, name expressions)]`` of every module's ``SOURCE_VARIANTS``, each distinct
+    variant once."""
     out, seen = [], set()
     for name, module in sorted(MODULES.items()):
-        for source, defines in getattr(module, "SOURCE_VARIANTS", lambda: ())():
-            key = (source, compiler.compile_options(defines))
+        for source, defines, *names in getattr(module, "SOURCE_VARIANTS", lambda: ())():
+            names = tuple(names[0]) if names else ()
+            key = (source, compiler.compile_options(defines), names)
             if key not in seen:
                 seen.add(key)
-                out.append((name, source, dict(defines)))
+                out.append((name, source, dict(defines), names))
     return out
 
 
@@ -70,7 +73,7 @@ def test_every_module_that_compiles_a_source_lists_its_variants():
 
 
 def test_every_source_file_is_compiled_by_some_variant():
-    listed = {source for _, source, _ in VARIANTS}
+    listed = {source for _, source, _, _ in VARIANTS}
     files = {p.name for p in compiler.SOURCE_DIR.glob("*.cu")}
     assert files, "no CUDA sources found"
     assert not files - listed, f"cuda/ sources no module's SOURCE_VARIANTS lists: {sorted(files - listed)}"
@@ -87,8 +90,8 @@ def test_no_python_file_holds_a_kernel():
 
 
 def _compile(variant):
-    module, source, defines = variant
-    result = nvrtc.compile(compiler.source(source), compiler.compile_options(defines, ARCH), source)
+    module, source, defines, names = variant
+    result = nvrtc.compile(compiler.source(source), compiler.compile_options(defines, ARCH), source, names)
     return module, source, defines, result
 
 
