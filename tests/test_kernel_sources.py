@@ -14,12 +14,11 @@ import os
 import re
 from pathlib import Path
 
+import nvrtc
 import pytest
 
 import fluxpy
 from fluxpy.kernels import compiler
-
-nvrtc = pytest.importorskip("nvrtc")
 
 ARCH = ("-arch=sm_90", "-Xptxas=-v")
 
