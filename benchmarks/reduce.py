@@ -124,8 +124,7 @@ def main(argv=None):
     copy_gbs, copyto_gbs = b.copy_gbs()
     info = dict(gpu=name, date=datetime.date.today().isoformat(), cupy=cp.__version__, torch=torch.__version__,
                 numpy=np.__version__, sm_count=R._sm_count(0), l2_bytes=b.l2, copy_gbs=copy_gbs,
-                copyto_gbs=copyto_gbs, blocks_per_sm=R.BLOCKS_PER_SM, min_block_bytes=R.MIN_BLOCK_BYTES,
-                unroll=R.UNROLL, cache=R.CACHE)
+                copyto_gbs=copyto_gbs, blocks_per_sm=R.BLOCKS_PER_SM, min_block_bytes=R.MIN_BLOCK_BYTES)
     print(f"# {name}, {info['date']}: copy {copy_gbs:.0f} GB/s (memcpy D2D), {copyto_gbs:.0f} GB/s (cupy.copyto); "
           f"{info['sm_count']} SMs, L2 {b.l2 >> 20} MB; cupy {cp.__version__}, torch {torch.__version__}", flush=True)
 
@@ -199,19 +198,17 @@ def measure_case(cp, torch, R, b, shape, axes, info, args):
 
 
 def sweep_launch_settings(R, b, f_fx, bufs, calls):
-    """fluxpy's GPU time over BLOCKS_PER_SM and (UNROLL, CACHE) settings; the module's defaults restored after."""
+    """fluxpy's GPU time over BLOCKS_PER_SM settings; the module's defaults restored after."""
     sweep = {}
-    base = (R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE)
-    settings = [(b_, base[1], base[2], base[3]) for b_ in (3, 4, 5, 6)] + \
-        [(base[0], base[1], u, c) for u in (4, 8) for c in (0, 1, 2) if (u, c) != base[2:]]
-    for bps, mbb, unroll, cache in settings:
-        R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = bps, mbb, unroll, cache
+    base = (R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES)
+    for bps in (3, 4, 5, 6):
+        R.BLOCKS_PER_SM = bps
         R._calls.clear()
         try:
-            sweep[f"bps{bps}_u{unroll}_c{cache}"] = b.gpu_us(f_fx, bufs, max(25, calls // 4))[0]
-        except Exception as err:  # a variant that does not compile is reported, not fatal
-            sweep[f"bps{bps}_u{unroll}_c{cache}"] = repr(err)[:200]
-    R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES, R.UNROLL, R.CACHE = base
+            sweep[f"bps{bps}"] = b.gpu_us(f_fx, bufs, max(25, calls // 4))[0]
+        except Exception as err:  # a setting that fails is reported, not fatal
+            sweep[f"bps{bps}"] = repr(err)[:200]
+    R.BLOCKS_PER_SM, R.MIN_BLOCK_BYTES = base
     R._calls.clear()
     return sweep
 

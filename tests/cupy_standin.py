@@ -1,8 +1,8 @@
 """A stand-in for CuPy, on the CPU, for the host code of fluxpy's scatter and gather kernels
 (``fluxpy.kernels.cuda_scatter``): arrays are NumPy arrays in a wrapper that CuPy's type checks take for device
 arrays, pinned memory is host memory with an address, and a kernel is run in NumPy from exactly the arguments
-the host passes it. Each launch is first checked against the kernel's parameter list in the CUDA source (after its
-``#define``s): as many arguments as parameters, an array (of the element size the source names) or an address for
+the host passes it. Each launch is first checked against the kernel's parameter list in the CUDA source (after the
+C preprocessor, ``cpp``, has applied the module's ``-D`` options and its ``#define``s): as many arguments as parameters, an array (of the element size the source names) or an address for
 each pointer, and for each scalar a NumPy scalar of the parameter's width and signedness, as CuPy passes them.
 
 Only the kernels of ``cuda_scatter`` are known (``scatter_one_block``, ``scatter_atomic``, ``scatter_rows``,
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import re
+import shutil
+import subprocess
 import types
 
 import numpy as np
@@ -67,10 +69,22 @@ class PinnedMemory(bytearray):
         self.ptr = ctypes.addressof(ctypes.c_char.from_buffer(self))
 
 
+CPP = shutil.which("cpp")
+
+
+def preprocess(code, options=()):
+    """``code`` after the C preprocessor with the ``-D`` options among ``options``, its ``#define`` lines kept
+    (``cpp -dD``: :func:`_defines` reads them)."""
+    defines = [o for o in options if o.startswith("-D")]
+    run = subprocess.run([CPP, "-P", "-dD", "-w", *defines], input=code, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 def _defines(code):
     """The object-like ``#define``s of ``code`` (name -> text) and its function-like ``COMBINE``'s body."""
     names = dict(re.findall(r"^#define (\w+) (.*)$", code, re.M))
-    combine = re.search(r"^#define COMBINE\(a, v\) (.*)$", code, re.M)
+    combine = re.search(r"^#define COMBINE\(a, ?v\) (.*)$", code, re.M)
     return names, combine.group(1) if combine else ""
 
 
@@ -83,7 +97,7 @@ def _expand(text, defines):
 def kernel_parameters(code, name):
     """``[(type, is_pointer, name)]`` of kernel ``name`` in ``code``, its macros expanded."""
     defines, _ = _defines(code)
-    start = re.search(r"void __launch_bounds__\(256\) " + name + r"\(", code).end()
+    start = re.search(r"void __launch_bounds__\([^)]*\) " + name + r"\(", code).end()
     depth, end = 1, start
     while depth:
         depth += {"(": 1, ")": -1}.get(code[end], 0)
@@ -273,8 +287,8 @@ def make_cupy():
     stream = Stream()
 
     class RawModule:
-        def __init__(self, code, options=()):
-            self.code = code
+        def __init__(self, code, options=(), name_expressions=None):
+            self.code = preprocess(code, options)
 
         def get_function(self, name):
             return Kernel(self.code, name, stream)

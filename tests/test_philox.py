@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluxpy.kernels.philox import SOURCE, philox4x32_10, uniform_numpy
+from fluxpy.kernels import compiler
+from fluxpy.kernels.philox import philox4x32_10, uniform_numpy
 
 # Random123's kat_vectors for philox4x32_10: (counter, key, output)
 KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
@@ -54,8 +55,8 @@ def test_the_draws_look_uniform_and_keys_give_other_streams(dtype):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile the CUDA source for the host")
 @pytest.mark.parametrize("ctype, dtype", [("float", np.float32), ("double", np.float64)])
 def test_the_cuda_source_gives_the_reference_numbers(tmp_path, ctype, dtype):
-    helpers = SOURCE.split('extern "C"')[0]
-    (tmp_path / "check.cu").write_text(f"#include <cstdio>\n#define T {ctype}\n{helpers}\n" + r"""
+    helpers = compiler.source("philox.cu").split('extern "C"')[0]
+    (tmp_path / "check.cu").write_text(f"#include <cstdio>\n#define FX_REAL {ctype}\n{helpers}\n" + r"""
 int main() {
   for (unsigned long long c = 4294967294ULL; c < 4294967300ULL; ++c) {   // across the low word's wrap
     uint4 r = philox4x32_10(make_uint4((unsigned int)c, (unsigned int)(c >> 32), 0u, 0u), make_uint2(77u, 99u));

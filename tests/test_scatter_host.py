@@ -3,7 +3,8 @@ CuPy (``cupy_standin``) whose kernels run in NumPy from exactly the arguments th
 each kernel's parameter list: the packed kernel arguments of every implementation and index layout, the problems
 and launches cached per call signature, and the index checks (``index_checks="wait"`` and ``"deferred"``, the
 flag, the record of deferred calls, ``check_indices``). The CUDA code itself runs only on a GPU
-(tests/gpu/test_scatter_gpu.py)."""
+(tests/gpu/test_scatter_gpu.py); tests/test_kernel_sources.py compiles it with NVRTC. The stand-in reads the
+kernels' parameter lists after the C preprocessor (``cpp``): these tests skip where there is none."""
 import gc
 import itertools
 import shutil
@@ -14,10 +15,20 @@ import numpy as np
 import pytest
 
 import fluxpy
-from cupy_standin import FakeArray, kernel_parameters, make_cupy
+from cupy_standin import CPP, FakeArray, kernel_parameters, make_cupy, preprocess
 from fluxpy import backend, kernels
-from fluxpy.kernels import cpu, cuda_scatter
+from fluxpy.kernels import compiler, cpu, cuda_scatter
 from fluxpy.options import options
+
+if CPP is None:
+    pytest.skip("no C preprocessor (cpp) to read the kernels' parameter lists", allow_module_level=True)
+
+
+def _source(kind, *args):
+    """Kind ``kind``'s CUDA source as the stand-in reads it: its defines (``cuda_scatter._defines(kind, *args)``)
+    applied by the C preprocessor."""
+    defines = cuda_scatter._defines(kind, *args)
+    return preprocess(compiler.source(cuda_scatter._SOURCES[kind]), compiler.compile_options(defines))
 
 
 @pytest.fixture
@@ -27,15 +38,18 @@ def cp(monkeypatch):
     fake = make_cupy()
     monkeypatch.setattr(backend, "cupy", fake)
     monkeypatch.setattr(cuda_scatter, "cupy", fake)
+    monkeypatch.setattr(compiler, "cupy", fake)
+    monkeypatch.setattr(compiler, "_modules", {})
+    monkeypatch.setattr(compiler, "_functions", {})
     monkeypatch.setattr(cuda_scatter, "c_contiguous", fake.ascontiguousarray)   # its tiled copy runs on a GPU only
-    for cache in ("_functions", "_problems", "_gathers", "_choices", "_flags"):
+    for cache in ("_problems", "_gathers", "_choices", "_flags"):
         monkeypatch.setattr(cuda_scatter, cache, {})
     fake.times = {"one_block": 1.0, "atomic": 2.0, "sorted": 3.0}
 
-    def events_ms(run):
+    def time_ms(run):
         run()
         return fake.times[run.__defaults__[0]]
-    monkeypatch.setattr(cuda_scatter, "_events_ms", events_ms)
+    monkeypatch.setattr(compiler, "time_ms", time_ms)
     table = kernels.snapshot()
     for name, fn in cuda_scatter.KERNELS.items():
         kernels.register(name, "cupy", fn)
@@ -58,7 +72,7 @@ def _dev(cp, *arrays):
 
 
 def test_the_parameter_lists_put_the_index_arrays_first_then_their_scalars():
-    code = cuda_scatter._source("atomic", "add", np.dtype(np.float32), (np.dtype(np.int64), np.dtype(np.int32)), 2,
+    code = _source("atomic", "add", np.dtype(np.float32), (np.dtype(np.int64), np.dtype(np.int32)), 2,
                                 True)
     names = [name for _, _, name in kernel_parameters(code, "scatter_atomic")]
     assert names == ["src", "acc", "K", "F", "i0", "i1", "n0", "s0_0", "s0_1", "n1", "s1_0", "s1_1", "m1", "mg1",
@@ -69,13 +83,16 @@ def test_a_strided_layout_multiplies_only_by_the_strides_an_array_has():
     """``reads`` (``_reads``): a broadcast column's offset takes one multiply, a C-contiguous array's is ``k``; the
     parameters are those of the generic code."""
     dtypes = (np.dtype(np.int64),) * 3
-    generic = cuda_scatter._source("gather", 4, None, dtypes, 2, True)
-    code = cuda_scatter._source("gather", 4, None, dtypes, 2, True, ((0,), (0, 1), None))
+    generic = _source("gather", 4, None, dtypes, 2, True)
+    code = _source("gather", 4, None, dtypes, 2, True, ((0,), (0, 1), None))
     assert kernel_parameters(code, "gather_rows") == kernel_parameters(generic, "gather_rows")
-    assert "o0 += (int)c * s0_0;" in code and "s0_1;" not in code.split("fx_row")[-1]
-    assert "o1 += (int)c * s1_0;" in code and "o1 += (int)c * s1_1;" in code
-    assert "int o2 = k;" in code and "o2 +=" not in code
-    assert all(f"o{j} += (int)c * s{j}_{a};" in generic for j in range(3) for a in range(2))
+    reads = cuda_scatter._index_defines(dtypes, 2, True, ((0,), (0, 1), None))
+    assert (reads["FX_R0"], reads["FX_R1"], reads["FX_R2"]) == (0b01, 0b11, -1)
+    assert all(cuda_scatter._index_defines(dtypes, 2, True)[f"FX_R{j}"] == 0b11 for j in range(3))
+    walk = code.split("fx_row")[1]
+    assert "int o2 = -1 < 0 ? (int)k : 0;" in walk   # a C-contiguous array: entry k at k, never a multiply
+    for j, a in [(0, 0), (1, 0), (1, 1)]:   # the multiplies by the strides each array has, each behind its bit
+        assert f"if ({reads[f'FX_R{j}']} >= 0 && (({reads[f'FX_R{j}']} >> ({a})) & 1)) o{j} += (int)c * s{j}_{a};" in walk
 
 
 _CUDA_STUB = r"""
@@ -83,7 +100,7 @@ _CUDA_STUB = r"""
 #define __global__
 #define __forceinline__ inline
 #define __restrict__ __restrict
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 struct fx_dim3 { unsigned int x, y, z; };
 static fx_dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct uint4 { unsigned int x, y, z, w; };
@@ -105,25 +122,29 @@ template <class T> T atomicCAS(T* a, T, T) { return *a; }
 
 
 def test_the_cuda_sources_parse_as_cpp(tmp_path):
-    """Every kernel module's source (each kind, index layout and width, with a float, a half and an integer dtype)
-    passes the host C++ compiler's syntax check, CUDA's names stubbed: the signatures, IDX_PARAMS and fx_flag agree
-    (a check short of NVRTC, which only a GPU machine has)."""
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
+    """Every kernel source (each kind, index layout and width, with a float, a half and an integer dtype) passes the
+    host C++ compiler's syntax check with its defines, CUDA's names stubbed: the signatures, IDX_PARAMS and fx_flag
+    agree (short of NVRTC, which tests/test_kernel_sources.py runs where its wheel is installed)."""
+    compiler_path = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler_path is None:
         pytest.skip("no C++ compiler")
-    sources = []
+    variants = []
     for strided, small in itertools.product((0, 1, 3, "along"), (True, False)):
         index_dtypes = (np.dtype(np.int32),) if strided == "along" else (np.dtype(np.int32), np.dtype(np.int64))
-        sources += [cuda_scatter._source("gather", unit, None, index_dtypes, strided, small) for unit in (16, 1)]
+        variants += [("gather", unit, None, index_dtypes, strided, small) for unit in (16, 1)]
         if strided in (1, 3):   # an array read by one axis beside a C-contiguous one
-            sources.append(cuda_scatter._source("gather", 4, None, index_dtypes, strided, small, ((0,), None)))
+            variants.append(("gather", 4, None, index_dtypes, strided, small, ((0,), None)))
         for kind, op, dtype in itertools.product(("one_block", "atomic", "sorted"), ("add", "max"),
                                                  (np.float32, ml_dtypes.bfloat16, np.uint8)):
-            sources.append(cuda_scatter._source(kind, op, np.dtype(dtype), index_dtypes, strided, small))
-    for n, source in enumerate(sources):   # one translation unit each: their macros differ
+            variants.append((kind, op, np.dtype(dtype), index_dtypes, strided, small))
+    path = tmp_path / "stub.h"
+    path.write_text(_CUDA_STUB)
+    for n, (kind, *args) in enumerate(variants):   # one translation unit each: their defines differ
         path = tmp_path / f"k{n}.cpp"
-        path.write_text(_CUDA_STUB + source)
-        run = subprocess.run([compiler, "-std=c++14", "-fsyntax-only", "-w", str(path)], capture_output=True, text=True)
+        path.write_text(compiler.source(cuda_scatter._SOURCES[kind]))
+        options = [o for o in compiler.compile_options(cuda_scatter._defines(kind, *args)) if o.startswith("-D")]
+        run = subprocess.run([compiler_path, "-std=c++14", "-fsyntax-only", "-w", "-include", tmp_path / "stub.h",
+                              *options, str(path)], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-3000:]
 
 
@@ -194,7 +215,7 @@ def test_the_index_scalars_match_their_parameters(small, index):
     """Per-problem scalars against the parameters after the index arrays, 32- and 64-bit problems alike."""
     strided = cuda_scatter._index_layout(index)
     dtypes = tuple(a.dtype for a in index)
-    params = kernel_parameters(cuda_scatter._source("gather", 4, None, dtypes, strided, small), "gather_rows")
+    params = kernel_parameters(_source("gather", 4, None, dtypes, strided, small), "gather_rows")
     scalars = cuda_scatter._index_scalars(index, (4, 4), strided, small)
     wanted = params[4 + len(index):-2]   # after src, out, K, F and the arrays; before bad, call
     assert len(scalars) == len(wanted)
@@ -248,7 +269,7 @@ def test_gather_along_an_axis_gets_its_arguments_and_is_take_along_axis(cp, widt
 
 
 def test_the_along_scalars_match_their_parameters(width):
-    params = kernel_parameters(cuda_scatter._source("gather", 4, None, (np.dtype(np.int64),), "along", width),
+    params = kernel_parameters(_source("gather", 4, None, (np.dtype(np.int64),), "along", width),
                                "gather_rows")
     scalars = cuda_scatter._along_scalars((3, 4, 5), 1, 6, width)
     wanted = params[5:-2]   # after src, out, K, F and the array; before bad, call
@@ -347,11 +368,11 @@ def test_the_next_checked_call_raises_for_an_earlier_deferred_one_before_its_own
     out = fluxpy.gather(table, rows)
     np.testing.assert_array_equal(_host(out), [[[2.0, 3.0], [0.0, 0.0]]])   # the bad row: zeros
     good = _dev(cp, np.ones(2), np.array([0, 1]))
-    launches = sum(k.launches for k in cuda_scatter._functions.values())
+    launches = sum(k.launches for k in compiler._functions.values())
     with pytest.raises(IndexError, match=r"^gather: expects non-negative \(0-based\) indices, got -3 in idx "
                                          r"\(reported late: an earlier gather call"):
         fluxpy.scatter("+", *good, dstsize=2)
-    assert sum(k.launches for k in cuda_scatter._functions.values()) == launches   # raised before its own work
+    assert sum(k.launches for k in compiler._functions.values()) == launches   # raised before its own work
     np.testing.assert_array_equal(_host(fluxpy.scatter("+", *good, dstsize=2)), [1.0, 1.0])
     fluxpy.check_indices()
 
@@ -414,3 +435,18 @@ def test_the_record_is_bounded_and_a_forgotten_call_is_still_reported(deferred, 
     with pytest.raises(IndexError, match="no longer recorded"):
         fluxpy.gather(src, good)
 
+
+
+def test_more_index_arrays_than_the_kernels_take_go_to_cupys_indexing(cp):
+    """Past MAX_INDEX_ARRAYS index arrays (the parameters cuda/scatter_index.cuh spells out) a gather is CuPy's own
+    indexing: the same values, no kernel of ours."""
+    rng = np.random.default_rng(5)
+    d = cuda_scatter.MAX_INDEX_ARRAYS + 1
+    table = rng.standard_normal((2,) * d + (3,))
+    index = tuple(rng.integers(0, 2, size=4) for _ in range(d))
+    got = cuda_scatter.gather(cp.asarray(table), tuple(FakeArray(i) for i in index))
+    np.testing.assert_array_equal(_host(got), table[index])
+    assert not compiler._functions
+    within = cuda_scatter.gather(cp.asarray(table), tuple(FakeArray(i) for i in index[:d - 1]))
+    np.testing.assert_array_equal(_host(within), table[index[:d - 1]])
+    assert compiler._functions

@@ -3,7 +3,6 @@
 Every hand-written kernel lives in a ``.cu`` file under ``fluxpy/kernels/cuda/`` (headers it shares in ``.cuh``
 files beside it). A kernel module asks for a compiled module by the source's name and a dict of defines:
 
->>> import numpy as np
 >>> defines = {"L": 768, "FUSED": True, "T": "float"}
 >>> compile_options(defines)
 ('--std=c++17', '-DFUSED=1', '-DL=768', '-DT=float')
@@ -19,10 +18,13 @@ True
   once per device (processor count, shared memory, registers, compute capability).
 - :func:`time_ms` is the one GPU timer behind every choice made by timing (cuDNN plans, batch-norm and scatter
   candidates): one warm-up call, then back-to-back calls between CUDA events on an idle stream, so host time
-  between launches counts as it does in a training step; ``inf`` where the call raises one of ``failures``.
+  between launches counts as it does in a training step (``hide_host=True`` queues the calls behind a spin kernel
+  instead, so only GPU time counts); ``inf`` where the call raises one of ``failures``.
 
 CI compiles every source for sm_90 without a GPU (``tests/test_kernel_sources.py``, NVRTC from its pip wheel)
-through :func:`compile_options` and :func:`source`, the same text and options the GPU path uses.
+through :func:`compile_options` and :func:`source`, the same text and options the GPU path uses. A kernel module
+says which variants it can launch with a function ``SOURCE_VARIANTS()`` yielding ``(source name, defines)`` pairs,
+made by the same code that picks the defines at run time; the test compiles each one.
 """
 from __future__ import annotations
 
@@ -33,16 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..backend import cupy
 
 __all__ = ["SOURCE_DIR", "STANDARD", "source", "compile_options", "module", "function", "launch", "device",
-           "DeviceProperties", "time_ms", "clear_cache"]
+           "DeviceProperties", "time_ms", "clear_cache", "SOURCE_VARIANTS"]
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 """The folder that holds every ``.cu`` and ``.cuh`` file (package data)."""
 
 STANDARD = "--std=c++17"
 
+_DEFINE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\([A-Za-z_][A-Za-z0-9_]*(, *[A-Za-z_][A-Za-z0-9_]*)*\))?")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.MULTILINE)
 
 
@@ -85,13 +90,14 @@ def _define_value(value: Any) -> str:
 
 def compile_options(defines: Mapping[str, Any] = {}, options: tuple = ()) -> tuple:
     """The NVRTC options for ``defines`` (``-DNAME=value``, sorted by name, bools as 0/1) and extra ``options``.
+    A name may be a function-like macro's, ``"MAP(x, y)"`` (a small expression the kernel applies).
 
-    >>> compile_options({"B": 2, "A": "float"}, ("-lineinfo",))
-    ('--std=c++17', '-DA=float', '-DB=2', '-lineinfo')
+    >>> compile_options({"B": 2, "A": "float", "F(x)": "(x * 2)"}, ("-lineinfo",))
+    ('--std=c++17', '-DA=float', '-DB=2', '-DF(x)=(x * 2)', '-lineinfo')
     """
-    bad = [k for k in defines if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    bad = [k for k in defines if not _DEFINE_NAME.fullmatch(k)]
     if bad:
-        raise ValueError(f"CUDA define names must be identifiers, got {bad}")
+        raise ValueError(f"CUDA define names must be identifiers or NAME(args), got {bad}")
     return (STANDARD,) + tuple(f"-D{k}={_define_value(defines[k])}" for k in sorted(defines)) + tuple(options)
 
 
@@ -112,9 +118,17 @@ def module(name: str, defines: Mapping[str, Any] = {}, options: tuple = (), name
     return found
 
 
+_functions: dict = {}
+
+
 def function(name: str, kernel: str, defines: Mapping[str, Any] = {}, options: tuple = ()):
-    """The kernel ``kernel`` of :func:`module` ``(name, defines, options)``."""
-    return module(name, defines, options).get_function(kernel)
+    """The kernel ``kernel`` of :func:`module` ``(name, defines, options)`` (cached: a launch looks it up by the
+    defines as given, without building the options again)."""
+    key = (name, kernel, tuple(defines.items()), options, cupy.cuda.runtime.getDevice())
+    found = _functions.get(key)
+    if found is None:
+        found = _functions[key] = module(name, defines, options).get_function(kernel)
+    return found
 
 
 def launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
@@ -156,16 +170,22 @@ def device(dev: int | None = None) -> DeviceProperties:
     return found
 
 
-def time_ms(run: Callable[[], Any], reps: int = 5, failures: tuple = ()) -> float:
+_SPIN_CYCLES = 2_000_000   # about a millisecond: longer than the host takes to queue a few calls
+
+
+def time_ms(run: Callable[[], Any], reps: int = 5, failures: tuple = (), hide_host: bool = False) -> float:
     """Milliseconds per call of ``run()`` on the GPU: one warm-up call, then ``reps`` back-to-back calls between
     CUDA events recorded on an idle stream; ``inf`` if ``run`` raises one of ``failures`` (out of memory always
-    counts as one)."""
+    counts as one). ``hide_host``: the calls are queued behind a spin kernel, so the time is the GPU's alone (for
+    choices between kernels whose host costs are alike and would only add noise)."""
     failures = tuple(failures) + (cupy.cuda.memory.OutOfMemoryError,)
     try:
         run()
         stream = cupy.cuda.get_current_stream()
         stream.synchronize()
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        if hide_host:
+            launch(function("spin.cu", "fluxpy_spin"), 1, 1, (np.int64(_SPIN_CYCLES),))
         start.record(stream)
         for _ in range(reps):
             run()
@@ -179,4 +199,14 @@ def time_ms(run: Callable[[], Any], reps: int = 5, failures: tuple = ()) -> floa
 def clear_cache() -> None:
     """Forget every compiled module (the next call compiles again; CuPy's disk cache still answers)."""
     _modules.clear()
+    _functions.clear()
     source.cache_clear()
+
+
+def SOURCE_VARIANTS():
+    """The compiler's own source: the spin kernel :func:`time_ms` waits behind.
+
+    >>> list(SOURCE_VARIANTS())
+    [('spin.cu', {})]
+    """
+    yield "spin.cu", {}

@@ -11,8 +11,9 @@ import math
 import numpy as np
 
 from ..backend import cupy
+from . import compiler
 
-__all__ = ["contiguous", "c_contiguous", "stack", "concatenate", "KERNELS"]
+__all__ = ["contiguous", "c_contiguous", "stack", "concatenate", "KERNELS", "SOURCE_VARIANTS"]
 
 
 def contiguous(a, dtype):
@@ -25,45 +26,27 @@ def contiguous(a, dtype):
 # A permuted view (NHWC of NCHW memory: the axis whose elements are adjacent in memory is not the last) is copied in
 # TILE x TILE tiles of those two axes through shared memory, read along the one and written along the other, so that
 # both sides are coalesced, after neighbouring axes that step through memory as one are merged (H and W there). CuPy's
-# copy reads such a view a strided element at a time. H200, GPU time: float16 (8, 32, 32, 768) of NCHW memory 41.0 ->
-# 15.4 us (a contiguous copy: 5.2); (64, 56, 56, 96) 107.8 -> 54.4 (20.9); a (768, 4096) transpose 20.4 -> 9.3
-# (3.7); 64 x 4 threads a tile against 32 x 8, 64 x 8, 32 x 16 and 64 x 16 (slower at every shape). The other axes,
-# at most _OUTER of them, index the tiles' batch. The words are copied as unsigned integers of the item's size: the
-# same bits, for every dtype (bfloat16 too).
+# copy reads such a view a strided element at a time. TILE x ROWS threads a tile: the shape that measured fastest
+# (BENCHMARKS.md). The other axes, at most _OUTER of them, index the tiles' batch. The words are copied as unsigned
+# integers of the item's size: the same bits, for every dtype (bfloat16 too).
 _OUTER = 4
 TILE, ROWS = 64, 4
-_TRANSPOSE = r"""
-extern "C" __global__ void __launch_bounds__(TILE * ROWS) transpose_copy(
-    const W* __restrict__ src, W* __restrict__ dst, unsigned int outer, long long na, long long nb, long long sb,
-    long long da, unsigned int n1, unsigned int n2, unsigned int n3, long long s0, long long s1, long long s2,
-    long long s3, long long d0, long long d1, long long d2, long long d3) {
-  // axis a: element stride 1 in src (a tile's rows are read along it); axis b: the last (dst's rows, written along
-  // it); blockIdx.y, .x: the tile of (a, b); blockIdx.z (and on): the outer index, unravelled by the outer sizes
-  // (n0, the first, need not be known) into src and dst element offsets by their strides (s, d; 0 for missing axes)
-  __shared__ W tile[TILE][TILE + 1];
-  const long long a0 = (long long)blockIdx.y * TILE, b0 = (long long)blockIdx.x * TILE;
-  for (unsigned int q = blockIdx.z; q < outer; q += gridDim.z) {
-    unsigned int r = q, c;
-    long long so = 0, dof = 0;
-    c = r % n3; r /= n3; so += c * s3; dof += c * d3;
-    c = r % n2; r /= n2; so += c * s2; dof += c * d2;
-    c = r % n1; r /= n1; so += c * s1; dof += c * d1;
-    so += r * s0; dof += r * d0;
-    for (int j = threadIdx.y; j < TILE; j += ROWS) {
-      const long long a = a0 + threadIdx.x, b = b0 + j;
-      if (a < na && b < nb) tile[j][threadIdx.x] = src[so + a + b * sb];
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < TILE; j += ROWS) {
-      const long long b = b0 + threadIdx.x, a = a0 + j;
-      if (a < na && b < nb) dst[dof + a * da + b] = tile[threadIdx.x][j];
-    }
-    __syncthreads();
-  }
-}
-"""
 _WORDS = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
-_transposes: dict = {}
+
+
+def _transpose_defines(itemsize):
+    """``cuda/transpose.cu``'s defines for items of ``itemsize`` bytes."""
+    return {"W": _WORDS[itemsize], "TILE": TILE, "ROWS": ROWS}
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of every variant :func:`c_contiguous` launches: one per word size.
+
+    >>> [d["W"] for _, d in SOURCE_VARIANTS()]
+    ['unsigned short', 'unsigned int', 'unsigned long long']
+    """
+    for itemsize in _WORDS:
+        yield "transpose.cu", _transpose_defines(itemsize)
 
 
 def _merged(a):
@@ -84,7 +67,7 @@ def _merged(a):
 
 
 def _transpose_plan(a):
-    """``(sizes, strides, axis)`` of ``a``'s merged axes (:func:`_merged`) where :data:`_TRANSPOSE` copies it: the
+    """``(sizes, strides, axis)`` of ``a``'s merged axes (:func:`_merged`) where ``cuda/transpose.cu`` copies it: the
     axis of element stride 1 (``axis``) is not the last, and the others number at most :data:`_OUTER`; else None
     (CuPy's copy runs: it reads rows whose elements are adjacent well enough)."""
     if a.itemsize not in _WORDS or any(st % a.itemsize for st in a.strides):
@@ -119,10 +102,7 @@ def c_contiguous(a):
     src_st = [0] * pad + [strides[i] for i in outer]
     dst_st = [0] * pad + [c_strides[i] for i in outer]
     na, nb, outer_count = sizes[axis], sizes[-1], math.prod(outer_sizes)
-    fn = _transposes.get(a.itemsize)
-    if fn is None:
-        code = f"#define W {_WORDS[a.itemsize]}\n#define TILE {TILE}\n#define ROWS {ROWS}\n" + _TRANSPOSE
-        fn = _transposes[a.itemsize] = cupy.RawModule(code=code).get_function("transpose_copy")
+    fn = compiler.function("transpose.cu", "transpose_copy", _transpose_defines(a.itemsize))
     args = ([np.uint32(outer_count)] + [np.int64(v) for v in (na, nb, strides[-1], c_strides[axis])]
             + [np.uint32(n) for n in outer_sizes[1:]] + [np.int64(v) for v in (*src_st, *dst_st)])
     fn((-(-nb // TILE), -(-na // TILE), min(outer_count, 65535)), (TILE, ROWS), (a.view(word), out.view(word), *args))

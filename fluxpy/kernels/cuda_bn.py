@@ -35,409 +35,38 @@ import numpy as np
 
 from ..backend import cupy
 from ..layout import is_channels_last, like_layout
-from .halfs import HALVES, compute_dtype, prelude
+from . import compiler
+from .halfs import HALVES, KERNEL_DTYPES, compute_dtype, dtype_defines
 
-__all__ = ["supports", "param_dtype", "forward_training", "backward"]
+__all__ = ["supports", "param_dtype", "forward_training", "backward", "SOURCE_VARIANTS"]
 
 _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply", "bn_stats_cl", "bn_apply_cl", "bn_bwd_stats_cl",
           "bn_bwd_apply_cl")
 _THREADS = 256
 
-_SOURCE = r"""
-// T: data (LOAD/STORE from halfs.prelude), ACC = C: accumulation, statistics and parameters (float32 for the
-// halves, as cuDNN), VT/VW: the 16-byte vector type and its width in T for aligned rows.
-#define ACC C
-__device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_down_sync(0xffffffff, a, o);
-        b += __shfl_down_sync(0xffffffff, b, o);
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) { sh[warp] = a; sh[32 + warp] = b; }
-    __syncthreads();
-    if (warp == 0) {
-        a = lane < nw ? sh[lane] : (ACC)0;
-        b = lane < nw ? sh[32 + lane] : (ACC)0;
-        for (int o = 16; o > 0; o >>= 1) {
-            a += __shfl_down_sync(0xffffffff, a, o);
-            b += __shfl_down_sync(0xffffffff, b, o);
-        }
-    }
-}
-
-// True in the last block of a channel to arrive (an integer counter, reset by that block). That block then reads the
-// other blocks' partials: after a fence, and through volatile pointers (sum_partials, column_totals), as reduce.py
-// does. Plain loads may be served from this SM's L1, which can hold a stale copy of the line: the partials of
-// neighbouring channels share it, and an earlier last block on this SM read them (or a previous layer of the same
-// shape, which shares the buffers, wrote them).
-__device__ __forceinline__ bool last_block(int* counter, int S) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int done = atomicAdd(counter, 1);
-        last = (done == S - 1);
-        if (last) *counter = 0;
-    }
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
-
-// The S partials of a channel added in a fixed order by warp 0.
-__device__ __forceinline__ void sum_partials(const volatile ACC* p1, const volatile ACC* p2, int S, ACC& s1,
-                                             ACC& s2) {
-    s1 = 0; s2 = 0;
-    for (int i = threadIdx.x; i < S; i += 32) { s1 += p1[i]; s2 += p2[i]; }
-    for (int o = 16; o > 0; o >>= 1) {
-        s1 += __shfl_down_sync(0xffffffff, s1, o);
-        s2 += __shfl_down_sync(0xffffffff, s2, o);
-    }
-}
-
-// The block's sums (s1, s2) written as partial s of its channel; true in one thread, thread 0 of the channel's
-// last block to arrive, which then holds the channel's totals (t1, t2), added in a fixed order.
-__device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* part1, ACC* part2, int* counter,
-                                               int s, int S, ACC& t1, ACC& t2) {
-    block_sum2(s1, s2, sh);
-    if (threadIdx.x == 0) { part1[s] = s1; part2[s] = s2; }
-    if (!last_block(counter, S)) return false;
-    if (threadIdx.x >= 32) return false;
-    sum_partials(part1, part2, S, t1, t2);
-    return threadIdx.x == 0;
-}
-
-// Sums of f(a[k], b[k]) over rows [rlo, rhi) of channel c: f = (a - K, (a - K)^2) or (a, a (b - K)).
-#define ROW_SUMS(EXPR1, EXPR2)                                                                          \
-    if (vec) {                                                                                          \
-        const int hv = (int)(HW / VW);                                                                  \
-        for (long long n = rlo; n < rhi; ++n) {                                                        \
-            const long long base = (n * NC + c) * HW;                                                    \
-            const VT* av = (const VT*)(a + base);                                                       \
-            const VT* bv = (const VT*)(b + base);                                                       \
-            for (int j = threadIdx.x; j < hv; j += blockDim.x) {                                        \
-                VT va = av[j], vb = bv[j];                                                              \
-                const T* pa = (const T*)&va; const T* pb = (const T*)&vb;                               \
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) {                                        \
-                    ACC A_ = LOAD(pa[u]), B_ = LOAD(pb[u]); s1 += EXPR1; s2 += EXPR2;                     \
-                }                                                                                       \
-            }                                                                                           \
-        }                                                                                               \
-    } else {                                                                                            \
-        const unsigned hw = (unsigned)HW;                                                               \
-        const unsigned total = (unsigned)((rhi - rlo) * HW);                                            \
-        for (unsigned i = threadIdx.x; i < total; i += blockDim.x) {                                    \
-            unsigned n = i / hw, j = i - n * hw;                                                        \
-            long long k = ((rlo + n) * NC + c) * HW + j;                                                 \
-            ACC A_ = LOAD(a[k]), B_ = LOAD(b[k]); s1 += EXPR1; s2 += EXPR2;                               \
-        }                                                                                               \
-    }
-
-// From a channel's totals t1 = sum(x - K), t2 = sum((x - K)^2) over its M values: the statistics, the scale and
-// shift of the apply kernel, and the running statistics moved (the variance unbiased).
-#define STATS_FINISH(M_)                                                                                    \
-    {                                                                                                       \
-        const long long count = (M_);                                                                       \
-        ACC m = (ACC)count;                                                                                 \
-        ACC dm = t1 / m;                                                                                    \
-        ACC var = t2 / m - dm * dm;                                                                         \
-        if (var < (ACC)0) var = 0;                                                                          \
-        ACC mu = K + dm;                                                                                    \
-        ACC inv = (ACC)1 / sqrt(var + (ACC)eps);                                                            \
-        ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;                                    \
-        mean_out[c] = mu; invstd_out[c] = inv;                                                              \
-        scale[c] = g * inv; shift[c] = bb - mu * g * inv;                                                   \
-        if (running_mean) {                                                                                 \
-            double unbiased = (double)var * (double)count / (double)(count - 1);                            \
-            running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);     \
-            running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);          \
-        }                                                                                                   \
-    }
-
-extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long long HW, int S, int vec,
-                                     ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
-                                     ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
-                                     ACC* running_mean, ACC* running_var, double momentum, double eps) {
-    __shared__ ACC sh[64];
-    const long long c = blockIdx.y;
-    const int s = blockIdx.x;
-    const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
-    const T* a = x; const T* b = x;
-    const ACC K = LOAD(x[c * HW]);
-    ACC s1 = 0, s2 = 0;
-    ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
-    ACC t1, t2;
-    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2))
-        STATS_FINISH(N * HW)
-}
-
-// y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a
-// grid-stride loop over the whole tensor with 32-bit index arithmetic.
-#define ACT(v) (relu && (v) < (ACC)0 ? (ACC)0 : (v))
-
-extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, long long HW,
-                                     int vec, int flat, unsigned total, int relu) {
-    if (flat) {
-        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-            const unsigned c = (i / hv) % cc;
-            const ACC sc = scale[c], sf = shift[c];
-            if (vec) {
-                VT v = ((const VT*)x)[i];
-                T* p = (T*)&v;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
-                ((VT*)y)[i] = v;
-            } else {
-                y[i] = STORE(ACT(LOAD(x[i]) * sc + sf));
-            }
-        }
-        return;
-    }
-    const long long row = blockIdx.x;
-    const long long c = row % NC;
-    const ACC sc = scale[c], sf = shift[c];
-    const long long base = row * HW;
-    if (vec) {
-        const VT* xv = (const VT*)(x + base);
-        VT* yv = (VT*)(y + base);
-        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
-             j += (long long)gridDim.y * blockDim.x) {
-            VT v = xv[j];
-            T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
-            yv[j] = v;
-        }
-    } else {
-        const long long step = (long long)gridDim.y * blockDim.x;
-        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            y[base + j] = STORE(ACT(LOAD(x[base + j]) * sc + sf));
-    }
-}
-
-// With relu, dy is masked where the forward's output was not positive: that output, x * scale + shift, is
-// recomputed from x with the forward's own scale and shift (the same expressions, so the same rounding).
-#define MASKED(g, xv) ((relu && (xv) * sc + sf <= (ACC)0) ? (ACC)0 : (g))
-
-// From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' masked for relu):
-// dbeta, dgamma and the coefficients of dx = a dy' + b x + k.
-#define BWD_FINISH(M_)                                                                                      \
-    {                                                                                                       \
-        ACC inv = invstd[c], m = (ACC)(M_);                                                                 \
-        ACC g = gamma ? gamma[c] : (ACC)1;                                                                  \
-        ACC dg = inv * t2;                                                                                  \
-        dbeta[c] = t1; dgamma[c] = dg;                                                                      \
-        ACC aa = g * inv;                                                                                   \
-        ACC bb = -aa * inv * dg / m;                                                                        \
-        ca[c] = aa; cb[c] = bb; ck[c] = -aa * t1 / m - bb * K;                                              \
-        csc[c] = sc; csf[c] = sf;                                                                           \
-    }
-
-extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
-                                         const ACC* gamma, const ACC* beta, long long N, long long NC, long long HW,
-                                         int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
-    __shared__ ACC sh[64];
-    const long long c = blockIdx.y;
-    const int s = blockIdx.x;
-    const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
-    const T* a = dy; const T* b = x;
-    const ACC K = mean[c];
-    const ACC g0 = gamma ? gamma[c] : (ACC)1, b0 = beta ? beta[c] : (ACC)0, inv0 = invstd[c];
-    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
-    ACC s1 = 0, s2 = 0;
-    ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
-    ACC t1, t2;
-    if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2))
-        BWD_FINISH(N * HW)
-}
-
-// dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
-extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
-                                         long long NC, long long HW, int vec, int flat, unsigned total,
-                                         const ACC* csc, const ACC* csf, int relu) {
-    if (flat) {
-        const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
-        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-            const unsigned c = (i / hv) % cc;
-            const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
-            if (vec) {
-                VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
-                const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                    ACC xv = LOAD(pv[u]);
-                    po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
-                }
-                ((VT*)dx)[i] = o;
-            } else {
-                ACC xv = LOAD(x[i]);
-                dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + k);
-            }
-        }
-        return;
-    }
-    const long long row = blockIdx.x;
-    const long long c = row % NC;
-    const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
-    const long long base = row * HW;
-    if (vec) {
-        const VT* gv = (const VT*)(dy + base);
-        const VT* xvp = (const VT*)(x + base);
-        VT* ov = (VT*)(dx + base);
-        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
-             j += (long long)gridDim.y * blockDim.x) {
-            VT g = gv[j], v = xvp[j], o;
-            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                ACC xv = LOAD(pv[u]);
-                po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
-            }
-            ov[j] = o;
-        }
-    } else {
-        const long long step = (long long)gridDim.y * blockDim.x;
-        for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step) {
-            ACC xv = LOAD(x[base + j]);
-            dx[base + j] = STORE(a * MASKED(LOAD(dy[base + j]), xv) + b * xv + k);
-        }
-    }
-}
-
-// ---- Channels-last (x is an (M, C) row-major matrix, M = N * spatial) ----------------------------------------
-// Block (s, chunk) sums rows [rlo, rhi) of channels [chunk * CW, chunk * CW + CW): thread t is row lane
-// r = t / CW (RL = blockDim.x / CW lanes) of channel lane k = t % CW, so a warp reads whole runs of adjacent
-// channels. The block's per-channel sums go to partial s of the chunk; the chunk's last block adds the S
-// partials in a fixed order (lane r takes s = r, r + RL, ..., then lane 0 adds the lanes in order).
-#define COL_SUMS(EXPR1, EXPR2)                                                                              \
-    if (valid)                                                                                              \
-        for (long long row = rlo + r; row < rhi; row += RL) {                                               \
-            const long long at = row * NC + c;                                                              \
-            ACC A_ = LOAD(a[at]), B_ = LOAD(b[at]); s1 += EXPR1; s2 += EXPR2;                                 \
-        }
-
-#define CL_SETUP                                                                                            \
-    __shared__ ACC sh[512];                                                                                 \
-    const int RL = blockDim.x / CW;                                                                         \
-    const int k = threadIdx.x % CW, r = threadIdx.x / CW;                                                   \
-    const long long c = (long long)blockIdx.y * CW + k;                                                     \
-    const int s = blockIdx.x;                                                                               \
-    const long long rc = (M + S - 1) / S, rlo = s * rc, rhi = min(M, rlo + rc);                             \
-    const bool valid = c < NC && r < RL;
-
-// True in lane 0 of each channel of the chunk's last block, which then holds the channel's totals (t1, t2).
-__device__ __forceinline__ bool column_totals(ACC s1, ACC s2, ACC* sh, ACC* part1, ACC* part2, int* counter,
-                                              int s, int S, int CW, int RL, int k, int r, ACC& t1, ACC& t2) {
-    const bool lane = r < RL;
-    if (lane) { sh[threadIdx.x] = s1; sh[256 + threadIdx.x] = s2; }
-    __syncthreads();
-    if (r == 0) {
-        ACC a = 0, b = 0;
-        for (int i = 0; i < RL; ++i) { a += sh[i * CW + k]; b += sh[256 + i * CW + k]; }
-        part1[k * S + s] = a; part2[k * S + s] = b;
-    }
-    if (!last_block(counter, S)) return false;
-    ACC a = 0, b = 0;
-    const volatile ACC* q1 = part1 + k * S;
-    const volatile ACC* q2 = part2 + k * S;
-    if (lane) for (int i = r; i < S; i += RL) { a += q1[i]; b += q2[i]; }
-    __syncthreads();
-    if (lane) { sh[threadIdx.x] = a; sh[256 + threadIdx.x] = b; }
-    __syncthreads();
-    if (r != 0) return false;
-    t1 = 0; t2 = 0;
-    for (int i = 0; i < RL; ++i) { t1 += sh[i * CW + k]; t2 += sh[256 + i * CW + k]; }
-    return true;
-}
-
-extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CW,
-                                        ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
-                                        ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
-                                        ACC* running_mean, ACC* running_var, double momentum, double eps) {
-    CL_SETUP
-    const T* a = x; const T* b = x;
-    const ACC K = c < NC ? LOAD(x[c]) : (ACC)0;
-    ACC s1 = 0, s2 = 0;
-    COL_SUMS((A_ - K), (A_ - K) * (A_ - K))
-    ACC t1, t2;
-    const long long slot = (long long)blockIdx.y * CW * S;
-    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
-        && c < NC)
-        STATS_FINISH(M)
-}
-
-extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
-                                            const ACC* gamma, const ACC* beta, long long M, long long NC, int S,
-                                            int CW, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
-    CL_SETUP
-    const T* a = dy; const T* b = x;
-    const ACC K = c < NC ? mean[c] : (ACC)0;
-    const ACC g0 = (gamma && c < NC) ? gamma[c] : (ACC)1, b0 = (beta && c < NC) ? beta[c] : (ACC)0;
-    const ACC inv0 = c < NC ? invstd[c] : (ACC)0;
-    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
-    ACC s1 = 0, s2 = 0;
-    COL_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
-    ACC t1, t2;
-    const long long slot = (long long)blockIdx.y * CW * S;
-    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
-        && c < NC)
-        BWD_FINISH(M)
-}
-
-// The apply kernels on channels-last data: a grid-stride loop over vectors (or elements), each element's channel
-// its index modulo C.
-extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, unsigned NC, int vec,
-                                        unsigned total, int relu) {
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (vec) {
-            VT v = ((const VT*)x)[i];
-            T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                const unsigned c = (i * VW + u) % NC;
-                p[u] = STORE(ACT(LOAD(p[u]) * scale[c] + shift[c]));
-            }
-            ((VT*)y)[i] = v;
-        } else {
-            const unsigned c = i % NC;
-            y[i] = STORE(ACT(LOAD(x[i]) * scale[c] + shift[c]));
-        }
-    }
-}
-
-extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
-                                            const ACC* ck, unsigned NC, int vec, unsigned total, const ACC* csc,
-                                            const ACC* csf, int relu) {
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (vec) {
-            VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
-            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                const unsigned c = (i * VW + u) % NC;
-                const ACC sc = csc[c], sf = csf[c], xv = LOAD(pv[u]);
-                po[u] = STORE(ca[c] * MASKED(LOAD(pg[u]), xv) + cb[c] * xv + ck[c]);
-            }
-            ((VT*)dx)[i] = o;
-        } else {
-            const unsigned c = i % NC;
-            const ACC sc = csc[c], sf = csf[c], xv = LOAD(x[i]);
-            dx[i] = STORE(ca[c] * MASKED(LOAD(dy[i]), xv) + cb[c] * xv + ck[c]);
-        }
-    }
-}
-"""
 
 _VECTORS = {dt: ("uint4", 16 // dt.itemsize) for dt in HALVES}   # 16-byte vectors: VT, VW (in elements)
 _VECTORS.update({np.dtype(np.float32): ("float4", 4), np.dtype(np.float64): ("double2", 2)})
-_modules: dict = {}
-_sm: dict = {}
+
+
+def _defines(dtype):
+    """``cuda/batchnorm.cu``'s defines: the dtype's (halfs.cuh) and its 16-byte vector, ``VT`` of ``VW`` elements."""
+    vt, vw = _VECTORS[dtype]
+    return {**dtype_defines(dtype), "VT": vt, "VW": vw}
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of every variant the kernels launch: one per dtype.
+
+    >>> [d["VW"] for _, d in SOURCE_VARIANTS()]
+    [8, 8, 4, 2]
+    """
+    for dtype in KERNEL_DTYPES:
+        yield "batchnorm.cu", _defines(dtype)
 
 
 def _fn(name, dtype):
-    mod = _modules.get(dtype)
-    if mod is None:
-        vt, vw = _VECTORS[dtype]
-        head = prelude(dtype) + f"#define VT {vt}\n#define VW {vw}\n"
-        mod = _modules[dtype] = cupy.RawModule(code=head + _SOURCE, options=("--std=c++14",))
-    return mod.get_function(name)
+    return compiler.function("batchnorm.cu", name, _defines(dtype))
 
 
 def supports(x, *params) -> bool:
@@ -467,10 +96,7 @@ def _geometry(x):
 
 
 def _sm_count(dev):
-    sm = _sm.get(dev)
-    if sm is None:
-        sm = _sm[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
-    return sm
+    return compiler.device(dev).processors
 
 
 def _vec(hw, dtype, *arrays):

@@ -72,6 +72,19 @@ def _half_mask(dy, y):
     return _half_mask_kernel(dy.view(np.uint16), y.view(np.uint16), limit).view(y.dtype)
 
 
+_RELU_MAP = "x * (y > 0)"   # relu's derivative from its output, as mapreduce's map of x = dy and y
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of the ``cuda/`` kernels this module launches: the map+reduce of relu's bias gradient.
+
+    >>> len(list(SOURCE_VARIANTS()))
+    8
+    """
+    from .reduce import variants
+    yield from variants(_RELU_MAP, True)
+
+
 def _bias_axes(ndim):
     """``(0, 2, 3)`` in 2-d: every axis but the channels'."""
     return (0, 2, 3) if ndim == 4 else (0,) + tuple(range(2, ndim))
@@ -93,7 +106,7 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
     axes = _bias_axes(dy.ndim)
     if kind == "relu":
         dz = cupy.empty_like(dy)
-        db = mapreduce(dy, axes, map="x * (y > 0)", y=y, out_mapped=dz)
+        db = mapreduce(dy, axes, map=_RELU_MAP, y=y, out_mapped=dz)
         return dz, db
     return dy, mapreduce(dy, axes)
 

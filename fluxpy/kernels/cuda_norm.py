@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backend import cupy
 from ..layout import like_layout
-from . import cuda_bn
+from . import compiler, cuda_bn
 from .cudnn import batchnorm as bn
 
 __all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "choices"]
@@ -55,30 +55,6 @@ def backward_supports(dy, x, y, gamma, beta, mean, invstd, *_):
     return cuda_bn.supports(x, gamma, beta, mean, invstd) or _cudnn_fits(x, gamma, beta, mean, invstd)
 
 
-_SPIN = r"""
-extern "C" __global__ void fluxpy_spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
-_spin: list = []
-
-
-def _time_us(run, reps=5):
-    """GPU microseconds per call: the calls are queued behind a short spin kernel, so host time is hidden."""
-    run()
-    if not _spin:
-        _spin.append(cupy.RawKernel(_SPIN, "fluxpy_spin"))
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    _spin[0]((1,), (1,), (np.int64(2_000_000),))   # about a millisecond
-    start.record()
-    for _ in range(reps):
-        run()
-    end.record()
-    end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) * 1000.0 / reps
-
-
 def _pick(direction, x, ours_ok, cudnn_ok, candidates):
     """The implementation to run: the only one that fits, or the faster one timed on first use."""
     if not cudnn_ok:
@@ -88,7 +64,7 @@ def _pick(direction, x, ours_ok, cudnn_ok, candidates):
     key = (direction, x.shape, x.dtype, x.device.id)
     hit = _choices.get(key)
     if hit is None:
-        times = {name: _time_us(run) for name, run in candidates().items()}
+        times = {name: compiler.time_ms(run, hide_host=True) * 1000.0 for name, run in candidates().items()}
         hit = _choices[key] = (min(times, key=times.get), times)
     return hit[0]
 

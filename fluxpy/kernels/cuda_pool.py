@@ -37,10 +37,11 @@ from ..backend import cupy
 from ..layout import empty_channels_last, is_channels_last, to_channels_last
 from .cpu import lowest_finite
 from .cuda_arrays import contiguous
-from .halfs import KERNEL_DTYPES, compute_dtype, prelude
+from . import compiler
+from .halfs import KERNEL_DTYPES, compute_dtype, dtype_defines
 
 __all__ = ["KERNELS", "maxpool_forward", "maxpool_backward", "maxpool_gather", "meanpool_forward",
-           "meanpool_backward"]
+           "meanpool_backward", "SOURCE_VARIANTS"]
 
 
 class PoolDimsLike(Protocol):
@@ -59,134 +60,29 @@ class PoolDimsLike(Protocol):
         """``(Q, S)``: the padded-image column of each window's each kernel column."""
 
 
-_POOL_SOURCE = r"""
-// T: storage, C: compute type (halfs.prelude); every value is loaded with LOAD and stored once with STORE.
-// CL 0: NCHW data, a thread per output (or input) element in C order; CL 1: channels-last data (NHWC memory),
-// a thread per element in that memory order, so adjacent threads read adjacent channels. Either way xoff/yoff are
-// the offsets of the thread's image and channel in x and y, and PS the distance between adjacent pixels.
-#define IDX long long
-#if CL
-#define OUT_POS                                                                                              \
-    const int c = (int)(i % CC); IDX t = i / CC; const int q = (int)(t % Q); t /= Q;                         \
-    const int p = (int)(t % P); const IDX n = t / P;                                                         \
-    const IDX xoff = n * H * W * CC + c, yoff = n * P * Q * CC + c; const int PS = CC;
-#define IN_POS                                                                                               \
-    const int c = (int)(i % CC); IDX t = i / CC; const int w = (int)(t % W); t /= W;                         \
-    const int h = (int)(t % H); const IDX n = t / H;                                                         \
-    const IDX xoff = n * H * W * CC + c, yoff = n * P * Q * CC + c; const int PS = CC;
-#else
-#define OUT_POS                                                                                              \
-    const int q = (int)(i % Q); IDX t = i / Q; const int p = (int)(t % P); const IDX nc = t / P;             \
-    const IDX xoff = nc * H * W, yoff = nc * P * Q; const int PS = 1;
-#define IN_POS                                                                                               \
-    const int w = (int)(i % W); IDX t = i / W; const int h = (int)(t % H); const IDX nc = t / H;             \
-    const IDX xoff = nc * H * W, yoff = nc * P * Q; const int PS = 1;
-#endif
 
-// A window of padding only (a pad as large as the kernel) gives `empty`, NNlib's lowest finite value of x's dtype.
-extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                       const int* hs, const int* he, const int* ws, const int* we, C empty, int CC) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    OUT_POS
-    const T* xc = x + xoff;
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    if (h0 >= h1 || w0 >= w1) {
-        y[i] = STORE(empty);
-        return;
-    }
-    C m = LOAD(xc[(h0 * W + w0) * PS]);
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) {
-            C v = LOAD(xc[(h * W + w) * PS]);
-            if (v > m || (v != v && m == m)) m = v;
-        }
-    y[i] = STORE(m);
-}
-
-// The max was stored in T: compared in C, where storing and loading a T is exact, it equals its element.
-__device__ __forceinline__ int first_max(const T* xc, C yv, int h0, int h1, int w0, int w1, int W, int PS) {
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w)
-            if (LOAD(xc[(h * W + w) * PS]) == yv) return h * W + w;
-    return -1;
-}
-
-extern "C" __global__ void maxpool_bwd(const T* dy, const T* x, const T* y, T* dx, IDX total, int H, int W,
-                                       int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
-                                       const int* plo, const int* phi, const int* qlo, const int* qhi, int CC) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    IN_POS
-    const T* xc = x + xoff;
-    const T* yc = y + yoff;
-    const T* dyc = dy + yoff;
-    int me = h * W + w;
-    C acc = 0;
-    for (int p = plo[h]; p <= phi[h]; ++p) {
-        int h0 = max(hs[p], 0), h1 = min(he[p], H);
-        for (int q = qlo[w]; q <= qhi[w]; ++q) {
-            int w0 = max(ws[q], 0), w1 = min(we[q], W);
-            if (first_max(xc, LOAD(yc[(p * Q + q) * PS]), h0, h1, w0, w1, W, PS) == me)
-                acc += LOAD(dyc[(p * Q + q) * PS]);
-        }
-    }
-    dx[i] = STORE(acc);
-}
-
-extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
-                                          int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
-                                          int CC) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    OUT_POS
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    int at = first_max(x + xoff, LOAD(y[i]), h0, h1, w0, w1, W, PS);
-    out[i] = at < 0 ? STORE((C)0) : dx[xoff + (IDX)at * PS];
-}
-
-extern "C" __global__ void meanpool_fwd(const T* x, T* y, IDX total, int H, int W, int P, int Q,
-                                        const int* hs, const int* he, const int* ws, const int* we, C inv, int CC) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    OUT_POS
-    const T* xc = x + xoff;
-    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
-    C acc = 0;
-    for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w) acc += LOAD(xc[(h * W + w) * PS]);
-    y[i] = STORE(acc * inv);
-}
-
-extern "C" __global__ void meanpool_bwd(const T* dy, T* dx, IDX total, int H, int W, int P, int Q,
-                                        const int* plo, const int* phi, const int* qlo, const int* qhi, C inv,
-                                        int CC) {
-    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    IN_POS
-    const T* dyc = dy + yoff;
-    C acc = 0;
-    for (int p = plo[h]; p <= phi[h]; ++p)
-        for (int q = qlo[w]; q <= qhi[w]; ++q) acc += LOAD(dyc[(p * Q + q) * PS]);
-    dx[i] = STORE(acc * inv);
-}
-"""
-
-_modules = {}
 _windows = {}
 _THREADS = 256
 
 
+def _defines(dtype, channels_last):
+    """``cuda/pool.cu``'s defines: the dtype's (halfs.cuh) and ``CL``, 1 for channels-last memory."""
+    return {**dtype_defines(dtype), "CL": int(channels_last)}
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of every variant the kernels launch: each dtype, in either layout.
+
+    >>> len(list(SOURCE_VARIANTS()))
+    8
+    """
+    for dtype in KERNEL_DTYPES:
+        for channels_last in (False, True):
+            yield "pool.cu", _defines(dtype, channels_last)
+
+
 def _function(name, dtype, channels_last=False):
-    key = (name, dtype, channels_last)
-    f = _modules.get(key)
-    if f is None:
-        mod = _modules.get((dtype, channels_last))
-        if mod is None:
-            code = prelude(dtype) + f"#define CL {int(channels_last)}\n" + _POOL_SOURCE
-            mod = _modules[dtype, channels_last] = cupy.RawModule(code=code, options=("--std=c++11",))
-        f = _modules[key] = mod.get_function(name)
-    return f
+    return compiler.function("pool.cu", name, _defines(dtype, channels_last))
 
 
 def _axis_windows(rows, pad_before, size):

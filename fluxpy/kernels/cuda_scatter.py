@@ -60,14 +60,13 @@ import numpy as np
 from ..backend import cupy
 from ..capturing import capturing, on_replay
 from ..options import options
-from . import BadIndex, DeferredBadIndex
+from . import BadIndex, DeferredBadIndex, compiler
 from .cuda_arrays import c_contiguous
 from .cpu import along_axis_index, first_bad_index, scatter_empty
-from .cudnn.graph import _events_ms   # the plans' timer: host time between launches counts, as in a step
-from .halfs import CONVERSIONS, CONVERT, is_half
+from .halfs import KERNEL_DTYPES, dtype_defines, is_half
 
 __all__ = ["scatter", "gather", "check_indices", "scatter_with", "choices", "clear_choices", "KERNELS",
-           "IMPLEMENTATIONS", "ONE_BLOCK_LIMIT"]
+           "IMPLEMENTATIONS", "ONE_BLOCK_LIMIT", "MAX_INDEX_ARRAYS", "MAX_INDEX_AXES", "SOURCE_VARIANTS"]
 
 IMPLEMENTATIONS = ("one_block", "atomic", "sorted")
 
@@ -76,11 +75,15 @@ ONE_BLOCK_LIMIT = 1 << 16
 of threads walks the whole problem, which beyond a few tens of thousands of steps only loses to the others (it is a
 bound on what is worth timing, not the choice: the choice is measured)."""
 
+MAX_INDEX_ARRAYS = 8
+MAX_INDEX_AXES = 8
+"""The most index arrays, and axes of an index array, the kernels take (``cuda/scatter_index.cuh`` spells their
+parameters out); an index past either takes CuPy's indexing (``ufunc.at``, ``src[index]``)."""
+
 _BLOCK = 256
-# Rows a thread row of the gather and the atomic scatter takes at a time (UNROLL in their source): 2 where one index
-# array gives a row, 4 where several do (_unroll). H200, GPU time, 1 / 2 / 4 rows at a time: gather along an axis of
-# (1000,256,7,7) 69.7 / 59.7 / 67.0 us, of 512-wide rows 36.5 / 34.3 / 35.1, index_add 88.9 / 81.4 / 82.0, the 4-d
-# scatter-add along an axis 98.4 / 99.8 / 102.0; the 4-d gather by four index arrays 88.4 / 74.2 / 71.5 (3: 70.2).
+# Rows a thread row of the gather and the atomic scatter takes at a time (FX_UNROLL in their source): 2 where one
+# index array gives a row, 4 where several do (_unroll): more index reads in flight pay where each row needs several,
+# and cost registers and tail work where it needs one (BENCHMARKS.md has the measurements).
 UNROLL_ONE_INDEX = 2
 UNROLL_SEVERAL_INDICES = 4
 
@@ -110,19 +113,6 @@ def _ctype(dtype):
     return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(dtype) or _INT_TYPES[dtype]
 
 
-def _type_lines(dtype):
-    """``#define`` lines of ``T`` and ``C``, the storage and compute types of ``dtype``, and ``LOAD``/``STORE``."""
-    dtype = np.dtype(dtype)
-    if is_half(dtype):
-        to_c, to_t = CONVERT[dtype]
-        ctype = "float"
-    else:
-        ctype = {"f": _ctype(dtype), "i": "long long", "u": "unsigned long long"}[dtype.kind]
-        to_c, to_t = f"({ctype})", f"({_ctype(dtype)})"
-    return (f"#define T {_ctype(dtype)}\n#define C {ctype}\n#define LOAD(v) {to_c}(v)\n"
-            f"#define STORE(v) {to_t}(v)\n")
-
-
 def _empty_literal(op, dtype):
     """``scatter_empty(op, dtype)`` as a CUDA expression of the compute type."""
     dtype = np.dtype(dtype)
@@ -136,283 +126,96 @@ def _empty_literal(op, dtype):
     return f"((C){value}LL)" if dtype.kind == "i" else f"((C){value}ULL)"
 
 
-def _combine(op, dtype):
-    """``COMBINE(acc, v)``: ``op`` in the compute type; a NaN wins a max or a min, as NumPy's."""
+_OPS = {"add": 1, "max": 2, "min": 3}
+_UNITS = (16, 8, 4, 2, 1)   # the gather's access widths in bytes (_unit)
+_SOURCES = {"one_block": "scatter_one_block.cu", "atomic": "scatter_atomic.cu", "sorted": "scatter_sorted.cu",
+            "gather": "gather.cu"}
+SCATTER_DTYPES = KERNEL_DTYPES + tuple(_INT_TYPES)
+"""The dtypes the scatter kernels store: the halves, float32, float64 and every integer type."""
+
+
+def _value_defines(op, dtype):
+    """``cuda/scatter_types.cuh``'s defines: the dtype's types (halfs.cuh's for the floats, ``FX_INT`` for an
+    integer), the op and its empty value."""
     dtype = np.dtype(dtype)
-    if op == "add":
-        if dtype.kind in "iu":   # modular, without signed overflow
-            return "#define COMBINE(a, v) ((C)((unsigned long long)(a) + (unsigned long long)(v)))\n"
-        return "#define COMBINE(a, v) ((a) + (v))\n"
-    cmp = ">" if op == "max" else "<"
-    if dtype.kind in "iu":
-        return f"#define COMBINE(a, v) (((v) {cmp} (a)) ? (v) : (a))\n"
-    return f"#define COMBINE(a, v) ((((v) != (v)) || ((v) {cmp} (a))) ? (v) : (a))\n"
+    types = dtype_defines(dtype) if dtype.kind == "f" or is_half(dtype) else \
+        {"FX_INT": _ctype(dtype), "FX_UNSIGNED": dtype.kind == "u"}
+    return {**types, "FX_OP": _OPS[op], "FX_EMPTY": _empty_literal(op, dtype)}
 
 
-def _row_function(index_dtypes, strided, small, reads=None):
-    """``fx_row(k, IDX_ARGS, bad, call)``: the linear destination row of entry ``k`` of the index arrays, or -1
-    where an index is outside its axis (then a checked call, ``call`` > 0, leaves its number in ``*bad``).
-    ``strided`` = 0: the arrays are C-contiguous (entry ``k`` is at ``k``); otherwise it is the index arrays' number
-    of axes, and entry ``k`` is found through each array's element strides (broadcast views such as ``arange``
-    columns are read in place, not copied). ``K_T``, the type of ``k`` and of its unravelling, is 32-bit where the
-    sizes allow (64-bit division is several times slower), and so are the index arrays' offsets, their strides and
-    the row (``small``: :func:`_fits_32_bits`; 64-bit multiplies made a 4-d gather integer-bound). ``IDX_PARAMS``
-    lists the index arrays first, then their scalars (per array its axis size and element strides, then the index
-    shape's trailing sizes): a call passes its arrays followed by its problem's scalars, made once
-    (:func:`_index_scalars`). ``reads`` (strided layouts, :func:`_reads`): per array the axes whose strides it is
-    read by, or None for a C-contiguous array (entry ``k`` at ``k``); the code takes no multiply for the others
-    (a broadcast ``arange`` column is read by one axis), the parameters stay the same. By default every array is
-    read by every axis."""
-    d = len(index_dtypes)
-    wide = "int" if small else "long long"   # the offsets' and the row's type
-    arrays = [f"const {_ctype(t)}* __restrict__ i{j}" for j, t in enumerate(index_dtypes)]
-    scalars = []
-    for j in range(d):
-        scalars += [f"long long n{j}"] + [f"{wide} s{j}_{a}" for a in range(strided)]
-    for a in range(1, strided):
-        scalars += [f"K_T m{a}"] + ([f"unsigned int mg{a}", f"unsigned int sh{a}"] if small else [])
-    params = arrays + scalars
-    names = [p.split()[-1] for p in params]
-    if strided:
-        reads = reads or (tuple(range(strided)),) * d
-        walk = "  K_T q = k, c, quot;\n" + "".join(f"  {wide} o{j} = {'0' if reads[j] is not None else 'k'};\n"
-                                                   for j in range(d))
-        for a in range(strided - 1, -1, -1):
-            if not a:
-                walk += "  c = q;\n"
-            elif small:   # q / m as a multiply-high and a shift (the divisor's magic number, made on the host)
-                walk += f"  quot = (__umulhi(q, mg{a}) + q) >> sh{a}; c = q - quot * m{a}; q = quot;\n"
-            else:
-                walk += f"  c = q % m{a}; q /= m{a};\n"
-            walk += "".join(f"  o{j} += ({wide})c * s{j}_{a};\n" for j in range(d)
-                            if reads[j] is not None and a in reads[j])
-    else:
-        walk = "".join(f"  const K_T o{j} = k;\n" for j in range(d))
-    body = "".join(f"  v = (long long)i{j}[o{j}];\n  if (v < 0 || v >= n{j}) {{ fx_flag(bad, call); return -1; }}\n"
-                   f"  r = r * ({wide})n{j} + ({wide})v;\n" for j in range(d))
-    return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
-            + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
-            + walk + f"  {wide} r = 0;\n  long long v;\n" + body + "  return r;\n}\n")
+def _index_defines(index_dtypes, strided, small, reads=None):
+    """``cuda/scatter_index.cuh``'s defines for one tuple of index dtypes, index layout (``strided``: 0, the index
+    arrays' number of axes, or ``"along"`` for the along-axis form; ``reads``: :func:`_reads`, by default every
+    array read by every axis) and index width (``small``: every element count and index offset fits 32 bits)."""
+    along = strided == "along"
+    defines = {"FX_SMALL": bool(small), "FX_UNROLL": _unroll(len(index_dtypes)), "FX_D": len(index_dtypes),
+               "FX_STRIDED": 0 if along else strided, "FX_ALONG": along}
+    for j, t in enumerate(index_dtypes):
+        defines[f"FX_I{j}"] = _ctype(t)
+    if strided and not along:
+        for j, axes in enumerate(reads or (tuple(range(strided)),) * len(index_dtypes)):
+            defines[f"FX_R{j}"] = -1 if axes is None else sum(1 << a for a in axes)
+    return defines
 
 
-def _along_row_function(index_dtype, small):
-    """``fx_row`` of the along-axis form (``axis`` given): one C-contiguous index array of the source's shape whose
-    entry ``k`` replaces ``k``'s own coordinate on the axis. With ``k = (outer * na + a) * inner + i`` (``na``: the
-    index array's axis length, ``inner``: the size of the axes after it) the row is ``(outer * n0 + idx[k]) *
-    inner + i`` in the destination (``n0``: its axis length); two divisions, by magic numbers where ``small``."""
-    wide = "int" if small else "long long"
-    magics = ["unsigned int mgi", "unsigned int shi"] if small else []
-    params = [f"const {_ctype(index_dtype)}* __restrict__ i0", "long long n0", "K_T inner", *magics, "K_T na",
-              *(["unsigned int mga", "unsigned int sha"] if small else [])]
-    names = [p.split()[-1] for p in params]
-    if small:
-        walk = ("  const K_T q = (__umulhi(k, mgi) + k) >> shi, i = k - q * inner;\n"
-                "  const K_T outer = (__umulhi(q, mga) + q) >> sha;\n")
-    else:
-        walk = "  const K_T q = k / inner, i = k - q * inner, outer = q / na;\n"
-    return (f"#define IDX_PARAMS {', '.join(params)}\n#define IDX_ARGS {', '.join(names)}\n" + _FLAG_FUNCTION
-            + "__device__ __forceinline__ long long fx_row(K_T k, IDX_PARAMS, volatile int* bad, int call) {\n"
-            + walk + "  const long long v = (long long)i0[k];\n"
-            "  if (v < 0 || v >= n0) { fx_flag(bad, call); return -1; }\n"
-            f"  return (({wide})outer * ({wide})n0 + ({wide})v) * ({wide})inner + ({wide})i;\n}}\n")
-
-
-_FLAG_FUNCTION = r"""
-__device__ __forceinline__ void fx_flag(volatile int* bad, int call) {
-  // a checked call (call > 0) leaves its number, unless an earlier call's is there (a stream runs its calls in
-  // order, so the flag names the first checked call that met a bad index); an unchecked call (0) leaves nothing
-  if (call && *bad == 0) *bad = call;
-}
-"""
-
-
-# ---------------------------------------------------------------------------------------------
-# The kernels. Blocks of (columns x rows) threads: threadIdx.x runs along a row's F columns, threadIdx.y over rows,
-# so a row's destination is computed once per thread row and no thread divides its element number by F.
-
-_ROWS_LOOP = r"""
-#define FOR_ROWS(k, K) \
-  for (K_T k = blockIdx.x * (K_T)blockDim.y + threadIdx.y; k < (K); k += (K_T)gridDim.x * blockDim.y)
-#define FOR_COLUMNS(c, F) for (K_T c = threadIdx.x; c < (F); c += blockDim.x)
-// a thread row takes UNROLL rows at a time, k0, k0 + blockDim.y, ...: their index reads, then their source reads,
-// are issued together (one row at a time keeps too few loads in flight to reach the memory's bandwidth)
-#define FOR_ROW_GROUPS(k0, K) \
-  for (K_T k0 = blockIdx.x * (K_T)blockDim.y * UNROLL + threadIdx.y; k0 < (K); \
-       k0 += (K_T)gridDim.x * blockDim.y * UNROLL)
-#define GROUP_ROWS(r, k0, K) \
-  long long r[UNROLL]; \
-  _Pragma("unroll") for (int j = 0; j < UNROLL; ++j) { \
-    const K_T k = k0 + j * blockDim.y; \
-    r[j] = k < (K) ? fx_row(k, IDX_ARGS, bad, call) : -2;  /* -1: a bad index; -2: past the last row */ \
-  }
-"""
-
-_ONE_BLOCK = r"""
-extern "C" __global__ void __launch_bounds__(256) scatter_one_block(
-    const T* __restrict__ src, T* __restrict__ dst, C* __restrict__ work, K_T K, K_T F, K_T R,
-    IDX_PARAMS, volatile int* bad, int call) {
-  // thread t owns columns t, t + blockDim.x, ...: it walks the source rows in order (deterministic, no atomics)
-  for (K_T c = threadIdx.x; c < F; c += blockDim.x) {
-    for (K_T r = 0; r < R; ++r) work[r * F + c] = EMPTY;
-    for (K_T k = 0; k < K; ++k) {
-      long long r = fx_row(k, IDX_ARGS, bad, call);
-      if (r >= 0) work[r * F + c] = COMBINE(work[r * F + c], LOAD(src[(long long)k * F + c]));
-    }
-    for (K_T r = 0; r < R; ++r) dst[(long long)r * F + c] = STORE(work[(long long)r * F + c]);
-  }
-}
-"""
-
-_ATOMIC = r"""
-// A float max (min) in one integer atomic, no compare-and-swap loop: floats of sign 0 order as their bits read as
-// signed integers, floats of sign 1 in reverse as unsigned ones, and every positive float's bits are below every
-// negative one's as unsigned and above them as signed. A NaN wins (NumPy's), stored as the one NaN that no later
-// update displaces: the largest signed integer for a max, the largest unsigned one for a min.
-__device__ __forceinline__ void fx_update(float* a, float v) {
-#if OP_ADD
-  atomicAdd(a, v);
-#elif OP_MAX
-  if (v != v) atomicMax((int*)a, 0x7fffffff);
-  else if (__float_as_int(v) >= 0) atomicMax((int*)a, __float_as_int(v));
-  else atomicMin((unsigned int*)a, __float_as_uint(v));
-#else
-  if (v != v) atomicMax((unsigned int*)a, 0xffffffffu);
-  else if (__float_as_int(v) >= 0) atomicMin((int*)a, __float_as_int(v));
-  else atomicMax((unsigned int*)a, __float_as_uint(v));
-#endif
-}
-__device__ __forceinline__ void fx_update(double* a, double v) {
-  const long long bits = __double_as_longlong(v);
-#if OP_ADD
-  atomicAdd(a, v);
-#elif OP_MAX
-  if (v != v) atomicMax((long long*)a, 0x7fffffffffffffffLL);
-  else if (bits >= 0) atomicMax((long long*)a, bits);
-  else atomicMin((unsigned long long*)a, (unsigned long long)bits);
-#else
-  if (v != v) atomicMax((unsigned long long*)a, 0xffffffffffffffffULL);
-  else if (bits >= 0) atomicMin((long long*)a, bits);
-  else atomicMax((unsigned long long*)a, (unsigned long long)bits);
-#endif
-}
-__device__ __forceinline__ void fx_update(int* a, long long v) { ATOMIC_INT(a, (int)v); }
-__device__ __forceinline__ void fx_update(unsigned int* a, unsigned long long v) { ATOMIC_INT(a, (unsigned int)v); }
-__device__ __forceinline__ void fx_update(long long* a, long long v) {
-#if OP_ADD
-  atomicAdd((unsigned long long*)a, (unsigned long long)v);
-#else
-  ATOMIC_INT(a, v);
-#endif
-}
-__device__ __forceinline__ void fx_update(unsigned long long* a, unsigned long long v) { ATOMIC_INT(a, v); }
-
-extern "C" __global__ void __launch_bounds__(256) scatter_atomic(
-    const T* __restrict__ src, A* __restrict__ acc, K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
-  FOR_ROW_GROUPS(k0, K) {
-    GROUP_ROWS(r, k0, K)
-    FOR_COLUMNS(c, F) {
-      C v[UNROLL];
-      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
-        v[j] = r[j] >= 0 ? LOAD(src[(long long)(k0 + j * blockDim.y) * F + c]) : (C)0;
-      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
-        if (r[j] >= 0) fx_update(acc + r[j] * F + c, v[j]);
-    }
-  }
-}
-"""
-
-_SORTED = r"""
-extern "C" __global__ void __launch_bounds__(256) scatter_rows(K_T K, IDX_PARAMS, KEY* __restrict__ rows,
-                                                               long long R, volatile int* bad, int call) {
-  // each source row's destination row, R (sorted past every segment) where an index is bad
-  for (K_T k = blockIdx.x * (K_T)blockDim.x + threadIdx.x; k < K; k += (K_T)gridDim.x * blockDim.x) {
-    long long r = fx_row(k, IDX_ARGS, bad, call);
-    rows[k] = (KEY)(r < 0 ? R : r);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) scatter_segments(const KEY* __restrict__ sorted_rows, K_T K,
-                                                                   long long R, K_T* __restrict__ starts) {
-  // starts[r] = the first sorted position whose row is >= r (a lower bound by binary search), r = 0..R
-  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r <= R; r += (long long)gridDim.x * blockDim.x) {
-    K_T lo = 0, hi = K;
-    while (lo < hi) {
-      K_T mid = (lo + hi) >> 1;
-      if ((long long)sorted_rows[mid] < r) lo = mid + 1; else hi = mid;
-    }
-    starts[r] = lo;
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) scatter_sorted(const T* __restrict__ src, T* __restrict__ dst,
-    const long long* __restrict__ order, const K_T* __restrict__ starts, K_T R, K_T F) {
-  FOR_ROWS(r, R) {
-    const K_T begin = starts[r], end = starts[r + 1];
-    T* out = dst + (long long)r * F;
-    FOR_COLUMNS(c, F) {
-      C acc = EMPTY;
-      for (K_T p = begin; p < end; ++p) acc = COMBINE(acc, LOAD(src[order[p] * F + c]));
-      out[c] = STORE(acc);
-    }
-  }
-}
-"""
-
-_GATHER = r"""
-extern "C" __global__ void __launch_bounds__(256) gather_rows(const U* __restrict__ src, U* __restrict__ out,
-    K_T K, K_T F, IDX_PARAMS, volatile int* bad, int call) {
-  // out[k, c] = src[row(k), c] in units U of F per row; a bad index gives zeros
-  FOR_ROW_GROUPS(k0, K) {
-    GROUP_ROWS(r, k0, K)
-    FOR_COLUMNS(c, F) {
-      U v[UNROLL];
-      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j) v[j] = r[j] >= 0 ? src[r[j] * F + c] : ZERO;
-      _Pragma("unroll") for (int j = 0; j < UNROLL; ++j)
-        if (r[j] != -2) out[(long long)(k0 + j * blockDim.y) * F + c] = v[j];
-    }
-  }
-}
-"""
-
-_ATOMIC_INT = {"add": "atomicAdd", "max": "atomicMax", "min": "atomicMin"}
-_UNITS = {16: ("uint4", "make_uint4(0, 0, 0, 0)"), 8: ("uint2", "make_uint2(0, 0)"), 4: ("unsigned int", "0u"),
-          2: ("unsigned short", "(unsigned short)0"), 1: ("unsigned char", "(unsigned char)0")}
-
-_functions: dict = {}
+def _defines(kind, op, dtype, index_dtypes, strided, small, reads=None):
+    """The defines of kind ``kind``'s source (``"one_block"``, ``"atomic"``, ``"sorted"``, or ``"gather"`` with
+    ``op`` the unit size in bytes) for one dtype and index layout (:func:`_index_defines`)."""
+    defines = _index_defines(index_dtypes, strided, small, reads)
+    if kind == "gather":
+        defines["FX_UNIT"] = op
+        return defines
+    defines.update(_value_defines(op, dtype))
+    if kind == "atomic":
+        defines["FX_ACC"] = _ctype(_accumulator(dtype))
+    return defines
 
 
 def _function(kind, name, op, dtype, index_dtypes, strided, small, reads=None):
-    """The compiled kernel ``name`` of module ``kind`` (``"one_block"``, ``"atomic"``, ``"sorted"`` or
-    ``"gather"`` with ``op`` the unit size in bytes) for one dtype, tuple of index dtypes, index layout (``strided``:
-    0, the index arrays' number of axes, or ``"along"`` for the along-axis form; ``reads``: :func:`_reads`) and
-    index width (``small``: every element count and index offset fits 32 bits) on the current device (cached)."""
-    key = (kind, name, op, dtype, index_dtypes, strided, small, reads, cupy.cuda.runtime.getDevice())
-    found = _functions.get(key)
-    if found is None:
-        found = _functions[key] = cupy.RawModule(code=_source(kind, op, dtype, index_dtypes, strided, small, reads),
-                                                 options=("--std=c++11",)).get_function(name)
-    return found
+    """The compiled kernel ``name`` of kind ``kind``'s source (:func:`_defines`) on the current device."""
+    return compiler.function(_SOURCES[kind], name, _defines(kind, op, dtype, index_dtypes, strided, small, reads))
 
 
-def _source(kind, op, dtype, index_dtypes, strided, small, reads=None):
-    """The CUDA source of module ``kind`` (see :func:`_function`)."""
-    rows = (_along_row_function(index_dtypes[0], small) if strided == "along"
-            else _row_function(index_dtypes, strided, small, reads))
-    head = (f"#define K_T {'unsigned int' if small else 'long long'}\n#define UNROLL {_unroll(len(index_dtypes))}\n"
-            + _ROWS_LOOP
-            + rows)
-    if kind == "gather":
-        unit, zero = _UNITS[op]
-        return f"#define U {unit}\n#define ZERO {zero}\n" + head + _GATHER
-    dtype = np.dtype(dtype)
-    halves = CONVERSIONS if is_half(dtype) else ""
-    code = halves + _type_lines(dtype) + _combine(op, dtype) + f"#define EMPTY {_empty_literal(op, dtype)}\n" + head
-    if kind == "atomic":
-        return code + (f"#define A {_ctype(_accumulator(dtype))}\n#define OP_ADD {int(op == 'add')}\n"
-                       f"#define OP_MAX {int(op == 'max')}\n#define ATOMIC_INT {_ATOMIC_INT[op]}\n" + _ATOMIC)
-    if kind == "sorted":
-        return code + f"#define KEY {'unsigned int' if small else 'long long'}\n" + _SORTED
-    return code + _ONE_BLOCK
+def _index_layouts():
+    """``(index dtypes, strided, reads)`` that cover every define of ``cuda/scatter_index.cuh``: each number of
+    index arrays (each integer dtype in some place), C-contiguous, strided by few and by the most axes (read by
+    every axis, or some arrays by one axis and some C-contiguous), and the along-axis form of each index dtype."""
+    ints = tuple(_INT_TYPES)
+    for d in range(1, MAX_INDEX_ARRAYS + 1):
+        dtypes = tuple(ints[(d + j) % len(ints)] for j in range(d))
+        mixed = lambda strided, d=d: tuple((0,) if j % 3 == 0 else None if j % 3 == 1 else tuple(range(strided))
+                                           for j in range(d))
+        yield dtypes, 0, None
+        yield dtypes, 1, None
+        yield dtypes, 2, mixed(2)
+        yield dtypes, 3, mixed(3)
+        yield dtypes, MAX_INDEX_AXES, None
+        yield dtypes, MAX_INDEX_AXES, mixed(MAX_INDEX_AXES)
+    for t in ints:
+        yield (t,), "along", None
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of the variants the kernels launch: each implementation, op and dtype (one index array),
+    each gather unit, and every index layout of :func:`_index_layouts` with a gather and a scatter (the kinds and
+    dtypes in turn), in 32 and 64 bits.
+
+    >>> variants = list(SOURCE_VARIANTS()); len({name for name, _ in variants})
+    4
+    """
+    int64 = (np.dtype(np.int64),)
+    for small in (True, False):
+        for kind in IMPLEMENTATIONS:
+            for op in _OPS:
+                for dtype in SCATTER_DTYPES if small else ():   # the values' defines do not depend on small
+                    yield _SOURCES[kind], _defines(kind, op, dtype, int64, 0, small)
+        for unit in _UNITS:
+            yield _SOURCES["gather"], _defines("gather", unit, None, int64, 0, small)
+        for n, (dtypes, strided, reads) in enumerate(_index_layouts()):
+            kind = IMPLEMENTATIONS[n % len(IMPLEMENTATIONS)]
+            dtype = SCATTER_DTYPES[n % len(SCATTER_DTYPES)]
+            yield _SOURCES["gather"], _defines("gather", 4, None, dtypes, strided, small, reads)
+            yield _SOURCES[kind], _defines(kind, "add", dtype, dtypes, strided, small, reads)
 
 
 def _block(columns):
@@ -609,8 +412,10 @@ def _on_device(index):
 
 def _is_leading_array_index(index, src):
     """Whether ``index`` is a tuple of CuPy integer arrays of one shape that ``src``'s shape starts with (the
-    fast kernels' form); any other NumPy index takes CuPy's ``ufunc.at``."""
-    if not index or not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index):
+    fast kernels' form, at most :data:`MAX_INDEX_ARRAYS` of at most :data:`MAX_INDEX_AXES` axes); any other NumPy
+    index takes CuPy's ``ufunc.at``."""
+    if not index or not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index) \
+            or len(index) > MAX_INDEX_ARRAYS or index[0].ndim > MAX_INDEX_AXES:
         return False
     shape = index[0].shape
     return all(a.shape == shape for a in index) and tuple(src.shape[:len(shape)]) == tuple(shape)
@@ -623,8 +428,8 @@ def _index_layout(index):
 
 def _reads(index):
     """Per index array of a strided layout, the axes whose strides it is read by (those of a stride other than 0),
-    or None for a C-contiguous array: :func:`_row_function` multiplies only by those. None where every array is
-    C-contiguous.
+    or None for a C-contiguous array: ``cuda/scatter_index.cuh`` multiplies only by those. None where every array
+    is C-contiguous.
 
     >>> import numpy
     >>> column = numpy.broadcast_to(numpy.arange(3).reshape(3, 1), (3, 4))
@@ -661,9 +466,9 @@ def _index_scalars(index, sizes, strided, small):
 
 
 def _along_scalars(index_shape, axis, n, small):
-    """The along-axis form's scalar index arguments (:func:`_along_row_function`): the destination's (or source's)
-    axis length ``n``, the size of the axes after ``axis`` and the index array's length on it (with their magic
-    numbers where ``small``)."""
+    """The along-axis form's scalar index arguments (``cuda/scatter_index.cuh``, ``FX_ALONG``): the destination's
+    (or source's) axis length ``n``, the size of the axes after ``axis`` and the index array's length on it (with
+    their magic numbers where ``small``)."""
     inner, length = max(math.prod(index_shape[axis + 1:]), 1), max(index_shape[axis], 1)   # 0: no entries to divide
     if not small:
         return np.int64(n), np.int64(inner), np.int64(length)
@@ -711,6 +516,7 @@ class _Problem:
         layout = self.strided if axis is None else ("along", math.prod(shape[axis + 1:]))
         self.key = (op, self.dtype, self.index_dtypes, layout, self.K, self.F, self.R, device)
         self.chosen = {}   # deterministic -> the implementation kept in _choices
+        self.kernels = {}  # kernel name -> its compiled function (the problem's device)
         self.src, self.index_args, self.flag_args = None, None, None
 
     def bind(self, src, index, call):
@@ -724,7 +530,11 @@ class _Problem:
         self.src, self.index_args, self.flag_args = None, None, None
 
     def function(self, kind, name):
-        return _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided, self.small, self.reads)
+        found = self.kernels.get(name)
+        if found is None:
+            found = self.kernels[name] = _function(kind, name, self.op, self.dtype, self.index_dtypes, self.strided,
+                                                   self.small, self.reads)
+        return found
 
 
 _problems: dict = {}
@@ -840,7 +650,7 @@ def _measure(p, key):
     if len(names) == 1:
         _choices[key] = (names[0], {})
         return names[0]
-    times = {name: _events_ms(lambda name=name: _RUN[name](p)) for name in names}
+    times = {name: compiler.time_ms(lambda name=name: _RUN[name](p)) for name in names}
     best = min(names, key=times.get)
     _choices[key] = (best, {k: round(v, 4) for k, v in times.items()})
     return best
@@ -921,8 +731,8 @@ def scatter_with(name: str, op: str, src: Any, index: tuple, shape: tuple, axis:
 
 def _scatter_any_index(op, src, index, shape):
     """The general form (slices, masks, arrays anywhere; the gradient of ``getitem``) by CuPy's ``ufunc.at``,
-    computed in float32 for the halves. CuPy's ``maximum.at``/``minimum.at`` round float64 through float32
-    (measured, CuPy 14.2), so a float64 max or min takes the exact :func:`_sorted_extremum`."""
+    computed in float32 for the halves. CuPy's ``maximum.at``/``minimum.at`` round float64 through float32,
+    so a float64 max or min takes the exact :func:`_sorted_extremum`."""
     wide = src.astype(np.float32) if is_half(src.dtype) else src
     dst = cupy.full(shape, scatter_empty(op, wide.dtype), dtype=wide.dtype)
     if op != "add" and wide.dtype == np.float64:
@@ -973,8 +783,10 @@ def _gather_signature(src, index, device, axis):
 
 def _is_gather_index(index, src):
     """Whether ``index`` is a tuple of CuPy integer arrays of one shape, at most one per axis of ``src`` (the
-    kernel's form); any other index takes CuPy's indexing."""
-    if not index or not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index):
+    kernel's form, at most :data:`MAX_INDEX_ARRAYS` of at most :data:`MAX_INDEX_AXES` axes); any other index takes
+    CuPy's indexing."""
+    if not index or not all(isinstance(a, cupy.ndarray) and a.dtype.kind in "iu" for a in index) \
+            or len(index) > MAX_INDEX_ARRAYS or index[0].ndim > MAX_INDEX_AXES:
         return False
     return all(a.shape == index[0].shape for a in index) and len(index) <= src.ndim
 

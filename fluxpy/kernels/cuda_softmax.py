@@ -15,65 +15,28 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import Array, cupy
-from .halfs import KERNEL_DTYPES, prelude
+from . import compiler
+from .halfs import KERNEL_DTYPES, dtype_defines
 
-__all__ = ["logit_crossentropy_rows", "logit_crossentropy_rows_backward", "KERNELS"]
+__all__ = ["logit_crossentropy_rows", "logit_crossentropy_rows_backward", "KERNELS", "SOURCE_VARIANTS"]
 
-_SOURCE = r"""
-#define ACC C
-__device__ ACC warp_max(ACC v) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, o));
-    return v;
-}
-__device__ ACC warp_sum(ACC v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
-// Per row: m = max(a), s = sum(exp(a - m)), ty = sum(t), tya = sum(t * a). The whole warp shares a row.
-__device__ void row_stats(const T* a, const T* t, long long c, int lane, ACC* m, ACC* s, ACC* ty, ACC* tya) {
-    ACC mx = LOAD(a[lane < c ? lane : 0]);
-    for (long long j = lane; j < c; j += 32) mx = max(mx, LOAD(a[j]));
-    mx = warp_max(mx);
-    ACC se = 0, sy = 0, sya = 0;
-    for (long long j = lane; j < c; j += 32) {
-        ACC v = LOAD(a[j]), w = LOAD(t[j]);
-        se += exp(v - mx); sy += w; sya += w * v;
-    }
-    *m = mx; *s = warp_sum(se); *ty = warp_sum(sy); *tya = warp_sum(sya);
-}
-extern "C" __global__ void ce_rows_forward(const T* yhat, const T* y, T* out, long long n, long long c) {
-    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= n) return;
-    ACC m, s, ty, tya;
-    row_stats(yhat + row * c, y + row * c, c, lane, &m, &s, &ty, &tya);
-    if (lane == 0) out[row] = STORE((log(s) + m) * ty - tya);
-}
-// dl may be a broadcast view (the pullback of a mean): its stride in elements is dl_stride, often 0.
-extern "C" __global__ void ce_rows_backward(const T* dl, long long dl_stride, const T* yhat, const T* y, T* dx,
-                                            long long n, long long c) {
-    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= n) return;
-    const T* a = yhat + row * c;
-    const T* t = y + row * c;
-    ACC m, s, ty, tya;
-    row_stats(a, t, c, lane, &m, &s, &ty, &tya);
-    ACC lse = log(s) + m, g = LOAD(dl[row * dl_stride]);
-    for (long long j = lane; j < c; j += 32) dx[row * c + j] = STORE(g * (exp(LOAD(a[j]) - lse) * ty - LOAD(t[j])));
-}
-"""
 
 _THREADS = 256   # 8 rows per block
 _TYPES = frozenset(KERNEL_DTYPES)
-_modules = {}
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of every variant the kernels launch: ``cuda/softmax.cu`` for each dtype.
+
+    >>> len(list(SOURCE_VARIANTS()))
+    4
+    """
+    for dtype in KERNEL_DTYPES:
+        yield "softmax.cu", dtype_defines(dtype)
 
 
 def _function(name, dtype):
-    mod = _modules.get(dtype)
-    if mod is None:
-        mod = _modules[dtype] = cupy.RawModule(code=prelude(dtype) + _SOURCE, options=("--std=c++11",))
-    return mod.get_function(name)
+    return compiler.function("softmax.cu", name, dtype_defines(dtype))
 
 
 def _fits(*arrays):

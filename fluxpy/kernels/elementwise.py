@@ -50,6 +50,7 @@ from ..backend import Array, cupy, reduced_axes
 from ..layout import is_channels_last, keeping_layout, like_layout
 from ..dual import Dual, cotangents
 from . import halfs
+from . import compiler
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
            "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
@@ -1356,18 +1357,26 @@ def adam_update_many_supports(x: Any, xs: Sequence, dxs: Sequence, ms: Sequence,
 # Whether a list of arrays is all finite, in one launch (the divergence check of fluxpy.train)
 
 _FINITE_TABLE = np.dtype([("p", np.int64, (_MANY_CAP,)), ("n", np.int64, (_MANY_CAP,))])
-_FINITE_SOURCE = r"""
-struct Arrays { long long p[CAP]; long long n[CAP]; };
-extern "C" __global__ void fluxpy_nonfinite(const Arrays t, double* out) {
-    const T* a = (const T*)t.p[blockIdx.y];
-    const long long n = t.n[blockIdx.y];
-    bool bad = false;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        bad |= !isfinite(LOAD(a[i]));
-    if (__syncthreads_or(bad) && threadIdx.x == 0) *out = __longlong_as_double(0x7ff8000000000000LL);   // NaN
-}
-"""
-_finite_kernels = {}
+
+
+def _finite_defines(dtype):
+    """``cuda/finite.cu``'s defines: the dtype's (halfs.cuh) and ``CAP``, the arrays a launch takes."""
+    return {**halfs.dtype_defines(dtype), "CAP": _MANY_CAP}
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of the ``cuda/`` kernels this module launches: :func:`finite_total`'s, one per dtype,
+    and the map+reduce of each activation derivative that :func:`bias_act_output_backward` passes to ``mapreduce``.
+
+    >>> len(list(SOURCE_VARIANTS()))
+    28
+    """
+    from .reduce import variants
+    for dtype in halfs.KERNEL_DTYPES:
+        yield "finite.cu", _finite_defines(dtype)
+    for _, map_expr in _OUTPUT_DERIVS.values():
+        if map_expr != "x":   # identity sums dy itself: reduce's own variants
+            yield from variants(map_expr, True)
 
 
 def finite_total_supports(x: Any, arrays: Sequence) -> bool:
@@ -1389,10 +1398,7 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
         if a.size:   # a strided gradient (a transposed matmul's) is read through a contiguous copy
             by_dtype.setdefault(a.dtype, []).append(a if _dense(a) else cupy.ascontiguousarray(a))   # flat reads
     for dtype, group in by_dtype.items():
-        k = _finite_kernels.get(dtype)
-        if k is None:
-            src = halfs.prelude(dtype) + f"#define CAP {_MANY_CAP}\n" + _FINITE_SOURCE
-            k = _finite_kernels[dtype] = cupy.RawKernel(src, "fluxpy_nonfinite")
+        k = compiler.function("finite.cu", "fluxpy_nonfinite", _finite_defines(dtype))
         for lo in range(0, len(group), _MANY_CAP):
             part = group[lo:lo + _MANY_CAP]
             table = np.zeros(1, _FINITE_TABLE)

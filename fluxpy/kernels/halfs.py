@@ -4,8 +4,8 @@ NumPy has no bfloat16: fluxpy uses ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`), wh
 dtype. A kernel source never includes ``cuda_fp16.h`` or ``cuda_bf16.h`` (NVRTC, as CuPy runs it, need not find
 them): it holds a half as ``unsigned short`` and converts with PTX ``cvt`` (float16; bfloat16 stores on sm_80 and
 later) and bit operations (bfloat16 loads, the top half of a float32, and its stores before sm_80); stores round to
-nearest even and keep NaN a NaN. :func:`prelude` gives a kernel the
-names it writes against for one dtype:
+nearest even and keep NaN a NaN. A kernel source writes ``#include "halfs.cuh"`` (``cuda/halfs.cuh``) and is compiled
+with :func:`dtype_defines` of its dtype, which give it the names it writes against:
 
 - ``T``: the storage type (``unsigned short``, ``float`` or ``double``);
 - ``C``: the compute type (``float`` for the halves and float32, ``double`` for float64);
@@ -16,10 +16,8 @@ names it writes against for one dtype:
 a half dtype's load and store functions.
 
 >>> import numpy as np
-
-from . import compiler
->>> "#define C float" in prelude(BFLOAT16) and "#define T double" in prelude(np.float64)
-True
+>>> dtype_defines(BFLOAT16), dtype_defines(np.float64)
+({'FX_DTYPE': 2}, {'FX_DTYPE': 4})
 >>> is_half(np.float16), is_half(BFLOAT16), is_half(np.float32)
 (True, True, False)
 """
@@ -34,15 +32,13 @@ import numpy as np
 
 from . import compiler
 
-__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "CONVERT", "is_half", "prelude", "dtype_defines",
+__all__ = ["BFLOAT16", "HALVES", "KERNEL_DTYPES", "CONVERSIONS", "CONVERT", "is_half", "dtype_defines",
            "compute_dtype", "result_dtype"]
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = (np.dtype(np.float16), BFLOAT16)
 KERNEL_DTYPES = HALVES + (np.dtype(np.float32), np.dtype(np.float64))   # what the hand-written kernels take
 
-_STORAGE = {np.dtype(np.float16): "unsigned short", BFLOAT16: "unsigned short", np.dtype(np.float32): "float",
-            np.dtype(np.float64): "double"}
 CONVERT = {np.dtype(np.float16): ("fx_load_f16", "fx_store_f16"), BFLOAT16: ("fx_load_bf16", "fx_store_bf16")}
 
 CONVERSIONS = compiler.source("halfs.cuh")
@@ -71,20 +67,6 @@ def dtype_defines(dtype: Any) -> dict:
 def compute_dtype(dtype: Any) -> np.dtype:
     """The dtype a kernel computes ``dtype`` in: float32 for the halves and float32, float64 for float64."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
-
-
-def prelude(dtype: Any) -> str:
-    """The CUDA lines that define ``T``, ``C``, ``LOAD`` and ``STORE`` for arrays of ``dtype`` (one of
-    :data:`KERNEL_DTYPES`), and the conversion functions the halves need."""
-    dtype = np.dtype(dtype)
-    if dtype not in _STORAGE:
-        raise TypeError(f"fluxpy's CUDA kernels store float16, bfloat16, float32 or float64, not {dtype}")
-    compute = "double" if dtype == np.float64 else "float"
-    head = f"#define T {_STORAGE[dtype]}\n#define C {compute}\n"
-    if dtype not in CONVERT:
-        return head + "#define LOAD(v) ((C)(v))\n#define STORE(v) ((T)(v))\n"
-    load, store = CONVERT[dtype]
-    return head + CONVERSIONS + f"#define LOAD(v) {load}(v)\n#define STORE(v) {store}(v)\n"
 
 
 def result_dtype(f: Callable, dtypes: Sequence) -> np.dtype:

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from ..backend import cupy
+from . import compiler
 
-__all__ = ["philox4x32_10", "uniform_numpy", "PhiloxGenerator", "PER_COUNTER", "SOURCE"]
+__all__ = ["philox4x32_10", "uniform_numpy", "PhiloxGenerator", "PER_COUNTER", "SOURCE_VARIANTS"]
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -70,68 +71,23 @@ def uniform_numpy(key: tuple[int, int], offset: int, n: int, dtype: Any) -> np.n
     return (a * np.uint64(67108864) + b).astype(np.float64) * (1.0 / 9007199254740992.0)
 
 
-SOURCE = r"""
-#define PER (sizeof(T) == 4 ? 4 : 2)
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
-__host__ __device__ __forceinline__ unsigned int mulhi32(unsigned int a, unsigned int b) {
-#ifdef __CUDA_ARCH__
-  return __umulhi(a, b);
-#else
-  return (unsigned int)(((unsigned long long)a * b) >> 32);   // the same function on the host (for tests)
-#endif
-}
 
-__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
-  for (int r = 0; r < 10; ++r) {
-    const unsigned int hi0 = mulhi32(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-    const unsigned int hi1 = mulhi32(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
-    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
-    k.x += 0x9E3779B9u;
-    k.y += 0xBB67AE85u;
-  }
-  return c;
-}
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of every variant the generator launches: ``cuda/philox.cu`` for float32 and float64.
 
-__host__ __device__ __forceinline__ float to_uniform(const unsigned int* w, int q, float) {
-  return (float)(w[q] >> 8) * 5.9604644775390625e-08f;   // 2^-24
-}
-
-__host__ __device__ __forceinline__ double to_uniform(const unsigned int* w, int q, double) {
-  const unsigned long long a = w[2 * q] >> 5, b = w[2 * q + 1] >> 6;
-  return (double)(a * 67108864ULL + b) * (1.0 / 9007199254740992.0);   // 2^-53
-}
-
-extern "C" __global__ void fluxpy_philox_uniform(T* out, const long long n, const unsigned long long* offset,
-                                                  const unsigned int k0, const unsigned int k1) {
-  const unsigned long long base = *offset;
-  const long long counters = (n + PER - 1) / PER;
-  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < counters;
-       j += (long long)gridDim.x * blockDim.x) {
-    const unsigned long long c = base + (unsigned long long)j;
-    const uint4 r = philox4x32_10(make_uint4((unsigned int)c, (unsigned int)(c >> 32), 0u, 0u), make_uint2(k0, k1));
-    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
-    for (int q = 0; q < PER; ++q) {
-      const long long i = j * PER + q;
-      if (i < n) out[i] = to_uniform(w, q, (T)0);
-    }
-  }
-}
-
-extern "C" __global__ void fluxpy_philox_advance(unsigned long long* offset, const unsigned long long by) {
-  *offset += by;   // after the draw has read it (the same stream), so that the next draw continues from here
-}
-"""
-_modules: dict = {}
+    >>> list(SOURCE_VARIANTS())
+    [('philox.cu', {'FX_REAL': 'float'}), ('philox.cu', {'FX_REAL': 'double'})]
+    """
+    for dtype in PER_COUNTER:
+        yield "philox.cu", {"FX_REAL": _CTYPES[dtype]}
 
 
 def _kernels(dtype):
-    k = _modules.get(dtype)
-    if k is None:
-        ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[dtype]
-        module = cupy.RawModule(code=f"#define T {ctype}\n" + SOURCE, options=("--std=c++14",))
-        k = _modules[dtype] = (module.get_function("fluxpy_philox_uniform"),
-                               module.get_function("fluxpy_philox_advance"))
-    return k
+    defines = {"FX_REAL": _CTYPES[dtype]}
+    return (compiler.function("philox.cu", "fluxpy_philox_uniform", defines),
+            compiler.function("philox.cu", "fluxpy_philox_advance", defines))
 
 
 class PhiloxGenerator:

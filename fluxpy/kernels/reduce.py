@@ -30,7 +30,7 @@ extra read and write; non-contiguous inputs are copied to C order first.
 
 Accumulation is in float32 for float16/bfloat16/float32 input and float64 for float64 input, or as
 ``acc_dtype`` says; the result has ``x.dtype``, rounded once from the accumulator. Both halves are loaded
-and stored through :func:`fluxpy.kernels.halfs.prelude` (no CUDA headers are needed at run time), and read
+and stored through ``cuda/halfs.cuh`` (no CUDA headers are needed at run time), and read
 with the same 16-byte vectors as float32 (eight halves a load).
 
 The module imports without CuPy; :data:`AVAILABLE` says whether the kernel can run.
@@ -61,9 +61,11 @@ import numpy as np
 from ..backend import Array, cupy
 from ..layout import is_channels_last, like_layout
 from .cuda_arrays import c_contiguous
-from .halfs import KERNEL_DTYPES, prelude
+from . import compiler
+from .halfs import KERNEL_DTYPES, compute_dtype, dtype_defines, is_half
 
-__all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS"]
+__all__ = ["mapreduce", "unbroadcast_sum", "canonical_form", "plan", "AVAILABLE", "unavailable_reason", "KERNELS",
+           "SOURCE_VARIANTS", "variants"]
 
 AVAILABLE = cupy is not None
 """True when CuPy imported (a GPU may still be missing; see :func:`fluxpy.gpu_available`)."""
@@ -85,358 +87,67 @@ _OPS = ("sum", "mean", "max")
 THREADS = 256                 # threads per block, both kernels
 BLOCKS_PER_SM = 4             # blocks per multiprocessor in the one wave a split reduction launches
 MIN_BLOCK_BYTES = 16384       # do not split the work below this many input bytes per block
-UNROLL = 4                    # independent vector loads in flight per thread
-CACHE = 0                     # load flavour: 0 plain, 1 streaming (__ldcs), 2 read-only (__ldg)
 
 # ---------------------------------------------------------------------------------------------
-# CUDA source. One module per (storage type, accumulator, op, map, has_y); each holds both
+# CUDA source: cuda/reduce.cu. One module per (storage type, accumulator, op, map, has_y, has_outm); each holds both
 # kernels for every vector width V (1, 2, 4, 8 elements), so a module compiles once.
 
-_SOURCE = r"""
-#define T_STORE T
-#define ACC %(ACC)s
-#define OP_MAX %(OP_MAX)d
-#define OP_MEAN %(OP_MEAN)d
-#define HAS_Y %(HAS_Y)d
-#define HAS_OUTM %(HAS_OUTM)d
-#define MAP(x, y) (%(MAP)s)
-#define UNROLL %(UNROLL)d
-#define CACHE %(CACHE)d
 
-__device__ __forceinline__ ACC to_acc(T_STORE v) { return (ACC)LOAD(v); }
-__device__ __forceinline__ T_STORE from_acc(ACC a) { return STORE((C)a); }
-
-#if OP_MAX
-#define IDENT ((ACC)__int_as_float(0xff800000))
-/* NaN-propagating max: a NaN in either operand wins. */
-__device__ __forceinline__ ACC combine(ACC a, ACC b) { return (a > b || a != a) ? a : b; }
-#else
-#define IDENT ((ACC)0)
-__device__ __forceinline__ ACC combine(ACC a, ACC b) { return a + b; }
-#endif
-
-__device__ __forceinline__ ACC finalize(ACC a, long long count) {
-#if OP_MEAN
-    return a / (ACC)count;
-#else
-    return a;
-#endif
-}
-
-__device__ __forceinline__ ACC mapped(T_STORE xv, T_STORE yv) {
-    ACC x = to_acc(xv);
-#if HAS_Y
-    ACC y = to_acc(yv);
-#else
-    ACC y = x;
-#endif
-    (void)y;
-    return (ACC)MAP(x, y);
-}
-
-__device__ __forceinline__ long long lmin(long long a, long long b) { return a < b ? a : b; }
-
-template <int V> struct alignas(sizeof(T_STORE) * V) Vec { T_STORE v[V]; };
-
-/* Vector load; CACHE 1 = streaming (__ldcs, evict-first), 2 = read-only path (__ldg), 0 = plain. */
-template <int B> struct Raw;
-template <> struct Raw<2> { typedef unsigned short Bits; };
-template <> struct Raw<4> { typedef unsigned int Bits; };
-template <> struct Raw<8> { typedef uint2 Bits; };
-template <> struct Raw<16> { typedef uint4 Bits; };
-template <int V>
-__device__ __forceinline__ Vec<V> loadv(const Vec<V>* p) {
-#if CACHE == 0
-    return *p;
-#else
-    typedef typename Raw<sizeof(Vec<V>)>::Bits R;
-#if CACHE == 1
-    R r = __ldcs((const R*)p);
-#else
-    R r = __ldg((const R*)p);
-#endif
-    Vec<V> v;
-    memcpy(&v, &r, sizeof(v));
-    return v;
-#endif
-}
-
-/* Combine a value over the G threads of a group (G a power of two, 1..256); the result is valid in
-   the group's first thread. Called by every thread of the block. Fixed tree: deterministic. */
-__device__ __forceinline__ ACC group_reduce(ACC a, int G, ACC* sm) {
-    int tid = threadIdx.x;
-    int w = G < 32 ? G : 32;
-    for (int off = w >> 1; off > 0; off >>= 1) a = combine(a, __shfl_down_sync(0xffffffffu, a, off, w));
-    if (G > 32) {
-        __syncthreads();
-        if ((tid & 31) == 0) sm[tid >> 5] = a;
-        __syncthreads();
-        if ((tid & (G - 1)) == 0) {
-            int w0 = tid >> 5;
-            a = sm[w0];
-            for (int i = 1; i < (G >> 5); ++i) a = combine(a, sm[w0 + i]);
-        }
-    }
-    return a;
-}
-
-/* (R_outer, K, R_inner) with R_inner > 1. Group of G threads per kept index k; blockIdx.y = split s of
-   the P = R_outer * I4 vector items of k into chunks of `chunk` items. I4 = R_inner / V. */
-template <int V>
-__device__ __forceinline__ void segments(const T_STORE* __restrict__ x, const T_STORE* __restrict__ y,
-        T_STORE* __restrict__ out, T_STORE* __restrict__ outm, ACC* partials, unsigned int* counters,
-        long long K, long long I4, long long KI4, long long P, long long chunk, int S, int G, long long count) {
-    typedef Vec<V> VT;
-    __shared__ ACC sm[%(THREADS)d / 32];
-    __shared__ int amlast;
-    const int tid = threadIdx.x;
-    const int g = tid & (G - 1);
-    const long long k = (long long)blockIdx.x * (%(THREADS)d / G) + tid / G;
-    const bool active = k < K;
-    const int s = blockIdx.y;
-    ACC acc[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = IDENT;
-    if (active) {
-        long long j0 = (long long)s * chunk + g;
-        long long j1 = lmin((long long)s * chunk + chunk, P);
-        if (j0 < j1) {
-            long long n = (j1 - j0 + G - 1) / G;
-            long long o = j0 / I4, v = j0 - o * I4;
-            const long long dq = G / I4, dr = G - dq * I4;
-            const VT* xb = (const VT*)x + k * I4;
-            const VT* yb = (const VT*)y + k * I4;
-            VT* mb = (VT*)outm + k * I4;
-            (void)mb;
-            long long t = 0;
-            for (; t + UNROLL <= n; t += UNROLL) {
-                long long off[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    off[u] = o * KI4 + v;
-                    v += dr; o += dq;
-                    if (v >= I4) { v -= I4; ++o; }
-                }
-                VT a[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) a[u] = loadv<V>(xb + off[u]);
-#if HAS_Y
-                VT b[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) b[u] = loadv<V>(yb + off[u]);
-#else
-                VT* b = a;
-#endif
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    VT m;
-#pragma unroll
-                    for (int e = 0; e < V; ++e) {
-                        ACC mv = mapped(a[u].v[e], b[u].v[e]);
-                        m.v[e] = from_acc(mv);
-                        acc[e] = combine(acc[e], mv);
-                    }
-#if HAS_OUTM
-                    mb[off[u]] = m;
-#endif
-                }
-            }
-            for (; t < n; ++t) {
-                long long off = o * KI4 + v;
-                v += dr; o += dq;
-                if (v >= I4) { v -= I4; ++o; }
-                VT a = loadv<V>(xb + off);
-#if HAS_Y
-                VT b = loadv<V>(yb + off);
-#else
-                VT b = a;
-#endif
-                VT m;
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    ACC mv = mapped(a.v[e], b.v[e]);
-                    m.v[e] = from_acc(mv);
-                    acc[e] = combine(acc[e], mv);
-                }
-#if HAS_OUTM
-                mb[off] = m;
-#endif
-            }
-        }
-    }
-    ACC r = acc[0];
-#pragma unroll
-    for (int e = 1; e < V; ++e) r = combine(r, acc[e]);
-    r = group_reduce(r, G, sm);
-    if (S == 1) {
-        if (g == 0 && active) out[k] = from_acc(finalize(r, count));
-        return;
-    }
-    if (g == 0 && active) { partials[k * S + s] = r; __threadfence(); }
-    __syncthreads();
-    if (tid == 0) amlast = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(S - 1));
-    __syncthreads();
-    if (!amlast) return;
-    __threadfence();
-    r = IDENT;
-    if (active) {
-        const volatile ACC* p = partials + k * S;
-        for (int i = g; i < S; i += G) r = combine(r, p[i]);
-    }
-    r = group_reduce(r, G, sm);
-    if (g == 0 && active) out[k] = from_acc(finalize(r, count));
-    if (tid == 0) counters[blockIdx.x] = 0u;
-}
-
-/* (R_outer, K) column reduction (R_inner == 1). Block = TX x TY threads, TX*V columns per block,
-   blockIdx.y = split s of the rows into chunks of R rows. KV = K / V. */
-template <int V>
-__device__ __forceinline__ void columns(const T_STORE* __restrict__ x, const T_STORE* __restrict__ y,
-        T_STORE* __restrict__ out, T_STORE* __restrict__ outm, ACC* partials, unsigned int* counters,
-        long long O, long long K, long long R, int S, int TX, long long count) {
-    typedef Vec<V> VT;
-    __shared__ ACC sm[%(THREADS)d * V];
-    __shared__ int amlast;
-    const int tid = threadIdx.x;
-    const int TY = %(THREADS)d / TX;
-    const int tx = tid & (TX - 1), ty = tid / TX;
-    const long long KV = K / V;
-    const long long cv = (long long)blockIdx.x * TX + tx;
-    const bool active = cv < KV;
-    const int s = blockIdx.y;
-    ACC acc[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = IDENT;
-    if (active) {
-        const VT* xv = (const VT*)x + cv;
-        const VT* yv = (const VT*)y + cv;
-        VT* mv_ = (VT*)outm + cv;
-        (void)mv_;
-        long long r = (long long)s * R + ty;
-        const long long r1 = lmin((long long)s * R + R, O);
-        for (; r + (UNROLL - 1) * TY < r1; r += UNROLL * TY) {
-            VT a[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) a[u] = loadv<V>(xv + (r + u * TY) * KV);
-#if HAS_Y
-            VT b[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) b[u] = loadv<V>(yv + (r + u * TY) * KV);
-#else
-            VT* b = a;
-#endif
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                VT m;
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    ACC mv = mapped(a[u].v[e], b[u].v[e]);
-                    m.v[e] = from_acc(mv);
-                    acc[e] = combine(acc[e], mv);
-                }
-#if HAS_OUTM
-                mv_[(r + u * TY) * KV] = m;
-#endif
-            }
-        }
-        for (; r < r1; r += TY) {
-            VT a = loadv<V>(xv + r * KV);
-#if HAS_Y
-            VT b = loadv<V>(yv + r * KV);
-#else
-            VT b = a;
-#endif
-            VT m;
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                ACC mv = mapped(a.v[e], b.v[e]);
-                m.v[e] = from_acc(mv);
-                acc[e] = combine(acc[e], mv);
-            }
-#if HAS_OUTM
-            mv_[r * KV] = m;
-#endif
-        }
-    }
-    const int W = TX * V;   /* columns of this block */
-    for (int pass = 0; pass < 2; ++pass) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) sm[ty * W + tx * V + e] = acc[e];
-        __syncthreads();
-        for (int st = TY >> 1; st > 0; st >>= 1) {
-            if (ty < st) {
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    int i = ty * W + tx * V + e;
-                    sm[i] = combine(sm[i], sm[i + st * W]);
-                }
-            }
-            __syncthreads();
-        }
-        if (pass == 1 || S == 1) {
-            if (ty == 0 && active) {
-#pragma unroll
-                for (int e = 0; e < V; ++e) out[cv * V + e] = from_acc(finalize(sm[tx * V + e], count));
-            }
-            if (pass == 1 && tid == 0) counters[blockIdx.x] = 0u;
-            return;
-        }
-        if (ty == 0 && active) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) partials[(long long)s * K + cv * V + e] = sm[tx * V + e];
-            __threadfence();
-        }
-        __syncthreads();
-        if (tid == 0) amlast = (atomicAdd(&counters[blockIdx.x], 1u) == (unsigned int)(S - 1));
-        __syncthreads();
-        if (!amlast) return;
-        __threadfence();
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = IDENT;
-        if (active) {
-            const volatile ACC* p = partials + cv * V;
-            for (int i = ty; i < S; i += TY) {
-#pragma unroll
-                for (int e = 0; e < V; ++e) acc[e] = combine(acc[e], p[(long long)i * K + e]);
-            }
-        }
-    }
-}
-
-#define INSTANCE(V) \
-extern "C" __global__ void __launch_bounds__(%(THREADS)d) segments_v##V( \
-        const T_STORE* x, const T_STORE* y, T_STORE* out, T_STORE* outm, ACC* partials, unsigned int* counters, \
-        long long K, long long I4, long long KI4, long long P, long long chunk, int S, int G, long long count) { \
-    segments<V>(x, y, out, outm, partials, counters, K, I4, KI4, P, chunk, S, G, count); } \
-extern "C" __global__ void __launch_bounds__(%(THREADS)d) columns_v##V( \
-        const T_STORE* x, const T_STORE* y, T_STORE* out, T_STORE* outm, ACC* partials, unsigned int* counters, \
-        long long O, long long K, long long R, int S, int TX, long long count) { \
-    columns<V>(x, y, out, outm, partials, counters, O, K, R, S, TX, count); }
-
-%(INSTANCES)s
-"""
-
-_STORAGE = frozenset(KERNEL_DTYPES)   # what the kernels store (halfs.prelude defines T, C, LOAD, STORE)
+_STORAGE = frozenset(KERNEL_DTYPES)   # what the kernels store (halfs.cuh defines T, C, LOAD, STORE)
 _ACC = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-_modules = {}
 
 
 def _vec_widths(dtype):
     return [v for v in (1, 2, 4, 8) if v * dtype.itemsize <= 16]
 
 
-def _module(dtype, acc, op, map_expr, has_y, has_outm=False):
-    key = (dtype, acc, op, map_expr, has_y, has_outm, UNROLL, CACHE)
-    mod = _modules.get(key)
-    if mod is None:
-        src = prelude(dtype) + _SOURCE % dict(ACC=_ACC[acc],
-                             OP_MAX=int(op == "max"), OP_MEAN=int(op == "mean"), HAS_Y=int(has_y),
-                             HAS_OUTM=int(has_outm),
-                             MAP=map_expr or "x", THREADS=THREADS, UNROLL=UNROLL, CACHE=CACHE,
-                             INSTANCES="\n".join(f"INSTANCE({v})" for v in _vec_widths(dtype)))
-        mod = cupy.RawModule(code=src)
-        _modules[key] = mod
-    return mod
+def _min_blocks(dtype, acc, has_y, has_outm):
+    """The blocks an SM must hold (``__launch_bounds__``): the plan's :data:`BLOCKS_PER_SM`, fewer where a block's
+    threads need more registers than that leaves them (an accumulator other than the dtype's own; halves read
+    with ``y`` and written to the mapped output, sixteen bytes at a time), so that none spills
+    (``tests/test_kernel_sources.py`` checks)."""
+    if acc != compute_dtype(dtype):
+        return min(BLOCKS_PER_SM, 2)
+    if is_half(dtype) and has_y and has_outm:
+        return min(BLOCKS_PER_SM, 3)
+    return BLOCKS_PER_SM
+
+
+def _defines(dtype, acc, op, map_expr, has_y, has_outm=False):
+    """``cuda/reduce.cu``'s defines for one storage dtype, accumulator, op, map expression (in ``x`` and ``y``;
+    None: ``x``) and whether ``y`` and the mapped output are given."""
+    return {**dtype_defines(dtype), "ACC": _ACC[acc], "OP_MAX": op == "max", "OP_MEAN": op == "mean",
+            "HAS_Y": bool(has_y), "HAS_OUTM": bool(has_outm), "MAP(x, y)": f"({map_expr or 'x'})",
+            "THREADS": THREADS, "MIN_BLOCKS": _min_blocks(dtype, acc, has_y, has_outm)}
+
+
+def variants(map_expr: str | None = None, has_y: bool = False, ops: tuple = ("sum",), accs: tuple | None = None):
+    """``(source, defines)`` of :func:`mapreduce`'s variants for one map expression: each storage dtype, op of
+    ``ops`` and accumulator of ``accs`` (default: the dtype's own, as ``acc_dtype=None`` gives), with and without
+    the mapped output. A module that passes a ``map`` yields these from its own ``SOURCE_VARIANTS``.
+
+    >>> len(list(variants("x * (y > 0)", True)))
+    8
+    """
+    for dtype in KERNEL_DTYPES:
+        for acc in accs or (np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32),):
+            for op in ops:
+                for has_outm in (False, True):
+                    yield "reduce.cu", _defines(dtype, acc, op, map_expr, has_y, has_outm)
+
+
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of :func:`mapreduce`'s variants without a map (the sums behind ``unbroadcast``): every
+    storage dtype, op and accumulator (the maps are yielded by the modules that pass them: :func:`variants`).
+
+    >>> len(list(SOURCE_VARIANTS()))
+    48
+    """
+    yield from variants(None, False, _OPS, tuple(_ACC))
+
+
+def _function(dtype, acc, op, map_expr, has_y, has_outm, kernel):
+    return compiler.function("reduce.cu", kernel, _defines(dtype, acc, op, map_expr, has_y, has_outm))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,14 +217,8 @@ def _pick_vec(dtype, length, arrays):
     return 1
 
 
-_sm_counts = {}
-
-
 def _sm_count(dev):
-    n = _sm_counts.get(dev)
-    if n is None:
-        n = _sm_counts[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
-    return n
+    return compiler.device(dev).processors
 
 
 def _pow2_floor(n):
@@ -708,8 +413,8 @@ def _check_operands(x, y, out_mapped):
 def _call_entry(x, axes, op, map_expr, has_y, acc_dtype, keepdims, dev, has_m):
     """The prepared launch of this call signature: everything but the pointers, cached in ``_calls``."""
     try:
-        key = (x.shape, axes, x.dtype, op, map_expr, has_y, acc_dtype, keepdims, dev, UNROLL, CACHE, BLOCKS_PER_SM,
-               MIN_BLOCK_BYTES, has_m)
+        key = (x.shape, axes, x.dtype, op, map_expr, has_y, acc_dtype, keepdims, dev, BLOCKS_PER_SM, MIN_BLOCK_BYTES,
+               has_m)
         entry = _calls.get(key)
     except TypeError:   # unhashable axes (a list)
         key, entry = None, None
@@ -785,7 +490,7 @@ def _make_launch(shape, ax, dtype, acc, op, map_expr, has_y, dev, arrays=None, h
     if arrays is not None:   # misaligned pointers: the widest vector they allow
         p = plan(shape, ax, dtype, vec=_pick_vec(dtype, p["K"] if p["kernel"] == "columns" else p["I"], arrays),
                  sm_count=sm)
-    fn = _module(dtype, acc, op, map_expr, has_y, has_m).get_function(f"{p['kernel']}_v{p['V']}")
+    fn = _function(dtype, acc, op, map_expr, has_y, has_m, f"{p['kernel']}_v{p['V']}")
     i64, i32 = np.int64, np.int32
     if p["kernel"] == "columns":
         scalars = (i64(p["O"]), i64(p["K"]), i64(p["R"]), i32(p["S"]), i32(p["TX"]), i64(p["count"]))

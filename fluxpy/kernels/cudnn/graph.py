@@ -59,6 +59,7 @@ import numpy as np
 from ...backend import cupy
 from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
 from ...options import options
+from .. import compiler
 from ..halfs import HALVES
 from . import legacy, library, search
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
@@ -562,21 +563,9 @@ def _retime_fastest(found, timed, n=3, reps=20):
 
 
 def _events_ms(run, n=5):
-    """Milliseconds per call of ``run()``: once to warm up, then ``n`` back-to-back calls under CUDA events
-    from an idle stream, so that host time between launches counts as it does in a training step (work
-    already queued would otherwise hide it); inf if it fails."""
-    try:
-        run()
-        cupy.cuda.get_current_stream().synchronize()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(n):
-            run()
-        end.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) / n
-    except (CudnnError, cupy.cuda.memory.OutOfMemoryError):
-        return float("inf")
+    """Milliseconds per call of ``run()`` by the one GPU timer (:func:`fluxpy.kernels.compiler.time_ms`: host time
+    between launches counts, as in a training step); inf if cuDNN refuses the call or memory runs out."""
+    return compiler.time_ms(run, n, failures=(CudnnError,))
 
 
 SAME_SPEED = 1.03

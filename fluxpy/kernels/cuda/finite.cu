@@ -1,0 +1,12 @@
+// Whether every entry of up to CAP arrays of one dtype is finite, one launch (fluxpy.train's divergence check):
+// *out becomes NaN where one is not. T, LOAD: halfs.cuh, selected by FX_DTYPE.
+#include "halfs.cuh"
+struct Arrays { long long p[CAP]; long long n[CAP]; };
+extern "C" __global__ void fluxpy_nonfinite(const Arrays t, double* out) {
+    const T* a = (const T*)t.p[blockIdx.y];
+    const long long n = t.n[blockIdx.y];
+    bool bad = false;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        bad |= !isfinite(LOAD(a[i]));
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *out = __longlong_as_double(0x7ff8000000000000LL);   // NaN
+}

@@ -1,0 +1,125 @@
+"""Every CUDA source under ``fluxpy/kernels/cuda/`` compiles for sm_90 with NVRTC, without a GPU, in every variant
+its module can launch, and spills no register.
+
+NVRTC comes from the ``nvidia-cuda-nvrtc`` pip wheel (the ``test`` extra), loaded by ctypes (``tests/nvrtc.py``).
+The text and options are the GPU path's own: ``compiler.source(name)`` and ``compiler.compile_options(defines)``.
+Each kernel module lists its variants with ``SOURCE_VARIANTS()`` (``(source name, defines)`` pairs made by the same
+functions that pick the defines at run time, or ``(source name, defines, name expressions)`` for templated kernels,
+as ``compiler.module``'s ``name_expressions``); a ``.cu`` file that no module lists fails here, and so does a module
+that compiles ``.cu`` files (it names one in its text) without a ``SOURCE_VARIANTS``.
+"""
+import concurrent.futures
+import functools
+import importlib
+import inspect
+import os
+import re
+from pathlib import Path
+
+import nvrtc
+import pytest
+
+import fluxpy
+from fluxpy.kernels import compiler
+
+ARCH = ("-arch=sm_90", "-Xptxas=-v")
+
+if nvrtc.library() is None:
+    pytest.skip("the nvidia-cuda-nvrtc wheel is not installed (pip install -e '.[test]')", allow_module_level=True)
+
+
+_NAMES_A_SOURCE = re.compile(r"""["']([\w-]+\.cu)["']""")
+_PACKAGE = Path(fluxpy.__file__).resolve().parent
+
+
+def _kernel_modules():
+    """``{module name: source text}`` of every fluxpy module that names a ``.cu`` source, holds a ``__global__``
+    function or defines ``SOURCE_VARIANTS``."""
+    found = {}
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if _NAMES_A_SOURCE.search(text) or "__global__" in text or "def SOURCE_VARIANTS" in text:
+            name = ".".join(("fluxpy",) + path.relative_to(_PACKAGE).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = text
+    return found
+
+
+TEXTS = _kernel_modules()
+MODULES = {name: importlib.import_module(name) for name in TEXTS}   # they import without CuPy
+
+
+@functools.cache
+def _attributes_of(source, options, kernel):
+    result = nvrtc.compile(compiler.source(source), options, source)
+    assert result.ok, f"{source} {options} does not compile:\n{result.log[-2000:]}"
+    return result.attributes(kernel)
+
+
+def _attributes(source, defines, kernel):
+    """``(registers, local bytes, static shared bytes)`` of ``kernel`` compiled for sm_90: what a module whose
+    variants depend on ptxas (layer norm's forms: the first that does not spill) asks of a compile."""
+    return _attributes_of(source, compiler.compile_options(defines, ARCH), kernel)
+
+
+def _variants():
+    """``[(module, source, defines, name expressions)]`` of every module's ``SOURCE_VARIANTS``, each distinct
+    variant once; a ``SOURCE_VARIANTS(attributes)`` is given :func:`_attributes`."""
+    out, seen = [], set()
+    for name, module in sorted(MODULES.items()):
+        listing = getattr(module, "SOURCE_VARIANTS", lambda: ())
+        takes = "attributes" in inspect.signature(listing).parameters
+        for source, defines, *names in (listing(attributes=_attributes) if takes else listing()):
+            names = tuple(names[0]) if names else ()
+            key = (source, compiler.compile_options(defines), names)
+            if key not in seen:
+                seen.add(key)
+                out.append((name, source, dict(defines), names))
+    return out
+
+
+VARIANTS = _variants()
+
+
+def test_every_module_that_compiles_a_source_lists_its_variants():
+    missing = []
+    for name, module in MODULES.items():
+        if _NAMES_A_SOURCE.search(TEXTS[name]) and not hasattr(module, "SOURCE_VARIANTS"):
+            missing.append(name)
+    assert not missing, f"modules that compile a cuda/*.cu source without a SOURCE_VARIANTS(): {missing}"
+
+
+def test_every_source_file_is_compiled_by_some_variant():
+    listed = {source for _, source, _, _ in VARIANTS}
+    files = {p.name for p in compiler.SOURCE_DIR.glob("*.cu")}
+    assert files, "no CUDA sources found"
+    assert not files - listed, f"cuda/ sources no module's SOURCE_VARIANTS lists: {sorted(files - listed)}"
+    assert not listed - files, f"SOURCE_VARIANTS name sources that do not exist: {sorted(listed - files)}"
+
+
+# Modules whose kernels move to cuda/ in a change of their own (issue 35): drop each entry as its change lands.
+MOVING = {"fluxpy.kernels.elementwise": "the optimiser kernels"}
+
+
+def test_no_python_file_holds_a_kernel():
+    holders = [name for name, text in TEXTS.items() if "__global__" in text and name not in MOVING]
+    assert not holders, f"__global__ functions in Python files (they belong in fluxpy/kernels/cuda/): {holders}"
+
+
+def _compile(variant):
+    module, source, defines, names = variant
+    result = nvrtc.compile(compiler.source(source), compiler.compile_options(defines, ARCH), source, names)
+    return module, source, defines, result
+
+
+def test_every_variant_compiles_for_sm90_without_spills():
+    """One NVRTC compilation per variant (in threads: NVRTC releases nothing global between programs)."""
+    failures = []
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for module, source, defines, result in pool.map(_compile, VARIANTS):
+            if not result.ok:
+                failures.append(f"{source} {defines} ({module}) does not compile:\n{result.log[-2000:]}")
+            elif result.spills():
+                failures.append(f"{source} {defines} ({module}) spills registers: {result.spills()}")
+    assert len(VARIANTS) > 50
+    assert not failures, f"{len(failures)} of {len(VARIANTS)} variants fail:\n" + "\n\n".join(failures[:10])
