@@ -159,15 +159,20 @@ def device(dev: int | None = None) -> DeviceProperties:
     dev = cupy.cuda.runtime.getDevice() if dev is None else int(dev)
     found = _devices.get(dev)
     if found is None:
-        a = cupy.cuda.Device(dev).attributes
+        def attribute(name):
+            return int(cupy.cuda.runtime.deviceGetAttribute(_ATTRIBUTES[name], dev))
         found = _devices[dev] = DeviceProperties(
-            id=dev, processors=int(a["MultiProcessorCount"]),
-            compute_capability=int(a["ComputeCapabilityMajor"]) * 10 + int(a["ComputeCapabilityMinor"]),
-            shared_per_block=int(a["MaxSharedMemoryPerBlockOptin"]),
-            shared_per_processor=int(a["MaxSharedMemoryPerMultiprocessor"]),
-            registers_per_processor=int(a["MaxRegistersPerMultiprocessor"]),
-            threads_per_processor=int(a["MaxThreadsPerMultiProcessor"]))
+            id=dev, processors=attribute("processors"),
+            compute_capability=attribute("major") * 10 + attribute("minor"),
+            shared_per_block=attribute("shared_per_block"), shared_per_processor=attribute("shared_per_processor"),
+            registers_per_processor=attribute("registers_per_processor"),
+            threads_per_processor=attribute("threads_per_processor"))
     return found
+
+
+# cudaDeviceAttr values (driver_types.h), stable across CUDA versions
+_ATTRIBUTES = {"processors": 16, "threads_per_processor": 39, "major": 75, "minor": 76, "shared_per_processor": 81,
+               "registers_per_processor": 82, "shared_per_block": 97}
 
 
 _SPIN_CYCLES = 2_000_000   # about a millisecond: longer than the host takes to queue a few calls
