@@ -10,9 +10,9 @@ that snapshot back, so the table is exactly what it was. ``fluxpy/__init__.py`` 
 module                  kernels
 ======================  =====================================================================
 ``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f``),
-                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, the fused
-                        optimiser steps (``descent_update``, ``momentum_update``, ``adam_update``,
-                        ``adagrad_update`` ... ``lion_update``, the multi-tensor ``*_update_many``)
+                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, ``erf``
+``cuda_optimise``       ``optimiser_step``, ``optimiser_step_many``, ``optimiser_advance`` (generated from
+                        a rule's formula), ``finite_total``, ``loss_scale_advance``
 ``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)
 ``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
@@ -42,10 +42,10 @@ _before: list = []   # (the table, CuPy's generator factory) as they were before
 
 
 def _modules():
-    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_recurrent, cuda_scatter,
-                   cuda_softmax, elementwise, reduce)
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter, cuda_layernorm,
-            cuda_recurrent, cuda_arrays)
+    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_optimise, cuda_pool, cuda_recurrent,
+                   cuda_scatter, cuda_softmax, elementwise, reduce)
+    return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter,
+            cuda_layernorm, cuda_recurrent, cuda_arrays)
 
 
 def register() -> bool:
