@@ -71,7 +71,7 @@ def _c(expr: str, numbers: frozenset, element: bool) -> str:
 class Code(NamedTuple):
     """A formula in C: ``prologue`` (the step's numbers in double, from ``fx_h`` and ``fx_c``), ``body`` (one
     element's statements over ``x``, ``dx``, the state arrays and the inputs, ending in ``x = x - step``) and
-    ``advance`` (the counters' next values written to ``fx_c``)."""
+    ``advance`` (the counters' next values, from the numbers of the prologue, written to ``fx_c``)."""
     prologue: str
     body: str
     advance: str
@@ -99,7 +99,7 @@ def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]") ->
             declared.add(target)
             body.append(f"T {target} = {text};")
     body.append("x = (x - step);" + "}" * close)
-    advance = loads + [f"const double fx_next{i} = {_c(e, numbers, False)};" for i, (_, e) in
+    advance = prologue + [f"const double fx_next{i} = {_c(e, numbers, False)};" for i, (_, e) in
                        enumerate(formula.counters)] + [f"fx_c[{i}] = fx_next{i};" for i in range(len(counters))]
     return Code(" ".join(prologue), " ".join(body), " ".join(advance))
 

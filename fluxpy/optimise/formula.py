@@ -6,8 +6,9 @@ three paths run the same operations in the same order:
 
 - ``state``: the names of the per-element state arrays (updated in place), ``init`` their starting values
   (zero unless named there);
-- ``counters``: per-step numbers (``beta^t``, a step count) as ``(name, next value)``; on the host they live in
-  the rule's state, on the GPU in a float64 device array that the kernels read and advance;
+- ``counters``: per-step numbers (``beta^t``, a step count) as ``(name, next value)``, the next value an
+  expression of the hyperparameters, the counters and the scalars; on the host they live in the rule's state, on
+  the GPU in a float64 device array that the kernels read and advance;
 - ``scalars``: per-step numbers computed from the hyperparameters (``rule.hyper()``) and the counters, in float64
   (Python floats on the host, ``double`` on the device);
 - ``body``: elementwise statements ``(name, expression)`` over ``x``, ``dx``, the state arrays, ``inputs`` (0-d
@@ -74,9 +75,9 @@ def numbers(formula: Formula, hyper: dict, counters: tuple) -> dict:
 
 
 def advance(formula: Formula, hyper: dict, counters: tuple) -> tuple:
-    """The counters after one step (every next value from the old ones), as the device's advance computes them."""
-    values = dict(hyper)
-    values.update(zip(formula.counter_names, counters))
+    """The counters after one step (every next value from the old ones and the step's scalars), as the device's
+    advance computes them."""
+    values = numbers(formula, hyper, counters)
     return tuple(eval(_code(expr), dict(values)) for _, expr in formula.counters)
 
 
@@ -155,9 +156,14 @@ def chain(formulas: list) -> Formula:
     rule ``i`` prefixed ``r{i}_``, its hyperparameters too."""
     out = Formula()
     dx = "dx"
+    gates = []   # the conditions of earlier rules' ("if", c) items: a later rule steps (and counts) only where they hold
     for i, f in enumerate(formulas):
         f = rename(f, f"r{i}_", dx)
         dx = f"r{i}_step"
+        if gates:
+            held = " and ".join(f"({g})" for g in gates)
+            f = dataclasses.replace(f, counters=tuple((n, f"({e}) if {held} else {n}") for n, e in f.counters))
+        gates += [e for t, e in f.body if t == "if"]
         out = Formula(state=out.state + f.state, body=out.body + f.body, counters=out.counters + f.counters,
                       scalars=out.scalars + f.scalars, inputs=out.inputs + f.inputs, init=out.init + f.init)
     return dataclasses.replace(out, body=out.body + (("step", dx),))

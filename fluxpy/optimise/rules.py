@@ -482,7 +482,7 @@ class ClipNorm(Rule):
         norm = self._norm(x, dx)
         with np.errstate(divide="ignore"):   # a zero gradient: scale by min(1, inf) = 1
             scale = xp.minimum(1, self.omega / norm)
-        return {"scale": scale.astype(dx.dtype)}
+        return {"scale": xp.asarray(scale.astype(dx.dtype))}   # a 0-d array (NumPy gives a scalar)
 
 
 class OptimiserChain(Rule):
