@@ -156,7 +156,7 @@ def chain(formulas: list) -> Formula:
     rule ``i`` prefixed ``r{i}_``, its hyperparameters too."""
     out = Formula()
     dx = "dx"
-    gates = []   # the conditions of earlier rules' ("if", c) items: a later rule steps (and counts) only where they hold
+    gates = []   # earlier rules' ("if", c) conditions: a later rule steps (and counts) only where they hold
     for i, f in enumerate(formulas):
         f = rename(f, f"r{i}_", dx)
         dx = f"r{i}_step"
