@@ -194,10 +194,17 @@ def optimiser_advance(counters: Array, formula: Any, hyper: dict, ok: Array | No
 
 # -- a list of parameters per launch ---------------------------------------------------------------------------
 
-CAP = 96            # tensors per launch: the table of pointers stays inside CUDA's classic 4 KiB of parameters
+CAP = 96            # tensors per launch at most (and per launch of finite_total)
+_PARAMETER_BYTES = 4096 - 256   # CUDA's classic limit on a kernel's parameters, less the numbers and pointers
 _THREADS = 256
 _ITEMS = 4          # elements per thread in a block's chunk of the concatenated index space
 _MAX_BLOCKS = 65535  # more elements than that many chunks: the blocks stride over them
+
+
+def _cap(slots):
+    """Tensors per launch for ``slots`` pointers each: the table (pointers and start offsets) stays inside CUDA's
+    classic 4 KiB of kernel parameters."""
+    return min(CAP, _PARAMETER_BYTES // (8 * (slots + 1)) - 1)
 
 
 def _many_kernel(formula, hyper, dtype):
@@ -206,7 +213,7 @@ def _many_kernel(formula, hyper, dtype):
     element = ["T& x = fx_p[0][j];", "const T dx = fx_p[1][j];"]
     element += [f"T& {n} = fx_p[{i}][j];" for i, n in enumerate(formula.state, start=2)]
     element += [f"const T {n} = fx_p[{i}][0];" for i, n in enumerate(formula.inputs, start=2 + len(formula.state))]
-    defines = {"FX_SLOTS": len(slots), "FX_NUMBERS": len(hyper), "CAP": CAP, "ITEMS": _ITEMS,
+    defines = {"FX_SLOTS": len(slots), "FX_NUMBERS": len(hyper), "CAP": _cap(len(slots)), "ITEMS": _ITEMS,
                "FX_PROLOGUE": code.prologue or ";", "FX_ELEMENT": " ".join(element), "FX_BODY": code.body,
                **halfs.dtype_defines(dtype)}
     return compiler.function("optimise_many.cu", "fx_step_many", defines), len(slots)
@@ -215,9 +222,10 @@ def _many_kernel(formula, hyper, dtype):
 def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequence[Array], states: Sequence,
                         inputs: Sequence, hyper: dict, counters: Array | None, ok: Array | None = None) -> None:
     """One step of ``formula`` for every parameter ``xs[k]`` (gradient ``dxs[k]``, state arrays ``states[k]``,
-    inputs ``inputs[k]``) in place, one launch per 96 parameters, with the arithmetic of :func:`optimiser_step`
+    inputs ``inputs[k]``) in place, in few launches, with the arithmetic of :func:`optimiser_step`
     (which it replaces for parameters sharing the hyperparameters and the counters; the counters are read, not
-    advanced). A gradient laid out unlike its parameter is copied first. The parameters must not share memory
+    advanced; about 50 to 96 parameters a launch, as many as the table of pointers for the formula's arrays fits
+    in 4 KiB). A gradient laid out unlike its parameter is copied first. The parameters must not share memory
     with one another. ``x`` is ``xs[0]`` (for :func:`fluxpy.kernels.find`).
 
     >>> optimiser_step_many.__name__
@@ -225,22 +233,23 @@ def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequen
     """
     names = tuple(hyper)
     kernel, slots = _many_kernel(formula, names, xs[0].dtype)
+    cap = _cap(slots)
     numbers = _numbers_table([hyper[n] for n in names])
     tail = (np.uint64(0) if counters is None else counters, np.uint64(0) if ok is None else _guard(ok))
     strided = []   # contiguous copies of strided gradients, alive until their launch is queued
-    for lo in range(0, len(xs), CAP):
-        part = range(lo, min(lo + CAP, len(xs)))
+    for lo in range(0, len(xs), cap):
+        part = range(lo, min(lo + cap, len(xs)))
         count = len(part)
-        table = np.zeros(slots * CAP + CAP + 1, np.int64)
+        table = np.zeros(slots * cap + cap + 1, np.int64)
         for n, k in enumerate(part):
             a, d = xs[k], dxs[k]
             ptrs = [a, d if _same_layout(d, a) else _copy_like(d, a, strided), *states[k], *inputs[k]]
-            table[n:slots * CAP:CAP] = [p.data.ptr for p in ptrs]
-        np.cumsum([xs[k].size for k in part], out=table[slots * CAP + 1:slots * CAP + 1 + count])
-        total = int(table[slots * CAP + count])
+            table[n:slots * cap:cap] = [p.data.ptr for p in ptrs]
+        np.cumsum([xs[k].size for k in part], out=table[slots * cap + 1:slots * cap + 1 + count])
+        total = int(table[slots * cap + count])
         if total:
             blocks = min(-(-total // (_THREADS * _ITEMS)), _MAX_BLOCKS)
-            view = table.view(np.dtype([("t", np.int64, (slots * CAP + CAP + 1,))]))
+            view = table.view(np.dtype([("t", np.int64, (slots * cap + cap + 1,))]))
             compiler.launch(kernel, blocks, _THREADS, (view, np.int32(count), numbers) + tail)
 
 
