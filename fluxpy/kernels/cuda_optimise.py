@@ -244,13 +244,18 @@ def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequen
         for n, k in enumerate(part):
             a, d = xs[k], dxs[k]
             ptrs = [a, d if _same_layout(d, a) else _copy_like(d, a, strided), *states[k], *inputs[k]]
-            table[n:slots * cap:cap] = [p.data.ptr for p in ptrs]
+            table[n:slots * cap:cap] = [_address(p) for p in ptrs]
         np.cumsum([xs[k].size for k in part], out=table[slots * cap + 1:slots * cap + 1 + count])
         total = int(table[slots * cap + count])
         if total:
             blocks = min(-(-total // (_THREADS * _ITEMS)), _MAX_BLOCKS)
             view = table.view(np.dtype([("t", np.int64, (slots * cap + cap + 1,))]))
             compiler.launch(kernel, blocks, _THREADS, (view, np.int32(count), numbers) + tail)
+
+
+def _address(a):
+    """The device address of ``a``'s first element."""
+    return a.data.ptr
 
 
 def _same_layout(d, a):
