@@ -5,8 +5,9 @@ A captured training step (:class:`fluxpy.TrainStep`) runs the Python code of a s
 queues is recorded into a graph; later steps replay the graph and run no Python at all. Two kinds of host-side
 work need care:
 
-- bookkeeping that each step must advance on the host too (Adam's bias-correction powers, kept on the host for
-  eager steps): the code registers it with :func:`on_replay`, and the step runs it after every replay;
+- bookkeeping that each step must advance on the host too (an optimiser's counters, ``beta^t`` or a step count,
+  which its kernels read and advance on the device and the state mirrors on the host): the code registers it
+  with :func:`on_replay`, and the step runs it after every replay;
 - values that a step computes on the host and hands to a kernel as a number (which the graph would freeze at
   the captured value): such code calls :func:`refuse` while capturing, naming itself, and the step runs eagerly
   with a warning instead.
