@@ -26,8 +26,9 @@ array module of ``x`` (NumPy or CuPy) and never modifies ``dx``.
 >>> model["w"].round(2)
 array([ 0.7, -1.7])
 """
+from .base import Rule
 from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent,
-                    Lion, Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, Rule, SignDecay,
+                    Lion, Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay,
                     WeightDecay)
 from .update import Leaf, Plan, adjust, freeze, setup, thaw, update
 from .update import _leaves, _state_arrays   # noqa: F401  (tests and tools that walk a state tree)

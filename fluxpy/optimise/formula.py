@@ -36,7 +36,7 @@ import math
 
 from ..backend import Array, get_array_module
 
-__all__ = ["Formula", "evaluate", "advance", "chain"]
+__all__ = ["Formula", "parse", "evaluate", "advance", "chain"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,3 +167,26 @@ def chain(formulas: list) -> Formula:
         out = Formula(state=out.state + f.state, body=out.body + f.body, counters=out.counters + f.counters,
                       scalars=out.scalars + f.scalars, inputs=out.inputs + f.inputs, init=out.init + f.init)
     return dataclasses.replace(out, body=out.body + (("step", dx),))
+
+
+def parse(**parts) -> Formula:
+    """A Formula from readable parts: ``state`` and ``inputs`` as names, ``body``, ``scalars``, ``counters`` and
+    ``init`` as ``"name = expr"`` lines (``"if cond"`` in a body).
+
+    >>> parse(state=("v",), scalars="c = 1 - rho", body="step = c * v").body
+    (('step', 'c * v'),)"""
+    def lines(text):
+        out = []
+        for line in text.strip().splitlines() if text else ():
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("if "):
+                out.append(("if", line[3:].strip()))
+            else:
+                name, expr = line.split("=", 1)
+                out.append((name.strip(), expr.strip()))
+        return tuple(out)
+    return Formula(state=tuple(parts.get("state", ())), inputs=tuple(parts.get("inputs", ())),
+                   body=lines(parts.get("body")), scalars=lines(parts.get("scalars")),
+                   counters=lines(parts.get("counters")), init=lines(parts.get("init")))

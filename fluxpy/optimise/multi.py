@@ -24,7 +24,7 @@ import numpy as np
 from ..backend import get_array_module
 from ..capturing import current_guard, on_replay, refuse
 from ..kernels import find
-from .rules import build, flatten, formula_of
+from .base import build, flatten, formula_of
 
 __all__ = ["apply", "Steps", "Group"]
 

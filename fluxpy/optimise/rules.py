@@ -1,8 +1,9 @@
 """The rules (Optimisers.jl's ``rules.jl``): each its hyperparameters, its state and ONE formula.
 
-A rule is a frozen dataclass whose :meth:`Rule.formula` says its update as data (:class:`Formula`: the state
-arrays, the per-step counters, the scalars and the elementwise statements) and whose ``STATE`` says how its state
-looks to the user (``("m", "v", ("b1t", "b2t"))`` for Adam). From that one formula come the NumPy path
+A rule is a frozen dataclass (of :class:`~fluxpy.optimise.base.Rule`) whose ``formula()`` says its update as data
+(:class:`Formula`: the state arrays, the per-step counters, the scalars and the elementwise statements; written with
+:func:`~fluxpy.optimise.formula.parse`) and whose ``STATE`` says how its state looks to the user
+(``("m", "v", ("b1t", "b2t"))`` for Adam). From that one formula come the NumPy path
 (:meth:`Rule.apply`), the per-parameter CUDA kernel and the multi-tensor one (:mod:`fluxpy.kernels.cuda_optimise`),
 each guarded and keeping the counters on the device, so every rule steps inside a captured step.
 
@@ -16,216 +17,18 @@ array([0.9, 2.1])
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from ..backend import Array, get_array_module
-from ..capturing import capturing, refuse
-from ..kernels.halfs import is_half
-from .formula import Formula, advance, chain, evaluate, initial, initial_counters
+from ..capturing import capturing
+from .base import Rule, _pair, check_rule, formula_of
+from .formula import Formula, chain, parse
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
            "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
            "Lion", "SignDecay", "AccumGrad"]
-
-
-class Rule:
-    """Base class of optimisation rules.
-
-    A rule written as a :class:`~fluxpy.optimise.formula.Formula` (every rule here) defines :meth:`formula` and
-    ``STATE``; ``init``, ``apply`` and the fused GPU steps come from them. Any other rule defines
-    ``init(x) -> state`` and ``apply(state, x, dx) -> (state, step)`` (``apply`` may update its state arrays in
-    place but must not modify ``dx``); ``update`` then calls ``step``, which does ``x -= step``.
-
-    >>> import numpy as np
-    >>> from fluxpy.optimise import setup, update
-    >>> class SignDescent(Rule):
-    ...     def apply(self, state, x, dx):
-    ...         return state, 0.1 * np.sign(dx)
-    >>> w = np.array([1.0, 1.0])
-    >>> _ = update(setup(SignDescent(), w), w, np.array([3.0, -0.5]))
-    >>> w
-    array([0.9, 1.1])
-    """
-
-    #: Whether the rule refuses a NaN or infinite gradient (``ClipNorm(throw=True)``): :func:`update` then checks
-    #: the gradients of its arrays for non-finite values (one reduction over all of them) before changing any.
-    needs_finite = False
-
-    #: How the state looks: a formula's state array and counter names in tuples as ``init`` returns them.
-    STATE: ClassVar[Any] = None
-
-    def __post_init__(self) -> None:
-        """Every hyperparameter checked by its name (:data:`_HYPERPARAMETERS`; a rule's ``_LIMITS`` adds or
-        overrides), when the rule is made and when :func:`adjust` makes it again: a bad value is a ``ValueError``
-        naming the rule, the field and the value, before any update (PyTorch's optimisers check theirs too)."""
-        limits = {**_HYPERPARAMETERS, **getattr(type(self), "_LIMITS", {})}
-        for field in dataclasses.fields(self) if dataclasses.is_dataclass(self) else ():
-            rule = limits.get(field.name)
-            value = getattr(self, field.name)
-            if rule is not None and not rule[0](value):
-                raise ValueError(f"{type(self).__name__}: {field.name} must be {rule[1]}, got {value!r}")
-
-    def formula(self) -> Formula | None:
-        """The rule's update as a :class:`Formula` (None: the rule has only ``apply``)."""
-        return None
-
-    def layout(self) -> Any:
-        """The state's shape in names (``STATE``), matching :meth:`formula`'s arrays and counters."""
-        return type(self).STATE
-
-    def hyper(self) -> dict:
-        """The numbers the formula reads by name: each number field, a tuple field ``beta`` as ``beta1``,
-        ``beta2``.
-
-        >>> Adam(0.1).hyper()
-        {'eta': 0.1, 'beta1': 0.9, 'beta2': 0.999, 'eps': 1e-08}
-        """
-        out = {}
-        for field in dataclasses.fields(self) if dataclasses.is_dataclass(self) else ():
-            value = getattr(self, field.name)
-            if isinstance(value, (tuple, list)):
-                out.update((f"{field.name}{i}", v) for i, v in enumerate(value, start=1))
-            elif not isinstance(value, bool):
-                out[field.name] = value
-        return out
-
-    def prepare(self, x: Array, dx: Array) -> dict:
-        """The formula's ``inputs`` for one parameter (0-d arrays on its device, ClipNorm's scale); none here."""
-        return {}
-
-    def init(self, x: Array) -> Any:
-        f = formula_of(self)
-        if f is None:
-            return None
-        hyper = self.hyper()
-        return build(self.layout(), dict(zip(f.state, initial(f, hyper, x))) |
-                     dict(zip(f.counter_names, initial_counters(f, hyper))))
-
-    def apply(self, state: Any, x: Array, dx: Array) -> tuple[Any, Array | None]:
-        f = formula_of(self)
-        if f is None:
-            raise NotImplementedError(f"{type(self).__name__} defines neither formula nor apply")
-        if f.counters:
-            refuse(f"{self!r} stepping with host-side counters (beta^t, a step count) inside a CUDA graph capture: "
-                   "no fused kernel takes these arrays, and the graph would freeze the counters")
-        values = flatten(self.layout(), state, {})
-        arrays = [values[n] for n in f.state]
-        counters = tuple(values[n] for n in f.counter_names)
-        hyper = self.hyper()
-        step = evaluate(f, hyper, arrays, counters, x, dx, self.prepare(x, dx) if f.inputs else None)
-        values.update(zip(f.counter_names, advance(f, hyper, counters)))
-        return build(self.layout(), values), step
-
-    def check(self, x: Array, dx: Array) -> None:
-        """Raise (a ``ValueError``) if this rule refuses the gradient ``dx`` of ``x``; nothing by default.
-
-        :func:`update` calls it, before any array or state changes, for an array whose gradient is
-        not finite when the rule sets ``needs_finite``.
-        """
-
-    def step(self, state: Any, x: Array, dx: Array) -> Any:
-        """``x -= step`` in place; returns the new state. A float16/bfloat16 parameter steps in float32 (its state
-        is float32, :func:`setup`) and is rounded once back to its type."""
-        if is_half(x.dtype):
-            wide = x.astype(np.float32)
-            state, step = self.apply(state, wide, dx.astype(np.float32))
-            if step is not None:
-                wide -= step
-                x[...] = wide.astype(x.dtype)
-            return state
-        state, step = self.apply(state, x, dx)
-        if step is not None:   # None: no step this time (AccumGrad between its updates)
-            x -= step
-        return state
-
-    def guarded_kernel(self, x: Array, dx: Array) -> bool:
-        """Whether :meth:`step` (a rule without a formula) skips itself on the device where the step's guard flag
-        is not finite (:func:`fluxpy.capturing.guarding`); such a rule without one refuses a checked capture.
-        Rules with a formula are stepped by their generated kernels, which always take the guard.
-
-        >>> import numpy as np
-        >>> Descent().guarded_kernel(np.ones(2), np.ones(2))
-        False
-        """
-        return False
-
-
-def formula_of(rule: Rule) -> Formula | None:
-    """``rule.formula()``, made once per rule object (rules are immutable; :func:`adjust` makes new ones)."""
-    try:
-        return rule.__dict__["_formula"]
-    except KeyError:
-        f = rule.formula()
-        object.__setattr__(rule, "_formula", f)
-        return f
-
-
-def flatten(layout: Any, state: Any, out: dict) -> dict:
-    """The values of ``state`` by the names in ``layout`` (a name, None, or a tuple of layouts)."""
-    if isinstance(layout, str):
-        out[layout] = state
-    elif isinstance(layout, tuple):
-        for part, value in zip(layout, state):
-            flatten(part, value, out)
-    return out
-
-
-def build(layout: Any, values: dict) -> Any:
-    """The state of ``layout`` holding ``values`` (the inverse of :func:`flatten`)."""
-    if isinstance(layout, str):
-        return values[layout]
-    if isinstance(layout, tuple):
-        return tuple(build(part, values) for part in layout)
-    return None
-
-
-def _finite(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _pair(v, closed: bool) -> bool:
-    return (isinstance(v, tuple) and len(v) == 2 and all(_finite(b) and 0 <= b and (b <= 1 if closed else b < 1)
-                                                        for b in v))
-
-
-#: What a hyperparameter of each name must be: ``(test, description)``.
-_HYPERPARAMETERS = {
-    "eta": (lambda v: _finite(v) and v >= 0, "the learning rate, a finite number >= 0"),
-    "rho": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "eps": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "lambd": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "beta": (lambda v: _pair(v, closed=False), "a tuple (b1, b2) of numbers in [0, 1)"),
-    "delta": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "omega": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "p": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0,
-          "a number > 0 (math.inf: the largest entry)"),
-    "centred": (lambda v: isinstance(v, bool), "True or False"),
-    "throw": (lambda v: isinstance(v, bool), "True or False"),
-}
-
-
-def _formula(**parts) -> Formula:
-    """A Formula from readable parts: ``body``, ``scalars``, ``counters`` and ``init`` as ``"name = expr"``
-    lines (``"if cond"`` in a body)."""
-    def lines(text):
-        out = []
-        for line in text.strip().splitlines() if text else ():
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("if "):
-                out.append(("if", line[3:].strip()))
-            else:
-                name, expr = line.split("=", 1)
-                out.append((name.strip(), expr.strip()))
-        return tuple(out)
-    return Formula(state=tuple(parts.get("state", ())), inputs=tuple(parts.get("inputs", ())),
-                   body=lines(parts.get("body")), scalars=lines(parts.get("scalars")),
-                   counters=lines(parts.get("counters")), init=lines(parts.get("init")))
 
 
 # Adam's moments and beta^t, shared by the Adam family's formulas (each writes the rest of its step)
@@ -237,10 +40,13 @@ _MOMENTS = """
 """
 _POWERS = dict(counters="b1t = b1t * beta1\nb2t = b2t * beta2", init="b1t = beta1\nb2t = beta2")
 _CORRECTIONS = "c1 = 1 - beta1\nc2 = 1 - beta2\ne1 = 1 - b1t\ne2 = 1 - b2t\n"
+# Adam's bias-corrected direction m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps), as Adam and AdamW round it
+_DIRECTION = _MOMENTS + "d = sqrt(v * s2) + eps\ndirection = (m * s1) / d\n"
+_BIAS = "s1 = 1 / (1 - b1t)\ns2 = 1 / (1 - b2t)"
 
 
 def _adam_family(body: str, scalars: str = "", state=("m", "v"), **more) -> Formula:
-    return _formula(state=state, body=body, scalars=_CORRECTIONS + scalars, **_POWERS, **more)
+    return parse(state=state, body=body, scalars=_CORRECTIONS + scalars, **_POWERS, **more)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +63,7 @@ class Descent(Rule):
     eta: float = 0.1
 
     def formula(self) -> Formula:
-        return _formula(body="step = eta * dx")
+        return parse(body="step = eta * dx")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +86,7 @@ class Momentum(Rule):
     STATE = "v"
 
     def formula(self) -> Formula:
-        return _formula(state=("v",), body="v = v * rho\nv = v + eta * dx\nstep = v")
+        return parse(state=("v",), body="v = v * rho\nv = v + eta * dx\nstep = v")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +108,7 @@ class Nesterov(Rule):
     STATE = "vel"
 
     def formula(self) -> Formula:
-        return _formula(state=("vel",), scalars="k1 = (1 + rho) * eta\nk2 = rho * rho",
+        return parse(state=("vel",), scalars="k1 = (1 + rho) * eta\nk2 = rho * rho",
                         body="step = k1 * dx - k2 * vel\nvel = vel * rho\nvel = vel - eta * dx")
 
 
@@ -331,14 +137,14 @@ class RMSProp(Rule):
 
     def formula(self) -> Formula:
         if self.centred:
-            return _formula(state=("quad", "lin"), scalars="c = 1 - rho", body="""
+            return parse(state=("quad", "lin"), scalars="c = 1 - rho", body="""
                 quad = quad * rho
                 quad = quad + c * (dx * dx)
                 lin = lin * rho
                 lin = lin + c * dx
                 rms = sqrt(quad - lin * lin) + eps
                 step = (eta * dx) / rms""")
-        return _formula(state=("quad",), scalars="c = 1 - rho", body="""
+        return parse(state=("quad",), scalars="c = 1 - rho", body="""
             quad = quad * rho
             quad = quad + c * (dx * dx)
             rms = sqrt(quad) + eps
@@ -366,8 +172,7 @@ class Adam(Rule):
     STATE = ("m", "v", ("b1t", "b2t"))
 
     def formula(self) -> Formula:
-        return _adam_family(_MOMENTS + "d = sqrt(v * s2) + eps\nstep = (m * s1) / d * eta",
-                            "s1 = 1 / (1 - b1t)\ns2 = 1 / (1 - b2t)")
+        return _adam_family(_DIRECTION + "step = direction * eta", _BIAS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,9 +197,8 @@ class AdamW(Rule):
     STATE = ("m", "v", ("b1t", "b2t"))
 
     def formula(self) -> Formula:
-        direction = "(m * s1) / d + lambd * x" if self.lambd else "(m * s1) / d"
-        return _adam_family(_MOMENTS + f"d = sqrt(v * s2) + eps\nstep = ({direction}) * eta",
-                            "s1 = 1 / (1 - b1t)\ns2 = 1 / (1 - b2t)")
+        return _adam_family(_DIRECTION + ("step = (direction + lambd * x) * eta" if self.lambd else
+                                          "step = direction * eta"), _BIAS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,7 +217,7 @@ class WeightDecay(Rule):
     lambd: float = 5e-4
 
     def formula(self) -> Formula:
-        return _formula(body="step = dx + lambd * x")
+        return parse(body="step = dx + lambd * x")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,7 +234,7 @@ class ClipGrad(Rule):
     delta: float = 10.0
 
     def formula(self) -> Formula:
-        return _formula(body="step = clip(dx, -delta, delta)")
+        return parse(body="step = clip(dx, -delta, delta)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,7 +265,7 @@ class ClipNorm(Rule):
         return {}
 
     def formula(self) -> Formula:
-        return _formula(inputs=("scale",), body="step = dx * scale")
+        return parse(inputs=("scale",), body="step = dx * scale")
 
     def check(self, x: Array, dx: Array) -> None:
         self._norm(x, dx)
@@ -564,7 +368,7 @@ class AdaGrad(Rule):
     STATE = "acc"
 
     def formula(self) -> Formula:
-        return _formula(state=("acc",), init="acc = eps",
+        return parse(state=("acc",), init="acc = eps",
                         body="acc = acc + dx * dx\nstep = dx * eta / (sqrt(acc) + eps)")
 
 
@@ -585,7 +389,7 @@ class AdaDelta(Rule):
     STATE = ("acc", "dacc")
 
     def formula(self) -> Formula:
-        return _formula(state=("acc", "dacc"), scalars="c = 1 - rho", body="""
+        return parse(state=("acc", "dacc"), scalars="c = 1 - rho", body="""
             acc = acc * rho
             acc = acc + c * (dx * dx)
             step = dx * sqrt(dacc + eps) / sqrt(acc + eps)
@@ -735,7 +539,7 @@ class Lion(Rule):
     STATE = "m"
 
     def formula(self) -> Formula:
-        return _formula(state=("m",), scalars="c2 = 1 - beta2\nd21 = beta2 - beta1", body="""
+        return parse(state=("m",), scalars="c2 = 1 - beta2\nd21 = beta2 - beta1", body="""
             m = m * c2
             m = m + beta2 * dx
             step = eta * sign(d21 * dx + beta1 * m)""")
@@ -755,7 +559,7 @@ class SignDecay(Rule):
     lambd: float = 1e-3
 
     def formula(self) -> Formula:
-        return _formula(body="step = dx + lambd * sign(x)")
+        return parse(body="step = dx + lambd * sign(x)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -780,13 +584,10 @@ class AccumGrad(Rule):
             raise ValueError(f"AccumGrad must accumulate at least one gradient: n an int >= 1, got {self.n!r}")
 
     def formula(self) -> Formula:
-        return _formula(state=("acc",), scalars="first = count == 1\nfire = count == n",
+        return parse(state=("acc",), scalars="first = count == 1\nfire = count == n",
                         counters="count = 1 if count == n else count + 1", init="count = 1", body="""
             acc = dx / n if first else acc + dx / n
             if fire
             step = acc""")
 
 
-def check_rule(rule, where):
-    if not isinstance(rule, Rule):
-        raise TypeError(f"{where} expects optimisation rules such as Adam(1e-3), got {rule!r}")

@@ -26,7 +26,8 @@ from ..functors import _trainable_keys, children
 from ..kernels import find
 from ..kernels.halfs import is_half
 from . import multi
-from .rules import OptimiserChain, Rule, check_rule
+from .base import Rule, check_rule
+from .rules import OptimiserChain
 
 __all__ = ["Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan"]
 

@@ -18,7 +18,7 @@ import fluxpy
 from fluxpy import kernels
 from fluxpy.kernels import cuda_optimise as K
 from fluxpy.optimise import Adam, AdamW, Descent, Momentum, OptimiserChain, RAdam, WeightDecay, freeze, setup, update
-from fluxpy.optimise.rules import flatten, formula_of
+from fluxpy.optimise.base import flatten, formula_of
 from devices import assert_matches_cpu
 
 pytestmark = pytest.mark.gpu
