@@ -25,6 +25,7 @@ from ..backend import get_array_module
 from ..capturing import current_guard, on_replay, refuse
 from ..kernels import find
 from .base import build, flatten, formula_of
+from .formula import advance
 
 __all__ = ["apply", "Steps", "Group"]
 
@@ -162,14 +163,14 @@ def _sharing_memory(plan):
 
 class Group:
     """Leaves that one fused step moves: their plan indices, leaves, parameters, state arrays and layouts, and
-    the counters twice: ``counters`` on the host (what each leaf's state holds, as ``rule.step`` makes it) and
-    ``device`` (what the kernels read and advance, so that a replayed CUDA graph sees them advance); both advance
-    by the same float64 arithmetic."""
-    __slots__ = ("rule", "formula", "hyper", "counters", "device", "index", "leaves", "xs", "parts")
+    the counters twice: ``counters`` on the host (what each leaf's state holds, as ``rule.step`` makes it) and a
+    float64 device array shared by the leaves (``Leaf._counters``: what the kernels read and advance, so that a
+    replayed CUDA graph sees them advance); both advance by the same float64 arithmetic."""
+    __slots__ = ("rule", "formula", "hyper", "counters", "index", "leaves", "xs", "parts")
 
     def __init__(self, rule, parts):
         self.rule, self.formula, self.hyper = rule, parts.formula, parts.hyper
-        self.counters, self.device = parts.counters, None
+        self.counters = parts.counters
         self.index, self.leaves, self.xs, self.parts = [], [], [], []
 
     def add(self, i, leaf, x, parts):
@@ -182,12 +183,13 @@ class Group:
         dxs = [plan[i][2] for i in self.index]
         xs, f = self.xs, self.formula
         arrays = [p.arrays for p in self.parts]
-        inputs = [_inputs(self.rule, f, x, dx) for x, dx in zip(xs, dxs)]
-        many = find("optimiser_step_many", xs[0], f, xs, dxs, arrays, inputs)
-        one = None if many is not None else find("optimiser_step", xs[0], f, dxs[0], arrays[0], inputs[0])
+        none = [[] for _ in xs]   # the kernels are asked before the inputs are made (the host path makes its own)
+        many = find("optimiser_step_many", xs[0], f, xs, dxs, arrays, none)
+        one = None if many is not None else find("optimiser_step", xs[0], f, dxs[0], arrays[0], [])
         if many is None and one is None:
             self._host_steps(dxs, states)
             return
+        inputs = [_inputs(self.rule, f, x, dx) for x, dx in zip(xs, dxs)] if f.inputs else none
         guard = current_guard()
         ok = {} if guard is None else {"ok": guard}
         counters = self._device_counters(get_array_module(xs[0])) if f.counters else None
@@ -207,7 +209,6 @@ class Group:
         """Leaf by leaf through ``rule.step`` (the formula on arrays); the host counters move with the leaves."""
         if current_guard() is not None:
             refuse_unguarded(self.rule, "stepping its parameters without a fused kernel")
-        self.device = None
         for leaf, x, dx, i in zip(self.leaves, self.xs, dxs, self.index):
             leaf._counters = None   # the host's counters move on alone: a later kernel step starts a new copy
             leaf.state = states[i] = leaf.rule.step(leaf.state, x, dx)
@@ -230,7 +231,6 @@ class Group:
 
     def _advance_host(self, states):
         """The host side of one step: the counters advanced as the device advanced them, in every leaf's state."""
-        from .formula import advance
         self.counters = advance(self.formula, self.hyper, self.counters)
         for i, leaf, parts in zip(self.index, self.leaves, self.parts):
             parts.values.update(zip(self.formula.counter_names, self.counters))

@@ -143,7 +143,9 @@ def update(state: Any, model: Any, grad: Any, *, check_finite: bool = False) -> 
     array), and only then is any array or state changed, so an error (naming the path) leaves
     both exactly as they were. ``check_finite=True`` also refuses a gradient with a NaN or
     infinite entry (a ``FloatingPointError`` naming the array), at the cost of one reduction over
-    all gradients and one device sync; :func:`fluxpy.train` does this check by default.
+    all gradients and one device sync; :func:`fluxpy.train` does this check by default. Inside a captured step
+    (:class:`fluxpy.TrainStep`) nothing is read on the host: what the checks refuse skips the update on the device
+    instead (:func:`fluxpy.capturing.guarding`).
 
     >>> import numpy as np
     >>> from fluxpy.optimise import Descent
