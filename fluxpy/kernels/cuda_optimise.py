@@ -1,7 +1,7 @@
 """The optimiser kernels, generated from a rule's formula: one parameter per launch (``optimiser_step``, a
 ``cupy.ElementwiseKernel``, any layout), a list of parameters per launch (``optimiser_step_many``,
 ``cuda/optimise_many.cu``), the counters' advance (``optimiser_advance``), and the checks a training step makes on
-the device (``finite_total``, ``loss_scale_advance``).
+the device (``finite_total``, ``vector_norm``, ``loss_scale_advance``).
 
 A formula (:class:`fluxpy.optimise.formula.Formula`) is plain data: state array names, counters, scalars and
 elementwise statements in Python syntax. This module knows no rule: it translates that text into C
@@ -31,7 +31,7 @@ from . import compiler, halfs
 
 __all__ = ["c_code", "optimiser_step", "optimiser_step_supports", "optimiser_step_many",
            "optimiser_step_many_supports", "optimiser_advance", "finite_total", "finite_total_supports",
-           "loss_scale_advance", "KERNELS"]
+           "vector_norm", "vector_norm_supports", "loss_scale_advance", "KERNELS"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # what the step kernels take (halves step in float32)
 _C_FUNCTIONS = {"sqrt": "sqrt", "abs": "fabs", "sign": "fx_sign", "maximum": "fx_max", "minimum": "fx_min",
@@ -333,6 +333,21 @@ def finite_total(x: Any, arrays: Sequence[Array]) -> Array:
     return out
 
 
+def vector_norm(x: Array, p: float) -> Array:
+    """The 2-norm of every entry of ``x`` as a 0-d array on the device, by reductions (``cupy.linalg.norm`` takes
+    it through cuBLAS, which a CuPy graph capture refuses); ClipNorm's norm.
+
+    >>> vector_norm.__name__
+    'vector_norm'
+    """
+    return cupy.sqrt(cupy.square(x).sum())
+
+
+def vector_norm_supports(x: Any, p: Any) -> bool:
+    """CuPy float arrays and ``p == 2`` (the other norms are reductions in ``cupy.linalg.norm`` already)."""
+    return type(x) is cupy.ndarray and x.dtype in halfs.KERNEL_DTYPES and p == 2
+
+
 _loss_scale = []
 
 
@@ -360,5 +375,6 @@ KERNELS = {
     "optimiser_step_many": (optimiser_step_many, optimiser_step_many_supports),
     "optimiser_advance": (optimiser_advance, None),
     "finite_total": (finite_total, finite_total_supports),
+    "vector_norm": (vector_norm, vector_norm_supports),
     "loss_scale_advance": (loss_scale_advance, None),
 }

@@ -12,7 +12,7 @@ module                  kernels
 ``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f``),
                         ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, ``erf``
 ``cuda_optimise``       ``optimiser_step``, ``optimiser_step_many``, ``optimiser_advance`` (generated from
-                        a rule's formula), ``finite_total``, ``loss_scale_advance``
+                        a rule's formula), ``finite_total``, ``vector_norm``, ``loss_scale_advance``
 ``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)
 ``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)

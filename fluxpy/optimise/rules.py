@@ -23,6 +23,7 @@ import numpy as np
 
 from ..backend import Array, get_array_module
 from ..capturing import capturing
+from ..kernels import find
 from .base import Rule, _pair, check_rule, formula_of
 from .formula import Formula, chain, parse
 
@@ -272,7 +273,8 @@ class ClipNorm(Rule):
 
     def _norm(self, x, dx):
         xp = get_array_module(x)
-        norm = xp.linalg.norm(dx.ravel(), ord=self.p)
+        kernel = find("vector_norm", dx, self.p)   # the GPU's: reductions, which a capture takes
+        norm = kernel(dx, self.p) if kernel is not None else xp.linalg.norm(dx.ravel(), ord=self.p)
         # As Flux's ClipNorm: with throw, the check reads the norm on the host (a sync on the GPU); inside a
         # capture the step's guard does it on the device instead.
         if self.throw and not capturing() and not bool(xp.isfinite(norm)):
