@@ -36,12 +36,12 @@ extern "C" __global__ void fx_step_many(const Tensors fx_t, const int fx_count, 
     int fx_k = fx_lo;
     long long fx_begin = fx_t.start[fx_k], fx_end = fx_t.start[fx_k + 1];
     T* fx_p[FX_SLOTS];
-    for (int s = 0; s < FX_SLOTS; ++s) fx_p[s] = (T*)fx_t.p[s * CAP + fx_k];
+    for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = (T*)fx_t.p[fx_s * CAP + fx_k];
     const long long fx_last = fx_first + fx_chunk < fx_total ? fx_first + fx_chunk : fx_total;
     for (long long fx_e = fx_first + threadIdx.x; fx_e < fx_last; fx_e += blockDim.x) {
       if (fx_e >= fx_end) {
         do { ++fx_k; fx_begin = fx_end; fx_end = fx_t.start[fx_k + 1]; } while (fx_e >= fx_end);
-        for (int s = 0; s < FX_SLOTS; ++s) fx_p[s] = (T*)fx_t.p[s * CAP + fx_k];
+        for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = (T*)fx_t.p[fx_s * CAP + fx_k];
       }
       const long long j = fx_e - fx_begin;
       FX_ELEMENT
