@@ -149,12 +149,12 @@ class Rule:
 
 def formula_of(rule: Rule) -> Formula | None:
     """``rule.formula()``, made once per rule object (rules are immutable; :func:`adjust` makes new ones)."""
-    try:
-        return rule.__dict__["_formula"]
-    except KeyError:
-        f = rule.formula()
-        object.__setattr__(rule, "_formula", f)
-        return f
+    kept = getattr(rule, "__dict__", None)
+    if kept is None:   # a rule with __slots__: made on every call
+        return rule.formula()
+    if "_formula" not in kept:
+        kept["_formula"] = rule.formula()
+    return kept["_formula"]
 
 
 def flatten(layout: Any, state: Any, out: dict) -> dict:
