@@ -29,7 +29,7 @@ from ..backend import Array, cupy
 from ..layout import is_channels_last, like_layout
 from . import compiler, halfs
 
-__all__ = ["c_code", "optimiser_step", "optimiser_step_supports", "optimiser_step_many",
+__all__ = ["c_code", "many_defines", "optimiser_step", "optimiser_step_supports", "optimiser_step_many",
            "optimiser_step_many_supports", "optimiser_advance", "finite_total", "finite_total_supports",
            "vector_norm", "vector_norm_supports", "loss_scale_advance", "KERNELS"]
 
@@ -207,16 +207,28 @@ def _cap(slots):
     return min(CAP, _PARAMETER_BYTES // (8 * (slots + 1)) - 1)
 
 
-def _many_kernel(formula, hyper, dtype):
+def many_defines(formula: Any, hyper: Sequence[str], dtype: Any) -> dict:
+    """The defines that make ``cuda/optimise_many.cu`` the multi-tensor step of ``formula`` (hyperparameters named
+    ``hyper``) for parameters of ``dtype`` (float32 or float64).
+
+    >>> import types
+    >>> f = types.SimpleNamespace(state=(), inputs=(), counters=(), scalars=(), body=(("step", "eta * dx"),))
+    >>> many_defines(f, ("eta",), np.float32)["FX_BODY"]
+    'T step = (((T)eta) * dx); x = (x - step);'
+    """
     code = c_code(formula, hyper)
-    slots = ["x", "dx", *formula.state, *formula.inputs]
+    slots = 2 + len(formula.state) + len(formula.inputs)
     element = ["T& x = fx_p[0][j];", "const T dx = fx_p[1][j];"]
     element += [f"T& {n} = fx_p[{i}][j];" for i, n in enumerate(formula.state, start=2)]
     element += [f"const T {n} = fx_p[{i}][0];" for i, n in enumerate(formula.inputs, start=2 + len(formula.state))]
-    defines = {"FX_SLOTS": len(slots), "FX_NUMBERS": len(hyper), "CAP": _cap(len(slots)), "ITEMS": _ITEMS,
-               "FX_PROLOGUE": code.prologue or ";", "FX_ELEMENT": " ".join(element), "FX_BODY": code.body,
-               **halfs.dtype_defines(dtype)}
-    return compiler.function("optimise_many.cu", "fx_step_many", defines), len(slots)
+    return {"FX_SLOTS": slots, "FX_NUMBERS": len(hyper), "CAP": _cap(slots), "ITEMS": _ITEMS,
+            "FX_PROLOGUE": code.prologue or ";", "FX_ELEMENT": " ".join(element), "FX_BODY": code.body,
+            **halfs.dtype_defines(dtype)}
+
+
+def _many_kernel(formula, hyper, dtype):
+    defines = many_defines(formula, hyper, dtype)
+    return compiler.function("optimise_many.cu", "fx_step_many", defines), defines["FX_SLOTS"]
 
 
 def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequence[Array], states: Sequence,
