@@ -68,6 +68,10 @@ def _c(expr: str, numbers: frozenset, element: bool) -> str:
     return go(ast.parse(expr, mode="eval").body)
 
 
+def _names(expr: str) -> set:
+    return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+
+
 class Code(NamedTuple):
     """A formula in C: ``prologue`` (the step's numbers in double, from ``fx_h`` and ``fx_c``), ``body`` (one
     element's statements over ``x``, ``dx``, the state arrays and the inputs, ending in ``x = x - step``) and
@@ -82,9 +86,17 @@ def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]") ->
     ``hyper_at``) as C."""
     counters = [name for name, _ in formula.counters]
     numbers = frozenset(hyper) | frozenset(counters) | {name for name, _ in formula.scalars}
-    loads = [f"const double {h} = {hyper_at.format(i=i)};" for i, h in enumerate(hyper)]
-    loads += [f"const double {c} = fx_c[{i}];" for i, c in enumerate(counters)]
-    prologue = loads + [f"const double {n} = {_c(e, numbers, False)};" for n, e in formula.scalars]
+
+    def numbers_for(exprs):
+        """The loads and scalars that ``exprs`` read, in order (what a kernel would not use is left out)."""
+        need = set().union(*(_names(e) for e in exprs))
+        for name, e in reversed(formula.scalars):
+            if name in need:
+                need |= _names(e)
+        loads = [f"const double {h} = {hyper_at.format(i=i)};" for i, h in enumerate(hyper) if h in need]
+        loads += [f"const double {c} = fx_c[{i}];" for i, c in enumerate(counters) if c in need]
+        return loads + [f"const double {n} = {_c(e, numbers, False)};" for n, e in formula.scalars if n in need]
+    prologue = numbers_for([e for _, e in formula.body])
     arrays = {"x", "dx", *formula.state, *formula.inputs}
     body, declared, close = [], set(), 0
     for target, expr in formula.body:
@@ -99,8 +111,9 @@ def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]") ->
             declared.add(target)
             body.append(f"T {target} = {text};")
     body.append("x = (x - step);" + "}" * close)
-    advance = prologue + [f"const double fx_next{i} = {_c(e, numbers, False)};" for i, (_, e) in
-                       enumerate(formula.counters)] + [f"fx_c[{i}] = fx_next{i};" for i in range(len(counters))]
+    advance = numbers_for([e for _, e in formula.counters])
+    advance += [f"const double fx_next{i} = {_c(e, numbers, False)};" for i, (_, e) in enumerate(formula.counters)]
+    advance += [f"fx_c[{i}] = fx_next{i};" for i in range(len(counters))]
     return Code(" ".join(prologue), " ".join(body), " ".join(advance))
 
 
