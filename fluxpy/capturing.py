@@ -87,15 +87,20 @@ def refuse(what: str) -> None:
 def guarding(flag) -> Iterator[None]:
     """Within the block, optimiser updates run only where the device scalar ``flag`` is finite (a captured step
     checked on the device: the update of a step whose loss or gradients are not finite is skipped, there being
-    no host to ask). An update that cannot skip itself on the device refuses capture (:func:`refuse`).
+    no host to ask). Inside another ``guarding`` block both flags must be finite (the guard is their sum). An
+    update that cannot skip itself on the device refuses capture (:func:`refuse`).
 
     >>> with guarding(0.0):
     ...     current_guard()
     0.0
+    >>> with guarding(1.0), guarding(float("nan")):
+    ...     current_guard()
+    nan
     >>> current_guard() is None
     True
     """
-    token = _guard.set(flag)
+    outer = _guard.get()
+    token = _guard.set(flag if outer is None else outer + flag)
     try:
         yield
     finally:

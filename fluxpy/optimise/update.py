@@ -21,7 +21,7 @@ import numpy as np
 
 from ..autodiff import value_of
 from ..backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
-from ..capturing import capturing, current_guard, guarding
+from ..capturing import capturing, guarding
 from ..functors import _trainable_keys, children
 from ..kernels import find
 from ..kernels.halfs import is_half
@@ -305,10 +305,7 @@ class Plan:
 
 def _also_guarded(flag):
     """Within the block, updates run only where ``flag`` (and any outer guard) is finite; None: no new guard."""
-    if flag is None:
-        return contextlib.nullcontext()
-    outer = current_guard()
-    return guarding(flag if outer is None else outer + flag)
+    return contextlib.nullcontext() if flag is None else guarding(flag)
 
 
 
