@@ -148,7 +148,12 @@ class Rule:
 
 
 def formula_of(rule: Rule) -> Formula | None:
-    """``rule.formula()``, made once per rule object (rules are immutable; :func:`adjust` makes new ones)."""
+    """``rule.formula()``, made once per rule object (rules are immutable; :func:`adjust` makes new ones).
+
+    >>> from fluxpy.optimise import Momentum
+    >>> formula_of(Momentum()).state
+    ('v',)
+    """
     kept = getattr(rule, "__dict__", None)
     if kept is None:   # a rule with __slots__: made on every call
         return rule.formula()
@@ -168,7 +173,11 @@ def flatten(layout: Any, state: Any, out: dict) -> dict:
 
 
 def build(layout: Any, values: dict) -> Any:
-    """The state of ``layout`` holding ``values`` (the inverse of :func:`flatten`)."""
+    """The state of ``layout`` holding ``values`` (the inverse of :func:`flatten`).
+
+    >>> build(("quad", None), {"quad": 1.0})
+    (1.0, None)
+    """
     if isinstance(layout, str):
         return values[layout]
     if isinstance(layout, tuple):
@@ -201,6 +210,13 @@ _HYPERPARAMETERS = {
 }
 
 
-def check_rule(rule, where):
+def check_rule(rule: Any, where: str) -> None:
+    """A ``TypeError`` naming ``where`` unless ``rule`` is a :class:`Rule`.
+
+    >>> check_rule("adam", "setup")
+    Traceback (most recent call last):
+    ...
+    TypeError: setup expects optimisation rules such as Adam(1e-3), got 'adam'
+    """
     if not isinstance(rule, Rule):
         raise TypeError(f"{where} expects optimisation rules such as Adam(1e-3), got {rule!r}")

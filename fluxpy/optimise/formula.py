@@ -41,7 +41,11 @@ __all__ = ["Formula", "parse", "evaluate", "advance", "chain"]
 
 @dataclasses.dataclass(frozen=True)
 class Formula:
-    """One rule's update as data (see the module's text); hashable, so kernels are cached by it."""
+    """One rule's update as data (see the module's text); hashable, so kernels are cached by it.
+
+    >>> Formula(state=("v",), counters=(("t", "t + 1"),)).counter_names
+    ('t',)
+    """
     state: tuple = ()
     body: tuple = ()
     counters: tuple = ()
@@ -64,7 +68,11 @@ _SCALAR_FUNCTIONS = {"sqrt": math.sqrt, "abs": abs}
 
 
 def numbers(formula: Formula, hyper: dict, counters: tuple) -> dict:
-    """The hyperparameters, counters and per-step scalars of a step, by name (host values, float64)."""
+    """The hyperparameters, counters and per-step scalars of a step, by name (host values, float64).
+
+    >>> numbers(Formula(scalars=(("c", "1 - rho"),)), {"rho": 0.75}, ())
+    {'rho': 0.75, 'c': 0.25}
+    """
     values = dict(hyper)
     values.update(zip(formula.counter_names, counters))
     space = dict(_SCALAR_FUNCTIONS)
@@ -76,7 +84,11 @@ def numbers(formula: Formula, hyper: dict, counters: tuple) -> dict:
 
 def advance(formula: Formula, hyper: dict, counters: tuple) -> tuple:
     """The counters after one step (every next value from the old ones and the step's scalars), as the device's
-    advance computes them."""
+    advance computes them.
+
+    >>> advance(Formula(counters=(("bt", "bt * beta"),)), {"beta": 0.5}, (0.5,))
+    (0.25,)
+    """
     values = numbers(formula, hyper, counters)
     return tuple(eval(_code(expr), dict(values)) for _, expr in formula.counters)
 
@@ -109,7 +121,12 @@ def evaluate(formula: Formula, hyper: dict, arrays: list, counters: tuple, x: Ar
 
 
 def initial(formula: Formula, hyper: dict, x: Array) -> list:
-    """The state arrays of a new parameter like ``x``: zeros, or the value ``init`` names."""
+    """The state arrays of a new parameter like ``x``: zeros, or the value ``init`` names.
+
+    >>> import numpy as np
+    >>> initial(Formula(state=("m", "acc"), init=(("acc", "eps"),)), {"eps": 0.5}, np.ones(2))
+    [array([0., 0.]), array([0.5, 0.5])]
+    """
     xp = get_array_module(x)
     init = dict(formula.init)
     return [xp.full_like(x, eval(_code(init[name]), dict(hyper))) if name in init else xp.zeros_like(x)
@@ -117,13 +134,21 @@ def initial(formula: Formula, hyper: dict, x: Array) -> list:
 
 
 def initial_counters(formula: Formula, hyper: dict) -> tuple:
-    """The counters of a new parameter (host values)."""
+    """The counters of a new parameter (host values).
+
+    >>> initial_counters(Formula(counters=(("t", "t + 1"),), init=(("t", "1"),)), {})
+    (1,)
+    """
     init = dict(formula.init)
     return tuple(eval(_code(init[name]), dict(hyper)) for name in formula.counter_names)
 
 
 def rename(formula: Formula, prefix: str, dx: str) -> Formula:
-    """``formula`` with every name of its own prefixed (``x`` kept, ``dx`` read from ``dx``), for a chain."""
+    """``formula`` with every name of its own prefixed (``x`` kept, ``dx`` read from ``dx``), for a chain.
+
+    >>> rename(Formula(body=(("step", "eta * dx + x"),)), "r1_", "r0_step").body
+    (('r1_step', 'r1_eta * r0_step + x'),)
+    """
     import ast
 
     own = set(formula.state) | set(formula.counter_names) | {n for n, _ in formula.scalars} | set(formula.inputs) \
@@ -153,7 +178,12 @@ _FUNCTIONS = ("sqrt", "abs", "sign", "maximum", "minimum", "clip")
 
 def chain(formulas: list) -> Formula:
     """One formula of several applied in turn, each to the previous one's step (OptimiserChain): the names of
-    rule ``i`` prefixed ``r{i}_``, its hyperparameters too."""
+    rule ``i`` prefixed ``r{i}_``, its hyperparameters too.
+
+    >>> decay, descent = Formula(body=(("step", "dx + lambd * x"),)), Formula(body=(("step", "eta * dx"),))
+    >>> chain([decay, descent]).body
+    (('r0_step', 'dx + r0_lambd * x'), ('r1_step', 'r1_eta * r0_step'), ('step', 'r1_step'))
+    """
     out = Formula()
     dx = "dx"
     gates = []   # earlier rules' ("if", c) conditions: a later rule steps (and counts) only where they hold

@@ -27,12 +27,20 @@ from ..kernels import find
 from .base import build, flatten, formula_of
 from .formula import advance
 
-__all__ = ["apply", "Steps", "Group"]
+__all__ = ["apply"]
 
 
 def apply(plan: list) -> None:
     """Steps every unfrozen leaf of ``plan`` (``(leaf, x, dx, path)`` entries), by the :class:`Steps` cached on
-    the plan's first leaf."""
+    the plan's first leaf.
+
+    >>> import numpy as np
+    >>> from fluxpy.optimise import Descent, Plan, setup
+    >>> model = {"a": np.ones(2), "b": np.ones(1)}
+    >>> apply(Plan(setup(Descent(0.5), model), model, {"a": np.ones(2), "b": np.ones(1)}).entries)
+    >>> model
+    {'a': array([0.5, 0.5]), 'b': array([0.5])}
+    """
     if not plan:
         return
     anchor = plan[0][0]
