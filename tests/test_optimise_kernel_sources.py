@@ -1,7 +1,8 @@
 """The optimiser kernels every rule generates compile for sm_90 with NVRTC (from its pip wheel, no GPU needed),
 without a warning: the multi-tensor ``cuda/optimise_many.cu`` with the formula's defines, the per-parameter body
 inside a wrapper as CuPy's ElementwiseKernel makes one (references per element, the preamble, raw pointers), its
-guarded twin, the counters' advance, and ``cuda/optimise_finite.cu`` for every dtype. Skipped where the
+guarded twin, the counters' advance (the multi-tensor kernel for float16 and bfloat16 parameters too), and
+``cuda/optimise_finite.cu`` for every dtype. Skipped where the
 ``nvidia-cuda-nvrtc`` wheel is not installed."""
 import ctypes
 import glob
@@ -66,12 +67,14 @@ def elementwise_text(f, hyper, dtype, guarded):
             f" {refs} {body} }}\n}}\n")
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", halfs.KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("rule", RULES, ids=repr)
 def test_every_rules_kernels_compile_without_a_warning(rule, dtype):
     f, hyper = formula_of(rule), tuple(rule.hyper())
     assert_compiles(compiler.source("optimise_many.cu"), list(compiler.compile_options(K.many_defines(f, hyper,
                                                                                                      dtype))))
+    if dtype not in (np.float32, np.float64):   # the per-parameter kernel takes float32 and float64
+        return
     for guarded in (False, True):
         assert_compiles(elementwise_text(f, hyper, dtype, guarded), [compiler.STANDARD])
     if f.counters:

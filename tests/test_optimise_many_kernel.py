@@ -6,7 +6,8 @@ empty, ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` plain variables) and 
 options; a launch runs every thread of every block in turn (the kernel has no barrier, so that is a valid
 schedule). The host code of ``optimiser_step_many`` (the table of pointers, the start offsets, the launches per
 group of tensors, the strided gradients copied first) runs as on the GPU. Every rule's update through it must
-give the rule's NumPy path bit for bit (the host compiler contracts nothing, ``-ffp-contract=off``).
+give the rule's NumPy path bit for bit (the host compiler contracts nothing, ``-ffp-contract=off``), bfloat16
+parameters too.
 """
 import contextlib
 import ctypes
@@ -22,6 +23,7 @@ from fluxpy import kernels
 from fluxpy import optimise as O
 from fluxpy.kernels import compiler
 from fluxpy.kernels import cuda_optimise as K
+from fluxpy.kernels.halfs import BFLOAT16
 from test_optimise_rules_fused import RULES, HostElementwiseKernel, _compiler, assert_bit_for_bit
 
 _SHIM = r"""
@@ -148,9 +150,11 @@ def run_both(rule, dtype, steps=7, seed=0):
             assert_bit_for_bit(state[k].state, twin_state[k].state)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BFLOAT16], ids=str)
 @pytest.mark.parametrize("rule", RULES, ids=repr)
 def test_the_multi_tensor_kernel_gives_the_numpy_path_bit_for_bit(host_many, rule, dtype):
+    """(A bfloat16 parameter: computed in float32 with a float32 state, rounded once, as its NumPy path; the
+    float16 conversions are PTX, so float16 runs on the GPU only.)"""
     run_both(rule, dtype)
     assert host_many.launches == 7   # one launch a step for the whole model
 

@@ -1,7 +1,9 @@
 """The optimiser kernels, generated from a rule's formula: one parameter per launch (``optimiser_step``, a
-``cupy.ElementwiseKernel``, any layout), a list of parameters per launch (``optimiser_step_many``,
-``cuda/optimise_many.cu``), the counters' advance (``optimiser_advance``), and the checks a training step makes on
-the device (``finite_total``, ``vector_norm``, ``loss_scale_advance``).
+``cupy.ElementwiseKernel``, float32 and float64, any layout), a list of parameters per launch
+(``optimiser_step_many``, ``cuda/optimise_many.cu``, dense parameters of any float dtype: a float16 or bfloat16
+parameter computed in float32 with a float32 state and rounded once), the counters' advance
+(``optimiser_advance``), and the checks a training step makes on the device (``finite_total``, ``vector_norm``,
+``loss_scale_advance``).
 
 A formula (:class:`fluxpy.optimise.formula.Formula`) is plain data: state array names, counters, scalars and
 elementwise statements in Python syntax. This module knows no rule: it translates that text into C
@@ -33,23 +35,22 @@ __all__ = ["c_code", "many_defines", "optimiser_step", "optimiser_step_supports"
            "optimiser_step_many_supports", "optimiser_advance", "finite_total", "finite_total_supports",
            "vector_norm", "vector_norm_supports", "loss_scale_advance", "KERNELS"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # what the step kernels take (halves step in float32)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # what the per-parameter kernel takes
 _C_FUNCTIONS = {"sqrt": "sqrt", "abs": "fabs", "sign": "fx_sign", "maximum": "fx_max", "minimum": "fx_min",
                 "clip": "fx_clip"}
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Eq: "==", ast.NotEq: "!=",
               ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.And: "&&", ast.Or: "||"}
 
 
-def _c(expr: str, numbers: frozenset, element: bool) -> str:
-    """The C of one formula expression: in an ``element`` statement every number (and literal) is a ``T``,
-    elsewhere a ``double``."""
-    cast = "T" if element else "double"
+def _c(expr: str, numbers: frozenset, cast: str) -> str:
+    """The C of one formula expression, every number (and literal) in it cast to ``cast``: the compute type in an
+    element's statement, ``double`` elsewhere."""
 
     def go(n):
         if isinstance(n, ast.Constant):
             return f"(({cast}){int(n.value) if isinstance(n.value, bool) else repr(n.value)})"
         if isinstance(n, ast.Name):
-            return f"(({cast}){n.id})" if element and n.id in numbers else n.id
+            return f"(({cast}){n.id})" if cast != "double" and n.id in numbers else n.id
         if isinstance(n, ast.BinOp) and type(n.op) in _OPERATORS:
             return f"({go(n.left)} {_OPERATORS[type(n.op)]} {go(n.right)})"
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
@@ -81,9 +82,11 @@ class Code(NamedTuple):
     advance: str
 
 
-def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]") -> Code:
+def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]", compute: str = "T",
+           store: str = "") -> Code:
     """``formula`` (its hyperparameters named ``hyper``, in the order a kernel receives them, each read from
-    ``hyper_at``) as C."""
+    ``hyper_at``) as C computing in the type ``compute``; ``store`` is the statement that writes ``x`` back after
+    the step (none where ``x`` is a reference to the parameter)."""
     counters = [name for name, _ in formula.counters]
     numbers = frozenset(hyper) | frozenset(counters) | {name for name, _ in formula.scalars}
 
@@ -95,24 +98,25 @@ def c_code(formula: Any, hyper: Sequence[str], hyper_at: str = "fx_h.v[{i}]") ->
                 need |= _names(e)
         loads = [f"const double {h} = {hyper_at.format(i=i)};" for i, h in enumerate(hyper) if h in need]
         loads += [f"const double {c} = fx_c[{i}];" for i, c in enumerate(counters) if c in need]
-        return loads + [f"const double {n} = {_c(e, numbers, False)};" for n, e in formula.scalars if n in need]
+        return loads + [f"const double {n} = {_c(e, numbers, 'double')};" for n, e in formula.scalars if n in need]
     prologue = numbers_for([e for _, e in formula.body])
     arrays = {"x", "dx", *formula.state, *formula.inputs}
     body, declared, close = [], set(), 0
     for target, expr in formula.body:
         if target == "if":
-            body.append(f"if ({_c(expr, numbers, True)}) {{")
+            body.append(f"if ({_c(expr, numbers, compute)}) {{")
             close += 1
             continue
-        text = _c(expr, numbers, True)
+        text = _c(expr, numbers, compute)
         if target in arrays or target in declared:
             body.append(f"{target} = {text};")
         else:
             declared.add(target)
-            body.append(f"T {target} = {text};")
-    body.append("x = (x - step);" + "}" * close)
+            body.append(f"{compute} {target} = {text};")
+    body.append("x = (x - step);" + (f" {store}" if store else "") + "}" * close)
     advance = numbers_for([e for _, e in formula.counters])
-    advance += [f"const double fx_next{i} = {_c(e, numbers, False)};" for i, (_, e) in enumerate(formula.counters)]
+    advance += [f"const double fx_next{i} = {_c(e, numbers, 'double')};"
+                for i, (_, e) in enumerate(formula.counters)]
     advance += [f"fx_c[{i}] = fx_next{i};" for i in range(len(counters))]
     return Code(" ".join(prologue), " ".join(body), " ".join(advance))
 
@@ -222,18 +226,21 @@ def _cap(slots):
 
 def many_defines(formula: Any, hyper: Sequence[str], dtype: Any) -> dict:
     """The defines that make ``cuda/optimise_many.cu`` the multi-tensor step of ``formula`` (hyperparameters named
-    ``hyper``) for parameters of ``dtype`` (float32 or float64).
+    ``hyper``) for parameters of ``dtype`` (float16, bfloat16, float32 or float64): ``x`` and ``dx`` stored as
+    ``T`` and computed in ``C`` (float32 for the halves), the state arrays and inputs stored in ``C``, ``x`` rounded
+    once to ``T`` after the step (a half parameter's NumPy path: the step of its float32 copy, rounded once).
 
     >>> import types
     >>> f = types.SimpleNamespace(state=(), inputs=(), counters=(), scalars=(), body=(("step", "eta * dx"),))
     >>> many_defines(f, ("eta",), np.float32)["FX_BODY"]
-    'T step = (((T)eta) * dx); x = (x - step);'
+    'C step = (((C)eta) * dx); x = (x - step); ((T*)fx_p[0])[j] = STORE(x);'
     """
-    code = c_code(formula, hyper)
+    code = c_code(formula, hyper, compute="C", store="((T*)fx_p[0])[j] = STORE(x);")
     slots = 2 + len(formula.state) + len(formula.inputs)
-    element = ["T& x = fx_p[0][j];", "const T dx = fx_p[1][j];"]
-    element += [f"T& {n} = fx_p[{i}][j];" for i, n in enumerate(formula.state, start=2)]
-    element += [f"const T {n} = fx_p[{i}][0];" for i, n in enumerate(formula.inputs, start=2 + len(formula.state))]
+    element = ["C x = LOAD(((const T*)fx_p[0])[j]);", "const C dx = LOAD(((const T*)fx_p[1])[j]);"]
+    element += [f"C& {n} = ((C*)fx_p[{i}])[j];" for i, n in enumerate(formula.state, start=2)]
+    element += [f"const C {n} = ((const C*)fx_p[{i}])[0];"
+                for i, n in enumerate(formula.inputs, start=2 + len(formula.state))]
     return {"FX_SLOTS": slots, "FX_NUMBERS": len(hyper), "CAP": _cap(slots), "ITEMS": _ITEMS,
             "FX_PROLOGUE": code.prologue or ";", "FX_ELEMENT": " ".join(element), "FX_BODY": code.body,
             **halfs.dtype_defines(dtype)}
@@ -284,8 +291,11 @@ def _address(a):
 
 
 def _same_layout(d, a):
-    """Whether ``d`` lies in memory as the dense array ``a`` does (so one flat index reads both)."""
-    return d.flags.c_contiguous if a.flags.c_contiguous else d.strides == a.strides
+    """Whether ``d`` lies in memory as the dense array ``a`` does, element for element (so one flat index reads
+    both, whatever their item sizes)."""
+    if a.flags.c_contiguous:
+        return d.flags.c_contiguous
+    return [s // d.itemsize for s in d.strides] == [s // a.itemsize for s in a.strides]
 
 
 def _copy_like(d, a, keep):
@@ -302,23 +312,25 @@ def _dense(a):
 
 def optimiser_step_many_supports(x: Any, formula: Any, xs: Sequence, dxs: Sequence, states: Sequence,
                                  inputs: Sequence, *_: Any) -> bool:
-    """Lists of one length (at least one) of CuPy arrays of one float32/float64 dtype, ``xs`` and the state arrays
-    dense (C order or channels-last) and laid out alike, every array of its parameter's shape, inputs of one
-    element."""
+    """Lists of one length (at least one) of CuPy arrays: parameters and gradients of one float dtype (float16,
+    bfloat16, float32 or float64), state arrays and inputs in its compute dtype (float32 for the halves), ``xs``
+    and the state arrays dense (C order or channels-last) and laid out alike, every array of its parameter's
+    shape, inputs of one element."""
     nd = cupy.ndarray
     n = len(xs)
     if n == 0 or len(dxs) != n or len(states) != n or len(inputs) != n or type(xs[0]) is not nd:
         return False
     dt = xs[0].dtype
-    if dt not in _FLOATS:
+    if dt not in halfs.KERNEL_DTYPES:
         return False
+    ct = halfs.compute_dtype(dt)   # the state's dtype: float32 for a half parameter
     for a, d, s, i in zip(xs, dxs, states, inputs):
         if type(a) is not nd or type(d) is not nd or a.dtype != dt or d.dtype != dt or not _dense(a) \
                 or d.shape != a.shape:
             return False
-        if any(type(b) is not nd or b.dtype != dt or b.shape != a.shape or not _same_layout(b, a) for b in s):
+        if any(type(b) is not nd or b.dtype != ct or b.shape != a.shape or not _same_layout(b, a) for b in s):
             return False
-        if any(type(b) is not nd or b.dtype != dt or b.size != 1 for b in i):
+        if any(type(b) is not nd or b.dtype != ct or b.size != 1 for b in i):
             return False
     return True
 

@@ -10,7 +10,8 @@ Each step a group asks the kernel table for the multi-tensor kernel ``optimiser_
 whole group), else the per-parameter ``optimiser_step`` for each leaf; either reads the group's counters from a
 float64 device array, which ``optimiser_advance`` then moves on (and :func:`fluxpy.capturing.on_replay` moves
 the host's copy in the leaves' states after each replay of a captured step). Where neither kernel takes the
-arrays (NumPy, halves) the leaves step one by one through ``rule.step`` (the formula on arrays). Leaves whose rule
+arrays (NumPy; a strided float16 or bfloat16 parameter) the leaves step one by one through ``rule.step`` (the
+formula on arrays). Leaves whose rule
 has no formula step through ``rule.step`` too. Leaves and groups step in the plan's order.
 
 The grouping is built once and reused while the plan has the same leaves in the same order, each with the same
@@ -24,6 +25,7 @@ import numpy as np
 from ..backend import get_array_module
 from ..capturing import current_guard, on_replay, refuse
 from ..kernels import find
+from ..kernels.halfs import is_half
 from .base import build, flatten, formula_of
 from .formula import advance
 
@@ -249,6 +251,8 @@ def _inputs(rule, formula, x, dx):
     """The formula's per-parameter inputs (0-d arrays; ClipNorm's scale), in the formula's order."""
     if not formula.inputs:
         return []
+    if is_half(dx.dtype):   # made from the float32 gradient, as the NumPy path's float32 copy makes them
+        dx = dx.astype(np.float32)
     made = rule.prepare(x, dx)
     return [made[n] for n in formula.inputs]
 

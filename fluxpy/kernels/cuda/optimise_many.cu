@@ -1,9 +1,11 @@
 // One optimiser step for every parameter of a list in one launch (PyTorch's multi_tensor_apply), for any rule:
 // fluxpy.kernels.cuda_optimise translates the rule's formula into three defines,
 //   FX_PROLOGUE  the step's numbers in double (hyperparameters from fx_h, counters from fx_c, scalars),
-//   FX_ELEMENT   one element's references (T& x = fx_p[0][j]; const T dx = fx_p[1][j]; state arrays; inputs),
-//   FX_BODY      the formula's statements and x = x - step,
-// and passes FX_SLOTS (x, dx, the state arrays, the inputs), FX_NUMBERS, CAP, ITEMS and FX_DTYPE.
+//   FX_ELEMENT   one element's values: x and dx loaded from T into C, references to the state arrays (C), the
+//                inputs (C, one element per tensor),
+//   FX_BODY      the formula's statements in C, x = x - step, and x stored back as a T,
+// and passes FX_SLOTS (x, dx, the state arrays, the inputs), FX_NUMBERS, CAP, ITEMS and FX_DTYPE (halfs.cuh: T the
+// parameter's storage, C its compute type; a half parameter's state is float32).
 //
 // The table of pointers travels BY VALUE as a kernel parameter: no device-side table, no host-to-device copy.
 // Each block takes chunks of blockDim.x * ITEMS elements of the tensors laid end to end; it finds the tensor
@@ -35,13 +37,13 @@ extern "C" __global__ void fx_step_many(const Tensors fx_t, const int fx_count, 
     }
     int fx_k = fx_lo;
     long long fx_begin = fx_t.start[fx_k], fx_end = fx_t.start[fx_k + 1];
-    T* fx_p[FX_SLOTS];
-    for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = (T*)fx_t.p[fx_s * CAP + fx_k];
+    long long fx_p[FX_SLOTS];   // the addresses of tensor k's x, dx, state arrays and inputs
+    for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = fx_t.p[fx_s * CAP + fx_k];
     const long long fx_last = fx_first + fx_chunk < fx_total ? fx_first + fx_chunk : fx_total;
     for (long long fx_e = fx_first + threadIdx.x; fx_e < fx_last; fx_e += blockDim.x) {
       if (fx_e >= fx_end) {
         do { ++fx_k; fx_begin = fx_end; fx_end = fx_t.start[fx_k + 1]; } while (fx_e >= fx_end);
-        for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = (T*)fx_t.p[fx_s * CAP + fx_k];
+        for (int fx_s = 0; fx_s < FX_SLOTS; ++fx_s) fx_p[fx_s] = fx_t.p[fx_s * CAP + fx_k];
       }
       const long long j = fx_e - fx_begin;
       FX_ELEMENT
