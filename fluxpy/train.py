@@ -85,11 +85,11 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     gradient) is finite and skips its update on the device where it is not; train then runs that batch again
     eagerly, which raises :class:`TrainingDiverged` as above. Each step's loss is read after the next step was
     launched, so the GPU is never idle while the host prepares a batch. A step that cannot be captured (Dropout
-    given a NumPy generator, a rule of one's own with ``apply`` and no formula, a float16 parameter of a rule with
-    counters) runs eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs
-    eagerly; on the CPU ``capture`` changes nothing. A loop that calls train once per epoch captures once: the
-    captured steps are kept per model while the loss, the optimiser state and the model's arrays stay the same
-    objects (with the GPU memory their graphs hold, until the model is freed).
+    given a NumPy generator, a rule of one's own with ``apply`` and no formula) runs eagerly after one
+    :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU ``capture`` changes
+    nothing. A loop that calls train once per epoch captures once: the captured steps are kept per model while
+    the loss, the optimiser state and the model's arrays stay the same objects (with the GPU memory their graphs
+    hold, until the model is freed).
 
     ``schedule``: a learning-rate schedule, any function of ``t = 1, 2, ...`` giving a number ``>= 0``
     (:mod:`fluxpy.schedules`: ``Cosine``, ``Step``, ``Exp``, ``Constant``). With ``schedule_per="epoch"`` (the
