@@ -32,7 +32,7 @@ KINDS = [
     ("conv forward", ("fprop", "conv", "winograd", "cudnn")),
     ("matmul", ("gemm", "sgemm", "cublas", "cutlass", "matmul", "ampere_", "sm90_")),
     ("pooling", ("pool", "fluxpy_max")),
-    ("optimiser update", ("adam", "momentum", "descent", "powers", "sgd")),
+    ("optimiser update", ("optimiser", "fx_step_many", "adam", "momentum", "descent", "sgd")),
     ("loss and softmax", ("softmax", "logsoftmax", "crossentropy", "nll", "logit")),
     ("reductions", ("reduce", "sum", "mapreduce", "nonfinite", "segments")),
 ]

@@ -5,8 +5,9 @@ A captured training step (:class:`fluxpy.TrainStep`) runs the Python code of a s
 queues is recorded into a graph; later steps replay the graph and run no Python at all. Two kinds of host-side
 work need care:
 
-- bookkeeping that each step must advance on the host too (Adam's bias-correction powers, kept on the host for
-  eager steps): the code registers it with :func:`on_replay`, and the step runs it after every replay;
+- bookkeeping that each step must advance on the host too (an optimiser's counters, ``beta^t`` or a step count,
+  which its kernels read and advance on the device and the state mirrors on the host): the code registers it
+  with :func:`on_replay`, and the step runs it after every replay;
 - values that a step computes on the host and hands to a kernel as a number (which the graph would freeze at
   the captured value): such code calls :func:`refuse` while capturing, naming itself, and the step runs eagerly
   with a warning instead.
@@ -86,15 +87,20 @@ def refuse(what: str) -> None:
 def guarding(flag) -> Iterator[None]:
     """Within the block, optimiser updates run only where the device scalar ``flag`` is finite (a captured step
     checked on the device: the update of a step whose loss or gradients are not finite is skipped, there being
-    no host to ask). An update that cannot skip itself on the device refuses capture (:func:`refuse`).
+    no host to ask). Inside another ``guarding`` block both flags must be finite (the guard is their sum). An
+    update that cannot skip itself on the device refuses capture (:func:`refuse`).
 
     >>> with guarding(0.0):
     ...     current_guard()
     0.0
+    >>> with guarding(1.0), guarding(float("nan")):
+    ...     current_guard()
+    nan
     >>> current_guard() is None
     True
     """
-    token = _guard.set(flag)
+    outer = _guard.get()
+    token = _guard.set(flag if outer is None else outer + flag)
     try:
         yield
     finally:

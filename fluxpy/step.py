@@ -30,7 +30,7 @@ from .autodiff import withgradient
 from .backend import (CapturedGraph, ScalarsRead, capture_graph, copy_into, get_array_module, gpu_device,
                       start_reading_scalars)
 from .capturing import guarding, recording
-from .optimise import _apply, _check_gradients, _finite_total, _leaves, _plan, update
+from .optimise import Plan, update
 
 __all__ = ["TrainStep", "CaptureWarning", "CheckedStep", "Flight"]
 
@@ -160,7 +160,7 @@ class TrainStep:
     def _capture(self, entry, batch):
         """Record the step into a graph (not run yet); False, after one warning, where it cannot be captured."""
         inputs = [get_array_module(b).empty_like(b) for b in batch]
-        before = [(leaf, leaf.state) for leaf in _leaves(self.opt_state)]
+        before = [(leaf, leaf.state) for leaf in Plan.leaves(self.opt_state)]
         try:
             with recording() as hooks:
                 graph, outputs = capture_graph(lambda: self._captured_outputs(inputs))
@@ -235,14 +235,14 @@ class CheckedStep(TrainStep):
 
     def _captured_outputs(self, inputs):
         value, (grad,) = withgradient(lambda m: self.loss(m, *inputs), self.model)
-        plan = _plan(self.opt_state, self.model, grad, "train")
-        arrays = [value] + ([dx for leaf, _, dx, _ in plan if not leaf.frozen] if self.check_gradients else [])
-        total = _finite_total(arrays)
+        plan = Plan(self.opt_state, self.model, grad, "train")
+        # the gradients train checks, and those a rule refuses when not finite (ClipNorm): the device skips the
+        # update where one is not, and train's eager step then raises
+        total = Plan.finite_total([value] + plan.gradients(self.check_gradients))
         guard = total + self._tripped
         copy_into(self._tripped, guard)
-        _check_gradients(plan, False, "train")   # what a rule refuses (ClipNorm reads: such a step is not captured)
         with guarding(guard):
-            _apply(plan)
+            plan.apply()
         if self.loss_scaled:
             self.model.loss_scaler.advance(total, guard)
         return value, guard, total

@@ -33,8 +33,7 @@ from .autodiff import _withgradient, value_of
 from .backend import get_array_module, is_float_dtype, read_scalars
 from .collector import frozen_while_training
 from .functors import arrays, state
-from .optimise import (_ALL, Rule, _apply, _check_gradients, _count_nonfinite, _finite_total, _nonfinite, _path,
-                       _plan, _read_finite, adjust)
+from .optimise import Plan, Rule, adjust
 from .step import CheckedStep
 
 __all__ = ["train", "TrainingDiverged"]
@@ -86,11 +85,11 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     gradient) is finite and skips its update on the device where it is not; train then runs that batch again
     eagerly, which raises :class:`TrainingDiverged` as above. Each step's loss is read after the next step was
     launched, so the GPU is never idle while the host prepares a batch. A step that cannot be captured (Dropout
-    given a NumPy generator, a rule without a fused update such as ``OptimiserChain(ClipNorm(1), Adam())``) runs
-    eagerly after one :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU
-    ``capture`` changes nothing. A loop that calls train once per epoch captures once: the captured steps are
-    kept per model while the loss, the optimiser state and the model's arrays stay the same objects (with the
-    GPU memory their graphs hold, until the model is freed).
+    given a NumPy generator, a rule of one's own with ``apply`` and no formula) runs eagerly after one
+    :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU ``capture`` changes
+    nothing. A loop that calls train once per epoch captures once: the captured steps are kept per model while
+    the loss, the optimiser state and the model's arrays stay the same objects (with the GPU memory their graphs
+    hold, until the model is freed).
 
     ``schedule``: a learning-rate schedule, any function of ``t = 1, 2, ...`` giving a number ``>= 0``
     (:mod:`fluxpy.schedules`: ``Cosine``, ``Step``, ``Exp``, ``Constant``). With ``schedule_per="epoch"`` (the
@@ -261,16 +260,15 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
     """One checked training step; returns the loss. Raises, with the model untouched, when anything is wrong."""
     where = f"epoch {epoch}, batch {batch}"
     value, (grad,), detached = _withgradient(lambda m: loss(m, *args), (model,), f"train ({where})", "the loss")
-    plan = _plan(opt_state, model, grad, "train")
-    if not plan:
+    plan = Plan(opt_state, model, grad, "train")
+    if not len(plan):
         why = detached or ("its gradient reaches no trainable array (only constants, or arrays that the model's "
                            "layers do not declare trainable)")
         raise ValueError(f"train: the loss at {where} gives no gradient to any trainable array of the model, so the "
                          f"step would change nothing ({why}); the loss must be computed from the model it is "
                          "given as its first argument, loss(model, *batch)")
     scaler = getattr(model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale: always checked
-    total = _finite_total([dx for leaf, _, dx, _ in plan if not leaf.frozen]) \
-        if check_finite or scaler is not None else None
+    total = Plan.finite_total(plan.gradients()) if check_finite or scaler is not None else None
     value, finite = _read_loss_and_total(value_of(value), total)   # the step's one wait for the device
     if not math.isfinite(value):
         raise TrainingDiverged(f"train: the loss is {value} at {where}; stopping before the update (lower the "
@@ -280,13 +278,14 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
         scaler.advance(total)
         return value
     if not finite:
-        bad = _nonfinite([e for e in plan if not e[0].frozen])
+        bad = plan.nonfinite()
         if bad:
             _, _, dx, path = bad[0]
-            raise TrainingDiverged(f"train: the gradient for {_path(path)} has {_count_nonfinite(dx)} at {where} "
+            raise TrainingDiverged(f"train: the gradient for {Plan.path(path)} has {Plan.count_nonfinite(dx)} at "
+                                   f"{where} "
                                    f"(the loss is {value:.6g}); stopping before the update (lower the learning rate, "
                                    f"or look for a log, sqrt or division at zero in the loss or the model)"
-                                   f"{_buffers_note(model)}", epoch, batch, value, _path(path))
+                                   f"{_buffers_note(model)}", epoch, batch, value, Plan.path(path))
     if max_loss_ratio is not None:
         if first is None and value <= 0:
             raise ValueError(f"train: max_loss_ratio compares every loss with the first batch's, which is {value} "
@@ -296,20 +295,21 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
                                    f"{max_loss_ratio:g} times the first batch's loss {first:.6g}; stopping before "
                                    f"the update (lower the learning rate){_buffers_note(model)}", epoch, batch,
                                    value)
-    _check_gradients(plan, False, "train")  # what the rules refuse (ClipNorm): before any change
-    _apply(plan)
+    plan.check()  # what the rules refuse (ClipNorm): before any change
+    plan.apply()
     if scaler is not None:
         scaler.advance(total)
     return value
 
 
 def _read_loss_and_total(value, total):
-    """The loss as a float, and whether :func:`_finite_total`'s ``total`` (None: not checked) is finite; a loss and a
-    total on the GPU come back with one wait (:func:`fluxpy.backend.read_scalars`; ``float`` of each waits twice)."""
+    """The loss as a float, and whether :meth:`Plan.finite_total`'s ``total`` (None: not checked) is finite; a loss
+    and a total on the GPU come back with one wait (:func:`fluxpy.backend.read_scalars`; ``float`` of each waits
+    twice)."""
     if total is None:
         return float(value), True
     if isinstance(total, list):   # NumPy and CuPy gradients mixed: one total per array (never the normal path)
-        return float(value), _read_finite(total)
+        return float(value), Plan.is_finite(total)
     loss, total = read_scalars(value, total)
     return loss, math.isfinite(total)
 
@@ -328,7 +328,7 @@ def _buffers_note(model):
                 walk(v, keys + (i,))
         elif st is not None and (is_float_dtype(st.dtype) or st.dtype.kind == "c") and \
                 not bool(get_array_module(st).isfinite(st).all()):
-            bad.append(_path(keys))
+            bad.append(Plan.path(keys))
     walk(state(model), ())
     if not bad:
         return ""
@@ -360,7 +360,7 @@ def _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio):
     if max_loss_ratio is not None and (isinstance(max_loss_ratio, bool) or not isinstance(
             max_loss_ratio, numbers.Real) or not max_loss_ratio > 1):
         raise ValueError(f"train: max_loss_ratio must be a number > 1 (e.g. 1e4), or None, got {max_loss_ratio!r}")
-    if not _plan(opt_state, model, _ALL, "train"):
+    if not len(Plan(opt_state, model, who="train")):
         raise ValueError("train: the optimiser state has no trainable array, so there is nothing to train; "
                          "make it with setup(rule, model) for a model that holds float arrays")
 

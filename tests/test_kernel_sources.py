@@ -61,14 +61,24 @@ def _attributes(source, defines, kernel):
     return _attributes_of(source, compiler.compile_options(defines, ARCH), kernel)
 
 
+def _formulas():
+    """``(formula, hyperparameter names)`` of every exported optimiser rule and some chains: what the optimiser
+    kernels are generated from (the rules live above the kernels, so this test names them)."""
+    from test_optimise_rules_fused import RULES
+    from fluxpy.optimise.rules import formula_of
+    return [(formula_of(rule), tuple(rule.hyper())) for rule in RULES]
+
+
 def _variants():
     """``[(module, source, defines, name expressions)]`` of every module's ``SOURCE_VARIANTS``, each distinct
-    variant once; a ``SOURCE_VARIANTS(attributes)`` is given :func:`_attributes`."""
+    variant once; a ``SOURCE_VARIANTS(attributes)`` is given :func:`_attributes`, a ``SOURCE_VARIANTS(formulas)``
+    :func:`_formulas`."""
     out, seen = [], set()
     for name, module in sorted(MODULES.items()):
         listing = getattr(module, "SOURCE_VARIANTS", lambda: ())
-        takes = "attributes" in inspect.signature(listing).parameters
-        for source, defines, *names in (listing(attributes=_attributes) if takes else listing()):
+        wants = inspect.signature(listing).parameters
+        given = {"attributes": _attributes, "formulas": _formulas()}
+        for source, defines, *names in listing(**{k: v for k, v in given.items() if k in wants}):
             names = tuple(names[0]) if names else ()
             key = (source, compiler.compile_options(defines), names)
             if key not in seen:
@@ -96,12 +106,9 @@ def test_every_source_file_is_compiled_by_some_variant():
     assert not listed - files, f"SOURCE_VARIANTS name sources that do not exist: {sorted(listed - files)}"
 
 
-# Modules whose kernels move to cuda/ in a change of their own (issue 35): drop each entry as its change lands.
-MOVING = {"fluxpy.kernels.elementwise": "the optimiser kernels"}
-
 
 def test_no_python_file_holds_a_kernel():
-    holders = [name for name, text in TEXTS.items() if "__global__" in text and name not in MOVING]
+    holders = [name for name, text in TEXTS.items() if "__global__" in text]
     assert not holders, f"__global__ functions in Python files (they belong in fluxpy/kernels/cuda/): {holders}"
 
 

@@ -1,8 +1,8 @@
-"""update's multi-tensor steps: one ``adam_update_many`` call per group of Adam (or AdamW) leaves, one
-``sgd_update_many`` call per group of Descent (or Momentum) leaves, on the CPU.
+"""update's multi-tensor steps: one ``optimiser_step_many`` call per group of leaves whose rules declare the same
+formula, hyperparameters and counters (Adam, AdamW, Descent, Momentum, chains: any rule), on the CPU.
 
-NumPy stand-ins for the CUDA kernels (the per-parameter formulas, in each rule's own order of operations) are
-put in the kernel table for a test and taken out after it (``kernels.snapshot`` / ``restore``). Every test runs
+NumPy stand-ins for the CUDA kernels (each rule's formula on arrays, the counters read from and advanced in the
+"device" array) are put in the kernel table for a test and taken out after it (``kernels.snapshot`` / ``restore``). Every test runs
 the same steps twice, on deep copies of the model and the state: once through the groups, once leaf by leaf (no
 multi-tensor kernel registered), and asks for the same arrays and states, bit for bit.
 """
@@ -16,56 +16,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fluxpy import kernels
-from fluxpy.optimise import (Adam, AdamW, ClipGrad, Descent, Leaf, Momentum, OptimiserChain, adjust, freeze, setup,
-                             thaw, update)
+from fluxpy.optimise.formula import advance, evaluate
+from fluxpy.optimise import (AccumGrad, Adam, AdamW, ClipGrad, ClipNorm, Descent, Leaf, Momentum, Nesterov,
+                             OptimiserChain, RAdam, RMSProp, WeightDecay, adjust, freeze, setup, thaw, update)
 
 seeds = st.integers(0, 2**31 - 1)
 
 
-MANY = ("adam_update_many", "sgd_update_many")
+MANY = ("optimiser_step_many", "optimiser_advance")
 
 
-def numpy_adam_many(calls):
-    """adam_update_many for NumPy arrays: Adam's (AdamW's, with ``lambd``) CPU step for each parameter, recording
-    ``(len(xs), eta)`` (``("adamw", len(xs), eta)``)."""
-    def adam_update_many(xs, dxs, ms, vs, eta, beta, eps, b1t, b2t, powers=None, lambd=None):
-        calls.append((len(xs), eta) if lambd is None else ("adamw", len(xs), eta))
-        b1, b2 = beta
-        assert powers is not None and powers.tolist() == [b1t, b2t]   # the device copy of beta^t keeps in step
-        powers *= beta
-        for x, dx, m, v in zip(xs, dxs, ms, vs):
-            m *= b1
-            m += (1 - b1) * dx
-            v *= b2
-            v += (1 - b2) * (dx * dx)
-            denom = np.sqrt(v * (1 / (1 - b2t)))
-            denom += eps
-            step = (m * (1 / (1 - b1t))) / denom
-            if lambd is not None:
-                step += lambd * x
-            step *= eta
-            x -= step
-        return b1t * b1, b2t * b2
-    return adam_update_many
+def numpy_step_many(calls):
+    """optimiser_step_many for NumPy arrays: the rule's formula on each parameter in turn (its NumPy path, the
+    counters read from the "device" array), recording ``(len(xs), eta)`` (``eta`` None where the formula has no
+    field of that name: a chain's are prefixed)."""
+    def optimiser_step_many(x, formula, xs, dxs, states, inputs, hyper, counters, ok=None):
+        assert ok is None
+        calls.append((len(xs), hyper.get("eta")))
+        now = () if counters is None else tuple(float(c) for c in counters)
+        for x, dx, s, i in zip(xs, dxs, states, inputs):
+            step = evaluate(formula, hyper, s, now, x, dx, dict(zip(formula.inputs, i)))
+            if step is not None:
+                x -= step
+    return optimiser_step_many
 
 
-def numpy_sgd_many(calls):
-    """sgd_update_many for NumPy arrays: Descent's (``vs`` None) or Momentum's CPU step for each parameter,
-    recording ``("descent" or "momentum", len(xs), eta)``."""
-    def sgd_update_many(xs, dxs, vs, eta, rho=None):
-        calls.append(("descent" if vs is None else "momentum", len(xs), eta))
-        for k, (x, dx) in enumerate(zip(xs, dxs)):
-            if vs is None:
-                x -= eta * dx
-            else:
-                vs[k] *= rho
-                vs[k] += eta * dx
-                x -= vs[k]
-    return sgd_update_many
+def numpy_advance(counters, formula, hyper, ok=None):
+    counters[...] = advance(formula, hyper, tuple(float(c) for c in counters))
 
 
-def numpy_arrays(x, xs, dxs, *states):
-    return all(isinstance(a, np.ndarray) for group in (xs,) + states if group is not None for a in group)
+def numpy_arrays(x, formula, xs, dxs, states, inputs):
+    return all(isinstance(a, np.ndarray) for a in xs) and all(isinstance(a, np.ndarray) for s in states for a in s)
 
 
 @contextlib.contextmanager
@@ -73,8 +54,8 @@ def many_kernel(supports=numpy_arrays):
     """Registers the NumPy multi-tensor kernels for the block; yields the list of their calls."""
     before = kernels.snapshot()
     calls = []
-    kernels.register("adam_update_many", "numpy", numpy_adam_many(calls), supports)
-    kernels.register("sgd_update_many", "numpy", numpy_sgd_many(calls), supports)
+    kernels.register("optimiser_step_many", "numpy", numpy_step_many(calls), supports)
+    kernels.register("optimiser_advance", "numpy", numpy_advance)
     try:
         yield calls
     finally:
@@ -198,16 +179,16 @@ def test_mixed_rules_and_adjust():
              "c": setup(OptimiserChain(ClipGrad(0.5), Adam(0.01)), model["c"])}
     twin = Twin(state, model)
     with many_kernel() as calls:
-        others = [("momentum", 1, 0.1), ("adamw", 1, 0.01)]   # chains step leaf by leaf
+        others = [(1, 0.1), (1, 0.01), (1, None)]   # Momentum, AdamW, the chain: a group each
         assert twin.step(grad_like(model, rng), calls) == [(14, 0.01)] + others
         twin.both(lambda s, m: adjust(s["b"], 0.003))
         for _ in range(2):
             assert twin.step(grad_like(model, rng), calls) == [(7, 0.01), (7, 0.003)] + others
         twin.both(lambda s, m: adjust(s, 0.002))
-        assert twin.step(grad_like(model, rng), calls) == [(14, 0.002), ("momentum", 1, 0.002), ("adamw", 1, 0.002)]
+        assert twin.step(grad_like(model, rng), calls) == [(14, 0.002), (1, 0.002), (1, 0.002), (1, None)]
         twin.both(lambda s, m: adjust(s["a"], beta=(0.5, 0.9)))
-        assert twin.step(grad_like(model, rng), calls) == [(7, 0.002), (7, 0.002), ("momentum", 1, 0.002),
-                                                           ("adamw", 1, 0.002)]
+        assert twin.step(grad_like(model, rng), calls) == [(7, 0.002), (7, 0.002), (1, 0.002), (1, 0.002),
+                                                           (1, None)]
 
 
 def test_equal_hyperparameters_of_other_types_make_other_groups():
@@ -245,8 +226,8 @@ def test_parameters_sharing_memory_step_alone():
     twin = Twin(*make(), alone=make())
     rng = np.random.default_rng(55)
     with many_kernel() as calls:
-        for _ in range(3):   # a, b and whole overlap: each steps alone, in the plan's order
-            assert twin.step(grad_like(twin.grouped[1], rng), calls) == [(3, 0.1)]
+        for _ in range(3):   # a, b and whole overlap: each steps alone (a launch of its own), in the plan's order
+            assert twin.step(grad_like(twin.grouped[1], rng), calls) == [(1, 0.1)] * 3 + [(3, 0.1)]
     assert np.shares_memory(twin.grouped[1]["a"], twin.grouped[1]["whole"])
 
 
@@ -321,9 +302,11 @@ def test_a_zero_dim_parameter_with_a_numpy_scalar_gradient():
 
 
 @pytest.mark.parametrize("rule, made", [
-    (AdamW(0.01, lambd=0.1), [("adamw", 7, 0.01)]), (Momentum(0.01), [("momentum", 7, 0.01)]),
-    (Descent(0.05), [("descent", 7, 0.05)]), (OptimiserChain(ClipGrad(1.0), Adam(0.01)), [])])
-def test_descent_momentum_and_adamw_are_grouped_and_chains_are_not(rule, made):
+    (AdamW(0.01, lambd=0.1), [(7, 0.01)]), (Momentum(0.01), [(7, 0.01)]), (Descent(0.05), [(7, 0.05)]),
+    (OptimiserChain(ClipGrad(1.0), Adam(0.01)), [(7, None)]), (Nesterov(0.01), [(7, 0.01)]),
+    (RAdam(0.1), [(7, 0.1)]), (OptimiserChain(ClipNorm(1.0), WeightDecay(0.1), Adam(0.01)), [(7, None)]),
+    (OptimiserChain(AccumGrad(2), RMSProp(0.01, centred=True)), [(7, None)])])
+def test_every_rule_with_a_formula_is_grouped_chains_too(rule, made):
     rng = np.random.default_rng(9)
     model = odd_model(rng)
     twin = Twin(setup(rule, model), model)

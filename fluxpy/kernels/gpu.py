@@ -11,9 +11,9 @@ CuPy arrays; it does nothing and returns ``False`` where CuPy cannot be imported
 module                  kernels
 ======================  =====================================================================
 ``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f``),
-                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, the fused
-                        optimiser steps (``descent_update``, ``momentum_update``, ``adam_update``,
-                        ``adagrad_update`` ... ``lion_update``, the multi-tensor ``*_update_many``)
+                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, ``erf``
+``cuda_optimise``       ``optimiser_step``, ``optimiser_step_many``, ``optimiser_advance`` (generated from
+                        a rule's formula), ``finite_total``, ``vector_norm``, ``loss_scale_advance``
 ``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)
 ``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
@@ -43,10 +43,10 @@ _before: list = []   # the table as it was before register(), while registered
 
 
 def _modules():
-    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_pool, cuda_recurrent, cuda_scatter,
-                   cuda_softmax, elementwise, philox, reduce)
-    return (elementwise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter, cuda_layernorm,
-            cuda_recurrent, cuda_arrays, philox)
+    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_optimise, cuda_pool, cuda_recurrent,
+                   cuda_scatter, cuda_softmax, elementwise, philox, reduce)
+    return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter,
+            cuda_layernorm, cuda_recurrent, cuda_arrays, philox)
 
 
 def register() -> bool:

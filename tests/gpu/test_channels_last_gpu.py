@@ -224,7 +224,11 @@ def test_a_resnet_step_in_channels_last_is_as_accurate_as_c_order_with_every_act
 
 def test_multi_tensor_adam_on_channels_last_parameters_matches_c_order():
     cp = cupy_module()
-    from fluxpy.kernels.elementwise import adam_update_many, adam_update_many_supports
+    from fluxpy.kernels.cuda_optimise import optimiser_advance, optimiser_step_many, optimiser_step_many_supports
+    from fluxpy.optimise import Adam
+    from fluxpy.optimise.rules import formula_of
+    rule = Adam(1e-2)
+    f, hyper = formula_of(rule), rule.hyper()
     rng = np.random.default_rng(6)
     xs = [_draw(rng, s, np.float32) for s in [(8, 4, 3, 3), (16, 8, 1, 1), (5,), (6, 3, 3, 3)]]
     dxs = [_draw(rng, a.shape, np.float32) for a in xs]
@@ -233,11 +237,16 @@ def test_multi_tensor_adam_on_channels_last_parameters_matches_c_order():
     ldx = [to_channels_last(d) if k != 3 and d.ndim == 4 else d.copy() for k, d in enumerate(dxs)]
     ms, vs = [cp.zeros_like(a) for a in xs], [cp.zeros_like(a) for a in xs]
     lms, lvs = [cp.zeros_like(a) for a in lx], [cp.zeros_like(a) for a in lx]
-    assert adam_update_many_supports(lx[0], lx, ldx, lms, lvs)
-    assert not adam_update_many_supports(lx[0], lx, ldx, ms, lvs), "state laid out unlike its parameter"
+    states, lstates, none = [list(p) for p in zip(ms, vs)], [list(p) for p in zip(lms, lvs)], [[]] * len(xs)
+    assert optimiser_step_many_supports(lx[0], f, lx, ldx, lstates, none)
+    assert not optimiser_step_many_supports(lx[0], f, lx, ldx, [list(p) for p in zip(ms, lvs)], none), \
+        "state laid out unlike its parameter"
+    counters, lcounters = cp.array([0.9, 0.999]), cp.array([0.9, 0.999])
     for _ in range(3):
-        adam_update_many(xs, dxs, ms, vs, 1e-2, (0.9, 0.999), 1e-8, 0.9, 0.999)
-        adam_update_many(lx, ldx, lms, lvs, 1e-2, (0.9, 0.999), 1e-8, 0.9, 0.999)
+        optimiser_step_many(xs[0], f, xs, dxs, states, none, hyper, counters)
+        optimiser_step_many(lx[0], f, lx, ldx, lstates, none, hyper, lcounters)
+        optimiser_advance(counters, f, hyper)
+        optimiser_advance(lcounters, f, hyper)
     for a, b in zip(lx, xs):
         assert bool(cp.isfinite(a).all()) and cp.array_equal(a, b)
     assert is_channels_last(lx[0]) and is_channels_last(lms[0])

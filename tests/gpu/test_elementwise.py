@@ -214,7 +214,7 @@ def test_fused_optimiser_updates_match_the_rules():
     import cupy as cp
     from fluxpy import optimise as O
     rng = np.random.default_rng(6)
-    kernel_names = {O.Descent: "descent_update", O.Momentum: "momentum_update", O.Adam: "adam_update"}
+    from fluxpy.optimise.rules import formula_of
     for rule in (O.Descent(0.1), O.Momentum(0.05, 0.8), O.Adam(0.01)):
         for dtype in (np.float64, np.float32):
             w = rng.standard_normal((7, 5)).astype(dtype)
@@ -223,17 +223,23 @@ def test_fused_optimiser_updates_match_the_rules():
             for _ in range(3):
                 g = rng.standard_normal(w.shape).astype(dtype)
                 O.update(st_cpu, w, g)
-                assert fluxpy.kernels.find(kernel_names[type(rule)], wg, cp.asarray(g)) is not None
+                states = [a for a in (st_gpu.state if isinstance(st_gpu.state, tuple) else (st_gpu.state,))
+                          if hasattr(a, "shape")]
+                assert fluxpy.kernels.find("optimiser_step_many", wg, formula_of(rule), [wg], [cp.asarray(g)],
+                                           [states], [[]]) is not None
                 O.update(st_gpu, wg, cp.asarray(g))
             np.testing.assert_allclose(cp.asnumpy(wg), w, rtol=1e-12 if dtype == np.float64 else 1e-5)
 
 
-def test_adam_with_a_non_contiguous_gradient_takes_the_elementwise_kernel():
+def test_adam_with_a_non_contiguous_parameter_takes_the_elementwise_kernel():
     import cupy as cp
     from fluxpy import optimise as O
+    from fluxpy.kernels import cuda_optimise as K
+    from fluxpy.optimise.rules import formula_of
     rng = np.random.default_rng(7)
     w = rng.standard_normal((3, 4))
-    wg = cp.asarray(w)
+    wg = cp.zeros((3, 8))[:, ::2]   # a strided parameter: the per-parameter (ElementwiseKernel) step
+    wg[...] = cp.asarray(w)
     rule = O.Adam(0.01)
     st_cpu, st_gpu = O.setup(rule, w), O.setup(rule, wg)
     for _ in range(3):
@@ -241,6 +247,7 @@ def test_adam_with_a_non_contiguous_gradient_takes_the_elementwise_kernel():
         O.update(st_cpu, w, g.T)
         gg = cp.asarray(g).T
         assert not gg.flags.c_contiguous
-        assert fluxpy.kernels.find("adam_update", wg, gg) is E.adam_update
+        args = (wg, formula_of(rule), gg, list(st_gpu.state[:2]), [])
+        assert fluxpy.kernels.find("optimiser_step", *args) is K.optimiser_step
         O.update(st_gpu, wg, gg)
     np.testing.assert_allclose(cp.asnumpy(wg), w, rtol=1e-12)
