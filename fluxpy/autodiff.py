@@ -39,7 +39,8 @@ from .functors import fmap, fmapstructure
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
-           "DetachedGradientWarning", "register_gradient_hook", "SliceCotangent"]
+           "DetachedGradientWarning", "register_gradient_hook", "SliceCotangent",
+           "withgradient_detailed"]
 
 _levels = itertools.count(1)
 # Gradient hooks (register_gradient_hook), per tape level: {level: {id(node): (node, [fn, ...])}}; a gradient or
@@ -545,9 +546,17 @@ def _detached_reason(who, y, boxes, tracked):
             "value_of, stop_gradient or no_grad?")
 
 
-def _withgradient(f, args, who, fname="f", aux=False):
-    """``(value, gradients, detached)``; ``detached`` is None or the reason every gradient is None. With ``aux``, a
-    tuple ``f`` returns is ``(loss, *auxiliary)``: the gradient is the loss's and ``value`` the whole tuple."""
+def withgradient_detailed(f: Callable, args: tuple, who: str, fname: str = "f", aux: bool = False) -> tuple:
+    """``(value, gradients, detached)`` of ``f(*args)``, for callers that report in their own name (``who``, and
+    ``fname`` for ``f``): ``detached`` is None or the reason every gradient is None, which the caller raises or
+    warns with. With ``aux``, a tuple ``f`` returns is ``(loss, *auxiliary)``: the gradient is the loss's and
+    ``value`` the whole tuple.
+
+    >>> import numpy as np
+    >>> value, grads, detached = withgradient_detailed(lambda x: (x * x).sum(), (np.array([3.0]),), "example")
+    >>> float(value), grads, detached
+    (9.0, (array([6.]),), None)
+    """
     with paused_while_recording:   # see fluxpy.collector: no collector scans while the tape is alive
         return _withgradient_now(f, args, who, fname, aux)
 
@@ -606,7 +615,7 @@ def withgradient(f: Callable, *args: Any) -> tuple[Any, tuple]:
     >>> float(loss), y, g
     (5.0, array([3., 6.]), array([2., 4.]))
     """
-    value, grads, detached = _withgradient(f, args, "withgradient", aux=True)
+    value, grads, detached = withgradient_detailed(f, args, "withgradient", aux=True)
     if detached:
         warnings.warn(detached, DetachedGradientWarning, stacklevel=2)
     return value, grads
@@ -630,7 +639,7 @@ def gradient(f: Callable, *args: Any) -> tuple:
     >>> gradient(lambda d: (d["w"] * 2).sum(), {"w": np.ones(2), "n": 3})
     ({'w': array([2., 2.]), 'n': None},)
     """
-    _, grads, detached = _withgradient(f, args, "gradient")
+    _, grads, detached = withgradient_detailed(f, args, "gradient")
     if detached:
         warnings.warn(detached, DetachedGradientWarning, stacklevel=2)
     return grads
@@ -715,7 +724,7 @@ def hessian(f: Callable, x: Any) -> Any:
            [ 0., 12.]])
     """
     def grad(z):
-        _, (g,), _ = _withgradient(f, (z,), "hessian")   # errors (a non-scalar f) name hessian
+        _, (g,), _ = withgradient_detailed(f, (z,), "hessian")   # errors (a non-scalar f) name hessian
         return z * 0 if g is None else g
     return jacobian(grad, x)[0]
 

@@ -31,7 +31,7 @@ from .backend import Array, copy_into, get_array_module, is_array, is_float_dtyp
 from .layout import MEMORY_FORMATS, to_memory_format
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
-           "cpu", "outputsize"]
+           "cpu", "outputsize", "trainable_keys", "rebuild"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -116,13 +116,28 @@ def _classify(x):
     return kind
 
 
-def _trainable_keys(x):
+def trainable_keys(x: Any) -> set | None:
+    """The field names ``@layer(trainable=...)`` declared for ``x``'s class, or None where it declared none (then
+    every float array child is trainable).
+
+    >>> @layer(trainable=("w",))
+    ... class Affine:
+    ...     def __init__(self):
+    ...         self.w, self.b = 1.0, 2.0
+    >>> trainable_keys(Affine()), trainable_keys([1.0])
+    ({'w'}, None)
+    """
     names = getattr(type(x), "__fluxpy_trainable__", None)
     return None if names is None else set(names)
 
 
-def _rebuild(x, new_kids):
-    """A shallow copy of node ``x`` whose children are ``new_kids`` (same keys, same order)."""
+def rebuild(x: Any, new_kids: list) -> Any:
+    """A shallow copy of node ``x`` whose children are ``new_kids`` (``(key, value)`` pairs as :func:`children`
+    gives them: same keys, same order).
+
+    >>> rebuild({"a": 1, "b": 2}, [("a", 10), ("b", 20)]), rebuild((1, 2), [(0, 3), (1, 4)])
+    ({'a': 10, 'b': 20}, (3, 4))
+    """
     if isinstance(x, tuple):
         vals = [v for _, v in new_kids]
         return type(x)._make(vals) if hasattr(type(x), "_make") else type(x)(vals)
@@ -178,7 +193,7 @@ def fmap(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
     if key in cache:
         return cache[key][1]
     kids = children(x)
-    y = f(x) if kids is None else _rebuild(x, [(k, fmap(f, v, cache=cache)) for k, v in kids])
+    y = f(x) if kids is None else rebuild(x, [(k, fmap(f, v, cache=cache)) for k, v in kids])
     if kids is not None or is_array(x):
         cache[key] = (x, y)  # keep x alive so its id is not reused
     return y
@@ -239,7 +254,7 @@ def _distinct_arrays(model, trainable_only):
                 seen.add(id(x))
                 out.append(x)
             return
-        allowed = _trainable_keys(x) if trainable_only else None
+        allowed = trainable_keys(x) if trainable_only else None
         for k, v in kids:
             if allowed is None or k in allowed:
                 walk(v)

@@ -54,7 +54,7 @@ from .autodiff import Primitive, value_of
 from .backend import Array, get_array_module, gpu_device, is_float_dtype
 from .capturing import refuse
 from .kernels import find
-from .functors import _rebuild, children, layer
+from .functors import rebuild, children, layer
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, LayerNorm
 from .layout import MEMORY_FORMATS
@@ -247,7 +247,7 @@ def _map_floats(model: Any, fn: Callable) -> Any:
     kids = children(model)
     if kids is None:
         return fn(model) if _floating(model) and model.dtype not in HALVES else model
-    return _rebuild(model, [(k, _map_floats(v, fn)) for k, v in kids])
+    return rebuild(model, [(k, _map_floats(v, fn)) for k, v in kids])
 
 
 def _float_leaves(model):

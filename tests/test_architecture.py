@@ -125,3 +125,80 @@ def test_every_module_imports_first(module):
     run = subprocess.run([sys.executable, "-c", f"import {module}; import fluxpy; fluxpy.gradient(lambda x: (x * x).sum(), 1.0)"],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# The stack: which part of fluxpy may import which (ARCHITECTURE.md draws it)
+
+PACKAGES = ("kernels", "ops", "layers", "optimise", "distributed", "datasets", "models")
+"""The sub-packages of fluxpy; every other part is a top-level module."""
+
+LAYERS = (
+    ("options", "backend"),                                     # settings; array modules and device moves
+    ("layout", "capturing", "collector"),                       # memory layout; what a capture needs; the GC
+    ("functors",),                                              # model trees
+    ("backward", "autodiff", "dual"),                           # the tape, its backward walk, dual numbers
+    ("kernels",),                                               # the kernel table and every device's kernels
+    ("random",),                                                # seeding and generators (a GPU one from the table)
+    ("ops", "broadcast"),                                       # maths and rules (NNlib)
+    ("layers", "losses", "optimise", "profile", "io", "data"),  # models, losses, optimisers, files
+    ("step", "precision", "schedules", "models", "datasets", "distributed"),  # above the layers and optimisers
+    ("train",),
+    ("fluxpy",),                                                # the package's __init__: the public names
+)
+"""Bottom up: a part may import any part of a lower layer, and within its own layer only along SAME_LAYER."""
+
+SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops")}
+"""The edges allowed inside a layer (``(importer, imported)``)."""
+
+
+def _part(module):
+    """The part of fluxpy a module belongs to: its sub-package, else the module's own name."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "fluxpy"
+
+
+def _rank():
+    return {part: level for level, parts in enumerate(LAYERS) for part in parts}
+
+
+def test_every_part_has_a_layer():
+    rank = _rank()
+    missing = sorted({_part(m) for m in _modules()} - set(rank))
+    assert not missing, f"parts of fluxpy missing from LAYERS: {missing}"
+    assert set(PACKAGES) <= set(rank)
+
+
+def test_imports_go_down_the_stack():
+    rank, bad = _rank(), []
+    for m, deps in _without_package_inits(_graph()).items():
+        for d in deps:
+            a, b = _part(m), _part(d)
+            if a != b and rank[a] <= rank[b] and (a, b) not in SAME_LAYER:
+                bad.append(f"{m} -> {d}")
+    assert not bad, "imports against the stack (see LAYERS):\n" + "\n".join(sorted(bad))
+
+
+def _private_imports():
+    """``(importer, module, name)`` of every ``from module import _name`` (or a private module) across parts."""
+    modules, found = _modules(), []
+    for m, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve(m, is_package, node.level, node.module) if node.level else (node.module or "")
+            if not base.startswith("fluxpy"):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                private |= any(p.startswith("_") and not p.startswith("__") for p in base.split("."))
+                if private and _part(base) != _part(m):
+                    found.append((m, base, alias.name))
+    return found
+
+
+def test_no_private_name_is_imported_across_parts():
+    found = _private_imports()
+    assert not found, "private names imported across parts of fluxpy:\n" + "\n".join(
+        f"{m}: from {base} import {name}" for m, base, name in found)

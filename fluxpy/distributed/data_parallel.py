@@ -39,7 +39,7 @@ import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, register_gradient_hook, value_of
 from ..backend import get_array_module, gpu_device, is_array, is_float_dtype
-from ..functors import _trainable_keys, children, layer
+from ..functors import trainable_keys, children, layer
 from .buckets import bucket_plan
 from .group import DistributedError, ProcessGroup, get_group
 
@@ -60,7 +60,7 @@ def _walk(model, trainable_only):
                 seen.add(id(x))
                 out.append((path, x))
             return
-        allowed = _trainable_keys(x) if trainable_only else None
+        allowed = trainable_keys(x) if trainable_only else None
         for k, v in kids:
             if allowed is None or k in allowed:
                 walk(v, f"{path}.{k}" if path else str(k))

@@ -21,7 +21,7 @@ from ..autodiff import Primitive, no_grad, value_of
 from ..backend import get_array_module
 from ..functors import children, layer
 from ..layers import BatchNorm
-from ..layers.normalise import _is_active
+from ..layers.normalise import is_active
 from ..ops import bias_act, concatenate, sqrt
 from ..ops import sum as _sum
 from .group import ProcessGroup, get_group
@@ -84,7 +84,7 @@ class SyncBatchNorm(BatchNorm):
 
     def __call__(self, x: Any) -> Any:
         group = self._group if self._group is not None else get_group()
-        training = self.running_mean is None or _is_active(self, x, self.gamma, self.beta)
+        training = self.running_mean is None or is_active(self, x, self.gamma, self.beta)
         if group.world_size == 1 or not training or not hasattr(x, "shape") or len(x.shape) < 2 \
                 or x.shape[1] != self.channels:
             return super().__call__(x)   # (and BatchNorm's own shape errors)

@@ -96,7 +96,15 @@ def _check_active(who, active):
         raise ValueError(f"{who}: active must be True, False or None (automatic), got {active!r}")
 
 
-def _is_active(layer, *xs):
+def is_active(layer: Any, *xs: Any) -> bool:
+    """Whether ``layer`` (Dropout, BatchNorm, ...) runs in its training mode on ``xs``: its ``active`` field where
+    set (``trainmode``/``testmode``), else whether ``xs`` are being differentiated (:func:`istraining`).
+
+    >>> import numpy as np
+    >>> d = Dropout(0.5)
+    >>> is_active(d, np.ones(3)), is_active(Dropout(0.5, active=True), np.ones(3))
+    (False, True)
+    """
     return istraining(*xs) if layer.active is None else layer.active
 
 
@@ -160,7 +168,7 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
             _require_norm_dtype(self, x, params.dtype)
         else:
             _require_float(self, x)
-        if self.running_mean is None or _is_active(self, x, self.gamma, self.beta):
+        if self.running_mean is None or is_active(self, x, self.gamma, self.beta):
             if math.prod(x.shape) // self.channels < 2:
                 _fail(self, "more than 1 value per channel when using batch statistics (training, or "
                             "track_stats=False)", x)
@@ -323,7 +331,7 @@ class InstanceNorm:
         _require_norm_input(self, x, self.channels, params, 3, "(N, C, S1, ...)")
         if math.prod(x.shape[2:]) < 2:
             _fail(self, "more than 1 spatial value per instance and channel", x)
-        if self.running_mean is not None and not _is_active(self, x, self.gamma, self.beta):
+        if self.running_mean is not None and not is_active(self, x, self.gamma, self.beta):
             y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
         else:
             y = instancenorm(x, self.gamma, self.beta, self.eps)
@@ -382,7 +390,7 @@ class Dropout:
         self.rng = rng if rng is None or hasattr(rng, "random") else np.random.default_rng(rng)
 
     def __call__(self, x: Array) -> Array:
-        return dropout(x, self.p, rng=self.rng, dims=self.dims, active=_is_active(self, x))
+        return dropout(x, self.p, rng=self.rng, dims=self.dims, active=is_active(self, x))
 
     def __repr__(self):
         dims = "" if self.dims is None else f", dims={self.dims}"
@@ -412,7 +420,7 @@ class AlphaDropout:
 
     def __call__(self, x: Array) -> Array:
         _require_float(self, x)
-        return alpha_dropout(x, self.p, rng=self.rng, active=_is_active(self, x))
+        return alpha_dropout(x, self.p, rng=self.rng, active=is_active(self, x))
 
     def __repr__(self):
         return f"AlphaDropout({self.p}{_mode_repr(self.active)})"

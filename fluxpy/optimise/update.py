@@ -22,7 +22,7 @@ import numpy as np
 from ..autodiff import value_of
 from ..backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
 from ..capturing import capturing, guarding
-from ..functors import _trainable_keys, children
+from ..functors import trainable_keys, children
 from ..kernels import find
 from ..kernels.halfs import is_half
 from . import multi
@@ -103,7 +103,7 @@ def setup(rule: Rule, model: Any) -> Any:
             if id(x) not in leaves:
                 leaves[id(x)] = Leaf(rule, rule.init(_master_like(x)))
             return leaves[id(x)]
-        allowed = _trainable_keys(x)
+        allowed = trainable_keys(x)
         return _node(x, [(k, walk(v) if allowed is None or k in allowed else None) for k, v in kids])
     return walk(model)
 

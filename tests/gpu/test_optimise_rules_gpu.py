@@ -22,7 +22,7 @@ from fluxpy import CaptureWarning, Chain, Dense, TrainStep, kernels, logitcrosse
 from fluxpy import optimise as O
 from fluxpy.capturing import guarding
 from fluxpy.kernels import cuda_optimise as K
-from fluxpy.kernels.cudnn import set_options
+from fluxpy.options import options
 from fluxpy.optimise.rules import formula_of
 from devices import assert_matches_cpu
 from test_optimise_rules_fused import RULES
@@ -38,9 +38,8 @@ NAMES = ("optimiser_step", "optimiser_step_many", "optimiser_advance")
 
 @pytest.fixture(autouse=True)
 def _deterministic_cudnn():
-    old = set_options(deterministic=True)
-    yield
-    set_options(**old)
+    with options(deterministic=True):
+        yield
 
 
 @contextlib.contextmanager
