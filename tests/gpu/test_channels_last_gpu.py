@@ -289,7 +289,7 @@ def test_mixed_precision_runs_a_c_order_model_in_channels_last_by_default():
 
 def test_the_finite_check_reads_channels_last_arrays_in_place():
     cp = cupy_module()
-    from fluxpy.kernels.elementwise import finite_total
+    from fluxpy.kernels.cuda_optimise import finite_total
     rng = np.random.default_rng(8)
     arrays = [to_channels_last(_draw(rng, (3, 5, 4, 4), dt)) for dt in (np.float32, BF16)]
     assert all(is_channels_last(a) for a in arrays)
