@@ -274,7 +274,10 @@ class ClipNorm(Rule):
     def _norm(self, x, dx):
         xp = get_array_module(x)
         kernel = find("vector_norm", dx, self.p)   # the GPU's: reductions, which a capture takes
-        norm = kernel(dx, self.p) if kernel is not None else xp.linalg.norm(dx.ravel(), ord=self.p)
+        if dx.size == 0:   # every norm of nothing is 0 (a max over nothing has no identity)
+            norm = xp.zeros((), dx.dtype)
+        else:
+            norm = kernel(dx, self.p) if kernel is not None else xp.linalg.norm(dx.ravel(), ord=self.p)
         # As Flux's ClipNorm: with throw, the check reads the norm on the host (a sync on the GPU); inside a
         # capture the step's guard does it on the device instead.
         if self.throw and not capturing() and not bool(xp.isfinite(norm)):
