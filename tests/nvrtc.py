@@ -73,6 +73,10 @@ class Result:
                 out.append(f"{function}: {line.strip()}")
         return out
 
+    def reported(self) -> bool:
+        """Whether ptxas reported the registers of at least one function (``-Xptxas=-v`` was taken)."""
+        return re.search(r"Used \d+ registers", self.log) is not None
+
     def attributes(self, kernel: str) -> tuple:
         """``(registers, local bytes, static shared bytes)`` of ``kernel`` as ptxas reports them (its stack frame
         is the local memory a launch gets), as a compiled function's ``num_regs``, ``local_size_bytes`` and

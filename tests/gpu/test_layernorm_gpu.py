@@ -15,6 +15,7 @@ from devices import cupy_module
 from fluxpy.backend import capture_graph
 from fluxpy.kernels import compiler, cuda_layernorm, find, layernorm_plan
 from fluxpy.ops.norm import layernorm
+from sweeps import case_id, is_full, sweep
 from test_half_conv_matmul import BF16
 
 pytestmark = pytest.mark.gpu
@@ -59,9 +60,8 @@ def _check(got, want, dtype, what, length=1):
     assert err <= bound, f"{what}: max error {err:.3g} above {bound:.3g}"
 
 
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16, np.float64], ids=str)
-@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("length, dtype, affine", sweep(LENGTHS, [np.float32, np.float16, BF16, np.float64],
+                                                      [True, False]), ids=case_id)
 def test_layernorm_matches_the_float64_composite(length, dtype, affine):
     if np.dtype(dtype) == np.float64 and length > 16384:
         pytest.skip("float64 rows this long are turned down (the composite runs): checked below")
@@ -116,10 +116,14 @@ def test_backward_is_deterministic_and_rows_longer_than_the_kernels_take_run_the
 def test_no_register_spills_at_any_size(dtype):
     """Every kernel that runs (ln_fwd; the backward's ln_bwd1 or ln_bwd, or ln_dx1 or ln_dx2 and ln_cols; and
     ln_params) keeps to registers, at the lengths of the tests and of the benchmark."""
-    # with the lengths where the H200's NVRTC once spilled (9,728-10,240 float32 and 13,824 fused halves in ln_dx1,
-    # 16,896 fused halves and 12,800 fused float64 in ln_fwd)
-    for length in LENGTHS + [384, 640, 2304, 2560, 4096, 14340, 16380, 16388, 18436, 20476, 16384, 1536, 1024, 9728, 10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484,
-                             24576, 28672]:
+    # the lengths where ptxas once spilled (9,728-10,240 float32 and 13,824 fused halves in ln_dx1, 16,896 fused
+    # halves and 12,800 fused float64 in ln_fwd) and one of each kernel family by default; every length of the tests
+    # and the benchmark in a full run (tests/test_kernel_sources.py checks sm_90's spills without a GPU, sampled)
+    lengths = [7, 768, 5140, 9728, 10240, 12800, 13824, 16896, 20480, 32768]
+    if is_full():
+        lengths = LENGTHS + [384, 640, 2304, 2560, 4096, 14340, 16380, 16388, 18436, 20476, 16384, 1536, 1024, 9728,
+                             10236, 10240, 12800, 13568, 13824, 16896, 18432, 20484, 24576, 28672]
+    for length in lengths:
         for fused in (False, True):
             attrs = cuda_layernorm.kernel_attributes(dtype, length, fused)
             if fused and not layernorm_plan.fused_fits(length, dtype):
@@ -485,9 +489,8 @@ def test_a_forward_that_spills_is_rebuilt_for_fewer_blocks_an_sm(monkeypatch):
     _forward_over_many_rows(dtype, False, length)
 
 
-@pytest.mark.parametrize("length", [4608, 5140, 5376, 6144])
-@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32], ids=str)
-@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("length, dtype, fused", sweep([4608, 5140, 5376, 6144], [np.float16, BF16, np.float32],
+                                                     [False, True]), ids=case_id)
 def test_a_backward_of_one_row_an_sm_runs_two_blocks_where_ptxas_fits_them(length, dtype, fused):
     """ln_bwd1 where its plan holds one row an SM: for the halves, the first two-block form that ptxas compiles
     without spilling (else the plan, every form having spilled); float32 keeps its plan. Either way the result
