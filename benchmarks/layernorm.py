@@ -217,28 +217,21 @@ def split_times(cp, ln, lp, layernorm_backward, first, g, b, plan, length, dtype
 
     key = np.dtype(dtype).itemsize
     if plan is not None and plan.kernel in ("ln_bwd", "ln_bwds", "ln_bwdr", "ln_bwdc"):
-        old = lp.SPLIT_FROM[key], lp.SHARED_COLUMNS[key]
         others = []
-        try:
-            lp.SHARED_COLUMNS[key] = False      # and so ln_bwdc, which runs ln_bwds a block
-            for split_from in (old[0], length):
-                lp.SPLIT_FROM[key] = split_from
+        for split_from in (lp.SPLIT_FROM[key], length):
+            # no shared columns, and so no ln_bwdc, which runs ln_bwds a block
+            with lp.switched(dtype, shared_columns=False, split_from=split_from):
                 sp = ln.backward_shape(length, dtype)
                 if sp is None or sp.kernel == plan.kernel or any(o[0] == sp.kernel for o in others):
                     continue
                 us = gpu_us(cp, fx_bwd, a.reps, a.rounds)
                 others.append((sp.kernel, us))
                 r[f"{sp.kernel}_bwd_us"] = us
-        finally:
-            lp.SPLIT_FROM[key], lp.SHARED_COLUMNS[key] = old
         copy_gbs = r["warm"]["copy_GBs"]
         r["others"] = ", ".join(f"{n} {us:.1f} ({bytes_bwd / us / 1e3 / copy_gbs:.0%})" for n, us in others)
     if lp.forward_plan(length, dtype, False, ln.limits()).stages:
-        lp.STAGED_FORWARD[key] = False   # the compiled forwards are cached under the planner's switches
-        try:
+        with lp.switched(dtype, staged_forward=False):   # compiled forwards are cached under the switches
             r["unstaged_fwd_us"] = gpu_us(cp, fx_fwd, a.reps, a.rounds)
-        finally:
-            lp.STAGED_FORWARD[key] = True
 
 
 MODES = {"warm": "one set of inputs, read again and again (what fits the L2 stays there)",

@@ -25,6 +25,8 @@ ForwardPlan(vw=4, tpr=512, rpb=1, items=10, blocks=2, prefetch=False, stages=0)
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -565,6 +567,38 @@ def backward_fits(length: int, dtype, limits: Limits = SM90) -> bool:
     (True, True, False)
     """
     return backward_plan(length, dtype, False, limits) is not None
+
+
+_SWITCHES = {"split_from": "SPLIT_FROM", "shared_columns": "SHARED_COLUMNS", "cluster_columns": "CLUSTER_COLUMNS",
+             "staged_forward": "STAGED_FORWARD", "backward_two_blocks": "BACKWARD_TWO_BLOCKS"}
+
+
+@contextlib.contextmanager
+def switched(dtype, **changes):
+    """A block in which the planner's switches for ``dtype`` take other values (``split_from``,
+    ``shared_columns``, ``cluster_columns``, ``staged_forward``, ``backward_two_blocks``), restored after: how a
+    benchmark or test times the kernel another plan would pick. Plans are cached under :func:`tuning`, so the block's
+    plans are its own.
+
+    >>> with switched(np.float16, staged_forward=False):
+    ...     STAGED_FORWARD[2]
+    False
+    >>> STAGED_FORWARD[2]
+    True
+    """
+    unknown = sorted(set(changes) - set(_SWITCHES))
+    if unknown:
+        raise TypeError(f"switched: unknown switches {unknown}; expected some of {sorted(_SWITCHES)}")
+    size = np.dtype(dtype).itemsize
+    tables = {name: globals()[table] for name, table in _SWITCHES.items()}
+    before = {name: tables[name][size] for name in changes}
+    try:
+        for name, value in changes.items():
+            tables[name][size] = value
+        yield
+    finally:
+        for name, value in before.items():
+            tables[name][size] = value
 
 
 def tuning(dtype) -> tuple:
