@@ -26,9 +26,9 @@ def contiguous(a, dtype):
 # A permuted view (NHWC of NCHW memory: the axis whose elements are adjacent in memory is not the last) is copied in
 # TILE x TILE tiles of those two axes through shared memory, read along the one and written along the other, so that
 # both sides are coalesced, after neighbouring axes that step through memory as one are merged (H and W there). CuPy's
-# copy reads such a view a strided element at a time. TILE x ROWS threads a tile: the shape that measured fastest
-# (BENCHMARKS.md). The other axes, at most _OUTER of them, index the tiles' batch. The words are copied as unsigned
-# integers of the item's size: the same bits, for every dtype (bfloat16 too).
+# copy reads such a view a strided element at a time. TILE x ROWS threads a tile, each thread copying TILE / ROWS of
+# its elements (the shapes not taken: BENCHMARKS.md). The other axes, at most _OUTER of them, index the tiles' batch.
+# The words are copied as unsigned integers of the item's size: the same bits, for every dtype (bfloat16 too).
 _OUTER = 4
 TILE, ROWS = 64, 4
 _WORDS = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
