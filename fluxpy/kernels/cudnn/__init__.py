@@ -16,6 +16,8 @@ CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, mo
   :class:`Plan`, algorithm search and its disk cache (:func:`cache_file`, :func:`stats`);
 - :mod:`~fluxpy.kernels.cudnn.graph`: the backend (graph) API: execution plans per problem,
   autotuned, falling back per problem to the legacy calls;
+- :mod:`~fluxpy.kernels.cudnn.choice`: choosing a problem's execution plan (the heuristics' candidates filtered by the
+  options, timed, the search within its budget, the pick);
 - :mod:`~fluxpy.kernels.cudnn.search`: the search past the heuristics (every engine, the knobs of the fastest);
 - :mod:`~fluxpy.kernels.cudnn.diskcache`: the files of choices kept between runs (both paths).
 
@@ -30,13 +32,14 @@ True
 """
 from __future__ import annotations
 
-from . import descriptors, diskcache, errors, geometry, graph, handle, legacy, library, search
+from . import choice, descriptors, diskcache, errors, geometry, graph, handle, legacy, library, search
 from .errors import STATUS_NAMES, CudnnError
 from .legacy import Plan, cache_file, plan, stats
 from .library import available, version
 
 __all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "clear_cache", "stats", "cache_file", "plan", "Plan",
-           "library", "errors", "handle", "descriptors", "geometry", "legacy", "graph", "search", "diskcache"]
+           "library", "errors", "handle", "descriptors", "geometry", "legacy", "graph", "choice",
+           "search", "diskcache"]
 
 
 def clear_cache(memory: bool = True, disk: bool = False) -> None:

@@ -15,19 +15,10 @@ Graphs (``GraphPlan.kind``):
   alone.
 - ``bwd_data``: ``CONVOLUTION_BACKWARD_DATA``; ``bwd_filter``: ``CONVOLUTION_BACKWARD_FILTER``.
 
-Engine choice: ``CUDNN_HEUR_MODE_A`` (then ``FALLBACK``) configurations in order, filtered as
-PyTorch filters them: never ``DOWN_CONVERT_INPUTS``; float32 without ``allow_tf32`` never
-``TENSOR_CORE``; ``deterministic`` never ``NONDETERMINISTIC``; plans whose workspace exceeds
-``workspace_limit`` are dropped (the options are :mod:`fluxpy.options`'s).
-Runtime-compiled engines are only tried when no precompiled one finalizes. With autotuning on
-(the ``autotune`` option, default 8) up to that many finalized plans (those of ``HEUR_MODE_A``, then of
-``FALLBACK``) are timed once on the call's own buffers (one warm run, then 5 under events) and the
-fastest kept (as ``torch.backends.cudnn.benchmark``).
-
-Past the heuristics (the ``search_budget_ms`` option, default 2000 ms per problem, and at most :data:`SEARCH_CALLS`
-calls' worth of time): every other engine of the graph with its default knobs, then the knobs of the three fastest
-configurations (split-K slices, tile shapes, stages... whatever the engine exposes), one knob at a time
-(:mod:`fluxpy.kernels.cudnn.search`); the three fastest are timed again (20 calls) before the pick.
+Engine choice (:mod:`fluxpy.kernels.cudnn.choice`): the heuristics' configurations filtered by the options, with
+autotuning (the ``autotune`` option) up to that many finalized plans timed once on the call's own buffers and the
+fastest kept (as ``torch.backends.cudnn.benchmark``); within the ``search_budget_ms`` option's budget, the search
+past the heuristics (:mod:`fluxpy.kernels.cudnn.search`: every other engine, then the knobs of the fastest).
 
 :func:`plan_info` says per problem which configuration won and where it came from (``source``: the heuristics'
 rank, ``engine search``, ``... + SPLIT_K_SLC=4`` for a knob change), and the heuristics' best time beside it.
@@ -52,33 +43,29 @@ The module imports without CuPy or cuDNN:
 from __future__ import annotations
 
 import ctypes
-import time
 
 import numpy as np
 
 from ...backend import cupy
 from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
 from ...options import options
-from .. import compiler
 from ..halfs import HALVES
 from . import legacy, library, search
+from .choice import SAME_SPEED, SEARCH_CALLS, _choose, _events_ms, _within_limit
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
                           A_BF_CONV, A_BF_DW, A_BF_DY, A_BF_X, A_CFG_ENGINE, A_CONV_COMP_TYPE, A_CONV_DILATIONS,
-                          A_CONV_DIMS, A_CONV_MODE, A_CONV_POST_PAD, A_CONV_PRE_PAD, A_CONV_STRIDES,
-                          A_FWD_ALPHA, A_FWD_BETA,
-                          A_FWD_CONV, A_FWD_W, A_FWD_X, A_FWD_Y, A_GRAPH_HANDLE, A_GRAPH_OPS, A_HEUR_GRAPH,
-                          A_HEUR_MODE, A_HEUR_RESULTS, A_PLAN_CONFIG, A_PLAN_HANDLE, A_PLAN_WORKSPACE,
+                          A_CONV_DIMS, A_CONV_MODE, A_CONV_POST_PAD, A_CONV_PRE_PAD, A_CONV_STRIDES, A_FWD_ALPHA,
+                          A_FWD_BETA, A_FWD_CONV, A_FWD_W, A_FWD_X, A_FWD_Y, A_GRAPH_HANDLE, A_GRAPH_OPS,
+                          A_HEUR_GRAPH, A_HEUR_MODE, A_HEUR_RESULTS, A_PLAN_CONFIG, A_PLAN_HANDLE, A_PLAN_WORKSPACE,
                           A_POINTWISE_MATH_PREC, A_POINTWISE_MODE, A_PW_B, A_PW_DESC, A_PW_X, A_PW_Y, A_T_ALIGN,
                           A_T_DIMS, A_T_DTYPE, A_T_STRIDES, A_T_UID, A_T_VIRTUAL, A_VP_PTRS, A_VP_UIDS,
-                          A_VP_WORKSPACE, BEHAVIOR_RUNTIME_COMPILATION, D_CONVOLUTION, D_ENGINE, D_ENGINECFG,
-                          D_ENGINEHEUR, D_EXECUTION_PLAN, D_OP_CONV_BWD_DATA, D_OP_CONV_BWD_FILTER, D_OP_CONV_FWD,
-                          D_OP_POINTWISE, D_OPERATIONGRAPH, D_POINTWISE, D_TENSOR, D_VARIANT_PACK, DATA_DOUBLE,
-                          HEUR_MODE_A, HEUR_MODE_FALLBACK, NOTE_DOWN_CONVERT_INPUTS, NOTE_NONDETERMINISTIC,
-                          NOTE_TENSOR_CORE, PW_ADD, PW_RELU_FWD, T_BACKEND_DESCRIPTOR, T_BOOLEAN,
-                          T_CONVOLUTION_MODE, T_DATA_TYPE, T_DOUBLE, T_FLOAT, T_HANDLE, T_HEUR_MODE, T_INT64,
-                          T_POINTWISE_MODE, T_VOID_PTR, backend_create, backend_destroy,
-                          backend_finalize, backend_set, compute_type, conv_mode, data_type, describe, int64s,
-                          pointers, scalars)
+                          A_VP_WORKSPACE, D_CONVOLUTION, D_ENGINE, D_ENGINECFG, D_ENGINEHEUR, D_EXECUTION_PLAN,
+                          D_OP_CONV_BWD_DATA, D_OP_CONV_BWD_FILTER, D_OP_CONV_FWD, D_OP_POINTWISE, D_OPERATIONGRAPH,
+                          D_POINTWISE, D_TENSOR, D_VARIANT_PACK, DATA_DOUBLE, PW_ADD, PW_RELU_FWD,
+                          T_BACKEND_DESCRIPTOR, T_BOOLEAN, T_CONVOLUTION_MODE, T_DATA_TYPE, T_DOUBLE, T_FLOAT,
+                          T_HANDLE, T_HEUR_MODE, T_INT64, T_POINTWISE_MODE, T_VOID_PTR, backend_create,
+                          backend_destroy, backend_finalize, backend_set, compute_type, conv_mode, data_type,
+                          describe, int64s, pointers, scalars)
 from .errors import CudnnError, check
 from .geometry import (ALIGN, ConvDimsLike, aligned, contiguous, crop_dx, descriptor_geometry, descriptor_shape,
                        pad_input, split_pad)
@@ -89,7 +76,7 @@ from .search import Candidate, Config
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
            "clear_cache", "plan_info", "fallback_reasons", "GraphPlan",
-           "LEGACY_MARGIN"]
+           "LEGACY_MARGIN", "SAME_SPEED", "SEARCH_CALLS"]
 
 GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), *HALVES}   # halves: tensor-core engines, fp32 compute
 UID_X, UID_W, UID_Y, UID_B, UID_V1, UID_V2 = 1, 2, 3, 4, 5, 6   # tensor uids (dx is UID_X, dy UID_Y, dw UID_W)
@@ -110,12 +97,6 @@ _stats = {"builds": 0, "hits": 0, "fallbacks": 0, "executes": 0, "vpack_builds":
 _plans = {}            # key -> GraphPlan, or None where the legacy path runs
 _why = {}              # key -> why the graph path could not plan it
 _DISK = DiskTable("graph")   # problem -> {"config": Config.to_json(), "source", "ms"} or {"legacy": ms}
-
-SEARCH_CALLS = 200
-"""The search past the heuristics spends at most the time of this many calls of the problem (at the heuristics' best
-speed), and at most the ``search_budget_ms`` option's budget: a problem of 20 us gets 4 ms (a few engines), one of
-10 ms the whole budget. A gain of 1% pays for the search within 20,000 calls (the disk cache keeps the choice, so it
-is paid once per machine)."""
 
 
 def stats() -> dict:
@@ -446,141 +427,6 @@ class GraphPlan:
         vp = self.vpack(ptrs, ws.ptr)
         check(fn.cudnnBackendExecute(handle, plan, vp), "cudnnBackendExecute", self.describe)
         _stats["executes"] += 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Choosing and timing the execution plan
-
-def _usable(num, fp32):
-    """Whether an engine with numerical notes ``num`` obeys the options."""
-    if NOTE_DOWN_CONVERT_INPUTS in num:
-        return False
-    if fp32 and not options.allow_tf32 and NOTE_TENSOR_CORE in num:
-        return False
-    return not (options.deterministic and NOTE_NONDETERMINISTIC in num)
-
-
-def _within_limit(got):
-    """``got`` (a plan and its workspace, or None) where the workspace is within the limit, else None (destroyed)."""
-    if got is not None and got[1] > options.workspace_limit:
-        backend_destroy(got[0])
-        return None
-    return got
-
-
-def _finalized(p, want):
-    """Up to ``want`` finalized :class:`~fluxpy.kernels.cudnn.search.Candidate` s in heuristics order
-    (``HEUR_MODE_A``, then, when autotuning, ``FALLBACK``'s), and the runtime-compiled configurations left for
-    later.
-
-    Float32 with ``allow_tf32`` gets ``want`` tensor-core candidates AND ``want`` without tensor cores: the
-    heuristics rank TF32 engines first, yet on small NCHW problems their layout transposes can make them slower
-    than the FMA engines, so allowing TF32 must not drop those."""
-    fp32 = p.dtype == np.float32
-    split = fp32 and options.allow_tf32
-    quota = {True: want, False: want} if split else {None: want}
-    found, later, seen = [], [], set()
-    for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
-        try:
-            cfgs = p.configs(mode)
-        except CudnnError:
-            continue
-        for rank, cfg in enumerate(cfgs):
-            try:
-                idx, num, beh = p.notes(cfg)
-            except CudnnError:
-                continue
-            pool = (NOTE_TENSOR_CORE in num) if split else None
-            if not _usable(num, fp32) or quota[pool] <= 0:
-                continue
-            if BEHAVIOR_RUNTIME_COMPILATION in beh:
-                later.append((idx, cfg))
-                continue
-            if (mode, idx) in seen:
-                continue
-            seen.add((mode, idx))
-            got = _within_limit(p.try_plan(cfg))
-            if got is None:
-                continue
-            where = "heuristics" if mode == HEUR_MODE_A else "fallback heuristics"
-            found.append(Candidate(got[0], got[1], search.read_config(cfg), f"{where} #{rank}"))
-            quota[pool] -= 1
-            if max(quota.values()) <= 0:
-                break
-        if max(quota.values()) <= 0 or (found and want == 1):
-            break   # with autotuning, the FALLBACK heuristics' configurations join the pool
-    return found, later
-
-
-def _runtime_compiled(p, later):
-    """The first runtime-compiled configuration that finalizes within the workspace limit, as a candidate list."""
-    for _, cfg in later:
-        got = _within_limit(p.try_plan(cfg))
-        if got is not None:
-            return [Candidate(got[0], got[1], search.read_config(cfg), "runtime-compiled")]
-    return []
-
-
-def _choose(p, handle, ptrs):
-    """Finalize execution plans in heuristics order (filtered by the options), with a search budget widen the
-    pool past the heuristics (:func:`fluxpy.kernels.cudnn.search.widen`), and keep the fastest."""
-    start = time.perf_counter()
-    found, later = _finalized(p, max(1, options.autotune))
-    if not found:
-        found = _runtime_compiled(p, later)
-    if not found:
-        return False
-
-    def timed(c, n=5):
-        c.ms = _events_ms(lambda: p.execute(handle, ptrs, c.plan, c.ws), n)
-        p.tuned.append((str(c.config), c.source, round(c.ms, 4)))
-
-    if len(found) > 1 or (options.search_budget_ms > 0 and options.autotune):
-        for c in found:
-            timed(c)
-    p.heuristics_ms = min(c.ms for c in found)
-    budget_ms = min(options.search_budget_ms, SEARCH_CALLS * p.heuristics_ms)
-    if budget_ms > 0 and options.autotune:
-        fp32 = p.dtype == np.float32
-        found += search.widen(p.graph, found, lambda cfg: _within_limit(p.try_plan(cfg)), timed,
-                              lambda num: _usable(num, fp32), time.perf_counter() + budget_ms / 1e3)
-        _retime_fastest(found, timed)
-    best = _fastest(found)
-    p.adopt(best)
-    for c in found:
-        if c is not best:
-            c.destroy()
-    p.choose_s = time.perf_counter() - start
-    return True
-
-
-def _retime_fastest(found, timed, n=3, reps=20):
-    """Time the ``n`` fastest candidates again, ``reps`` calls each: the pick among many candidates timed once
-    would otherwise favour a lucky measurement."""
-    if len(found) > 1:
-        for c in sorted(found, key=lambda c: c.ms)[:n]:
-            timed(c, reps)
-
-
-def _events_ms(run, n=5):
-    """Milliseconds per call of ``run()`` by the one GPU timer (:func:`fluxpy.kernels.compiler.time_ms`: host time
-    between launches counts, as in a training step); inf if cuDNN refuses the call or memory runs out."""
-    return compiler.time_ms(run, n, failures=(CudnnError,))
-
-
-SAME_SPEED = 1.03
-"""Timed plans within this factor of the fastest count as equally fast: the one with the least workspace wins."""
-
-
-def _fastest(found):
-    """The fastest of the timed ``found`` candidates (the smallest workspace among those within
-    :data:`SAME_SPEED` of the fastest: the workspace is memory held for the whole run); the first if none was
-    timed."""
-    fastest = min(c.ms for c in found)
-    if fastest == float("inf"):
-        return found[0]
-    near = [c for c in found if c.ms <= SAME_SPEED * fastest]
-    return min(near, key=lambda c: (c.ws, c.ms))
 
 
 # ---------------------------------------------------------------------------------------------
