@@ -51,7 +51,7 @@ from ...layout import channels_last_strides, empty_channels_last, is_channels_la
 from ...options import options
 from ..halfs import HALVES
 from . import legacy, library, search
-from .choice import SAME_SPEED, SEARCH_CALLS, _choose, _events_ms, _within_limit
+from .choice import SAME_SPEED, _choose, _events_ms, _within_limit
 from .descriptors import (A_BD_ALPHA, A_BD_BETA, A_BD_CONV, A_BD_DX, A_BD_DY, A_BD_W, A_BF_ALPHA, A_BF_BETA,
                           A_BF_CONV, A_BF_DW, A_BF_DY, A_BF_X, A_CFG_ENGINE, A_CONV_COMP_TYPE, A_CONV_DILATIONS,
                           A_CONV_DIMS, A_CONV_MODE, A_CONV_POST_PAD, A_CONV_PRE_PAD, A_CONV_STRIDES, A_FWD_ALPHA,
@@ -76,7 +76,7 @@ from .search import Candidate, Config
 
 __all__ = ["conv_forward", "conv_bias_act_forward", "conv_backward_data", "conv_backward_filter", "stats",
            "clear_cache", "plan_info", "fallback_reasons", "GraphPlan",
-           "LEGACY_MARGIN", "SAME_SPEED", "SEARCH_CALLS"]
+           "LEGACY_MARGIN", "SAME_SPEED"]
 
 GRAPH_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), *HALVES}   # halves: tensor-core engines, fp32 compute
 UID_X, UID_W, UID_Y, UID_B, UID_V1, UID_V2 = 1, 2, 3, 4, 5, 6   # tensor uids (dx is UID_X, dy UID_Y, dw UID_W)
