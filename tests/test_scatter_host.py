@@ -1,8 +1,8 @@
-"""The GPU scatter's and gather's host code (``fluxpy.kernels.cuda_scatter``) on the CPU, through a stand-in for
-CuPy (``cupy_standin``) whose kernels run in NumPy from exactly the arguments the host passes, checked against
-each kernel's parameter list: the packed kernel arguments of every implementation and index layout, the problems
-and launches cached per call signature, and the index checks (``index_checks="wait"`` and ``"deferred"``, the
-flag, the record of deferred calls, ``check_indices``). The CUDA code itself runs only on a GPU
+"""The GPU scatter's and gather's host code (``fluxpy.kernels.cuda_scatter`` and ``scatter_checks``) on the CPU,
+through a stand-in for CuPy (``cupy_standin``) whose kernels run in NumPy from exactly the arguments the host
+passes, checked against each kernel's parameter list: the packed kernel arguments of every implementation and index
+layout, the problems and launches cached per call signature, and the index checks (``index_checks="wait"`` and
+``"deferred"``, the flag, the record of deferred calls, ``check_indices``). The CUDA code itself runs only on a GPU
 (tests/gpu/test_scatter_gpu.py); tests/test_kernel_sources.py compiles it with NVRTC. The stand-in reads the
 kernels' parameter lists after the C preprocessor (``cpp``): these tests skip where there is none."""
 import gc
@@ -17,7 +17,7 @@ import pytest
 import fluxpy
 from cupy_standin import CPP, FakeArray, kernel_parameters, make_cupy, preprocess
 from fluxpy import backend, kernels
-from fluxpy.kernels import compiler, cpu, cuda_scatter
+from fluxpy.kernels import compiler, cpu, cuda_scatter, scatter_checks
 from fluxpy.options import options
 
 if CPP is None:
@@ -38,12 +38,14 @@ def cp(monkeypatch):
     fake = make_cupy()
     monkeypatch.setattr(backend, "cupy", fake)
     monkeypatch.setattr(cuda_scatter, "cupy", fake)
+    monkeypatch.setattr(scatter_checks, "cupy", fake)
     monkeypatch.setattr(compiler, "cupy", fake)
     monkeypatch.setattr(compiler, "_modules", {})
     monkeypatch.setattr(compiler, "_functions", {})
     monkeypatch.setattr(cuda_scatter, "c_contiguous", fake.ascontiguousarray)   # its tiled copy runs on a GPU only
-    for cache in ("_problems", "_gathers", "_choices", "_flags"):
+    for cache in ("_problems", "_gathers", "_choices"):
         monkeypatch.setattr(cuda_scatter, cache, {})
+    monkeypatch.setattr(scatter_checks, "_flags", {})
     fake.times = {"one_block": 1.0, "atomic": 2.0, "sorted": 3.0}
 
     def time_ms(run):
@@ -313,7 +315,7 @@ def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
     with pytest.raises(IndexError, match=r"gather: index 7 in idx is out of range for src axis 1 of size 3 "
                                          r"\(reported late"):
         fluxpy.check_indices()
-    assert cuda_scatter._flags[0].view[0] == 0
+    assert scatter_checks._flags[0].view[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
 def test_wait_mode_raises_at_the_call_and_clears_the_flag(cp):
     with pytest.raises(IndexError, match=r"scatter: index 5 in idx is out of range for dstsize axis 0 of size 3"):
         fluxpy.scatter("+", *_dev(cp, np.ones(2), np.array([0, 5])), dstsize=3)
-    assert cuda_scatter._flags[0].view[0] == 0
+    assert scatter_checks._flags[0].view[0] == 0
     with pytest.raises(IndexError, match="gather: expects non-negative"):
         fluxpy.gather(*_dev(cp, np.ones(3), np.array([-1])))
     np.testing.assert_array_equal(_host(fluxpy.gather(*_dev(cp, np.arange(3.0), np.array([2, 1])))), [2.0, 1.0])
@@ -333,7 +335,7 @@ def test_gradients_do_not_flag(cp):
     src, idx = _dev(cp, np.ones(2), np.array([0, 7]))
     cuda_scatter.scatter("add", src, (idx,), (3,))   # unchecked: the bad entry skipped, no trace
     cuda_scatter.gather(src, (idx,))
-    assert 0 not in cuda_scatter._flags or cuda_scatter._flags[0].view[0] == 0
+    assert 0 not in scatter_checks._flags or scatter_checks._flags[0].view[0] == 0
     assert cp.stream.waits["stream"] == 0
 
 
@@ -356,7 +358,7 @@ def test_a_deferred_call_returns_its_valid_entries_and_check_indices_raises_for_
                   "index_checks='deferred'", "test_scatter_host.py:"):
         assert words in message, message
     assert cp.stream.waits["device"] == 1
-    flag = cuda_scatter._flags[0]
+    flag = scatter_checks._flags[0]
     assert flag.view[0] == 0 and not flag.deferred
     fluxpy.check_indices()   # nothing pending
     np.testing.assert_array_equal(_host(fluxpy.gather(*_dev(cp, np.arange(3.0), np.array([2, 1])))), [2.0, 1.0])
@@ -386,7 +388,7 @@ def test_a_wait_mode_call_reports_a_pending_deferred_error(deferred):
     with pytest.raises(IndexError, match=r"gather: index 4 in idx\[1\] is out of range for src axis 1 of size 2 "
                                          r"\(reported late"):
         fluxpy.gather(*_dev(cp, np.ones(3), np.array([0])))   # read the flag (clear), queued, waited: flagged
-    flag = cuda_scatter._flags[0]
+    flag = scatter_checks._flags[0]
     assert flag.view[0] == 0 and not flag.deferred
 
 
@@ -397,7 +399,7 @@ def test_the_first_bad_deferred_call_is_reported_and_later_ones_stay_recorded(de
     fluxpy.scatter("+", src, bad3, dstsize=2)
     fluxpy.scatter("+", src, bad5, dstsize=2)
     fluxpy.scatter("+", src, good, dstsize=2)
-    flag = cuda_scatter._flags[0]
+    flag = scatter_checks._flags[0]
     first = flag.deferred[0][0]
     assert flag.view[0] == 0 and [e[0] for e in flag.deferred] == [first, first + 1, first + 2]
     cp.stream.run_queued()
@@ -422,10 +424,10 @@ def test_an_error_whose_index_arrays_are_gone_still_names_the_op_and_the_axes(de
 
 def test_the_record_is_bounded_and_a_forgotten_call_is_still_reported(deferred, monkeypatch):
     cp = deferred
-    monkeypatch.setattr(cuda_scatter, "_RECORDED", 4)
+    monkeypatch.setattr(scatter_checks, "_RECORDED", 4)
     src, bad, good = _dev(cp, np.ones(1), np.array([2]), np.array([0]))
     fluxpy.gather(src, bad)
-    flag = cuda_scatter._flags[0]
+    flag = scatter_checks._flags[0]
     assert flag.deferred.maxlen == 4
     call, flag.view[0] = flag.view[0], 0   # its report not yet arrived
     for _ in range(6):

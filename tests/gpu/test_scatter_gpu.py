@@ -357,9 +357,9 @@ def deferred():
 
 
 def _flag_value():
-    from fluxpy.kernels import cuda_scatter
+    from fluxpy.kernels import scatter_checks
     cp = cupy_module()
-    flag = cuda_scatter._flags.get(cp.cuda.runtime.getDevice())
+    flag = scatter_checks._flags.get(cp.cuda.runtime.getDevice())
     return 0 if flag is None else int(flag.view[0])
 
 
