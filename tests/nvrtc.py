@@ -33,6 +33,10 @@ def library():
         lib = None
         for path in _candidates():
             try:
+                # NVRTC dlopens its builtins by name: load the wheel's copy first, for wheels without an rpath to it
+                for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
+                    if ".alt." not in builtins:
+                        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
                 lib = ctypes.CDLL(path)
                 break
             except OSError:
