@@ -26,28 +26,37 @@ from .backend import Array, get_array_module, host_to_device, is_array
 from .functors import cpu, gpu
 from .random import as_rng
 
-__all__ = ["DataLoader", "onehotbatch", "onecold"]
+__all__ = ["DataLoader", "onehotbatch", "onecold", "describe", "short"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Bounded descriptions for error messages: never the whole data
 
 
-def _short(text, limit=80):
+def short(text, limit=80):
+    """``text`` cut to ``limit`` characters, so that an error message never holds the whole data.
+
+    >>> short("x" * 100, 10)
+    'xxxxxxx...'
+    """
     text = str(text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _describe(x):
-    """``x`` in a few words: type, shape and dtype of an array, type and length of a sequence."""
+def describe(x) -> str:
+    """``x`` in a few words for an error message: type, shape and dtype of an array, type and length of a sequence.
+
+    >>> describe(np.zeros((2, 3), np.uint8))
+    'ndarray of shape (2, 3) uint8'
+    """
     if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
         return f"{type(x).__name__} of shape {tuple(x.shape)} {x.dtype}"
     if isinstance(x, (str, bytes)):
-        return f"{type(x).__name__} {_short(repr(x), 60)}"
+        return f"{type(x).__name__} {short(repr(x), 60)}"
     if isinstance(x, (list, tuple, range, dict, set)):
         return f"{type(x).__name__} of length {len(x)}"
     if isinstance(x, (int, float, complex, np.generic)) or x is None:
-        return f"{type(x).__name__} {_short(repr(x.item() if isinstance(x, np.generic) else x), 60)}"
+        return f"{type(x).__name__} {short(repr(x.item() if isinstance(x, np.generic) else x), 60)}"
     return type(x).__name__
 
 
@@ -64,7 +73,7 @@ def _device_mover(device):
         return gpu
     if isinstance(device, str) and device == "cpu":
         return cpu
-    raise ValueError(f"DataLoader expects device to be None, \"cpu\", \"gpu\" or a function, got {_describe(device)}")
+    raise ValueError(f"DataLoader expects device to be None, \"cpu\", \"gpu\" or a function, got {describe(device)}")
 
 
 def _as_source(x, where):
@@ -75,20 +84,20 @@ def _as_source(x, where):
         if isinstance(x, list) and any(len(getattr(e, "shape", ())) >= 1 for e in x):
             raise TypeError(f"DataLoader: {where} is a list of arrays, which is ambiguous: pass a tuple (x, y) for "
                             "several arrays sliced alike, or numpy.stack(...) for one array of observations; "
-                            f"got {_describe(x)}")
+                            f"got {describe(x)}")
         try:
             array = np.asarray(x)
         except (ValueError, TypeError) as err:
-            raise ValueError(f"DataLoader: cannot convert {where} ({_describe(x)}) to an array: "
-                             f"{_short(err, 200)}") from None
+            raise ValueError(f"DataLoader: cannot convert {where} ({describe(x)}) to an array: "
+                             f"{short(err, 200)}") from None
         if array.dtype == object:
-            raise ValueError(f"DataLoader: {where} ({_describe(x)}) converts only to an array of Python objects "
+            raise ValueError(f"DataLoader: {where} ({describe(x)}) converts only to an array of Python objects "
                              "(mixed types?); pass numbers or strings of one kind")
     else:
         raise TypeError("DataLoader expects an array, a list, or a tuple of them (observations on the first axis), "
-                        f"got {_describe(x)} as {where}")
+                        f"got {describe(x)} as {where}")
     if len(array.shape) < 1:
-        raise ValueError(f"DataLoader expects {where} to have an observation axis, got a 0-d {_describe(array)}")
+        raise ValueError(f"DataLoader expects {where} to have an observation axis, got a 0-d {describe(array)}")
     return array
 
 
@@ -164,16 +173,16 @@ class DataLoader:
         self.nobs = int(arrays[0].shape[0])
         if any(int(a.shape[0]) != self.nobs for a in arrays):
             raise ValueError("DataLoader expects every array to have the same number of observations on axis 0, "
-                             f"got shapes {_short([tuple(a.shape) for a in arrays], 300)}")
+                             f"got shapes {short([tuple(a.shape) for a in arrays], 300)}")
         if self.nobs == 0:
-            raise ValueError(f"DataLoader expects at least one observation, got {_describe(arrays[0])}")
+            raise ValueError(f"DataLoader expects at least one observation, got {describe(arrays[0])}")
         if isinstance(batchsize, bool) or not isinstance(batchsize, (int, np.integer)):
-            raise TypeError(f"DataLoader expects batchsize to be an int >= 1, got {_describe(batchsize)}")
+            raise TypeError(f"DataLoader expects batchsize to be an int >= 1, got {describe(batchsize)}")
         if batchsize < 1:
             raise ValueError(f"DataLoader expects batchsize to be an int >= 1, got {int(batchsize)}")
         for name, flag in (("shuffle", shuffle), ("partial", partial), ("prefetch", prefetch)):
             if not isinstance(flag, (bool, np.bool_)):
-                raise TypeError(f"DataLoader expects {name} to be True or False, got {_describe(flag)}")
+                raise TypeError(f"DataLoader expects {name} to be True or False, got {describe(flag)}")
         self.shard = _check_shard(shard, self.nobs, bool(partial))
         self.rng = as_rng(rng, "DataLoader")
         self._move = _device_mover(device)
@@ -250,8 +259,8 @@ def _check_shard(shard, nobs, partial):
         return None
     if not isinstance(shard, (tuple, list)) or len(shard) != 2 or \
             any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in shard):
-        raise TypeError(f"DataLoader expects shard to be (rank, world_size), two ints, got {_describe(shard)}"
-                        + (f" {_short(repr(tuple(shard)), 60)}" if isinstance(shard, (tuple, list)) else ""))
+        raise TypeError(f"DataLoader expects shard to be (rank, world_size), two ints, got {describe(shard)}"
+                        + (f" {short(repr(tuple(shard)), 60)}" if isinstance(shard, (tuple, list)) else ""))
     rank, world = int(shard[0]), int(shard[1])
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"DataLoader expects shard=(rank, world_size) with world_size >= 1 and "
@@ -309,10 +318,10 @@ def onehotbatch(labels: Array | Sequence, classes: Sequence | int) -> Array:
     try:
         labels_np = np.asarray(cpu(value_of(labels)) if is_array(labels) else labels)
     except (ValueError, TypeError) as err:
-        raise ValueError(f"onehotbatch cannot convert the labels ({_describe(labels)}) to an array: "
-                         f"{_short(err, 200)}") from None
+        raise ValueError(f"onehotbatch cannot convert the labels ({describe(labels)}) to an array: "
+                         f"{short(err, 200)}") from None
     if labels_np.ndim != 1:
-        raise ValueError(f"onehotbatch expects a 1-d sequence of labels, got {_describe(labels_np)}")
+        raise ValueError(f"onehotbatch expects a 1-d sequence of labels, got {describe(labels_np)}")
     classes = _check_classes(classes, "onehotbatch")
     columns = _class_columns(labels_np, classes)
     out = np.zeros((len(labels_np), len(classes)), dtype=np.float32)
@@ -329,7 +338,7 @@ def _check_classes(classes, who):
     if isinstance(classes, (set, frozenset, dict)) or not hasattr(classes, "__len__") or \
             not hasattr(classes, "__getitem__"):
         raise TypeError(f"{who} expects classes to be an int or an ordered sequence of labels (list, tuple, range, "
-                        f"str, array), got {_describe(classes)}")
+                        f"str, array), got {describe(classes)}")
     if len(classes) == 0:
         raise ValueError(f"{who} expects at least one class, got an empty {type(classes).__name__}")
     return classes
@@ -353,17 +362,17 @@ def _class_columns(labels, classes):
         columns = order[pos]
         bad = keys[columns] != labels
     if np.any(bad):
-        raise ValueError(f"onehotbatch: label {_short(repr(labels[np.argmax(bad)].item()), 60)} is not one of the "
+        raise ValueError(f"onehotbatch: label {short(repr(labels[np.argmax(bad)].item()), 60)} is not one of the "
                          f"classes {_show(classes)}")
     return columns
 
 
 def _show(classes):
     if isinstance(classes, (range, str)):
-        return _short(repr(classes), 200)
+        return short(repr(classes), 200)
     shown = [getattr(c, "item", lambda: c)() for c in list(classes)[:20]]  # noqa: B023  (called at once)
     more = f" and {len(classes) - 20} more" if len(classes) > 20 else ""
-    return _short(repr(shown), 200) + more
+    return short(repr(shown), 200) + more
 
 
 def onecold(y: Array, classes: Sequence | None = None) -> Any:
@@ -388,7 +397,7 @@ def onecold(y: Array, classes: Sequence | None = None) -> Any:
     if not hasattr(v, "shape"):
         v = np.asarray(v)
     if len(v.shape) < 1 or v.shape[-1] == 0:
-        raise ValueError(f"onecold expects scores with a non-empty last axis, got {_describe(v)}")
+        raise ValueError(f"onecold expects scores with a non-empty last axis, got {describe(v)}")
     if classes is not None:
         classes = _check_classes(classes, "onecold")
         if len(classes) != v.shape[-1]:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import Array, get_array_module, is_array, is_float_dtype
-from ._files import describe
+from ..data import describe
 from ..random import RNG, as_rng
 
 __all__ = ["random_crop", "random_flip", "normalise"]

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._files import NETWORK_RETRY_AFTER, cache_dir, describe, fetch_checked, unreachable, write_new_file
+from ._files import NETWORK_RETRY_AFTER, cache_dir, fetch_checked, unreachable, write_new_file
+from ..data import describe
 
 __all__ = ["load_cifar10", "read_cifar_batch", "write_cifar_batch", "extract_batches", "cifar_cache_dir",
            "CIFARUnavailableError", "CIFAR10_CLASSES", "CIFAR10_FILES", "CIFAR10_MEAN", "CIFAR10_STD", "CIFAR10_URL",

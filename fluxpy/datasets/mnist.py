@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._files import NETWORK_RETRY_AFTER, cache_dir, describe, fetch_checked, short, unreachable, write_new_file
+from ._files import NETWORK_RETRY_AFTER, cache_dir, fetch_checked, unreachable, write_new_file
+from ..data import describe, short
 
 __all__ = ["load_mnist", "read_idx", "write_idx", "mnist_cache_dir", "MNISTUnavailableError", "MNIST_FILES",
            "MNIST_MIRRORS"]
