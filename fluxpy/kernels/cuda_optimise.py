@@ -261,8 +261,17 @@ def SOURCE_VARIANTS(formulas: Sequence = ()):
             yield "optimise_many.cu", many_defines(formula, hyper, dtype)
 
 
+_many_defines: dict = {}
+
+
 def _many_kernel(formula, hyper, dtype):
-    defines = many_defines(formula, hyper, dtype)
+    """``(kernel, slots)`` of :func:`many_defines`; the defines are kept per formula, so a step does not translate
+    the formula to C again (the compiled kernel is the compiler's, per device). The key holds every value the
+    defines are made of."""
+    key = (formula, hyper, np.dtype(dtype), CAP, _ITEMS)
+    defines = _many_defines.get(key)
+    if defines is None:
+        defines = _many_defines[key] = many_defines(formula, hyper, dtype)
     return compiler.function("optimise_many.cu", "fx_step_many", defines), defines["FX_SLOTS"]
 
 
