@@ -201,6 +201,7 @@ def as_f32(cp, a):
 def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, conv_backward_data,
               conv_backward_filter, ConvDims, relu, gpu, to_channels_last):
     """The rows and the table of one dtype (see the module docstring)."""
+    from fluxpy import options
     rows = []
     rng = np.random.default_rng(0)
     dtype, half = DTYPES[dtype_name], dtype_name != "float32"
@@ -283,7 +284,7 @@ def run_dtype(args, dtype_name, cp, torch, F, cudnn, cuda_conv, conv_bias_act, c
     print(f"cudnn stats: legacy {cudnn.stats()}, graph {cudnn.graph.stats()}")
     spent = [i["choose_s"] for i in cudnn.graph.plan_info()]
     print(f"fluxpy spent {sum(spent):.1f} s choosing {len(spent)} graph plans (at most {max(spent, default=0):.2f} s "
-          f"on one; search budget {fluxpy.options.search_budget_ms:g} ms per problem)")
+          f"on one; search budget {options.search_budget_ms:g} ms per problem)")
     if half:
         reasons = {k: v for k, v in cudnn.graph.fallback_reasons().items() if dtype_name in k}
         print(f"{dtype_name} problems on the legacy path: {len(reasons)}" +

@@ -28,7 +28,7 @@ from ..cuda_arrays import c_contiguous
 from .descriptors import data_type, scalars, tensor_descriptor
 from .errors import check
 from .handle import get_handle
-from .library import fn, has, load
+from .library import fn, has, load, load_error
 
 __all__ = ["available", "supported_ndim", "param_dtype", "forward_training", "forward_inference", "backward"]
 
@@ -92,6 +92,9 @@ def _desc(x):
     key = (x.shape, x.dtype, x.device.id)
     d = _descriptors.get(key)
     if d is None:
+        if not available():
+            raise RuntimeError(f"cuDNN batch norm: needs cuDNN with the calls {', '.join(_CALLS)}; "
+                               f"{load_error() or 'the loaded library lacks one of them'}")
         data_type(x.dtype)   # a clear error for a dtype cuDNN lacks
         d = _descriptors[key] = _Descriptors(_shape4(x.shape), x.dtype)
     return d
