@@ -29,7 +29,7 @@ from ..kernels.halfs import is_half
 from .base import build, flatten, formula_of
 from .formula import advance
 
-__all__ = ["apply"]
+__all__ = ["apply", "prepare"]
 
 
 def apply(plan: list) -> None:
@@ -43,13 +43,34 @@ def apply(plan: list) -> None:
     >>> model
     {'a': array([0.5, 0.5]), 'b': array([0.5])}
     """
-    if not plan:
-        return
+    if plan:
+        _steps(plan).run(plan)
+
+
+def prepare(plan: list) -> None:
+    """Makes the device state that :func:`apply` of ``plan`` will use (the groups' counters), stepping nothing: a
+    step whose update was skipped (a float16 overflow) still leaves it, so the next step can be captured (a capture
+    cannot copy from the host).
+
+    >>> import numpy as np
+    >>> from fluxpy.optimise import Adam, Plan, setup
+    >>> model = {"a": np.ones(2)}
+    >>> prepare(Plan(setup(Adam(), model), model, {"a": np.ones(2)}).entries)
+    >>> model
+    {'a': array([1., 1.])}
+    """
+    if plan:
+        for item in _steps(plan).order:
+            if type(item) is not int:
+                item.prepare()
+
+
+def _steps(plan):
     anchor = plan[0][0]
     steps = anchor._steps
     if steps is None or not steps.fits(plan):
         steps = anchor._steps = Steps(plan)
-    steps.run(plan)
+    return steps
 
 
 class Steps:
@@ -214,6 +235,12 @@ class Group:
             find("optimiser_advance", counters)(counters, f, self.hyper, **ok)
             self._advance_host(states)
             on_replay(lambda: self._advance_host(states))
+
+    def prepare(self):
+        """The group's device counters made now (on the device of its parameters), where its formula has any."""
+        xp = get_array_module(self.xs[0])
+        if self.formula.counters and xp is not np:
+            self._device_counters(xp)
 
     def _host_steps(self, dxs, states):
         """Leaf by leaf through ``rule.step`` (the formula on arrays); the host counters move with the leaves."""

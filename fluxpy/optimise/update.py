@@ -185,6 +185,8 @@ def _apply_loss_scaled(plan, scaler):
             plan.apply()
     elif Plan.is_finite(flag):
         plan.apply()
+    else:
+        plan.prepare()   # the skipped step still makes the device state a captured step will use
     scaler.advance(flag)
 
 
@@ -242,6 +244,10 @@ class Plan:
         order). Inside :func:`fluxpy.capturing.guarding` every kernel skips itself where the guard is not finite;
         a step that cannot refuses the capture."""
         multi.apply(self.entries)
+
+    def prepare(self) -> None:
+        """Make the device state :meth:`apply` will use (:func:`fluxpy.optimise.multi.prepare`), stepping nothing."""
+        multi.prepare(self.entries)
 
     def nonfinite(self) -> list:
         """The unfrozen entries whose gradient has a NaN or an infinity (one sync per array: the error path)."""

@@ -75,3 +75,23 @@ def test_every_layer_is_captured_and_equals_the_eager_step(name, precision, memo
         assert np.array_equal(losses, eager_losses) and all(same), (
             f"{name}: captured float32 steps differ from the eager ones (losses {losses - eager_losses}, weights "
             f"equal: {same})")
+
+
+def test_a_float16_step_is_captured_after_warm_up_steps_that_overflowed():
+    """A dynamic loss scale skips the warm-up steps whose float16 gradients overflow; the optimiser's device state
+    (Adam's counters) must exist anyway, since the capture cannot copy it from the host."""
+    from fluxpy.layers import Chain, Dense
+    from fluxpy.losses import mse
+    rng = np.random.default_rng(0)
+    model = mixed_precision(fluxpy.gpu(Chain(Dense(4, 8, fluxpy.tanh, rng=1), Dense(8, 1, rng=2))), "float16")
+    x = fluxpy.gpu(rng.standard_normal((16, 4), dtype=np.float32))
+    y = fluxpy.gpu(rng.standard_normal((16, 1), dtype=np.float32))
+    before = [np.asarray(fluxpy.cpu(p)) for p in trainables(model)]
+    step = TrainStep(lambda m, x, y: mse(1e4 * m(x), y), model, setup(Adam(1e-3), model), warmup=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)
+        losses = [float(step(x, y)) for _ in range(4)]
+    assert set(step.captured().values()) == {"captured"}
+    assert np.all(np.isfinite(losses))
+    after = [np.asarray(fluxpy.cpu(p)) for p in trainables(model)]
+    assert all(np.array_equal(a, b) for a, b in zip(after, before)), "an overflowing step changed the weights"
