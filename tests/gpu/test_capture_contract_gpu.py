@@ -1,7 +1,7 @@
 """The capture contract: every exported layer class (tests/capture_contract.py has one network per class; a CPU test
 fails when an export has none) trains in a captured :class:`fluxpy.TrainStep` on the GPU in float32, float16 and
-bfloat16 (under ``mixed_precision``, whose half copies of 4-d arrays are channels-last) and, for image batches,
-float32 channels-last: the step is captured (no :class:`CaptureWarning`), finite, and equal to the eager step from
+bfloat16 (under ``mixed_precision``, whose half copies of 4-d arrays are channels-last) and, for image batches in a
+full run (tests/sweeps.py), float32 channels-last: the step is captured (no :class:`CaptureWarning`), finite, and equal to the eager step from
 the same start within the dtype's tolerance; in float32 with deterministic kernels, bit for bit. Every exported
 optimiser rule is captured in tests/gpu/test_optimise_rules_gpu.py.
 
@@ -19,10 +19,11 @@ from fluxpy import CaptureWarning, TrainStep, mixed_precision, trainables
 from fluxpy.optimise import Adam, setup
 from fluxpy.options import options
 from capture_contract import CASES
+from sweeps import FULL
 
 pytestmark = pytest.mark.gpu
 
-STEPS = 4
+STEPS = 3
 TOLERANCE = {"float32": 2e-5, "float16": 2e-2, "bfloat16": 5e-2}   # relative, on the losses and the weights
 
 
@@ -31,7 +32,7 @@ def _runs():
     for name in sorted(CASES):
         out += [(name, p, "contiguous") for p in ("float32", "float16", "bfloat16")]
         if CASES[name].image:
-            out.append((name, "float32", "channels_last"))
+            out.append(pytest.param(name, "float32", "channels_last", marks=FULL))
     return out
 
 
