@@ -62,7 +62,7 @@ from .ops.activations import softplus
 from .ops.reduce import mean
 from .ops.reduce import sum as _sum
 from .ops.shape import reshape
-from .ops.softmax import logit_crossentropy_rows, logsoftmax
+from .ops.softmax import logit_crossentropy_rows
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
            "logitbinarycrossentropy", "kldivergence", "label_smoothing", "msle", "poisson_loss",
@@ -332,7 +332,8 @@ got values from 0 to 3 in y of shape (2,) int64
     if len(shape) > 2:   # (..., C): one row per leading index
         rows = logit_crossentropy_rows(reshape(yhat, (-1, shape[-1])), reshape(y, (-1, shape[-1])))
         return _aggregate(agg, reshape(rows, shape[:-1]))
-    return _aggregate(agg, -_sum(y * logsoftmax(yhat, axis=-1), axis=-1))
+    rows = logit_crossentropy_rows(reshape(yhat, (1, -1)), reshape(y, (1, -1)))   # one example: one row
+    return _aggregate(agg, reshape(rows, ()))
 
 
 def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:

@@ -234,3 +234,39 @@ def test_class_index_targets_get_a_hint():
             getattr(L, name)(np.full((128, 10), 0.1), np.zeros(128, dtype=np.int64))
     # logitcrossentropy takes them (PyTorch's cross_entropy(logits, target)).
     assert float(L.logitcrossentropy(np.zeros((128, 10)), np.zeros(128, dtype=np.int64))) == pytest.approx(np.log(10))
+
+
+@given(n=st.integers(1, 6), c=st.integers(2, 9), masked=st.floats(0.1, 0.9), seed=st.integers(0, 2**31 - 1),
+       form=st.sampled_from(["labels", "onehot", "one example", "3-d"]))
+def test_masked_logits_give_the_loss_of_the_classes_left(n, c, masked, seed, form):
+    """A class whose logit is -inf (masked) and that holds no target mass adds nothing to the loss, as in PyTorch:
+    the loss and its gradient are those of the problem without the masked classes (their gradient 0)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, c))
+    labels = rng.integers(0, c, n)
+    mask = rng.random((n, c)) < masked
+    mask[np.arange(n), labels] = False
+    x = np.where(mask, -np.inf, logits)
+    y = np.eye(c)[labels]
+    if form == "labels":
+        f = lambda z: L.logitcrossentropy(z, labels)
+    elif form == "onehot":
+        f = lambda z: L.logitcrossentropy(z, y)
+    elif form == "one example":
+        x, y = x[0], y[0]
+        f = lambda z: L.logitcrossentropy(z, y)
+    else:
+        x, y = x[None], y[None]
+        f = lambda z: L.logitcrossentropy(z, y)
+    loss, (g,) = fluxpy.withgradient(f, x)
+    rows = x.reshape(-1, c)
+    targets = np.eye(c)[labels] if form == "labels" else np.reshape(y, (-1, c))
+    expected = np.mean([np.log(np.exp(r[k]).sum()) - r[k][np.argmax(t[k])]
+                        for r, k, t in zip(rows, ~np.isneginf(rows), targets)])
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-12, atol=1e-15)
+    assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[np.isneginf(x)] == 0)
+
+
+def test_a_target_on_a_masked_class_is_an_infinite_loss():
+    x = np.array([[0.0, -np.inf, 1.0]])
+    assert float(L.logitcrossentropy(x, np.array([1]))) == np.inf

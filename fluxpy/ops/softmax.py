@@ -165,8 +165,17 @@ def _crossentropy_rows_impl(yhat, y):
     if fused is not None:
         return fused(yhat, y)
     if is_half(yhat.dtype) and yhat.dtype == y.dtype:
-        return -(y.astype(np.float32) * _logsoftmax_impl(yhat.astype(np.float32), (1,))).sum(axis=1).astype(y.dtype)
-    return -(y * _logsoftmax_impl(yhat, (1,))).sum(axis=1)
+        return _target_log_mass(y.astype(np.float32), yhat.astype(np.float32)).astype(y.dtype)
+    return _target_log_mass(y, yhat)
+
+
+def _target_log_mass(y, yhat):
+    """``-sum(y * logsoftmax(ŷ), axis=1)`` where a class with ``y == 0`` adds nothing, even a masked ``-inf`` logit
+    (whose log-probability is ``-inf``): PyTorch's ``cross_entropy`` of masked logits."""
+    xp = get_array_module(y)
+    with np.errstate(invalid="ignore"):
+        terms = y * _logsoftmax_impl(yhat, (1,))
+    return -xp.where(y == 0, 0, terms).sum(axis=1)
 
 
 def _crossentropy_rows_dyhat(dl, yhat, y):

@@ -95,3 +95,22 @@ def test_value_checks_on_the_gpu_follow_the_policy():
             L.crossentropy(logits, y)
         with pytest.raises(ValueError, match=r"class indices in \[0, 3\).*got values from -1 to 3"):
             fluxpy.logitcrossentropy(cp.zeros((3, 3)), labels)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"], ids=str)
+def test_masked_logits_on_the_gpu_match_the_cpu(dtype):
+    """-inf logits in classes with no target mass add nothing to the loss (the kernel skips 0 * -inf)."""
+    import cupy as cp
+    import ml_dtypes
+    dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(4)
+    n, c = 37, 50
+    labels = rng.integers(0, c, n)
+    mask = rng.random((n, c)) < 0.5
+    mask[np.arange(n), labels] = False
+    x = np.where(mask, -np.inf, rng.standard_normal((n, c))).astype(dtype)
+    y = np.eye(c, dtype=dtype)[labels]
+    loss = logit_crossentropy_rows(cp.asarray(x), cp.asarray(y))
+    expected = logit_crossentropy_rows(x.astype(np.float32), y.astype(np.float32))
+    assert bool(cp.isfinite(loss).all())
+    np.testing.assert_allclose(cp.asnumpy(loss).astype(np.float32), expected, rtol=1e-2 if dtype.itemsize == 2 else 1e-5)

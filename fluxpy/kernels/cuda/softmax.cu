@@ -18,7 +18,8 @@ __device__ void row_stats(const T* a, const T* t, long long c, int lane, ACC* m,
     ACC se = 0, sy = 0, sya = 0;
     for (long long j = lane; j < c; j += 32) {
         ACC v = LOAD(a[j]), w = LOAD(t[j]);
-        se += exp(v - mx); sy += w; sya += w * v;
+        se += exp(v - mx); sy += w;
+        if (w != 0) sya += w * v;   // a class with no target mass adds nothing, even a masked (-inf) logit
     }
     *m = mx; *s = warp_sum(se); *ty = warp_sum(sy); *tya = warp_sum(sya);
 }
