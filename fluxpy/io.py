@@ -5,8 +5,9 @@ too) is written under flattened keys such as ``"layers.0.weight"``. The file's e
 format: ``.safetensors`` (the `safetensors <https://huggingface.co/docs/safetensors>`_ format,
 readable from PyTorch, JAX and others) or ``.npz`` (NumPy's zip of ``.npy`` arrays; added when the
 name has neither). ``load`` copies the arrays back into a model of the same structure, in place,
-after checking every one of them. Arrays round-trip bit for bit; GPU arrays are saved from the
-host and loaded into whatever device the target model uses.
+after checking every one of them. Arrays of every dtype a model holds round-trip bit for bit, bfloat16 and
+ml_dtypes' float8 types included (``BF16``, ``F8_E4M3``, ``F8_E5M2`` in a .safetensors header, as PyTorch writes
+them); GPU arrays are saved from the host and loaded into whatever device the target model uses.
 
 A save is atomic: the file is written under a unique temporary name in the same folder, flushed
 to disk and renamed over the target, so a crash, a full disk or two processes saving to the same
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import ml_dtypes
 import numpy as np
 
 from .functors import cpu, loadstate, state
@@ -49,6 +51,13 @@ _FORMAT_VERSION = 1  # written in a .safetensors file's metadata as {"format": "
 _SAFETENSORS_DTYPES = frozenset(map(np.dtype, ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
                                                "uint64", "float16", "float32", "float64", "complex64")))
 _MAX_LISTED = 8  # key names listed in one message
+# ml_dtypes' types have no .npy descriptor (NumPy would write raw void bytes) and safetensors' NumPy layer does not
+# know them although the format does: a checkpoint stores them as unsigned integers of their size, names the dtype
+# in a manifest entry of a .npz and under its own name (BF16, F8_E4M3, F8_E5M2) in a .safetensors header.
+_EXTENSION_DTYPES = {name: np.dtype(getattr(ml_dtypes, name)) for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")}
+_SAFETENSORS_NAMES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+_STORED_AS = {1: ("U8", np.dtype(np.uint8)), 2: ("U16", np.dtype(np.uint16))}
+_MANIFEST = "__fluxpy_dtypes__.json"  # a .npz entry: {key: dtype name} of the arrays stored as unsigned integers
 
 
 class CheckpointError(OSError, ValueError):
@@ -123,17 +132,43 @@ def save(path: str | os.PathLike, model: Any) -> None:
     ['m.npz', 'm.safetensors']
     """
     target, fmt = _target(_check_path(path, "save"), "save")
-    arrays = _host_arrays(model, fmt, target)
+    arrays, extension = _as_stored(_host_arrays(model, fmt, target))
     if fmt == "safetensors":
         st = _safetensors("save", target)
         metadata = {"format": "fluxpy", "fluxpy_format_version": str(_FORMAT_VERSION)}
 
         def write(f):
-            f.write(st.save(arrays, metadata=metadata))
+            data = st.save(arrays, metadata=metadata)
+            f.write(_retyped(data, {k: _SAFETENSORS_NAMES[name] for k, name in extension.items()}))
     else:
         def write(f):
-            _write_npz(f, arrays)
+            _write_npz(f, arrays, extension)
     _atomic_write(target, write, "save")
+
+
+def _as_stored(arrays):
+    """``(arrays, {key: dtype name})``: the arrays of an ml_dtypes type viewed as unsigned integers of their size."""
+    stored, extension = {}, {}
+    for key, a in arrays.items():
+        name = next((n for n, d in _EXTENSION_DTYPES.items() if a.dtype == d), None)
+        if name is not None:
+            a, extension[key] = a.view(_STORED_AS[a.dtype.itemsize][1]), name
+        stored[key] = a
+    return stored, extension
+
+
+def _retyped(data, dtypes):
+    """The .safetensors bytes ``data`` with the header's dtype of each key of ``dtypes`` set to its value (the
+    data offsets count from the end of the header, so the data need not move)."""
+    if not dtypes:
+        return data
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    for key, dtype in dtypes.items():
+        header[key]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # the format pads the header with spaces to a multiple of 8 bytes
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
 
 
 def _check_path(path, who):
@@ -163,9 +198,11 @@ def _host_arrays(model, fmt, target):
     arrays = {}
     for key, a in flat_state(model).items():
         host = np.asarray(cpu(a))
-        if host.dtype.hasobject or (fmt == "safetensors" and host.dtype.newbyteorder("=") not in _SAFETENSORS_DTYPES):
-            kinds = "numeric or bool arrays" if host.dtype.hasobject else \
-                ", ".join(sorted(str(d) for d in _SAFETENSORS_DTYPES))
+        extension = host.dtype in _EXTENSION_DTYPES.values()
+        if host.dtype.hasobject or (host.dtype.kind == "V" and not extension) or (
+                fmt == "safetensors" and not extension and host.dtype.newbyteorder("=") not in _SAFETENSORS_DTYPES):
+            kinds = "numeric or bool arrays" if host.dtype.hasobject or host.dtype.kind == "V" else \
+                ", ".join(sorted(str(d) for d in _SAFETENSORS_DTYPES | set(_EXTENSION_DTYPES)))
             raise CheckpointError(f"save: {key} is an array of dtype {host.dtype}, which {target} cannot store "
                                   f"(a .{fmt} checkpoint holds {kinds})", target)
         arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")
@@ -175,12 +212,15 @@ def _host_arrays(model, fmt, target):
     return arrays
 
 
-def _write_npz(f, arrays):
-    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys."""
+def _write_npz(f, arrays, extension):
+    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys, and
+    the manifest of ``extension`` (``{key: dtype name}``) where it names any array."""
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             with zf.open(key + ".npy", "w", force_zip64=True) as entry:
                 np.lib.format.write_array(entry, array, allow_pickle=False)
+        if extension:
+            zf.writestr(_MANIFEST, json.dumps(extension, sort_keys=True))
 
 
 def _atomic_write(target: Path, write: Callable[[BinaryIO], Any], who: str) -> None:
@@ -322,9 +362,12 @@ def _read_npz(target):
 
 
 def _read_zip(f, target):
-    saved = {}
+    saved, extension = {}, {}
     with zipfile.ZipFile(f) as zf:
         for name in zf.namelist():
+            if name == _MANIFEST:
+                extension = _manifest(zf.read(name), target)
+                continue
             if not name.endswith(".npy"):
                 raise CheckpointError(f"load: {target} holds {name!r}, which is not a .npy array: not a fluxpy "
                                       "checkpoint", target)
@@ -340,6 +383,33 @@ def _read_zip(f, target):
                                               "which a checkpoint never contains (and fluxpy never unpickles)",
                                               target) from err
                     raise
+    return _as_saved(saved, extension, target)
+
+
+def _manifest(text, target):
+    """The ``{key: dtype name}`` of a .npz's manifest entry, checked."""
+    try:
+        extension = json.loads(text)
+    except ValueError as err:
+        raise CheckpointError(f"load: {target} is corrupt: its {_MANIFEST} is not JSON ({_reason(err)})",
+                              target) from err
+    if not isinstance(extension, dict) or any(v not in _EXTENSION_DTYPES for v in extension.values()):
+        raise CheckpointError(f"load: {target} is corrupt: its {_MANIFEST} should map keys to one of "
+                              f"{', '.join(_EXTENSION_DTYPES)}, got {_reason(ValueError(str(extension)))}", target)
+    return extension
+
+
+def _as_saved(saved, extension, target):
+    """The arrays of ``saved`` that ``extension`` names viewed back as their dtype, after checking how they were
+    stored."""
+    for key, name in extension.items():
+        dtype = _EXTENSION_DTYPES[name]
+        got = saved.get(key)
+        if got is None or got.dtype != _STORED_AS[dtype.itemsize][1]:
+            raise CheckpointError(f"load: {target} is corrupt: {key} should be stored as "
+                                  f"{_STORED_AS[dtype.itemsize][1]} for its dtype {name}, found "
+                                  f"{'no such array' if got is None else got.dtype}", target)
+        saved[key] = got.view(dtype)
     return saved
 
 
@@ -378,8 +448,13 @@ def _read_safetensors(target):
     if version is not None and (not str(version).isdigit() or int(version) > _FORMAT_VERSION):
         raise CheckpointError(f"load: {target} was written in fluxpy's checkpoint format {version}; this fluxpy "
                               f"reads format {_FORMAT_VERSION} and older: upgrade fluxpy", target)
+    extension = {k: n for k, v in header.items() if isinstance(v, dict) and k != "__metadata__"
+                 for n, st_name in _SAFETENSORS_NAMES.items() if v.get("dtype") == st_name}
+    stored_as = {k: _STORED_AS[_EXTENSION_DTYPES[n].itemsize][0] for k, n in extension.items()}
     try:
-        return st.load(data)
+        return _as_saved(st.load(_retyped(data, stored_as)), extension, target)
+    except CheckpointError:
+        raise
     except KeyError as err:
         raise CheckpointError(f"load: {target} holds an array of dtype {err.args[0] if err.args else '?'}, which "
                               "NumPy cannot represent", target) from err

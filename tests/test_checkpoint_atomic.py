@@ -152,7 +152,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatc
 
 
 def test_an_interrupted_save_removes_its_temporary(tmp_path, monkeypatch):
-    monkeypatch.setattr(io, "_write_npz", lambda f, arrays: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(io, "_write_npz", lambda f, arrays, extension: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         save(tmp_path / "m.npz", big_model(1.0))
     assert list(tmp_path.iterdir()) == []

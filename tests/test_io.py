@@ -4,6 +4,8 @@ Corrupt files and bad arguments: tests/test_checkpoint_errors.py; atomic and con
 tests/test_checkpoint_atomic.py."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy.io import CheckpointError, flat_state, load, save
@@ -179,3 +181,57 @@ def test_gpu_model_roundtrip(tmp_path, fmt):
     assert cupy.asnumpy(fresh[1].running_var).tobytes() == cupy.asnumpy(model[1].running_var).tobytes()
     cpu_model = load(path, make_model(2))
     assert cpu_model[0].weight.tobytes() == cupy.asnumpy(model[0].weight).tobytes()
+
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32",
+          "float64", "complex64", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+
+
+def _dtype(name):
+    import ml_dtypes
+    return np.dtype(getattr(ml_dtypes, name, None) or name)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+@given(names=st.lists(st.sampled_from(DTYPES), min_size=1, max_size=5),
+       shape=st.lists(st.integers(0, 4), max_size=3), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_every_dtype_round_trips_bit_for_bit(tmp_path, fmt, names, shape, seed):
+    """Every dtype a model may hold, the halves and ml_dtypes' float8s included, in both formats, bit for bit."""
+    rng = np.random.default_rng(seed)
+    model = {}
+    for i, name in enumerate(names):
+        bits = rng.integers(0, 256, size=int(np.prod(shape)) * _dtype(name).itemsize, dtype=np.uint8)
+        model[f"a{i}"] = bits.view(_dtype(name)).reshape(shape)
+    path = tmp_path / f"m.{fmt}"
+    save(path, model)
+    fresh = {k: np.zeros_like(v) for k, v in model.items()}
+    load(path, fresh)
+    for k, v in model.items():
+        assert fresh[k].dtype == v.dtype and fresh[k].tobytes() == v.tobytes(), k
+
+
+def test_bfloat16_safetensors_say_bf16_and_a_float32_model_loads_them(tmp_path):
+    import json
+    import struct
+
+    import ml_dtypes
+    w = np.array([[1.5, -2.0], [0.0078125, 3e38]], ml_dtypes.bfloat16)
+    save(tmp_path / "m.safetensors", {"w": w})
+    data = (tmp_path / "m.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    assert n % 8 == 0 and json.loads(data[8:8 + n])["w"]["dtype"] == "BF16"
+    into = {"w": np.zeros((2, 2), np.float32)}
+    load(tmp_path / "m.safetensors", into)
+    np.testing.assert_array_equal(into["w"], w.astype(np.float32))
+
+
+def test_a_corrupt_dtype_manifest_is_named(tmp_path):
+    import zipfile
+
+    import ml_dtypes
+    save(tmp_path / "m.npz", {"w": np.ones(3, ml_dtypes.bfloat16)})
+    with zipfile.ZipFile(tmp_path / "m.npz", "a") as zf:
+        zf.writestr("__fluxpy_dtypes__.json", '{"w": "float128"}')   # a second, bad manifest wins on read
+    with pytest.raises(CheckpointError, match="__fluxpy_dtypes__.json"):
+        load(tmp_path / "m.npz", {"w": np.zeros(3, ml_dtypes.bfloat16)})
