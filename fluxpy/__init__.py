@@ -40,7 +40,8 @@ from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
                      CrossCor, Dense, DepthwiseConv, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention,
-                     PairwiseFusion, Recurrence, RNN, RNNCell, Scale, initialstates,
+                     PairwiseFusion, Recurrence, RNN, RNNCell, Scale, TransformerDecoderLayer, TransformerEncoderLayer,
+                     initialstates,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, EmbeddingBag, GlobalMaxPool, GlobalMeanPool,
                      GroupNorm, InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection,
                      Upsample, f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal,
@@ -89,7 +90,8 @@ __all__ = [
     "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag", "SkipConnection", "Parallel", "DimensionMismatch",
     "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-    "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "dot_product_attention", "causal_mask",
+    "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "dot_product_attention", "causal_mask",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data

@@ -146,6 +146,12 @@ CASES: dict[str, Case] = {
     "Recurrence": _chain_case(lambda r: [L.Recurrence(L.GRUCell(6, 4, rng=_seed(r)))], SEQ),
     "MultiHeadAttention": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)),
                                                  L.MultiHeadAttention(8, 2, rng=_seed(r))], SEQ),
+    "TransformerEncoderLayer": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)),
+                                                      L.TransformerEncoderLayer(8, 2, 16, rng=_seed(r)),
+                                                      L.Dense(8, 3, rng=_seed(r))], SEQ),
+    "TransformerDecoderLayer": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)),
+                                                      L.TransformerDecoderLayer(8, 2, 16, fluxpy.relu,
+                                                                                rng=_seed(r))], SEQ),
 }
 """The case of each exported layer class, by name."""
 

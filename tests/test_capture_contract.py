@@ -13,7 +13,8 @@ from capture_contract import CASES, exported_layer_classes
 # Layers that do not run under mixed_precision yet (issue 36): a cell returns a tuple, which the wrapper does not
 # cast back; attention multiplies a float32 and a half operand.
 NOT_YET_MIXED = {"GRUCell": "tuple output", "LSTMCell": "tuple output", "RNNCell": "tuple output",
-                 "MultiHeadAttention": "float32 and half operands meet in a matmul"}
+                 "MultiHeadAttention": "float32 and half operands meet in a matmul",
+                 "TransformerEncoderLayer": "attention", "TransformerDecoderLayer": "attention"}
 
 
 def test_every_exported_layer_class_has_a_case():

@@ -18,7 +18,8 @@ Bilinear, Maxout, PairwiseFusion, MultiHeadAttention),
 train/test mode), ``upsample`` (Upsample, PixelShuffle),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
 (printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families
-import from ``init``, ``show`` and ``_checks``, never from each other.
+import from ``init``, ``show`` and ``_checks``, never from each other; ``transformer`` (TransformerEncoderLayer,
+TransformerDecoderLayer) is built from ``basic`` and ``normalise`` layers and sits above them.
 
 >>> import numpy as np
 >>> import fluxpy
@@ -41,6 +42,7 @@ from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNor
                         trainmode)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell, initialstates
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
+from .transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from .upsample import PixelShuffle, Upsample
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool",
@@ -49,6 +51,7 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv
            "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag",
            "SkipConnection",
            "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-           "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention",
+           "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
+           "TransformerDecoderLayer",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]

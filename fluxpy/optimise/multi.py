@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import get_array_module
+from ..backend import get_array_module, gpu_device
 from ..capturing import current_guard, on_replay, refuse
 from ..kernels import find
 from ..kernels.halfs import is_half
@@ -238,9 +238,8 @@ class Group:
 
     def prepare(self):
         """The group's device counters made now (on the device of its parameters), where its formula has any."""
-        xp = get_array_module(self.xs[0])
-        if self.formula.counters and xp is not np:
-            self._device_counters(xp)
+        if self.formula.counters and gpu_device(self.xs[0]) is not None:
+            self._device_counters(get_array_module(self.xs[0]))
 
     def _host_steps(self, dxs, states):
         """Leaf by leaf through ``rule.step`` (the formula on arrays); the host counters move with the leaves."""
