@@ -5,12 +5,12 @@ casts the batch and the model's weights to ``dtype`` (one differentiable cast pe
 back to the float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
 every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
 is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cell's state) and outputs (tuples, as
-attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights the optimiser sees, and its state, stay the float32 ones: ``setup``,
-``train``, ``update``, ``TrainStep``, saving and loading work on the wrapper as on the model, and the update
-lands on the float32 "master" weights. Normalisation layers (BatchNorm, LayerNorm) keep their parameters and
-statistics in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic
-of its own) the casts round to the half type and come back to float32: the values are the half type's, the
-arithmetic float32's.
+attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
+the optimiser sees, and its state, stay the float32 ones: ``setup``, ``train``, ``update``, ``TrainStep``, saving
+and loading work on the wrapper as on the model, and the update lands on the float32 "master" weights.
+Normalisation layers (BatchNorm, LayerNorm) keep their parameters and statistics in float32 and take the half
+activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the casts round to the half type
+and come back to float32: the values are the half type's, the arithmetic float32's.
 
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
 (``memory="channels_last"``, the default; :mod:`fluxpy.layout`), so the convolutions, batch norms, pools and
