@@ -22,30 +22,31 @@ TOL = {np.dtype(np.float16): 1e-2, BFLOAT16: 2e-2, np.dtype(np.float32): 1e-5, n
 # Operands of every layout
 
 
-def _stored(rng, shape, how, axis, dtype=np.float64):
-    """A random array of ``shape`` and ``dtype`` stored ``how``: C order, its matrices transposed, its axes permuted,
-    every other element of a larger array along ``axis``, reversed along ``axis``, or broadcast (stride 0) along
-    ``axis``."""
+def _stored(rng, shape, how, axis, dtype=np.float64, xp=np):
+    """A random array of ``shape`` and ``dtype`` (of ``xp``: NumPy, or CuPy for the GPU tests) stored ``how``: C
+    order, its matrices transposed, its axes permuted, every other element of a larger array along ``axis``, reversed
+    along ``axis``, or broadcast (stride 0) along ``axis``."""
     shape = tuple(shape)
     axis = axis % len(shape)
 
-    def values(s):
-        return rng.standard_normal(s).astype(dtype)
+    def values(s):   # C-ordered, made on the host (a half one moved as its bits: no conversion on the device)
+        v = rng.standard_normal(s).astype(dtype)
+        return v if xp is np else xp.asarray(v.view(np.uint16)).view(v.dtype) if v.itemsize == 2 else xp.asarray(v)
     if how == "transposed":
-        return np.ascontiguousarray(values(shape).swapaxes(-1, -2)).swapaxes(-1, -2)
+        return values(shape[:-2] + shape[:-3:-1]).swapaxes(-1, -2)
     if how == "permuted":
         order = rng.permutation(len(shape))
-        return np.ascontiguousarray(values(shape).transpose(order)).transpose(np.argsort(order))
+        return values(tuple(shape[i] for i in order)).transpose(tuple(np.argsort(order)))
     if how == "step":
         big = list(shape)
         big[axis] *= 2
-        return values(big)[(slice(None),) * axis + (slice(None, None, 2),)]
+        return values(tuple(big))[(slice(None),) * axis + (slice(None, None, 2),)]
     if how == "reversed":
         return values(shape)[(slice(None),) * axis + (slice(None, None, -1),)]
     if how == "broadcast":
         small = list(shape)
         small[axis] = 1
-        return np.broadcast_to(values(small), shape)
+        return xp.broadcast_to(values(tuple(small)), shape)
     return values(shape)
 
 
@@ -53,8 +54,9 @@ HOWS = ["c", "transposed", "permuted", "step", "reversed", "broadcast"]
 
 
 @st.composite
-def products(draw, dtype, max_batch=3, max_size=4):
-    """``(a, b)`` NumPy operands of ``matmul`` (2 or more axes each), batch axes broadcasting."""
+def products(draw, dtype, max_batch=3, max_size=4, xp=np):
+    """``(a, b)`` operands of ``matmul`` (2 or more axes each; NumPy arrays, or ``xp``'s), batch axes
+    broadcasting."""
     batch = draw(st.lists(st.integers(1, 3), max_size=max_batch))
     m, k, n = (draw(st.integers(0 if draw(st.booleans()) else 1, max_size)) for _ in range(3))
     seed = draw(st.integers(0, 2**16))
@@ -64,7 +66,7 @@ def products(draw, dtype, max_batch=3, max_size=4):
         own = batch[draw(st.integers(0, len(batch))):]
         own = [1 if draw(st.integers(0, 3)) == 0 else s for s in own]   # some axes broadcast as size 1
         how, axis = draw(st.sampled_from(HOWS)), draw(st.integers(0, 8))
-        ops.append(_stored(rng, own + [rows, cols], how, axis, dtype))
+        ops.append(_stored(rng, own + [rows, cols], how, axis, dtype, xp))
     return tuple(ops)
 
 

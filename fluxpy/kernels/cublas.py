@@ -254,7 +254,14 @@ def _laid_out(x, side, operand, batch_shape):
     if operand.copy == "broadcast":
         x = xp.broadcast_to(x, tuple(batch_shape) + tuple(x.shape[-2:]))
     if operand.transposed:   # column-major matrices stay column-major: the copy reads and writes in one order
-        return xp.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+        return _c_ordered(xp, x.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return _c_ordered(xp, x)
+
+
+def _c_ordered(xp, x):
+    """A C-ordered copy of ``x``; a half one copied as its 16-bit patterns (a copy needs no bfloat16 arithmetic)."""
+    if is_half(x.dtype):
+        return xp.ascontiguousarray(x.view(np.uint16)).view(x.dtype)
     return xp.ascontiguousarray(x)
 
 
