@@ -69,7 +69,9 @@ def matmul(a: Array, b: Array) -> Array:
     (5, 2, 4)
 
     float16 and bfloat16 operands must share their dtype (the product accumulates in float32 and returns
-    that dtype); a mix with another dtype is a ``TypeError``, raised before any kernel runs.
+    that dtype); a mix with another dtype is a ``TypeError``, raised before any kernel runs. On the GPU every float
+    product, batched and broadcast ones included, forward and pullback, is one call of fluxpy's cuBLAS binding
+    (:mod:`fluxpy.kernels.cublas`), which a CUDA-graph capture takes.
     """
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must have at least one axis, got shapes {tuple(a.shape)} "
