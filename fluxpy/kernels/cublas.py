@@ -285,9 +285,10 @@ def matmul(a, b):
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
     shape = matmul_shape(a.shape, b.shape)
     plan = _plan(a, b)
-    if plan is None:
-        # A half product beyond cuBLAS's 32-bit sizes: CuPy's matmul has no bfloat16 kernel, so in float32.
-        return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
+    if plan is None:   # sizes beyond cuBLAS's 32-bit ints: CuPy's own call (which a capture refuses)
+        if is_half(a.dtype):   # CuPy's matmul has no bfloat16 kernel: in float32, rounded once
+            return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
+        return a @ b
     if plan.kind == "empty":
         return cupy.empty(shape, dtype=a.dtype)
     if plan.kind == "zeros":
