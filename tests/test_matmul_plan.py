@@ -243,6 +243,13 @@ def test_the_products_of_dense_and_attention_need_no_copy():
     assert (p.kind, p.batch, p.a.stride, p.a.copy) == ("strided", 6, 0, None)
 
 
+@given(data=st.data())
+def test_a_single_product_is_one_plain_gemm_in_any_layout(data):
+    a, b = data.draw(products(np.float32, max_batch=0))
+    p = plan_matmul(*_elements(a), *_elements(b))
+    assert p.kind in ("gemm", "empty", "zeros") and p.batch == 1
+
+
 def test_split_heads_and_mixed_broadcasts_are_copied():
     q = np.ones((8, 16, 4, 32)).transpose(0, 2, 1, 3)   # (N, heads, L, d) viewed from (N, L, heads, d)
     p = plan_matmul(*_elements(q), *_elements(np.ones((8, 4, 32, 5))))

@@ -212,8 +212,8 @@ ld=4, stride=0))
     a, b = _operand(batch_shape, a_shape, a_strides), _operand(batch_shape, b_shape, b_strides)
     if m == 1 and batch > 1 and not a.transposed and a.ld < a.stride <= INT_MAX:
         a = replace(a, ld=a.stride)   # single rows one stride apart: one matrix with that row stride
-    rows_follow = not a.transposed and (batch == 1 or a.stride == m * a.ld)
-    if (batch == 1 or b.stride == 0) and rows_follow and batch * m <= INT_MAX:
+    rows_follow = not a.transposed and a.stride == m * a.ld and batch * m <= INT_MAX
+    if batch == 1 or (b.stride == 0 and rows_follow):
         return GemmPlan(shape, batch_shape, "gemm", m, n, k, batch, a, b)
     if batch > INT_MAX:
         return None

@@ -30,20 +30,25 @@ from ..backend import Array, get_array_module
 from ..kernels.halfs import is_half
 from .basic import where
 from .linalg import matmul
-from .shape import astype, reshape, swapaxes, transpose
+from .shape import as_memory_format, astype, reshape, swapaxes, transpose
 from .softmax import softmax
 
 __all__ = ["dot_product_attention", "causal_mask"]
 
 
 def _split_heads(x, nheads):
+    """``(N, heads, L, d)``, copied C-ordered once: each head's ``(L, d)`` matrices then lie one stride apart, so the
+    products forward and back read them as they lie (a strided view would be copied by each product)."""
     n, length, dim = x.shape
-    return transpose(reshape(x, (n, length, nheads, dim // nheads)), (0, 2, 1, 3))   # (N, heads, L, d)
+    heads = transpose(reshape(x, (n, length, nheads, dim // nheads)), (0, 2, 1, 3))
+    return as_memory_format(heads, "contiguous")
 
 
 def _join_heads(x):
+    """``(N, L, heads * d)``; ``as_memory_format`` (no copy forward: ``x`` is a product's C-ordered result) makes its
+    gradient C-ordered once for the two products of the pullback."""
     n, heads, length, d = x.shape
-    return reshape(transpose(x, (0, 2, 1, 3)), (n, length, heads * d))
+    return reshape(transpose(as_memory_format(x, "contiguous"), (0, 2, 1, 3)), (n, length, heads * d))
 
 
 def _check(q, k, v, nheads, mask):
