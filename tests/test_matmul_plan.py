@@ -36,7 +36,7 @@ def _stored(rng, shape, how, axis, dtype=np.float64, xp=np):
         return values(shape[:-2] + shape[:-3:-1]).swapaxes(-1, -2)
     if how == "permuted":
         order = rng.permutation(len(shape))
-        return values(tuple(shape[i] for i in order)).transpose(tuple(np.argsort(order)))
+        return values(tuple(shape[i] for i in order)).transpose(tuple(int(i) for i in np.argsort(order)))
     if how == "step":
         big = list(shape)
         big[axis] *= 2
