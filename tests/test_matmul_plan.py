@@ -4,6 +4,7 @@ batch axes, steps, reversed axes) are laid out as the kernel lays them out, and 
 runs the kernel's exact ctypes calls, reading host memory by address as column-major cuBLAS reads the device's
 (its signatures are the documented ones). The product must be NumPy's, in every dtype the kernel takes."""
 import ctypes
+import types
 
 import hypothesis.strategies as st
 import numpy as np
@@ -158,14 +159,6 @@ class FakeCublas:
                          beta, C, ldc, sc, batch)
 
 
-class _Device:
-    """What ``cublas._gemm`` reads of a device array: its address, shape and dtype."""
-
-    def __init__(self, x):
-        self.x, self.shape, self.dtype = x, x.shape, x.dtype
-        self.data = type("Pointer", (), {"ptr": x.__array_interface__["data"][0]})()
-
-
 def test_the_stand_in_has_the_signatures_the_binding_declares():
     import inspect
     for name, args in cublas._SIGNATURES.items():
@@ -173,36 +166,45 @@ def test_the_stand_in_has_the_signatures_the_binding_declares():
             assert len(inspect.signature(getattr(FakeCublas, name)).parameters) - 1 == len(args), name
 
 
+_FAKE_CUPY = types.SimpleNamespace(ndarray=np.ndarray, empty=np.empty, zeros=np.zeros, float32=np.float32)
+
+
 def _run_kernel(a, b):
-    """``a @ b`` through the kernel's host code (plan, layout, copies, the ctypes call) on the stand-in."""
-    fake = FakeCublas()
+    """``a @ b`` through the kernel (``matmul_supports``, then ``matmul``: plan, layout, copies, the ctypes call) with
+    NumPy arrays standing for CuPy's and :class:`FakeCublas` for the library; the plan and the stand-in too."""
+    fake, seen = FakeCublas(), []
+    laid_out = cublas._laid_out
+
+    def laid_out_and_registered(x, side, operand, batch_shape):
+        out = laid_out(x, side, operand, batch_shape)
+        if operand.copy is None:
+            assert np.shares_memory(out, x)   # read where it lies: no copy
+        fake.register(out)
+        return out
+
+    def empty(shape, dtype):
+        out = np.empty(shape, dtype)
+        fake.register(out)
+        seen.append(out)
+        return out
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cublas, "cupy", types.SimpleNamespace(**{**vars(_FAKE_CUPY), "empty": empty}))
         patch.setattr(cublas, "_load", lambda: fake)
         patch.setattr(cublas, "_handle", lambda lib, dtype: 0)
-        return _run_planned(fake, a, b)
-
-
-def _run_planned(fake, a, b):
-    plan = cublas._plan(a, b)
-    assert plan is not None
-    shape = matmul_shape(a.shape, b.shape)
-    if plan.kind in ("empty", "zeros"):
-        assert (0 in shape or plan.k == 0) and plan.a is None
-        return plan, np.zeros(shape, a.dtype), fake
-    la = cublas._laid_out(a, "a", plan.a, plan.batch_shape)
-    lb = cublas._laid_out(b, "b", plan.b, plan.batch_shape)
-    for x, laid, op in ((a, la, plan.a), (b, lb, plan.b)):
-        if op.copy is None:
-            assert np.shares_memory(x, laid)   # read where it lies: no copy
-    c = np.empty(plan.shape, a.dtype)
-    fake.register(la, lb, c)
-    cublas._gemm(plan, _Device(la), _Device(lb), _Device(c))
+        patch.setattr(cublas, "_pointer", lambda x: x.__array_interface__["data"][0])
+        patch.setattr(cublas, "_laid_out", laid_out_and_registered)
+        assert cublas.matmul_supports(a, b)
+        got = cublas.matmul(a, b)
+    plan = cublas._plan(*(x.astype(np.result_type(a.dtype, b.dtype), copy=False) for x in (a, b)))
     half = a.dtype in (np.float16, BFLOAT16)
-    name = ("GemmEx" if half else {np.float32: "Sgemm", np.float64: "Dgemm"}[a.dtype.type]) if plan.kind == "gemm" \
-        else ("GemmStridedBatchedEx" if half else {np.float32: "Sgemm", np.float64: "Dgemm"}[a.dtype.type]
-              + "StridedBatched")
-    assert fake.calls == [name]
-    return plan, c.reshape(shape), fake
+    if plan.kind in ("empty", "zeros"):
+        assert fake.calls == []
+    else:
+        name = "GemmEx" if half else {np.float32: "Sgemm", np.float64: "Dgemm"}[got.dtype.type]
+        if plan.kind == "strided":
+            name = "GemmStridedBatchedEx" if half else name + "StridedBatched"
+        assert fake.calls == [name] and seen and np.shares_memory(got, seen[-1])   # the result is the one written
+    return plan, got, fake
 
 
 @given(data=st.data(), dtype=st.sampled_from(DTYPES))
@@ -314,3 +316,16 @@ def test_batch_stride_steps_through_the_flattened_batch(batch, seed):
     base = first.__array_interface__["data"][0]
     for t, mat in enumerate(full):
         assert mat.__array_interface__["data"][0] == base + t * step * x.itemsize
+
+
+def test_float32_with_float64_is_promoted_and_other_dtypes_are_declined():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((4, 5))
+    _, got, _ = _run_kernel(a, b)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-12)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cublas, "cupy", _FAKE_CUPY)
+        assert not cublas.matmul_supports(np.ones((2, 3), np.int32), np.ones((3, 2), np.int32))
+        assert not cublas.matmul_supports(np.ones((2, 3), np.float16), np.ones((3, 2), np.float32))
+        assert not cublas.matmul_supports(np.ones((2, 3)), np.ones((4, 2)))   # shapes that do not fit

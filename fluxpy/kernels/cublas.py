@@ -298,31 +298,35 @@ def matmul(a, b):
     return c.reshape(shape)
 
 
+def _pointer(x) -> int:
+    """The device address of ``x``'s first element."""
+    return x.data.ptr
+
+
 def _gemm(plan, a, b, c):
     """Run ``plan`` on the laid-out operands, writing ``c``: cuBLAS's first operand is ``b`` (see the module)."""
     lib, dtype, g = _load(), c.dtype, plan.call()
     one, zero = _SCALARS[dtype]
     h = _handle(lib, dtype)
     head = (h, g.transa, g.transb, g.m, g.n, g.k, ctypes.byref(one))
+    pa, pb, pc = _pointer(a), _pointer(b), _pointer(c)   # a, b, c stay referenced until the call is queued
     if dtype in _GEMM_EX_TYPES:
         t = _GEMM_EX_TYPES[dtype]
         if plan.kind == "gemm":
             name, status = "cublasGemmEx", lib.cublasGemmEx(
-                *head, b.data.ptr, t, g.lda, a.data.ptr, t, g.ldb, ctypes.byref(zero), c.data.ptr, t, g.ldc,
-                _COMPUTE_32F, _GEMM_DEFAULT)
+                *head, pb, t, g.lda, pa, t, g.ldb, ctypes.byref(zero), pc, t, g.ldc, _COMPUTE_32F, _GEMM_DEFAULT)
         else:
             name, status = "cublasGemmStridedBatchedEx", lib.cublasGemmStridedBatchedEx(
-                *head, b.data.ptr, t, g.lda, g.stride_a, a.data.ptr, t, g.ldb, g.stride_b, ctypes.byref(zero),
-                c.data.ptr, t, g.ldc, g.stride_c, g.batch, _COMPUTE_32F, _GEMM_DEFAULT)
+                *head, pb, t, g.lda, g.stride_a, pa, t, g.ldb, g.stride_b, ctypes.byref(zero), pc, t, g.ldc, g.stride_c,
+                g.batch, _COMPUTE_32F, _GEMM_DEFAULT)
     elif plan.kind == "gemm":
         name = _GEMM[dtype][0]
-        status = getattr(lib, name)(*head, b.data.ptr, g.lda, a.data.ptr, g.ldb, ctypes.byref(zero), c.data.ptr,
-                                    g.ldc)
+        status = getattr(lib, name)(*head, pb, g.lda, pa, g.ldb, ctypes.byref(zero), pc, g.ldc)
     else:
         name = _GEMM[dtype][1]
-        status = getattr(lib, name)(*head, b.data.ptr, g.lda, g.stride_a, a.data.ptr, g.ldb, g.stride_b,
-                                    ctypes.byref(zero), c.data.ptr, g.ldc, g.stride_c, g.batch)
-    _check(status, name, lambda: f"{tuple(a.shape)} @ {tuple(b.shape)} {dtype} ({plan.kind}, {g})")
+        status = getattr(lib, name)(*head, pb, g.lda, g.stride_a, pa, g.ldb, g.stride_b, ctypes.byref(zero), pc,
+                                    g.ldc, g.stride_c, g.batch)
+    _check(status, name, lambda: f"{plan.shape} {dtype} ({plan.kind}, {g})")
 
 
 KERNELS = {"matmul": (matmul, matmul_supports)}
