@@ -163,7 +163,9 @@ class MixedPrecision:
     def __call__(self, *xs: Any, **kw: Any) -> Any:
         if not xs:
             raise TypeError("MixedPrecision expects the model's inputs, got none")
-        first = next((a for a in _leaves(xs) if hasattr(a, "shape")), xs[0])
+        first = next((a for a in _leaves(xs) if hasattr(a, "shape")), None)
+        if first is None:   # no array among the inputs (bags as lists): the weights say where the model runs
+            first = next(iter(_float_leaves(self.model)), xs[0])
         scale = self.loss_scale
         if isinstance(scale, DynamicLossScale):
             scale = scale.array(get_array_module(value_of(first)))
