@@ -174,6 +174,7 @@ def _layer_cases():
         "Bilinear": (lambda r: Bilinear((6, 3), 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 5, 3))),
         "Embedding": (lambda r: Embedding(7, 4, rng=r), lambda r: (r.integers(0, 7, (3, 2)),)),
         "EmbeddingBag": (lambda r: EmbeddingBag(7, 4, rng=r), lambda r: (r.integers(0, 7, (3, 2)),)),
+        "EmbeddingBag-lists": (lambda r: EmbeddingBag(7, 4, rng=r), lambda r: ([[1, 2], [3], [0, 4, 6]],)),
         "RNNCell": (lambda r: RNNCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 5, 4))),
         "LSTMCell": (lambda r: LSTMCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), (_f32(r, 5, 4), _f32(r, 5, 4)))),
         "GRUCell": (lambda r: GRUCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 4))),
