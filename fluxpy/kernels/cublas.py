@@ -39,6 +39,7 @@ import threading
 import numpy as np
 
 from ..backend import cupy, get_array_module
+from ..capturing import refuse
 from ..options import options
 from .gemm_plan import matmul_shape, plan_matmul
 from .halfs import BFLOAT16, is_half
@@ -285,7 +286,9 @@ def matmul(a, b):
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
     shape = matmul_shape(a.shape, b.shape)
     plan = _plan(a, b)
-    if plan is None:   # sizes beyond cuBLAS's 32-bit ints: CuPy's own call (which a capture refuses)
+    if plan is None:   # sizes beyond cuBLAS's 32-bit ints: CuPy's own call, which a capture refuses
+        refuse(f"matmul: {tuple(a.shape)} @ {tuple(b.shape)} {a.dtype} exceeds cuBLAS's 32-bit sizes: it runs as "
+               f"CuPy's own product")
         if is_half(a.dtype):   # CuPy's matmul has no bfloat16 kernel: in float32, rounded once
             return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
         return a @ b

@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 from ..autodiff import Primitive
-from ..backend import Array
+from ..backend import Array, gpu_device
+from ..capturing import refuse
 from ..kernels import find
 from ..kernels.halfs import is_half
 from .shape import expand_dims, reshape, swapaxes, unbroadcast
@@ -22,6 +23,9 @@ def _matmul_impl(a, b):
     kernel = find("matmul", a, b)
     if kernel is not None:
         return kernel(a, b)
+    if gpu_device(a) is not None:
+        refuse(f"matmul: {tuple(a.shape)} {a.dtype} @ {tuple(b.shape)} {b.dtype} runs as CuPy's own product (fluxpy's "
+               f"cuBLAS binding takes float products within cuBLAS's 32-bit sizes)")
     try:
         return a @ b
     except ValueError:
