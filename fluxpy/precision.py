@@ -4,12 +4,13 @@
 casts the batch and the model's weights to ``dtype`` (one differentiable cast per array, so the gradients come
 back to the float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
 every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
-is computed in float32. The weights the optimiser sees, and its state, stay the float32 ones: ``setup``,
-``train``, ``update``, ``TrainStep``, saving and loading work on the wrapper as on the model, and the update
-lands on the float32 "master" weights. Normalisation layers (BatchNorm, LayerNorm) keep their parameters and
-statistics in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic
-of its own) the casts round to the half type and come back to float32: the values are the half type's, the
-arithmetic float32's.
+is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cell's state) and outputs (tuples, as
+attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
+the optimiser sees, and its state, stay the float32 ones: ``setup``, ``train``, ``update``, ``TrainStep``, saving
+and loading work on the wrapper as on the model, and the update lands on the float32 "master" weights.
+Normalisation layers (BatchNorm, LayerNorm) keep their parameters and statistics in float32 and take the half
+activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the casts round to the half type
+and come back to float32: the values are the half type's, the arithmetic float32's.
 
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
 (``memory="channels_last"``, the default; :mod:`fluxpy.layout`), so the convolutions, batch norms, pools and
@@ -159,14 +160,24 @@ class MixedPrecision:
         """The dynamic loss scale that ``update``/``train``/``TrainStep`` advance after each step, or None."""
         return self.loss_scale if isinstance(self.loss_scale, DynamicLossScale) else None
 
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, *xs: Any, **kw: Any) -> Any:
+        if not xs:
+            raise TypeError("MixedPrecision expects the model's inputs, got none")
+        first = next((a for a in _leaves(xs) if hasattr(a, "shape")), None)
+        if first is None:   # no array among the inputs (bags as lists): the weights say where the model runs
+            first = next(iter(_float_leaves(self.model)), xs[0])
         scale = self.loss_scale
         if isinstance(scale, DynamicLossScale):
-            scale = scale.array(get_array_module(value_of(x)))
-        to_half = self._caster(x)
+            scale = scale.array(get_array_module(value_of(first)))
+        to_half = self._caster(first)
         half = _map_floats(self.model, lambda w: to_half(w if scale is None else _unscaled_backward(w, scale)))
-        y = astype(to_half(half(to_half(x) if _floating(x) else x)), np.float32)   # (on the CPU: the cotangent rounded)
-        return y if scale is None else _scaled_backward(y, scale)   # the cotangent into the half model, scaled
+        cast = (lambda a: to_half(a) if _floating(a) else a)   # every float input (tuples too), keywords included
+        y = half(*_map_outputs(xs, cast), **{name: _map_outputs(v, cast) for name, v in kw.items()})
+
+        def to_float32(a):   # (on the CPU: the cotangent rounded)
+            out = astype(to_half(a), np.float32)
+            return out if scale is None else _scaled_backward(out, scale)   # the cotangent into the model, scaled
+        return _map_outputs(y, lambda a: to_float32(a) if _floating(a) else a)
 
     def _caster(self, x):
         """The differentiable cast to the half type: on the GPU to ``dtype``; on the CPU, where NumPy has no
@@ -248,6 +259,21 @@ def _map_floats(model: Any, fn: Callable) -> Any:
     if kids is None:
         return fn(model) if _floating(model) and model.dtype not in HALVES else model
     return rebuild(model, [(k, _map_floats(v, fn)) for k, v in kids])
+
+
+def _leaves(v):
+    """The values inside nested tuples and lists ``v`` (an input or output of a model), in order."""
+    if isinstance(v, (tuple, list)):
+        return [a for item in v for a in _leaves(item)]
+    return [v]
+
+
+def _map_outputs(v, fn):
+    """``v`` with ``fn`` applied to each value inside its nested tuples and lists (a recurrent cell's ``(h, (h, c))``,
+    attention's ``(y, scores)``)."""
+    if isinstance(v, (tuple, list)):
+        return type(v)(_map_outputs(item, fn) for item in v)
+    return fn(v)
 
 
 def _float_leaves(model):

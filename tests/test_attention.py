@@ -109,3 +109,83 @@ def test_against_pytorch():
     got, got_w = mha(q, k, v)
     np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got_w, want_w.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Half precision (PyTorch's autocast recipe): products in the half type, logits, bias, mask, softmax and dropout in
+# float32, the scores rounded to the half type before they weigh v
+
+
+HALVES = {"float16": (np.dtype(np.float16), 2.0 ** -11), "bfloat16": (fluxpy.kernels.halfs.BFLOAT16, 2.0 ** -8)}
+
+
+def _rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("half", sorted(HALVES))
+def test_half_attention_runs_its_products_in_the_half_type_and_its_softmax_in_float32(half, monkeypatch):
+    import fluxpy.ops.attention as attention
+    dtype, eps = HALVES[half]
+    seen = {"matmul": [], "softmax": [], "dropout": []}
+
+    def spy(name, f):
+        def call(x, *args, **kw):
+            seen[name].append([fluxpy.value_of(a).dtype for a in (x, *args) if hasattr(a, "dtype")])
+            return f(x, *args, **kw)
+        return call
+    monkeypatch.setattr(attention, "matmul", spy("matmul", attention.matmul))
+    monkeypatch.setattr(attention, "softmax", spy("softmax", attention.softmax))
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, l, 8)).astype(dtype) for l in (3, 5, 5))
+    bias = rng.standard_normal((3, 5)).astype(dtype)
+    keep = (rng.random((2, 2, 3, 5)) > 0.2) / 0.8
+    drop = spy("dropout", lambda s: s * keep.astype(np.float32))
+    mask = np.tril(np.ones((3, 5), bool), 2)
+    y, s = dot_product_attention(q, k, v, mask, 2, drop, bias=bias)
+    assert y.dtype == s.dtype == dtype and y.shape == (2, 3, 8) and s.shape == (2, 2, 3, 5)
+    assert seen["matmul"] == [[dtype, dtype]] * 2
+    assert seen["softmax"] == [[np.float32]] and seen["dropout"] == [[np.float32]]
+    wide = [a.astype(np.float32) for a in (q, k, v, bias)]
+    wy, ws = dot_product_attention(*wide[:3], mask, 2, lambda s: s * keep.astype(np.float32), bias=wide[3])
+    assert _rel(y, wy) < 8 * eps and _rel(s, ws) < 4 * eps
+
+
+@pytest.mark.parametrize("half", sorted(HALVES))
+def test_half_attention_gradients_are_of_the_half_type_and_close_to_float32(half):
+    dtype, eps = HALVES[half]
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, l, 6)).astype(dtype) for l in (4, 4, 4))
+    bias = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)   # a float32 bias joins the float32 logits
+    dy = rng.standard_normal((2, 4, 6)).astype(np.float32)
+
+    def f(q, k, v, bias):
+        y, _ = dot_product_attention(q, k, v, causal_mask(4), 3, bias=bias)
+        return (fluxpy.ops.shape.astype(y, np.float32) * dy).sum()
+    got = fluxpy.gradient(f, q, k, v, bias)
+    want = fluxpy.gradient(f, *(a.astype(np.float32) for a in (q, k, v)), bias)
+    for g, w, a in zip(got, want, (q, k, v, bias)):
+        assert g.dtype == a.dtype and np.isfinite(g.astype(np.float32)).all()
+        assert _rel(g, w) < 16 * eps
+
+
+@pytest.mark.parametrize("half", sorted(HALVES))
+def test_multi_head_attention_in_mixed_precision_with_dropout_trains(half):
+    from fluxpy import mixed_precision
+    from fluxpy.optimise import Adam, setup, update
+    dtype, eps = HALVES[half]
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    mha = MultiHeadAttention(8, nheads=2, dropout=0.1, rng=0)
+    m = mixed_precision(mha, half)
+    y, s = m(x)
+    assert y.dtype == s.dtype == np.float32
+    want_y, want_s = mha(x)
+    assert _rel(y, want_y) < 12 * eps and _rel(s, want_s) < 8 * eps
+    opt = setup(Adam(1e-3), m)
+    before = mha.q_proj.weight.copy()
+    loss, (g,) = fluxpy.withgradient(lambda m: (m(x)[0] ** 2).mean(), m)
+    assert np.isfinite(loss) and all(a.dtype == np.float32 for a in fluxpy.trainables(g))
+    update(opt, m, g)
+    assert mha.q_proj.weight.dtype == np.float32 and not np.array_equal(before, mha.q_proj.weight)

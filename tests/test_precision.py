@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy import BatchNorm, Chain, Dense, MixedPrecision, bf16, f16, mixed_precision, relu, tanh
+from fluxpy.backend import is_float_dtype
 from fluxpy.kernels.halfs import BFLOAT16
 from fluxpy.optimise import Adam, setup
 
@@ -153,3 +154,104 @@ def test_a_half_model_trains_with_float32_optimiser_state(convert, dtype, rule):
     losses = fluxpy.train(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y), m, [(x, y)] * 20, opt, progress=False)
     assert m.layers[0].weight.dtype == dtype and all(np.isfinite(losses))
     assert losses[-1] < 0.9 * losses[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every layer of the matrix-product families in mixed precision, and in the half type itself (bf16/f16 models on
+# half inputs: the dtypes the GPU sees, each op rounding to the half type on the CPU too)
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _layer_cases():
+    """name -> (layer maker, input maker): each layer family whose maths is a matrix product, or that runs one."""
+    from fluxpy import (GRU, LSTM, RNN, Bilinear, Embedding, EmbeddingBag, GRUCell, LSTMCell, Maxout,
+                        MultiHeadAttention, PairwiseFusion, RNNCell, Scale)
+    return {
+        "Dense": (lambda r: Dense(6, 4, tanh, rng=r), lambda r: (_f32(r, 5, 6),)),
+        "Bilinear": (lambda r: Bilinear((6, 3), 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 5, 3))),
+        "Embedding": (lambda r: Embedding(7, 4, rng=r), lambda r: (r.integers(0, 7, (3, 2)),)),
+        "EmbeddingBag": (lambda r: EmbeddingBag(7, 4, rng=r), lambda r: (r.integers(0, 7, (3, 2)),)),
+        "EmbeddingBag-lists": (lambda r: EmbeddingBag(7, 4, rng=r), lambda r: ([[1, 2], [3], [0, 4, 6]],)),
+        "RNNCell": (lambda r: RNNCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 5, 4))),
+        "LSTMCell": (lambda r: LSTMCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), (_f32(r, 5, 4), _f32(r, 5, 4)))),
+        "GRUCell": (lambda r: GRUCell(6, 4, rng=r), lambda r: (_f32(r, 5, 6), _f32(r, 4))),
+        "RNN": (lambda r: RNN(6, 4, rng=r), lambda r: (_f32(r, 3, 5, 6),)),
+        "LSTM": (lambda r: LSTM(6, 4, rng=r), lambda r: (_f32(r, 3, 5, 6),)),
+        "GRU": (lambda r: GRU(6, 4, rng=r), lambda r: (_f32(r, 3, 5, 6),)),
+        "Maxout": (lambda r: Maxout(lambda: Dense(6, 4, rng=r), 3), lambda r: (_f32(r, 5, 6),)),
+        "Scale": (lambda r: Scale(6, act=tanh, init=lambda *s, rng=None: _f32(r, *s)), lambda r: (_f32(r, 5, 6),)),
+        "PairwiseFusion": (lambda r: PairwiseFusion(fluxpy.ops.basic.add, Dense(6, 6, tanh, rng=r),
+                                                    Dense(6, 6, rng=r)), lambda r: ((_f32(r, 5, 6), _f32(r, 5, 6)),)),
+        "MultiHeadAttention": (lambda r: MultiHeadAttention(8, nheads=2, rng=r), lambda r: (_f32(r, 2, 5, 8),)),
+    }
+
+
+def _arrays(v):
+    if isinstance(v, (tuple, list)):
+        return [a for item in v for a in _arrays(item)]
+    return [v] if hasattr(v, "dtype") and is_float_dtype(v.dtype) else []
+
+
+def _tree(v, fn):
+    """``v`` with ``fn`` applied to each float array inside its nested tuples."""
+    if isinstance(v, tuple):
+        return tuple(_tree(item, fn) for item in v)
+    return fn(v) if _arrays(v) else v
+
+
+def _loss(outputs, weights):
+    """A smooth scalar of every float output, weighed by fixed random ``weights`` (one per output)."""
+    return sum((fluxpy.ops.shape.astype(y, np.float32) * w).sum() for y, w in zip(_arrays(outputs), weights))
+
+
+def _relative_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / (np.linalg.norm(want) + 1e-12))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(_layer_cases()))
+def test_each_layer_in_mixed_precision_runs_forward_and_backward_close_to_float32(name, dtype):
+    make, inputs = _layer_cases()[name]
+    rng = np.random.default_rng(len(name))
+    model, xs = make(rng), inputs(rng)
+    want = model(*xs)
+    weights = [rng.standard_normal(a.shape).astype(np.float32) for a in _arrays(want)]
+    mp = mixed_precision(model, dtype, **({"loss_scale": 64.0} if dtype == "float16" else {}))
+    got = mp(*xs)
+    assert [a.dtype for a in _arrays(got)] == [np.float32] * len(weights)
+    for g, w in zip(_arrays(got), _arrays(want)):
+        assert g.shape == w.shape and _relative_error(g, w) < 12 * EPS[dtype]
+    (grads,) = fluxpy.gradient(lambda m: _loss(m(*xs), weights), mp)
+    (ref,) = fluxpy.gradient(lambda m: _loss(m(*xs), weights), model)
+    pairs = list(zip(fluxpy.trainables(grads), fluxpy.trainables(ref)))
+    assert pairs
+    for g, r in pairs:
+        assert g.dtype == np.float32 and g.shape == r.shape and np.isfinite(g).all()
+        assert _relative_error(g, r) < 16 * EPS[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", sorted(_layer_cases()))
+def test_each_layer_converted_to_the_half_type_computes_in_it(name, dtype):
+    make, inputs = _layer_cases()[name]
+    rng = np.random.default_rng(len(name) + 1)
+    model, xs = make(rng), inputs(rng)
+    half_dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(np.float16)
+    half = (bf16 if dtype == "bfloat16" else f16)(model)
+    rounded = fluxpy.functors.fmap(lambda a: a.astype(half_dtype).astype(np.float32) if _arrays(a) else a, model)
+    hxs = _tree(xs, lambda a: a.astype(half_dtype))
+    wide = _tree(hxs, lambda a: a.astype(np.float32))   # the same values in float32
+    want = rounded(*wide)
+    got = half(*hxs)
+    assert [a.dtype for a in _arrays(got)] == [half_dtype] * len(_arrays(want))
+    for g, w in zip(_arrays(got), _arrays(want)):
+        assert _relative_error(g, w) < 12 * EPS[dtype]
+    weights = [rng.standard_normal(a.shape).astype(np.float32) for a in _arrays(want)]
+    (grads,) = fluxpy.gradient(lambda m: _loss(m(*hxs), weights), half)
+    (ref,) = fluxpy.gradient(lambda m: _loss(m(*wide), weights), rounded)
+    for g, r in zip(fluxpy.trainables(grads), fluxpy.trainables(ref)):
+        assert g.dtype == half_dtype and _relative_error(g, r) < 16 * EPS[dtype]

@@ -1,24 +1,26 @@
 """Matrix products through our own ctypes binding of cuBLAS: the ``matmul`` kernel for CuPy arrays.
 
 CuPy refuses every cuBLAS call while a stream is being captured into a CUDA graph ("calling cuBLAS API during
-stream capture is currently unsupported"), so a training step with a Dense layer could not be captured. This
-binding calls ``cublasSgemm_v2``/``cublasDgemm_v2`` (and ``cublasGemmEx`` for the halves) itself, on one
-handle per device bound to CuPy's current stream, with a workspace of its own per stream
-(``cublasSetWorkspace_v2``: cuBLAS then allocates nothing during a call, as capture requires).
+stream capture is currently unsupported"), so a training step with a Dense layer or attention could not be
+captured. This binding calls cuBLAS itself, on one handle per device bound to CuPy's current stream, with a
+workspace of its own per stream (``cublasSetWorkspace_v2``: cuBLAS then allocates nothing during a call, as
+capture requires): ``cublasSgemm_v2``/``cublasDgemm_v2`` (``cublasGemmEx`` for the halves) for one product, and
+``cublasSgemmStridedBatched``/``cublasDgemmStridedBatched`` (``cublasGemmStridedBatchedEx``) for a batch.
 
 The library is the one CuPy loaded (found in the process's memory map after CuPy's cuBLAS module is imported),
 else the ``cublas_library`` option (:mod:`fluxpy.options`), else ``ctypes.util.find_library("cublas")``. Float32
 uses TF32 tensor cores only with the ``allow_tf32`` option (the one TF32 switch, shared with cuDNN).
 
-float16 and bfloat16 run through ``cublasGemmEx`` with ``CUBLAS_COMPUTE_32F``: half storage, float32
-accumulation on tensor cores, and (``CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION``) no split-K reduction
-in the half type either.
+float16 and bfloat16 run with ``CUBLAS_COMPUTE_32F``: half storage, float32 accumulation on tensor cores, and
+(``CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION``) no split-K reduction in the half type either.
 
-What it takes (:func:`matmul_supports`): float16, bfloat16, float32 or float64 CuPy arrays of one dtype, ``a``
-of 2 or more axes whose leading axes are flattened (C-contiguous), ``b`` a matrix, each row- or column-major
-(a transposed view such as ``W.T`` costs no copy), no empty axis, sizes within cuBLAS's 32-bit ints. Any other
-product runs as ``a @ b`` (CuPy's own cuBLAS call), a half one in float32 and rounded back (CuPy has no
-bfloat16 matmul).
+What it takes (:func:`matmul_supports`): every product of float16, bfloat16, float32 or float64 CuPy arrays of one
+dtype (float32 with float64 is promoted) by NumPy's rules: 1-d operands, batch axes on either side, broadcast batch
+axes, any strides. :mod:`fluxpy.kernels.gemm_plan` plans the one call: operands are read where they lie when their
+matrices are row- or column-major (a transposed view such as ``W.T`` costs no copy) and their batch axes flatten to
+one stride (0 for a broadcast operand), else copied C-ordered first; an empty result or ``k == 0`` needs no call.
+Declined, and run as ``a @ b`` (CuPy's own cuBLAS call, which a capture refuses): sizes beyond cuBLAS's 32-bit ints
+(a half product of those in float32 and rounded back: CuPy has no bfloat16 matmul), other dtypes.
 
 The module imports without CuPy:
 
@@ -36,8 +38,10 @@ import threading
 
 import numpy as np
 
-from ..backend import cupy
+from ..backend import cupy, get_array_module
+from ..capturing import refuse
 from ..options import options
+from .gemm_plan import matmul_shape, plan_matmul
 from .halfs import BFLOAT16, is_half
 
 __all__ = ["matmul", "matmul_supports", "CublasError", "STATUS_NAMES", "library_path", "KERNELS",
@@ -50,13 +54,11 @@ STATUS_NAMES = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 
 # Per stream: what cuBLAS may use instead of allocating during a call. 32 MiB is NVIDIA's advice for its recent
 # GPUs; with less, cuBLAS picks slower kernels for small products than the ones CuPy's calls get.
 WORKSPACE_BYTES = 32 << 20
-_OP_N, _OP_T = 0, 1
 _DEFAULT_MATH, _TF32_MATH, _DISALLOW_REDUCED_REDUCTION = 0, 3, 16   # cublasMath_t
 _R_32F, _R_16F, _R_16BF = 0, 2, 14                                    # cudaDataType_t
 _COMPUTE_32F, _GEMM_DEFAULT = 68, -1                                  # cublasComputeType_t, cublasGemmAlgo_t
-_INT_MAX = 2**31 - 1
 
-_P, _I = ctypes.c_void_p, ctypes.c_int
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 _SIGNATURES = {
     "cublasCreate_v2": [_P],
     "cublasDestroy_v2": [_P],
@@ -66,6 +68,10 @@ _SIGNATURES = {
     "cublasSgemm_v2": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "cublasDgemm_v2": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I],
     "cublasGemmEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I],
+    "cublasSgemmStridedBatched": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P, _I, _L, _I],
+    "cublasDgemmStridedBatched": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _L, _P, _I, _L, _P, _P, _I, _L, _I],
+    "cublasGemmStridedBatchedEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _L, _P, _I, _I, _L, _P, _P, _I, _I, _L,
+                                   _I, _I, _I],
 }
 
 
@@ -194,8 +200,8 @@ def _handle(lib, dtype) -> int:
 # ---------------------------------------------------------------------------------------------
 # The kernel
 
-_GEMM = {np.dtype(np.float32): ("cublasSgemm_v2", lambda lib: lib.cublasSgemm_v2),
-         np.dtype(np.float64): ("cublasDgemm_v2", lambda lib: lib.cublasDgemm_v2)}
+_GEMM = {np.dtype(np.float32): ("cublasSgemm_v2", "cublasSgemmStridedBatched"),
+         np.dtype(np.float64): ("cublasDgemm_v2", "cublasDgemmStridedBatched")}
 _GEMM_EX_TYPES = {np.dtype(np.float16): _R_16F, BFLOAT16: _R_16BF}
 _SCALARS = {np.dtype(np.float32): (ctypes.c_float(1.0), ctypes.c_float(0.0)),
             np.dtype(np.float64): (ctypes.c_double(1.0), ctypes.c_double(0.0)),
@@ -203,24 +209,23 @@ _SCALARS = {np.dtype(np.float32): (ctypes.c_float(1.0), ctypes.c_float(0.0)),
             BFLOAT16: (ctypes.c_float(1.0), ctypes.c_float(0.0))}
 
 
-def _layout(m):
-    """``(transposed, ld)`` of a matrix as cuBLAS (column-major) reads its buffer, or None where it is neither
-    row- nor column-major. A row-major ``(r, c)`` buffer is the column-major ``(c, r)`` matrix ``m.T``."""
-    r, c = m.shape
-    s0, s1 = m.strides
-    item = m.itemsize
-    if s1 == item and s0 % item == 0 and s0 // item >= max(c, 1):
-        return False, s0 // item          # row-major: cuBLAS sees m.T, with leading dimension s0
-    if s0 == item and s1 % item == 0 and s1 // item >= max(r, 1):
-        return True, s1 // item           # column-major: cuBLAS sees m itself
-    return None
+def _matrix_view(x, side):
+    """``(shape, strides)`` of ``x`` in elements, a 1-d ``x`` promoted as ``matmul`` does (``a`` to a row,
+    ``b`` to a column; the new axis has length 1, so its stride is never read), or None where a stride is not a
+    whole number of elements (an ``as_strided`` view: such a product runs as ``a @ b``)."""
+    item = x.itemsize
+    if any(s % item for s in x.strides):
+        return None
+    shape, strides = tuple(x.shape), tuple(s // item for s in x.strides)
+    if x.ndim == 1:
+        return ((1,) + shape, (0,) + strides) if side == "a" else (shape + (1,), strides + (0,))
+    return shape, strides
 
 
-def _as_matrix(a):
-    """``a`` with its leading axes flattened into the rows (a view where ``a`` is C-contiguous), else None."""
-    if a.ndim == 2:
-        return a
-    return a.reshape(-1, a.shape[-1]) if a.flags.c_contiguous else None
+def _plan(a, b):
+    """The :class:`~fluxpy.kernels.gemm_plan.GemmPlan` of ``a @ b`` (operands of one dtype), or None."""
+    va, vb = _matrix_view(a, "a"), _matrix_view(b, "b")
+    return None if va is None or vb is None else plan_matmul(va[0], va[1], vb[0], vb[1])
 
 
 def matmul_supports(a, b) -> bool:
@@ -230,31 +235,40 @@ def matmul_supports(a, b) -> bool:
     >>> matmul_supports(np.ones((2, 3)), np.ones((3, 4)))   # NumPy arrays: NumPy's own product
     False
     """
-    return _gemm_supports(a, b) or _is_half_pair(a, b)
-
-
-def _is_half_pair(a, b) -> bool:
-    return (cupy is not None and type(a) is cupy.ndarray and type(b) is cupy.ndarray and a.dtype == b.dtype
-            and is_half(a.dtype))
-
-
-def _gemm_supports(a, b) -> bool:
-    """Whether one gemm call computes ``a @ b`` (see the module docstring)."""
     if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
         return False
-    if a.dtype != b.dtype or a.dtype not in _SCALARS:
+    if a.dtype not in _SCALARS or b.dtype not in _SCALARS or matmul_shape(a.shape, b.shape) is None:
         return False
-    if a.ndim < 2 or b.ndim != 2 or a.shape[-1] != b.shape[0] or 0 in a.shape or 0 in b.shape:
-        return False
-    a2 = _as_matrix(a)
-    if a2 is None or a2.shape[0] > _INT_MAX or b.shape[0] > _INT_MAX or b.shape[1] > _INT_MAX:
-        return False
-    la, lb = _layout(a2), _layout(b)
-    return la is not None and lb is not None and la[1] <= _INT_MAX and lb[1] <= _INT_MAX
+    if a.dtype != b.dtype:   # float32 with float64 (the op refuses a half with another dtype)
+        return not (is_half(a.dtype) or is_half(b.dtype))
+    return is_half(a.dtype) or _plan(a, b) is not None
+
+
+def _laid_out(x, side, operand, batch_shape):
+    """``x`` (1-d promoted for ``side``) as ``operand`` says cuBLAS reads it: itself, or the copy it names (NumPy
+    arrays too, for the tests)."""
+    xp = get_array_module(x)
+    if x.ndim == 1:
+        x = x[None, :] if side == "a" else x[:, None]
+    if operand.copy is None:
+        return x
+    if operand.copy == "broadcast":
+        x = xp.broadcast_to(x, tuple(batch_shape) + tuple(x.shape[-2:]))
+    if operand.transposed:   # column-major matrices stay column-major: the copy reads and writes in one order
+        return _c_ordered(xp, x.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return _c_ordered(xp, x)
+
+
+def _c_ordered(xp, x):
+    """A C-ordered copy of ``x``; a half one copied as its 16-bit patterns (a copy needs no bfloat16 arithmetic)."""
+    if is_half(x.dtype):
+        return xp.ascontiguousarray(x.view(np.uint16)).view(x.dtype)
+    return xp.ascontiguousarray(x)
 
 
 def matmul(a, b):
-    """``a @ b`` by one cuBLAS gemm call (the ``matmul`` kernel for CuPy; see :func:`matmul_supports`).
+    """``a @ b`` by one cuBLAS call (the ``matmul`` kernel for CuPy; see :func:`matmul_supports`): a gemm, or a
+    strided-batched gemm for a batch, as :func:`~fluxpy.kernels.gemm_plan.plan_matmul` plans it.
 
     Row-major ``C = A B`` is column-major ``C.T = B.T A.T``: cuBLAS gets ``B`` first, ``A`` second, each
     with the transpose flag its layout needs, and writes ``C`` row-major.
@@ -267,28 +281,55 @@ def matmul(a, b):
     >>> product in (None, [[3.0, 3.0, 3.0, 3.0], [12.0, 12.0, 12.0, 12.0]])
     True
     """
-    if is_half(a.dtype) and not _gemm_supports(a, b):
-        # Batched or broadcast half products: CuPy's matmul has no bfloat16 kernel, so compute in float32.
-        return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
-    lib = _load()
-    a2 = _as_matrix(a)
-    m, k = a2.shape
-    n = b.shape[1]
-    (ta, lda), (tb, ldb) = _layout(a2), _layout(b)
-    c = cupy.empty((m, n), dtype=a.dtype)
-    one, zero = _SCALARS[a.dtype]
-    h = _handle(lib, a.dtype)
-    op_b, op_a = _OP_T if tb else _OP_N, _OP_T if ta else _OP_N
-    if a.dtype in _GEMM_EX_TYPES:
-        name, t = "cublasGemmEx", _GEMM_EX_TYPES[a.dtype]
-        status = lib.cublasGemmEx(h, op_b, op_a, n, m, k, ctypes.byref(one), b.data.ptr, t, ldb, a2.data.ptr, t,
-                                  lda, ctypes.byref(zero), c.data.ptr, t, n, _COMPUTE_32F, _GEMM_DEFAULT)
+    if a.dtype != b.dtype:   # float32 with float64: NumPy's promotion
+        dtype = np.result_type(a.dtype, b.dtype)
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+    shape = matmul_shape(a.shape, b.shape)
+    plan = _plan(a, b)
+    if plan is None:   # sizes beyond cuBLAS's 32-bit ints: CuPy's own call, which a capture refuses
+        refuse(f"matmul: {tuple(a.shape)} @ {tuple(b.shape)} {a.dtype} exceeds cuBLAS's 32-bit sizes: it runs as "
+               f"CuPy's own product")
+        if is_half(a.dtype):   # CuPy's matmul has no bfloat16 kernel: in float32, rounded once
+            return (a.astype(cupy.float32) @ b.astype(cupy.float32)).astype(a.dtype)
+        return a @ b
+    if plan.kind == "empty":
+        return cupy.empty(shape, dtype=a.dtype)
+    if plan.kind == "zeros":
+        return cupy.zeros(shape, dtype=a.dtype)
+    c = cupy.empty(plan.shape, dtype=a.dtype)
+    _gemm(plan, _laid_out(a, "a", plan.a, plan.batch_shape), _laid_out(b, "b", plan.b, plan.batch_shape), c)
+    return c.reshape(shape)
+
+
+def _pointer(x) -> int:
+    """The device address of ``x``'s first element."""
+    return x.data.ptr
+
+
+def _gemm(plan, a, b, c):
+    """Run ``plan`` on the laid-out operands, writing ``c``: cuBLAS's first operand is ``b`` (see the module)."""
+    lib, dtype, g = _load(), c.dtype, plan.call()
+    one, zero = _SCALARS[dtype]
+    h = _handle(lib, dtype)
+    head = (h, g.transa, g.transb, g.m, g.n, g.k, ctypes.byref(one))
+    pa, pb, pc = _pointer(a), _pointer(b), _pointer(c)   # a, b, c stay referenced until the call is queued
+    if dtype in _GEMM_EX_TYPES:
+        t = _GEMM_EX_TYPES[dtype]
+        if plan.kind == "gemm":
+            name, status = "cublasGemmEx", lib.cublasGemmEx(
+                *head, pb, t, g.lda, pa, t, g.ldb, ctypes.byref(zero), pc, t, g.ldc, _COMPUTE_32F, _GEMM_DEFAULT)
+        else:
+            name, status = "cublasGemmStridedBatchedEx", lib.cublasGemmStridedBatchedEx(
+                *head, pb, t, g.lda, g.stride_a, pa, t, g.ldb, g.stride_b, ctypes.byref(zero), pc, t, g.ldc, g.stride_c,
+                g.batch, _COMPUTE_32F, _GEMM_DEFAULT)
+    elif plan.kind == "gemm":
+        name = _GEMM[dtype][0]
+        status = getattr(lib, name)(*head, pb, g.lda, pa, g.ldb, ctypes.byref(zero), pc, g.ldc)
     else:
-        name, gemm = _GEMM[a.dtype]
-        status = gemm(lib)(h, op_b, op_a, n, m, k, ctypes.byref(one), b.data.ptr, ldb, a2.data.ptr, lda,
-                           ctypes.byref(zero), c.data.ptr, n)
-    _check(status, name, lambda: f"{tuple(a.shape)} @ {tuple(b.shape)} {a.dtype}")
-    return c.reshape(*a.shape[:-1], n)
+        name = _GEMM[dtype][1]
+        status = getattr(lib, name)(*head, pb, g.lda, g.stride_a, pa, g.ldb, g.stride_b, ctypes.byref(zero), pc,
+                                    g.ldc, g.stride_c, g.batch)
+    _check(status, name, lambda: f"{plan.shape} {dtype} ({plan.kind}, {g})")
 
 
 KERNELS = {"matmul": (matmul, matmul_supports)}

@@ -7,6 +7,10 @@ boolean array broadcasting to ``(Lq, Lk)`` (or to the scores' shape), true where
 convention); a query with no allowed key gets NaN, as NNlib's and PyTorch's. Composed of fluxpy's ops (the softmax
 is the fused kernel on the GPU), so it differentiates to any order.
 
+In float16 and bfloat16 (:func:`fluxpy.mixed_precision`) the two products run in the half type (float32
+accumulation in cuBLAS), the scaled logits, ``bias``, mask, softmax and ``dropout`` in float32, and the scores are
+rounded to the half type before they weigh ``v`` (PyTorch's autocast): ``y`` and ``scores`` are of the half type.
+
 >>> import numpy as np
 >>> q = np.ones((2, 3, 4))
 >>> y, scores = dot_product_attention(q, q, q, nheads=2)
@@ -23,22 +27,28 @@ import numpy as np
 
 from ..autodiff import value_of
 from ..backend import Array, get_array_module
+from ..kernels.halfs import is_half
 from .basic import where
 from .linalg import matmul
-from .shape import reshape, swapaxes, transpose
+from .shape import as_memory_format, astype, reshape, swapaxes, transpose
 from .softmax import softmax
 
 __all__ = ["dot_product_attention", "causal_mask"]
 
 
 def _split_heads(x, nheads):
+    """``(N, heads, L, d)``, copied C-ordered once: each head's ``(L, d)`` matrices then lie one stride apart, so the
+    products forward and back read them as they lie (a strided view would be copied by each product)."""
     n, length, dim = x.shape
-    return transpose(reshape(x, (n, length, nheads, dim // nheads)), (0, 2, 1, 3))   # (N, heads, L, d)
+    heads = transpose(reshape(x, (n, length, nheads, dim // nheads)), (0, 2, 1, 3))
+    return as_memory_format(heads, "contiguous")
 
 
 def _join_heads(x):
+    """``(N, L, heads * d)``; ``as_memory_format`` (no copy forward: ``x`` is a product's C-ordered result) makes its
+    gradient C-ordered once for the two products of the pullback."""
     n, heads, length, d = x.shape
-    return reshape(transpose(x, (0, 2, 1, 3)), (n, length, heads * d))
+    return reshape(transpose(as_memory_format(x, "contiguous"), (0, 2, 1, 3)), (n, length, heads * d))
 
 
 def _check(q, k, v, nheads, mask):
@@ -84,14 +94,20 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
     """
     _check(q, k, v, nheads, mask)
     qh, kh, vh = (_split_heads(a, nheads) for a in (q, k, v))
-    logits = matmul(qh, swapaxes(kh, -1, -2)) * (1 / math.sqrt(q.shape[-1] // nheads))
+    logits = matmul(qh, swapaxes(kh, -1, -2))
+    half = is_half(value_of(logits).dtype)
+    if half:   # the products in the half type, the softmax and what comes before it in float32 (PyTorch's autocast)
+        logits = astype(logits, np.float32)
+    logits = logits * (1 / math.sqrt(q.shape[-1] // nheads))
     if bias is not None:
         _check_bias(bias, tuple(logits.shape))
-        logits = logits + bias
+        logits = logits + (astype(bias, np.float32) if half and is_half(value_of(bias).dtype) else bias)
     if mask is not None:
         logits = where(value_of(mask), logits, -np.inf)
     scores = softmax(logits, axis=-1)
     weights = scores if dropout is None else dropout(scores)
+    if half:
+        weights = astype(weights, value_of(vh).dtype)
     return _join_heads(matmul(weights, vh)), weights   # the scores that weighed v: after dropout, as NNlib's
 
 

@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 from ..autodiff import Primitive
-from ..backend import Array
+from ..backend import Array, gpu_device
+from ..capturing import refuse
 from ..kernels import find
 from ..kernels.halfs import is_half
 from .shape import expand_dims, reshape, swapaxes, unbroadcast
@@ -22,6 +23,9 @@ def _matmul_impl(a, b):
     kernel = find("matmul", a, b)
     if kernel is not None:
         return kernel(a, b)
+    if gpu_device(a) is not None:
+        refuse(f"matmul: {tuple(a.shape)} {a.dtype} @ {tuple(b.shape)} {b.dtype} runs as CuPy's own product (fluxpy's "
+               f"cuBLAS binding takes float products within cuBLAS's 32-bit sizes)")
     try:
         return a @ b
     except ValueError:
@@ -69,7 +73,9 @@ def matmul(a: Array, b: Array) -> Array:
     (5, 2, 4)
 
     float16 and bfloat16 operands must share their dtype (the product accumulates in float32 and returns
-    that dtype); a mix with another dtype is a ``TypeError``, raised before any kernel runs.
+    that dtype); a mix with another dtype is a ``TypeError``, raised before any kernel runs. On the GPU every float
+    product, batched and broadcast ones included, forward and pullback, is one call of fluxpy's cuBLAS binding
+    (:mod:`fluxpy.kernels.cublas`), which a CUDA-graph capture takes.
     """
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: operands must have at least one axis, got shapes {tuple(a.shape)} "

@@ -149,7 +149,7 @@ def test_half_products_in_every_layout_accumulate_in_float32(dtype):
 @pytest.mark.parametrize("shapes", [((6, 5), (2, 3, 5, 4)), ((2, 3, 6, 5), (2, 3, 5, 4)), ((4, 6, 5), (1, 5, 3))],
                          ids=str)
 def test_batched_and_broadcast_half_products_match_float32(dtype, shapes):
-    """Products one gemm cannot take (CuPy has no bfloat16 matmul) compute in float32 and round once."""
+    """Batched and broadcast half products (one strided-batched call, accumulating in float32) match float32."""
     rng = np.random.default_rng(11)
     a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
     got = matmul(_device(a), _device(b))

@@ -135,3 +135,49 @@ def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
         assert cm.loss_scale.scale == em.loss_scale.scale == 2.0 ** 9
         for a, b in zip(fluxpy.trainables(cm.model), fluxpy.trainables(em.model)):
             np.testing.assert_array_equal(fluxpy.cpu(a), fluxpy.cpu(b))
+
+
+
+@fluxpy.functors.layer(children=("attn", "head"))
+class _AttentionBlock:
+    """Attention with dropout on the scores and a causal mask, a residual join and a Dense head on the last token."""
+
+    def __init__(self, rng):
+        self.attn = fluxpy.MultiHeadAttention(32, nheads=4, dropout=0.1, rng=rng)
+        self.head = fluxpy.Dense(32, 10, rng=rng)
+
+    def __call__(self, x):
+        y, _ = self.attn(x, mask=fluxpy.causal_mask(x))
+        return self.head((x + y)[:, -1])
+
+
+@pytest.mark.parametrize("dtype", [BFLOAT16, np.float16], ids=str)
+def test_multi_head_attention_in_mixed_precision_trains_in_a_captured_step_as_eagerly(dtype):
+    """Under mixed_precision the captured TrainStep of attention runs with no CaptureWarning (every product through
+    fluxpy's cuBLAS binding, batched and half ones included) and gives the eager steps' losses and weights."""
+    import copy
+    import warnings
+
+    import cupy as cp
+    from fluxpy import CaptureWarning, TrainStep
+    rng = np.random.default_rng(5)
+    base = _AttentionBlock(rng)
+    batches = [(cp.asarray(rng.standard_normal((8, 12, 32), dtype=np.float32)),
+                cp.asarray(onehotbatch(rng.integers(0, 10, 8), range(10)))) for _ in range(6)]
+    runs = []
+    with fluxpy.options(deterministic=True):
+        for capture in (True, False):
+            fluxpy.seed(0)   # the same dropout masks in both runs
+            m = mixed_precision(fluxpy.gpu(copy.deepcopy(base)), dtype)
+            step = TrainStep(_loss, m, setup(Adam(1e-3), m), capture=capture)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", CaptureWarning)
+                losses = [float(step(x, y)) for x, y in batches]
+            runs.append((m, losses, step))
+    (cm, got, cstep), (em, want, _) = runs
+    assert list(cstep.captured().values()) == ["captured"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    for a, b in zip(fluxpy.trainables(cm.model), fluxpy.trainables(em.model)):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(fluxpy.cpu(a), fluxpy.cpu(b), rtol=1e-2, atol=1e-3)
