@@ -101,12 +101,14 @@ def _vec_widths(dtype):
     return [v for v in (1, 2, 4, 8) if v * dtype.itemsize <= 16]
 
 
-def _min_blocks(dtype, acc, has_y, has_outm):
+def _min_blocks(dtype, acc, has_y, has_outm, map_expr=None):
     """The blocks an SM must hold (``__launch_bounds__``): the plan's :data:`BLOCKS_PER_SM`, fewer where a block's
-    threads need more registers than that leaves them (an accumulator other than the dtype's own; halves read
-    with ``y`` and written to the mapped output, sixteen bytes at a time), so that none spills
-    (``tests/test_kernel_sources.py`` checks)."""
-    if acc != compute_dtype(dtype):
+    threads need more registers than that leaves them (an accumulator other than the dtype's own; a map that calls
+    a function, as an activation's derivative traced into a lambda; halves read with ``y`` and written to the
+    mapped output, sixteen bytes at a time), so that none spills (``tests/test_kernel_sources.py`` checks)."""
+    if map_expr is not None and "[]" in map_expr and acc == np.float64:   # double maths (erf) holds many registers
+        return 1
+    if acc != compute_dtype(dtype) or (map_expr is not None and "[]" in map_expr):
         return min(BLOCKS_PER_SM, 2)
     if is_half(dtype) and has_y and has_outm:
         return min(BLOCKS_PER_SM, 3)
@@ -118,7 +120,7 @@ def _defines(dtype, acc, op, map_expr, has_y, has_outm=False):
     None: ``x``) and whether ``y`` and the mapped output are given."""
     return {**dtype_defines(dtype), "ACC": _ACC[acc], "OP_MAX": op == "max", "OP_MEAN": op == "mean",
             "HAS_Y": bool(has_y), "HAS_OUTM": bool(has_outm), "MAP(x, y)": f"({map_expr or 'x'})",
-            "THREADS": THREADS, "MIN_BLOCKS": _min_blocks(dtype, acc, has_y, has_outm)}
+            "THREADS": THREADS, "MIN_BLOCKS": _min_blocks(dtype, acc, has_y, has_outm, map_expr)}
 
 
 def variants(map_expr: str | None = None, has_y: bool = False, ops: tuple = ("sum",), accs: tuple | None = None):
