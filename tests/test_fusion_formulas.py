@@ -38,7 +38,9 @@ def _compiler():
 
 
 def _name(act):
-    return repr(act) if isinstance(act, functools.partial) else getattr(act, "__name__", repr(act))
+    if isinstance(act, functools.partial):
+        return f"{_name(act.func)}({', '.join(f'{k}={v}' for k, v in act.keywords.items())})"
+    return getattr(act, "__name__", None) or act.name
 
 
 @pytest.fixture(scope="module")

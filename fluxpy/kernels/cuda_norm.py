@@ -65,7 +65,7 @@ def backward_supports(dy, x, y, gamma, beta, mean, invstd, eps=None, act=None, y
 
 def _cudnn_backward_fits(x, y, gamma, beta, mean, invstd, act, y_derivative):
     """cuDNN's backward takes an activation only through its derivative from the kept output ``y``."""
-    if act is not None and (type(y) is not cupy.ndarray or y_derivative is None or not fuses(y_derivative)):
+    if act is not None and (type(y) is not cupy.ndarray or y_derivative is None or not fuses(y_derivative, False)):
         return False
     return _cudnn_fits(x, gamma, beta, mean, invstd)
 

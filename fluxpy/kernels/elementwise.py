@@ -310,23 +310,23 @@ def bias_act_preactivation_supports(x: Any, b: Any, act: Callable) -> bool:
     return fuses(act)
 
 
-def fuses(f: Callable) -> bool:
-    """Whether the scalar function ``f`` compiles into the fused kernels (float32 stands for every dtype: the
-    halves compute in float32, and float64 traces the same operations).
+def fuses(f: Callable, derivative: bool = True) -> bool:
+    """Whether the scalar function ``f`` (and, with ``derivative``, its derivative) compiles into the fused kernels
+    (float32 stands for every dtype: the halves compute in float32, and float64 traces the same operations).
 
     >>> import numpy as np
     >>> fuses(np.tanh), fuses(lambda v: v if v > 0 else 0.0)
     (True, False)
     """
-    return why_not_compiled(f) is None
+    return why_not_compiled(f, derivative) is None
 
 
 _reasons: dict = {}
 
 
-def why_not_compiled(f: Callable) -> str | None:
-    """None where the scalar function ``f`` and its derivative compile into the fused kernels, else why not (the
-    tracer's reason: a Python ``if`` on a value, an unknown ufunc, ...).
+def why_not_compiled(f: Callable, derivative: bool = True) -> str | None:
+    """None where the scalar function ``f`` (and, with ``derivative``, its derivative) compiles into the fused
+    kernels, else why not (the tracer's reason: a Python ``if`` on a value, an unknown ufunc, ...).
 
     >>> import numpy as np
     >>> why_not_compiled(np.exp) is None
@@ -335,11 +335,12 @@ def why_not_compiled(f: Callable) -> str | None:
     def make():
         try:
             activation_c(f, np.float32, "v")
-            activation_c(f, np.float32, "v", derivative=True)
+            if derivative:
+                activation_c(f, np.float32, "v", derivative=True)
         except Untraceable as err:
             return (str(err),)
         return (None,)
-    return _cached(_reasons, f, make)[0]
+    return _cached(_reasons, (f, derivative), make)[0]
 
 
 _maps: dict = {}
@@ -368,7 +369,7 @@ def bias_act_backward_supports(derivative: Callable | None, saved: Any, dy: Any,
     """The arrays :func:`bias_act_backward` handles: CuPy, one float16/bfloat16/float32/float64 dtype, one shape,
     and a ``derivative`` the tracer compiles (or None)."""
     return type(saved) is cupy.ndarray and type(dy) is cupy.ndarray and saved.dtype == dy.dtype \
-        and saved.shape == dy.shape and saved.dtype in _COMPUTE and (derivative is None or fuses(derivative))
+        and saved.shape == dy.shape and saved.dtype in _COMPUTE and (derivative is None or fuses(derivative, False))
 
 
 def bias_act_backward(derivative: Callable | None, saved: Array, dy: Array, bshape: tuple[int, ...] | None,

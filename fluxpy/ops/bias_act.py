@@ -120,7 +120,7 @@ def why_not_fused(act: Callable) -> str | None:
     if reason is None:
         d, from_output = derivative_from_saved(act)
         if from_output and d is not None:
-            reason = why_not_compiled(d)
+            reason = why_not_compiled(d, derivative=False)
     return reason
 
 
