@@ -20,7 +20,10 @@ CuPy arrays instead (correct, slower); that is noted once per function with a
 :class:`FusionFallbackWarning`. Dtypes other than float16, bfloat16, float32 and float64 take that
 generic path too. Half arrays are passed to the kernel as their 16 bits (``uint16`` views) and
 converted on load and store (:mod:`fluxpy.kernels.halfs`), so no CUDA half header is needed. The
-bias-and-activation kernels (``bias_act*``) and ``erf`` are built on the same machinery. The module
+bias-and-activation kernels and ``erf`` are built on the same machinery: ``bias_act`` (the traced ``act(x + b)``),
+``bias_act_preactivation`` (``act(x + b)`` and ``x + b`` in one pass, for a pullback that reads the
+pre-activation) and ``bias_act_backward`` (``dx = dy * D(saved)`` written while ``mapreduce`` sums ``db``, ``D``
+the activation's derivative traced into the reduction's map by :func:`fluxpy.kernels.trace.activation_c`). The module
 imports without CuPy; the tracer's names (:class:`Sym`, :class:`Untraceable`, :func:`trace_source`)
 are importable from here too.
 
