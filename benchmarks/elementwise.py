@@ -10,7 +10,7 @@ Dense ``(128, 10)`` with ``(10,)``), float32:
 - ``bias_act(x, b, relu)`` forward + backward vs torch ``relu(x + b)`` + ``backward``, and the two
   bias-gradient paths of the backward alone: one map+reduce pass that writes ``dx`` while
   summing ``db`` (``mapreduce(..., out_mapped=dx)``, what fluxpy runs where the layouts allow) vs an
-  elementwise ``dx`` kernel then the reduction (``bias_act_output_backward(..., fused=False)``).
+  elementwise ``dx`` kernel then the reduction (``bias_act_backward(..., fused=False)``).
 
 Timing: CUDA events around each call, median of many calls after warm-up. ``gpu us``: the calls
 are queued behind a spin kernel, so the events measure GPU time alone; ``wall us``: no spin, so
@@ -198,12 +198,13 @@ def bias_grad_row(cp, timer, x, b, dy, xs, bs):
     """The bias_act backward alone: one map+reduce pass against an elementwise ``dx`` then the reduction."""
     from fluxpy.kernels import elementwise as E
     from fluxpy.ops.activations import relu
-    from fluxpy.ops.bias_act import bias_act
+    from fluxpy.ops.bias_act import bias_act, derivative_from_saved
+    mask = derivative_from_saved(relu)[0]
     y = bias_act(x, b, relu)
-    one = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True))
-    two = timer.both(lambda: E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False))
-    da, db_ = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=True)
-    dc, dd = E.bias_act_output_backward("relu", y, dy, bs, True, True, fused=False)
+    one = timer.both(lambda: E.bias_act_backward(mask, y, dy, bs, True, True, fused=True))
+    two = timer.both(lambda: E.bias_act_backward(mask, y, dy, bs, True, True, fused=False))
+    da, db_ = E.bias_act_backward(mask, y, dy, bs, True, True, fused=True)
+    dc, dd = E.bias_act_backward(mask, y, dy, bs, True, True, fused=False)
     assert bool(cp.all(da == dc)) and float(cp.max(cp.abs(db_ - dd))) <= 1e-3 * (1 + float(cp.max(cp.abs(dd))))
     return dict(case="bias_act relu bwd: dx+db one pass | dx then db", shape=f"{xs} + {bs}", fused=one, unfused=two)
 

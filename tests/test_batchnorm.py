@@ -1,10 +1,13 @@
 """The batchnorm primitive (fluxpy.ops.batchnorm): values, running statistics, first and second derivatives."""
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import fluxpy
+from fluxpy.ops import activations as A
 from fluxpy.ops.activations import relu
 from fluxpy.ops.batchnorm import batchnorm, batchnorm_backward
 from fluxpy.ops.norm import batchnorm_train
@@ -93,9 +96,28 @@ def test_relu_fused_equals_relu_after_and_differentiates(problem):
         check_grad(lambda x: batchnorm(x, eps=1e-2, act=relu), x, rng=rng, rtol=1e-5, atol=1e-7)
 
 
-def test_other_activations_are_refused():
-    with pytest.raises(ValueError, match="batchnorm fuses act=relu or act=None"):
-        batchnorm(np.ones((4, 2)), act=np.tanh)
+FUSED = [a for a in (getattr(A, n) for n in A.__all__) if not getattr(a, "draws_random", False)] + \
+    [functools.partial(A.leakyrelu, a=0.2), functools.partial(A.elu, a=0.5), np.tanh]
+
+
+@pytest.mark.parametrize("act", FUSED, ids=repr)
+def test_every_activation_fuses_and_equals_it_applied_after(act):
+    """Forward: act of the normalised values; backward: the chain rule through act, whether the pullback reads the
+    output or recomputes the pre-activation (against finite differences, in float64)."""
+    rng = np.random.default_rng(abs(hash(repr(act))) % 2**32)
+    x = rng.standard_normal((6, 3, 2))
+    g, b = rng.standard_normal(3), rng.standard_normal(3)
+    np.testing.assert_allclose(batchnorm(x, g, b, act=act, eps=1e-2), act(batchnorm(x, g, b, eps=1e-2)),
+                               rtol=1e-12, atol=1e-12)
+    z = batchnorm(x, g, b, eps=1e-2)
+    if np.min(np.abs(np.abs(z[..., None] - np.array([0.0, 1.0, 3.0, 6.0, 0.5]))) ) < 1e-3:
+        return   # finite differences across a kink
+    check_grad(lambda x, g, b: batchnorm(x, g, b, eps=1e-2, act=act), x, g, b, rng=rng, rtol=1e-5, atol=1e-7)
+
+
+def test_an_activation_drawing_random_numbers_is_refused():
+    with pytest.raises(ValueError, match="draws no random numbers"):
+        batchnorm(np.ones((4, 2)), act=A.rrelu)
 
 
 def test_the_running_statistics_move_once_per_call_inside_gradient():
@@ -114,7 +136,7 @@ def test_backward_op_matches_the_gradient():
     dx, dg = back(dy)
     mean = x.mean(axis=(0, 2))
     invstd = 1 / np.sqrt(x.var(axis=(0, 2)) + 1e-3)
-    dx2, dg2, db2 = batchnorm_backward(dy, x, None, g, None, mean, invstd, 1e-3, "identity")
+    dx2, dg2, db2 = batchnorm_backward(dy, x, None, g, None, mean, invstd, 1e-3, None, None)
     np.testing.assert_allclose(dx, dx2, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(dg, dg2, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(db2, dy.sum(axis=(0, 2)), rtol=1e-12)

@@ -69,16 +69,35 @@ def _formulas():
     return [(formula_of(rule), tuple(rule.hyper())) for rule in RULES]
 
 
+def _activations():
+    """Every exported activation that fuses, relu and gelu first (the kernel modules compile the first two in every
+    dtype, the others in float32 and float64): what the batch-norm kernels compile in (the activations live above
+    the kernels, so this test names them)."""
+    from fluxpy.ops import activations as A
+    from fluxpy.ops.bias_act import why_not_fused
+    exported = [getattr(A, n) for n in A.__all__ if n not in ("identity", "relu", "gelu")]
+    return [A.relu, A.gelu] + [a for a in exported if why_not_fused(a) is None]
+
+
+def _derivatives():
+    """The derivative of each activation of :func:`_activations` as ``fluxpy.ops.bias_act`` passes it to the
+    bias_act backward kernel (of the output or of the pre-activation): the maps of its reductions."""
+    from fluxpy.ops.bias_act import derivative_from_saved
+    return [derivative_from_saved(a)[0] for a in _activations()]
+
+
 @functools.cache
 def _variants():
     """``[(module, source, defines, name expressions)]`` of every module's ``SOURCE_VARIANTS``, each distinct
     variant once; a ``SOURCE_VARIANTS(attributes)`` is given :func:`_attributes`, a ``SOURCE_VARIANTS(formulas)``
-    :func:`_formulas`."""
+    :func:`_formulas`, a ``SOURCE_VARIANTS(activations)`` :func:`_activations`, a ``SOURCE_VARIANTS(derivatives)``
+    :func:`_derivatives`."""
     out, seen = [], set()
     for name, module in sorted(MODULES.items()):
         listing = getattr(module, "SOURCE_VARIANTS", lambda: ())
         wants = inspect.signature(listing).parameters
-        given = {"attributes": _attributes, "formulas": _formulas()}
+        given = {"attributes": _attributes, "formulas": _formulas(), "activations": _activations(),
+                 "derivatives": _derivatives()}
         for source, defines, *names in listing(**{k: v for k, v in given.items() if k in wants}):
             names = tuple(names[0]) if names else ()
             key = (source, compiler.compile_options(defines), names)

@@ -14,7 +14,13 @@ Training forward:
 
 Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and its last block writes
 ``dbeta``, ``dgamma = invstd * sum(dy (x - mean))`` and the coefficients of ``dx = a[c] dy + b[c] x + k[c]``;
-``bn_bwd_apply`` writes ``dx``. Accumulation is in float32 for float32 data, float64 for float64. float16 and
+``bn_bwd_apply`` writes ``dx``.
+
+An activation ``act`` (any scalar function the elementwise tracer compiles, None for none) is fused into both
+directions: the apply kernel writes ``act(x * scale + shift)``, and the backward multiplies ``dy`` by ``act'`` at
+that pre-activation, recomputed from ``x`` (so neither it nor ``y`` is kept). Its formula and derivative reach the
+source as the defines ``FX_ACT(v)`` and ``FX_ACT_GRAD(v)`` (:func:`fluxpy.kernels.trace.activation_c`): one
+compiled variant per (dtype, activation). Accumulation is in float32 for float32 data, float64 for float64. float16 and
 bfloat16 data are read and written in their own 16 bits (eight to a 16-byte vector) and computed in float32; their
 statistics, ``gamma``, ``beta``, the running statistics and ``dgamma``/``dbeta`` are float32, as cuDNN's.
 
@@ -37,6 +43,8 @@ from ..backend import cupy
 from ..layout import is_channels_last, like_layout
 from . import compiler
 from .halfs import HALVES, KERNEL_DTYPES, compute_dtype, dtype_defines
+from .elementwise import _cached, fuses
+from .trace import activation_c
 
 __all__ = ["supports", "param_dtype", "forward_training", "backward", "SOURCE_VARIANTS"]
 
@@ -49,29 +57,49 @@ _VECTORS = {dt: ("uint4", 16 // dt.itemsize) for dt in HALVES}   # 16-byte vecto
 _VECTORS.update({np.dtype(np.float32): ("float4", 4), np.dtype(np.float64): ("double2", 2)})
 
 
-def _defines(dtype):
-    """``cuda/batchnorm.cu``'s defines: the dtype's (halfs.cuh) and its 16-byte vector, ``VT`` of ``VW`` elements."""
-    vt, vw = _VECTORS[dtype]
-    return {**dtype_defines(dtype), "VT": vt, "VW": vw}
+def _identity(v):
+    return v
 
 
-def SOURCE_VARIANTS():
-    """``(source, defines)`` of every variant the kernels launch: one per dtype.
+_variants: dict = {}
+
+
+def _defines(dtype, act=None):
+    """``cuda/batchnorm.cu``'s defines: the dtype's (halfs.cuh), its 16-byte vector (``VT`` of ``VW`` elements),
+    and the activation's formula and derivative (``act`` None: the identity), kept per (dtype, activation)."""
+    def make():
+        vt, vw = _VECTORS[np.dtype(dtype)]
+        f = _identity if act is None else act
+        return {**dtype_defines(dtype), "VT": vt, "VW": vw, "FX_ACT(v)": activation_c(f, dtype, "v"),
+                "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True)}
+    return _cached(_variants, (np.dtype(dtype), act), make)
+
+
+def SOURCE_VARIANTS(activations=()):
+    """``(source, defines)`` of the variants the kernels launch: every dtype without an activation and with the
+    first of ``activations`` (the exported ones, which the kernel-source test gives), the others in float32 and
+    float64 (the halves compute in float32).
 
     >>> [d["VW"] for _, d in SOURCE_VARIANTS()]
     [8, 8, 4, 2]
     """
     for dtype in KERNEL_DTYPES:
         yield "batchnorm.cu", _defines(dtype)
+    for i, act in enumerate(activations):
+        for dtype in KERNEL_DTYPES if i == 0 else (np.dtype(np.float32), np.dtype(np.float64)):
+            yield "batchnorm.cu", _defines(dtype, act)
 
 
-def _fn(name, dtype):
-    return compiler.function("batchnorm.cu", name, _defines(dtype))
+def _fn(name, dtype, act):
+    return compiler.function("batchnorm.cu", name, _defines(dtype, act))
 
 
-def supports(x, *params) -> bool:
+def supports(x, *params, act=None) -> bool:
     """CuPy float16/bfloat16/float32/float64 arrays of 2 to 5 axes, C-contiguous or channels-last (then fewer than
-    2**32 elements), with parameters (or None) in :func:`param_dtype` of ``x.dtype``."""
+    2**32 elements), with parameters (or None) in :func:`param_dtype` of ``x.dtype``, and an activation (or None)
+    that the elementwise tracer compiles."""
+    if act is not None and not fuses(act):
+        return False
     if type(x) is not cupy.ndarray or x.dtype not in _VECTORS or not 2 <= x.ndim <= 5:
         return False
     if not x._c_contiguous and not (is_channels_last(x) and x.size < 2**32):
@@ -143,12 +171,12 @@ class _ChannelsLastPlan:
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
                  "counter", "c")
 
-    def __init__(self, shape, dtype, vec, dev):
+    def __init__(self, shape, dtype, vec, dev, act):
         c = shape[1]
         m = int(np.prod(shape, dtype=np.int64)) // c
         grid, block, cw, s = _column_launch(m, c, dev)
-        self.stats, self.apply = _fn("bn_stats_cl", dtype), _fn("bn_apply_cl", dtype)
-        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype), _fn("bn_bwd_apply_cl", dtype)
+        self.stats, self.apply = _fn("bn_stats_cl", dtype, act), _fn("bn_apply_cl", dtype, act)
+        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype, act), _fn("bn_bwd_apply_cl", dtype, act)
         self.red = (grid, block)
         total = m * c // _VECTORS[dtype][1] if vec else m * c
         self.app = ((max(1, min(-(-total // _THREADS), 32 * _sm_count(dev))),), (_THREADS,))
@@ -167,12 +195,12 @@ class _Plan:
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
                  "counter", "c")
 
-    def __init__(self, shape, dtype, vec, dev):
+    def __init__(self, shape, dtype, vec, dev, act):
         n, c = shape[0], shape[1]
         hw = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
         s, threads, row_vec = _reduce_launch(n, c, hw, vec, dtype, dev)
-        self.stats, self.apply = _fn("bn_stats", dtype), _fn("bn_apply", dtype)
-        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats", dtype), _fn("bn_bwd_apply", dtype)
+        self.stats, self.apply = _fn("bn_stats", dtype, act), _fn("bn_apply", dtype, act)
+        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats", dtype, act), _fn("bn_bwd_apply", dtype, act)
         self.red = ((s, c), (threads,))
         grid, block, flat, total = _apply_launch(n, c, hw, vec, dtype, dev)
         self.app = (grid, block)
@@ -187,17 +215,14 @@ class _Plan:
 _plans: dict = {}
 
 
-def _plan(x, *others):
+def _plan(act, x, *others):
     n, c, hw = _geometry(x)
     cl = not x._c_contiguous
     # channels-last data is read as one flat run of vectors: whole vectors in all, aligned
     vec = _vec(x.size if cl else hw, x.dtype, x, *others)
     dev = x.device.id
-    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl)
-    p = _plans.get(key)
-    if p is None:
-        p = _plans[key] = (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev)
-    return p
+    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl, act)
+    return _cached(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act))
 
 
 _NULL = np.uint64(0)
@@ -207,30 +232,29 @@ def _p(a):
     return _NULL if a is None else a
 
 
-def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, relu: bool = False):
-    """``(y, mean, invstd)`` in two launches (``y`` through relu when ``relu``); the running statistics (or None)
-    are moved in place."""
-    p = _plan(x)
+def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, act=None):
+    """``(y, mean, invstd)`` in two launches (``y`` through the activation ``act``, None for none); the running
+    statistics (or None) are moved in place."""
+    p = _plan(act, x)
     y = cupy.empty_like(x)   # in x's layout
     stats = cupy.empty((4, p.c), param_dtype(x.dtype))   # mean, invstd, scale, shift
     mean, invstd, scale, shift = stats
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
                      _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
-    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars, np.int32(relu)))
+    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
     return y, mean, invstd
 
 
-def backward(dy, x, gamma, beta, mean, invstd, eps: float, relu: bool = False):
-    """``(dx, dgamma, dbeta)`` in two launches; with ``relu``, ``dy`` is first masked where the forward's output
-    was not positive (recomputed from ``x``, so ``y`` is not needed)."""
+def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
+    """``(dx, dgamma, dbeta)`` in two launches; with an activation ``act``, ``dy`` is first multiplied by its
+    derivative at the forward's pre-activation (recomputed from ``x``, so ``y`` is not needed)."""
     dy = like_layout(dy, x)
-    p = _plan(x, dy)
+    p = _plan(act, x, dy)
     dx = cupy.empty_like(x)
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
     out = cupy.empty((7, p.c), param_dtype(x.dtype))
     dgamma, dbeta, a, b, k, sc, sf = out
-    r = np.int32(relu)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
-                         a, b, k, sc, sf, r))
-    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf, r))
+                         a, b, k, sc, sf))
+    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf))
     return dx, dgamma, dbeta

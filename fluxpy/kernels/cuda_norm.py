@@ -7,6 +7,11 @@ problem (shape, dtype, device), the first call times the GPU time of each direct
 (the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times.
 The ``supports`` predicates accept what either takes; other calls run the op's composite.
 
+An activation (``act``, None for none) is fused into fluxpy's kernels (its formula compiled in,
+:mod:`fluxpy.kernels.cuda_bn`); cuDNN's calls fuse none, so around them it is one elementwise kernel each way (the
+traced ``act``, and ``dy`` times its derivative from the output ``y``: cuDNN's backward needs the op to have kept
+``y`` and to pass that derivative, ``y_derivative``).
+
 >>> sorted(KERNELS)
 ['batchnorm_backward', 'batchnorm_forward']
 """
@@ -18,20 +23,22 @@ from ..backend import cupy
 from ..layout import like_layout
 from . import compiler, cuda_bn
 from .cudnn import batchnorm as bn
+from .elementwise import _cached, bias_act_backward, fuses, fused_forward
 
 __all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "choices"]
 
 _DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_choices: dict = {}   # (direction, shape, dtype, device) -> (name, {name: us})
+_choices: dict = {}   # (direction, shape, dtype, device, act) -> (name, {name: us})
 
 
 def choices() -> dict:
-    """``{(direction, shape, dtype): (kept, {implementation: microseconds})}`` for the problems timed so far.
+    """``{(direction, shape, dtype[, activation]): (kept, {implementation: microseconds})}`` for the problems timed
+    so far.
 
     >>> isinstance(choices(), dict)
     True
     """
-    return {k[:3]: v for k, v in _choices.items()}
+    return {k[:3] + (() if k[4] is None else (k[4],)): v for k, v in _choices.items()}
 
 
 def _cudnn_fits(x, *params):
@@ -42,69 +49,77 @@ def _cudnn_fits(x, *params):
     return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params) and bn.available()
 
 
-def forward_supports(x, gamma, beta, running_mean, running_var, *_):
-    """The calls one of the implementations takes."""
+def forward_supports(x, gamma, beta, running_mean, running_var, momentum=None, eps=None, act=None):
+    """The calls one of the implementations takes (an activation the elementwise tracer compiles, or None)."""
     params = (gamma, beta, running_mean, running_var)
-    return cuda_bn.supports(x, *params) or _cudnn_fits(x, *params)
+    return cuda_bn.supports(x, *params, act=act) or (_cudnn_fits(x, *params) and (act is None or fuses(act)))
 
 
-def backward_supports(dy, x, y, gamma, beta, mean, invstd, *_):
+def backward_supports(dy, x, y, gamma, beta, mean, invstd, eps=None, act=None, y_derivative=None):
     """The calls one of the implementations takes: ``dy`` like ``x``, the statistics saved by the forward."""
     if type(dy) is not cupy.ndarray or dy.dtype != x.dtype or dy.shape != x.shape:
         return False
-    return cuda_bn.supports(x, gamma, beta, mean, invstd) or _cudnn_fits(x, gamma, beta, mean, invstd)
+    return cuda_bn.supports(x, gamma, beta, mean, invstd, act=act) or _cudnn_backward_fits(x, y, gamma, beta, mean,
+                                                                                            invstd, act, y_derivative)
 
 
-def _pick(direction, x, ours_ok, cudnn_ok, candidates):
-    """The implementation to run: the only one that fits, or the faster one timed on first use."""
+def _cudnn_backward_fits(x, y, gamma, beta, mean, invstd, act, y_derivative):
+    """cuDNN's backward takes an activation only through its derivative from the kept output ``y``."""
+    if act is not None and (type(y) is not cupy.ndarray or y_derivative is None or not fuses(y_derivative, False)):
+        return False
+    return _cudnn_fits(x, gamma, beta, mean, invstd)
+
+
+def _pick(direction, act, x, ours_ok, cudnn_ok, candidates):
+    """The implementation to run: the only one that fits, or the faster one timed on first use (per activation)."""
     if not cudnn_ok:
         return "fluxpy"
     if not ours_ok:
         return "cudnn"
-    key = (direction, x.shape, x.dtype, x.device.id)
-    hit = _choices.get(key)
-    if hit is None:
+
+    def timed():
         times = {name: compiler.time_ms(run, hide_host=True) * 1000.0 for name, run in candidates().items()}
-        hit = _choices[key] = (min(times, key=times.get), times)
-    return hit[0]
+        return min(times, key=times.get), times
+    return _cached(_choices, (direction, x.shape, x.dtype, x.device.id, act), timed)[0]
 
 
-def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, relu):
+def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
     y, mean, invstd = bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps)
-    if relu:   # cuDNN's legacy batch norm fuses no activation on NCHW data
-        cupy.maximum(y, 0, out=y)
+    if act is not None:   # cuDNN's legacy batch norm fuses no activation on NCHW data
+        y = fused_forward(act, y)
     return y, mean, invstd
 
 
-def _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu):
-    if relu:
-        dy = dy * (y > 0)
+def _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative):
+    if y_derivative is not None:
+        dy, _ = bias_act_backward(y_derivative, y, dy, None, True, False)
     return bn.backward(dy, x, gamma, mean, invstd, eps)
 
 
-def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
-    """``(y, mean, invstd)`` (``y`` through relu for ``kind="relu"``), the running statistics updated in place,
-    by the kernel kept for this problem."""
+def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+    """``(y, mean, invstd)`` (``y`` through the activation ``act``, None for none), the running statistics updated
+    in place, by the kernel kept for this problem."""
     params = (gamma, beta, running_mean, running_var)
-    relu = kind == "relu"
-    name = _pick("forward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
-        "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps, relu),
-        "cudnn": lambda: _cudnn_forward(x, gamma, beta, None, None, momentum, eps, relu)})
+    name = _pick("forward", act, x, cuda_bn.supports(x, *params, act=act), _cudnn_fits(x, *params), lambda: {
+        "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps, act),
+        "cudnn": lambda: _cudnn_forward(x, gamma, beta, None, None, momentum, eps, act)})
     impl = cuda_bn.forward_training if name == "fluxpy" else _cudnn_forward
-    return impl(x, gamma, beta, running_mean, running_var, momentum, eps, relu)
+    return impl(x, gamma, beta, running_mean, running_var, momentum, eps, act)
 
 
-def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, kind):
-    """``(dx, dgamma, dbeta)`` by the kernel kept for this problem (``dy`` masked by ``y > 0`` for relu)."""
+def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
+    """``(dx, dgamma, dbeta)`` by the kernel kept for this problem: ``dy`` first multiplied by the derivative of
+    the activation ``act`` (fluxpy's kernels recompute it from ``x``; cuDNN's path takes ``y_derivative`` of the
+    kept output ``y``)."""
     params = (gamma, beta, mean, invstd)
-    relu = kind == "relu"
     dy = like_layout(dy, x)
-    name = _pick("backward", x, cuda_bn.supports(x, *params), _cudnn_fits(x, *params), lambda: {
-        "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, relu),
-        "cudnn": lambda: _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu)})
+    cudnn_ok = _cudnn_backward_fits(x, y, *params, act, y_derivative)
+    name = _pick("backward", act, x, cuda_bn.supports(x, *params, act=act), cudnn_ok, lambda: {
+        "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act),
+        "cudnn": lambda: _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative)})
     if name == "fluxpy":
-        return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, relu)
-    return _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, relu)
+        return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act)
+    return _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative)
 
 
 KERNELS = {

@@ -20,12 +20,15 @@ CuPy arrays instead (correct, slower); that is noted once per function with a
 :class:`FusionFallbackWarning`. Dtypes other than float16, bfloat16, float32 and float64 take that
 generic path too. Half arrays are passed to the kernel as their 16 bits (``uint16`` views) and
 converted on load and store (:mod:`fluxpy.kernels.halfs`), so no CUDA half header is needed. The
-bias-and-activation kernels (``bias_act*``) and ``erf`` are built on the same machinery. The module
+bias-and-activation kernels and ``erf`` are built on the same machinery: ``bias_act`` (the traced ``act(x + b)``),
+``bias_act_preactivation`` (``act(x + b)`` and ``x + b`` in one pass, for a pullback that reads the
+pre-activation) and ``bias_act_backward`` (``dx = dy * D(saved)`` written while ``mapreduce`` sums ``db``, ``D``
+the activation's derivative traced into the reduction's map by :func:`fluxpy.kernels.trace.activation_c`). The module
 imports without CuPy; the tracer's names (:class:`Sym`, :class:`Untraceable`, :func:`trace_source`)
 are importable from here too.
 
 >>> sorted(KERNELS)[:3]
-['bias_act', 'bias_act_backward', 'bias_act_derivative']
+['bias_act', 'bias_act_backward', 'bias_act_preactivation']
 """
 from __future__ import annotations
 
@@ -41,11 +44,11 @@ from ..backend import Array, cupy, reduced_axes
 from ..layout import is_channels_last, keeping_layout
 from ..dual import cotangents
 from . import halfs
-from .trace import _COMPUTE, _HALF_IO, _NUMBER, Sym, Untraceable, trace_source
+from .trace import _COMPUTE, _HALF_IO, _NUMBER, Sym, Untraceable, activation_c, trace_source
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
-           "stats", "clear_cache", "bias_act_forward", "bias_act_output_backward", "bias_act_generic_backward",
-           "KERNELS"]
+           "stats", "clear_cache", "bias_act_forward", "bias_act_backward", "bias_act_preactivation", "fuses",
+           "why_not_compiled", "derivative_map", "KERNELS"]
 
 stats = {"traces": 0, "kernels": 0, "fallbacks": 0}
 """Counters: functions traced, ElementwiseKernels built, calls that fell back to the generic path."""
@@ -261,98 +264,168 @@ def bias_act_forward(x: Array, b: Array | None, act: Callable) -> Array:
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
 
 
-# derivative from the output: (elementwise C for dz from dy and y, mapreduce map over x=dy, y=y)
-_OUTPUT_DERIVS = {
-    "identity": ("dz = dy;", "x"),
-    "relu": ("dz = y > 0 ? dy : (T)0;", "(y > 0 ? x : (ACC)0)"),
-    "tanh": ("dz = dy * ((T)1 - y * y);", "x * ((ACC)1 - y * y)"),
-    "sigmoid": ("dz = dy * (y * ((T)1 - y));", "x * (y * ((ACC)1 - y))"),
-}
-_dz_kernels = {}
+def _scalar_kernel(name: str, ins: Sequence[str], outs: Sequence[str], body: str, dtype: Any) -> Callable:
+    """An ``ElementwiseKernel`` whose arrays (``ins``, ``outs``: names) all have ``dtype``, its ``body`` in the
+    compute type: each input ``v`` read as ``v_c`` and each output ``o`` written from ``o_c``. Halves pass as their
+    16 bits and come back as ``dtype``."""
+    dtype = np.dtype(dtype)
+    ctype = _COMPUTE[dtype]
+    load, store = _HALF_IO.get(dtype, ("", ""))
+    loads = " ".join(f"const {ctype} {v}_c = {load}({v});" for v in ins)
+    stores = " ".join(f"{o} = {store}({o}_c);" for o in outs)
+    ptype = _param_type(dtype)
+    text = f"{loads} {ctype} {', '.join(o + '_c' for o in outs)}; {body} {stores}"
+    k = cupy.ElementwiseKernel(", ".join(f"{ptype} {v}" for v in ins), ", ".join(f"{ptype} {o}" for o in outs),
+                               text, name, preamble=halfs.CONVERSIONS if dtype in _HALF_IO else "")
+    return _with_halves(k, dtype) if dtype in _HALF_IO else k
 
 
-# the same derivatives for float16/bfloat16 (as their bits), computed in float32 from yv = LOAD(y), dyv = LOAD(dy)
-_HALF_OUTPUT_DERIVS = {"relu": "yv > 0.0f ? dyv : 0.0f", "tanh": "dyv * (1.0f - yv * yv)",
-                       "sigmoid": "dyv * (yv * (1.0f - yv))"}
+def _cached(table: dict, key: Any, make: Callable) -> Any:
+    """``table[key]``, made by ``make()`` the first time (not kept where ``key`` cannot be hashed)."""
+    try:
+        hit = table.get(key)
+    except TypeError:   # an unhashable function: built each call
+        return make()
+    if hit is None:
+        hit = table[key] = make()
+    return hit
 
 
-def _dz_kernel(kind, dtype):
-    k = _dz_kernels.get((kind, dtype))
-    if k is None:
-        if dtype in _HALF_IO:
-            load, store = _HALF_IO[dtype]
-            body = (f"float yv = {load}(y); float dyv = {load}(dy); "
-                    f"dz = {store}({_HALF_OUTPUT_DERIVS[kind]});")
-            half = cupy.ElementwiseKernel("uint16 dy, uint16 y", "uint16 dz", body,
-                                          f"fluxpy_bias_act_dz_{kind}_{dtype.name}", preamble=halfs.CONVERSIONS)
-            k = _with_halves(half, dtype)
-        else:
-            k = cupy.ElementwiseKernel("T dy, T y", "T dz", _OUTPUT_DERIVS[kind][0], f"fluxpy_bias_act_dz_{kind}")
-        _dz_kernels[kind, dtype] = k
-    return k
+_preactivation_kernels: dict = {}
 
 
-def bias_act_output_backward_supports(kind: str, y: Any, dy: Any, *_: Any) -> bool:
-    """The arrays :func:`bias_act_output_backward` handles: CuPy, one float16/bfloat16/float32/float64 dtype, one
-    shape."""
-    return type(y) is cupy.ndarray and type(dy) is cupy.ndarray and y.dtype == dy.dtype \
-        and y.shape == dy.shape and y.dtype in _COMPUTE
+def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Array]:
+    """``(act(x + b), x + b)`` in one kernel (``b`` broadcast, the sum computed once): the
+    ``bias_act_preactivation`` kernel for CuPy, for an activation whose pullback reads its input."""
+    def make():
+        act_c = activation_c(act, x.dtype, "z_c")
+        return _scalar_kernel("fluxpy_bias_act_preactivation", ("x", "b"), ("y", "z"),
+                              f"z_c = x_c + b_c; y_c = {act_c};", x.dtype)
+    k = _cached(_preactivation_kernels, (act, x.dtype), make)
+    return keeping_layout(k, x, b)
 
 
-def bias_act_output_backward(kind: str, y: Array, dy: Array, bshape: tuple[int, ...] | None, need_x: bool,
-                             need_b: bool, fused: bool = True) -> tuple[Array | None, Array | None]:
-    """``(dx, db)`` for an activation whose derivative comes from its output ``y`` (the
-    ``bias_act_backward`` kernel for CuPy).
+def bias_act_preactivation_supports(x: Any, b: Any, act: Callable) -> bool:
+    """CuPy ``x`` and ``b`` of one float16/bfloat16/float32/float64 dtype, ``b`` broadcasting to ``x``, and an
+    ``act`` the tracer compiles."""
+    if type(x) is not cupy.ndarray or type(b) is not cupy.ndarray or x.dtype != b.dtype or x.dtype not in _COMPUTE:
+        return False
+    return fuses(act)
 
-    ``dx = dy * act'(y)`` (elementwise), ``db = unbroadcast(dx, bshape)``. Where both are needed and ``y`` and
-    ``dy`` share a layout the reduction reads in one pass, that pass writes ``dx`` while summing ``db``; otherwise
-    (or with ``fused=False``, which tests and benchmarks use to reach that path) an elementwise kernel writes ``dx``
-    and a reduction sums it.
+
+def fuses(f: Callable, derivative: bool = True) -> bool:
+    """Whether the scalar function ``f`` (and, with ``derivative``, its derivative) compiles into the fused kernels
+    (float32 stands for every dtype: the halves compute in float32, and float64 traces the same operations).
+
+    >>> import numpy as np
+    >>> fuses(np.tanh), fuses(lambda v: v if v > 0 else 0.0)
+    (True, False)
+    """
+    return why_not_compiled(f, derivative) is None
+
+
+_reasons: dict = {}
+
+
+def why_not_compiled(f: Callable, derivative: bool = True) -> str | None:
+    """None where the scalar function ``f`` (and, with ``derivative``, its derivative) compiles into the fused
+    kernels, else why not (the tracer's reason: a Python ``if`` on a value, an unknown ufunc, ...).
+
+    >>> import numpy as np
+    >>> why_not_compiled(np.exp) is None
+    True
+    """
+    def make():
+        try:
+            activation_c(f, np.float32, "v")
+            if derivative:
+                activation_c(f, np.float32, "v", derivative=True)
+        except Untraceable as err:
+            return (str(err),)
+        return (None,)
+    return _cached(_reasons, (f, derivative), make)[0]
+
+
+_maps: dict = {}
+_dz_kernels: dict = {}
+
+
+def derivative_map(derivative: Callable, dtype: Any) -> str:
+    """``mapreduce``'s map for ``dz = dy * derivative(saved)``: ``x`` is ``dy`` and ``y`` the saved array (the
+    output or the pre-activation), both in the accumulator type of ``dtype``.
+
+    >>> import numpy as np
+    >>> print(derivative_map(lambda y: 1 - y * y, np.float32))
+    (x) * ([](const float x0) -> float { float t0 = x0 * x0; float t1 = ((float)1) - t0; return t1; }(y))
+    """
+    return _cached(_maps, (derivative, np.dtype(dtype)),
+                   lambda: f"(x) * {activation_c(derivative, dtype, 'y')}")
+
+
+def _dz_kernel(derivative, dtype):
+    return _cached(_dz_kernels, (derivative, dtype), lambda: _scalar_kernel(
+        "fluxpy_bias_act_dz", ("dy", "s"), ("dz",), f"dz_c = dy_c * {activation_c(derivative, dtype, 's_c')};",
+        dtype))
+
+
+def bias_act_backward_supports(derivative: Callable | None, saved: Any, dy: Any, *_: Any) -> bool:
+    """The arrays :func:`bias_act_backward` handles: CuPy, one float16/bfloat16/float32/float64 dtype, one shape,
+    and a ``derivative`` the tracer compiles (or None)."""
+    return type(saved) is cupy.ndarray and type(dy) is cupy.ndarray and saved.dtype == dy.dtype \
+        and saved.shape == dy.shape and saved.dtype in _COMPUTE and (derivative is None or fuses(derivative, False))
+
+
+def bias_act_backward(derivative: Callable | None, saved: Array, dy: Array, bshape: tuple[int, ...] | None,
+                      need_x: bool, need_b: bool, fused: bool = True) -> tuple[Array | None, Array | None]:
+    """``(dx, db)`` of ``bias_act`` (the ``bias_act_backward`` kernel for CuPy): ``dx = dy * derivative(saved)``
+    elementwise, ``saved`` the output or the pre-activation (whichever the op's ``derivative`` reads; None: the
+    identity, ``dx = dy``), and ``db = unbroadcast(dx, bshape)``.
+
+    Where both are needed and ``saved`` and ``dy`` share a layout the reduction reads in one pass, that pass writes
+    ``dx`` while summing ``db``; otherwise (or with ``fused=False``, which tests and benchmarks use to reach that
+    path) an elementwise kernel writes ``dx`` and a reduction sums it.
     """
     from .reduce import canonical_form, mapreduce
     need_b = need_b and bshape is not None
-    cm, mp = _OUTPUT_DERIVS[kind]
-    axes = reduced_axes(y.shape, bshape) if need_b else None
-    dx = db = None
-    if kind == "identity":
-        dx = dy if need_x else None
+    axes = reduced_axes(saved.shape, bshape) if need_b else None
+    if derivative is None:
+        db = None
         if need_b:
             db = mapreduce(dy, axes).reshape(bshape) if axes else dy.reshape(bshape)
-        return dx, db
+        return (dy if need_x else None), db
     if need_b and axes:
-        same = (canonical_form(y.shape, axes) is not None and dy._c_contiguous and y._c_contiguous) or \
-            (is_channels_last(dy) and is_channels_last(y))
+        mp = derivative_map(derivative, saved.dtype)
+        same = (canonical_form(saved.shape, axes) is not None and dy._c_contiguous and saved._c_contiguous) or \
+            (is_channels_last(dy) and is_channels_last(saved))
         if need_x and fused and same:
             dx = cupy.empty_like(dy)   # in dy's layout
-            db = mapreduce(dy, axes, map=mp, y=y, out_mapped=dx).reshape(bshape)
+            db = mapreduce(dy, axes, map=mp, y=saved, out_mapped=dx).reshape(bshape)
             return dx, db
         if not need_x:
-            return None, mapreduce(dy, axes, map=mp, y=y).reshape(bshape)
-    dz = keeping_layout(_dz_kernel(kind, y.dtype), dy, y)
+            return None, mapreduce(dy, axes, map=mp, y=saved).reshape(bshape)
+    dz = keeping_layout(_dz_kernel(derivative, saved.dtype), dy, saved)
+    db = None
     if need_b:
         db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)
     return (dz if need_x else None), db
 
 
-def bias_act_generic_backward(x: Array, b: Array | None, act: Callable, dy: Array) -> Array | None:
-    """``dz = dy * act'(x + b)`` in one kernel for any traceable activation (the ``bias_act_derivative``
-    kernel for CuPy); None where ``act`` ignores its input."""
-    fn = _act_fn(act, b is not None)
-    g, = fused_pullback(fn, (0,), dy, *((x,) if b is None else (x, b)))
-    return g
-
-
-def SOURCE_VARIANTS():
+def SOURCE_VARIANTS(derivatives=()):
     """``(source, defines)`` of the ``cuda/`` kernels this module launches: the map+reduce of each activation
-    derivative that :func:`bias_act_output_backward` passes to ``mapreduce``.
+    derivative (``derivatives``: the functions ``fluxpy.ops.bias_act`` passes, which the kernel-source test gives)
+    that :func:`bias_act_backward` passes to ``mapreduce``, in float32 and float64 (the halves compute in float32)
+    and, for the first, every dtype.
 
-    >>> len(list(SOURCE_VARIANTS())) > 0
-    True
+    >>> list(SOURCE_VARIANTS())
+    []
     """
     from .reduce import variants
-    for _, map_expr in _OUTPUT_DERIVS.values():
-        if map_expr != "x":   # identity sums dy itself: reduce's own variants
-            yield from variants(map_expr, True)
+    for i, d in enumerate(derivatives):
+        for dtype in halfs.KERNEL_DTYPES if i == 0 else (np.dtype(np.float32), np.dtype(np.float64)):
+            code = halfs.dtype_defines(dtype)["FX_DTYPE"]
+            for source, defines in variants(derivative_map(d, dtype), True):
+                if defines["FX_DTYPE"] == code:
+                    yield source, defines
 
 
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays
@@ -379,6 +452,6 @@ KERNELS = {
     "broadcast": (fused_forward, None),
     "broadcast_backward": (fused_pullback, None),
     "bias_act": (bias_act_forward, None),
-    "bias_act_backward": (bias_act_output_backward, bias_act_output_backward_supports),
-    "bias_act_derivative": (bias_act_generic_backward, None),
+    "bias_act_backward": (bias_act_backward, bias_act_backward_supports),
+    "bias_act_preactivation": (bias_act_preactivation, bias_act_preactivation_supports),
 }

@@ -11,7 +11,7 @@ CuPy arrays; it does nothing and returns ``False`` where CuPy cannot be imported
 module                  kernels
 ======================  =====================================================================
 ``elementwise``         ``broadcast`` and ``broadcast_backward`` (compiled from ``f`` by ``trace``),
-                        ``bias_act``, ``bias_act_backward``, ``bias_act_derivative``, ``erf``
+                        ``bias_act``, ``bias_act_backward``, ``bias_act_preactivation``, ``erf``
 ``cuda_optimise``       ``optimiser_step``, ``optimiser_step_many``, ``optimiser_advance`` (generated from
                         a rule's formula), ``finite_total``, ``vector_norm``, ``loss_scale_advance``
 ``reduce``              ``sum`` (the mapreducedim kernel behind ``unbroadcast`` and ``sum``)

@@ -54,6 +54,7 @@ True
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -101,12 +102,19 @@ def _vec_widths(dtype):
     return [v for v in (1, 2, 4, 8) if v * dtype.itemsize <= 16]
 
 
-def _min_blocks(dtype, acc, has_y, has_outm):
+_CALL = re.compile(r"\b[A-Za-z_]\w*\(|/")   # a maths function or a division (a subroutine) in a map expression
+_LONG_MAP = 8   # statements (";") beyond which a map is taken to need more registers
+
+
+def _min_blocks(dtype, acc, has_y, has_outm, map_expr=None):
     """The blocks an SM must hold (``__launch_bounds__``): the plan's :data:`BLOCKS_PER_SM`, fewer where a block's
-    threads need more registers than that leaves them (an accumulator other than the dtype's own; halves read
-    with ``y`` and written to the mapped output, sixteen bytes at a time), so that none spills
-    (``tests/test_kernel_sources.py`` checks)."""
-    if acc != compute_dtype(dtype):
+    threads need more registers than that leaves them (an accumulator other than the dtype's own; a map that calls
+    a maths function or divides, or is long, as some activations' derivatives; halves read with ``y`` and written to the
+    mapped output, sixteen bytes at a time), so that none spills (``tests/test_kernel_sources.py`` checks)."""
+    calls = map_expr is not None and (_CALL.search(map_expr) is not None or map_expr.count(";") > _LONG_MAP)
+    if calls and acc == np.float64:   # double maths (erf, expm1) holds many registers
+        return 1
+    if acc != compute_dtype(dtype) or calls:
         return min(BLOCKS_PER_SM, 2)
     if is_half(dtype) and has_y and has_outm:
         return min(BLOCKS_PER_SM, 3)
@@ -118,7 +126,7 @@ def _defines(dtype, acc, op, map_expr, has_y, has_outm=False):
     None: ``x``) and whether ``y`` and the mapped output are given."""
     return {**dtype_defines(dtype), "ACC": _ACC[acc], "OP_MAX": op == "max", "OP_MEAN": op == "mean",
             "HAS_Y": bool(has_y), "HAS_OUTM": bool(has_outm), "MAP(x, y)": f"({map_expr or 'x'})",
-            "THREADS": THREADS, "MIN_BLOCKS": _min_blocks(dtype, acc, has_y, has_outm)}
+            "THREADS": THREADS, "MIN_BLOCKS": _min_blocks(dtype, acc, has_y, has_outm, map_expr)}
 
 
 def variants(map_expr: str | None = None, has_y: bool = False, ops: tuple = ("sum",), accs: tuple | None = None):

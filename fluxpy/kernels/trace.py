@@ -36,7 +36,7 @@ import numpy as np
 from ..dual import Dual
 from . import halfs
 
-__all__ = ["Sym", "Untraceable", "trace_source"]
+__all__ = ["Sym", "Untraceable", "trace_source", "activation_c"]
 
 
 class Untraceable(Exception):
@@ -495,3 +495,47 @@ def _backward_source(f, dtypes, rdt, wanted, dy_dtype):
     elif type(out) is not Sym:
         raise Untraceable("f does not return a traced value")
     return "\n".join(lines), tuple(gi)
+
+
+# ---------------------------------------------------------------------------------------------
+# An activation as a C expression (what the batch-norm kernels and the reductions take as defines)
+
+
+def activation_c(f: Callable, dtype: Any, arg: str, derivative: bool = False) -> str:
+    """One C expression computing ``f(arg)`` (or, with ``derivative``, ``f'(arg)``) in the compute type of
+    ``dtype`` (float for float16, bfloat16 and float32; double for float64), for a scalar elementwise ``f`` such
+    as an activation of :mod:`fluxpy.ops.activations`. The traced statements sit in a lambda called on ``arg``,
+    so ``arg`` is evaluated once and the text can be a macro's value (a ``-D`` define: ``MAP(x, y)``,
+    ``ACT(v)``). The derivative comes from the dual numbers the CPU path uses. A bool result (a mask, as relu's
+    derivative from its output) is a 0 or 1 in the compute type. Raises :class:`Untraceable` where ``f`` cannot be
+    compiled.
+
+    >>> print(activation_c(lambda v: np.maximum(v, 0.0), np.float32, "z"))
+    ([](const float x0) -> float { float t0 = (x0 != x0 || x0 > ((float)0.0)) ? x0 : ((float)0.0); return t0; }(z))
+    >>> print(activation_c(np.tanh, np.float64, "z", derivative=True))
+    ([](const double x0) -> double { double t0 = tanh(x0); double t1 = t0 * t0; double t2 = ((double)1) - t1; \
+return t2; }(z))
+    """
+    cdt = np.dtype(halfs.compute_dtype(dtype))
+    if cdt not in _CTYPE:
+        raise Untraceable(f"dtype {np.dtype(dtype)} (activations compile for float16, bfloat16, float32, float64)")
+    ctype = _CTYPE[cdt]
+    tr = _Trace(ctype)
+    x = Sym(tr, "x0")
+    with np.errstate(all="ignore"):
+        try:
+            out = f(Dual(x, (1,)) if derivative else x)
+        except Untraceable:
+            raise
+        except Exception as err:
+            raise Untraceable(f"{type(err).__name__}: {err}") from None
+    if derivative:
+        out = out.d[0] if type(out) is Dual else 0   # a Sym or a number: f ignored its argument
+    if type(out) is Sym:
+        result = out.f()
+    elif derivative and isinstance(out, _NUMBER):
+        result = tr.const(out)
+    else:
+        raise Untraceable(f"f returns {type(out).__name__}, not a traced value")
+    body = " ".join(tr.lines + [f"return {result};"])
+    return f"([](const {ctype} x0) -> {ctype} {{ {body} }}({arg}))"

@@ -4,6 +4,7 @@ InstanceNorm, Dropout, and the train/test mode that BatchNorm, InstanceNorm and 
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -16,7 +17,11 @@ from ..functors import children, layer
 from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import alpha_dropout, dropout
-from ..ops.batchnorm import batchnorm, fused_kind
+from ..ops.basic import sqrt
+from ..ops.batchnorm import batchnorm
+from ..ops.bias_act import why_not_fused
+from ..ops.shape import astype, reshape
+from ..broadcast import broadcast
 from ..ops.norm import batchnorm_infer, groupnorm, instancenorm, layernorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_float, _require_norm_dtype)
 from .init import ones32, zeros32
@@ -112,6 +117,14 @@ def _mode_repr(active):
     return "" if active is None else f", active={active}"
 
 
+@functools.lru_cache(maxsize=64)
+def _scale_shift_act(act):
+    """The scalar function ``act(x * scale + shift)`` (one per activation, so the GPU's compiled kernel is reused)."""
+    def scale_shift_act(x, scale, shift):
+        return act(x * scale + shift)
+    return scale_shift_act
+
+
 @layer(children=("gamma", "beta", "running_mean", "running_var"), trainable=("gamma", "beta"))
 class BatchNorm:
     """Batch normalisation of ``C`` channels: ``y = act((x - mean) / sqrt(var + eps) * gamma + beta)``.
@@ -173,13 +186,29 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
                 _fail(self, "more than 1 value per channel when using batch statistics (training, or "
                             "track_stats=False)", x)
             # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
-            fused = fused_kind(self.act) is not None
+            fused = why_not_fused(self.act) is None
             y = batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
                           eps=self.eps, act=self.act if fused else None)
             return y if fused else bias_act(y, None, self.act)
-        else:
+        if self.act is identity or why_not_fused(self.act) is not None:
             y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
-        return y if self.act is identity else bias_act(y, None, self.act)
+            return y if self.act is identity else bias_act(y, None, self.act)
+        return self._infer_fused(x)
+
+    def _infer_fused(self, x):
+        """``act(x * scale + shift)`` with the running statistics' per-channel scale and shift, one fused
+        elementwise op (a kernel each way on the GPU)."""
+        scale = 1 / sqrt(self.running_var + self.eps)
+        if self.gamma is not None:
+            scale = scale * self.gamma
+        shift = -self.running_mean * scale
+        if self.beta is not None:
+            shift = shift + self.beta
+        shape = (1, self.channels) + (1,) * (len(x.shape) - 2)
+        scale, shift = reshape(scale, shape), reshape(shift, shape)
+        if scale.dtype != x.dtype:   # a half x keeps its dtype (the parameters are float32)
+            scale, shift = astype(scale, x.dtype), astype(shift, x.dtype)
+        return broadcast(_scale_shift_act(self.act), x, scale, shift)
 
     def __repr__(self):
         opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",

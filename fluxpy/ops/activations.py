@@ -200,9 +200,8 @@ def gelu_erf(x: Array) -> Array:
     PyTorch's default ``gelu``, ``approximate="none"``). fluxpy's :func:`gelu` is the tanh approximation, as NNlib's
     ``gelu``; the two differ by up to about 5e-4.
 
-    Differentiable to any order (:func:`fluxpy.ops.special.erf`); works inside ``Dense(..., gelu_erf)``'s fused
-    ``bias_act`` (on the GPU its traced kernel cannot compile ``erf`` and runs the composite, with one
-    ``FusionFallbackWarning``).
+    Differentiable to any order (:func:`fluxpy.ops.special.erf`); fused on the GPU as every traceable activation
+    (``Dense(..., gelu_erf)``'s ``bias_act``, ``BatchNorm(C, gelu_erf)``), with CUDA's ``erf``.
 
     >>> import numpy as np
     >>> gelu_erf(np.array([-1.0, 0.0, 1.0])).round(4)
@@ -367,3 +366,41 @@ def logsigmoid(x: Array) -> Array:
     [-1000.0, -0.6931, -0.0]
     """
     return -softplus(-x)
+
+
+class OutputDerivative:
+    """An activation's derivative written as a function of its output ``y = act(x)`` (NNlib's
+    ``derivatives_given_output``): ``formula(y, **params)``, with NumPy ufuncs (so it runs on arrays, Tracked values
+    and the GPU tracer's symbols), true where ``valid(**params)`` (the activation's keywords) says so. A fused
+    pullback that has it keeps only the output, which the next layer holds anyway.
+
+    >>> import numpy as np
+    >>> DERIVATIVES_FROM_OUTPUT[tanh].formula(np.array([0.5]))
+    array([0.75])
+    """
+    __slots__ = ("formula", "valid")
+
+    def __init__(self, formula, valid=lambda **params: True):
+        self.formula, self.valid = formula, valid
+
+
+_SELU_LA = _SELU_LAMBDA * _SELU_ALPHA
+
+DERIVATIVES_FROM_OUTPUT = {
+    relu: OutputDerivative(lambda y: y > 0),
+    leakyrelu: OutputDerivative(lambda y, a=0.01: np.where(y > 0, 1.0, a), lambda a=0.01: a >= 0),
+    relu6: OutputDerivative(lambda y: (y > 0) & (y < 6)),
+    elu: OutputDerivative(lambda y, a=1.0: np.where(y >= 0, 1.0, y + a), lambda a=1.0: a > 0),
+    celu: OutputDerivative(lambda y, a=1.0: np.where(y >= 0, 1.0, y / a + 1), lambda a=1.0: a > 0),
+    selu: OutputDerivative(lambda y: np.where(y > 0, _SELU_LAMBDA, y + _SELU_LA)),
+    sigmoid: OutputDerivative(lambda y: y * (1 - y)),
+    tanh: OutputDerivative(lambda y: 1 - y * y),
+    np.tanh: OutputDerivative(lambda y: 1 - y * y),
+    softplus: OutputDerivative(lambda y: -np.expm1(-y)),
+    logsigmoid: OutputDerivative(lambda y: -np.expm1(y)),
+    softsign: OutputDerivative(lambda y: np.square(1 - np.abs(y))),
+    hardtanh: OutputDerivative(lambda y: (y > -1) & (y < 1)),
+    hardsigmoid: OutputDerivative(lambda y: np.where((y > 0) & (y < 1), 1 / 6, 0.0)),
+}
+"""Activation -> :class:`OutputDerivative`, for the activations whose derivative is a function of their output.
+Every other traceable activation is differentiated from its input (dual numbers)."""

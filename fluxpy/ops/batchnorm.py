@@ -12,8 +12,13 @@ The forward saves only the mean and ``invstd = 1 / sqrt(var + eps)``; the pullba
 
     dbeta = sum(dy),  dgamma = sum(dy * xhat),  dx = gamma * invstd * (dy - dbeta / m - xhat * dgamma / m)
 
-Both directions go through the kernel table (``batchnorm_forward``, ``batchnorm_backward``: on the GPU one
-cuDNN call each); the CPU runs the same formulas with NumPy. Differentiated again (a nested ``gradient``),
+An activation ``act`` applied to ``y`` is fused into both directions (on the GPU compiled into the batch-norm
+kernels from its one Python definition, for every activation :func:`fluxpy.ops.bias_act.why_not_fused` passes):
+the pullback multiplies ``dy`` by ``act'``, from the output where the activation's derivative is a function of it
+(:data:`fluxpy.ops.activations.DERIVATIVES_FROM_OUTPUT`), else at the pre-activation, recomputed from ``x``.
+
+Both directions go through the kernel table (``batchnorm_forward``, ``batchnorm_backward``: on the GPU fluxpy's
+kernels or cuDNN's calls); the CPU runs the same formulas with NumPy. Differentiated again (a nested ``gradient``),
 the statistics are recomputed with fluxpy ops so the outer tape sees how they depend on ``x``.
 
 float16 and bfloat16 ``x`` (and ``dy``) are computed in float32 and ``y``/``dx`` rounded once to ``x``'s dtype;
@@ -43,14 +48,15 @@ from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find
 from ..kernels.halfs import is_half
-from .activations import identity, relu
+from .activations import identity
 from .basic import sqrt
+from .bias_act import _times, derivative_from_saved
 from .fused import fused_op
 from .reduce import mean as _mean
 from .reduce import sum as _sum
 from .shape import astype, reshape
 
-__all__ = ["batchnorm", "batchnorm_backward", "fused_kind", "check_eps"]
+__all__ = ["batchnorm", "batchnorm_backward", "check_eps"]
 
 
 def check_eps(op: str, eps: Any) -> None:
@@ -89,11 +95,11 @@ def _update_running(running_mean, running_var, mean, var, momentum, m):
     running_var += (momentum * m / (m - 1) * var).astype(running_var.dtype, copy=False)
 
 
-def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
+def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act):
     """The forward on plain arrays of any module: ``(y, mean, invstd)``, the running statistics updated."""
     if is_half(x.dtype):   # computed in float32; y rounded once to x's dtype, the statistics stay float32
         y, mean, invstd = _forward_arrays(x.astype(np.float32), gamma, beta, running_mean, running_var, momentum,
-                                          eps, kind)
+                                          eps, act)
         return y.astype(x.dtype), mean, invstd
     xp = get_array_module(x)
     shape = _channel_shape(x)
@@ -106,17 +112,17 @@ def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, ki
         y *= gamma.reshape(shape)
     if beta is not None:
         y += beta.reshape(shape)
-    if kind == "relu":
-        xp.maximum(y, 0, out=y)
+    if act is not None:
+        y = act(y)
     _update_running(running_mean, running_var, mean, var, momentum, _count(x))
     return y, mean, invstd
 
 
-def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
+def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act):
     """The forward with fluxpy ops, for values an outer tape tracks."""
     if is_half(x.dtype):
         y, mean, invstd = _forward_ops(astype(x, np.float32), gamma, beta, running_mean, running_var, momentum, eps,
-                                       kind)
+                                       act)
         return astype(y, x.dtype), mean, invstd
     shape = _channel_shape(x)
     mean = _mean(x, _axes(x))
@@ -128,30 +134,35 @@ def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
         y = y * reshape(gamma, shape)
     if beta is not None:
         y = y + reshape(beta, shape)
-    if kind == "relu":
-        y = relu(y)
+    if act is not None:
+        y = act(y)
     _update_running(running_mean, running_var, value_of(mean), value_of(var), momentum, _count(x))
     return y, mean, invstd
 
 
-def _forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
-    kernel = find("batchnorm_forward", x, gamma, beta, running_mean, running_var)
+def _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+    kernel = find("batchnorm_forward", x, gamma, beta, running_mean, running_var, momentum, eps, act)
     if kernel is None:
-        return _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
-    return kernel(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
+        return _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+    return kernel(x, gamma, beta, running_mean, running_var, momentum, eps, act)
 
 
-def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, kind):
+def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
     if is_half(x.dtype):   # in float32, as the statistics; dx rounded once to x's dtype
-        dx, dgamma, dbeta = _backward_ops(astype(dy, np.float32), astype(x, np.float32), y, gamma, beta, mean,
-                                          invstd, eps, kind)
+        y32 = None if y is None else astype(y, np.float32)
+        dx, dgamma, dbeta = _backward_ops(astype(dy, np.float32), astype(x, np.float32), y32, gamma, beta, mean,
+                                          invstd, eps, act, y_derivative)
         return astype(dx, x.dtype), dgamma, dbeta
-    if kind == "relu":
-        dy = dy * (value_of(y) > 0)   # a mask product: cheaper than NumPy's where
     shape = _channel_shape(x)
     axes = _axes(x)
     m = _count(x)
     xhat = (x - reshape(mean, shape)) * reshape(invstd, shape)
+    if act is not None:
+        if y is not None and y_derivative is not None:
+            dy = _times(dy, y_derivative(y))
+        else:   # the derivative at the pre-activation, recomputed from x
+            z = xhat if gamma is None else xhat * reshape(gamma, shape)
+            dy = _times(dy, derivative_from_saved(act)[0](z if beta is None else z + reshape(beta, shape)))
     dbeta = _sum(dy, axes)
     dgamma = _sum(dy * xhat, axes)
     scale = invstd if gamma is None else gamma * invstd
@@ -160,29 +171,33 @@ def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, kind):
 
 
 batchnorm_backward = fused_op("batchnorm_backward", _backward_ops, doc="""
-    ``(dx, dgamma, dbeta)`` of :func:`batchnorm` from its output ``y`` and the saved ``mean`` and ``invstd``
-    (``kind`` "relu": ``dy`` masked where ``y`` is not positive; "identity"); two launches or one cuDNN call on
-    the GPU, the formulas of the module docstring otherwise.
+    ``(dx, dgamma, dbeta)`` of :func:`batchnorm` from the saved ``mean`` and ``invstd``, ``dy`` first multiplied
+    by the derivative of the activation ``act`` (None for none): ``y_derivative(y)`` where the output ``y`` was kept
+    (``y_derivative`` the activation's derivative as a function of its output), else ``act'`` at the
+    pre-activation recomputed from ``x``. Two launches (or cuDNN's call) on the GPU, the formulas of the module
+    docstring otherwise.
 
     >>> import numpy as np
     >>> x = np.array([[0.0], [2.0]])
     >>> m, s = np.array([1.0]), np.array([1.0])
-    >>> dx, dgamma, dbeta = batchnorm_backward(np.array([[1.0], [3.0]]), x, x - 1, None, None, m, s, 0.0, "identity")
+    >>> dx, dgamma, dbeta = batchnorm_backward(np.array([[1.0], [3.0]]), x, None, None, None, m, s, 0.0, None, None)
     >>> dx.ravel(), dgamma, dbeta
     (array([0., 0.]), array([2.]), array([4.]))
     """)
 
 
-def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, eps, kind):
+def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, eps, act):
     if is_tracked(x) or is_tracked(gamma) or is_tracked(beta):
-        y, mean, invstd = _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
+        y, mean, invstd = _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act)
     else:
-        y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
-
-    y_saved = y if kind == "relu" else None   # only the relu mask reads the output: otherwise it is not kept
+        y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+    # the output is kept only where the activation's derivative reads it (the next layer holds it anyway)
+    y_derivative, from_output = derivative_from_saved(act) if act is not None else (None, False)
+    y_saved = y if from_output else None
+    y_derivative = y_derivative if from_output else None
 
     def batchnorm_pullback(dy):
-        dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, kind)
+        dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act, y_derivative)
         return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
                 None, None, None, None, None)
     return y, batchnorm_pullback
@@ -217,19 +232,24 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
     """Batch normalisation with the batch's statistics (training), updating the running statistics in place.
 
     ``x`` is ``(N, C, ...)``; ``gamma``, ``beta``, ``running_mean``, ``running_var`` are ``(C,)`` arrays or None
-    (no scale, no shift, no running statistics). ``act``: ``relu`` is fused into both directions (the pullback
-    masks ``dy`` with the output), None or ``identity`` is none; any other activation is an error here (apply it
-    after, as the ``BatchNorm`` layer does). See the module docstring for the formulas.
+    (no scale, no shift, no running statistics). ``act``: an elementwise activation applied to the result, fused
+    into both directions (see the module docstring; one that draws random numbers, as ``rrelu``, is an error: apply
+    it to the output); None or ``identity`` is none. See the module docstring for the formulas.
 
     >>> import numpy as np
     >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0)
     array([[-1., -1.],
            [ 1.,  1.]])
+    >>> from fluxpy.ops.activations import gelu
+    >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0, act=gelu).round(4)
+    array([[-0.1588, -0.1588],
+           [ 0.8412,  0.8412]])
     """
-    kind = fused_kind(act)
-    if kind is None:
-        raise ValueError(f"batchnorm fuses act=relu or act=None (identity), got {act!r}; apply other activations "
-                         "to its output")
+    if act is identity:
+        act = None
+    if act is not None and (not callable(act) or getattr(getattr(act, "func", act), "draws_random", False)):
+        raise ValueError(f"batchnorm expects act to be an elementwise function that draws no random numbers (or "
+                         f"None), got {act!r}; apply it to the output")
     running_mean, running_var = value_of(running_mean), value_of(running_var)
     _check(x, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
     check_eps("batchnorm", eps)
@@ -237,15 +257,4 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
         raise ValueError(f"batchnorm expects momentum to be a number in [0, 1], got {momentum!r}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batchnorm expects both running_mean and running_var, or neither")
-    return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, kind)
-
-
-def fused_kind(act: Callable | None) -> str | None:
-    """``"relu"`` or ``"identity"`` for the activations :func:`batchnorm` fuses, None for any other.
-
-    >>> fused_kind(relu), fused_kind(None)
-    ('relu', 'identity')
-    """
-    if act is None or act is identity:
-        return "identity"
-    return "relu" if act is relu else None
+    return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act)

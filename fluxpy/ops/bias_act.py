@@ -1,10 +1,19 @@
 """Fused bias and activation, ``act(x + b)`` as one op: :func:`bias_act` (NNlib ``src/bias_act.jl``).
 
-One primitive. For ``identity``, ``relu``, ``tanh`` and ``sigmoid`` the pullback needs only
-the output ``y`` (``relu' = y > 0``, ``tanh' = 1 - y^2``, ``sigmoid' = y (1 - y)``): it is
-:func:`bias_act_backward`, one pass on the GPU. Any other activation is differentiated
-elementwise with dual numbers (as :func:`fluxpy.broadcast` does) by :func:`bias_act_derivative`.
-The bias gradient is ``unbroadcast(dz, b.shape)``.
+One primitive for any elementwise activation. Its pullback is :func:`bias_act_backward`,
+``dx = dy * D(saved)`` and ``db = unbroadcast(dx, b.shape)``, one pass on the GPU, where ``D`` is the
+activation's derivative written as a function of what the forward kept (:func:`derivative_from_saved`):
+
+- the output ``y`` for the activations of :data:`fluxpy.ops.activations.DERIVATIVES_FROM_OUTPUT`
+  (``relu' = y > 0``, ``tanh' = 1 - y^2``, ``sigmoid' = y (1 - y)``, elu, softplus, ...), which the next layer
+  holds anyway;
+- the pre-activation ``z = x + b`` for every other one (gelu, swish, mish, ...), its derivative from the dual
+  numbers :func:`fluxpy.broadcast` uses; the forward writes ``y`` and ``z`` in one pass
+  (:func:`bias_act_preactivation`).
+
+On the GPU every activation the elementwise tracer compiles (:func:`fluxpy.kernels.trace.activation_c`) runs
+these kernels, built from the activation's one Python definition; :func:`why_not_fused` says why another does
+not (it then runs op by op, correct and slower).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -17,38 +26,24 @@ array([[0. , 2.5],
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
-from ..autodiff import Primitive, value_of
+from ..autodiff import Primitive
 from ..backend import Array
-from ..dual import derivative
+from ..dual import Dual
 from ..kernels import find
+from ..kernels.elementwise import why_not_compiled
 from . import basic
-from .activations import identity, relu, sigmoid, tanh
+from .activations import DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
 from .fused import fused_op
 from .shape import unbroadcast
 
-__all__ = ["bias_act", "bias_act_backward", "bias_act_derivative"]
+__all__ = ["bias_act", "bias_act_backward", "bias_act_preactivation", "derivative_from_saved", "why_not_fused"]
 
-
-def _relu_dz(y, dy):
-    return dy * (value_of(y) > 0)  # a mask product: cheaper than NumPy's where
-
-
-def _tanh_dz(y, dy):
-    return dy * (1 - y * y)
-
-
-def _sigmoid_dz(y, dy):
-    return dy * (y * (1 - y))
-
-
-# Activations whose derivative is a function of their output, by name (the name is what kernels see).
-_OUTPUT_KIND = {identity: "identity", relu: "relu", tanh: "tanh", np.tanh: "tanh", basic.tanh: "tanh",
-                sigmoid: "sigmoid"}
-_DZ_FROM_OUTPUT = {"identity": lambda y, dy: dy, "relu": _relu_dz, "tanh": _tanh_dz, "sigmoid": _sigmoid_dz}
+_ALIASES = {basic.tanh: tanh}   # the same function under another name
 
 
 def _shape(a):
@@ -64,64 +59,126 @@ def _bias_act_impl(x, b, act):
     return kernel(x, b, act) if kernel is not None else act(_add_bias(x, b))
 
 
-def _from_output_backward(kind, y, dy, bshape, need_x, need_b):
-    dz = _DZ_FROM_OUTPUT[kind](y, dy)
+def _split(act):
+    """``(function, keywords)`` of an activation given as itself or as a ``functools.partial`` of keywords."""
+    if type(act) is functools.partial and not act.args:
+        return act.func, act.keywords
+    return act, {}
+
+
+@functools.lru_cache(maxsize=256)
+def _derivative(act):
+    func, params = _split(act)
+    func = _ALIASES.get(func, func)
+    if func is identity:
+        return None, True
+    rule = DERIVATIVES_FROM_OUTPUT.get(func)
+    if rule is not None and rule.valid(**params):
+        return (functools.partial(rule.formula, **params) if params else rule.formula), True
+
+    def input_derivative(z):
+        d = act(Dual(z, (1,)))
+        return d.d[0] if type(d) is Dual else 0
+    input_derivative.__qualname__ = f"derivative of {getattr(act, '__qualname__', act)}"
+    return input_derivative, False
+
+
+def derivative_from_saved(act: Callable) -> tuple[Callable | None, bool]:
+    """``(D, from_output)``: the derivative of ``act`` as a scalar function ``D`` of what :func:`bias_act` keeps,
+    the output when ``from_output`` (:data:`fluxpy.ops.activations.DERIVATIVES_FROM_OUTPUT`), else the
+    pre-activation; ``D`` is None for ``identity`` (``dx = dy``).
+
+    >>> import numpy as np
+    >>> from fluxpy.ops.activations import sigmoid, swish
+    >>> d, from_output = derivative_from_saved(sigmoid)
+    >>> d(np.array([0.5])), from_output
+    (array([0.25]), True)
+    >>> d, from_output = derivative_from_saved(swish)
+    >>> d(np.array([0.0])), from_output
+    (array([0.5]), False)
+    """
+    try:
+        return _derivative(act)
+    except TypeError:   # an unhashable callable
+        return _derivative.__wrapped__(act)
+
+
+def why_not_fused(act: Callable) -> str | None:
+    """None where ``act`` runs in fluxpy's fused GPU kernels (``bias_act``, ``batchnorm``, conv + bias +
+    activation), forward and backward; else why not, and it runs op by op there (the elementwise tracer's reason:
+    a Python ``if`` on a value, an unknown ufunc, random draws, ...).
+
+    >>> from fluxpy.ops.activations import gelu, rrelu
+    >>> why_not_fused(gelu) is None
+    True
+    >>> why_not_fused(rrelu)
+    'it draws random numbers at every call'
+    """
+    if getattr(_split(act)[0], "draws_random", False):
+        return "it draws random numbers at every call"
+    reason = why_not_compiled(act)
+    if reason is None:
+        d, from_output = derivative_from_saved(act)
+        if from_output and d is not None:
+            reason = why_not_compiled(d, derivative=False)
+    return reason
+
+
+def _bias_act_preactivation(x, b, act):
+    z = x + b
+    return act(z), z
+
+
+bias_act_preactivation = fused_op("bias_act_preactivation", _bias_act_preactivation, doc="""
+    ``(act(x + b), x + b)``: the output and the pre-activation that :func:`bias_act`'s pullback reads for an
+    activation differentiated from its input; one pass on the GPU.
+
+    >>> import numpy as np
+    >>> bias_act_preactivation(np.array([1.0, -2.0]), np.array([1.0]), np.negative)
+    (array([-2.,  1.]), array([ 2., -1.]))
+    """)
+
+
+def _times(dy, d):
+    """``dy * d`` in ``dy``'s dtype (``d`` may be a bool mask, a number or an array of a wider dtype)."""
+    dtype = getattr(d, "dtype", None)
+    if dtype is not None and dtype != np.bool_ and dtype != dy.dtype:
+        d = d.astype(dy.dtype)
+    return dy * d
+
+
+def _backward(derivative, saved, dy, bshape, need_x, need_b):
+    dz = dy if derivative is None else _times(dy, derivative(saved))
     return (dz if need_x else None), (unbroadcast(dz, bshape) if need_b and bshape is not None else None)
 
 
-bias_act_backward = fused_op("bias_act_backward", _from_output_backward, doc="""
-    The cotangents ``(dx, db)`` of ``bias_act`` for an activation ``kind`` ("identity", "relu", "tanh",
-    "sigmoid") whose derivative is a function of the output ``y``: ``dx = dy * act'(y)``,
-    ``db = unbroadcast(dx, bshape)``; ``None`` for what is not needed. One pass on the GPU (``dx``
-    written while ``db`` sums).
+bias_act_backward = fused_op("bias_act_backward", _backward, doc="""
+    The cotangents ``(dx, db)`` of :func:`bias_act`: ``dx = dy * derivative(saved)`` (``saved`` the output or the
+    pre-activation, ``derivative`` from :func:`derivative_from_saved`; None for the identity, ``dx = dy``),
+    ``db = unbroadcast(dx, bshape)``; ``None`` for what is not needed. One pass on the GPU (``dx`` written while
+    ``db`` sums).
 
     >>> import numpy as np
-    >>> bias_act_backward("relu", np.array([[0.0, 2.0]]), np.array([[5.0, 5.0]]), (2,), True, True)
+    >>> d, _ = derivative_from_saved(relu)
+    >>> bias_act_backward(d, np.array([[0.0, 2.0]]), np.array([[5.0, 5.0]]), (2,), True, True)
     (array([[0., 5.]]), array([0., 5.]))
     """)
 
 
-def _derivative_backward(x, b, act, dy):
-    d = derivative(act, _add_bias(x, b))
-    return None if d is None else dy * d
-
-
-bias_act_derivative = fused_op("bias_act_derivative", _derivative_backward, doc="""
-    The cotangent ``dz = dy * act'(x + b)`` for any elementwise ``act`` (dual numbers; one kernel on
-    the GPU); ``None`` where ``act`` ignores its input.
-
-    >>> import numpy as np
-    >>> bias_act_derivative(np.zeros(2), None, np.tanh, np.array([1.0, 2.0]))
-    array([1., 2.])
-    """)
-
-
-def _output_kind(act):
-    try:
-        return _OUTPUT_KIND.get(act)
-    except TypeError:  # an unhashable callable
-        return None
-
-
 def _bias_act_rule(needs, x, b, act):
-    y = _bias_act(x, b, act)
-    xshape = _shape(x)
     bshape = None if b is None else _shape(b)
     need_b = needs[1] and bshape is not None
-    kind = _output_kind(act)
-    if kind is not None:
+    derivative, from_output = derivative_from_saved(act)
+    if from_output or b is None:
+        y = _bias_act(x, b, act)
+        saved = y if from_output else x
+    else:
+        y, saved = bias_act_preactivation(x, b, act)
 
-        def bias_act_pullback(dy):
-            dx, db = bias_act_backward(kind, y, dy, bshape, needs[0], need_b)
-            return dx, db, None
-        return y, bias_act_pullback
-
-    def bias_act_generic_pullback(dy):
-        dz = bias_act_derivative(x, b, act, dy)
-        if dz is None:
-            return None, None, None
-        return (unbroadcast(dz, xshape) if needs[0] else None), (unbroadcast(dz, bshape) if need_b else None), None
-    return y, bias_act_generic_pullback
+    def bias_act_pullback(dy):
+        dx, db = bias_act_backward(derivative, saved, dy, bshape, needs[0], need_b)
+        return dx, db, None
+    return y, bias_act_pullback
 
 
 _bias_act = Primitive("bias_act", _bias_act_rule, impl=_bias_act_impl, needs_mask=True)
@@ -133,8 +190,8 @@ def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = ide
     ``b`` must broadcast to ``x``'s shape (Dense passes ``(out,)`` for ``x @ W.T`` of shape
     ``(batch, out)``; Conv passes ``reshape(b, (1, K, 1, 1))``); ``None`` or ``False`` means no
     bias. ``act`` is any elementwise function written with NumPy ufuncs (see
-    :mod:`fluxpy.ops.activations`); ``relu``, ``tanh``, ``sigmoid`` and ``identity`` take the
-    fast pullback that uses only the output.
+    :mod:`fluxpy.ops.activations`; ``functools.partial`` fixes its keywords). Forward and pullback are one
+    kernel each on the GPU for every activation :func:`why_not_fused` passes (see the module docstring).
 
     >>> import numpy as np
     >>> bias_act(np.zeros((2, 3)), np.array([-1.0, 0.0, 1.0]), relu)
@@ -155,6 +212,6 @@ def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = ide
             full = None
         if full != _shape(x):
             raise ValueError(f"bias_act: the bias of shape {_shape(b)} must broadcast to x of shape {_shape(x)}")
-    if getattr(act, "draws_random", False):   # rrelu: the pullback's dual numbers would draw other slopes
+    if getattr(_split(act)[0], "draws_random", False):   # rrelu: a derivative cannot be recomputed by a new draw
         return act(x if b is None else x + b)
     return _bias_act(x, b, act)

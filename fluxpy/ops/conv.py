@@ -356,8 +356,10 @@ def conv_bias_act(x: Array, w: Array, b: Array | bool | None, act: Callable | No
     (``dz = dy * (y > 0)`` for relu), the bias gradient as the sum of ``dz`` over ``(0, 2, 3)`` (on the GPU
     in the same pass), then ``dx = conv_backward_data(dz, w)`` and ``dw = conv_backward_filter(x, dz)``
     (their primitives, so second derivatives work). Other activations run :func:`conv`, then the
-    fused :func:`fluxpy.ops.bias_act.bias_act` (whose pullback uses only the output for ``tanh``
-    and ``sigmoid``).
+    fused :func:`fluxpy.ops.bias_act.bias_act`: on the GPU one kernel forward and one back (``dz`` written while
+    ``db`` sums) for every activation :func:`fluxpy.ops.bias_act.why_not_fused` passes, its derivative taken
+    from the output where it is a function of it (tanh, sigmoid, elu, ...) and from the kept pre-activation
+    otherwise (gelu, swish, ...).
 
     >>> import numpy as np
     >>> from fluxpy.ops.activations import relu

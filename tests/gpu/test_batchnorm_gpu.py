@@ -30,19 +30,19 @@ def _preferring(name):
     from fluxpy.kernels import cuda_bn, cuda_norm
     from fluxpy.layout import like_layout
 
-    def ours(x, params):
-        return not cuda_norm._cudnn_fits(x, *params) or (name == "fluxpy" and cuda_bn.supports(x, *params))
+    def ours(x, params, act):
+        return not cuda_norm._cudnn_fits(x, *params) or (name == "fluxpy" and cuda_bn.supports(x, *params, act=act))
 
-    def forward(x, gamma, beta, running_mean, running_var, momentum, eps, kind):
-        impl = cuda_bn.forward_training if ours(x, (gamma, beta, running_mean, running_var)) \
+    def forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+        impl = cuda_bn.forward_training if ours(x, (gamma, beta, running_mean, running_var), act) \
             else cuda_norm._cudnn_forward
-        return impl(x, gamma, beta, running_mean, running_var, momentum, eps, kind == "relu")
+        return impl(x, gamma, beta, running_mean, running_var, momentum, eps, act)
 
-    def backward(dy, x, y, gamma, beta, mean, invstd, eps, kind):
+    def backward(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
         dy = like_layout(dy, x)
-        if ours(x, (gamma, beta, mean, invstd)):
-            return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, kind == "relu")
-        return cuda_norm._cudnn_backward(dy, x, y, gamma, mean, invstd, eps, kind == "relu")
+        if ours(x, (gamma, beta, mean, invstd), act) or (act is not None and y is None):
+            return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act)
+        return cuda_norm._cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative)
     return {"batchnorm_forward": (forward, cuda_norm.forward_supports),
             "batchnorm_backward": (backward, cuda_norm.backward_supports)}
 

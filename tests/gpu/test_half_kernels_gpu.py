@@ -103,14 +103,14 @@ def test_batchnorm_kernels_halves_against_float32(dtype, shape):
     xg, x32g, gg, bg, dyg, dy32g = _gpu(x, x32, gamma, beta, dy, dy.astype(np.float32))
     rm, rv, rm32, rv32 = _gpu(np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(c, np.float32),
                               np.ones(c, np.float32))
-    y, mean, invstd = cuda_bn.forward_training(xg, gg, bg, rm, rv, 0.1, 1e-5, relu=True)
-    y32, mean32, invstd32 = cuda_bn.forward_training(x32g, gg, bg, rm32, rv32, 0.1, 1e-5, relu=True)
+    y, mean, invstd = cuda_bn.forward_training(xg, gg, bg, rm, rv, 0.1, 1e-5, act=fluxpy.relu)
+    y32, mean32, invstd32 = cuda_bn.forward_training(x32g, gg, bg, rm32, rv32, 0.1, 1e-5, act=fluxpy.relu)
     assert y.dtype == dtype and mean.dtype == invstd.dtype == rm.dtype == np.float32
     assert_close_forward(cp.asnumpy(y), cp.asnumpy(y32), dtype, roundings=1.01)
     for a, b in ((mean, mean32), (invstd, invstd32), (rm, rm32), (rv, rv32)):
         np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-5, atol=1e-6)
-    dx, dgamma, dbeta = cuda_bn.backward(dyg, xg, gg, bg, mean, invstd, 1e-5, relu=True)
-    dx32, dgamma32, dbeta32 = cuda_bn.backward(dy32g, x32g, gg, bg, mean32, invstd32, 1e-5, relu=True)
+    dx, dgamma, dbeta = cuda_bn.backward(dyg, xg, gg, bg, mean, invstd, 1e-5, act=fluxpy.relu)
+    dx32, dgamma32, dbeta32 = cuda_bn.backward(dy32g, x32g, gg, bg, mean32, invstd32, 1e-5, act=fluxpy.relu)
     assert dx.dtype == dtype and dgamma.dtype == dbeta.dtype == np.float32
     assert_close_gradient(cp.asnumpy(dx), cp.asnumpy(dx32), dtype)
     np.testing.assert_allclose(cp.asnumpy(dgamma), cp.asnumpy(dgamma32), rtol=1e-4, atol=1e-4)

@@ -1,7 +1,9 @@
 // fluxpy's batch-norm kernels, NCHW and channels-last, forward and backward (fluxpy/kernels/cuda_bn.py).
 #include "halfs.cuh"
 // T: data (LOAD/STORE from halfs.cuh), ACC = C: accumulation, statistics and parameters (float32 for the
-// halves, as cuDNN), VT/VW: the 16-byte vector type and its width in T for aligned rows.
+// halves, as cuDNN), VT/VW: the 16-byte vector type and its width in T for aligned rows, FX_ACT(v) and
+// FX_ACT_GRAD(v): the activation applied to the normalised value and its derivative, expressions in ACC (the
+// activation's formula traced from its Python definition, fluxpy/kernels/trace.py: activation_c).
 #define ACC C
 __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -129,10 +131,10 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long 
 
 // y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a
 // grid-stride loop over the whole tensor with 32-bit index arithmetic.
-#define ACT(v) (relu && (v) < (ACC)0 ? (ACC)0 : (v))
+#define ACT(v) FX_ACT(v)
 
 extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, long long HW,
-                                     int vec, int flat, unsigned total, int relu) {
+                                     int vec, int flat, unsigned total) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -170,11 +172,11 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
     }
 }
 
-// With relu, dy is masked where the forward's output was not positive: that output, x * scale + shift, is
-// recomputed from x with the forward's own scale and shift (the same expressions, so the same rounding).
-#define MASKED(g, xv) ((relu && (xv) * sc + sf <= (ACC)0) ? (ACC)0 : (g))
+// dy times the activation's derivative at the forward's pre-activation, x * scale + shift, recomputed from x with
+// the forward's own scale and shift (the same expressions, so the same rounding).
+#define MASKED(g, xv) ((g) * FX_ACT_GRAD((xv) * sc + sf))
 
-// From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' masked for relu):
+// From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' = dy act'):
 // dbeta, dgamma and the coefficients of dx = a dy' + b x + k.
 #define BWD_FINISH(M_)                                                                                      \
     {                                                                                                       \
@@ -191,7 +193,7 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
 extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                          const ACC* gamma, const ACC* beta, long long N, long long NC, long long HW,
                                          int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
+                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
@@ -210,7 +212,7 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
 // dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
                                          long long NC, long long HW, int vec, int flat, unsigned total,
-                                         const ACC* csc, const ACC* csf, int relu) {
+                                         const ACC* csc, const ACC* csf) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -323,7 +325,7 @@ extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, in
 extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                             const ACC* gamma, const ACC* beta, long long M, long long NC, int S,
                                             int CW, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, int relu) {
+                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf) {
     CL_SETUP
     const T* a = dy; const T* b = x;
     const ACC K = c < NC ? mean[c] : (ACC)0;
@@ -342,7 +344,7 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
 // The apply kernels on channels-last data: a grid-stride loop over vectors (or elements), each element's channel
 // its index modulo C.
 extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, unsigned NC, int vec,
-                                        unsigned total, int relu) {
+                                        unsigned total) {
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         if (vec) {
             VT v = ((const VT*)x)[i];
@@ -361,7 +363,7 @@ extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const
 
 extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
                                             const ACC* ck, unsigned NC, int vec, unsigned total, const ACC* csc,
-                                            const ACC* csf, int relu) {
+                                            const ACC* csf) {
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         if (vec) {
             VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
