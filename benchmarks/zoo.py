@@ -39,7 +39,8 @@ Every mode is built and warmed up (``--warmup`` steps; a fluxpy captured mode fi
 and capture), then the modes' timed rounds take turns: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
 back, each round timed by wall clock from a synchronised start to a synchronised end; per-step time = round time /
 steps; reported: the median and the range (lowest-highest) over rounds, in us. A mode that raises while it is built
-or timed is recorded with its error's first line and left out of the rest of the case.
+or timed is recorded with its error's first line and left out of the rest of the case. ``--json`` is written after
+every case.
 
 The table gives, per case, each mode's step, each side's best mode and its step, the ratio best fluxpy / best
 PyTorch (below 1: fluxpy faster), and fluxpy half / fluxpy float32 (its best half-precision step over its best
@@ -651,7 +652,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--compile", default="default",
                    help="torch.compile's mode (default, max-autotune-no-cudagraphs, ...) or off")
-    p.add_argument("--compile-timeout", type=float, default=300.0, help="seconds for a compile and its first steps")
+    p.add_argument("--compile-timeout", type=float, default=180.0, help="seconds for a compile and its first steps")
     p.add_argument("--sides", default="fluxpy,torch", help="fluxpy, torch or both")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
     p.add_argument("--smoke", action="store_true", help="batch 2 on the CPU, one step a round")
@@ -670,10 +671,12 @@ def main(argv=None):
             torch.backends.cudnn.benchmark = True
         print(f"PyTorch {torch.__version__}" + (f", {torch.cuda.get_device_name()}" if a.device == "gpu" else ""))
     set_tf32(False, torch, a.device)
-    rows = [run_case(torch, name, batch, a) for name, batch in cases]
+    rows = []
+    for name, batch in cases:
+        rows.append(run_case(torch, name, batch, a))
+        if a.json:   # after every case: a crash in a later one (a fault in a native library) keeps these
+            Path(a.json).write_text(json.dumps(rows, indent=1))
     print("\n" + table(rows))
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ fatal), each side's best mode and the ratios, the tables (its own and run.py's),
 import copy
 import json
 import random
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +68,25 @@ def test_rounds_take_turns_and_a_failing_mode_is_recorded_not_fatal():
         assert np.allclose(times[k], seconds[k])
     broken = {"d": (lambda: 1 / 0, lambda: None)}
     assert zoo.timed_modes(broken, 1, 3, 1, clock) == ({}, {"d": "ZeroDivisionError: division by zero"})
+
+
+def test_a_compile_over_its_time_limit_raises_and_the_alarm_is_put_back():
+    previous = signal.getsignal(signal.SIGALRM)
+    with pytest.raises(TimeoutError, match=r"torch.compile\(mode='default'\) took more than 0.05 s"):
+        with zoo.time_limit(0.05, "torch.compile(mode='default')"):
+            time.sleep(2)
+    assert signal.getsignal(signal.SIGALRM) is previous
+    with zoo.time_limit(5, "quick"):
+        total = sum(range(1000))
+    assert total == 499500 and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_modes_left_out_on_purpose_are_skipped_not_failed():
+    assert zoo.skipped_modes("fluxpy,torch", "gpu", "default") == {}
+    cpu = zoo.skipped_modes("fluxpy,torch", "cpu", "default")
+    assert set(cpu) == {"torch graph", "torch autocast graph", "torch compile"}
+    assert all(v == dict(skipped="needs CUDA") for v in cpu.values())
+    assert set(zoo.skipped_modes("torch", "gpu", "off")) == {*zoo.FLUXPY_MODES, "torch compile"}
 
 
 def _row(modes, half="bfloat16"):
