@@ -205,3 +205,9 @@ def test_the_torch_twins_start_from_fluxpy_s_loss(name):
     step, first = zoo.torch_side(torch, net, model, x, labels, "torch eager", "cpu")
     assert first == pytest.approx(float(expected), rel=1e-4)
     assert np.isfinite(float(step()))
+
+
+def test_the_docstring_examples_run():
+    import doctest
+    failures, tried = doctest.testmod(zoo)
+    assert failures == 0 and tried >= 8
