@@ -8,10 +8,10 @@ against captured) and its kernels (``captured_profile.py``: GPU time by kind of 
 step (``resnet_step.py``: ResNet-20 at batch 128 and 512, ResNet-18 at 64x64 batch 64, TF32 off and
 on; its rows are labelled ``model, batch, tf32 off|on``), the reductions
 (``reduce.py``), cuDNN convolutions (``conv.py``, and ``conv_half``: the same in bfloat16 and float16), the LSTM and
-GRU layers against cuDNN's (``recurrent.py``), fused elementwise kernels (``elementwise.py``)
-and the tape's host overhead (``overhead.py``). Each writes JSON; this script prints each one's
-own table, then a summary markdown table (benchmark, case, fluxpy, PyTorch, ratio fluxpy/PyTorch:
-below 1 means fluxpy is faster) headed by the GPU's name and the date, and writes everything to
+GRU layers against cuDNN's (``recurrent.py``), fused elementwise kernels (``elementwise.py``),
+the tape's host overhead (``overhead.py``) and the model zoo's networks, each side's best mode (``zoo.py``). Each
+writes JSON; this script prints each one's own table, then a summary markdown table (benchmark, case, fluxpy,
+PyTorch, ratio fluxpy/PyTorch: below 1 means fluxpy is faster) headed by the GPU's name and the date, and writes everything to
 ``--json``. ``--write BENCHMARKS.md`` also replaces, for each benchmark that ran, its table in that file (the text
 between ``<!-- table NAME -->`` and ``<!-- /table NAME -->``; :func:`bench_table` formats it, :data:`TABLES` names
 its columns, :func:`write_tables` puts it in place).
@@ -47,6 +47,7 @@ BENCHMARKS = {
     "elementwise": ["--json", "{json}"],
     "overhead": ["--json", "{json}"],
     "data_parallel": ["--json", "{json}"],   # only where 2 GPUs or more exist (main skips it otherwise)
+    "zoo": ["--json", "{json}"],
 }
 QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "--rounds", "3"],
                "captured_step": ["--steps", "20", "--rounds", "3", "--warmup", "5"],
@@ -57,7 +58,8 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "conv_half_channels_last": ["--quick"], "layernorm": ["--lengths", "768,5140,20480", "--reps", "10"],
                "scatter": ["--reps", "10", "--rounds", "3"], "recurrent": ["--reps", "2", "--rounds", "3"],
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"],
-               "data_parallel": ["--steps", "10", "--warmup", "5", "--repeats", "3"]}
+               "data_parallel": ["--steps", "10", "--warmup", "5", "--repeats", "3"],
+               "zoo": ["--steps", "5", "--rounds", "3", "--warmup", "3", "--compile", "off"]}
 SCRIPTS = {"conv_half": "conv", "conv_half_channels_last": "conv"}   # a benchmark that runs another one's script with other arguments
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes", "dtype", "length")
 
@@ -179,6 +181,11 @@ TABLES = {
     "data_parallel": dict(pivot="side", values=("fluxpy", "torch"), columns=[
         ("model", "model", "text"), ("GPUs", "gpus", "text")], per_value=[
         ("{} images/s", "images_per_s", "count"), ("{} efficiency", "efficiency", "ratio3")]),
+    "zoo": dict(columns=[
+        ("model", "model", "text"), ("batch", "batch", "text"), ("fluxpy best", "fluxpy best", "text"),
+        ("fluxpy best us", "fluxpy best us", "us"), ("PyTorch best", "torch best", "text"),
+        ("PyTorch best us", "torch best us", "us"), ("best / best", ("fluxpy best us", "torch best us"), "ratio"),
+        ("fluxpy half / float32", ("fluxpy half us", "fluxpy float32 us"), "ratio"), ("failed", "failed", "text")]),
 }
 CONV = dict(pivot="row", values=("fwd", "bwd_data", "bwd_filter"), columns=[
     ("dtype", "dtype", "text"), ("layer", "layer", "text")], per_value=[
