@@ -55,7 +55,7 @@ from .autodiff import Primitive, value_of
 from .backend import Array, get_array_module, gpu_device, is_float_dtype
 from .capturing import refuse
 from .kernels import find
-from .functors import rebuild, children, layer
+from .functors import children, layer, rebuild, trainable_keys
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, LayerNorm
 from .layout import MEMORY_FORMATS
@@ -170,7 +170,8 @@ class MixedPrecision:
         if isinstance(scale, DynamicLossScale):
             scale = scale.array(get_array_module(value_of(first)))
         to_half = self._caster(first)
-        half = _map_floats(self.model, lambda w: to_half(w if scale is None else _unscaled_backward(w, scale)))
+        unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
+        half = _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled)
         cast = (lambda a: to_half(a) if _floating(a) else a)   # every float input (tuples too), keywords included
         y = half(*_map_outputs(xs, cast), **{name: _map_outputs(v, cast) for name, v in kw.items()})
 
@@ -250,15 +251,20 @@ def _floating(v):
     return dtype is not None and is_float_dtype(dtype)
 
 
-def _map_floats(model: Any, fn: Callable) -> Any:
+def _map_floats(model: Any, fn: Callable, kept: Callable | None = None) -> Any:
     """``model`` rebuilt with ``fn`` applied to each float array (or tracked value) outside normalisation
-    layers, which are kept as they are (their arrays are the model's own, so their running statistics update)."""
+    layers. Those keep their float32 arrays, the model's own (so their running statistics update in place);
+    ``kept``, where given, is applied to their trainable parameters (the loss scale's unscaling of their gradients)."""
     if isinstance(model, KEEP_FLOAT32):
-        return model
+        if kept is None:
+            return model
+        names = trainable_keys(model)
+        return rebuild(model, [(k, kept(v) if _floating(v) and (names is None or k in names) else v)
+                               for k, v in children(model)])
     kids = children(model)
     if kids is None:
         return fn(model) if _floating(model) and model.dtype not in HALVES else model
-    return rebuild(model, [(k, _map_floats(v, fn)) for k, v in kids])
+    return rebuild(model, [(k, _map_floats(v, fn, kept)) for k, v in kids])
 
 
 def _leaves(v):

@@ -255,3 +255,27 @@ def test_each_layer_converted_to_the_half_type_computes_in_it(name, dtype):
     (ref,) = fluxpy.gradient(lambda m: _loss(m(*wide), weights), rounded)
     for g, r in zip(fluxpy.trainables(grads), fluxpy.trainables(ref)):
         assert g.dtype == half_dtype and _relative_error(g, r) < 16 * EPS[dtype]
+
+
+def test_norm_layer_gradients_come_back_unscaled_under_a_dynamic_loss_scale():
+    """Under float16's loss scale every gradient, the float32 norm layers' parameters' included, is divided by the
+    scale again (they were once returned scaled by it, about 32768 times too large), and the running statistics
+    still move in the model's own arrays."""
+    import warnings
+
+    from fluxpy import BatchNorm, Chain, Conv, Dense, LayerNorm, flatten, gelu, gradient, mixed_precision
+    from fluxpy.losses import mse
+    rng = np.random.default_rng(0)
+    model = Chain(Conv((3, 3), 3, 4, pad=1, rng=0), BatchNorm(4, gelu), flatten, Dense(144, 8, rng=1), LayerNorm(8),
+                  Dense(8, 2, rng=2))
+    x, y = rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    (g32,) = gradient(lambda m: mse(m(x), y), model)
+    before = model[1].running_mean.copy()
+    wrapped = mixed_precision(model, np.float16, loss_scale=1024.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        (g16,) = gradient(lambda m: mse(m(x), y), wrapped)
+    g16 = g16["model"]
+    for layer, name in ((1, "gamma"), (1, "beta"), (4, "gamma"), (4, "beta")):
+        np.testing.assert_allclose(g16["layers"][layer][name], g32["layers"][layer][name], rtol=2e-2, atol=2e-3)
+    assert not np.array_equal(model[1].running_mean, before)
