@@ -35,10 +35,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..autodiff import Primitive
-from ..backend import Array, get_array_module
+from ..backend import Array
 from ..kernels import lookup
 from ..kernels.halfs import is_half
-from .dims import AdaptivePoolDims, PoolDims, _check_spatial, describe, memoised
+from .constants import device_constant
+from .dims import AdaptivePoolDims, PoolDims, _averaging_matrix, _check_spatial, describe, memoised
 from .linalg import matmul
 from .reduce import check_half_mix, mean
 from .shape import astype, reshape
@@ -356,7 +357,8 @@ def adaptive_meanpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
 
     The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so each spatial axis is contracted with
     an averaging matrix (``y = A_h @ x @ A_w.T`` in 2-d, ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``): ``matmul``
-    ops, differentiable through theirs.
+    ops, differentiable through theirs. The matrices are built once per shape and dtype and kept on the device
+    (:func:`~fluxpy.ops.constants.device_constant`), so a captured step copies nothing from the host.
 
     >>> import numpy as np
     >>> adaptive_meanpool(np.arange(16.0).reshape(1, 1, 4, 4), (1, 2))[0, 0]
@@ -365,11 +367,12 @@ def adaptive_meanpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
     array([3.5])
     """
     dims = AdaptivePoolDims.from_array(x, out_hw, op="adaptive_meanpool")
-    xp = get_array_module(x)
     if is_half(x.dtype):   # averaged in float32, rounded once to x's dtype
         return astype(adaptive_meanpool(astype(x, np.float32), out_hw), x.dtype)
     dtype = np.result_type(x.dtype, np.float32)
-    mats = [xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices()]
+    mats = [device_constant(("adaptive_meanpool", size, n), lambda size=size, n=n: _averaging_matrix(size, n),
+                            x, dtype)
+            for size, n in zip(dims.x_shape[2:], dims.out_hw)]
     y = x
     for axis, a in enumerate(mats[:-1], start=2):   # every axis but the last: A @ (..., size, rest)
         shape = tuple(y.shape)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import Array, get_array_module
+from ..backend import Array
+from .constants import device_constant
 from .linalg import matmul
 from .shape import broadcast_to, reshape, transpose
 
@@ -125,7 +126,9 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
 
     Each output is the weighted mean of its nearest inputs (see :func:`bilinear_weights` for the source positions).
     ``align_corners=True`` is NNlib's default (the corner pixels' centres coincide); ``False`` is PyTorch's
-    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis.
+    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis, with
+    interpolation matrices built once per size and dtype and kept on the device
+    (:func:`~fluxpy.ops.constants.device_constant`: a captured step copies nothing from the host).
 
     >>> import numpy as np
     >>> upsample_linear(np.array([[[0.0, 3.0]]]), 2)
@@ -140,13 +143,13 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
         raise ValueError(f"upsample_linear expects align_corners True or False, got {align_corners!r}")
     out = _scale_or_size("upsample_linear", scale, size, x)
     v = value_of(x)
-    xp = get_array_module(v)
     y = x
     for axis in range(x.ndim - 1, 1, -1):      # the last axis first, as the 2-d version always did
         n_in, n_out = x.shape[axis], out[axis - 2]
         if n_in == n_out:
             continue
-        w = xp.asarray(bilinear_weights(n_in, n_out, bool(align_corners)).T.astype(v.dtype))   # (n_in, n_out)
+        w = device_constant(("upsample_linear", n_in, n_out, bool(align_corners)),   # (n_in, n_out), kept on the device
+                            lambda n_in=n_in, n_out=n_out: bilinear_weights(n_in, n_out, bool(align_corners)).T, v)
         if axis == x.ndim - 1:
             y = matmul(y, w)
         else:   # move the axis last, interpolate, move it back
