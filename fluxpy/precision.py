@@ -6,10 +6,10 @@ back to the float32 weights in float32), runs the model in ``dtype`` (convolutio
 every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
 is computed in float32. The weights the optimiser sees, and its state, stay the float32 ones: ``setup``,
 ``train``, ``update``, ``TrainStep``, saving and loading work on the wrapper as on the model, and the update
-lands on the float32 "master" weights. Normalisation layers (BatchNorm, LayerNorm) keep their parameters and
-statistics in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic
-of its own) the casts round to the half type and come back to float32: the values are the half type's, the
-arithmetic float32's.
+lands on the float32 "master" weights. Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm) keep
+their parameters and statistics in float32 and take the half activations as they come. On the CPU (NumPy has no
+bfloat16 arithmetic of its own) the casts round to the half type and come back to float32: the values are the half
+type's, the arithmetic float32's.
 
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
 (``memory="channels_last"``, the default; :mod:`fluxpy.layout`), so the convolutions, batch norms, pools and
@@ -56,13 +56,13 @@ from .capturing import refuse
 from .kernels import find
 from .functors import rebuild, children, layer
 from .kernels.halfs import BFLOAT16, HALVES
-from .layers.normalise import BatchNorm, LayerNorm
+from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm
 from .layout import MEMORY_FORMATS
 from .ops.shape import as_memory_format, astype
 
 __all__ = ["MixedPrecision", "DynamicLossScale", "mixed_precision", "f16", "bf16"]
 
-KEEP_FLOAT32 = (BatchNorm, LayerNorm)   # layers whose parameters and statistics stay float32
+KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm)   # layers whose parameters and statistics stay float32
 
 
 class DynamicLossScale:
