@@ -23,11 +23,11 @@ scatter-add too.
 Index checks: an index out of range (or negative) raises ``IndexError`` naming the op, the value, the index array,
 the axis and its size. Indices given on the host are checked before any work. Indices on the GPU are checked by the
 kernels as they read them (they skip a bad entry), and the option ``index_checks``
-(:mod:`fluxpy.options`) says when the error comes: ``"wait"`` (the default) has each call wait for
-its kernel and raise before returning; ``"deferred"`` lets it return at once (PyTorch's and CUDA.jl's way), and the
-error, saying which earlier call made it, comes from the next checked ``scatter``/``gather`` call or from
-:func:`check_indices`, which waits for the GPU. Gradients never check (their indices were checked on the way
-forward).
+(:mod:`fluxpy.options`) says when the error comes: ``"deferred"`` (the default) lets each call return at once
+(PyTorch's and CUDA.jl's way: no host wait inside a step), and the error, saying which earlier call made it, comes
+where the host reads the device anyway: the loss :func:`fluxpy.train` reads, the next checked ``scatter``/``gather``
+call, or :func:`check_indices`, which waits for the GPU; ``"wait"`` has each call wait for its kernel and raise
+before returning. Gradients never check (their indices were checked on the way forward).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -43,6 +43,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module, is_float_dtype
+from ..capturing import refuse
 from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
 from ..kernels.cpu import along_axis_index, first_bad_index
 from ..kernels.halfs import is_half
@@ -124,7 +125,7 @@ def _index_error(fname, bad, d):
     op = bad.op or "scatter/gather"
     return IndexError(_bad_index_message(op, bad, bad.arrays, _WHAT.get(bad.op, "its")) + (
         f" (reported late: an earlier {op} call, at {bad.where}, ran with index_checks='deferred' and skipped the "
-        f"out-of-range entries)" if bad.op else " (reported late)"))
+        f"out-of-range entries; index_checks='wait' raises at the call)" if bad.op else " (reported late)"))
 
 
 def _check_bounds(fname, index, sizes, what, arrays=None):
@@ -338,7 +339,11 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
 
 def _on_device_of(xp, index, on_host):
     """Host index arrays on ``xp``'s device (indices given on the device are there already)."""
-    return tuple(xp.asarray(a) for a in index) if on_host else index
+    if not on_host or xp is np:
+        return index
+    refuse("scatter/gather: indices given on the host are copied to the device at every call (put them on the "
+           "device, e.g. as part of the batch)")
+    return tuple(xp.asarray(a) for a in index)
 
 
 def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
@@ -380,26 +385,26 @@ def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
         raise _index_error("gather", bad, len(index)) from None
 
 
-def check_indices() -> None:
-    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call made
-    with ``index_checks="deferred"`` whose device indices had one out of range (the call skipped those entries and
-    did not wait): the message names the op, the bad value, its axis and the axis's size (while the call's index
-    arrays are still held) and the file and line of the call. Forgets the deferred calls either way; nothing to do
-    on the CPU, where indices are checked before any work.
+def check_indices(wait: bool = True) -> None:
+    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call (or
+    indexing, ``Embedding``) made with ``index_checks="deferred"`` (the default) whose device indices had one out of
+    range (the call skipped those entries and did not wait): the message names the op, the bad value, its axis and
+    the axis's size (while the call's index arrays are still held) and the file and line of the call. Forgets the
+    deferred calls either way; nothing to do on the CPU, where indices are checked before any work.
 
-    ``fluxpy.options.set(index_checks="deferred")`` turns the deferred mode on (the default,
-    ``"wait"``, has every checked call wait for its kernel and raise at once); in that mode a later checked call
-    also raises for an earlier call's bad index, before its own work.
+    ``wait=False`` does not wait: it raises for what the kernels have flagged so far, for code that has just waited
+    for the work it cares about (:func:`fluxpy.train` calls it once it has read a step's loss). A later checked call
+    also raises for an earlier call's bad index, before its own work. ``fluxpy.options.set(index_checks="wait")`` has
+    every checked call wait for its kernel and raise at once instead.
 
     >>> import numpy as np
-    >>> from fluxpy.options import options
-    >>> with options(index_checks="deferred"):
-    ...     scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked here in either mode
-    ...     check_indices()   # nothing pending
+    >>> scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked at the call
     array([0., 3.])
+    >>> check_indices(), check_indices(wait=False)   # nothing pending
+    (None, None)
     """
     try:
         for check in registered_for("check_indices"):
-            check()
+            check(wait)
     except BadIndex as bad:
         raise _index_error("check_indices", bad, 1) from None
