@@ -117,3 +117,31 @@ def test_inside_a_capture_a_miss_refuses_and_a_hit_is_held_by_the_graph(monkeypa
     with recording():
         assert device_constant(("upsample_linear", 3, 6, True), lambda: 1 / 0, like) is built
     assert any(h is built for h in holds)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 5, 4), (1, 2, 3, 4, 5)])
+def test_every_product_is_two_dimensional_forward_and_back(monkeypatch, shape):
+    """A 2-D left side is one gemm through fluxpy's cuBLAS binding on the GPU, which a capture records (a batched
+    product goes to CuPy's cuBLAS, which a capture refuses): upsampling and adaptive pooling use no other, and a
+    transposed or channels-last input is flattened into rows first."""
+    import importlib
+    resample = importlib.import_module("fluxpy.ops.resample")
+    linalg = importlib.import_module("fluxpy.ops.linalg")
+    shapes = []
+    real = linalg._matmul
+
+    def checked(a, b):
+        shapes.append((len(a.shape), len(b.shape)))
+        return real(a, b)
+    monkeypatch.setattr(linalg, "_matmul", checked)
+    rng = _rng(5)
+    x = rng.standard_normal(shape)
+    n = len(shape) - 2
+    ups = lambda x: resample.upsample_linear(x, None, False, size=tuple(s + 2 for s in shape[2:]))   # noqa: E731
+    pool = lambda x: adaptive_meanpool(x, tuple(max(1, s - 2) for s in shape[2:]))   # noqa: E731
+    for f in (ups, pool):
+        w = rng.standard_normal(f(x).shape)
+        g, = fluxpy.gradient(lambda x: (f(x) * w).sum(), x)
+        assert g.shape == x.shape
+    assert shapes and set(shapes) == {(2, 2)}
+    assert len(shapes) >= 4 * n   # a forward and a backward product per axis and op

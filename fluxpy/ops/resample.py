@@ -21,7 +21,7 @@ from .linalg import matmul
 from .shape import broadcast_to, reshape, transpose
 
 __all__ = ["upsample_nearest", "upsample_linear", "upsample_bilinear", "upsample_trilinear", "pixel_shuffle",
-           "bilinear_weights"]
+           "bilinear_weights", "along_axis"]
 
 
 def _is_int(v):
@@ -150,13 +150,28 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
             continue
         w = device_constant(("upsample_linear", n_in, n_out, bool(align_corners)),   # (n_in, n_out), kept on the device
                             lambda n_in=n_in, n_out=n_out: bilinear_weights(n_in, n_out, bool(align_corners)).T, v)
-        if axis == x.ndim - 1:
-            y = matmul(y, w)
-        else:   # move the axis last, interpolate, move it back
-            order = tuple(a for a in range(x.ndim) if a != axis) + (axis,)
-            back = tuple(order.index(a) for a in range(x.ndim))
-            y = transpose(matmul(transpose(y, order), w), back)
+        y = along_axis(y, axis, w)
     return y
+
+
+def along_axis(y: Array, axis: int, m: Array) -> Array:
+    """``y`` with its axis ``axis`` (of size ``m.shape[0]``) contracted with the matrix ``m``, giving it size
+    ``m.shape[1]``: ``y`` with that axis moved last, its rows times ``m`` as one 2-D product, moved back. One
+    matrix product of a 2-D left side runs as a single gemm on the GPU (fluxpy's cuBLAS binding, which a captured
+    step records; a batched product would not be), whatever ``y``'s layout: the rows are copied where they are not
+    contiguous.
+
+    >>> import numpy as np
+    >>> along_axis(np.ones((2, 3, 4)), 1, np.ones((3, 5))).shape
+    (2, 5, 4)
+    """
+    nd = len(y.shape)
+    if axis % nd != nd - 1:
+        order = tuple(a for a in range(nd) if a != axis % nd) + (axis % nd,)
+        back = tuple(order.index(a) for a in range(nd))
+        return transpose(along_axis(transpose(y, order), nd - 1, m), back)
+    shape = tuple(y.shape)
+    return reshape(matmul(reshape(y, (-1, shape[-1])), m), shape[:-1] + (m.shape[1],))
 
 
 def upsample_bilinear(x: Array, scale: int | tuple[int, int] | None = 2, align_corners: bool = True, *,
