@@ -29,6 +29,7 @@ def cp(monkeypatch):
     for cache in ("_problems", "_gathers", "_choices"):
         monkeypatch.setattr(cuda_scatter, cache, {})
     monkeypatch.setattr(scatter_checks, "_flags", {})
+    monkeypatch.setattr(compiler, "time_ms", lambda run: (run(), 1.0)[1])   # every scatter implementation "as fast"
     table = kernels.snapshot()
     for name, fn in cuda_scatter.KERNELS.items():
         kernels.register(name, "cupy", fn)
@@ -105,3 +106,13 @@ def test_host_indices_for_device_arrays_refuse_a_capture(cp):
     with recording(), pytest.raises(CaptureUnsupported, match="indices given on the host"):
         fluxpy.gather(src, np.array([0, 2]))
     assert isinstance(fluxpy.gather(src, np.array([0, 2])), FakeArray)   # eagerly: copied, as before
+
+
+def test_a_scatter_without_dstsize_refuses_a_capture_with_device_indices(cp):
+    from fluxpy.capturing import CaptureUnsupported, recording
+    src, idx = cp.asarray(np.ones(3)), cp.asarray(np.array([0, 2, 2]))
+    with recording(), pytest.raises(CaptureUnsupported, match="give dstsize"):
+        fluxpy.scatter("+", src, idx)
+    with recording():
+        np.testing.assert_array_equal(fluxpy.scatter("+", src, idx, dstsize=3).a, [1.0, 0.0, 2.0])
+    np.testing.assert_array_equal(fluxpy.scatter("+", src, idx).a, [1.0, 0.0, 2.0])   # eagerly: read, as before

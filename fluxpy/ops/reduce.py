@@ -129,7 +129,7 @@ def _scalar_like(x, value):
     if not is_half(v.dtype):
         return value
     # rounded by NumPy, copied to the device once (a copy inside a captured step would be a host transfer)
-    return device_constant(("scalar", value), lambda: np.asarray(value), v)
+    return device_constant(("a half-precision factor", value), lambda: np.asarray(value), v)
 
 
 def _extremum(name, method):

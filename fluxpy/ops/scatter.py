@@ -184,10 +184,19 @@ def _dstsize(dstsize):
     return tuple(int(s) for s in sizes)
 
 
+def _size_from_indices(on_host):
+    """Inside a captured step, refuse to read the destination's size from device indices (a host read; give
+    ``dstsize``)."""
+    if not on_host:
+        refuse("scatter: without dstsize, the destination's size is read from the largest device index (a host "
+               "read); give dstsize")
+
+
 def _destination_shape(src, index, dstsize, on_host):
     """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
     trailing = tuple(src.shape[index[0].ndim:])
     if dstsize is None:
+        _size_from_indices(on_host)
         return tuple(max(int(a.max()) + 1, 0) if a.size else 0 for a in index) + trailing
     shape = _dstsize(dstsize)
     d = len(index)
@@ -204,6 +213,7 @@ def _destination_shape_along(src, index, dstsize, on_host, axis):
     by default the smallest that holds the largest index."""
     sshape = tuple(src.shape)
     if dstsize is None:
+        _size_from_indices(on_host)
         n = max(int(index[0].max()) + 1, 0) if index[0].size else 0
     elif _is_int(dstsize):
         n = int(dstsize)
