@@ -3,6 +3,8 @@
 naming the op and the entry, by ``check_indices()`` (which waits), by ``check_indices(wait=False)`` once the
 kernels have run (which does not), or by the next checked call. The CUDA kernels run only on a GPU
 (tests/gpu/test_scatter_gpu.py)."""
+import types
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,7 @@ def cp(monkeypatch):
         monkeypatch.setattr(cuda_scatter, cache, {})
     monkeypatch.setattr(scatter_checks, "_flags", {})
     monkeypatch.setattr(compiler, "time_ms", lambda run: (run(), 1.0)[1])   # every scatter implementation "as fast"
+    monkeypatch.setattr(FakeArray, "device", types.SimpleNamespace(id=0), raising=False)   # device 0's arrays
     table = kernels.snapshot()
     for name, fn in cuda_scatter.KERNELS.items():
         kernels.register(name, "cupy", fn)

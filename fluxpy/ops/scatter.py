@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import Array, get_array_module, is_float_dtype
+from ..backend import Array, get_array_module, gpu_device, is_float_dtype
 from ..capturing import refuse
 from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
 from ..kernels.cpu import along_axis_index, first_bad_index
@@ -338,7 +338,7 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
     else:
         index, xp, on_host, axis = _along_axis("scatter", idx, src, axis)
         shape = _destination_shape_along(src, index, dstsize, on_host, axis)
-    index = _on_device_of(xp, index, on_host)
+    index = _on_device_of(xp, index, on_host, src)
     try:
         if name == "mean":
             return _scatter_mean(src, index, shape, not on_host, axis)
@@ -347,12 +347,13 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
         raise _index_error("scatter", bad, len(index)) from None
 
 
-def _on_device_of(xp, index, on_host):
-    """Host index arrays on ``xp``'s device (indices given on the device are there already)."""
-    if not on_host or xp is np:
+def _on_device_of(xp, index, on_host, src):
+    """Host index arrays on ``xp``'s device, that of ``src`` (indices given on the device are there already)."""
+    if not on_host:
         return index
-    refuse("scatter/gather: indices given on the host are copied to the device at every call (put them on the "
-           "device, e.g. as part of the batch)")
+    if gpu_device(value_of(src)) is not None:
+        refuse("scatter/gather: indices given on the host are copied to the device at every call (put them on the "
+               "device, e.g. as part of the batch)")
     return tuple(xp.asarray(a) for a in index)
 
 
@@ -390,7 +391,7 @@ def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
         if on_host:
             _check_bounds("gather", along_axis_index(index[0], axis), src.shape, "src", arrays=1)
     try:
-        return _gather(src, idx=_on_device_of(xp, index, on_host), checked=not on_host, axis=axis)
+        return _gather(src, idx=_on_device_of(xp, index, on_host, src), checked=not on_host, axis=axis)
     except BadIndex as bad:
         raise _index_error("gather", bad, len(index)) from None
 
