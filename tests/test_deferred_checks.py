@@ -119,3 +119,14 @@ def test_a_scatter_without_dstsize_refuses_a_capture_with_device_indices(cp):
     with recording():
         np.testing.assert_array_equal(fluxpy.scatter("+", src, idx, dstsize=3).a, [1.0, 0.0, 2.0])
     np.testing.assert_array_equal(fluxpy.scatter("+", src, idx).a, [1.0, 0.0, 2.0])   # eagerly: read, as before
+
+
+def test_ragged_bags_of_device_indices_refuse_a_capture(cp):
+    from fluxpy.capturing import CaptureUnsupported, recording
+    from fluxpy.layers import EmbeddingBag
+    bag = EmbeddingBag(6, 3, rng=0)
+    bag.weight = cp.asarray(bag.weight)
+    data, offsets = cp.asarray(np.array([1, 2, 3, 4])), cp.asarray(np.array([0, 1]))
+    for call in (lambda: bag(data, offsets), lambda: bag([data, data])):
+        with recording(), pytest.raises(CaptureUnsupported, match=r"EmbeddingBag\(6 => 3\): ragged bags"):
+            call()

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, value_of
 from ..backend import get_array_module, gpu_device, is_float_dtype, to_gpu
+from ..capturing import refuse
 from ..functors import cpu, layer
 from ..random import as_rng
 from ..ops import basic as _ops
@@ -417,14 +418,23 @@ def _hashable(f):
 
 def _bag_indices(layer, bag):
     """One bag of a list: a non-empty 1-d host integer array."""
+    _refuse_device_bags(layer, bag)
     b = np.asarray(cpu(value_of(bag)) if hasattr(bag, "shape") else bag)
     if b.ndim != 1 or b.size == 0 or b.dtype.kind not in "iu":
         _fail(layer, "bags that are non-empty 1-d sequences of integer indices", b)
     return b
 
 
+def _refuse_device_bags(layer, a):
+    """Ragged bags are cut on the host, which reads device indices back: refused inside a captured step."""
+    if gpu_device(value_of(a)) is not None:
+        refuse(f"{layer!r}: ragged bags (a list, or data with offsets) are cut on the host, which reads device "
+               "indices; in a captured step give bags of one length as an (..., L) device array")
+
+
 def _split_offsets(layer, data, offsets):
     """``(data, starts, lengths)`` on the host for Flux's ``eb(data, at)``, checked as Flux's ``_splitat``."""
+    _refuse_device_bags(layer, offsets)
     d = _bag_indices(layer, data)
     at = np.asarray(cpu(value_of(offsets)) if hasattr(offsets, "shape") else offsets)
     if at.ndim != 1 or at.size == 0 or at.dtype.kind not in "iu":
