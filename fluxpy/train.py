@@ -95,7 +95,7 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     An index out of range that a checked ``scatter``, ``gather``, indexing or ``Embedding`` met on the GPU (the
     kernels skip it and do not wait, ``index_checks="deferred"``) is raised as an ``IndexError`` naming the op, the
     entry, the epoch and the batch where train reads that step's loss, before an eager step's update (a captured
-    step reports it after its replay: :func:`fluxpy.check_indices`).
+    step's replay reports it once it has run, naming the batch).
 
     ``schedule``: a learning-rate schedule, any function of ``t = 1, 2, ...`` giving a number ``>= 0``
     (:mod:`fluxpy.schedules`: ``Cosine``, ``Step``, ``Exp``, ``Constant``). With ``schedule_per="epoch"`` (the
@@ -248,7 +248,10 @@ class _Lagged:
     def _settle(self, flight) -> list[float]:
         value, guard, own = flight.read.result()
         if math.isfinite(value) and math.isfinite(guard):
-            flight.commit()
+            try:
+                flight.commit()   # its replay hooks report an index out of range that the step met
+            except IndexError as err:
+                raise IndexError(f"train (batch {flight.batch[1]}, a captured step): {err}") from None
             return [value]
         # a loss-scaled model's own overflow: skipped (and the scale lowered) on the device, as the eager step does
         overflow = self.captured.loss_scaled and math.isfinite(value) and not math.isfinite(own)

@@ -66,3 +66,25 @@ def test_an_index_error_found_at_the_loss_stops_before_that_steps_update(monkeyp
         train(loss, model, data, setup(Descent(0.1), model), progress=False)
     np.testing.assert_array_equal(model[0].weight, seen[1])   # batch 2's update did not run
     assert not np.array_equal(seen[0], seen[1])                # batch 1's did
+
+
+def test_a_captured_steps_index_report_names_the_batch():
+    """A replay's hooks report an index its step met (fluxpy.kernels.scatter_checks); train names the batch."""
+    from fluxpy.backend import start_reading_scalars
+    from fluxpy.step import Flight
+
+    class Captured:
+        loss_scaled = False
+
+        def replay(self, n):
+            def commit():
+                if n == 3:
+                    raise IndexError("gather: an index in the captured step was out of range (its entry was skipped)")
+            return Flight(start_reading_scalars(float(n), 0.0, 0.0), commit, lambda: None)
+
+    lagged = train_module._Lagged(Captured(), lambda args, batch: float(args[0]))
+    assert lagged.step((1,), 1) == [] and lagged.step((2,), 2) == [1.0]
+    lagged.step((3,), 3)
+    with pytest.raises(IndexError, match=r"^train \(batch 3, a captured step\): gather: an index in the captured "
+                                         r"step was out of range"):
+        lagged.step((4,), 4)

@@ -344,6 +344,12 @@ def test_train_raises_a_bad_token_where_it_reads_the_loss_naming_the_op_and_the_
         fluxpy.train(_loss, model, batches, setup(Adam(1e-2), model), progress=False)
     assert any(not np.array_equal(a, cp.asnumpy(b)) for a, b in zip(before, fluxpy.trainables(model)))   # batch 1
     fluxpy.check_indices()   # reported: nothing pending
+    batches = _token_batches(8, 16, 6, 30, seed=23)
+    batches[5][0][0, 0] = 40   # batch 6: replayed from the graph captured at batch 3
+    with pytest.raises(IndexError, match=r"^train \(batch 6, a captured step\): gather: an index in the captured step "
+                                         r"was out of range"):
+        fluxpy.train(_loss, model, batches, setup(Adam(1e-2), model), progress=False)
+    fluxpy.check_indices()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
