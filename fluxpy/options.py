@@ -186,7 +186,7 @@ class Options:
     - ``disk_cache`` (True): read and write the cuDNN algorithm choices on disk, under ``cache_dir``.
     - ``cache_dir`` (``$FLUXPY_CACHE``, else ``$XDG_CACHE_HOME/fluxpy``, else ``~/.cache/fluxpy``): the folder of the
       files fluxpy keeps between runs: the cuDNN choices (``cudnn/``), downloaded data sets (``mnist/``, ``cifar10/``).
-    - ``index_checks`` (``"deferred"``): how ``scatter``/``gather`` (and indexing, ``Embedding``) report an index out
+    - ``index_checks`` (``"deferred"``): how ``scatter``/``gather`` (and ``Embedding``) report an index out
       of range that their GPU kernels find (and skip). ``"deferred"``: the call does not wait; the error, naming the op
       and the entry, comes where the device is read anyway: the loss ``fluxpy.train`` reads, ``fluxpy.check_indices()``
       or the next checked call. ``"wait"``: each such call waits for its kernel and raises ``IndexError`` at once (a

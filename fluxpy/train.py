@@ -92,7 +92,7 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     epoch captures once: the captured steps are kept per model while the loss, the optimiser state and the model's
     arrays stay the same objects (with the GPU memory their graphs hold, until the model is freed).
 
-    An index out of range that a checked ``scatter``, ``gather``, indexing or ``Embedding`` met on the GPU (the
+    An index out of range that a checked ``scatter``, ``gather`` or ``Embedding`` met on the GPU (the
     kernels skip it and do not wait, ``index_checks="deferred"``) is raised as an ``IndexError`` naming the op, the
     entry, the epoch and the batch where train reads that step's loss, before an eager step's update (a captured
     step's replay reports it once it has run, naming the batch).

@@ -397,8 +397,8 @@ def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
 
 
 def check_indices(wait: bool = True) -> None:
-    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call (or
-    indexing, ``Embedding``) made with ``index_checks="deferred"`` (the default) whose device indices had one out of
+    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call
+    (``Embedding``'s included) made with ``index_checks="deferred"`` (the default) whose device indices had one out of
     range (the call skipped those entries and did not wait): the message names the op, the bad value, its axis and
     the axis's size (while the call's index arrays are still held) and the file and line of the call. Forgets the
     deferred calls either way; nothing to do on the CPU, where indices are checked before any work.
