@@ -18,10 +18,10 @@ fluxpy's ``scatter`` returns a new array (NNlib's), so PyTorch's side is timed o
 
 Timing is wall time per call, what a caller sees: ``--reps`` back-to-back calls, then a device synchronize, over
 ``--rounds`` rounds (median and range). fluxpy's public ops check device indices inside their kernels; the ``fluxpy``
-column is the default mode (``index_checks="wait"``: each call waits for that check, so it includes its kernel's
-whole time), the ``deferred`` column the same calls with ``fluxpy.options.set(index_checks="deferred")``
-(no wait: a bad index is reported by a later checked call or ``fluxpy.check_indices()``, run once after the timing),
-which is how PyTorch checks (device-side asserts, no wait). ``ratio`` = fluxpy / PyTorch (out of place), wall times,
+column is ``index_checks="wait"`` (each call waits for that check, so it includes its kernel's whole time), the
+``deferred`` column the same calls in the default mode, ``index_checks="deferred"`` (no wait: a bad index is reported
+by a later checked call or ``fluxpy.check_indices()``, run once after the timing), which is how PyTorch checks
+(device-side asserts, no wait). ``ratio`` = fluxpy / PyTorch (out of place), wall times,
 ``ratio def.`` the same for the deferred column. ``GPU`` columns: GPU time alone (fluxpy's kernel-level call,
 unchecked, and PyTorch's out-of-place call queued behind a spin kernel, so host time is hidden). The chosen
 implementation and every candidate's measured time come from ``fluxpy.kernels.cuda_scatter.choices()``. Targets:
@@ -153,7 +153,8 @@ def main(argv=None):
     fmt = "{:7.1f} [{:6.1f}-{:6.1f}]"
     for case, op, f, kernel, t, t_in in _cases(cp, torch):
         before = set(cuda_scatter.choices())
-        fl = wall_us(sync, f, args.reps, args.rounds)
+        with fluxpy.options(index_checks="wait"):
+            fl = wall_us(sync, f, args.reps, args.rounds)
         fd = deferred_wall_us(sync, f, args.reps, args.rounds)
         th = wall_us(sync, t, args.reps, args.rounds)
         ti = wall_us(sync, t_in, args.reps, args.rounds) if t_in is not None else None

@@ -14,7 +14,8 @@ iterations (about 164 epochs); the default here is 5e-4, which suits the shorter
 
 Each batch is augmented where the model is (on the GPU with ``--device gpu``): the uint8 images
 are moved there, shifted by a random crop with 4 pixels of zero padding, flipped left to right
-with probability 1/2 (``fluxpy.datasets.augment``), then normalised per channel. Each epoch prints the
+with probability 1/2 (``fluxpy.datasets.augment``), then normalised per channel; on the GPU ``train`` then replays
+each step from a CUDA graph (its default, recaptured when the schedule changes the rate). Each epoch prints the
 mean training loss, the test accuracy (BatchNorm in test mode: its running statistics), the
 learning rate, the seconds taken and the training images per second. At the end the script
 writes a PNG of the curves (if matplotlib is installed), saves the model (BatchNorm's running

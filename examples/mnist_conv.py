@@ -14,8 +14,8 @@ that the test accuracy is unchanged.
 On the GPU the training images stay in host memory (float32, converted once by ``load_mnist``;
 the labels one-hot encoded once) and the ``DataLoader`` copies the next batch to the GPU while
 the current one trains (``--no-prefetch``: each batch copied when it is needed, to compare), and
-``train(..., capture=True)`` replays each step from a CUDA graph, with train's checks kept
-(``--no-capture``: the eager step, to compare). ``--precision bfloat16`` (or ``float16``) trains the
+``train`` replays each step from a CUDA graph (its default on the GPU), with train's checks kept
+(``--no-capture``: ``capture=False``, the eager step, to compare). ``--precision bfloat16`` (or ``float16``) trains the
 model through ``fluxpy.mixed_precision``: the half type on tensor cores, float32 master weights (what
 is saved).
 
@@ -205,8 +205,8 @@ def main(argv=None):
     for epoch in range(1, args.epochs + 1):
         adjust(opt_state, schedule(epoch))
         start = time.perf_counter()
-        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress and group.is_main,
-                       capture=device == "gpu" and not args.no_capture)
+        eager = {"capture": False} if args.no_capture else {}   # captured on the GPU by default
+        losses = train(loss_fn, model, loader, opt_state, progress=not args.no_progress and group.is_main, **eager)
         seconds = time.perf_counter() - start
         acc = accuracy(model, x_test, y_test, device)
         history["loss"].append(float(np.mean(losses)))

@@ -144,7 +144,7 @@ def _defaults(environ: Mapping[str, str]) -> dict:
         "search_budget_ms": 2000.0,
         "disk_cache": True,
         "cache_dir": _cache_dir(environ),
-        "index_checks": "wait",
+        "index_checks": "deferred",
         "value_checks": _value_checks(environ),
         "cudnn_library": environ.get("FLUXPY_CUDNN_LIBRARY") or None,
         "cublas_library": environ.get("FLUXPY_CUBLAS_LIBRARY") or None,
@@ -186,10 +186,11 @@ class Options:
     - ``disk_cache`` (True): read and write the cuDNN algorithm choices on disk, under ``cache_dir``.
     - ``cache_dir`` (``$FLUXPY_CACHE``, else ``$XDG_CACHE_HOME/fluxpy``, else ``~/.cache/fluxpy``): the folder of the
       files fluxpy keeps between runs: the cuDNN choices (``cudnn/``), downloaded data sets (``mnist/``, ``cifar10/``).
-    - ``index_checks`` (``"wait"``): how ``scatter``/``gather`` report an index out of range that their GPU kernels
-      find (and skip). ``"wait"``: the call waits for its kernel and raises ``IndexError``. ``"deferred"``: it does not
-      wait, and the next checked call or ``fluxpy.check_indices()`` raises for it. Host indices are checked before any
-      work either way.
+    - ``index_checks`` (``"deferred"``): how ``scatter``/``gather`` (and ``Embedding``) report an index out
+      of range that their GPU kernels find (and skip). ``"deferred"``: the call does not wait; the error, naming the op
+      and the entry, comes where the device is read anyway: the loss ``fluxpy.train`` reads, ``fluxpy.check_indices()``
+      or the next checked call. ``"wait"``: each such call waits for its kernel and raises ``IndexError`` at once (a
+      host sync per call: for debugging). Host indices are checked before any work either way.
     - ``value_checks`` (``"auto"``; ``$FLUXPY_CHECKS``: ``1``, ``0`` or ``auto``): when the losses read their inputs'
       values to check them. ``"auto"``: NumPy arrays only (no host sync on the GPU); True: every device (a sync per
       check, for debugging); False: never. Shape checks are always on.
@@ -235,7 +236,7 @@ value_checks, workspace_limit
         """Every option and its value (a new dict, sorted by name).
 
         >>> options.get()["index_checks"]
-        'wait'
+        'deferred'
         """
         return {name: self.__dict__[name] for name in sorted(_CHECKS)}
 
@@ -257,11 +258,11 @@ value_checks, workspace_limit
         """A block with these options: ``with options(deterministic=True): ...``. The values are checked here;
         they take effect when the block starts and the previous ones come back when it ends, also on an error.
 
-        >>> with options(index_checks="deferred", autotune=0):
+        >>> with options(index_checks="wait", autotune=0):
         ...     options.index_checks, options.autotune
-        ('deferred', 0)
+        ('wait', 0)
         >>> options.index_checks
-        'wait'
+        'deferred'
         """
         return _Block(self, _checked(values))
 

@@ -188,11 +188,24 @@ class TrainStep:
             before = entry.before
             return entry.outputs, _nothing, lambda: _restore(before)
         hooks = entry.hooks
-        return entry.outputs, lambda: [hook() for hook in hooks], _nothing
+        return entry.outputs, lambda: _run_hooks(hooks), _nothing
 
 
 def _nothing():
     return None
+
+
+def _run_hooks(hooks):
+    """Every replay hook, then the first error one raised (an index check's report): the optimiser's host
+    bookkeeping after it must still follow the replay that ran."""
+    error = None
+    for hook in hooks:
+        try:
+            hook()
+        except Exception as err:   # re-raised below, once the rest have run
+            error = error or err
+    if error is not None:
+        raise error
 
 
 def _restore(states):

@@ -33,6 +33,7 @@ from .autodiff import withgradient_detailed, value_of
 from .backend import get_array_module, is_float_dtype, read_scalars
 from .collector import frozen_while_training
 from .functors import arrays, state
+from .ops import check_indices
 from .optimise import Plan, Rule, adjust
 from .step import CheckedStep
 
@@ -57,7 +58,7 @@ class TrainingDiverged(FloatingPointError):
 
 
 def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
-          check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = False,
+          check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = True,
           schedule: Callable[[int], float] | None = None, schedule_per: str = "epoch") -> list[float]:
     """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
@@ -79,17 +80,22 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
       loss (of this call; the loss must be positive then): ``max_loss_ratio=1e4`` stops a run whose
       loss grew ten-thousandfold.
 
-    ``capture=True``: on the GPU, after two eager steps per batch shape, each step is captured as a CUDA graph
-    and replayed (:class:`fluxpy.TrainStep`: no Python runs per step but the batch copy, the launch and the
-    check's read). The checks stay: the graph also finds whether the loss (and, with ``check_finite``, every
+    ``capture=True`` (the default): on the GPU, after two eager steps per batch shape, each step is captured as a
+    CUDA graph and replayed (:class:`fluxpy.TrainStep`: no Python runs per step but the batch copy, the launch and
+    the check's read). The checks stay: the graph also finds whether the loss (and, with ``check_finite``, every
     gradient) is finite and skips its update on the device where it is not; train then runs that batch again
     eagerly, which raises :class:`TrainingDiverged` as above. Each step's loss is read after the next step was
     launched, so the GPU is never idle while the host prepares a batch. A step that cannot be captured (Dropout
     given a NumPy generator, a rule of one's own with ``apply`` and no formula) runs eagerly after one
-    :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; on the CPU ``capture`` changes
-    nothing. A loop that calls train once per epoch captures once: the captured steps are kept per model while
-    the loss, the optimiser state and the model's arrays stay the same objects (with the GPU memory their graphs
-    hold, until the model is freed).
+    :class:`fluxpy.CaptureWarning`; with ``max_loss_ratio`` every step runs eagerly; ``capture=False`` steps
+    eagerly (to compare, or to debug); on the CPU ``capture`` changes nothing. A loop that calls train once per
+    epoch captures once: the captured steps are kept per model while the loss, the optimiser state and the model's
+    arrays stay the same objects (with the GPU memory their graphs hold, until the model is freed).
+
+    An index out of range that a checked ``scatter``, ``gather`` or ``Embedding`` met on the GPU (the
+    kernels skip it and do not wait, ``index_checks="deferred"``) is raised as an ``IndexError`` naming the op, the
+    entry, the epoch and the batch where train reads that step's loss, before an eager step's update (a captured
+    step's replay reports it once it has run, naming the batch).
 
     ``schedule``: a learning-rate schedule, any function of ``t = 1, 2, ...`` giving a number ``>= 0``
     (:mod:`fluxpy.schedules`: ``Cosine``, ``Step``, ``Exp``, ``Constant``). With ``schedule_per="epoch"`` (the
@@ -97,7 +103,7 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     ``schedule_per="step"`` to ``schedule(t)`` before the ``t``-th step, counting every batch of every epoch. It
     sets it with :func:`fluxpy.optimise.adjust` (Optimisers.jl's ``adjust!``: ``eta`` of every rule that has one,
     the moments kept), so the state keeps the last rate after train returns. ``t`` counts from 1 in each call: a
-    loop that calls train once per epoch passes ``schedule=lambda t: s(t + done)``. With ``capture=True`` a new
+    loop that calls train once per epoch passes ``schedule=lambda t: s(t + done)``. When steps are captured a new
     rate means a new capture (the graph holds the rate as a number): per epoch that costs one eager step and one
     capture per epoch, per step every step runs eagerly.
 
@@ -242,7 +248,10 @@ class _Lagged:
     def _settle(self, flight) -> list[float]:
         value, guard, own = flight.read.result()
         if math.isfinite(value) and math.isfinite(guard):
-            flight.commit()
+            try:
+                flight.commit()   # its replay hooks report an index out of range that the step met
+            except IndexError as err:
+                raise IndexError(f"train (batch {flight.batch[1]}, a captured step): {err}") from None
             return [value]
         # a loss-scaled model's own overflow: skipped (and the scale lowered) on the device, as the eager step does
         overflow = self.captured.loss_scaled and math.isfinite(value) and not math.isfinite(own)
@@ -270,6 +279,7 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
     scaler = getattr(model, "loss_scaler", None)   # fluxpy.MixedPrecision's dynamic loss scale: always checked
     total = Plan.finite_total(plan.gradients()) if check_finite or scaler is not None else None
     value, finite = _read_loss_and_total(value_of(value), total)   # the step's one wait for the device
+    _indices_checked(where)
     if not math.isfinite(value):
         raise TrainingDiverged(f"train: the loss is {value} at {where}; stopping before the update (lower the "
                                f"learning rate, or check the data and the loss){_buffers_note(model)}",
@@ -300,6 +310,15 @@ def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_rat
     if scaler is not None:
         scaler.advance(total)
     return value
+
+
+def _indices_checked(where):
+    """Raise for an index out of range that a checked scatter, gather or Embedding of this step (or before) met on
+    the GPU: read without waiting, the step's loss having just been read."""
+    try:
+        check_indices(wait=False)
+    except IndexError as err:
+        raise IndexError(f"train ({where}): {err}; stopping before the update") from None
 
 
 def _read_loss_and_total(value, total):

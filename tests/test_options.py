@@ -14,7 +14,7 @@ NAMES = ["allow_tf32", "autotune", "cache_dir", "cublas_library", "cudnn_library
 
 # One value each option takes, other than its default (a cache_dir and library paths that need not exist).
 OTHER = {"allow_tf32": True, "deterministic": True, "workspace_limit": 1 << 20, "autotune": 0, "search_budget_ms": 0.0,
-         "disk_cache": False, "cache_dir": "/tmp/fluxpy-test-options", "index_checks": "deferred",
+         "disk_cache": False, "cache_dir": "/tmp/fluxpy-test-options", "index_checks": "wait",
          "value_checks": True, "cudnn_library": "/opt/no/libcudnn.so.9", "cublas_library": "/opt/no/libcublas.so"}
 
 # Values each option refuses, and the words of what it expects.
@@ -43,7 +43,7 @@ def test_every_option_is_read_as_an_attribute_and_listed_by_get():
 
 def test_the_defaults():
     want = {"allow_tf32": False, "deterministic": False, "workspace_limit": 4 << 30, "autotune": 8,
-            "search_budget_ms": 2000.0, "disk_cache": True, "index_checks": "wait"}
+            "search_budget_ms": 2000.0, "disk_cache": True, "index_checks": "deferred"}
     got = Options({}).get()
     assert {k: got[k] for k in want} == want
     assert got["value_checks"] == "auto" and got["cudnn_library"] is None and got["cublas_library"] is None
@@ -77,8 +77,8 @@ def test_a_block_sets_options_and_restores_them_after_it():
 def test_a_block_restores_its_options_when_its_body_raises():
     before = options.get()
     with pytest.raises(RuntimeError, match="inside"):
-        with options(index_checks="deferred", allow_tf32=True):
-            assert options.index_checks == "deferred"
+        with options(index_checks="wait", allow_tf32=True):
+            assert options.index_checks == "wait"
             raise RuntimeError("inside")
     assert options.get() == before
 

@@ -360,17 +360,17 @@ def test_errors_name_the_op_what_it_expected_and_what_it_got(call, error, words,
 def test_the_index_checks_option_is_validated_and_keeps_the_plan_key():
     from fluxpy.kernels.cudnn import handle
     from fluxpy.options import options
-    assert options.index_checks == "wait"
+    assert options.index_checks == "deferred"   # the default: no host wait inside a step
     key, before = handle.options_key(), options.get()
-    with options(index_checks="deferred"):
-        assert options.index_checks == "deferred"
+    with options(index_checks="wait"):
+        assert options.index_checks == "wait"
         assert handle.options_key() == key   # plans and algorithm choices do not depend on it
         for bad in ("Deferred", "later", True, 1, None):
             with pytest.raises(ValueError, match=r"index_checks expects 'wait' or 'deferred', got"):
                 options.set(index_checks=bad)
         with pytest.raises(ValueError):   # a bad value changes nothing, not even the options before it
             options.set(deterministic=True, index_checks="sometimes")
-        assert options.get() == dict(before, index_checks="deferred")
+        assert options.get() == dict(before, index_checks="wait")
     assert options.get() == before and handle.options_key() == key
 
 
@@ -383,5 +383,5 @@ def test_check_indices_on_the_cpu_does_nothing_and_host_indices_raise_at_the_cal
                 gather(np.arange(3), np.array([3]))
             with pytest.raises(IndexError, match="scatter: expects non-negative"):
                 scatter("+", np.ones(1), np.array([-1]))
-            assert fluxpy.check_indices() is None
+            assert fluxpy.check_indices() is None and fluxpy.check_indices(wait=False) is None
     assert fluxpy.check_indices is fluxpy.ops.check_indices and "check_indices" in fluxpy.__all__

@@ -188,6 +188,7 @@ def test_gather_gets_its_arguments_and_matches_numpy(cp, dtype, trailing, layout
 
 
 def test_a_call_of_a_known_signature_reuses_its_problem_and_choice_and_keeps_no_arrays(cp):
+    options.set(index_checks="wait")
     src, idx = _dev(cp, np.arange(12.0).reshape(4, 3), np.array([2, 0, 2, 1]))
     first = fluxpy.scatter("+", src, idx, dstsize=(3, 3))
     (p,) = cuda_scatter._problems.values()
@@ -305,6 +306,7 @@ def test_the_along_axis_kernels_turn_down_an_index_of_the_wrong_shape(cp):
 
 def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
     src, idx = _dev(cp, np.ones((2, 3)), np.array([[0, 1, 2], [2, 7, 0]]))
+    options.set(index_checks="wait")
     with pytest.raises(IndexError, match=r"^scatter: index 7 in idx is out of range for dstsize axis 1 of size 3$"):
         fluxpy.scatter("+", src, idx, dstsize=3, axis=1)
     with pytest.raises(IndexError, match=r"^gather: index 7 in idx is out of range for src axis 1 of size 3$"):
@@ -323,6 +325,7 @@ def test_bad_along_axis_indices_name_the_axis_in_either_mode(cp):
 
 
 def test_wait_mode_raises_at_the_call_and_clears_the_flag(cp):
+    options.set(index_checks="wait")
     with pytest.raises(IndexError, match=r"scatter: index 5 in idx is out of range for dstsize axis 0 of size 3"):
         fluxpy.scatter("+", *_dev(cp, np.ones(2), np.array([0, 5])), dstsize=3)
     assert scatter_checks._flags[0].view[0] == 0
@@ -343,6 +346,18 @@ def test_gradients_do_not_flag(cp):
 def deferred(cp):
     options.set(index_checks="deferred")
     return cp
+
+
+def test_the_default_mode_is_deferred_and_never_waits(cp):
+    assert options.index_checks == "deferred"
+    table, good, bad = _dev(cp, np.arange(8.0).reshape(4, 2), np.array([3, 0]), np.array([1, 4]))
+    fluxpy.gather(table, good)
+    out = fluxpy.gather(table, bad)   # returns, the bad row zero
+    np.testing.assert_array_equal(_host(out), [[2.0, 3.0], [0.0, 0.0]])
+    assert cp.stream.waits == {"stream": 0, "device": 0}
+    with pytest.raises(IndexError, match=r"^gather: index 4 in idx is out of range for src axis 0 of size 4 "
+                                         r"\(reported late: an earlier gather call, at .*test_scatter_host.py:\d+"):
+        fluxpy.check_indices()
 
 
 def test_a_deferred_call_returns_its_valid_entries_and_check_indices_raises_for_it(deferred):

@@ -613,9 +613,9 @@ def gather(src: np.ndarray, index: tuple, checked: bool = False, axis: int | Non
     return src[index]
 
 
-def check_indices() -> None:
-    """Nothing: NumPy indices are checked on the host before any work, so no index error is ever pending (the GPU's
-    ``check_indices`` reports those of calls made with ``index_checks="deferred"``).
+def check_indices(wait: bool = True) -> None:
+    """Nothing, waiting or not: NumPy indices are checked on the host before any work, so no index error is ever
+    pending (the GPU's ``check_indices`` reports those of calls made with ``index_checks="deferred"``).
 
     >>> check_indices()
     """

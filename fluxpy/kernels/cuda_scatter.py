@@ -512,9 +512,9 @@ def scatter(op: str, src: Any, index: tuple, shape: tuple, checked: bool = False
     ``shape``; entries no index hits hold ``scatter_empty(op, src.dtype)``. ``index``: integer arrays of one shape on
     the leading axes (the kernels chosen by timing), or any NumPy index (CuPy's ``ufunc.at``). ``checked``: report
     an index outside ``shape`` (negative included) as the ``index_checks`` option says: raise
-    :class:`~fluxpy.kernels.BadIndex` before returning (``"wait"``), or later (``"deferred"``). ``axis``: ``index``
-    is one integer array of ``src``'s shape whose entries index ``shape``'s ``axis`` (the along-axis form, the
-    same kernels; ``fluxpy.kernels.cpu.along_axis_index``).
+    :class:`~fluxpy.kernels.BadIndex` later (``"deferred"``, the default), or before returning (``"wait"``). ``axis``:
+    ``index`` is one integer array of ``src``'s shape whose entries index ``shape``'s ``axis`` (the along-axis form,
+    the same kernels; ``fluxpy.kernels.cpu.along_axis_index``).
 
     >>> scatter.__name__
     'scatter'

@@ -7,15 +7,16 @@ it in a flag in pinned host memory (unless an earlier checked call's number is t
 that met a bad index); unchecked calls (gradients, whose indices were checked on the way forward) leave nothing and
 never wait. The ``index_checks`` option (:mod:`fluxpy.options`) says what a checked call does:
 
-- ``"wait"`` (the default): it waits for its kernel and raises :class:`~fluxpy.kernels.BadIndex` naming the first
-  bad entry. The result is a new array, so nothing the caller holds has changed when the error comes.
-- ``"deferred"`` (PyTorch's device-side asserts; CUDA.jl's kernel errors at the next synchronization): it does not
-  wait, and returns its result with the bad entries skipped (a gather gives zeros there). The call is recorded (its
-  op, axis sizes, weak references to its index arrays, the caller's file and line; the last 256 per device) and is
-  reported later, as :class:`~fluxpy.kernels.DeferredBadIndex` (naming the entry while its index arrays live): by
-  the next checked call in either mode, which reads the flag before its own work (a read of pinned memory, no
-  wait), or by :func:`check_indices` (``fluxpy.check_indices()``), which waits for the device. Reporting clears the
-  flag.
+- ``"deferred"`` (the default; PyTorch's device-side asserts, CUDA.jl's kernel errors at the next synchronization):
+  it does not wait, and returns its result with the bad entries skipped (a gather gives zeros there). The call is
+  recorded (its op, axis sizes, weak references to its index arrays, the caller's file and line; the last 256 per
+  device) and is reported later, as :class:`~fluxpy.kernels.DeferredBadIndex` (naming the entry while its index
+  arrays live), where the host reads the device anyway: by the next checked call in either mode, which reads the
+  flag before its own work (a read of pinned memory, no wait), by :func:`check_indices` (``fluxpy.check_indices()``),
+  which waits for the device, or with ``wait=False`` reads what has been flagged so far (``fluxpy.train`` does, once
+  it has read a step's loss). Reporting clears the flag.
+- ``"wait"``: it waits for its kernel and raises :class:`~fluxpy.kernels.BadIndex` naming the first bad entry. The
+  result is a new array, so nothing the caller holds has changed when the error comes. A host sync per call.
 
 Inside a CUDA-graph capture there is no waiting in either mode: a flag raised by a replay is reported after the step
 that raised it.
@@ -160,16 +161,22 @@ def _deferred_error(flag):
     return DeferredBadIndex(bad.which, bad.value, bad.size, **call)
 
 
-def check_indices() -> None:
+def check_indices(wait: bool = True) -> None:
     """Wait for the current device, then raise :class:`~fluxpy.kernels.DeferredBadIndex` for the first checked
     call made with ``index_checks="deferred"`` that met an out-of-range index; the record of deferred calls is
-    cleared either way. Nothing inside a CUDA-graph capture (a captured step reports after each replay).
+    cleared either way. ``wait=False``: no wait, only what the kernels have flagged so far (for a caller that has
+    just waited for the work it cares about), and the record of calls still in flight is kept. Nothing inside a
+    CUDA-graph capture (a captured step reports after each replay).
 
     >>> check_indices.__name__
     'check_indices'
     """
     flag = _flags.get(cupy.cuda.runtime.getDevice())
     if flag is None or capturing():
+        return
+    if not wait:
+        if flag.view[0]:
+            raise _deferred_error(flag)
         return
     cupy.cuda.runtime.deviceSynchronize()
     try:

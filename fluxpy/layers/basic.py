@@ -12,6 +12,7 @@ import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, value_of
 from ..backend import get_array_module, gpu_device, is_float_dtype, to_gpu
+from ..capturing import refuse
 from ..functors import cpu, layer
 from ..random import as_rng
 from ..ops import basic as _ops
@@ -24,7 +25,7 @@ from ..ops.reduce import max as max_
 from ..ops.reduce import mean as mean_
 from ..ops.reduce import min as min_
 from ..ops.reduce import sum as sum_
-from ..ops.scatter import scatter
+from ..ops.scatter import gather, scatter
 from ..ops.shape import expand_dims, reshape, stack, transpose
 from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _describe_input, _fail,
                       _given_bias, _initialised, _positive_int, _require_dtype)
@@ -228,7 +229,11 @@ class Embedding:
     indices accumulate). ``x`` may instead be one-hot, as Flux accepts ``OneHotMatrix`` input: a bool or float array
     whose LAST axis has length ``n`` (fluxpy's :func:`~fluxpy.onehotbatch` gives ``(batch, n)``, the transpose of
     Flux's ``(n, batch)``), giving ``x.shape[:-1] + (dim,)`` as ``x @ weight`` (a float one-hot that is part of the
-    computation, a soft selection, gets a gradient too). ``init(n, dim, rng=rng)`` makes the weight.
+    computation, a soft selection, gets a gradient too). ``init(n, dim, rng=rng)`` makes the weight. Indices on the
+    host are checked here (a ``DimensionMismatch`` naming the layer); indices on the GPU are checked by the
+    :func:`~fluxpy.gather` kernel as it reads them, without a host wait: a bad one is raised as an ``IndexError``
+    naming the op and the entry where the device is read anyway (the loss :func:`fluxpy.train` reads,
+    :func:`fluxpy.check_indices`, the next checked call; ``fluxpy.options.index_checks``).
 
     ``padding_idx`` (Flux's, 0-based here as PyTorch's): that row starts as zeros and its embedding is masked to
     zero in every output, so it gets no gradient and stays fixed (Flux multiplies the output by the mask; PyTorch
@@ -296,9 +301,11 @@ def _embed(layer, weight, x, padding_idx):
         return y * (1 - x[..., padding_idx:padding_idx + 1])    # Flux's mask, differentiable in a soft x
     if not hasattr(x, "dtype") or np.dtype(x.dtype).kind not in "iu":
         _fail(layer, f"integer indices, or one-hot rows of length {n} (bool or float)", x)
-    if x.size and (int(x.min()) < 0 or int(x.max()) >= n):
+    if isinstance(x, np.ndarray) and x.size and (x.min() < 0 or x.max() >= n):   # host indices: no device read
         _fail(layer, f"indices in [0, {n}), found indices from {int(x.min())} to {int(x.max())} in x", x)
-    y = weight[x]
+    # Device indices are checked by the gather kernel as it reads them, never read back here (a host read would be a
+    # sync in every step, which a captured step cannot have); options.index_checks says when a bad one is raised.
+    y = gather(weight, x)
     if padding_idx is None:
         return y
     return y * _on_weight_device((x != padding_idx)[..., None].astype(y.dtype), weight)
@@ -411,14 +418,23 @@ def _hashable(f):
 
 def _bag_indices(layer, bag):
     """One bag of a list: a non-empty 1-d host integer array."""
+    _refuse_device_bags(layer, bag)
     b = np.asarray(cpu(value_of(bag)) if hasattr(bag, "shape") else bag)
     if b.ndim != 1 or b.size == 0 or b.dtype.kind not in "iu":
         _fail(layer, "bags that are non-empty 1-d sequences of integer indices", b)
     return b
 
 
+def _refuse_device_bags(layer, a):
+    """Ragged bags are cut on the host, which reads device indices back: refused inside a captured step."""
+    if gpu_device(value_of(a)) is not None:
+        refuse(f"{layer!r}: ragged bags (a list, or data with offsets) are cut on the host, which reads device "
+               "indices; in a captured step give bags of one length as an (..., L) device array")
+
+
 def _split_offsets(layer, data, offsets):
     """``(data, starts, lengths)`` on the host for Flux's ``eb(data, at)``, checked as Flux's ``_splitat``."""
+    _refuse_device_bags(layer, offsets)
     d = _bag_indices(layer, data)
     at = np.asarray(cpu(value_of(offsets)) if hasattr(offsets, "shape") else offsets)
     if at.ndim != 1 or at.size == 0 or at.dtype.kind not in "iu":

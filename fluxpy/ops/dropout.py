@@ -33,7 +33,8 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     """The scaled keep-mask of dropout, ``(u >= p) / (1 - p)`` with ``u ~ U[0, 1)``.
 
     The mask has ``x``'s size along ``dims`` and size 1 along the other axes (it is shared
-    there, as Flux's ``dims``); ``dims=None`` means every axis. Its dtype is ``x``'s.
+    there, as Flux's ``dims``); ``dims=None`` means every axis. Its dtype is ``x``'s (float16 and bfloat16 too:
+    drawn and scaled in float32, rounded once), so ``x * mask`` keeps ``x``'s dtype.
 
     >>> import numpy as np
     >>> dropout_mask(np.ones((3, 2, 5)), 0.25, rng=np.random.default_rng(1), dims=1).shape
@@ -45,7 +46,13 @@ def dropout_mask(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, 
     u = _uniform(v, rng, dims, "dropout")
     if p == 1:   # everything dropped (Flux, PyTorch): zeros, not 0 * inf
         return xp.zeros(u.shape, v.dtype)
-    return (u >= p).astype(v.dtype) * (1 / (1 - p))
+    return _in_dtype((u >= p).astype(u.dtype) * (1 / (1 - p)), v.dtype)
+
+
+def _in_dtype(a, dtype):
+    """``a`` (computed in ``u``'s float32 or float64) in ``x``'s dtype: a float16 or bfloat16 input gets a mask of
+    its own dtype, so the product stays in it (a float32 mask would make it float32 under mixed precision)."""
+    return a.astype(dtype, copy=False)
 
 
 def _uniform(v, rng, dims, who):
@@ -92,11 +99,12 @@ def alpha_dropout(x: Array, p: float, *, rng: Any = None, active: bool = True) -
     if p == 1:   # everything dropped: zeros and a zero gradient (Flux's AlphaDropout(1), PyTorch's alpha_dropout)
         return x * 0
     v = value_of(x)
-    keep = (_uniform(v, rng, None, "alpha_dropout") >= p).astype(v.dtype)
+    u = _uniform(v, rng, None, "alpha_dropout")
+    keep = (u >= p).astype(u.dtype)
     drop_value = -_SELU_LAMBDA * _SELU_ALPHA
     a = ((1 - p) * (1 + p * drop_value ** 2)) ** -0.5
     b = -a * drop_value * p
-    return x * (a * keep) + (a * drop_value * (1 - keep) + b)
+    return x * _in_dtype(a * keep, v.dtype) + _in_dtype(a * drop_value * (1 - keep) + b, v.dtype)
 
 
 def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] | None = None,

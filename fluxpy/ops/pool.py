@@ -35,11 +35,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..autodiff import Primitive
-from ..backend import Array, get_array_module
+from ..backend import Array
 from ..kernels import lookup
 from ..kernels.halfs import is_half
-from .dims import AdaptivePoolDims, PoolDims, _check_spatial, describe, memoised
-from .linalg import matmul
+from .constants import device_constant
+from .dims import AdaptivePoolDims, PoolDims, _averaging_matrix, _check_spatial, describe, memoised
+from .resample import along_axis
 from .reduce import check_half_mix, mean
 from .shape import astype, reshape
 
@@ -355,8 +356,10 @@ def adaptive_meanpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
     """Mean pooling to a fixed output size ``(N, C, *out_hw)``.
 
     The bins are :func:`adaptive_maxpool`'s. A bin's mean is separable, so each spatial axis is contracted with
-    an averaging matrix (``y = A_h @ x @ A_w.T`` in 2-d, ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``): ``matmul``
-    ops, differentiable through theirs.
+    an averaging matrix (``y = A_h @ x @ A_w.T`` in 2-d, ``A_h`` ``(P, H)`` and ``A_w`` ``(Q, W)``), each a 2-D
+    ``matmul`` over the rows (:func:`~fluxpy.ops.resample.along_axis`), differentiable through it. The matrices
+    are built once per shape and dtype and kept on the device (:func:`~fluxpy.ops.constants.device_constant`),
+    so a captured step copies nothing from the host.
 
     >>> import numpy as np
     >>> adaptive_meanpool(np.arange(16.0).reshape(1, 1, 4, 4), (1, 2))[0, 0]
@@ -365,18 +368,13 @@ def adaptive_meanpool(x: Array, out_hw: int | tuple[int, ...]) -> Array:
     array([3.5])
     """
     dims = AdaptivePoolDims.from_array(x, out_hw, op="adaptive_meanpool")
-    xp = get_array_module(x)
     if is_half(x.dtype):   # averaged in float32, rounded once to x's dtype
         return astype(adaptive_meanpool(astype(x, np.float32), out_hw), x.dtype)
     dtype = np.result_type(x.dtype, np.float32)
-    mats = [xp.asarray(a, dtype=dtype) for a in dims.averaging_matrices()]
     y = x
-    for axis, a in enumerate(mats[:-1], start=2):   # every axis but the last: A @ (..., size, rest)
-        shape = tuple(y.shape)
-        if axis == len(shape) - 2:
-            y = matmul(a, y)
-        else:
-            rest = int(np.prod(shape[axis + 1:]))
-            y = reshape(matmul(a, reshape(y, shape[:axis + 1] + (rest,))), shape[:axis] + (a.shape[0],)
-                        + shape[axis + 1:])
-    return matmul(y, mats[-1].T)
+    for axis in range(len(x.shape) - 1, 1, -1):   # the last axis first: each a 2-D product, A.T on the right
+        size, n = dims.x_shape[axis], dims.out_hw[axis - 2]
+        a = device_constant(("adaptive_meanpool", size, n), lambda size=size, n=n: _averaging_matrix(size, n).T,
+                            x, dtype)   # (size, n), kept on the device
+        y = along_axis(y, axis, a)
+    return y

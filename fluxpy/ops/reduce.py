@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import Array, get_array_module
+from ..backend import Array
 from ..kernels import find
 from ..kernels.halfs import is_half
+from .constants import device_constant
 from .shape import broadcast_to, reshape
 
 __all__ = ["sum", "mean", "max", "min", "normalize_axis", "check_half_mix"]
@@ -127,7 +128,8 @@ def _scalar_like(x, value):
     v = value_of(x)
     if not is_half(v.dtype):
         return value
-    return get_array_module(v).asarray(np.asarray(value, dtype=v.dtype))   # rounded by NumPy: CuPy copies the bits
+    # rounded by NumPy, copied to the device once (a copy inside a captured step would be a host transfer)
+    return device_constant(("a half-precision factor", value), lambda: np.asarray(value), v)
 
 
 def _extremum(name, method):

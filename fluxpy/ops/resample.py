@@ -15,12 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import Array, get_array_module
+from ..backend import Array
+from .constants import device_constant
 from .linalg import matmul
 from .shape import broadcast_to, reshape, transpose
 
 __all__ = ["upsample_nearest", "upsample_linear", "upsample_bilinear", "upsample_trilinear", "pixel_shuffle",
-           "bilinear_weights"]
+           "bilinear_weights", "along_axis"]
 
 
 def _is_int(v):
@@ -125,7 +126,9 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
 
     Each output is the weighted mean of its nearest inputs (see :func:`bilinear_weights` for the source positions).
     ``align_corners=True`` is NNlib's default (the corner pixels' centres coincide); ``False`` is PyTorch's
-    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis.
+    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis, with
+    interpolation matrices built once per size and dtype and kept on the device
+    (:func:`~fluxpy.ops.constants.device_constant`: a captured step copies nothing from the host).
 
     >>> import numpy as np
     >>> upsample_linear(np.array([[[0.0, 3.0]]]), 2)
@@ -140,20 +143,35 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
         raise ValueError(f"upsample_linear expects align_corners True or False, got {align_corners!r}")
     out = _scale_or_size("upsample_linear", scale, size, x)
     v = value_of(x)
-    xp = get_array_module(v)
     y = x
     for axis in range(x.ndim - 1, 1, -1):      # the last axis first, as the 2-d version always did
         n_in, n_out = x.shape[axis], out[axis - 2]
         if n_in == n_out:
             continue
-        w = xp.asarray(bilinear_weights(n_in, n_out, bool(align_corners)).T.astype(v.dtype))   # (n_in, n_out)
-        if axis == x.ndim - 1:
-            y = matmul(y, w)
-        else:   # move the axis last, interpolate, move it back
-            order = tuple(a for a in range(x.ndim) if a != axis) + (axis,)
-            back = tuple(order.index(a) for a in range(x.ndim))
-            y = transpose(matmul(transpose(y, order), w), back)
+        w = device_constant(("upsample_linear", n_in, n_out, bool(align_corners)),   # (n_in, n_out), kept on the device
+                            lambda n_in=n_in, n_out=n_out: bilinear_weights(n_in, n_out, bool(align_corners)).T, v)
+        y = along_axis(y, axis, w)
     return y
+
+
+def along_axis(y: Array, axis: int, m: Array) -> Array:
+    """``y`` with its axis ``axis`` (of size ``m.shape[0]``) contracted with the matrix ``m``, giving it size
+    ``m.shape[1]``: ``y`` with that axis moved last, its rows times ``m`` as one 2-D product, moved back. One
+    matrix product of a 2-D left side runs as a single gemm on the GPU (fluxpy's cuBLAS binding, which a captured
+    step records; a batched product would not be), whatever ``y``'s layout: the rows are copied where they are not
+    contiguous.
+
+    >>> import numpy as np
+    >>> along_axis(np.ones((2, 3, 4)), 1, np.ones((3, 5))).shape
+    (2, 5, 4)
+    """
+    nd = len(y.shape)
+    if axis % nd != nd - 1:
+        order = tuple(a for a in range(nd) if a != axis % nd) + (axis % nd,)
+        back = tuple(order.index(a) for a in range(nd))
+        return transpose(along_axis(transpose(y, order), nd - 1, m), back)
+    shape = tuple(y.shape)
+    return reshape(matmul(reshape(y, (-1, shape[-1])), m), shape[:-1] + (m.shape[1],))
 
 
 def upsample_bilinear(x: Array, scale: int | tuple[int, int] | None = 2, align_corners: bool = True, *,

@@ -23,11 +23,11 @@ scatter-add too.
 Index checks: an index out of range (or negative) raises ``IndexError`` naming the op, the value, the index array,
 the axis and its size. Indices given on the host are checked before any work. Indices on the GPU are checked by the
 kernels as they read them (they skip a bad entry), and the option ``index_checks``
-(:mod:`fluxpy.options`) says when the error comes: ``"wait"`` (the default) has each call wait for
-its kernel and raise before returning; ``"deferred"`` lets it return at once (PyTorch's and CUDA.jl's way), and the
-error, saying which earlier call made it, comes from the next checked ``scatter``/``gather`` call or from
-:func:`check_indices`, which waits for the GPU. Gradients never check (their indices were checked on the way
-forward).
+(:mod:`fluxpy.options`) says when the error comes: ``"deferred"`` (the default) lets each call return at once
+(PyTorch's and CUDA.jl's way: no host wait inside a step), and the error, saying which earlier call made it, comes
+where the host reads the device anyway: the loss :func:`fluxpy.train` reads, the next checked ``scatter``/``gather``
+call, or :func:`check_indices`, which waits for the GPU; ``"wait"`` has each call wait for its kernel and raise
+before returning. Gradients never check (their indices were checked on the way forward).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import Primitive, value_of
-from ..backend import Array, get_array_module, is_float_dtype
+from ..backend import Array, get_array_module, gpu_device, is_float_dtype
+from ..capturing import refuse
 from ..kernels import BadIndex, DeferredBadIndex, lookup, registered_for
 from ..kernels.cpu import along_axis_index, first_bad_index
 from ..kernels.halfs import is_half
@@ -124,7 +125,7 @@ def _index_error(fname, bad, d):
     op = bad.op or "scatter/gather"
     return IndexError(_bad_index_message(op, bad, bad.arrays, _WHAT.get(bad.op, "its")) + (
         f" (reported late: an earlier {op} call, at {bad.where}, ran with index_checks='deferred' and skipped the "
-        f"out-of-range entries)" if bad.op else " (reported late)"))
+        f"out-of-range entries; index_checks='wait' raises at the call)" if bad.op else " (reported late)"))
 
 
 def _check_bounds(fname, index, sizes, what, arrays=None):
@@ -183,10 +184,19 @@ def _dstsize(dstsize):
     return tuple(int(s) for s in sizes)
 
 
+def _size_from_indices(on_host):
+    """Inside a captured step, refuse to read the destination's size from device indices (a host read; give
+    ``dstsize``)."""
+    if not on_host:
+        refuse("scatter: without dstsize, the destination's size is read from the largest device index (a host "
+               "read); give dstsize")
+
+
 def _destination_shape(src, index, dstsize, on_host):
     """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
     trailing = tuple(src.shape[index[0].ndim:])
     if dstsize is None:
+        _size_from_indices(on_host)
         return tuple(max(int(a.max()) + 1, 0) if a.size else 0 for a in index) + trailing
     shape = _dstsize(dstsize)
     d = len(index)
@@ -203,6 +213,7 @@ def _destination_shape_along(src, index, dstsize, on_host, axis):
     by default the smallest that holds the largest index."""
     sshape = tuple(src.shape)
     if dstsize is None:
+        _size_from_indices(on_host)
         n = max(int(index[0].max()) + 1, 0) if index[0].size else 0
     elif _is_int(dstsize):
         n = int(dstsize)
@@ -327,7 +338,7 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
     else:
         index, xp, on_host, axis = _along_axis("scatter", idx, src, axis)
         shape = _destination_shape_along(src, index, dstsize, on_host, axis)
-    index = _on_device_of(xp, index, on_host)
+    index = _on_device_of(xp, index, on_host, src)
     try:
         if name == "mean":
             return _scatter_mean(src, index, shape, not on_host, axis)
@@ -336,9 +347,14 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
         raise _index_error("scatter", bad, len(index)) from None
 
 
-def _on_device_of(xp, index, on_host):
-    """Host index arrays on ``xp``'s device (indices given on the device are there already)."""
-    return tuple(xp.asarray(a) for a in index) if on_host else index
+def _on_device_of(xp, index, on_host, src):
+    """Host index arrays on ``xp``'s device, that of ``src`` (indices given on the device are there already)."""
+    if not on_host:
+        return index
+    if gpu_device(value_of(src)) is not None:
+        refuse("scatter/gather: indices given on the host are copied to the device at every call (put them on the "
+               "device, e.g. as part of the batch)")
+    return tuple(xp.asarray(a) for a in index)
 
 
 def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
@@ -375,31 +391,31 @@ def gather(src: Array, idx: Any, axis: int | None = None) -> Array:
         if on_host:
             _check_bounds("gather", along_axis_index(index[0], axis), src.shape, "src", arrays=1)
     try:
-        return _gather(src, idx=_on_device_of(xp, index, on_host), checked=not on_host, axis=axis)
+        return _gather(src, idx=_on_device_of(xp, index, on_host, src), checked=not on_host, axis=axis)
     except BadIndex as bad:
         raise _index_error("gather", bad, len(index)) from None
 
 
-def check_indices() -> None:
-    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call made
-    with ``index_checks="deferred"`` whose device indices had one out of range (the call skipped those entries and
-    did not wait): the message names the op, the bad value, its axis and the axis's size (while the call's index
-    arrays are still held) and the file and line of the call. Forgets the deferred calls either way; nothing to do
-    on the CPU, where indices are checked before any work.
+def check_indices(wait: bool = True) -> None:
+    """Wait for the GPU's work so far, then raise ``IndexError`` for the first ``scatter`` or ``gather`` call
+    (``Embedding``'s included) made with ``index_checks="deferred"`` (the default) whose device indices had one out of
+    range (the call skipped those entries and did not wait): the message names the op, the bad value, its axis and
+    the axis's size (while the call's index arrays are still held) and the file and line of the call. Forgets the
+    deferred calls either way; nothing to do on the CPU, where indices are checked before any work.
 
-    ``fluxpy.options.set(index_checks="deferred")`` turns the deferred mode on (the default,
-    ``"wait"``, has every checked call wait for its kernel and raise at once); in that mode a later checked call
-    also raises for an earlier call's bad index, before its own work.
+    ``wait=False`` does not wait: it raises for what the kernels have flagged so far, for code that has just waited
+    for the work it cares about (:func:`fluxpy.train` calls it once it has read a step's loss). A later checked call
+    also raises for an earlier call's bad index, before its own work. ``fluxpy.options.set(index_checks="wait")`` has
+    every checked call wait for its kernel and raise at once instead.
 
     >>> import numpy as np
-    >>> from fluxpy.options import options
-    >>> with options(index_checks="deferred"):
-    ...     scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked here in either mode
-    ...     check_indices()   # nothing pending
+    >>> scatter("+", np.array([1.0, 2.0]), np.array([1, 1]))   # NumPy indices: checked at the call
     array([0., 3.])
+    >>> check_indices(), check_indices(wait=False)   # nothing pending
+    (None, None)
     """
     try:
         for check in registered_for("check_indices"):
-            check()
+            check(wait)
     except BadIndex as bad:
         raise _index_error("check_indices", bad, 1) from None

@@ -97,3 +97,25 @@ def test_layers_on_the_gpu_match_the_cpu_including_running_statistics():
     for name in ("running_mean", "running_var"):
         assert_matches_cpu(getattr(model_gpu[1], name), getattr(model[1], name), rtol=1e-5)
     assert_matches_cpu(model_gpu(cp.asarray(x)), model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("op", ["bilinear", "adaptive_meanpool"])
+def test_channels_last_and_repeated_calls_match_the_cpu_and_reuse_the_device_constants(op, dtype):
+    """Each axis is one 2-D product over the rows (channels-last rows are copied into C order first); the
+    interpolation and averaging matrices are copied to the device on the first call only."""
+    from fluxpy.ops import adaptive_meanpool
+    from fluxpy.ops.constants import clear_constants, constants_held
+    from fluxpy.ops.shape import as_memory_format
+    cp = cupy_module()
+    f = (lambda x: upsample_bilinear(x, None, False, size=(11, 7))) if op == "bilinear" else \
+        (lambda x: adaptive_meanpool(x, (4, 3)))
+    x = np.random.default_rng(30).standard_normal((3, 5, 9, 6)).astype(dtype)
+    clear_constants()
+    _compare(f, [x], dtype)
+    held = constants_held()
+    assert held >= 2
+    _compare(lambda x: f(as_memory_format(x, "channels_last")), [x], dtype)
+    assert constants_held() == held
+    y = f(cp.asarray(x))
+    assert y.dtype == x.dtype and constants_held() == held

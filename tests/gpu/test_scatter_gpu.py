@@ -132,12 +132,17 @@ def test_embedding_gradient_matches_cpu(dtype):
     assert not cp.asnumpy(grads[1][40:]).astype(np.float32).any()   # rows no token hits: zero
 
 
-def test_errors_are_raised_on_the_gpu_too():
+@pytest.mark.parametrize("mode", ["deferred", "wait"])
+def test_errors_are_raised_on_the_gpu_too(mode):
     cp = cupy_module()
-    with pytest.raises(IndexError, match="scatter: index 5 in idx is out of range"):
-        scatter("+", cp.ones(2), cp.asarray([0, 5]), dstsize=3)
-    with pytest.raises(IndexError, match="gather: expects non-negative"):
-        gather(cp.ones(3), cp.asarray([-1]))
+    with fluxpy.options(index_checks=mode):
+        with pytest.raises(IndexError, match="scatter: index 5 in idx is out of range"):
+            scatter("+", cp.ones(2), cp.asarray([0, 5]), dstsize=3)
+            fluxpy.check_indices()   # deferred: reported here
+        with pytest.raises(IndexError, match="gather: expects non-negative"):
+            gather(cp.ones(3), cp.asarray([-1]))
+            fluxpy.check_indices()
+    fluxpy.check_indices()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,13 +266,17 @@ def test_deterministic_mode_uses_deterministic_implementations_only():
     (lambda cp: gather(cp.ones((4, 2)), cp.asarray([[0, 4]])), ["gather", "index 4", "size 4"]),
     (lambda cp: gather(cp.ones((4, 2)), (cp.asarray([1]), cp.asarray([-3]))), ["gather", "non-negative", "idx[1]"]),
 ])
-def test_bad_device_indices_raise_naming_the_entry_and_the_next_call_is_clean(call, words):
+@pytest.mark.parametrize("mode", ["deferred", "wait"])
+def test_bad_device_indices_raise_naming_the_entry_and_the_next_call_is_clean(call, words, mode):
     cp = cupy_module()
-    with pytest.raises(IndexError) as info:
-        call(cp)
-    for w in words:
-        assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
-    assert_matches_cpu(scatter("+", cp.ones(2), cp.asarray([1, 1]), dstsize=2), np.array([0.0, 2.0]))
+    with fluxpy.options(index_checks=mode):
+        with pytest.raises(IndexError) as info:
+            call(cp)   # deferred: returns; its index arrays are the lambda's temporaries, gone by the report
+            fluxpy.check_indices()
+        for w in words[:1] + (words[1:] if mode == "wait" else []):   # deferred: the entry while its arrays live
+            assert w in str(info.value), f"{w!r} not in {str(info.value)!r}"
+        assert_matches_cpu(scatter("+", cp.ones(2), cp.asarray([1, 1]), dstsize=2), np.array([0.0, 2.0]))
+        fluxpy.check_indices()
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint16])
@@ -347,7 +356,7 @@ def test_a_cached_gather_and_a_changed_index_shape():
 @pytest.fixture
 def deferred():
     """``index_checks="deferred"`` for the test; afterwards the option is put back and nothing is left pending."""
-    assert fluxpy.options.index_checks == "wait"   # the default
+    assert fluxpy.options.index_checks == "deferred"   # the default, named anyway
     with fluxpy.options(index_checks="deferred"):
         yield
     try:
@@ -437,12 +446,42 @@ def test_deferred_good_calls_do_not_raise_and_match_wait_mode(deferred):
         np.testing.assert_array_equal(a, b)
 
 
-def test_the_default_mode_raises_at_the_call():
+def test_the_wait_mode_raises_at_the_call():
     cp = cupy_module()
-    assert fluxpy.options.index_checks == "wait"
-    with pytest.raises(IndexError, match="gather: index 3 in idx is out of range for src axis 0 of size 3$"):
-        gather(cp.ones(3), cp.asarray([0, 3]))
+    with fluxpy.options(index_checks="wait"):
+        with pytest.raises(IndexError, match="gather: index 3 in idx is out of range for src axis 0 of size 3$"):
+            gather(cp.ones(3), cp.asarray([0, 3]))
+        assert _flag_value() == 0
+    fluxpy.check_indices()
+
+
+def test_the_default_mode_defers_to_check_indices_naming_op_and_entry():
+    """By default a checked call does not wait; check_indices() raises, naming the op, the entry and the call."""
+    cp = cupy_module()
+    assert fluxpy.options.index_checks == "deferred"
+    src, idx = cp.arange(12.0).reshape(4, 3), cp.asarray([[1, 3], [7, 0]])
+    out = cp.asnumpy(gather(src, idx))   # no error here
+    np.testing.assert_array_equal(out[1, 0], np.zeros(3))
+    with pytest.raises(IndexError, match=r"^gather: index 7 in idx is out of range for src axis 0 of size 4 "
+                                         r"\(reported late: an earlier gather call, at .*test_scatter_gpu\.py:\d+"):
+        fluxpy.check_indices()
     assert _flag_value() == 0
+    fluxpy.check_indices()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_an_embedding_of_a_bad_device_token_raises_at_check_indices_by_default(dtype):
+    cp = cupy_module()
+    emb = fluxpy.Embedding(10, 4)
+    emb.weight = cp.asarray(emb.weight.astype(dtype))
+    tokens = cp.asarray([[1, 2], [12, 0]])
+    y = emb(tokens)   # returns without waiting: the bad token's row is zeros
+    assert y.dtype == dtype and not cp.asnumpy(y[1, 0]).astype(np.float32).any()
+    np.testing.assert_array_equal(cp.asnumpy(y[0]), cp.asnumpy(emb.weight[cp.asarray([1, 2])]))
+    with pytest.raises(IndexError, match=r"^gather: index 12 in idx is out of range for src axis 0 of size 10 "
+                                         r"\(reported late"):
+        fluxpy.check_indices()
+    emb(cp.asarray([3]))
     fluxpy.check_indices()
 
 

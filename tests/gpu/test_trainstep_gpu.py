@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import fluxpy
-from fluxpy import (BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, MaxPool, TrainStep, flatten,
-                    logitcrossentropy, relu)
+from fluxpy import (AdaptiveMeanPool, BatchNorm, CaptureWarning, Chain, Conv, Dense, Dropout, Embedding, MaxPool,
+                    TrainStep, Upsample, flatten, logitcrossentropy, relu)
 from fluxpy.models import resnet20
 from fluxpy.optimise import Adam, AdamW, Descent, Momentum, setup
 
@@ -164,7 +164,7 @@ def test_train_with_capture_gives_the_eager_losses_and_weights(rule):
     with warnings.catch_warnings():
         warnings.simplefilter("error", CaptureWarning)   # every rule's update is one guarded launch
         got = fluxpy.train(_loss, captured, batches, setup(rule, captured), progress=False, capture=True)
-    want = fluxpy.train(_loss, eager, batches, setup(rule, eager), progress=False)
+    want = fluxpy.train(_loss, eager, batches, setup(rule, eager), progress=False, capture=False)
     assert got == want
     _assert_same_arrays(captured, eager)
 
@@ -240,7 +240,7 @@ def test_train_called_once_per_epoch_captures_once_and_gives_the_eager_run():
         with warnings.catch_warnings():
             warnings.simplefilter("error", CaptureWarning)
             got += fluxpy.train(_loss, captured, batches, cs, progress=False, capture=True)
-        want += fluxpy.train(_loss, eager, batches, es, progress=False)
+        want += fluxpy.train(_loss, eager, batches, es, progress=False, capture=False)
         step = _checked_steps[captured][1]
         steps.append(step)
         graphs.append([e.graph for e in step._signatures.values()])
@@ -285,3 +285,97 @@ def test_an_exception_from_the_data_mid_epoch_leaves_the_optimiser_in_step_with_
         states.append(opt)
     _assert_same_arrays(captured, eager)
     _assert_same_host_state(*states)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers whose step once copied from the host or read the device (issue 36's capture contract): host-built
+# constants now cached on the device, Embedding's indices checked by the gather kernel without a wait
+
+
+def _constant_net(kind, rng):
+    if kind == "adaptive_meanpool":
+        return Chain(Conv((3, 3), 1, 4, relu, pad=1, rng=rng), AdaptiveMeanPool((5, 3)), flatten,
+                     Dense(4 * 5 * 3, 10, rng=rng))
+    if kind == "adaptive_meanpool_1d":
+        return Chain(flatten, lambda x: fluxpy.reshape(x, (x.shape[0], 4, 196)), AdaptiveMeanPool((9,)), flatten,
+                     Dense(4 * 9, 10, rng=rng))
+    align = kind == "bilinear"   # "bilinear_pytorch": PyTorch's align_corners=False
+    return Chain(Conv((3, 3), 1, 4, relu, pad=1, rng=rng), MaxPool((2, 2)), Upsample(2, mode="bilinear",
+                 align_corners=align), Upsample(mode="bilinear", size=(30, 20), align_corners=align),
+                 MaxPool((3, 4)), flatten, Dense(4 * 10 * 5, 10, rng=rng))
+
+
+@pytest.mark.parametrize("kind", ["adaptive_meanpool", "adaptive_meanpool_1d", "bilinear", "bilinear_pytorch"])
+def test_adaptive_mean_pooling_and_bilinear_upsampling_are_captured_and_give_the_eager_steps(kind):
+    model = _constant_net(kind, np.random.default_rng(20))
+    cm, em, captured, _, got, want = _run_both(model, Adam(1e-3), _batches(8, 16, (1, 28, 28), seed=20))
+    assert list(captured.captured().values()) == ["captured"]   # _run_both turns a CaptureWarning into an error
+    assert got == want and all(np.isfinite(got))
+    _assert_same_arrays(cm, em)
+
+
+def _token_batches(n, batch, length, vocabulary, seed):
+    import cupy as cp
+    rng = np.random.default_rng(seed)
+    return [(cp.asarray(rng.integers(0, vocabulary, (batch, length))),
+             cp.asarray(fluxpy.onehotbatch(rng.integers(0, 10, batch), range(10)))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0])
+def test_an_embedding_is_captured_and_gives_the_eager_steps(padding_idx):
+    rng = np.random.default_rng(21)
+    model = Chain(Embedding(30, 8, rng=rng, padding_idx=padding_idx), flatten, Dense(6 * 8, 10, rng=rng))
+    cm, em, captured, _, got, want = _run_both(model, Adam(1e-2), _token_batches(8, 16, 6, 30, seed=21))
+    assert list(captured.captured().values()) == ["captured"]
+    assert got == want and all(np.isfinite(got))
+    _assert_same_arrays(cm, em)
+    fluxpy.check_indices()   # every token was in range: nothing pending
+
+
+def test_train_raises_a_bad_token_where_it_reads_the_loss_naming_the_op_and_the_entry():
+    import cupy as cp
+    rng = np.random.default_rng(22)
+    model = fluxpy.gpu(Chain(Embedding(30, 8, rng=rng), flatten, Dense(6 * 8, 10, rng=rng)))
+    batches = _token_batches(4, 16, 6, 30, seed=22)
+    batches[1][0][3, 2] = 31   # batch 2, an eager warm-up step: the layer's gather skips it and does not wait
+    before = [cp.asnumpy(a) for a in fluxpy.trainables(model)]
+    with pytest.raises(IndexError, match=r"^train \(epoch 1, batch 2\): gather: index 31 in idx is out of range for "
+                                         r"src axis 0 of size 30 \(reported late.*stopping before the update$"):
+        fluxpy.train(_loss, model, batches, setup(Adam(1e-2), model), progress=False)
+    assert any(not np.array_equal(a, cp.asnumpy(b)) for a, b in zip(before, fluxpy.trainables(model)))   # batch 1
+    fluxpy.check_indices()   # reported: nothing pending
+    batches = _token_batches(8, 16, 6, 30, seed=23)
+    batches[5][0][0, 0] = 40   # batch 6: replayed from the graph captured at batch 3
+    # batch 6's flag is read by the first report after its kernel ran: batch 5's (if batch 6 ran before batch 5's
+    # loss was read) or its own
+    with pytest.raises(IndexError, match=r"^train \(batch [56], a captured step\): gather: an index in the captured "
+                                         r"step was out of range"):
+        fluxpy.train(_loss, model, batches, setup(Adam(1e-2), model), progress=False)
+    fluxpy.check_indices()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_with_dropout_and_norm_layers_is_captured_and_gives_the_eager_steps(dtype):
+    """Dropout keeps the half dtype for the next Dense; GroupNorm, InstanceNorm, LayerNorm and BatchNorm keep float32
+    parameters and statistics and give half outputs; GlobalMeanPool's half mean uses its cached factor."""
+    from fluxpy import AlphaDropout, GlobalMeanPool, GroupNorm, InstanceNorm, LayerNorm, mixed_precision
+    rng = np.random.default_rng(23)
+    base = Chain(Conv((3, 3), 1, 8, pad=1, bias=False, rng=rng), GroupNorm(8, 4, relu),
+                 Conv((3, 3), 8, 8, pad=1, rng=rng), InstanceNorm(8, relu, affine=True, track_stats=True),
+                 BatchNorm(8, relu), MaxPool((2, 2)), GlobalMeanPool(), flatten, Dropout(0.3), Dense(8, 16, rng=rng),
+                 LayerNorm(16, relu), AlphaDropout(0.1), Dense(16, 10, rng=rng))
+    batches = _batches(8, 16, (1, 28, 28), seed=23)
+    runs = []
+    for capture in (True, False):   # the same seed: the same draws of the GPU's generator, step by step
+        fluxpy.seed(9)
+        m = mixed_precision(fluxpy.gpu(copy.deepcopy(base)), dtype)
+        step = TrainStep(_loss, m, setup(Adam(1e-3), m), capture=capture)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CaptureWarning)
+            runs.append((m, [float(step(x, y)) for x, y in batches], step))
+    (cm, got, captured), (em, want, _) = runs
+    assert list(captured.captured().values()) == ["captured"]
+    assert got == want and all(np.isfinite(got))
+    _assert_same_arrays(cm, em)
+    for layer in (cm.model[1], cm.model[3], cm.model[4], cm.model[10]):
+        assert all(a.dtype == np.float32 for a in fluxpy.functors.arrays(layer)), layer
