@@ -42,7 +42,7 @@ import numpy as np
 
 from .functors import cpu, loadstate, state
 
-__all__ = ["save", "load", "flat_state", "CheckpointError", "FORMATS"]
+__all__ = ["save", "load", "flat_state", "CheckpointError", "FORMATS", "write_file", "read_file"]
 
 FORMATS = {".npz": "npz", ".safetensors": "safetensors"}
 """The file extensions :func:`save` and :func:`load` know, and their formats."""
@@ -58,6 +58,8 @@ _EXTENSION_DTYPES = {name: np.dtype(getattr(ml_dtypes, name)) for name in ("bflo
 _SAFETENSORS_NAMES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 _STORED_AS = {1: ("U8", np.dtype(np.uint8)), 2: ("U16", np.dtype(np.uint16))}
 _MANIFEST = "__fluxpy_dtypes__.json"  # a .npz entry: {key: dtype name} of the arrays stored as unsigned integers
+# a training checkpoint's JSON text (fluxpy.checkpoint): a .npz entry of its own, a key of a .safetensors' metadata
+_META_ENTRY, _META_KEY = "__fluxpy_training__.json", "fluxpy_training"
 
 
 class CheckpointError(OSError, ValueError):
@@ -132,18 +134,38 @@ def save(path: str | os.PathLike, model: Any) -> None:
     ['m.npz', 'm.safetensors']
     """
     target, fmt = _target(_check_path(path, "save"), "save")
-    arrays, extension = _as_stored(_host_arrays(model, fmt, target))
+    arrays = _host_arrays(flat_state(model), fmt, target, "save")
+    if not arrays:
+        raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
+                         f"(nothing written to {target})")
+    write_file(target, fmt, arrays, None, "save")
+
+
+def write_file(target: Path, fmt: str, arrays: dict, meta: str | None, who: str) -> None:
+    """Write the host ``arrays`` (checked by :func:`_host_arrays`) and an optional JSON text ``meta`` to ``target``
+    atomically: ``meta`` goes to the .safetensors header's metadata or to a .npz entry of its own (what
+    :func:`fluxpy.checkpoint.save_training` adds to a model's arrays).
+
+    >>> import numpy as np, tempfile
+    >>> target = Path(tempfile.mkdtemp()) / "t.npz"
+    >>> write_file(target, "npz", {"w": np.ones(2)}, '{"step": 3}', "save")
+    >>> read_file(target, "npz")
+    ({'w': array([1., 1.])}, '{"step": 3}')
+    """
+    arrays, extension = _as_stored(arrays)
     if fmt == "safetensors":
-        st = _safetensors("save", target)
+        st = _safetensors(who, target)
         metadata = {"format": "fluxpy", "fluxpy_format_version": str(_FORMAT_VERSION)}
+        if meta is not None:
+            metadata[_META_KEY] = meta
 
         def write(f):
             data = st.save(arrays, metadata=metadata)
             f.write(_retyped(data, {k: _SAFETENSORS_NAMES[name] for k, name in extension.items()}))
     else:
         def write(f):
-            _write_npz(f, arrays, extension)
-    _atomic_write(target, write, "save")
+            _write_npz(f, arrays, extension, *(() if meta is None else (meta,)))
+    _atomic_write(target, write, who)
 
 
 def _as_stored(arrays):
@@ -193,34 +215,34 @@ def _target(path, who):
     return path.with_name(path.name + ".npz"), "npz"
 
 
-def _host_arrays(model, fmt, target):
-    """The model's arrays as C-contiguous NumPy arrays, checked for what the format can store."""
+def _host_arrays(flat, fmt, target, who):
+    """The arrays of ``flat`` (``{key: array}``) as C-contiguous NumPy arrays, checked for what the format can
+    store."""
     arrays = {}
-    for key, a in flat_state(model).items():
+    for key, a in flat.items():
         host = np.asarray(cpu(a))
         extension = host.dtype in _EXTENSION_DTYPES.values()
         if host.dtype.hasobject or (host.dtype.kind == "V" and not extension) or (
                 fmt == "safetensors" and not extension and host.dtype.newbyteorder("=") not in _SAFETENSORS_DTYPES):
             kinds = "numeric or bool arrays" if host.dtype.hasobject or host.dtype.kind == "V" else \
                 ", ".join(sorted(str(d) for d in _SAFETENSORS_DTYPES | set(_EXTENSION_DTYPES)))
-            raise CheckpointError(f"save: {key} is an array of dtype {host.dtype}, which {target} cannot store "
+            raise CheckpointError(f"{who}: {key} is an array of dtype {host.dtype}, which {target} cannot store "
                                   f"(a .{fmt} checkpoint holds {kinds})", target)
         arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")
-    if not arrays:
-        raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
-                         f"(nothing written to {target})")
     return arrays
 
 
-def _write_npz(f, arrays, extension):
-    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys, and
-    the manifest of ``extension`` (``{key: dtype name}``) where it names any array."""
+def _write_npz(f, arrays, extension, meta=None):
+    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys, the
+    manifest of ``extension`` (``{key: dtype name}``) where it names any array, and the text ``meta`` if any."""
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             with zf.open(key + ".npy", "w", force_zip64=True) as entry:
                 np.lib.format.write_array(entry, array, allow_pickle=False)
         if extension:
             zf.writestr(_MANIFEST, json.dumps(extension, sort_keys=True))
+        if meta is not None:
+            zf.writestr(_META_ENTRY, meta)
 
 
 def _atomic_write(target: Path, write: Callable[[BinaryIO], Any], who: str) -> None:
@@ -316,11 +338,27 @@ def load(path: str | os.PathLike, model: Any) -> Any:
     fluxpy.io.CheckpointError: load: ...m.npz does not fit the model: w has shape (3,) in the model but (2,) in ...
     """
     target, fmt = _load_target(_check_path(path, "load"))
-    saved = _read_safetensors(target) if fmt == "safetensors" else _read_npz(target)
+    saved, meta = read_file(target, fmt)
+    if meta is not None:
+        raise CheckpointError(f"load: {target} is a training checkpoint (model, optimiser state, ...): read it with "
+                              "fluxpy.load_training(path, model, opt_state)", target)
     expected = flat_state(model)
     _check_match(expected, saved, target)
     loadstate(model, _nested_like(state(model), saved, ""))
     return model
+
+
+def read_file(target: Path, fmt: str) -> tuple[dict, str | None]:
+    """``(arrays, meta)``: the arrays of the checkpoint file ``target`` and its training JSON text (None in a
+    model's file), or a :class:`CheckpointError` naming ``target`` and what is wrong with it.
+
+    >>> import numpy as np, tempfile
+    >>> target = Path(tempfile.mkdtemp()) / "m.safetensors"
+    >>> save(target, {"w": np.zeros(1, np.float32)})
+    >>> read_file(target, "safetensors")
+    ({'w': array([0.], dtype=float32)}, None)
+    """
+    return _read_safetensors(target) if fmt == "safetensors" else _read_npz(target)
 
 
 def _load_target(path):
@@ -362,11 +400,14 @@ def _read_npz(target):
 
 
 def _read_zip(f, target):
-    saved, extension = {}, {}
+    saved, extension, meta = {}, {}, None
     with zipfile.ZipFile(f) as zf:
         for name in zf.namelist():
             if name == _MANIFEST:
                 extension = _manifest(zf.read(name), target)
+                continue
+            if name == _META_ENTRY:
+                meta = _text(zf.read(name), target)
                 continue
             if not name.endswith(".npy"):
                 raise CheckpointError(f"load: {target} holds {name!r}, which is not a .npy array: not a fluxpy "
@@ -383,7 +424,14 @@ def _read_zip(f, target):
                                               "which a checkpoint never contains (and fluxpy never unpickles)",
                                               target) from err
                     raise
-    return _as_saved(saved, extension, target)
+    return _as_saved(saved, extension, target), meta
+
+
+def _text(data, target):
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"load: {target} is corrupt: its {_META_ENTRY} is not UTF-8 text", target) from err
 
 
 def _manifest(text, target):
@@ -451,8 +499,11 @@ def _read_safetensors(target):
     extension = {k: n for k, v in header.items() if isinstance(v, dict) and k != "__metadata__"
                  for n, st_name in _SAFETENSORS_NAMES.items() if v.get("dtype") == st_name}
     stored_as = {k: _STORED_AS[_EXTENSION_DTYPES[n].itemsize][0] for k, n in extension.items()}
+    training = meta.get(_META_KEY) if isinstance(meta, dict) else None
+    if training is not None and not isinstance(training, str):
+        raise CheckpointError(f"load: {target} is corrupt: its metadata's {_META_KEY} is not a text", target)
     try:
-        return _as_saved(st.load(_retyped(data, stored_as)), extension, target)
+        return _as_saved(st.load(_retyped(data, stored_as)), extension, target), training
     except CheckpointError:
         raise
     except KeyError as err:
