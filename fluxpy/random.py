@@ -40,7 +40,7 @@ import numpy as np
 
 from .kernels import kernel_for
 
-__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG", "get_state", "set_state"]
+__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG", "get_state", "set_state", "check_state"]
 
 #: What an ``rng=`` argument accepts: a ``numpy.random.Generator``, a seed (an int >= 0), or ``None`` (the global one).
 RNG = np.random.Generator | int | None
@@ -165,12 +165,12 @@ def set_state(state: dict) -> None:
     step keeps drawing from them). A device module that is not imported in this process (CuPy on a machine
     without a GPU) is left out. A malformed state is a ``ValueError`` before anything changes.
 
-    >>> set_state({"numpy": "x"})
+    >>> set_state({"numpy": "x"})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: set_state expects what fluxpy.random.get_state returned ({"numpy": ..., "seed": ..., "devices": ...}), got a dict with numpy 'x'
+    ValueError: set_state expects what fluxpy.random.get_state returned (...), got a dict with numpy 'x'
     """
-    _check_state(state)
+    check_state(state)
     _generator.bit_generator.state = state["numpy"]
     _seed[0] = state["seed"]
     _device_generators.clear()
@@ -191,8 +191,16 @@ def set_state(state: dict) -> None:
             offset[...] = np.uint64(value)
 
 
-def _check_state(state):
-    """A ``ValueError`` naming what is wrong, unless ``state`` has the form :func:`get_state` returns."""
+def check_state(state: Any) -> None:
+    """A ``ValueError`` naming what is wrong, unless ``state`` has the form :func:`get_state` returns (what
+    :func:`set_state` checks before it changes anything).
+
+    >>> check_state(get_state())
+    >>> check_state({"numpy": {}, "seed": None, "devices": {}})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: set_state expects what fluxpy.random.get_state returned (...), got a dict with numpy {}
+    """
     problem = _state_problem(state)
     if problem is not None:
         raise ValueError("set_state expects what fluxpy.random.get_state returned ({\"numpy\": ..., \"seed\": ..., "
