@@ -173,13 +173,14 @@ def set_state(state: dict) -> None:
     check_state(state)
     _generator.bit_generator.state = state["numpy"]
     _seed[0] = state["seed"]
-    _device_generators.clear()
-    _device_generators[np] = (None, _generator)
+    for xp in [xp for xp in _device_generators if getattr(xp, "__name__", repr(xp)) not in state["devices"]]:
+        if xp is not np:
+            del _device_generators[xp]   # made again from the restored seed when next used, as after seed()
     for name, saved in state["devices"].items():
         xp = sys.modules.get(name)
         if xp is None:
             continue
-        generator = rng_for(xp)
+        generator = rng_for(xp)   # the one in use where it exists (its arrays keep their addresses), else a new one
         if not (hasattr(generator, "key") and hasattr(generator, "_offsets")):
             continue
         generator.key = tuple(saved["key"])

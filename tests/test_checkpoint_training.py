@@ -270,3 +270,60 @@ def test_a_float16_run_and_a_float32_model_do_not_mix(tmp_path):
     other = fluxpy.mixed_precision(_net(), np.float16, loss_scale=fluxpy.DynamicLossScale(init=4.0))
     load_training(tmp_path / "m.npz", other, setup(Adam(), other))
     assert other.loss_scale.scale == 2.0 ** 15   # the saved scale, not the model's init
+
+
+# ---------------------------------------------------------------------------------------------
+# the device generators' state (a stand-in module with a generator shaped like fluxpy's Philox one)
+
+
+class _FakePhilox:
+    device = [0]   # the current device of the stand-in module
+
+    def __init__(self, seed):
+        self.key, self._offsets = (seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF), {}
+
+    def offset(self):
+        return self._offsets.setdefault(self.device[0], np.zeros(1, np.uint64))
+
+
+class _Device:
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.before, _FakePhilox.device[0] = _FakePhilox.device[0], self.n
+
+    def __exit__(self, *exc):
+        _FakePhilox.device[0] = self.before
+
+
+@pytest.fixture()
+def fake_device_module(monkeypatch):
+    import sys
+    import types
+    module = types.ModuleType("fake_device_xp")
+    module.random = types.SimpleNamespace(default_rng=_FakePhilox)
+    module.cuda = types.SimpleNamespace(Device=_Device)
+    monkeypatch.setitem(sys.modules, "fake_device_xp", module)
+    yield module
+    frandom._device_generators.pop(module, None)
+
+
+def test_device_generator_positions_are_saved_and_restored_in_place(fake_device_module):
+    fluxpy.seed(5)
+    generator = frandom.rng_for(fake_device_module)
+    generator.offset()[...] = 123
+    with _Device(1):
+        generator.offset()[...] = 7
+    saved = frandom.get_state()
+    assert saved["devices"]["fake_device_xp"]["offsets"] == {"0": 123, "1": 7}
+    kept = generator.offset()
+    generator.offset()[...] = 999
+    generator.key = (1, 2)
+    frandom.set_state(saved)
+    assert frandom.rng_for(fake_device_module) is generator and generator.offset() is kept
+    assert int(kept[0]) == 123 and list(generator.key) == saved["devices"]["fake_device_xp"]["key"]
+    frandom._device_generators.pop(fake_device_module)   # as in a new process: no generator yet
+    frandom.set_state(saved)
+    made = frandom.rng_for(fake_device_module)
+    assert made is not generator and {d: int(o[0]) for d, o in made._offsets.items()} == {0: 123, 1: 7}
