@@ -21,8 +21,8 @@ A load checks everything first (the model's keys, shapes and dtypes; the optimis
 and counters, their Python types included; tied weights; the loss scale; the random state) and changes nothing
 unless all of it fits: anything wrong is one :class:`fluxpy.CheckpointError` naming the file and the key. The
 optimiser's arrays are copied into the state's own arrays (on their device); its counters are set on the host, and
-the next update makes the device copy of them again (so load before making a :class:`fluxpy.TrainStep`, or make a
-new one after loading).
+the next update makes the device copy of them again (a :class:`fluxpy.TrainStep` that captured the state before
+the load takes one eager step and captures again, as after :func:`fluxpy.adjust`).
 
 >>> import numpy as np, os, tempfile, fluxpy
 >>> from fluxpy.layers import Chain, Dense, Dropout
@@ -48,6 +48,7 @@ True
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -224,7 +225,9 @@ def load_training(path: str | os.PathLike, model: Any, opt_state: Any) -> dict:
     for leaf, rule, value, frozen, copies in leaves:
         for dst, src in copies:
             copy_into(dst, src)
-        leaf.restore(rule, value, frozen)
+        # a new rule object even where the hyperparameters are the same: a TrainStep that captured this state
+        # sees a changed rule and captures again (its graph holds the device counters the restore replaces)
+        leaf.restore(copy.copy(rule) if rule is leaf.rule else rule, value, frozen)
     if scaler is not None:
         scaler[0].set_state(scaler[1])
     random.set_state(meta["rng"])

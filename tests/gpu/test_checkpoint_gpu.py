@@ -153,6 +153,27 @@ def test_the_loaded_state_lands_on_the_device_and_the_counters_are_made_again(tm
     assert fresh.loss_scale.get_state()["good"] == model.loss_scale.get_state()["good"]
 
 
+@pytest.mark.parametrize("rule, precision", [("Adam", "float32"), ("Adam", "float16"), ("AccumGrad", "float32")])
+def test_a_load_into_a_live_captured_step_rolls_it_back(tmp_path, rule, precision):
+    """Saved after N steps, N other steps, then loaded into the same model and state under the same TrainStep
+    (its graph holds the old device counters: the load makes it capture again): N more steps give the run of 2N."""
+    model, opt = build(rule, precision)
+    step = TrainStep(_loss, model, opt)
+    for x, y in batches(N):
+        step(x, y)
+    fluxpy.save_training(tmp_path / "a.npz", model, opt, step=N)
+    for x, y in batches(N, start=N + 2)[::-1]:   # other steps, to be undone
+        step(x, y)
+    fluxpy.load_training(tmp_path / "a.npz", model, opt)
+    for x, y in batches(N, start=N):
+        step(x, y)
+    assert list(step.captured().values()) == ["captured"]
+    want, want_opt = build(rule, precision)
+    run_steps(want, want_opt, batches(2 * N))
+    for a, b in zip(weights(model), weights(want)):
+        np.testing.assert_array_equal(a, b)
+
+
 class _Dying:
     """The batches, and the process ends (as if killed) when batch ``kill`` (from 1) is asked for."""
 
