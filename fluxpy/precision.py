@@ -92,8 +92,9 @@ class DynamicLossScale:
     skipped. ``min_scale`` (default ``2**-14``, float16's smallest normal number) is the floor: scaled gradients
     that still overflow float16 at that scale are above about 1e9 or NaN, so the run has diverged, and an eager
     step whose overflow takes the scale below it raises :class:`LossScaleUnderflow` naming the scale and the steps
-    skipped in a row, instead of training nothing in silence. (Inside a captured step nothing is read on the host;
-    the next eager step, or :meth:`check`, raises it.)
+    skipped in a row, instead of training nothing in silence. (Inside a captured step nothing is read on the host:
+    :func:`fluxpy.train` counts its captured steps when it reads their flags; a loop of one's own around a captured
+    :class:`fluxpy.TrainStep` calls :meth:`check` now and then.)
 
     >>> import numpy as np
     >>> s = DynamicLossScale(init=8.0, growth_interval=2)
@@ -156,9 +157,16 @@ class DynamicLossScale:
             if self._good >= self.growth_interval:
                 self._scale[...], self._good[...] = np.minimum(self._scale * np.float32(2), self.max_scale), 0
         if not capturing():
-            self._count(Plan.is_finite(flag))
+            self.counted(Plan.is_finite(flag))
 
-    def _count(self, finite: bool) -> None:
+    def counted(self, finite: bool) -> None:
+        """Count on the host a step whose gradients were finite or not (:meth:`advance` does, outside a capture;
+        :func:`fluxpy.train` does for its captured steps when it reads their flags); an overflow that leaves the
+        scale below ``min_scale`` raises :class:`LossScaleUnderflow`.
+
+        >>> s = DynamicLossScale(); s.counted(False); s.get_state()["skipped"]
+        1
+        """
         self._skipped = 0 if finite else self._skipped + 1
         if not finite:
             self.check()

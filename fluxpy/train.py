@@ -271,8 +271,12 @@ class _Lagged:
 
     def _settle(self, flight) -> list[float]:
         value, guard, own = flight.read.result()
+        scaler = getattr(getattr(self.captured, "model", None), "loss_scaler", None) if self.captured.loss_scaled \
+            else None
         if math.isfinite(value) and math.isfinite(guard):
             flight.commit()
+            if scaler is not None:
+                scaler.counted(True)
             return [value]
         # a loss-scaled model's own overflow: skipped (and the scale lowered) on the device, as the eager step does
         overflow = self.captured.loss_scaled and math.isfinite(value) and not math.isfinite(own)
@@ -283,6 +287,8 @@ class _Lagged:
             f.undo()
         if overflow:
             flight.undo()
+            if scaler is not None:
+                scaler.counted(False)   # LossScaleUnderflow where the scale fell below its floor
         return ([value] if overflow else []) + [self.eager(*f.batch) for f in skipped]
 
 

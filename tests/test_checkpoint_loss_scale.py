@@ -118,3 +118,27 @@ def test_state_round_trips_in_place():
     later.set_state(saved)   # before its arrays exist: they are made from the saved values
     assert float(later.array(np)) == 4.0 and later.scale == 4.0
     assert scale is s.array(np)
+
+
+def test_train_counts_its_captured_steps_overflows_and_raises_below_the_floor():
+    """train's captured steps (a stand-in CheckedStep whose replays all overflow, as tests/test_train_lagged.py
+    has it): the flags train reads are counted, and the scale the device lowered below min_scale raises."""
+    from test_train_lagged import _driver, _StandIn, _train
+
+    class Model:
+        loss_scaler = DynamicLossScale(init=2.0 ** -13)
+
+    s = _StandIn(bad=set(range(1, 10)), loss_scaled=True)
+    s.model = Model()
+    scaler = Model.loss_scaler
+    scaler.array(np)
+    real = s.replay
+
+    def replay(n):   # the device's side of an overflowing replay: the scale halved
+        flight = real(n)
+        scaler._scale[...] = scaler._scale * np.float32(0.5)
+        return flight
+    s.replay = replay
+    with pytest.raises(LossScaleUnderflow, match="below min_scale"):
+        _train(_driver(s), list(range(1, 10)))
+    assert scaler.scale < scaler.min_scale
