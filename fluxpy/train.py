@@ -443,10 +443,10 @@ class _Checkpoints:
         return False
 
     def due(self):
-        return self.every is not None and self.done % self.every == 0 and self.done != self.saved
+        return self.every is not None and self.done % self.every == 0 and self.done > self.saved
 
     def save(self, model, opt_state, epoch, batch):
-        if self.done != self.saved:   # a resumed run that had finished saves nothing new
+        if self.done > self.saved:   # only after steps beyond the loaded ones (a finished run saves nothing new)
             save_training(self.path, model, opt_state, step=self.done, epoch=epoch, batch=batch)
             self.saved = self.done
 

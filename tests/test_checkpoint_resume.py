@@ -203,6 +203,9 @@ def test_train_saves_at_each_epoch_end_by_default_and_resumes_a_finished_run_as_
                         resume=True) == []
     for a, b in zip(weights(again), weights(model)):
         np.testing.assert_array_equal(a, b)
+    shorter, shorter_opt = build("Momentum", "float32")   # a call of fewer steps than the file's: nothing to do
+    assert fluxpy.train(_loss, shorter, batches(4), shorter_opt, progress=False, checkpoint=path, resume=True) == []
+    assert fluxpy.load_training(path, *build("Momentum", "float32"))["step"] == 8   # not overwritten
 
 
 def test_train_checkpoint_arguments_are_checked_before_any_step(tmp_path):
