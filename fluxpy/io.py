@@ -133,12 +133,26 @@ def save(path: str | os.PathLike, model: Any) -> None:
     >>> sorted(os.listdir(folder))
     ['m.npz', 'm.safetensors']
     """
+    if _holds_optimiser_state(model):
+        raise TypeError("save writes a model's arrays; it was given an optimiser state (the tree of Leaf objects "
+                        "that setup returns), which it would leave out: save a training run with "
+                        "fluxpy.save_training(path, model, opt_state)")
     arrays = flat_state(model)
     if not arrays:
         target, _ = _target(_check_path(path, "save"), "save")
         raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
                          f"(nothing written to {target})")
     write_file(path, arrays, None, "save")
+
+
+def _holds_optimiser_state(tree):
+    """Whether the dicts, lists and tuples of ``tree`` hold an optimiser leaf (an object with ``rule``, ``state``
+    and ``frozen``, as :class:`fluxpy.optimise.Leaf`), which a model's state leaves out."""
+    if isinstance(tree, dict):
+        return any(_holds_optimiser_state(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(_holds_optimiser_state(v) for v in tree)
+    return all(hasattr(tree, name) for name in ("rule", "state", "frozen"))
 
 
 def write_file(path: str | os.PathLike, arrays: dict, meta: str | None, who: str) -> Path:

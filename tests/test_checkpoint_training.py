@@ -327,3 +327,11 @@ def test_device_generator_positions_are_saved_and_restored_in_place(fake_device_
     frandom.set_state(saved)
     made = frandom.rng_for(fake_device_module)
     assert made is not generator and {d: int(o[0]) for d, o in made._offsets.items()} == {0: 123, 1: 7}
+
+
+def test_save_of_an_optimiser_state_points_to_save_training(tmp_path):
+    model, opt = _target()
+    for tree in (opt, (model, opt), {"model": model, "opt": opt}):
+        with pytest.raises(TypeError, match=r"optimiser state .*fluxpy.save_training\(path, model, opt_state\)"):
+            fluxpy.save(tmp_path / "m.npz", tree)
+    assert not list(tmp_path.iterdir())
