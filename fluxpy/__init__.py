@@ -33,6 +33,7 @@ from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, he
                        jacobian, no_grad, primitive, pullback, stop_gradient, value_of, withgradient)
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
+from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .io import CheckpointError, load, save
@@ -76,6 +77,7 @@ __all__ = [
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
     "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
+    "save_training", "load_training",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
     "minimum", "reshape", "scatter", "check_indices", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act",

@@ -42,7 +42,7 @@ import numpy as np
 
 from .functors import cpu, loadstate, state
 
-__all__ = ["save", "load", "flat_state", "CheckpointError", "FORMATS"]
+__all__ = ["save", "load", "flat_state", "CheckpointError", "FORMATS", "write_file", "read_file", "fitted_state"]
 
 FORMATS = {".npz": "npz", ".safetensors": "safetensors"}
 """The file extensions :func:`save` and :func:`load` know, and their formats."""
@@ -58,6 +58,8 @@ _EXTENSION_DTYPES = {name: np.dtype(getattr(ml_dtypes, name)) for name in ("bflo
 _SAFETENSORS_NAMES = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 _STORED_AS = {1: ("U8", np.dtype(np.uint8)), 2: ("U16", np.dtype(np.uint16))}
 _MANIFEST = "__fluxpy_dtypes__.json"  # a .npz entry: {key: dtype name} of the arrays stored as unsigned integers
+# a training checkpoint's JSON text (fluxpy.checkpoint): a .npz entry of its own, a key of a .safetensors' metadata
+_META_ENTRY, _META_KEY = "__fluxpy_training__.json", "fluxpy_training"
 
 
 class CheckpointError(OSError, ValueError):
@@ -131,19 +133,55 @@ def save(path: str | os.PathLike, model: Any) -> None:
     >>> sorted(os.listdir(folder))
     ['m.npz', 'm.safetensors']
     """
-    target, fmt = _target(_check_path(path, "save"), "save")
-    arrays, extension = _as_stored(_host_arrays(model, fmt, target))
+    if _holds_optimiser_state(model):
+        raise TypeError("save writes a model's arrays; it was given an optimiser state (the tree of Leaf objects "
+                        "that setup returns), which it would leave out: save a training run with "
+                        "fluxpy.save_training(path, model, opt_state)")
+    arrays = flat_state(model)
+    if not arrays:
+        target, _ = _target(_check_path(path, "save"), "save")
+        raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
+                         f"(nothing written to {target})")
+    write_file(path, arrays, None, "save")
+
+
+def _holds_optimiser_state(tree):
+    """Whether the dicts, lists and tuples of ``tree`` hold an optimiser leaf (an object with ``rule``, ``state``
+    and ``frozen``, as :class:`fluxpy.optimise.Leaf`), which a model's state leaves out."""
+    if isinstance(tree, dict):
+        return any(_holds_optimiser_state(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(_holds_optimiser_state(v) for v in tree)
+    return all(hasattr(tree, name) for name in ("rule", "state", "frozen"))
+
+
+def write_file(path: str | os.PathLike, arrays: dict, meta: str | None, who: str) -> Path:
+    """Write ``arrays`` (``{key: array}``, any device) and an optional JSON text ``meta`` to the checkpoint file
+    ``path`` atomically, as :func:`save` writes a model; returns the file written. ``meta`` goes to the
+    .safetensors header's metadata or to a .npz entry of its own: what :func:`fluxpy.save_training` adds to the
+    arrays of a training run. Errors name ``who``.
+
+    >>> import numpy as np, os, tempfile
+    >>> target = write_file(os.path.join(tempfile.mkdtemp(), "t"), {"w": np.ones(2)}, '{"step": 3}', "save")
+    >>> target.name, read_file(target, "load")[1:]
+    ('t.npz', ({'w': array([1., 1.])}, '{"step": 3}'))
+    """
+    target, fmt = _target(_check_path(path, who), who)
+    arrays, extension = _as_stored(_host_arrays(arrays, fmt, target, who))
     if fmt == "safetensors":
-        st = _safetensors("save", target)
+        st = _safetensors(who, target)
         metadata = {"format": "fluxpy", "fluxpy_format_version": str(_FORMAT_VERSION)}
+        if meta is not None:
+            metadata[_META_KEY] = meta
 
         def write(f):
             data = st.save(arrays, metadata=metadata)
             f.write(_retyped(data, {k: _SAFETENSORS_NAMES[name] for k, name in extension.items()}))
     else:
         def write(f):
-            _write_npz(f, arrays, extension)
-    _atomic_write(target, write, "save")
+            _write_npz(f, arrays, extension, *(() if meta is None else (meta,)))
+    _atomic_write(target, write, who)
+    return target
 
 
 def _as_stored(arrays):
@@ -193,34 +231,34 @@ def _target(path, who):
     return path.with_name(path.name + ".npz"), "npz"
 
 
-def _host_arrays(model, fmt, target):
-    """The model's arrays as C-contiguous NumPy arrays, checked for what the format can store."""
+def _host_arrays(flat, fmt, target, who):
+    """The arrays of ``flat`` (``{key: array}``) as C-contiguous NumPy arrays, checked for what the format can
+    store."""
     arrays = {}
-    for key, a in flat_state(model).items():
+    for key, a in flat.items():
         host = np.asarray(cpu(a))
         extension = host.dtype in _EXTENSION_DTYPES.values()
         if host.dtype.hasobject or (host.dtype.kind == "V" and not extension) or (
                 fmt == "safetensors" and not extension and host.dtype.newbyteorder("=") not in _SAFETENSORS_DTYPES):
             kinds = "numeric or bool arrays" if host.dtype.hasobject or host.dtype.kind == "V" else \
                 ", ".join(sorted(str(d) for d in _SAFETENSORS_DTYPES | set(_EXTENSION_DTYPES)))
-            raise CheckpointError(f"save: {key} is an array of dtype {host.dtype}, which {target} cannot store "
+            raise CheckpointError(f"{who}: {key} is an array of dtype {host.dtype}, which {target} cannot store "
                                   f"(a .{fmt} checkpoint holds {kinds})", target)
         arrays[key] = host if host.flags.c_contiguous else host.copy(order="C")
-    if not arrays:
-        raise ValueError(f"save expects a model holding at least one array, got a {type(model).__name__} with none "
-                         f"(nothing written to {target})")
     return arrays
 
 
-def _write_npz(f, arrays, extension):
-    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys, and
-    the manifest of ``extension`` (``{key: dtype name}``) where it names any array."""
+def _write_npz(f, arrays, extension, meta=None):
+    """What ``numpy.savez`` writes (a zip of ``key.npy`` entries), without its keyword names clashing with keys, the
+    manifest of ``extension`` (``{key: dtype name}``) where it names any array, and the text ``meta`` if any."""
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             with zf.open(key + ".npy", "w", force_zip64=True) as entry:
                 np.lib.format.write_array(entry, array, allow_pickle=False)
         if extension:
             zf.writestr(_MANIFEST, json.dumps(extension, sort_keys=True))
+        if meta is not None:
+            zf.writestr(_META_ENTRY, meta)
 
 
 def _atomic_write(target: Path, write: Callable[[BinaryIO], Any], who: str) -> None:
@@ -315,98 +353,137 @@ def load(path: str | os.PathLike, model: Any) -> Any:
     ...
     fluxpy.io.CheckpointError: load: ...m.npz does not fit the model: w has shape (3,) in the model but (2,) in ...
     """
-    target, fmt = _load_target(_check_path(path, "load"))
-    saved = _read_safetensors(target) if fmt == "safetensors" else _read_npz(target)
-    expected = flat_state(model)
-    _check_match(expected, saved, target)
-    loadstate(model, _nested_like(state(model), saved, ""))
+    target, saved, meta = read_file(path, "load")
+    if meta is not None:
+        raise CheckpointError(f"load: {target} is a training checkpoint (model, optimiser state, ...): read it with "
+                              "fluxpy.load_training(path, model, opt_state)", target)
+    loadstate(model, fitted_state(model, saved, target, "load"))
     return model
 
 
-def _load_target(path):
+def read_file(path: str | os.PathLike, who: str) -> tuple[Path, dict, str | None]:
+    """``(target, arrays, meta)``: the file that ``path`` names (as :func:`load` finds it), its arrays, and its
+    training JSON text (None in a model's file); or a :class:`CheckpointError` naming the file and what is wrong
+    with it.
+
+    >>> import numpy as np, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+    >>> save(path, {"w": np.zeros(1, np.float32)})
+    >>> read_file(path, "load")[1:]
+    ({'w': array([0.], dtype=float32)}, None)
+    """
+    target, fmt = _load_target(_check_path(path, who), who)
+    saved, meta = _read_safetensors(target, who) if fmt == "safetensors" else _read_npz(target, who)
+    return target, saved, meta
+
+
+def fitted_state(model: Any, saved: dict, target: Path, who: str) -> Any:
+    """The nested :func:`fluxpy.state` of ``model`` holding the arrays of ``saved`` (``{dotted key: array}``), for
+    :func:`fluxpy.loadstate`, after checking every key, shape and dtype kind against the model: a
+    :class:`CheckpointError` naming ``target`` and what differs, before anything changes.
+
+    >>> import numpy as np
+    >>> fitted_state({"w": np.zeros(2)}, {"w": np.ones(2)}, Path("m.npz"), "load")
+    {'w': array([1., 1.])}
+    """
+    _check_match(flat_state(model), saved, target, who)
+    return _nested_like(state(model), saved, "")
+
+
+def _load_target(path, who):
     """The file to read and its format: ``path`` itself, or ``path + ".npz"`` when ``path`` has no known extension."""
-    _target(path, "load")  # a .npy path is an error
+    _target(path, who)  # a .npy path is an error
     fmt = FORMATS.get(path.suffix.lower(), "npz")
     candidates = [path] if path.suffix.lower() in FORMATS else [path, path.with_name(path.name + ".npz")]
     if path.is_dir():
-        raise CheckpointError(f"load: {path} is a folder, not a checkpoint file", path)
+        raise CheckpointError(f"{who}: {path} is a folder, not a checkpoint file", path)
     for candidate in candidates:
         if candidate.is_file():
             return candidate, fmt
         if candidate.exists():  # a device or a socket: not a file
-            raise CheckpointError(f"load: {candidate} is not a regular file", candidate)
+            raise CheckpointError(f"{who}: {candidate} is not a regular file", candidate)
     tried = " (nor " + str(candidates[1]) + ")" if len(candidates) > 1 else ""
-    raise CheckpointError(f"load: no file {path}{tried}", path)
+    raise CheckpointError(f"{who}: no file {path}{tried}", path)
 
 
-def _open(target):
+def _open(target, who):
     try:
         return open(target, "rb")
     except OSError as err:
-        raise CheckpointError(f"load: cannot read {target}: {_reason(err)}", target) from err
+        raise CheckpointError(f"{who}: cannot read {target}: {_reason(err)}", target) from err
 
 
-def _read_npz(target):
-    with _open(target) as f:
+def _read_npz(target, who):
+    with _open(target, who) as f:
         head = f.read(16)
         if head[:2] != b"PK":
-            raise CheckpointError(f"load: {target} is not a .npz checkpoint: {_what_is(head)}", target)
+            raise CheckpointError(f"{who}: {target} is not a .npz checkpoint: {_what_is(head)}", target)
         f.seek(0)
         try:
-            return _read_zip(f, target)
+            return _read_zip(f, target, who)
         except CheckpointError:
             raise
         except Exception as err:  # BadZipFile, EOFError, zlib.error, a truncated or mangled .npy entry, ...
-            raise CheckpointError(f"load: {target} is a corrupt or truncated .npz file "
+            raise CheckpointError(f"{who}: {target} is a corrupt or truncated .npz file "
                                   f"({type(err).__name__}: {_reason(err)})", target) from err
 
 
-def _read_zip(f, target):
-    saved, extension = {}, {}
+def _read_zip(f, target, who):
+    saved, extension, meta = {}, {}, None
     with zipfile.ZipFile(f) as zf:
         for name in zf.namelist():
             if name == _MANIFEST:
-                extension = _manifest(zf.read(name), target)
+                extension = _manifest(zf.read(name), target, who)
+                continue
+            if name == _META_ENTRY:
+                meta = _text(zf.read(name), target, who)
                 continue
             if not name.endswith(".npy"):
-                raise CheckpointError(f"load: {target} holds {name!r}, which is not a .npy array: not a fluxpy "
+                raise CheckpointError(f"{who}: {target} holds {name!r}, which is not a .npy array: not a fluxpy "
                                       "checkpoint", target)
             key = name[:-4]
             if key in saved:
-                raise CheckpointError(f"load: {target} holds the key {key!r} twice", target)
+                raise CheckpointError(f"{who}: {target} holds the key {key!r} twice", target)
             with zf.open(name) as entry:
                 try:
                     saved[key] = np.lib.format.read_array(entry, allow_pickle=False)
                 except ValueError as err:
                     if "allow_pickle" in str(err) or "pickled" in str(err):
-                        raise CheckpointError(f"load: {target} holds {key} as an array of pickled Python objects, "
+                        raise CheckpointError(f"{who}: {target} holds {key} as an array of pickled Python objects, "
                                               "which a checkpoint never contains (and fluxpy never unpickles)",
                                               target) from err
                     raise
-    return _as_saved(saved, extension, target)
+    return _as_saved(saved, extension, target, who), meta
 
 
-def _manifest(text, target):
+def _text(data, target, who):
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{who}: {target} is corrupt: its {_META_ENTRY} is not UTF-8 text", target) from err
+
+
+def _manifest(text, target, who):
     """The ``{key: dtype name}`` of a .npz's manifest entry, checked."""
     try:
         extension = json.loads(text)
     except ValueError as err:
-        raise CheckpointError(f"load: {target} is corrupt: its {_MANIFEST} is not JSON ({_reason(err)})",
+        raise CheckpointError(f"{who}: {target} is corrupt: its {_MANIFEST} is not JSON ({_reason(err)})",
                               target) from err
     if not isinstance(extension, dict) or any(v not in _EXTENSION_DTYPES for v in extension.values()):
-        raise CheckpointError(f"load: {target} is corrupt: its {_MANIFEST} should map keys to one of "
+        raise CheckpointError(f"{who}: {target} is corrupt: its {_MANIFEST} should map keys to one of "
                               f"{', '.join(_EXTENSION_DTYPES)}, got {_reason(ValueError(str(extension)))}", target)
     return extension
 
 
-def _as_saved(saved, extension, target):
+def _as_saved(saved, extension, target, who):
     """The arrays of ``saved`` that ``extension`` names viewed back as their dtype, after checking how they were
     stored."""
     for key, name in extension.items():
         dtype = _EXTENSION_DTYPES[name]
         got = saved.get(key)
         if got is None or got.dtype != _STORED_AS[dtype.itemsize][1]:
-            raise CheckpointError(f"load: {target} is corrupt: {key} should be stored as "
+            raise CheckpointError(f"{who}: {target} is corrupt: {key} should be stored as "
                                   f"{_STORED_AS[dtype.itemsize][1]} for its dtype {name}, found "
                                   f"{'no such array' if got is None else got.dtype}", target)
         saved[key] = got.view(dtype)
@@ -423,43 +500,46 @@ def _what_is(head):
     return f"it does not start with a zip header (its first bytes are {head[:8].hex()})"
 
 
-def _read_safetensors(target):
-    st = _safetensors("load", target)
-    with _open(target) as f:
+def _read_safetensors(target, who):
+    st = _safetensors(who, target)
+    with _open(target, who) as f:
         data = f.read()
     if len(data) < 8:
         why = "the file is empty" if not data else f"it has {len(data)} bytes, fewer than the 8 of the header length"
-        raise CheckpointError(f"load: {target} is not a .safetensors checkpoint: {why}", target)
+        raise CheckpointError(f"{who}: {target} is not a .safetensors checkpoint: {why}", target)
     (n,) = struct.unpack("<Q", data[:8])
     if data[:2] == b"PK":
-        raise CheckpointError(f"load: {target} is not a .safetensors checkpoint: it looks like a .npz (zip) file: "
+        raise CheckpointError(f"{who}: {target} is not a .safetensors checkpoint: it looks like a .npz (zip) file: "
                               "name it .npz", target)
     if 8 + n > len(data):
-        raise CheckpointError(f"load: {target} is truncated or not a .safetensors file: its header length says "
+        raise CheckpointError(f"{who}: {target} is truncated or not a .safetensors file: its header length says "
                               f"{n} bytes, but the file has {len(data) - 8} after it", target)
     try:
         header = json.loads(data[8:8 + n])
     except ValueError as err:
-        raise CheckpointError(f"load: {target} is corrupt: its header is not JSON ({_reason(err)})", target) from err
+        raise CheckpointError(f"{who}: {target} is corrupt: its header is not JSON ({_reason(err)})", target) from err
     if not isinstance(header, dict):
-        raise CheckpointError(f"load: {target} is corrupt: its header is not a JSON object", target)
+        raise CheckpointError(f"{who}: {target} is corrupt: its header is not a JSON object", target)
     meta = header.get("__metadata__") or {}
     version = meta.get("fluxpy_format_version") if isinstance(meta, dict) else None
     if version is not None and (not str(version).isdigit() or int(version) > _FORMAT_VERSION):
-        raise CheckpointError(f"load: {target} was written in fluxpy's checkpoint format {version}; this fluxpy "
+        raise CheckpointError(f"{who}: {target} was written in fluxpy's checkpoint format {version}; this fluxpy "
                               f"reads format {_FORMAT_VERSION} and older: upgrade fluxpy", target)
     extension = {k: n for k, v in header.items() if isinstance(v, dict) and k != "__metadata__"
                  for n, st_name in _SAFETENSORS_NAMES.items() if v.get("dtype") == st_name}
     stored_as = {k: _STORED_AS[_EXTENSION_DTYPES[n].itemsize][0] for k, n in extension.items()}
+    training = meta.get(_META_KEY) if isinstance(meta, dict) else None
+    if training is not None and not isinstance(training, str):
+        raise CheckpointError(f"{who}: {target} is corrupt: its metadata's {_META_KEY} is not a text", target)
     try:
-        return _as_saved(st.load(_retyped(data, stored_as)), extension, target)
+        return _as_saved(st.load(_retyped(data, stored_as)), extension, target, who), training
     except CheckpointError:
         raise
     except KeyError as err:
-        raise CheckpointError(f"load: {target} holds an array of dtype {err.args[0] if err.args else '?'}, which "
+        raise CheckpointError(f"{who}: {target} holds an array of dtype {err.args[0] if err.args else '?'}, which "
                               "NumPy cannot represent", target) from err
     except Exception as err:  # SafetensorError: offsets past the end (truncated), overlapping data, bad dtype, ...
-        raise CheckpointError(f"load: {target} is a corrupt or truncated .safetensors file "
+        raise CheckpointError(f"{who}: {target} is a corrupt or truncated .safetensors file "
                               f"({type(err).__name__}: {_reason(err)})", target) from err
 
 
@@ -469,7 +549,7 @@ def _listed(keys):
     return ", ".join(keys[:_MAX_LISTED]) + more
 
 
-def _check_match(expected, saved, path):
+def _check_match(expected, saved, path, who):
     """Every key, shape and dtype kind of the file against the model's; one error listing what differs."""
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
@@ -479,7 +559,7 @@ def _check_match(expected, saved, path):
             parts.append(f"missing from the file: {_listed(missing)}")
         if unexpected:
             parts.append(f"not in the model: {_listed(unexpected)}")
-        raise CheckpointError(f"load: {path} does not fit the model: {'; '.join(parts)}; nothing was loaded", path)
+        raise CheckpointError(f"{who}: {path} does not fit the model: {'; '.join(parts)}; nothing was loaded", path)
     problems = []
     for key, array in expected.items():
         got = saved[key]
@@ -490,7 +570,7 @@ def _check_match(expected, saved, path):
                             "to it")
     if problems:
         more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
-        raise CheckpointError(f"load: {path} does not fit the model: {'; '.join(problems[:_MAX_LISTED])}{more}; "
+        raise CheckpointError(f"{who}: {path} does not fit the model: {'; '.join(problems[:_MAX_LISTED])}{more}; "
                               "nothing was loaded", path)
 
 

@@ -46,30 +46,56 @@ MixedPrecision(Dense(3 => 2), bfloat16)
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .autodiff import Primitive, value_of
-from .backend import Array, get_array_module, gpu_device, is_float_dtype
-from .capturing import refuse
+from .backend import Array, copy_into, get_array_module, gpu_device, is_float_dtype, to_cpu
+from .capturing import capturing, refuse
 from .kernels import find
 from .functors import children, layer, rebuild, trainable_keys
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm
 from .layout import MEMORY_FORMATS
 from .ops.shape import as_memory_format, astype
+from .optimise import Plan
 
-__all__ = ["MixedPrecision", "DynamicLossScale", "mixed_precision", "f16", "bf16"]
+__all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16"]
 
 KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm)   # layers whose parameters and statistics stay float32
+
+
+class LossScaleUnderflow(FloatingPointError):
+    """A float16 run whose gradients overflowed at every loss scale: the :class:`DynamicLossScale` fell below its
+    ``min_scale`` after ``skipped`` skipped steps in a row, so nothing was trained in them. A
+    ``FloatingPointError``, as :class:`fluxpy.TrainingDiverged` is.
+
+    >>> err = LossScaleUnderflow("the loss scale fell to 3e-05", 3.0e-5, 30)
+    >>> isinstance(err, FloatingPointError), err.scale, err.skipped
+    (True, 3e-05, 30)
+    """
+
+    def __init__(self, message: str, scale: float, skipped: int) -> None:
+        super().__init__(message)
+        self.scale, self.skipped = scale, skipped
 
 
 class DynamicLossScale:
     """A loss scale kept on the device (a float32 ``scale`` and an int32 count of good steps), for float16
     :class:`MixedPrecision`: :meth:`advance` with a step's finite flag halves it after an overflow and doubles it
-    after ``growth_interval`` good steps in a row, on the device (captured with a step).
+    after ``growth_interval`` good steps in a row, up to ``max_scale``, on the device (captured with a step).
+
+    ``max_scale`` (default ``2**24``) caps the growth: a model whose gradients never overflow would otherwise
+    double the scale every ``growth_interval`` steps until it is infinite, and every step after that would be
+    skipped. ``min_scale`` (default ``2**-14``, float16's smallest normal number) is the floor: scaled gradients
+    that still overflow float16 at that scale are above about 1e9 or NaN, so the run has diverged, and an eager
+    step whose overflow takes the scale below it raises :class:`LossScaleUnderflow` naming the scale and the steps
+    skipped in a row, instead of training nothing in silence. (Inside a captured step nothing is read on the host:
+    :func:`fluxpy.train` counts its captured steps when it reads their flags; a loop of one's own around a captured
+    :class:`fluxpy.TrainStep` calls :meth:`check` now and then.)
 
     >>> import numpy as np
     >>> s = DynamicLossScale(init=8.0, growth_interval=2)
@@ -78,48 +104,140 @@ class DynamicLossScale:
     ...     s.advance(np.asarray(flag))
     >>> float(s.array(np))   # doubled after two good steps, halved after the overflow
     8.0
+    >>> s = DynamicLossScale(init=1.0, min_scale=0.25); _ = s.array(np)
+    >>> for _ in range(3):
+    ...     s.advance(np.asarray(np.inf))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fluxpy.precision.LossScaleUnderflow: DynamicLossScale: the loss scale fell to 0.125, below min_scale=0.25, ...
     """
 
-    def __init__(self, init: float = 2.0 ** 15, growth_interval: int = 2000) -> None:
-        if not 0 < init < float("inf"):
-            raise ValueError(f"DynamicLossScale: init must be a positive finite number, got {init!r}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+    def __init__(self, init: float = 2.0 ** 15, growth_interval: int = 2000, *, min_scale: float = 2.0 ** -14,
+                 max_scale: float = 2.0 ** 24) -> None:
+        for name, value in (("init", init), ("min_scale", min_scale), ("max_scale", max_scale)):
+            _check_scale(f"DynamicLossScale: {name}", value)
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral):
+            raise TypeError(f"DynamicLossScale: growth_interval must be an int >= 1, got {_short(growth_interval)}")
+        if growth_interval < 1:
             raise ValueError(f"DynamicLossScale: growth_interval must be an int >= 1, got {growth_interval!r}")
-        self.init, self.growth_interval = float(init), growth_interval
+        if not min_scale <= init <= max_scale:
+            raise ValueError(f"DynamicLossScale: needs min_scale <= init <= max_scale, got {min_scale!r}, {init!r} "
+                             f"and {max_scale!r}")
+        self.init, self.growth_interval = float(init), int(growth_interval)
+        self.min_scale, self.max_scale = float(min_scale), float(max_scale)
         self._scale = self._good = None
+        self._start = None     # (scale, good) that the device arrays are made from: a loaded checkpoint's
+        self._skipped = 0      # eager steps in a row whose gradients overflowed (counted on the host)
 
     def array(self, xp: Any) -> Array:
         """The scale, a 0-d float32 array of ``xp`` (NumPy or CuPy; made on first use, outside any capture)."""
         if self._scale is None or get_array_module(self._scale) is not xp:
             refuse("MixedPrecision: its dynamic loss scale is made by the first (eager) call, not inside a capture")
-            self._scale, self._good = xp.asarray(self.init, dtype=np.float32), xp.zeros((), dtype=np.int32)
+            scale, good = self._start if self._start is not None else (self.init, 0)
+            self._scale, self._good = xp.asarray(scale, dtype=np.float32), xp.asarray(good, dtype=np.int32)
         return self._scale
 
     def advance(self, flag: Array, applied: Array | None = None) -> None:
         """After a step whose gradients' finite flag is ``flag`` (finite: every gradient was), on the device: an
         overflow halves the scale; a good step counts where ``applied`` (default ``flag``) is finite too, i.e.
-        where the update ran (a captured step skipped for another step's sake counts for nothing)."""
+        where the update ran (a captured step skipped for another step's sake counts for nothing). Outside a
+        capture the flag is read on the host (the caller has waited for it already) to count the overflows in a
+        row and raise :class:`LossScaleUnderflow` below ``min_scale``."""
         if self._scale is None:
             return
         applied = flag if applied is None else applied
         kernel = find("loss_scale_advance", self._scale)
         if kernel is not None:
             kernel(self._scale, self._good, flag, applied, self.growth_interval)
-            return
-        if not np.isfinite(flag):
+            xp = get_array_module(self._scale)
+            xp.minimum(self._scale, np.float32(self.max_scale), out=self._scale)   # the kernel doubles uncapped
+        elif not np.isfinite(flag):
             self._scale[...], self._good[...] = self._scale * np.float32(0.5), 0
         elif np.isfinite(applied):
             self._good[...] = self._good + 1
             if self._good >= self.growth_interval:
-                self._scale[...], self._good[...] = self._scale * np.float32(2), 0
+                self._scale[...], self._good[...] = np.minimum(self._scale * np.float32(2), self.max_scale), 0
+        if not capturing():
+            self.counted(Plan.is_finite(flag))
+
+    def counted(self, finite: bool) -> None:
+        """Count on the host a step whose gradients were finite or not (:meth:`advance` does, outside a capture;
+        :func:`fluxpy.train` does for its captured steps when it reads their flags); an overflow that leaves the
+        scale below ``min_scale`` raises :class:`LossScaleUnderflow`.
+
+        >>> s = DynamicLossScale(); s.counted(False); s.get_state()["skipped"]
+        1
+        """
+        self._skipped = 0 if finite else self._skipped + 1
+        if not finite:
+            self.check()
+
+    def check(self) -> None:
+        """Raise :class:`LossScaleUnderflow` if the scale is below ``min_scale`` (one read of it on the host).
+
+        >>> DynamicLossScale().check()
+        """
+        scale = self.scale
+        if scale < self.min_scale:
+            raise LossScaleUnderflow(
+                f"DynamicLossScale: the loss scale fell to {scale:g}, below min_scale={self.min_scale:g}, after "
+                f"{self._skipped} steps in a row whose scaled float16 gradients were not finite and were skipped, so "
+                "nothing was trained in them: the gradients are NaN or infinite at any scale (look for a log, sqrt "
+                "or division at zero in the loss or the model, or lower the learning rate), or train in bfloat16 "
+                "(mixed_precision(model, \"bfloat16\")), which needs no loss scale", scale, self._skipped)
 
     @property
     def scale(self) -> float:
         """The scale now, read on the host (a sync on the GPU)."""
-        return self.init if self._scale is None else float(self._scale)
+        if self._scale is None:
+            return self.init if self._start is None else float(self._start[0])
+        return float(self._scale)
+
+    def get_state(self) -> dict:
+        """The scale's state on the host, for a checkpoint: ``{"scale": 0-d float32, "good": 0-d int32,
+        "skipped": int}`` (:func:`fluxpy.save_training` stores it; :meth:`set_state` restores it).
+
+        >>> DynamicLossScale(init=4.0).get_state()
+        {'scale': array(4., dtype=float32), 'good': array(0, dtype=int32), 'skipped': 0}
+        """
+        if self._scale is None:
+            scale, good = self._start if self._start is not None else (self.init, 0)
+        else:
+            scale, good = to_cpu(self._scale), to_cpu(self._good)
+        return {"scale": np.array(scale, dtype=np.float32), "good": np.array(good, dtype=np.int32),
+                "skipped": self._skipped}
+
+    def set_state(self, state: dict) -> None:
+        """Restore :meth:`get_state`'s values: into the device arrays in place where they exist (a captured step
+        keeps reading them), else kept for the first call to make them from.
+
+        >>> s = DynamicLossScale(); s.set_state(DynamicLossScale(init=8.0).get_state()); s.scale
+        8.0
+        """
+        scale, good = np.array(state["scale"], np.float32), np.array(state["good"], np.int32)
+        self._start, self._skipped = (scale, good), int(state["skipped"])
+        if self._scale is not None:
+            copy_into(self._scale, scale)
+            copy_into(self._good, good)
 
     def __repr__(self) -> str:
-        return f"DynamicLossScale(init={self.init:g}, growth_interval={self.growth_interval})"
+        limits = "".join(f", {name}={value:g}" for name, value, default in (
+            ("min_scale", self.min_scale, 2.0 ** -14), ("max_scale", self.max_scale, 2.0 ** 24)) if value != default)
+        return f"DynamicLossScale(init={self.init:g}, growth_interval={self.growth_interval}{limits})"
+
+
+def _check_scale(who, value):
+    """A ``TypeError`` for a value that is not a real number, a ``ValueError`` for one that is not positive and
+    finite."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{who} must be a positive finite number, got {_short(value)}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{who} must be a positive finite number, got {value!r}")
+
+
+def _short(x):
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 @layer(children=("model",))
@@ -142,11 +260,9 @@ class MixedPrecision:
         self.memory = memory
         if isinstance(loss_scale, str) and loss_scale == "default":
             loss_scale = DynamicLossScale() if self.dtype == np.float16 else None
-        if loss_scale is not None and not isinstance(loss_scale, DynamicLossScale) and (
-                isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float))
-                or not 0 < loss_scale < float("inf")):
-            raise ValueError(f"MixedPrecision: loss_scale must be a DynamicLossScale, a positive finite number or "
-                             f"None, got {loss_scale!r}")
+        if loss_scale is not None and not isinstance(loss_scale, DynamicLossScale):
+            _check_scale("MixedPrecision: loss_scale (a DynamicLossScale, a positive finite number or None)",
+                         loss_scale)
         bad = [a.dtype for a in _float_leaves(model) if a.dtype != np.float32]
         if bad:
             raise TypeError(f"MixedPrecision: the model's master weights must be float32 (convert it with "

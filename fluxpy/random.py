@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 import numbers
+import sys
 import zlib
 from typing import Any
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from .kernels import kernel_for
 
-__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG"]
+__all__ = ["seed", "default_rng", "as_rng", "rng_for", "RNG", "get_state", "set_state", "check_state"]
 
 #: What an ``rng=`` argument accepts: a ``numpy.random.Generator``, a seed (an int >= 0), or ``None`` (the global one).
 RNG = np.random.Generator | int | None
@@ -134,6 +135,99 @@ def rng_for(xp: Any) -> Any:
     if made is None or made[0] is not make:
         made = _device_generators[xp] = (make, make(_derived_seed(getattr(xp, "__name__", repr(xp)))))
     return made[1]
+
+
+def get_state() -> dict:
+    """The state of fluxpy's generators as plain data (ints, strings, dicts; JSON-ready): the NumPy generator's,
+    the last :func:`seed`, and each device generator's key and positions (fluxpy's Philox generator for CuPy). A
+    training checkpoint (:func:`fluxpy.save_training`) stores it, so that a resumed run draws the dropout masks
+    and batch orders the run would have drawn. A device generator of another kind (no ``key`` and
+    ``_offsets``) has no state here: it is made again from the seed.
+
+    >>> seed(3); state = get_state()
+    >>> a = default_rng().random(2)
+    >>> set_state(state)
+    >>> bool((default_rng().random(2) == a).all())
+    True
+    """
+    devices = {}
+    for xp, (make, generator) in _device_generators.items():
+        if make is not None and hasattr(generator, "key") and hasattr(generator, "_offsets"):
+            devices[getattr(xp, "__name__", repr(xp))] = {
+                "key": [int(k) for k in generator.key],
+                "offsets": {str(dev): int(offset[0]) for dev, offset in generator._offsets.items()}}
+    return {"numpy": _generator.bit_generator.state, "seed": _seed[0], "devices": devices}
+
+
+def set_state(state: dict) -> None:
+    """Restore what :func:`get_state` returned: the NumPy generator in place (objects holding it follow), the
+    seed, and the device generators' keys and positions (written into their device arrays in place, so a captured
+    step keeps drawing from them). A device module that is not imported in this process (CuPy on a machine
+    without a GPU) is left out. A malformed state is a ``ValueError`` before anything changes.
+
+    >>> set_state({"numpy": "x"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: set_state expects what fluxpy.random.get_state returned (...), got a dict with numpy 'x'
+    """
+    check_state(state)
+    _generator.bit_generator.state = state["numpy"]
+    _seed[0] = state["seed"]
+    for xp in [xp for xp in _device_generators if getattr(xp, "__name__", repr(xp)) not in state["devices"]]:
+        if xp is not np:
+            del _device_generators[xp]   # made again from the restored seed when next used, as after seed()
+    for name, saved in state["devices"].items():
+        xp = sys.modules.get(name)
+        if xp is None:
+            continue
+        generator = rng_for(xp)   # the one in use where it exists (its arrays keep their addresses), else a new one
+        if not (hasattr(generator, "key") and hasattr(generator, "_offsets")):
+            continue
+        generator.key = tuple(saved["key"])
+        for dev, value in saved["offsets"].items():
+            offset = generator._offsets.get(int(dev))
+            if offset is None:
+                with xp.cuda.Device(int(dev)):
+                    offset = generator.offset()
+            offset[...] = np.uint64(value)
+
+
+def check_state(state: Any) -> None:
+    """A ``ValueError`` naming what is wrong, unless ``state`` has the form :func:`get_state` returns (what
+    :func:`set_state` checks before it changes anything).
+
+    >>> check_state(get_state())
+    >>> check_state({"numpy": {}, "seed": None, "devices": {}})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: set_state expects what fluxpy.random.get_state returned (...), got a dict with numpy {}
+    """
+    problem = _state_problem(state)
+    if problem is not None:
+        raise ValueError("set_state expects what fluxpy.random.get_state returned ({\"numpy\": ..., \"seed\": ..., "
+                         f"\"devices\": ...}}), got {problem}")
+
+
+def _state_problem(state):
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}"
+    try:
+        np.random.PCG64().state = state.get("numpy")   # a throwaway generator: what PCG64 refuses, before any change
+    except (TypeError, ValueError, KeyError):
+        return f"a dict with numpy {state.get('numpy')!r:.60}"
+    seed = state.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        return f"a dict with seed {seed!r:.60}"
+    devices = state.get("devices")
+    if not isinstance(devices, dict) or not all(map(_device_state_ok, devices.values())):
+        return f"a dict with devices {devices!r:.60}"
+    return None
+
+
+def _device_state_ok(d):
+    return (isinstance(d, dict) and isinstance(d.get("key"), list) and len(d["key"]) == 2
+            and all(isinstance(k, int) and 0 <= k < 2 ** 32 for k in d["key"]) and isinstance(d.get("offsets"), dict)
+            and all(str(o).isdigit() and isinstance(v, int) and 0 <= v < 2 ** 64 for o, v in d["offsets"].items()))
 
 
 def _derived_seed(name):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
 import time
 import types
@@ -31,6 +32,7 @@ from typing import Any
 
 from .autodiff import withgradient_detailed, value_of
 from .backend import get_array_module, is_float_dtype, read_scalars
+from .checkpoint import load_training, save_training
 from .collector import frozen_while_training
 from .functors import arrays, state
 from .ops import check_indices
@@ -59,7 +61,8 @@ class TrainingDiverged(FloatingPointError):
 
 def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
           check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = True,
-          schedule: Callable[[int], float] | None = None, schedule_per: str = "epoch") -> list[float]:
+          schedule: Callable[[int], float] | None = None, schedule_per: str = "epoch",
+          checkpoint: str | os.PathLike | None = None, every: int | None = None, resume: bool = False) -> list[float]:
     """Train ``model`` in place on every batch of ``data``, ``epochs`` times; returns the per-batch losses.
 
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
@@ -107,6 +110,19 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     rate means a new capture (the graph holds the rate as a number): per epoch that costs one eager step and one
     capture per epoch, per step every step runs eagerly.
 
+    ``checkpoint=path``: the whole training state (:func:`fluxpy.save_training`: the model, the optimiser state,
+    the loss scale, fluxpy's random generators and the steps done) is saved to ``path`` (``.npz`` or
+    ``.safetensors``; atomically, so a process killed while saving leaves the last complete file) every ``every``
+    steps (counting every batch of every epoch; ``every=None``: at the end of each epoch), and after the last step.
+    ``resume=True`` continues the run saved there: the state is loaded (:func:`fluxpy.load_training`) and the steps
+    it had done are skipped (the batches are taken from ``data`` and dropped; a schedule counts them), so running
+    the same script again after a crash, with ``resume=True``, continues the same run, bit for bit on the same
+    device, as if it had never stopped; without a file at ``path`` it starts from the beginning. The batches must
+    come in the same order: a list, or a ``DataLoader`` without shuffling; a ``DataLoader`` that shuffles (from
+    fluxpy's generator) gives the same order where the checkpoint was saved at the end of an epoch (``every=None``).
+    Resuming is for a run made of one ``train`` call: a loop that calls ``train`` once per epoch resumes with
+    ``load_training`` and its own count of the epochs done.
+
     A loss that gives no gradient to any trainable array (computed from a global model instead of
     its argument, or through ``value_of``/``no_grad``) is a ``ValueError`` naming the batch: such a
     step would change nothing. The arguments are checked before the first batch: ``opt_state``
@@ -134,20 +150,25 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
     if not isinstance(capture, bool):
         raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
+    saves = None if checkpoint is None and every is None and not resume else _Checkpoints(checkpoint, every, resume)
     rates = None if schedule is None else _Rates(schedule, schedule_per, opt_state)
+    if saves is not None:
+        saves.start(model, opt_state)
     captured = _checked_step(loss, model, opt_state, check_finite) if capture and max_loss_ratio is None else None
     with frozen_while_training:   # see fluxpy.collector: the objects alive now are not scanned while it trains
         return _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured,
-                             rates)
+                             rates, saves)
 
 
 def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured,
-                  rates=None):
+                  rates=None, saves=None):
     losses: list[float] = []
     first = None
     for epoch in range(1, epochs + 1):
         if rates is not None:
             rates.epoch(epoch)
+        if saves is not None and saves.skip_epoch(data, rates):   # resumed: done before the stop, data untouched
+            continue
         bar = _progress_bar(data, epoch, epochs) if progress else None
         seen, start, batches = 0, time.perf_counter(), 0
 
@@ -159,6 +180,9 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
                 args = batch if isinstance(batch, tuple) else (batch,)
                 if rates is not None:
                     rates.step()
+                if saves is not None and saves.skip():   # resumed: this step was done before the stop
+                    batches += 1
+                    continue
                 values = lagged.step(args, batch_number) if lagged is not None else [
                     _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)]
                 if first is None and values:
@@ -168,8 +192,14 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
                 seen += _count(args[0])
                 if bar is not None and losses:
                     bar.show(losses[-1], seen / max(time.perf_counter() - start, 1e-9))
+                if saves is not None and saves.due():
+                    if lagged is not None:   # the step in flight settled first: the file holds finished steps
+                        losses.extend(lagged.finish())
+                    saves.save(model, opt_state, epoch, batch_number)
             if lagged is not None:
                 losses.extend(lagged.finish())
+            if saves is not None and (saves.every is None or epoch == epochs):
+                saves.save(model, opt_state, epoch, batches)
         finally:
             if lagged is not None:
                 lagged.abandon()
@@ -247,11 +277,15 @@ class _Lagged:
 
     def _settle(self, flight) -> list[float]:
         value, guard, own = flight.read.result()
+        scaler = getattr(getattr(self.captured, "model", None), "loss_scaler", None) if self.captured.loss_scaled \
+            else None
         if math.isfinite(value) and math.isfinite(guard):
             try:
                 flight.commit()   # its replay hooks report an index out of range that the step met
             except IndexError as err:
                 raise IndexError(f"train (batch {flight.batch[1]}, a captured step): {err}") from None
+            if scaler is not None:
+                scaler.counted(True)
             return [value]
         # a loss-scaled model's own overflow: skipped (and the scale lowered) on the device, as the eager step does
         overflow = self.captured.loss_scaled and math.isfinite(value) and not math.isfinite(own)
@@ -262,6 +296,8 @@ class _Lagged:
             f.undo()
         if overflow:
             flight.undo()
+            if scaler is not None:
+                scaler.counted(False)   # LossScaleUnderflow where the scale fell below its floor
         return ([value] if overflow else []) + [self.eager(*f.batch) for f in skipped]
 
 
@@ -382,6 +418,56 @@ def _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio):
     if not len(Plan(opt_state, model, who="train")):
         raise ValueError("train: the optimiser state has no trainable array, so there is nothing to train; "
                          "make it with setup(rule, model) for a model that holds float arrays")
+
+
+class _Checkpoints:
+    """train's ``checkpoint``, ``every`` and ``resume``: the steps done, counted over every epoch, saved every
+    ``every`` of them with :func:`fluxpy.save_training`, and the steps to skip when a run is resumed."""
+
+    def __init__(self, path, every, resume):
+        if path is None:
+            raise ValueError("train: every and resume need checkpoint=path, the file to save the run to")
+        if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise TypeError(f"train: checkpoint must be a file path (str or os.PathLike), got {_short(path)}")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1):
+            raise ValueError(f"train: every must be an int >= 1 (save every that many steps), or None, got {every!r}")
+        if not isinstance(resume, bool):
+            raise TypeError(f"train: resume must be True or False, got {_short(resume)}")
+        self.path, self.every, self.resume = path, every, resume
+        self.done = self.skipping = self.saved = 0
+
+    def start(self, model, opt_state):
+        """Load the saved run when resuming from a file that exists; the steps it had done are then skipped."""
+        if self.resume and any(os.path.isfile(p) for p in (self.path, f"{os.fspath(self.path)}.npz")):
+            self.skipping = self.saved = load_training(self.path, model, opt_state)["step"]
+
+    def skip_epoch(self, data, rates):
+        """Whether a whole epoch was done before the stop: skipped without iterating ``data`` (a shuffling
+        DataLoader would draw a new order from the restored generator)."""
+        n = len(data) if hasattr(data, "__len__") else None
+        if not n or self.skipping < n:
+            return False
+        self.skipping -= n
+        self.done += n
+        for _ in range(n if rates is not None else 0):
+            rates.step()
+        return True
+
+    def skip(self):
+        """Whether this step was done before the stop (and is skipped); counts it either way."""
+        self.done += 1
+        if self.skipping:
+            self.skipping -= 1
+            return True
+        return False
+
+    def due(self):
+        return self.every is not None and self.done % self.every == 0 and self.done > self.saved
+
+    def save(self, model, opt_state, epoch, batch):
+        if self.done > self.saved:   # only after steps beyond the loaded ones (a finished run saves nothing new)
+            save_training(self.path, model, opt_state, step=self.done, epoch=epoch, batch=batch)
+            self.saved = self.done
 
 
 class _Rates:

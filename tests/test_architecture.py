@@ -142,7 +142,7 @@ LAYERS = (
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)
     ("layers", "losses", "optimise", "profile", "io", "data"),  # models, losses, optimisers, files
-    ("step", "precision", "schedules", "models", "datasets", "distributed"),  # above the layers and optimisers
+    ("step", "precision", "schedules", "models", "datasets", "distributed", "checkpoint"),  # above the layers and optimisers
     ("train",),
     ("fluxpy",),                                                # the package's __init__: the public names
 )

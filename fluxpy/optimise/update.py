@@ -56,6 +56,18 @@ class Leaf:
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
 
+    def restore(self, rule: Rule, state: Any, frozen: bool) -> None:
+        """Set the rule, the state and the flag (a loaded checkpoint's), dropping update's caches: the next update
+        groups the leaves again and makes the device copy of the rule's counters from the restored host ones.
+
+        >>> from fluxpy.optimise import Adam
+        >>> leaf = setup(Adam(), np.ones(2))
+        >>> leaf.restore(Adam(0.1), (np.zeros(2), np.zeros(2), (0.5, 0.25)), True)
+        >>> leaf, leaf.state[2]
+        (Leaf(Adam(eta=0.1, beta=(0.9, 0.999), eps=1e-08), frozen), (0.5, 0.25))
+        """
+        self.__init__(rule, state, frozen)
+
     # Copies and pickles hold the rule, the state and the flag; update's caches (which refer to the model's
     # arrays) are left behind and made again.
     def __getstate__(self):
