@@ -174,7 +174,7 @@ def set_state(state: dict) -> None:
     _generator.bit_generator.state = state["numpy"]
     _seed[0] = state["seed"]
     for xp in [xp for xp in _device_generators if getattr(xp, "__name__", repr(xp)) not in state["devices"]]:
-        if xp is not np:
+        if _device_generators[xp][0] is not None:   # a device's (NumPy's, made by no maker, stays)
             del _device_generators[xp]   # made again from the restored seed when next used, as after seed()
     for name, saved in state["devices"].items():
         xp = sys.modules.get(name)
