@@ -244,6 +244,18 @@ def test_multiheadattention_names_itself(bad):
     assert "Dense" not in msg and "dot_product_attention" not in msg
 
 
+@pytest.mark.parametrize("bad", ["mask shape", "mask dtype", "bias shape"])
+def test_multiheadattention_names_itself_for_a_mask_or_bias_that_does_not_fit(bad):
+    rng = np.random.default_rng(9)
+    mha = MultiHeadAttention(8, nheads=2)
+    q, k, v = _mha_inputs(rng)
+    kw = {"mask shape": {"mask": causal_mask(5)}, "mask dtype": {"mask": np.ones((3, 4), np.float32)},
+          "bias shape": {"bias": rng.standard_normal((4, 3)).astype(np.float32)}}[bad]
+    with pytest.raises(TypeError if bad == "mask dtype" else fluxpy.DimensionMismatch,
+                       match=r"^MultiHeadAttention\(8, nheads=2\) expects a (boolean )?(mask|bias)"):
+        mha(q, k, v, **kw)
+
+
 # --- 4. zero steps: causal_mask and attention ------------------------------------------------------------------
 
 

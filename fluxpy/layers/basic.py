@@ -734,8 +734,14 @@ class MultiHeadAttention:
         v = k if v is None else v
         _check_attention(self, (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)))
         drop = self._drop if self.dropout > 0 else None
-        y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads, drop,
-                                          bias=bias)
+        try:
+            y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads,
+                                              drop, bias=bias)
+        except (TypeError, ValueError) as err:   # a mask or bias that does not fit: named as this layer's error
+            if not str(err).startswith("dot_product_attention expects"):
+                raise
+            msg = f"{self!r}{str(err)[len('dot_product_attention'):]}"
+            raise (TypeError(msg) if isinstance(err, TypeError) else DimensionMismatch(msg)) from None
         return self.out_proj(y), scores
 
     def __repr__(self):
