@@ -86,7 +86,7 @@ def test_initial_states_and_cells():
 
 def test_errors_name_the_layer():
     lstm = LSTM(3, 4)
-    with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM: LSTMCell\(3 => 4\) expects x of shape \(N, T, 3\)"):
+    with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM\(3 => 4\) expects x of shape \(N, T, 3\)"):
         lstm(np.ones((2, 5, 2), np.float32))
     with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTMCell\(3 => 4\) expects x of shape \(batch, 3\)"):
         lstm.cell(np.ones((2, 2), np.float32))

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import is_float_array, is_float_dtype
+from ..autodiff import value_of
+from ..backend import is_array, is_float_array, is_float_dtype
 from ..kernels.halfs import is_half
 from ..ops.activations import identity
 
@@ -56,42 +57,105 @@ DimensionMismatch.__module__ = "fluxpy.layers"
 DTypeMismatch.__module__ = "fluxpy.layers"
 
 
+def _type_name(x):
+    kind = type(x)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def _describe_input(x):
-    if not hasattr(x, "shape"):
-        return f"a {type(x).__name__}"
-    return f"{tuple(x.shape)} {x.dtype}"
+    """``x`` as a message shows it (``(4, 3) float32``, ``a list``, ``a torch.Tensor (4, 3) torch.float32``); it
+    never raises, whatever ``x`` is: a message must not fail while it is being built."""
+    try:
+        if not hasattr(x, "shape"):
+            return f"a {_type_name(x)}"
+        text = f"{tuple(x.shape)} {getattr(x, 'dtype', 'of no dtype')}"
+        return f"a {_type_name(x)} {text}" if _is_foreign(x) else text
+    except Exception:   # a foreign object's shape or dtype that does not print
+        return f"a {_type_name(x)}"
 
 
-def _fail(layer, expectation, x):
+def _is_foreign(x):
+    """Whether ``x`` is another library's array (a torch tensor, a JAX array...): it has a shape, but is neither a
+    NumPy or CuPy array (or scalar) nor a Tracked one."""
+    x = value_of(x)
+    return hasattr(x, "shape") and not (is_array(x) or isinstance(x, np.generic))
+
+
+def _require_native(who, x, name="x"):
+    """Raise a ``TypeError`` naming ``who`` for another library's array (:func:`_is_foreign`), saying how to
+    convert it, before anything reads its dtype.
+
+    >>> class Tensor:   # another library's array
+    ...     shape, dtype = (2, 3), "other.float32"
+    >>> try:
+    ...     _require_native("Dense(3 => 2)", Tensor())
+    ... except TypeError as err:
+    ...     print(err)   # doctest: +ELLIPSIS
+    Dense(3 => 2) expects x as a NumPy or CuPy array, got a fluxpy.layers._checks.Tensor (2, 3) other.float32: ...
+    """
+    if _is_foreign(x):
+        raise TypeError(f"{who} expects {name} as a NumPy or CuPy array, got {_describe_input(x)}: convert it with "
+                        f"numpy.asarray({name}) (then fluxpy.gpu(...) for the GPU), or share GPU memory through "
+                        f"DLPack with cupy.from_dlpack({name})")
+
+
+def _fail(layer, expectation, x, name="x"):
+    _require_native(repr(layer), x, name)
     raise DimensionMismatch(f"{layer!r} expects {expectation}, got {_describe_input(x)}")
 
 
-def _require_dtype(layer, x, dtype):
-    """Raise :class:`DTypeMismatch` unless ``x`` has the parameters' ``dtype`` (``x`` already shape-checked)."""
+def _require_dtype(layer, x, dtype, name="x"):
+    """Raise :class:`DTypeMismatch` unless ``x`` has the parameters' ``dtype`` (``x`` already shape-checked);
+    ``name``: what the message calls ``x``."""
+    _require_native(repr(layer), x, name)
     if x.dtype != dtype:
-        _fail_dtype(layer, f"x of dtype {np.dtype(dtype).name} (its parameters' dtype)", x, np.dtype(dtype))
+        _fail_dtype(layer, f"{name} of dtype {np.dtype(dtype).name} (its parameters' dtype)", x, np.dtype(dtype),
+                    name)
 
 
 def _require_norm_dtype(layer, x, dtype):
     """As :func:`_require_dtype`, but a normalisation layer with float32 parameters also takes float16 and bfloat16
     ``x`` (statistics in float32, the output in ``x``'s dtype: mixed precision, cuDNN's rule)."""
+    _require_native(repr(layer), x)
     if not (dtype == np.float32 and is_half(x.dtype)):
         _require_dtype(layer, x, dtype)
 
 
 def _require_float(layer, x):
     """Raise :class:`DTypeMismatch` unless ``x`` is floating-point (for layers without parameters)."""
+    _require_native(repr(layer), x)
     if not is_float_dtype(x.dtype):
         _fail_dtype(layer, "a floating-point x", x, np.dtype(np.float32))
 
 
-def _fail_dtype(layer, expectation, x, want):
+def _fail_dtype(layer, expectation, x, want, name="x"):
+    _require_native(repr(layer), x, name)
     got = np.dtype(x.dtype)
-    hint = f"convert the input with x.astype(np.{want.name})"
+    hint = f"convert the input with x.astype(np.{want.name})" if name == "x" else \
+        f"convert {name} with {name.split()[-1]}.astype(np.{want.name})"
     model = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
     if got.kind == "f" and got in model and got != want:
         hint += f", or the model with fluxpy.{model[got]}(model)"
     raise DTypeMismatch(f"{layer!r} expects {expectation}, got {_describe_input(x)}: {hint}")
+
+
+def _check_attention(layer, inputs):
+    """An attention layer's ``(name, x, projection)`` triples: each ``x`` ``(N, L, projection.in_features)`` of the
+    projection's dtype, one ``N``, ``k`` and ``v`` of one ``L``, a key for every query; errors name ``layer``."""
+    shapes = {}
+    for name, x, proj in inputs:
+        _require_native(repr(layer), x, name)
+        shapes[name] = shape = tuple(getattr(x, "shape", ()))
+        if len(shape) != 3 or shape[2] != proj.in_features:
+            _fail(layer, f"{name} of shape (N, L, {proj.in_features})", x, name)
+        _require_dtype(layer, x, proj.weight.dtype, name)
+    q, k, v = shapes["q"], shapes["k"], shapes["v"]
+    if not q[0] == k[0] == v[0] or k[1] != v[1]:
+        raise DimensionMismatch(f"{layer!r} expects q (N, Lq, _), k (N, Lk, _) and v (N, Lk, _) of one N and one Lk, "
+                                f"got q {q}, k {k}, v {v}")
+    if k[1] == 0 and q[1] > 0:
+        raise DimensionMismatch(f"{layer!r} expects at least one key (Lk >= 1) for its {q[1]} queries: a query over "
+                                f"no key has no softmax; got q {q}, k {k}")
 
 
 def _is_int(value):

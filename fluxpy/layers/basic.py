@@ -27,8 +27,8 @@ from ..ops.reduce import min as min_
 from ..ops.reduce import sum as sum_
 from ..ops.scatter import gather, scatter
 from ..ops.shape import expand_dims, reshape, stack, transpose
-from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _describe_input, _fail,
-                      _given_bias, _initialised, _positive_int, _require_dtype)
+from ._checks import (Array, DimensionMismatch, DTypeMismatch, _activation, _callable, _check_attention,
+                      _describe_input, _fail, _given_bias, _initialised, _positive_int, _require_dtype)
 from .init import RNG, glorot_uniform, ones32, randn32, zeros32
 from .show import _act_part, _block_repr, _fname, _inside_repr, _layer_repr
 
@@ -732,13 +732,16 @@ class MultiHeadAttention:
                  mask: Array | None = None, bias: Array | None = None) -> tuple[Array, Array]:
         k = q if k is None else k
         v = k if v is None else v
-        for name, a, proj in (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)):
-            shape = tuple(getattr(a, "shape", ()))
-            if len(shape) != 3 or shape[2] != proj.in_features:
-                raise DimensionMismatch(f"{self!r} expects {name} of shape (N, L, {proj.in_features}), got {shape}")
+        _check_attention(self, (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)))
         drop = self._drop if self.dropout > 0 else None
-        y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads, drop,
-                                          bias=bias)
+        try:
+            y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads,
+                                              drop, bias=bias)
+        except (TypeError, ValueError) as err:   # a mask or bias that does not fit: named as this layer's error
+            if not str(err).startswith("dot_product_attention expects"):
+                raise
+            msg = f"{self!r}{str(err)[len('dot_product_attention'):]}"
+            raise (TypeError(msg) if isinstance(err, TypeError) else DimensionMismatch(msg)) from None
         return self.out_proj(y), scores
 
     def __repr__(self):

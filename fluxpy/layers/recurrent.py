@@ -36,7 +36,8 @@ from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.recurrent import gru_gates, lstm_gates
 from ..ops.shape import getitem, reshape, stack, transpose
-from ._checks import (Array, DimensionMismatch, _activation, _fail, _initialised, _positive_int, _require_dtype)
+from ._checks import (Array, DimensionMismatch, _activation, _describe_input, _fail, _initialised, _positive_int,
+                      _require_dtype, _require_native)
 from .init import RNG, glorot_uniform, zeros32
 from .show import _act_part
 
@@ -59,28 +60,34 @@ def _check_step(cell, x, state):
     if not hasattr(x, "shape") or len(x.shape) != 2 or x.shape[1] != n_in:
         _fail(cell, f"x of shape (batch, {n_in}) or ({n_in},)", x)
     _require_dtype(cell, x, cell.weight_ih.dtype)
-    _check_state(cell, x.shape[0], state)
+    _check_state(cell, cell, x.shape[0], state)
 
 
-def _check_state(cell, batch, state):
-    """The state arrays of ``(batch, hidden)`` or ``(hidden,)``, one state for the whole batch (Flux's); an LSTM's a
-    pair ``(h, c)``; None: zeros."""
+def _check_state(who, cell, batch, state):
+    """The state arrays of ``(batch, hidden)`` or ``(hidden,)`` and of the parameters' dtype (a float64 state is
+    never silently promoted into a float32 cell's step), one state for the whole batch (Flux's); an LSTM's a pair
+    ``(h, c)``; None: zeros. ``who``: the cell, or the layer that runs it, named by the errors."""
     if isinstance(cell, LSTMCell):
         if state is not None and (not isinstance(state, tuple) or len(state) != 2):
-            raise DimensionMismatch(f"{cell!r} expects its state as a pair (h, c), got {type(state).__name__}")
-        arrays = () if state is None else state
+            raise DimensionMismatch(f"{who!r} expects its state as a pair (h, c), got {_describe_input(state)}")
+        named = () if state is None else zip(("state h", "state c"), state)
     else:
-        arrays = (state,)
+        named = (("state h", state),)
     hidden = cell.weight_hh.shape[1]
-    for s in arrays:
-        if s is not None and tuple(getattr(s, "shape", ())) not in ((batch, hidden), (hidden,)):
-            _fail(cell, f"a state of shape (batch, hidden) = ({batch}, {hidden}) or (hidden,) = ({hidden},)", s)
+    for name, s in named:
+        if s is None:
+            continue
+        if tuple(getattr(s, "shape", ())) not in ((batch, hidden), (hidden,)):
+            _fail(who, f"a state of shape (batch, hidden) = ({batch}, {hidden}) or (hidden,) = ({hidden},)", s,
+                  name)
+        _require_dtype(who, s, cell.weight_hh.dtype, name)
 
 
 def _unbatched(cell, step):
     """``cell.__call__`` that also takes one unbatched ``x`` ``(in,)`` (Flux's vector input): run as a batch of one,
     the outputs and state given back without the batch axis."""
     def call(self, x, state=None):
+        _require_native(repr(self), x)
         if not (hasattr(x, "shape") and len(x.shape) == 1):
             return step(self, x, state)
         h, new = step(self, reshape(x, (1, x.shape[0])), state)
@@ -236,8 +243,10 @@ def _run(layer_, x, state, return_state):
     if x.shape[-2] < 1:
         _fail(layer_, "at least one time step", x)
     cell = layer_.cell
-    if len(x.shape) == 3 and isinstance(cell, (RNNCell, LSTMCell, GRUCell)):
-        _check_sequence(cell, x, state)
+    known = isinstance(cell, (RNNCell, LSTMCell, GRUCell))
+    if known:
+        _check_sequence(layer_, cell, x, state)
+    if len(x.shape) == 3 and known:
         xi = _project(cell, x)
         w_hh_t = transpose(cell.weight_hh)
         step = (lambda t, state: cell._advance(getitem(xi, (slice(None), t)), state, w_hh_t))
@@ -251,13 +260,14 @@ def _run(layer_, x, state, return_state):
     return (y, state) if return_state else y
 
 
-def _check_sequence(cell, x, state):
-    """The checks of :func:`_check_step` for a whole batched sequence ``x`` ``(N, T, in)`` and its initial state."""
+def _check_sequence(layer_, cell, x, state):
+    """The checks of :func:`_check_step` for a whole sequence ``x`` ``(N, T, in)`` or ``(T, in)`` and its initial
+    state, before the first step, naming the layer (not the cell, nor one step's shape)."""
     n_in = cell.weight_ih.shape[1]
-    if x.shape[2] != n_in:
-        _fail(cell, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in})", x)
-    _require_dtype(cell, x, cell.weight_ih.dtype)
-    _check_state(cell, x.shape[0], state)
+    if x.shape[-1] != n_in:
+        _fail(layer_, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in})", x)
+    _require_dtype(layer_, x, cell.weight_ih.dtype)
+    _check_state(layer_, cell, x.shape[0] if len(x.shape) == 3 else 1, state)
 
 
 class _Recurrent:
@@ -268,8 +278,10 @@ class _Recurrent:
     def __call__(self, x: Array, state: Any = None, *, return_state: bool | None = None) -> Any:
         try:
             return _run(self, x, state, self.return_state if return_state is None else return_state)
-        except DimensionMismatch as err:
-            raise DimensionMismatch(f"{type(self).__name__}: {err}") from None
+        except DimensionMismatch as err:   # from inside a cell of Recurrence's that checks nothing before
+            if str(err).startswith(repr(self)):
+                raise
+            raise DimensionMismatch(f"{self!r}: {err}") from None
 
     def __repr__(self):
         c = self.cell

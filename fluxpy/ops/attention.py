@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import Array, get_array_module
+from ..backend import Array, get_array_module, is_array
 from ..kernels.halfs import is_half
 from .basic import where
 from .linalg import matmul
@@ -52,13 +52,24 @@ def _join_heads(x):
 
 
 def _check(q, k, v, nheads, mask):
-    shapes = [tuple(getattr(a, "shape", ())) for a in (q, k, v)]
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not is_array(value_of(a)):
+            raise TypeError(f"dot_product_attention expects {name} as a NumPy or CuPy array, got "
+                            f"{type(a).__module__}.{type(a).__name__}: convert it with numpy.asarray({name}) (then "
+                            f"fluxpy.gpu(...) for the GPU), or through DLPack with cupy.from_dlpack({name})")
+    shapes = [tuple(a.shape) for a in (q, k, v)]
     if any(len(s) != 3 for s in shapes):
         raise ValueError(f"dot_product_attention expects q, k, v of shapes (N, L, dim), got {shapes}")
-    (nq, _, dq), (nk, lk, dk), (nv, lv, dv) = shapes
+    (nq, lq, dq), (nk, lk, dk), (nv, lv, dv) = shapes
     if not (nq == nk == nv) or dq != dk or lk != lv:
         raise ValueError(f"dot_product_attention expects q (N, Lq, dim), k (N, Lk, dim), v (N, Lk, vdim) with one N, "
                          f"dim and Lk, got {shapes}")
+    if dq < 1:
+        raise ValueError(f"dot_product_attention expects q and k of at least one feature (dim >= 1: the logits are "
+                         f"scaled by 1/sqrt(dim)), got {shapes}")
+    if lk == 0 and lq > 0:
+        raise ValueError(f"dot_product_attention expects at least one key (Lk >= 1) for {lq} queries: a query over "
+                         f"no key has no softmax; got q {shapes[0]}, k {shapes[1]}")
     if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1 or dq % nheads or dv % nheads:
         raise ValueError(f"dot_product_attention expects nheads, an int >= 1 that divides dim {dq} and vdim {dv}, "
                          f"got {nheads!r}")
@@ -104,7 +115,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
         logits = logits + (astype(bias, np.float32) if half and is_half(value_of(bias).dtype) else bias)
     if mask is not None:
         logits = where(value_of(mask), logits, -np.inf)
-    scores = softmax(logits, axis=-1)
+    scores = softmax(logits, axis=-1) if k.shape[1] else logits   # no key (and no query): empty scores
     weights = scores if dropout is None else dropout(scores)
     if half:
         weights = astype(weights, value_of(vh).dtype)
@@ -124,13 +135,20 @@ def _check_bias(bias, scores):
 
 def causal_mask(x: Array | int, xp: Any = None) -> Array:
     """The causal mask for a sequence of ``x.shape[1]`` (or ``x``) steps: ``(L, L)``, true where the key's index is
-    at most the query's (NNlib's ``make_causal_mask``, in the (query, key) order of the scores).
+    at most the query's (NNlib's ``make_causal_mask``, in the (query, key) order of the scores). ``x``: an int
+    ``L >= 0`` or an array of at least two axes, ``(N, L, ...)``; ``causal_mask(0)`` is the empty ``(0, 0)`` mask.
 
     >>> causal_mask(3)
     array([[ True, False, False],
            [ True,  True, False],
            [ True,  True,  True]])
     """
-    length = x if isinstance(x, int) else x.shape[1]
-    xp = xp if xp is not None else (np if isinstance(x, int) else get_array_module(value_of(x)))
+    number = isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+    if not number and not hasattr(x, "shape"):
+        raise TypeError(f"causal_mask expects a length, an int >= 0, or an array (N, L, ...), got {x!r}")
+    if number and x < 0 or not number and len(x.shape) < 2:
+        got = repr(x) if number else f"an array of shape {tuple(x.shape)}"
+        raise ValueError(f"causal_mask expects a length, an int >= 0, or an array (N, L, ...), got {got}")
+    length = int(x) if number else x.shape[1]
+    xp = xp if xp is not None else (np if number else get_array_module(value_of(x)))
     return xp.tril(xp.ones((length, length), dtype=bool))

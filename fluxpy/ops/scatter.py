@@ -36,6 +36,7 @@ before returning. Gradients never check (their indices were checked on the way f
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -192,12 +193,28 @@ def _size_from_indices(on_host):
                "read); give dstsize")
 
 
+MAX_INFERRED_ENTRIES = 2 ** 31
+"""The most entries :func:`scatter` makes ``dst`` of without ``dstsize``: a larger one (an index such as ``10**12``,
+a stray value more often than a wanted size) is an error before anything is allocated; ``dstsize`` allows any."""
+
+
+def _inferred(shape, largest):
+    """``shape``, read from the largest index ``largest`` (``dstsize`` not given), within
+    :data:`MAX_INFERRED_ENTRIES`."""
+    if math.prod(shape) > MAX_INFERRED_ENTRIES:
+        raise ValueError(f"scatter: without dstsize, the largest index {largest} makes dst of shape {shape}, "
+                         f"{math.prod(shape):.3g} entries, more than {MAX_INFERRED_ENTRIES} (MAX_INFERRED_ENTRIES) "
+                         f"made without dstsize: pass dstsize to make so large a dst on purpose (or check the indices)")
+    return shape
+
+
 def _destination_shape(src, index, dstsize, on_host):
     """``dstsize`` checked, or the smallest shape that holds the largest index (NNlib's ``maximum_dims``)."""
     trailing = tuple(src.shape[index[0].ndim:])
     if dstsize is None:
         _size_from_indices(on_host)
-        return tuple(max(int(a.max()) + 1, 0) if a.size else 0 for a in index) + trailing
+        largest = [int(a.max()) if a.size else -1 for a in index]
+        return _inferred(tuple(max(m + 1, 0) for m in largest) + trailing, max(largest))
     shape = _dstsize(dstsize)
     d = len(index)
     if len(shape) != d + len(trailing) or shape[d:] != trailing:
@@ -214,7 +231,9 @@ def _destination_shape_along(src, index, dstsize, on_host, axis):
     sshape = tuple(src.shape)
     if dstsize is None:
         _size_from_indices(on_host)
-        n = max(int(index[0].max()) + 1, 0) if index[0].size else 0
+        largest = int(index[0].max()) if index[0].size else -1
+        n = max(largest + 1, 0)
+        _inferred(sshape[:axis] + (n,) + sshape[axis + 1:], largest)
     elif _is_int(dstsize):
         n = int(dstsize)
     else:
@@ -304,8 +323,10 @@ def scatter(op: Any, src: Array, idx: Any, dstsize: int | Sequence[int] | None =
     (``min``, ``np.minimum``) or ``"mean"`` (``np.mean``). ``idx``: an integer array, or a tuple of ``d`` integer
     arrays of one shape, indexing the ``d`` leading axes of ``dst``; ``src.shape`` is ``idx``'s shape followed by
     the trailing shape of ``dst``. ``dstsize``: the whole shape of ``dst`` (an int for a 1-d one); by default the
-    smallest that holds the largest index. Entries no index hits hold 0 for ``+`` and ``mean``, the dtype's lowest
-    value for ``max`` (``-inf`` for floats) and its highest for ``min`` (NNlib's ``scatter_empty``).
+    smallest that holds the largest index, up to :data:`MAX_INFERRED_ENTRIES` (``2**31``) entries (a larger one is
+    an error naming the largest index: give ``dstsize`` for it). Entries no index hits hold 0 for ``+`` and
+    ``mean``, the dtype's lowest value for ``max`` (``-inf`` for floats) and its highest for ``min`` (NNlib's
+    ``scatter_empty``).
 
     ``axis`` (an int, negative counts from the end): ``idx`` is one integer array of ``src``'s shape and each entry
     sends its ``src`` value along ``axis``: ``dst[i, idx[i, j], k] op= src[i, j, k]`` for ``axis=1`` of 3-d arrays
