@@ -295,7 +295,8 @@ def _smoothed(y, alpha, classes):
     return y if alpha == 0 else y * (1 - alpha) + alpha / classes
 
 
-def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoothing: float = 0.0) -> Array:
+def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoothing: float = 0.0,
+                      weight: Array | None = None, ignore_index: int | None = None) -> Array:
     """The cross-entropy computed from logits: ``agg(-sum(y * logsoftmax(ŷ), axis=-1))``.
 
     ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape ``(..., classes)``.
@@ -306,7 +307,16 @@ def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoo
     ``label_smoothing=alpha`` in [0, 1) smooths the targets towards the uniform distribution first,
     ``y (1 - alpha) + alpha / classes``, as :func:`label_smoothing` and PyTorch's keyword.
 
+    PyTorch's ``weight`` and ``ignore_index``: ``weight``, a ``(classes,)`` array, weighs each class's term
+    (``-sum(weight * y * logsoftmax(ŷ))`` per example); ``ignore_index``, with class-index targets only, drops the
+    examples of that label. With class indices and ``agg=mean`` the mean is PyTorch's weighted one: the sum of the
+    examples' losses over the sum of their classes' weights (the count of examples kept, without ``weight``; NaN
+    where every example is ignored). With probability targets ``mean`` divides by the number of examples.
+
     >>> import numpy as np
+    >>> l = logitcrossentropy(np.array([[0.0, np.log(3.0)], [5.0, 0.0]]), np.array([1, -100]), ignore_index=-100)
+    >>> round(float(l), 4)
+    0.2877
     >>> round(float(logitcrossentropy(np.array([[0.0, np.log(3.0)]]), np.array([[0, 1]]))), 4)
     0.2877
     >>> round(float(logitcrossentropy(np.array([[0.0, np.log(3.0)]]), np.array([1]))), 4)
@@ -321,19 +331,63 @@ got values from 0 to 3 in y of shape (2,) int64
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) or \
             not 0 <= label_smoothing < 1:
         raise ValueError(f"logitcrossentropy expects label_smoothing in [0, 1), got {label_smoothing!r}")
+    shape = _shape(yhat)
+    weight = _class_weights(yhat, weight)
+    labels = kept = None
     if _is_labels(yhat, y):
-        y = _labels_to_targets(yhat, y)
+        labels = value_of(y)
+        if ignore_index is not None:
+            kept = labels != _index("logitcrossentropy", "ignore_index", ignore_index)
+            labels = get_array_module(labels).where(kept, labels, 0)   # any class: the row is zeroed below
+        y = _labels_to_targets(yhat, labels)
+    elif ignore_index is not None:
+        raise ValueError("logitcrossentropy: ignore_index applies to class-index targets, got targets of ŷ's shape "
+                         f"{shape} (zero the rows to drop instead)")
     else:
         y = _check("logitcrossentropy", yhat, y, classes=True, targets=_TARGETS)
-    shape = _shape(yhat)
     y = _smoothed(y, label_smoothing, shape[-1])
+    if kept is not None:
+        y = y * kept[..., None].astype(y.dtype)
+    if weight is not None:
+        y = y * weight
+    rows = _rows(yhat, y, shape)
+    if labels is not None and agg is mean and (weight is not None or kept is not None):
+        counted = weight[labels] if weight is not None else value_of(y).dtype.type(1)
+        if kept is not None:
+            counted = counted * kept.astype(value_of(y).dtype)
+        return _sum(rows) / get_array_module(labels).broadcast_to(counted, labels.shape).sum()
+    return _aggregate(agg, rows)
+
+
+def _rows(yhat, y, shape):
+    """The cross-entropy of each example (``shape[:-1]``) from logits ``yhat`` and targets ``y`` of ``shape``."""
     if len(shape) == 2:
-        return _aggregate(agg, logit_crossentropy_rows(yhat, y))
+        return logit_crossentropy_rows(yhat, y)
     if len(shape) > 2:   # (..., C): one row per leading index
         rows = logit_crossentropy_rows(reshape(yhat, (-1, shape[-1])), reshape(y, (-1, shape[-1])))
-        return _aggregate(agg, reshape(rows, shape[:-1]))
+        return reshape(rows, shape[:-1])
     rows = logit_crossentropy_rows(reshape(yhat, (1, -1)), reshape(y, (1, -1)))   # one example: one row
-    return _aggregate(agg, reshape(rows, ()))
+    return reshape(rows, ())
+
+
+def _class_weights(yhat, weight):
+    """``weight`` as a ``(classes,)`` array of ŷ's dtype on its device, checked; None stays None."""
+    if weight is None:
+        return None
+    v, classes = value_of(yhat), _shape(yhat)[-1]
+    w = value_of(weight)
+    if not hasattr(w, "shape"):
+        w = np.asarray(w)
+    if tuple(w.shape) != (classes,) or np.dtype(w.dtype).kind not in "fiu":
+        raise ValueError(f"logitcrossentropy expects weight, a ({classes},) array of class weights (ŷ has {classes} "
+                         f"classes on its last axis), got {_describe('weight', w)}")
+    return get_array_module(v).asarray(w, dtype=v.dtype)
+
+
+def _index(who, name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{who} expects {name} to be an int (a class index), got {value!r}")
+    return int(value)
 
 
 def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:

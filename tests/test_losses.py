@@ -270,3 +270,56 @@ def test_masked_logits_give_the_loss_of_the_classes_left(n, c, masked, seed, for
 def test_a_target_on_a_masked_class_is_an_infinite_loss():
     x = np.array([[0.0, -np.inf, 1.0]])
     assert float(L.logitcrossentropy(x, np.array([1]))) == np.inf
+
+
+def _torch_cross_entropy(logits, labels, weight, ignore_index, alpha):
+    """PyTorch's ``cross_entropy(logits, labels, weight, ignore_index=..., label_smoothing=alpha)``, mean reduction,
+    transcribed in float64 (its documented formula)."""
+    n, c = logits.shape
+    w = np.ones(c) if weight is None else weight
+    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - \
+        logits.max(1, keepdims=True)
+    total = denominator = 0.0
+    for i in range(n):
+        if ignore_index is not None and labels[i] == ignore_index:
+            continue
+        total += -(1 - alpha) * w[labels[i]] * logp[i, labels[i]] - alpha / c * (w * logp[i]).sum()
+        denominator += w[labels[i]]
+    return total / denominator
+
+
+@given(n=st.integers(1, 7), c=st.integers(2, 6), weighted=st.booleans(), ignore=st.sampled_from([None, -100, 0]),
+       alpha=st.sampled_from([0.0, 0.1]), seed=st.integers(0, 2**31 - 1))
+def test_class_weights_and_ignore_index_follow_pytorch(n, c, weighted, ignore, alpha, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, c))
+    labels = rng.integers(0, c, n)
+    if ignore is not None:
+        labels[rng.random(n) < 0.3] = ignore
+        labels[0] = 1   # one kept example at least
+    weight = rng.uniform(0.1, 3.0, c) if weighted else None
+    got = L.logitcrossentropy(logits, labels, weight=weight, ignore_index=ignore, label_smoothing=alpha)
+    np.testing.assert_allclose(float(got), _torch_cross_entropy(logits, labels, weight, ignore, alpha), rtol=1e-12)
+    check_grad(lambda z: L.logitcrossentropy(z, labels, weight=weight, ignore_index=ignore, label_smoothing=alpha),
+               logits, rng=rng)
+
+
+def test_class_weights_on_probability_targets_and_other_aggregations():
+    rng = np.random.default_rng(0)
+    logits, y = rng.standard_normal((4, 3)), rng.dirichlet(np.ones(3), 4)
+    w = np.array([0.5, 2.0, 1.0])
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(float(L.logitcrossentropy(logits, y, weight=w)), (-(w * y * logp).sum(1)).mean(),
+                               rtol=1e-12)
+    rows = L.logitcrossentropy(logits, np.array([0, 2, -1, 1]), ignore_index=-1, agg=lambda l: l)
+    assert rows.shape == (4,) and rows[2] == 0 and np.all(rows[[0, 1, 3]] > 0)
+
+
+def test_bad_weight_and_ignore_index_are_named():
+    logits = np.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"weight, a \(3,\) array of class weights"):
+        L.logitcrossentropy(logits, np.array([0, 1]), weight=np.ones(2))
+    with pytest.raises(TypeError, match="ignore_index to be an int"):
+        L.logitcrossentropy(logits, np.array([0, 1]), ignore_index=1.5)
+    with pytest.raises(ValueError, match="ignore_index applies to class-index targets"):
+        L.logitcrossentropy(logits, np.eye(3)[[0, 1]], ignore_index=0)

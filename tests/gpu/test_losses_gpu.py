@@ -114,3 +114,20 @@ def test_masked_logits_on_the_gpu_match_the_cpu(dtype):
     expected = logit_crossentropy_rows(x.astype(np.float32), y.astype(np.float32))
     assert bool(cp.isfinite(loss).all())
     np.testing.assert_allclose(cp.asnumpy(loss).astype(np.float32), expected, rtol=1e-2 if dtype.itemsize == 2 else 1e-5)
+
+
+def test_class_weights_and_ignore_index_on_the_gpu_match_the_cpu():
+    import cupy as cp
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((33, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, 33)
+    labels[::4] = -100
+    weight = rng.uniform(0.5, 2.0, 7).astype(np.float32)
+
+    def run(xp):
+        return fluxpy.withgradient(lambda z: fluxpy.logitcrossentropy(z, xp.asarray(labels), weight=xp.asarray(weight),
+                                                                      ignore_index=-100, label_smoothing=0.1),
+                                   xp.asarray(logits))
+    (l_gpu, (g_gpu,)), (l_cpu, (g_cpu,)) = run(cp), run(np)
+    np.testing.assert_allclose(float(l_gpu), float(l_cpu), rtol=2e-5)
+    np.testing.assert_allclose(cp.asnumpy(g_gpu), g_cpu, rtol=2e-4, atol=1e-6)
