@@ -61,7 +61,7 @@ from .ops import basic
 from .ops.activations import softplus
 from .ops.reduce import mean
 from .ops.reduce import sum as _sum
-from .ops.shape import reshape
+from .ops.shape import reshape, transpose
 from .ops.softmax import logit_crossentropy_rows
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
@@ -296,7 +296,7 @@ def _smoothed(y, alpha, classes):
 
 
 def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoothing: float = 0.0,
-                      weight: Array | None = None, ignore_index: int | None = None) -> Array:
+                      weight: Array | None = None, ignore_index: int | None = None, axis: int = -1) -> Array:
     """The cross-entropy computed from logits: ``agg(-sum(y * logsoftmax(ŷ), axis=-1))``.
 
     ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape ``(..., classes)``.
@@ -312,6 +312,9 @@ def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoo
     examples of that label. With class indices and ``agg=mean`` the mean is PyTorch's weighted one: the sum of the
     examples' losses over the sum of their classes' weights (the count of examples kept, without ``weight``; NaN
     where every example is ignored). With probability targets ``mean`` divides by the number of examples.
+
+    ``axis`` is the class axis (Flux's ``dims``): ``axis=1`` takes PyTorch's ``(N, C, H, W)`` segmentation logits with
+    ``(N, H, W)`` class indices or ``(N, C, H, W)`` probability targets.
 
     >>> import numpy as np
     >>> l = logitcrossentropy(np.array([[0.0, np.log(3.0)], [5.0, 0.0]]), np.array([1, -100]), ignore_index=-100)
@@ -331,6 +334,7 @@ got values from 0 to 3 in y of shape (2,) int64
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) or \
             not 0 <= label_smoothing < 1:
         raise ValueError(f"logitcrossentropy expects label_smoothing in [0, 1), got {label_smoothing!r}")
+    yhat, y = _classes_last(yhat, y, axis)
     shape = _shape(yhat)
     weight = _class_weights(yhat, weight)
     labels = kept = None
@@ -357,6 +361,20 @@ got values from 0 to 3 in y of shape (2,) int64
             counted = counted * kept.astype(value_of(y).dtype)
         return _sum(rows) / get_array_module(labels).broadcast_to(counted, labels.shape).sum()
     return _aggregate(agg, rows)
+
+
+def _classes_last(yhat, y, axis):
+    """``ŷ`` (and probability targets of its shape) with the class ``axis`` moved last; class indices unchanged."""
+    ndim = len(_shape(yhat))
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"logitcrossentropy expects axis, the class axis of ŷ, in [-{ndim}, {ndim}), got {axis!r} "
+                         f"for {_describe('ŷ', yhat)}")
+    axis = int(axis) % max(ndim, 1)
+    if axis == ndim - 1 or ndim == 0:
+        return yhat, y
+    order = [a for a in range(ndim) if a != axis] + [axis]
+    same = _shape(y) == _shape(yhat)
+    return transpose(yhat, order), (transpose(y, order) if same else y)
 
 
 def _rows(yhat, y, shape):

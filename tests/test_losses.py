@@ -323,3 +323,21 @@ def test_bad_weight_and_ignore_index_are_named():
         L.logitcrossentropy(logits, np.array([0, 1]), ignore_index=1.5)
     with pytest.raises(ValueError, match="ignore_index applies to class-index targets"):
         L.logitcrossentropy(logits, np.eye(3)[[0, 1]], ignore_index=0)
+
+
+@given(n=st.integers(1, 3), c=st.integers(2, 4), h=st.integers(1, 3), w=st.integers(1, 3),
+       seed=st.integers(0, 2**31 - 1), form=st.sampled_from(["labels", "probabilities"]))
+def test_the_class_axis_of_segmentation_logits(n, c, h, w, seed, form):
+    """``axis=1`` on ``(N, C, H, W)`` logits is the loss of the same logits with the classes moved last."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, c, h, w))
+    y = rng.integers(0, c, (n, h, w)) if form == "labels" else rng.dirichlet(np.ones(c), (n, h, w)).transpose(0, 3, 1, 2)
+    moved_y = y if form == "labels" else y.transpose(0, 2, 3, 1)
+    want = L.logitcrossentropy(logits.transpose(0, 2, 3, 1), moved_y)
+    np.testing.assert_allclose(float(L.logitcrossentropy(logits, y, axis=1)), float(want), rtol=1e-12)
+    check_grad(lambda z: L.logitcrossentropy(z, y, axis=1), logits, rng=rng)
+
+
+def test_a_bad_class_axis_is_named():
+    with pytest.raises(ValueError, match="axis, the class axis"):
+        L.logitcrossentropy(np.zeros((2, 3)), np.array([0, 1]), axis=2)
