@@ -36,6 +36,7 @@ from .broadcast import broadcast, unbroadcast
 from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
+from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .io import CheckpointError, load, save
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
@@ -93,7 +94,8 @@ __all__ = [
     "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
     "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
-    "TransformerDecoderLayer", "dot_product_attention", "causal_mask",
+    "TransformerDecoderLayer", "dot_product_attention", "causal_mask", "numobs", "getobs", "obsview", "shuffleobs",
+    "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32",
     # losses, optimisers, training, data

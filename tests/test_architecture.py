@@ -141,7 +141,7 @@ LAYERS = (
     ("kernels",),                                               # the kernel table and every device's kernels
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)
-    ("layers", "losses", "optimise", "profile", "io", "data"),  # models, losses, optimisers, files
+    ("layers", "losses", "optimise", "profile", "io", "data", "observations"),  # models, losses, optimisers, files, data
     ("step", "precision", "schedules", "models", "datasets", "distributed", "checkpoint"),  # above the layers and optimisers
     ("train",),
     ("fluxpy",),                                                # the package's __init__: the public names
