@@ -22,6 +22,8 @@ from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
 from .scatter import check_indices, gather, scatter
+from .numeric import (arccos, arcsin, arcsinh, arctan, arctanh, cosh, cumsum, flip, pad, prod, sinh, sort, std, tan,
+                      tril, triu, var)
 from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
                           softplus, softshrink, softsign, swish, tanhshrink, trelu)
@@ -46,7 +48,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid",
            "hardsigmoid", "hardswish",
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
-           "gelu_erf", "rrelu", "erf", "logsumexp",
+           "gelu_erf", "rrelu", "erf", "logsumexp", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh",
+           "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril", "pad", "sort",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
