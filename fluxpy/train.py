@@ -1,8 +1,8 @@
 """The training loop of ``Flux.train!``: :func:`train`.
 
 For each batch, ``fluxpy.withgradient(lambda m: loss(m, *batch), model)`` gives the loss and
-the model's gradient, and :func:`fluxpy.optimise.update` applies it in place. A progress bar
-(tqdm when installed, plain lines otherwise) shows the loss and the throughput. Each step is
+the model's gradient, and :func:`fluxpy.optimise.update` applies it in place. One progress bar for
+the whole call (tqdm when installed, a plain line otherwise) shows the loss and the throughput. Each step is
 checked before it changes anything: a NaN or infinite loss or gradient (or, as an option, a
 loss grown past ``max_loss_ratio``) stops training with :class:`TrainingDiverged` naming the
 epoch, the batch and the parameter, and a loss that gives the model no gradient is an error.
@@ -59,7 +59,7 @@ class TrainingDiverged(FloatingPointError):
         self.epoch, self.batch, self.loss, self.path = epoch, batch, loss, path
 
 
-def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool = True, *,
+def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: int = 1, progress: bool | None = None, *,
           check_finite: bool = True, max_loss_ratio: float | None = None, capture: bool = True,
           schedule: Callable[[int], float] | None = None, schedule_per: str = "epoch",
           checkpoint: str | os.PathLike | None = None, every: int | None = None, resume: bool = False) -> list[float]:
@@ -68,9 +68,11 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     ``loss(model, *batch)`` is called for every batch of ``data`` (a tuple batch such as ``(x, y)``
     is splatted; any other batch is passed as one argument), and the model is updated in place
     with ``opt_state`` (from :func:`fluxpy.optimise.setup`), ``epochs`` times over ``data``.
-    ``progress=True`` shows a bar with the loss and the images (observations) per second: tqdm
-    when installed, otherwise one plain line per epoch on stderr. Returns the losses as floats,
-    all epochs in order.
+    ``progress``: one bar on stderr for the whole call (``epochs`` times the batches of ``data``), showing the
+    epoch, the loss and the images (observations) per second: tqdm's (``tqdm.auto``) when tqdm is installed,
+    otherwise one plain line rewritten in place. ``None`` (the default) draws it only where someone watches:
+    stderr is a terminal, or this runs in a Jupyter kernel; logs, pipes and batch jobs get nothing. ``True``
+    draws it anyway; ``False`` is silent. Returns the losses as floats, all epochs in order.
 
     Every step is checked before the model changes, and stops with :class:`TrainingDiverged` (a
     ``FloatingPointError``) naming the epoch and the batch when:
@@ -150,6 +152,9 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
     _check_arguments(loss, model, data, opt_state, epochs, max_loss_ratio)
     if not isinstance(capture, bool):
         raise TypeError(f"train: capture must be True or False, got {_short(capture)}")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"train: progress must be None (a bar on a terminal only), True or False, got "
+                        f"{_short(progress)}")
     saves = None if checkpoint is None and every is None and not resume else _Checkpoints(checkpoint, every, resume)
     rates = None if schedule is None else _Rates(schedule, schedule_per, opt_state)
     if saves is not None:
@@ -162,26 +167,41 @@ def train(loss: Callable, model: Any, data: Iterable, opt_state: Any, epochs: in
 
 def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, max_loss_ratio, captured,
                   rates=None, saves=None):
+    bar = _progress_bar(data, epochs) if epochs and (_watched() if progress is None else progress) else None
+    try:
+        return _run_epochs(loss, model, data, opt_state, epochs, bar, check_finite, max_loss_ratio, captured,
+                           rates, saves)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _run_epochs(loss, model, data, opt_state, epochs, bar, check_finite, max_loss_ratio, captured, rates, saves):
     losses: list[float] = []
     first = None
     for epoch in range(1, epochs + 1):
         if rates is not None:
             rates.epoch(epoch)
+        if bar is not None:
+            bar.epoch(epoch)
         if saves is not None and saves.skip_epoch(data, rates):   # resumed: done before the stop, data untouched
+            if bar is not None:
+                bar.skip(len(data))
             continue
-        bar = _progress_bar(data, epoch, epochs) if progress else None
         seen, start, batches = 0, time.perf_counter(), 0
 
         # captured steps are never checked against max_loss_ratio (train steps eagerly with it)
         lagged = None if captured is None else _Lagged(captured, lambda args, batch_number, epoch=epoch: _step(
             loss, model, args, opt_state, epoch, batch_number, check_finite, None, None))
         try:
-            for batch_number, batch in enumerate(bar if bar is not None else data, start=1):
+            for batch_number, batch in enumerate(data, start=1):
                 args = batch if isinstance(batch, tuple) else (batch,)
                 if rates is not None:
                     rates.step()
                 if saves is not None and saves.skip():   # resumed: this step was done before the stop
                     batches += 1
+                    if bar is not None:
+                        bar.skip(1)
                     continue
                 values = lagged.step(args, batch_number) if lagged is not None else [
                     _step(loss, model, args, opt_state, epoch, batch_number, check_finite, max_loss_ratio, first)]
@@ -190,8 +210,8 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
                 losses.extend(values)
                 batches += 1
                 seen += _count(args[0])
-                if bar is not None and losses:
-                    bar.show(losses[-1], seen / max(time.perf_counter() - start, 1e-9))
+                if bar is not None:
+                    bar.step(losses[-1] if losses else math.nan, seen / max(time.perf_counter() - start, 1e-9))
                 if saves is not None and saves.due():
                     if lagged is not None:   # the step in flight settled first: the file holds finished steps
                         losses.extend(lagged.finish())
@@ -203,8 +223,6 @@ def _train_epochs(loss, model, data, opt_state, epochs, progress, check_finite, 
         finally:
             if lagged is not None:
                 lagged.abandon()
-            if bar is not None:
-                bar.close()
         if not batches:
             raise ValueError(f"train: data gave no batches in epoch {epoch}" + (
                 "; an iterator that is used up after one pass cannot train several epochs: pass a list or a "
@@ -512,51 +530,88 @@ def _count(x):
     return int(shape[0]) if shape else 1
 
 
-def _progress_bar(data, epoch, epochs):
-    label = f"epoch {epoch}/{epochs}" if epochs > 1 else "train"
+def _watched():
+    """Whether ``progress=None`` draws the bar: stderr is a terminal, or this runs in a Jupyter kernel (whose
+    stderr is a pipe, but its output is shown under the cell; tqdm.auto draws a notebook bar there)."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):   # a stream without isatty, or a closed one
+        pass
+    return "ipykernel" in sys.modules
+
+
+def _progress_bar(data, epochs):
+    """The bar of a whole train call: ``epochs`` times the batches of ``data`` (unknown without ``len``)."""
+    total = epochs * len(data) if hasattr(data, "__len__") else None
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return _PlainProgress(data, label)
-    return _TqdmProgress(tqdm, data, label)
+        return _PlainProgress(total, epochs)
+    return _TqdmProgress(tqdm, total, epochs)
+
+
+def _label(epoch, epochs):
+    return f"epoch {epoch}/{epochs}" if epochs > 1 else "train"
 
 
 class _TqdmProgress:
-    def __init__(self, tqdm, data, label):
-        total = len(data) if hasattr(data, "__len__") else None
-        self.bar = tqdm(data, total=total, desc=label, leave=True, dynamic_ncols=True)
-        self.calls = 0
+    """One tqdm bar for the whole call: the batches of every epoch, the epoch as its description."""
 
-    def __iter__(self):
-        return iter(self.bar)
+    def __init__(self, tqdm, total, epochs):
+        self.bar = tqdm(total=total, desc=_label(1, epochs), unit="batch", dynamic_ncols=True, file=sys.stderr)
+        self.epochs, self.calls = epochs, 0
 
-    def show(self, loss, rate):
+    def epoch(self, epoch):
+        self.bar.set_description(_label(epoch, self.epochs), refresh=False)
+
+    def skip(self, batches):
+        self.bar.update(batches)
+
+    def step(self, loss, rate):
         self.calls += 1
         if self.calls % 5 == 1:  # updating the postfix every batch costs more than a small training step
             self.bar.set_postfix(loss=f"{loss:.4f}", img_per_s=f"{rate:.0f}", refresh=False)
+        self.bar.update(1)
 
     def close(self):
         self.bar.close()
 
 
 class _PlainProgress:
-    """tqdm's stand-in: one line per epoch on stderr."""
+    """tqdm's stand-in: one line on stderr, rewritten in place (at most every ``interval`` seconds), ended when
+    the call ends."""
 
-    def __init__(self, data, label):
-        self.data, self.label = data, label
+    interval = 0.5
+
+    def __init__(self, total, epochs):
+        self.total, self.epochs = total, epochs
+        self.label = _label(1, epochs)
         self.loss = self.rate = math.nan
-        self.batches = 0
+        self.batches, self.width, self.shown = 0, 0, -math.inf
         self.closed = False
 
-    def __iter__(self):
-        return iter(self.data)
+    def epoch(self, epoch):
+        self.label = _label(epoch, self.epochs)
 
-    def show(self, loss, rate):
+    def skip(self, batches):
+        self.batches += batches
+
+    def step(self, loss, rate):
         self.loss, self.rate = loss, rate
         self.batches += 1
+        if time.monotonic() - self.shown >= self.interval:
+            self._write()
+
+    def _write(self, end=""):
+        done = f"{self.batches}/{self.total}" if self.total is not None else f"{self.batches}"
+        text = f"{self.label}: {done} batches, loss {self.loss:.4f}, {self.rate:.0f} images/s"
+        # "\r" goes back to the line's start; the padding blanks what a longer line left there
+        sys.stderr.write("\r" + text.ljust(self.width) + end)
+        sys.stderr.flush()
+        self.width, self.shown = len(text), time.monotonic()
 
     def close(self):
         if not self.closed:
             self.closed = True
-            print(f"{self.label}: {self.batches} batches, loss {self.loss:.4f}, "
-                  f"{self.rate:.0f} images/s", file=sys.stderr)
+            self._write(end="\n")

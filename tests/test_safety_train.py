@@ -126,8 +126,10 @@ def test_the_nan_loss_error_closes_the_progress_line(capsys, no_tqdm):
     model = {"w": np.array([1.0])}
     with pytest.raises(TrainingDiverged):
         train(lambda m, x: (m["w"] * x).sum(), model, [(np.ones(1),), (np.array([np.nan]),)],
-              setup(Descent(0.1), model))
-    assert capsys.readouterr().err.startswith("train: 1 batches, loss ")
+              setup(Descent(0.1), model), progress=True)
+    err = capsys.readouterr().err
+    assert err.endswith("\n")   # the line ended: the traceback starts on a line of its own
+    assert err.split("\r")[-1].startswith("train: 1/2 batches, loss ")   # the batch before the bad one
 
 
 # ---------------------------------------------------------------------------------------------

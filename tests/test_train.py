@@ -1,5 +1,10 @@
 """train(): the loop, its return value, progress output and divergence errors."""
 
+import io
+import re
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -66,22 +71,119 @@ def test_nan_or_inf_loss_names_epoch_and_batch(bad):
     np.testing.assert_allclose(model["w"], [1.0 - 0.1 - 0.2])  # the bad batch did not update
 
 
-def test_progress_with_tqdm(capsys):
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def fake_terminal(monkeypatch):
+    """Makes stderr a terminal for the rest of the test (called in the test: pytest's capture puts its own stderr
+    back between a fixture and the test's body)."""
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    return stream
+
+
+def fit(epochs=2, data=None, **kw):
+    """Train a small regression; 4 batches an epoch unless ``data`` is given."""
+    x, y = regression_problem(32)
+    model = Dense(3, 1)
+    data = DataLoader((x, y), batchsize=8) if data is None else data
+    return train(lambda m, x, y: mse(m(x), y), model, data, setup(Adam(0.01), model), epochs=epochs, **kw)
+
+
+def last_state(text):
+    """What a line rewritten in place shows last: the text after its last carriage return."""
+    return text.rstrip("\n").split("\r")[-1].rstrip()
+
+
+def test_progress_draws_one_tqdm_bar_for_the_whole_call(monkeypatch):
+    stderr = fake_terminal(monkeypatch)
     pytest.importorskip("tqdm")
-    x, y = regression_problem(32)
-    model = Dense(3, 1)
-    train(lambda m, x, y: mse(m(x), y), model, DataLoader((x, y), batchsize=8), setup(Adam(0.01), model), epochs=2)
+    fit(epochs=3)
+    out = stderr.getvalue()
+    assert out.count("\n") == 1                        # one bar, left on screen once, not one per epoch
+    assert "epoch 3/3" in last_state(out) and "12/12" in last_state(out)
+    assert "/4 " not in out                            # no bar counted an epoch's batches alone
+    assert "loss=" in out and "img_per_s=" in out
+
+
+def test_progress_draws_one_plain_line_for_the_whole_call_without_tqdm(monkeypatch, no_tqdm):
+    stderr = fake_terminal(monkeypatch)
+    fit(epochs=3)
+    out = stderr.getvalue()
+    assert out.count("\n") == 1 and out.endswith("\n")
+    assert re.fullmatch(r"epoch 3/3: 12/12 batches, loss \d+\.\d{4}, \d+ images/s", last_state(out))
+
+
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_progress_by_default_only_on_a_terminal(capsys, monkeypatch, tqdm_installed, request):
+    if tqdm_installed:
+        pytest.importorskip("tqdm")
+    else:
+        request.getfixturevalue("no_tqdm")
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    fit()                                              # stderr captured by pytest: not a terminal
+    assert capsys.readouterr().err == ""
+    fit(progress=True)                                 # asked for: drawn anyway
     err = capsys.readouterr().err
-    assert "epoch 1/2" in err and "epoch 2/2" in err and "4/4" in err
+    assert err.count("\n") == 1 and "epoch 2/2" in last_state(err) and "8/8" in last_state(err)
 
 
-def test_progress_without_tqdm(capsys, no_tqdm):
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_progress_false_is_silent_on_a_terminal(monkeypatch, tqdm_installed, request):
+    stderr = fake_terminal(monkeypatch)
+    if tqdm_installed:
+        pytest.importorskip("tqdm")
+    else:
+        request.getfixturevalue("no_tqdm")
+    losses = fit(progress=False)
+    assert len(losses) == 8 and stderr.getvalue() == ""
+
+
+def test_progress_by_default_in_a_jupyter_kernel(capsys, monkeypatch, no_tqdm):
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    fit()
+    assert "epoch 2/2: 8/8 batches" in last_state(capsys.readouterr().err)
+
+
+def test_progress_of_data_without_a_length_counts_the_batches(monkeypatch, no_tqdm):
+    stderr = fake_terminal(monkeypatch)
+    x, y = regression_problem(24)
+    fit(epochs=1, data=iter([(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]))
+    assert last_state(stderr.getvalue()).startswith("train: 3 batches, loss ")
+
+
+def test_progress_counts_the_steps_a_resumed_run_skips(monkeypatch, no_tqdm, tmp_path):
+    stderr = fake_terminal(monkeypatch)
+    path = tmp_path / "run.npz"
     x, y = regression_problem(32)
-    model = Dense(3, 1)
-    train(lambda m, x, y: mse(m(x), y), model, DataLoader((x, y), batchsize=8), setup(Adam(0.01), model), epochs=2)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("epoch 1/2: 4 batches, loss ") and lines[0].endswith("images/s")
+    model = Dense(3, 1, rng=0)
+    opt = setup(Adam(0.01), model)
+    loader = DataLoader((x, y), batchsize=8)                # 4 batches an epoch
+    calls = []
+
+    def crashing(m, x, y):   # the first run stops in its 7th step, after the save of step 6 (epoch 2, batch 2)
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return mse(m(x), y)
+    with pytest.raises(KeyboardInterrupt):
+        train(crashing, model, loader, opt, epochs=3, progress=False, checkpoint=path, every=3)
+    assert stderr.getvalue() == ""
+    losses = train(lambda m, x, y: mse(m(x), y), model, loader, opt, epochs=3, checkpoint=path, every=3, resume=True)
+    assert len(losses) == 12 - 6                         # epoch 1 skipped whole, epoch 2 from its third batch
+    assert last_state(stderr.getvalue()).startswith("epoch 3/3: 12/12 batches, loss ")
+
+
+@pytest.mark.parametrize("bad", ["yes", 2, np.array([1, 0])])
+def test_progress_must_be_none_true_or_false(bad):
+    model = {"w": np.array([1.0])}
+    with pytest.raises(TypeError, match="train: progress must be None .a bar on a terminal only., True or False"):
+        train(lambda m, x: (m["w"] * x).sum(), model, [(np.ones(1),)], setup(Descent(0.1), model), progress=bad)
+    np.testing.assert_array_equal(model["w"], [1.0])
 
 
 def test_train_freezes_the_startup_objects_only_while_it_runs():
