@@ -24,7 +24,7 @@ from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, rav
 from .scatter import check_indices, gather, scatter
 from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
-                          softplus, softshrink, softsign, swish, tanhshrink, trelu)
+                          softplus, softshrink, softsign, swish, tanhshrink, trelu, hardshrink, softmin, glu)
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
@@ -46,7 +46,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid",
            "hardsigmoid", "hardswish",
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
-           "gelu_erf", "rrelu", "erf", "logsumexp",
+           "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin", "glu",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
