@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import Array, get_array_module, is_array, is_float_dtype
-from ..capturing import capturing
+from ..capturing import refuse
 
 __all__ = ["clip_grad_norm"]
 
@@ -85,7 +85,8 @@ def clip_grad_norm(grad: Any, max_norm: float, p: float = 2, *, error_if_nonfini
     NaN and infinity follow PyTorch: a NaN in any gradient makes ``total`` and every clipped array NaN; an infinite
     ``total`` makes ``scale`` 0, so finite entries become 0 and infinite ones NaN. ``error_if_nonfinite=True``
     reads ``total`` on the host instead and raises ``FloatingPointError`` when it is not finite (eagerly only: a
-    captured step cannot read the host; its update guard skips a non-finite step already).
+    captured step cannot read the host, and raises :class:`fluxpy.capturing.CaptureUnsupported`; its update guard
+    skips a non-finite step already).
 
     >>> import numpy as np
     >>> grad = {"w": np.array([3.0, 0.0]), "b": np.array([4.0]), "c": None}
@@ -108,10 +109,11 @@ def clip_grad_norm(grad: Any, max_norm: float, p: float = 2, *, error_if_nonfini
     norms = xp.stack([_norm(a, p, dtype) for a in arrays])
     total = xp.asarray(norms.max() if p == math.inf else _norm(norms, p, dtype))
     if error_if_nonfinite:
-        if capturing():
-            raise RuntimeError("clip_grad_norm: error_if_nonfinite reads the norm on the host, which a captured "
-                               "step cannot; leave it False there (the step's guard skips a non-finite update)")
+        refuse("clip_grad_norm: error_if_nonfinite reads the norm on the host, which a captured step cannot; leave "
+               "it False there (the step's guard skips a non-finite update)")
         if not bool(xp.isfinite(total)):
             raise FloatingPointError(f"clip_grad_norm: the total {p}-norm of the gradient is {float(total)}")
-    scale = xp.minimum(xp.asarray(1.0, dtype), xp.asarray(max_norm, dtype) / (total + _EPS))
-    return _scaled(grad, xp.asarray(scale)), total
+    # Python numbers, not arrays made from them: a kernel takes them as arguments, where making a device array
+    # would copy from the host, which a capture refuses
+    scale = xp.minimum(max_norm / (total + _EPS), 1.0)
+    return _scaled(grad, scale), total
