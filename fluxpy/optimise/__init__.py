@@ -38,4 +38,5 @@ _finite_total, _read_finite = Plan.finite_total, Plan.is_finite   # the names ol
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
            "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
-           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan", "clip_grad_norm"]
+           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan",
+           "clip_grad_norm"]
