@@ -36,8 +36,9 @@ from .special import erf
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
            "hardtanh", "gelu_tanh", "gelu_sigmoid", "gelu_erf", "hardsigmoid", "hardswish", "lisht", "softsign", "selu",
-           "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu", "hardshrink",
-           "softmin", "glu"]
+           "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu", "hardshrink"]
+# __all__ is the elementwise activations, each of which the fused kernels take (bias_act, batchnorm). softmin and
+# glu act along an axis, so they are not among them: fluxpy.ops exports them.
 
 _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
