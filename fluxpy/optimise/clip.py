@@ -7,6 +7,7 @@ place (Flux has no function for it).
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any
@@ -106,8 +107,13 @@ def clip_grad_norm(grad: Any, max_norm: float, p: float = 2, *, error_if_nonfini
             raise TypeError(f"clip_grad_norm expects floating-point gradients, got an array of dtype {a.dtype} "
                             f"and shape {tuple(a.shape)}")
     dtype = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
-    norms = xp.stack([_norm(a, p, dtype) for a in arrays])
-    total = xp.asarray(norms.max() if p == math.inf else _norm(norms, p, dtype))
+    # combined one by one rather than stacked: CuPy's stack of many arrays copies their addresses from the host
+    norms = [_norm(a, p, dtype) for a in arrays]
+    if p == math.inf:
+        total = functools.reduce(xp.maximum, norms)
+    else:
+        total = functools.reduce(xp.add, [n ** p for n in norms]) ** (1 / p)
+    total = xp.asarray(total)
     if error_if_nonfinite:
         refuse("clip_grad_norm: error_if_nonfinite reads the norm on the host, which a captured step cannot; leave "
                "it False there (the step's guard skips a non-finite update)")
