@@ -48,11 +48,14 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      GroupNorm, InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection,
                      Upsample, f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal,
                      kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
+from .layers import (PReLU, PixelUnshuffle, RMSNorm, calculate_gain, identity_init, lecun_normal, orthogonal, rand32,
+                     sparse_init, truncated_normal)
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
+from .ops import glu, hardshrink, softmin
 from .ops import check_indices
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
@@ -64,6 +67,7 @@ from .profile import profile
 from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent, Lion,
                        Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay, WeightDecay, adjust,
                        freeze, setup, thaw, update)
+from .optimise import clip_grad_norm
 from .random import seed
 from .step import CaptureWarning, TrainStep
 from .train import TrainingDiverged, train
@@ -85,7 +89,8 @@ __all__ = [
     "conv", "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
-    "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp",
+    "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin",
+    "glu",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool", "GlobalMaxPool",
     "GlobalMeanPool",
@@ -97,7 +102,8 @@ __all__ = [
     "TransformerDecoderLayer", "dot_product_attention", "causal_mask", "numobs", "getobs", "obsview", "shuffleobs",
     "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
-    "kaiming_normal", "randn32", "zeros32", "ones32",
+    "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
+    "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
@@ -105,6 +111,7 @@ __all__ = [
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
+    "clip_grad_norm",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
     "CaptureWarning",
     # applications: data sets and augmentation, the model zoo

@@ -8,7 +8,7 @@ is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cel
 attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
 the optimiser sees, and its state, stay the float32 ones: ``setup``, ``train``, ``update``, ``TrainStep``, saving
 and loading work on the wrapper as on the model, and the update lands on the float32 "master" weights.
-Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm) keep their parameters and statistics in float32
+Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm) keep their parameters and statistics in float32
 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the casts round
 to the half type and come back to float32: the values are the half type's, the arithmetic float32's.
 
@@ -58,14 +58,14 @@ from .capturing import capturing, refuse
 from .kernels import find
 from .functors import children, layer, rebuild, trainable_keys
 from .kernels.halfs import BFLOAT16, HALVES
-from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm
+from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from .layout import MEMORY_FORMATS
 from .ops.shape import as_memory_format, astype
 from .optimise import Plan
 
 __all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16"]
 
-KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm)   # layers whose parameters and statistics stay float32
+KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)   # layers whose parameters and statistics stay float32
 
 
 class LossScaleUnderflow(FloatingPointError):

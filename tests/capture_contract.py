@@ -152,6 +152,10 @@ CASES: dict[str, Case] = {
     "TransformerDecoderLayer": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)),
                                                       L.TransformerDecoderLayer(8, 2, 16, fluxpy.relu,
                                                                                 rng=_seed(r))], SEQ),
+    "PReLU": _chain_case(lambda r: [_conv(r), L.PReLU(4), L.Conv((3, 3), 4, 4, pad=1, rng=_seed(r)), L.PReLU()],
+                         IMG, image=True),
+    "RMSNorm": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)), L.RMSNorm(8), L.Dense(8, 3, rng=_seed(r))], SEQ),
+    "PixelUnshuffle": _chain_case(lambda r: [_conv(r), L.PixelUnshuffle(2), _conv(r, cin=16)], IMG, image=True),
 }
 """The case of each exported layer class, by name."""
 

@@ -14,8 +14,8 @@ a model with :func:`f64` / :func:`f32`).
 
 The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, EmbeddingBag, SkipConnection, Parallel, Scale,
 Bilinear, Maxout, PairwiseFusion, MultiHeadAttention),
-``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
-train/test mode), ``upsample`` (Upsample, PixelShuffle),
+``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, RMSNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
+train/test mode), ``upsample`` (Upsample, PixelShuffle, PixelUnshuffle), ``activation`` (PReLU),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
 (printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families
 import from ``init``, ``show`` and ``_checks``, never from each other; ``transformer`` (TransformerEncoderLayer,
@@ -33,17 +33,19 @@ TransformerDecoderLayer) is built from ``basic`` and ``normalise`` layers and si
 from __future__ import annotations
 
 from ._checks import DimensionMismatch, DTypeMismatch
+from .activation import PReLU
 from .basic import (Bilinear, Chain, Dense, Embedding, EmbeddingBag, Maxout, MultiHeadAttention, PairwiseFusion,
                     Parallel, Scale, SkipConnection, flatten)
 from .conv import Conv, ConvTranspose, CrossCor, DepthwiseConv
 from .convert import f32, f64
-from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, nfan, ones32, randn32, zeros32
-from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, istraining, testmode,
-                        trainmode)
+from .init import (calculate_gain, glorot_normal, glorot_uniform, identity_init, kaiming_normal, kaiming_uniform,
+                   lecun_normal, nfan, ones32, orthogonal, rand32, randn32, sparse_init, truncated_normal, zeros32)
+from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, RMSNorm, istraining,
+                        testmode, trainmode)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell, initialstates
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
 from .transformer import TransformerDecoderLayer, TransformerEncoderLayer
-from .upsample import PixelShuffle, Upsample
+from .upsample import PixelShuffle, PixelUnshuffle, Upsample
 
 __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool",
            "GlobalMaxPool", "GlobalMeanPool", "AdaptiveMaxPool", "AdaptiveMeanPool", "flatten", "BatchNorm",
@@ -54,4 +56,6 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv
            "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
            "TransformerDecoderLayer",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
-           "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan"]
+           "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan",
+           "PReLU", "RMSNorm", "PixelUnshuffle", "rand32", "truncated_normal", "lecun_normal", "orthogonal",
+           "identity_init", "sparse_init", "calculate_gain"]

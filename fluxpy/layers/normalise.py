@@ -1,4 +1,4 @@
-"""Normalisation and regularisation (Flux's ``src/layers/normalise.jl``): BatchNorm, LayerNorm, GroupNorm,
+"""Normalisation and regularisation (Flux's ``src/layers/normalise.jl``): BatchNorm, LayerNorm, RMSNorm, GroupNorm,
 InstanceNorm, Dropout, and the train/test mode that BatchNorm, InstanceNorm and Dropout follow (``istraining``,
 ``trainmode``, ``testmode``).
 """
@@ -18,8 +18,10 @@ from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import alpha_dropout, dropout
 from ..ops.basic import sqrt
+from ..kernels.halfs import is_half
 from ..ops.batchnorm import batchnorm
 from ..ops.bias_act import why_not_fused
+from ..ops.reduce import mean
 from ..ops.shape import astype, reshape
 from ..broadcast import broadcast
 from ..ops.norm import batchnorm_infer, groupnorm, instancenorm, layernorm
@@ -268,6 +270,61 @@ class LayerNorm:
         shape = self.shape[0] if len(self.shape) == 1 else self.shape
         opts = (f", eps={self.eps}" if self.eps != 1e-5 else "") + (", affine=False" if self.gamma is None else "")
         return f"LayerNorm({shape}{_act_part(self.act)}{opts})"
+
+
+_HALF_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
+
+def _dtype_eps(dtype):
+    """The machine epsilon of a float dtype (halves included)."""
+    dtype = np.dtype(dtype)
+    return _HALF_EPS[dtype.name] if dtype.name in _HALF_EPS else float(np.finfo(dtype).eps)
+
+
+@layer(children=("gamma",))
+class RMSNorm:
+    """Root-mean-square normalisation over the trailing axes: ``y = x / sqrt(mean(x**2) + eps) * gamma`` (Zhang &
+    Sennrich 2019; PyTorch's ``RMSNorm(normalized_shape, eps=None, elementwise_affine=True)``; Flux has none).
+
+    The mean is per sample over the last ``len(shape)`` axes, which must equal ``shape`` (an int or tuple);
+    ``gamma`` (PyTorch's ``weight``, ones) has that shape and is absent with ``affine=False``. ``eps=None`` means
+    the machine epsilon of ``x``'s dtype, as PyTorch's. Half-precision ``x`` is normalised in float32 and returned
+    in its own dtype.
+
+    >>> import numpy as np
+    >>> rn = RMSNorm(2)
+    >>> rn, rn(np.array([[3.0, 4.0]], np.float32)).round(4)
+    (RMSNorm(2), array([[0.8485, 1.1314]], dtype=float32))
+    """
+
+    def __init__(self, shape: int | tuple[int, ...], eps: float | None = None, affine: bool = True) -> None:
+        dims = (shape,) if _is_int(shape) else tuple(shape) if isinstance(shape, (tuple, list)) else None
+        if not dims or not all(_is_int(d) and d >= 1 for d in dims):
+            raise ValueError(f"RMSNorm: shape must be a positive int or a tuple of them, got {shape!r}")
+        self.shape = tuple(int(d) for d in dims)
+        self.eps = None if eps is None else _number("RMSNorm", "eps", eps, 0)
+        self.gamma = ones32(self.shape) if affine else None
+
+    def __call__(self, x: Array) -> Array:
+        k = len(self.shape)
+        if not hasattr(x, "shape") or len(x.shape) < k or tuple(x.shape[-k:]) != self.shape:
+            _fail(self, f"x.shape[-{k}:] == {self.shape}", x)
+        if self.gamma is not None:
+            _require_norm_dtype(self, x, self.gamma.dtype)
+        else:
+            _require_float(self, x)
+        eps = _dtype_eps(x.dtype) if self.eps is None else self.eps
+        # half precision would overflow in x**2 (float16's largest is 65504): the statistics are float32
+        xf = astype(x, np.float32) if is_half(x.dtype) else x
+        y = xf / sqrt(mean(xf * xf, tuple(range(-k, 0)), keepdims=True) + eps)
+        if self.gamma is not None:
+            y = y * (astype(self.gamma, y.dtype) if self.gamma.dtype != y.dtype else self.gamma)
+        return astype(y, x.dtype) if y.dtype != x.dtype else y
+
+    def __repr__(self):
+        shape = self.shape[0] if len(self.shape) == 1 else self.shape
+        opts = (f", eps={self.eps}" if self.eps is not None else "") + (", affine=False" if self.gamma is None else "")
+        return f"RMSNorm({shape}{opts})"
 
 
 def _require_norm_input(layer, x, channels, params, min_ndim=2, layout="(N, C, ...)"):

@@ -1,11 +1,13 @@
-"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest, bilinear or trilinear) and PixelShuffle.
+"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest, bilinear or trilinear), PixelShuffle
+and its inverse PixelUnshuffle (PyTorch's).
 
-Neither has parameters; both take floating-point ``(N, C, ...)`` images and check them, naming the layer.
+None has parameters; both take floating-point ``(N, C, ...)`` images and check them, naming the layer.
 """
 from __future__ import annotations
 
 from ..functors import layer
 from ..ops.resample import pixel_shuffle, upsample_linear, upsample_nearest
+from ..ops.shape import reshape, transpose
 from ._checks import Array, _fail, _is_int, _positive_int, _require_float, _require_ndim
 
 _MODES = {"nearest": None, "bilinear": 2, "trilinear": 3}   # mode -> the spatial axes it takes (None: any)
@@ -122,3 +124,35 @@ class PixelShuffle:
 
     def __repr__(self):
         return f"PixelShuffle({self.r})"
+
+
+@layer(children=())
+class PixelUnshuffle:
+    """Rearranges ``(N, C, S1 * r, ..., Sd * r)`` into ``(N, C * r**d, S1, ..., Sd)``, the inverse of
+    :class:`PixelShuffle` (PyTorch's ``PixelUnshuffle(downscale_factor)``; Flux has none): output channel
+    ``c * r**d + k`` holds the offset ``k`` (row-major over the ``d`` axes) of each ``r``-block of channel ``c``.
+
+    >>> import numpy as np
+    >>> pu = PixelUnshuffle(2)
+    >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    >>> pu, pu(x).shape, bool((PixelShuffle(2)(pu(x)) == x).all())
+    (PixelUnshuffle(2), (1, 4, 2, 2), True)
+    """
+
+    def __init__(self, r: int) -> None:
+        self.r = _positive_int("PixelUnshuffle", "r", r)
+
+    def __call__(self, x: Array) -> Array:
+        if not hasattr(x, "shape") or len(x.shape) < 3:
+            _fail(self, "an input (N, C, S1 * r, ..., Sd * r) with a spatial axis", x)
+        r, (n, c), spatial = self.r, x.shape[:2], tuple(x.shape[2:])
+        if any(s % r for s in spatial):
+            _fail(self, f"spatial sizes divisible by r == {r}", x)
+        _require_float(self, x)
+        d = len(spatial)
+        split = (n, c) + tuple(v for s in spatial for v in (s // r, r))   # (N, C, S1, r, S2, r, ...)
+        order = (0, 1) + tuple(range(3, 2 + 2 * d, 2)) + tuple(range(2, 2 + 2 * d, 2))   # (N, C, r.., S1, ..)
+        return reshape(transpose(reshape(x, split), order), (n, c * r ** d) + tuple(s // r for s in spatial))
+
+    def __repr__(self):
+        return f"PixelUnshuffle({self.r})"

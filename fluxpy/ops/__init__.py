@@ -26,7 +26,7 @@ from .numeric import (arccos, arcsin, arcsinh, arctan, arctanh, cosh, cumsum, fl
                       tril, triu, var)
 from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
-                          softplus, softshrink, softsign, swish, tanhshrink, trelu)
+                          softplus, softshrink, softsign, swish, tanhshrink, trelu, hardshrink, softmin, glu)
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
@@ -48,8 +48,9 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh", "gelu_tanh", "gelu_sigmoid",
            "hardsigmoid", "hardswish",
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
-           "gelu_erf", "rrelu", "erf", "logsumexp", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh",
-           "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril", "pad", "sort",
+           "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin", "glu", "tan", "arcsin", "arccos",
+           "arctan", "sinh", "cosh", "arcsinh", "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril",
+           "pad", "sort",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",

@@ -30,11 +30,15 @@ from ..backend import Array
 from ..dual import Dual
 from ..layout import keep_layout, keeping_layout
 from .dropout import _uniform
+from .reduce import normalize_axis
+from .softmax import softmax
 from .special import erf
 
 __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "tanh", "softplus",
            "hardtanh", "gelu_tanh", "gelu_sigmoid", "gelu_erf", "hardsigmoid", "hardswish", "lisht", "softsign", "selu",
-           "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu"]
+           "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu", "hardshrink"]
+# __all__ is the elementwise activations, each of which the fused kernels take (bias_act, batchnorm). softmin and
+# glu act along an axis, so they are not among them: fluxpy.ops exports them.
 
 _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
@@ -366,6 +370,45 @@ def logsigmoid(x: Array) -> Array:
     [-1000.0, -0.6931, -0.0]
     """
     return -softplus(-x)
+
+
+def hardshrink(x: Array, lam: float = 0.5) -> Array:
+    """Hard shrinkage: ``x`` where ``|x| > lam``, else 0 (PyTorch's ``hardshrink(x, lambd)``; NaN stays NaN). Its
+    derivative is 1 outside ``[-lam, lam]`` and 0 inside.
+
+    >>> import numpy as np
+    >>> hardshrink(np.array([-1.0, 0.2, 0.5, 3.0]))
+    array([-1.,  0.,  0.,  3.])
+    """
+    # written so that NaN fails both comparisons and falls through to x
+    return np.where(x >= -lam, np.where(x <= lam, 0, x), x)
+
+
+def softmin(x: Array, axis: int | tuple[int, ...] = -1) -> Array:
+    """``softmax(-x, axis)``: weights summing to 1 along ``axis``, largest where ``x`` is smallest (PyTorch's
+    ``softmin``; through :func:`fluxpy.softmax`'s kernels and rule).
+
+    >>> import numpy as np
+    >>> softmin(np.array([0.0, np.log(3.0)])).round(4)
+    array([0.75, 0.25])
+    """
+    return softmax(-x, axis)
+
+
+def glu(x: Array, axis: int = -1) -> Array:
+    """The gated linear unit: ``x`` split in halves ``a, b`` along ``axis``, then ``a * sigmoid(b)`` (Dauphin et
+    al. 2017; PyTorch's ``glu(x, dim=-1)``). ``x.shape[axis]`` must be even; the output has half of it.
+
+    >>> import numpy as np
+    >>> glu(np.array([[2.0, 4.0, 0.0, 1000.0]]))
+    array([[1., 4.]])
+    """
+    ax, = normalize_axis(axis, len(x.shape), "glu")
+    n = x.shape[ax]
+    if n % 2:
+        raise ValueError(f"glu expects an even size along axis {axis}, got shape {tuple(x.shape)}")
+    before = (slice(None),) * ax
+    return x[before + (slice(0, n // 2),)] * sigmoid(x[before + (slice(n // 2, n),)])
 
 
 class OutputDerivative:

@@ -27,6 +27,7 @@ array module of ``x`` (NumPy or CuPy) and never modifies ``dx``.
 array([ 0.7, -1.7])
 """
 from .base import Rule
+from .clip import clip_grad_norm
 from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent,
                     Lion, Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay,
                     WeightDecay)
@@ -37,4 +38,5 @@ _finite_total, _read_finite = Plan.finite_total, Plan.is_finite   # the names ol
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
            "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
-           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan"]
+           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan",
+           "clip_grad_norm"]
