@@ -8,9 +8,9 @@ is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cel
 attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
 the optimiser sees, and its state, stay the float32 ones: ``setup``, ``train``, ``update``, ``TrainStep``, saving
 and loading work on the wrapper as on the model, and the update lands on the float32 "master" weights.
-Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm) keep their parameters and statistics in float32
-and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the casts round
-to the half type and come back to float32: the values are the half type's, the arithmetic float32's.
+Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm) keep their parameters and statistics
+in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the
+casts round to the half type and come back to float32: the values are the half type's, the arithmetic float32's.
 
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
 (``memory="channels_last"``, the default; :mod:`fluxpy.layout`), so the convolutions, batch norms, pools and
@@ -65,7 +65,8 @@ from .optimise import Plan
 
 __all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16"]
 
-KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)   # layers whose parameters and statistics stay float32
+# layers whose parameters and statistics stay float32
+KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)
 
 
 class LossScaleUnderflow(FloatingPointError):
