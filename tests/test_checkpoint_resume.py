@@ -125,14 +125,9 @@ def resumed(tmp_path_factory):
 @pytest.mark.parametrize("rule, precision, fmt", cases())
 def test_resumed_in_a_new_process_is_bit_for_bit_the_run_without_a_stop(resumed, rule, precision, fmt):
     model, opt = build(rule, precision)
+    from resume_checks import assert_resumed_weights
     steps(model, opt, batches(2 * N))
-    with np.load(resumed / f"out-{rule}-{precision}-{fmt}.npz") as saved:
-        got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    want = weights(model)
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
+    assert_resumed_weights(resumed / f"out-{rule}-{precision}-{fmt}.npz", weights(model))
 
 
 def test_a_resume_that_skips_the_load_differs(tmp_path):

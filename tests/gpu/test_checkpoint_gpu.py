@@ -128,14 +128,9 @@ def _deterministic_cudnn():
 def test_a_captured_run_resumed_in_a_new_process_is_bit_for_bit_the_run_without_a_stop(resumed, rule, precision,
                                                                                         fmt):
     model, opt = build(rule, precision)
+    from resume_checks import assert_resumed_weights
     run_steps(model, opt, batches(2 * N))
-    with np.load(resumed / f"out-{rule}-{precision}-{fmt}.npz") as saved:
-        got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    want = weights(model)
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype
-        np.testing.assert_array_equal(a, b)
+    assert_resumed_weights(resumed / f"out-{rule}-{precision}-{fmt}.npz", weights(model))
 
 
 def test_the_loaded_state_lands_on_the_device_and_the_counters_are_made_again(tmp_path):
