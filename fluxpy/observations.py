@@ -27,15 +27,10 @@ from typing import Any
 import numpy as np
 
 from .backend import get_array_module, is_array
+from .data import describe
 from .random import as_rng
 
 __all__ = ["numobs", "getobs", "obsview", "shuffleobs", "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs"]
-
-
-def _describe(data):
-    if is_array(data):
-        return f"an array of shape {tuple(data.shape)}"
-    return f"a {type(data).__name__}"
 
 
 def numobs(data: Any) -> int:
@@ -60,7 +55,7 @@ def numobs(data: Any) -> int:
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         return len(data)
     raise TypeError(f"numobs expects an array, a tuple, list or dict of arrays, or an object with __len__ and "
-                    f"__getitem__, got {_describe(data)}")
+                    f"__getitem__, got {describe(data)}")
 
 
 def _is_observation_list(data):
@@ -90,7 +85,7 @@ def _checked_index(index, n):
         return int(index)
     idx = np.asarray(index) if not is_array(index) else index
     if idx.ndim != 1 or (idx.size and np.dtype(idx.dtype).kind not in "iu"):
-        raise TypeError(f"getobs expects an int, a slice or a 1-d array of ints as the index, got {_describe(idx)}")
+        raise TypeError(f"getobs expects an int, a slice or a 1-d array of ints as the index, got {describe(idx)}")
     return idx
 
 

@@ -105,10 +105,8 @@ class Cosine:
     def __post_init__(self):
         _check_value(self, "start", self.start)
         _check_value(self, "stop", self.stop, positive=False)
-        for name, low in (("period", 1), ("warmup", 0)):
-            value = getattr(self, name)
-            if not _is_int(value) or value < low:
-                raise ValueError(f"Cosine expects {name} to be an int >= {low}, got {value!r}")
+        _check_int(self, "period", self.period, 1)
+        _check_int(self, "warmup", self.warmup, 0)
 
     def __call__(self, t: int) -> float:
         t = _check_t(self, t)

@@ -148,7 +148,7 @@ LAYERS = (
 )
 """Bottom up: a part may import any part of a lower layer, and within its own layer only along SAME_LAYER."""
 
-SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops")}
+SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops"), ("observations", "data")}
 """The edges allowed inside a layer (``(importer, imported)``)."""
 
 
