@@ -173,10 +173,18 @@ def test_a_guarded_launch_changes_nothing_unless_the_flag_is_finite(host_many):
     state = O.setup(O.RAdam(0.1), model)
     O.update(state, model, grad_of(model, rng))
     before = {k: v.copy() for k, v in model.items()}
+    counters = state["long"].state[2:]
     with fluxpy.capturing.guarding(np.array(np.nan)):
         O.update(state, model, grad_of(model, rng))
     for k in model:
         assert model[k].tobytes() == before[k].tobytes()
+    assert state["long"].state[2:] == counters   # the skipped step did not count (RAdam's beta^t and t)
     with fluxpy.capturing.guarding(np.array(0.0)):
         O.update(state, model, grad_of(model, rng))
     assert model["long"].tobytes() != before["long"].tobytes()
+    twin = model_of(np.random.default_rng(3), np.float64)
+    twin_state = O.setup(O.RAdam(0.1), twin)
+    for _ in range(2):
+        O.update(twin_state, twin, grad_of(twin, rng))
+    assert state["long"].state[2:] == twin_state["long"].state[2:]   # counted once, as two unguarded steps
+    assert [type(c) for c in state["long"].state[2:]] == [type(c) for c in twin_state["long"].state[2:]]

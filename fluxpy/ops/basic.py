@@ -153,10 +153,13 @@ minimum = _binary("minimum", np.minimum, _extremum_grads(np.less))
 
 def _where_impl(cond, a, b):
     try:
-        return np.where(cond, a, b)
+        y = np.where(cond, a, b)
     except ValueError:
         raise ValueError(f"where: shapes {_shape(cond)}, {_shape(a)} and {_shape(b)} "
                          "cannot be broadcast together") from None
+    # CuPy's where has no bfloat16 loop and computes it in float32: the result is rounded back to NumPy's type
+    want = np.result_type(*(v.dtype if hasattr(v, "dtype") else v for v in (a, b)))
+    return y if y.dtype == want else y.astype(want)
 
 
 def _where_rule(needs, cond, a, b):

@@ -34,7 +34,9 @@ def _shifted(x, axes):
     entries get 0 (not Inf - Inf = NaN) and the others -Inf, so the +Inf entries share the whole mass."""
     with np.errstate(invalid="ignore"):
         z = x - x.max(axis=axes, keepdims=True)
-    z[x == np.inf] = 0   # only a +Inf entry can be one: its slice's max is +Inf, the rest already -Inf
+    # Only a +Inf entry can be NaN here: its slice's max is +Inf, the rest already -Inf. copyto with a mask is one
+    # elementwise kernel, where boolean indexing would copy the count to the host (a sync a CUDA graph forbids).
+    get_array_module(x).copyto(z, 0, where=x == np.inf)
     return z
 
 

@@ -9,7 +9,9 @@ rule a leaf has: the rule's declaration (its formula, hyperparameters and ``STAT
 Each step a group asks the kernel table for the multi-tensor kernel ``optimiser_step_many`` (one launch for the
 whole group), else the per-parameter ``optimiser_step`` for each leaf; either reads the group's counters from a
 float64 device array, which ``optimiser_advance`` then moves on (and :func:`fluxpy.capturing.on_replay` moves
-the host's copy in the leaves' states after each replay of a captured step). Where neither kernel takes the
+the host's copy in the leaves' states after each replay of a captured step). A guarded step (loss-scaled or
+checked: the device skips it where a gradient is not finite) leaves the host unsure, so the leaves' states read
+the device's counters back when next asked for (``Leaf.state``). Where neither kernel takes the
 arrays (NumPy; a strided float16 or bfloat16 parameter) the leaves step one by one through ``rule.step`` (the
 formula on arrays). Leaves whose rule
 has no formula step through ``rule.step`` too. Leaves and groups step in the plan's order.
@@ -197,11 +199,12 @@ class Group:
     the counters twice: ``counters`` on the host (what each leaf's state holds, as ``rule.step`` makes it) and a
     float64 device array shared by the leaves (``Leaf._counters``: what the kernels read and advance, so that a
     replayed CUDA graph sees them advance); both advance by the same float64 arithmetic."""
-    __slots__ = ("rule", "formula", "hyper", "counters", "index", "leaves", "xs", "parts")
+    __slots__ = ("rule", "formula", "hyper", "counters", "index", "leaves", "xs", "parts", "states")
 
     def __init__(self, rule, parts):
         self.rule, self.formula, self.hyper = rule, parts.formula, parts.hyper
         self.counters = parts.counters
+        self.states = None   # the Steps' record of the leaves' states, which read_counters keeps up to date
         self.index, self.leaves, self.xs, self.parts = [], [], [], []
 
     def add(self, i, leaf, x, parts):
@@ -233,8 +236,13 @@ class Group:
                 one(x, f, dx, a, i, self.hyper, counters, **ok)
         if counters is not None:
             find("optimiser_advance", counters)(counters, f, self.hyper, **ok)
-            self._advance_host(states)
-            on_replay(lambda: self._advance_host(states))
+            if guard is None:
+                self._advance_host(states)
+                on_replay(lambda: self._advance_host(states))
+            else:   # the device skips a non-finite step, so only its counters are known: read when asked for
+                self.states = states
+                self._mark_ahead()
+                on_replay(self._mark_ahead)
 
     def prepare(self):
         """The group's device counters made now (on the device of its parameters), where its formula has any."""
@@ -267,10 +275,30 @@ class Group:
 
     def _advance_host(self, states):
         """The host side of one step: the counters advanced as the device advanced them, in every leaf's state."""
-        self.counters = advance(self.formula, self.hyper, self.counters)
+        if any(leaf._ahead is not None for leaf in self.leaves):
+            self.read_counters()
+        self._set_host(advance(self.formula, self.hyper, self.counters), states)
+
+    def _set_host(self, counters, states):
+        self.counters = counters
         for i, leaf, parts in zip(self.index, self.leaves, self.parts):
-            parts.values.update(zip(self.formula.counter_names, self.counters))
+            parts.values.update(zip(self.formula.counter_names, counters))
             leaf.state = states[i] = build(parts.layout, parts.values)
+
+    def _mark_ahead(self):
+        """The leaves' host counters may be behind the device's (a guarded step ran there): ``leaf.state`` reads
+        them back (:meth:`read_counters`) before it is next used."""
+        for leaf in self.leaves:
+            leaf._ahead = self
+
+    def read_counters(self):
+        """The device counters copied into the host's counters and every leaf's state (one read, which waits for
+        the device), in the host counters' Python types."""
+        shared = self.leaves[0]._counters
+        if shared is None:
+            return
+        device = shared[0].tolist()
+        self._set_host(tuple(type(h)(d) for h, d in zip(self.counters, device)), self.states)
 
 
 def _inputs(rule, formula, x, dx):

@@ -43,7 +43,7 @@ class Leaf:
     >>> setup(Descent(), np.ones(2))
     Leaf(Descent(eta=0.1))
     """
-    __slots__ = ("rule", "state", "frozen", "_fits", "_steps", "_counters")
+    __slots__ = ("rule", "_state", "frozen", "_fits", "_steps", "_counters", "_ahead")
 
     def __init__(self, rule: Rule, state: Any, frozen: bool = False) -> None:
         self.rule = rule
@@ -52,6 +52,19 @@ class Leaf:
         self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
         self._steps = None  # the _Steps of the last update whose plan began at this leaf (a cache)
         self._counters = None  # the device copy of the rule's counters that its kernels read (see multi.Group)
+
+    @property
+    def state(self) -> Any:
+        """The rule's state. After a guarded step (a loss-scaled or checked one, which the device may skip) the
+        device's counters are the true ones: they are read back here, once, outside a capture."""
+        group = self._ahead
+        if group is not None and not capturing():
+            group.read_counters()
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state, self._ahead = value, None
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
