@@ -38,6 +38,7 @@ from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .io import CheckpointError, load, save
+from .torch_state import load_torch_state, to_torch_state
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
@@ -81,7 +82,7 @@ __all__ = [
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
+    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "load_torch_state", "to_torch_state", "seed",
     "save_training", "load_training",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",

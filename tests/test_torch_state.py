@@ -1,0 +1,157 @@
+"""load_torch_state / to_torch_state: PyTorch state dicts into fluxpy models and back.
+
+Without torch: round trips, the pairing's errors (nothing changes on a refused load), a .safetensors file. With
+torch (skipped where it is missing): PyTorch modules with random weights and running statistics, loaded into the
+fluxpy twin, give PyTorch's outputs in float64, and to_torch_state's dict loads back into PyTorch.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fluxpy
+from fluxpy import load_torch_state, to_torch_state
+from fluxpy.layers import (LSTM, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding,
+                           GroupNorm, LayerNorm, flatten)
+from fluxpy.ops.activations import relu
+
+
+def _net(rng, conv=Conv):
+    return fluxpy.f64(Chain(conv((3, 3), 2, 4, pad=1, rng=rng), BatchNorm(4, relu), flatten, Dense(4 * 5 * 5, 3)))
+
+
+def _randomised(model, rng):
+    """Every array of ``model`` drawn anew (running variances positive)."""
+    for key, value in to_torch_state(model).items():
+        fresh = rng.standard_normal(value.shape)
+        if key.endswith("running_var"):
+            fresh = np.abs(fresh) + 0.5
+        value[...] = fresh
+    return model
+
+
+@given(seed=st.integers(0, 2**31), conv=st.sampled_from([Conv, CrossCor]))
+@settings(max_examples=10, deadline=None)
+def test_a_state_out_and_back_in_gives_the_same_model(seed, conv):
+    rng = np.random.default_rng(seed)
+    a, b = _net(rng, conv), _net(rng, conv)
+    state = {k: rng.standard_normal(v.shape) for k, v in to_torch_state(a).items()}
+    state = {k: (np.abs(v) + 0.1 if k.endswith("running_var") else v) for k, v in state.items()}
+    load_torch_state(a, state)
+    load_torch_state(b, to_torch_state(a))
+    x = rng.standard_normal((2, 2, 5, 5))
+    np.testing.assert_array_equal(fluxpy.testmode(a)(x), fluxpy.testmode(b)(x))
+    for k, v in to_torch_state(b).items():
+        np.testing.assert_array_equal(v, state[k])
+
+
+def test_conv_kernels_are_flipped_and_crosscor_kernels_are_not():
+    w = np.arange(18.0).reshape(1, 2, 3, 3)
+    conv, cross = Conv((3, 3), 2, 1), CrossCor((3, 3), 2, 1)
+    load_torch_state(conv, {"weight": w, "bias": np.zeros(1)})
+    load_torch_state(cross, {"weight": w, "bias": np.zeros(1)})
+    np.testing.assert_array_equal(conv.weight, w[:, :, ::-1, ::-1].astype(np.float32))
+    np.testing.assert_array_equal(cross.weight, w.astype(np.float32))
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(conv(x), cross(x), rtol=1e-5, atol=1e-5)   # the same function
+
+
+def test_the_load_keeps_each_array_its_dtype_and_identity():
+    model = Dense(3, 2)
+    weight = model.weight
+    load_torch_state(model, {"weight": np.ones((2, 3)), "bias": np.ones(2)})
+    assert model.weight is weight and model.weight.dtype == np.float32 and model.weight.sum() == 6
+
+
+@pytest.mark.parametrize("state,match", [
+    ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3)}, r"has 2 layers with arrays \(Dense, Dense\) but the state has 1 modules \(0\)"),
+    ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": np.ones((1, 3)), "1.beta": np.ones(1)},
+     r"module '1' holds \['beta', 'weight'\] but the layer it pairs with, layers.1"),
+    ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": np.ones((3, 1)), "1.bias": np.ones(1)},
+     r"'1.weight' has shape \(3, 1\) but layers.1.weight of Dense\(3 => 1\) has shape \(1, 3\)"),
+    ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": [[1.0, 2.0, 3.0]], "1.bias": np.ones(1)},
+     r"expects the state's '1.weight' to be an array or a torch tensor, got list"),
+])
+def test_a_state_that_does_not_fit_is_refused_before_any_change(state, match):
+    model = Chain(Dense(2, 3), Dense(3, 1))
+    before = {k: v.copy() for k, v in to_torch_state(model).items()}
+    with pytest.raises((ValueError, TypeError), match=match):
+        load_torch_state(model, state)
+    for k, v in to_torch_state(model).items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_a_layer_without_a_mapping_is_named():
+    with pytest.raises(TypeError, match="no PyTorch mapping for LSTMCell yet"):
+        load_torch_state(Chain(LSTM(2, 3)), {"lstm.weight_ih_l0": np.ones((12, 2))})
+    with pytest.raises(TypeError, match="expects a state dict .* got int"):
+        load_torch_state(Dense(2, 2), 3)
+
+
+def test_a_safetensors_file_loads(tmp_path):
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(1)
+    model = _randomised(_net(rng), rng)
+    save_file(to_torch_state(model), tmp_path / "w.safetensors")
+    fresh = _net(rng)
+    keys = load_torch_state(fresh, tmp_path / "w.safetensors")
+    assert keys["1.running_var"] == "layers.1.running_var" and keys["3.weight"] == "layers.3.weight"
+    for k, v in to_torch_state(fresh).items():
+        np.testing.assert_array_equal(v, to_torch_state(model)[k])
+
+
+def test_to_torch_state_takes_the_keys_of_like_by_order():
+    model = Chain(Dense(2, 3, relu), Dense(3, 1))
+    like = {"fc1.weight": None, "fc1.bias": None, "head.weight": None, "head.bias": None}
+    assert list(to_torch_state(model, like)) == list(like)
+    with pytest.raises(ValueError, match="has 2 layers with arrays but like has 1 modules"):
+        to_torch_state(model, {"a.weight": None})
+
+
+# ---------------------------------------------------------------------------------------------
+# Against PyTorch
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _torch_randomised(torch, module, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in module.state_dict().items():
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype))
+                if name.endswith("running_var"):
+                    t.abs_().add_(0.5)
+    return module
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_pytorch_conv_net_loaded_gives_its_outputs(seed):
+    torch = _torch()
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, groups=4),
+                        nn.GroupNorm(2, 4), nn.ConvTranspose2d(4, 3, 2, stride=2), nn.Flatten(), nn.LayerNorm(48),
+                        nn.Linear(48, 5)).double().eval()
+    _torch_randomised(torch, net, seed)
+    twin = fluxpy.f64(Chain(CrossCor((3, 3), 2, 4, pad=1), BatchNorm(4, relu), DepthwiseConv((3, 3), 4, 4),
+                            GroupNorm(4, 2), ConvTranspose((2, 2), 4, 3, stride=2), flatten, LayerNorm(48),
+                            Dense(48, 5)))
+    load_torch_state(twin, net.state_dict())
+    x = np.random.default_rng(seed).standard_normal((2, 2, 4, 4))
+    want = net(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(fluxpy.testmode(twin)(x), want, rtol=1e-10, atol=1e-10)
+    state = to_torch_state(twin, net.state_dict())
+    _torch_randomised(torch, net, seed + 7)   # other weights, then the twin's written back
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    np.testing.assert_allclose(net(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_pytorch_embedding_loaded_gives_its_rows():
+    torch = _torch()
+    emb = _torch_randomised(torch, torch.nn.Embedding(7, 3).double(), 3)
+    twin = fluxpy.f64(Embedding(7, 3))
+    load_torch_state(twin, emb.state_dict())
+    tokens = np.array([[0, 6, 2]])
+    np.testing.assert_array_equal(twin(tokens), emb(torch.from_numpy(tokens)).detach().numpy())
