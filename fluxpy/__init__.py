@@ -38,6 +38,7 @@ from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .io import CheckpointError, load, save
+from .from_torch import from_torch
 from .torch_state import load_torch_state, to_torch_state
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
@@ -82,7 +83,7 @@ __all__ = [
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "load_torch_state", "to_torch_state", "seed",
+    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
     "save_training", "load_training",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
@@ -105,6 +106,7 @@ __all__ = [
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
     "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",
+    "load_torch_state", "to_torch_state", "from_torch",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",

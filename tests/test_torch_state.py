@@ -155,3 +155,56 @@ def test_a_pytorch_embedding_loaded_gives_its_rows():
     load_torch_state(twin, emb.state_dict())
     tokens = np.array([[0, 6, 2]])
     np.testing.assert_array_equal(twin(tokens), emb(torch.from_numpy(tokens)).detach().numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# from_torch
+
+
+def _compare(torch, net, x, train):
+    model = fluxpy.from_torch(net)
+    net.train(train)
+    model = fluxpy.trainmode(model) if train else fluxpy.testmode(model)
+    want = net(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(model(x), want, rtol=1e-9, atol=1e-10)
+    return model
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_from_torch_builds_a_conv_net_that_computes_what_pytorch_computes(train):
+    torch = _torch()
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, stride=1), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(6, 6, 3, padding="same", groups=3, bias=False), nn.GELU(), nn.AvgPool2d(2, padding=1),
+                        nn.Sequential(nn.Conv2d(6, 4, 1), nn.LeakyReLU(0.2)), nn.AdaptiveAvgPool2d((2, 2)),
+                        nn.Flatten(), nn.Dropout(0.0), nn.Linear(16, 8), nn.LayerNorm(8), nn.ELU(0.7), nn.Tanh(),
+                        nn.Linear(8, 3), nn.SiLU()).double()
+    _torch_randomised(torch, net, 5)
+    x = np.random.default_rng(5).standard_normal((4, 3, 8, 8))
+    model = _compare(torch, net, x, train)
+    if train:   # the running statistics moved alike (PyTorch's unbiased variance)
+        np.testing.assert_allclose(model.layers[1].running_var, net[1].running_var.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(model.layers[1].running_mean, net[1].running_mean.numpy(), rtol=1e-10)
+
+
+def test_from_torch_float32_and_1d_and_transposed_convolutions():
+    torch = _torch()
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv1d(2, 4, 3, stride=2, dilation=1), nn.ReLU(), nn.ConvTranspose1d(4, 2, 3, stride=2,
+                        output_padding=1), nn.GroupNorm(2, 2), nn.Flatten(), nn.Linear(2 * 18, 3))
+    _torch_randomised(torch, net, 2)
+    model = fluxpy.from_torch(net)
+    assert model.layers[0].weight.dtype == np.float32
+    x = np.random.default_rng(2).standard_normal((3, 2, 17)).astype(np.float32)
+    np.testing.assert_allclose(model(x), net.eval()(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_from_torch_names_what_it_cannot_convert():
+    torch = _torch()
+    nn = torch.nn
+    with pytest.raises(TypeError, match=r"no fluxpy twin for LSTM at 1"):
+        fluxpy.from_torch(nn.Sequential(nn.Linear(2, 2), nn.LSTM(2, 2)))
+    with pytest.raises(TypeError, match=r"Conv2d at 0 \(padding_mode='reflect'"):
+        fluxpy.from_torch(nn.Sequential(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect")))
+    with pytest.raises(TypeError, match="from_torch expects a torch.nn.Module, got dict"):
+        fluxpy.from_torch({})
