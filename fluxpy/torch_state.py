@@ -12,7 +12,9 @@ kernels ``(out, in/groups, *kernel)``, transposed ones ``(in, out/groups, *kerne
 ``(num, dim)``), with one difference: :class:`~fluxpy.layers.Conv`, :class:`~fluxpy.layers.DepthwiseConv` and
 :class:`~fluxpy.layers.ConvTranspose` are Flux's true convolutions, so their kernels are PyTorch's flipped along every
 spatial axis (a :class:`~fluxpy.layers.CrossCor` takes PyTorch's as they are). Normalisation layers name their
-scale and shift ``gamma`` and ``beta`` where PyTorch says ``weight`` and ``bias``.
+scale and shift ``gamma`` and ``beta`` where PyTorch says ``weight`` and ``bias``. One-layer ``RNN``, ``LSTM`` and
+``GRU`` (PyTorch's gate orders) pair with fluxpy's cells, whose one bias is PyTorch's two summed (a GRU's recurrent
+n-gate bias, which PyTorch applies inside ``r * (...)``, must be zero: Flux's GRU has none).
 
 >>> import numpy as np
 >>> from fluxpy import Chain, Dense, relu
@@ -28,6 +30,7 @@ array([[13.]], dtype=float32)
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,7 +40,7 @@ import numpy as np
 from .backend import get_array_module, is_array
 from .functors import children
 from .layers import (BatchNorm, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding, GroupNorm,
-                     InstanceNorm, LayerNorm, PReLU, RMSNorm)
+                     GRUCell, InstanceNorm, LayerNorm, LSTMCell, PReLU, RMSNorm, RNNCell)
 
 __all__ = ["load_torch_state", "to_torch_state"]
 
@@ -57,27 +60,56 @@ def _kernel(layer):
     return _same if layer.flipped else _flip
 
 
-# fluxpy layer type -> (PyTorch's name, fluxpy's attribute, conversion of the layer) for each array PyTorch holds
 _CONVS = (Conv, CrossCor, DepthwiseConv, ConvTranspose)
-_NORMS = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm)
+_NORMS = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)
+_CELLS = (RNNCell, LSTMCell, GRUCell)
 
 
-def _pairs(layer) -> list[tuple[str, str, Callable]]:
-    """``(torch name, fluxpy attribute, conversion)`` for each array ``layer`` holds, in PyTorch's order; the
-    conversion maps one side's array to the other's (it is its own inverse)."""
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    """PyTorch's arrays ``names`` and the fluxpy attribute ``attr`` they make: ``load(*arrays)`` gives the attribute's
+    value (raising ValueError where it cannot), ``save(value)`` PyTorch's arrays back."""
+    names: tuple
+    attr: str
+    load: Callable = _same
+    save: Callable = lambda v: (v,)
+
+
+def _one(name, attr, convert=_same):
+    return _Pair((name,), attr, convert, lambda v: (convert(v),))
+
+
+def _recurrent_bias(cell):
+    """PyTorch's two biases as a cell's one (on the input projection, Flux's form): summed; written back as
+    ``(bias, 0)``. A GRU's recurrent bias of its n gate sits inside ``r * (...)`` in PyTorch: it must be zero."""
+    def load(ih, hh):
+        if isinstance(cell, GRUCell):
+            h = hh.shape[0] // 3
+            if np.any(hh[2 * h:]):
+                raise ValueError(f"load_torch_state: {cell!r} has no recurrent bias of the n gate, but PyTorch's "
+                                 f"bias_hh_l0[{2 * h}:] is not zero (PyTorch's GRU adds it inside r * (...))")
+        return ih + hh
+    return _Pair(("bias_ih_l0", "bias_hh_l0"), "bias", load, lambda v: (v, np.zeros_like(v)))
+
+
+def _pairs(layer) -> list[_Pair]:
+    """A :class:`_Pair` for each array ``layer`` holds, in PyTorch's order."""
     held = [k for k, v in children(layer) or [] if is_array(v)]
     if isinstance(layer, _CONVS):
-        table = [("weight", "weight", _kernel(layer)), ("bias", "bias", _same)]
+        table = [_one("weight", "weight", _kernel(layer)), _one("bias", "bias")]
     elif isinstance(layer, (Dense, Embedding, PReLU)):
-        table = [("weight", "weight", _same), ("bias", "bias", _same)]
-    elif isinstance(layer, _NORMS + (RMSNorm,)):
-        table = [("weight", "gamma", _same), ("bias", "beta", _same), ("running_mean", "running_mean", _same),
-                 ("running_var", "running_var", _same)]
+        table = [_one("weight", "weight"), _one("bias", "bias")]
+    elif isinstance(layer, _NORMS):
+        table = [_one("weight", "gamma"), _one("bias", "beta"), _one("running_mean", "running_mean"),
+                 _one("running_var", "running_var")]
+    elif isinstance(layer, _CELLS):   # PyTorch's one-layer RNN, LSTM and GRU (gate orders i f g o and r z n alike)
+        table = [_one("weight_ih_l0", "weight_ih"), _one("weight_hh_l0", "weight_hh"), _recurrent_bias(layer)]
     else:
         raise TypeError(f"load_torch_state: no PyTorch mapping for {type(layer).__name__} yet (it holds "
                         f"{', '.join(held)}); the layers with one: Dense, Conv, CrossCor, DepthwiseConv, "
-                        f"ConvTranspose, BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm, Embedding, PReLU")
-    return [(t, f, c) for t, f, c in table if f in held]
+                        f"ConvTranspose, BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm, Embedding, PReLU, "
+                        f"RNN, LSTM, GRU")
+    return [p for p in table if p.attr in held]
 
 
 def _array_layers(model, path=""):
@@ -144,17 +176,22 @@ def _plan(model, state):
     for (path, layer), (module, entries) in zip(layers, groups):
         pairs = _pairs(layer)
         names = {name: key for name, key in entries}
-        if set(names) != {t for t, _, _ in pairs}:
+        wanted = [n for p in pairs for n in p.names]
+        if set(names) != set(wanted):
             raise ValueError(f"load_torch_state: module {module!r} holds {sorted(names)} but the layer it pairs with, "
-                             f"{path} ({layer!r}), takes {sorted(t for t, _, _ in pairs)}")
-        for torch_name, attr, convert in pairs:
-            key = names[torch_name]
-            value = convert(_host(state[key], key))
-            target = getattr(layer, attr)
+                             f"{path} ({layer!r}), takes {sorted(wanted)}")
+        for pair in pairs:
+            keys = [names[n] for n in pair.names]
+            arrays = [_host(state[k], k) for k in keys]
+            if len({a.shape for a in arrays}) > 1:
+                raise ValueError(f"load_torch_state: {keys} have shapes {[a.shape for a in arrays]}, not one")
+            value = pair.load(*arrays)
+            target = getattr(layer, pair.attr)
             if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"load_torch_state: {key!r} has shape {tuple(value.shape)} but {path}.{attr} of "
-                                 f"{layer!r} has shape {tuple(target.shape)}")
-            plan.append((key, f"{path}.{attr}" if path else attr, layer, attr, value))
+                raise ValueError(f"load_torch_state: {keys[0]!r} has shape {tuple(value.shape)} but "
+                                 f"{path}.{pair.attr} of {layer!r} has shape {tuple(target.shape)}")
+            where = f"{path}.{pair.attr}" if path else pair.attr
+            plan += [(k, where, layer, pair.attr, value) for k in keys]
     return plan
 
 
@@ -174,7 +211,7 @@ def load_torch_state(model: Any, state: Mapping | str | os.PathLike) -> dict:
     ([[0.0, 1.0], [2.0, 3.0]], [[3.0, 2.0], [1.0, 0.0]])
     """
     plan = _plan(model, _read_state(state))
-    for _, _, layer, attr, value in plan:
+    for _, _, layer, attr, value in plan:   # an attribute made of two arrays is written twice, alike
         target = getattr(layer, attr)
         target[...] = get_array_module(target).asarray(value.astype(target.dtype))
     return {key: path for key, path, _, _, _ in plan}
@@ -201,8 +238,9 @@ def to_torch_state(model: Any, like: Mapping | None = None) -> dict:
                          f"{len(modules)} modules")
     for i, (path, layer) in enumerate(layers):
         prefix = path.removeprefix("layers.").replace(".layers.", ".") if modules is None else modules[i]
-        for torch_name, attr, convert in _pairs(layer):
-            array = getattr(layer, attr)
+        for pair in _pairs(layer):
+            array = getattr(layer, pair.attr)
             host = array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
-            out[f"{prefix}.{torch_name}" if prefix else torch_name] = np.ascontiguousarray(convert(host))
+            for name, value in zip(pair.names, pair.save(host)):
+                out[f"{prefix}.{name}" if prefix else name] = np.ascontiguousarray(value)
     return out

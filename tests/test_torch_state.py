@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import fluxpy
 from fluxpy import load_torch_state, to_torch_state
-from fluxpy.layers import (LSTM, BatchNorm, Chain, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding,
+from fluxpy.layers import (GRU, LSTM, RNN, BatchNorm, Bilinear, Chain, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding,
                            GroupNorm, LayerNorm, flatten)
 from fluxpy.ops.activations import relu
 
@@ -82,8 +82,8 @@ def test_a_state_that_does_not_fit_is_refused_before_any_change(state, match):
 
 
 def test_a_layer_without_a_mapping_is_named():
-    with pytest.raises(TypeError, match="no PyTorch mapping for LSTMCell yet"):
-        load_torch_state(Chain(LSTM(2, 3)), {"lstm.weight_ih_l0": np.ones((12, 2))})
+    with pytest.raises(TypeError, match="no PyTorch mapping for Bilinear yet"):
+        load_torch_state(Chain(Bilinear((2, 2), 3)), {"b.weight": np.ones((3, 2, 2)), "b.bias": np.ones(3)})
     with pytest.raises(TypeError, match="expects a state dict .* got int"):
         load_torch_state(Dense(2, 2), 3)
 
@@ -208,3 +208,36 @@ def test_from_torch_names_what_it_cannot_convert():
         fluxpy.from_torch(nn.Sequential(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect")))
     with pytest.raises(TypeError, match="from_torch expects a torch.nn.Module, got dict"):
         fluxpy.from_torch({})
+
+
+def test_recurrent_biases_are_summed_in_and_split_out():
+    rng = np.random.default_rng(4)
+    lstm = LSTM(2, 3)
+    state = {"weight_ih_l0": rng.standard_normal((12, 2)), "weight_hh_l0": rng.standard_normal((12, 3)),
+             "bias_ih_l0": rng.standard_normal(12), "bias_hh_l0": rng.standard_normal(12)}
+    keys = load_torch_state(lstm, state)
+    assert keys["bias_hh_l0"] == keys["bias_ih_l0"] == "cell.bias"
+    np.testing.assert_allclose(lstm.cell.bias, (state["bias_ih_l0"] + state["bias_hh_l0"]).astype(np.float32))
+    out = to_torch_state(lstm)
+    np.testing.assert_array_equal(out["cell.bias_hh_l0"], np.zeros(12, np.float32))
+    gru = GRU(2, 3)
+    before = gru.cell.weight_ih.copy()
+    bad = {"weight_ih_l0": np.ones((9, 2)), "weight_hh_l0": np.ones((9, 3)), "bias_ih_l0": np.ones(9),
+           "bias_hh_l0": np.ones(9)}
+    with pytest.raises(ValueError, match=r"no recurrent bias of the n gate, but PyTorch's bias_hh_l0\[6:\] is not zero"):
+        load_torch_state(gru, bad)
+    np.testing.assert_array_equal(gru.cell.weight_ih, before)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
+def test_pytorch_recurrent_layers_loaded_give_their_outputs(kind):
+    torch = _torch()
+    net = getattr(torch.nn, kind)(3, 4, batch_first=True).double()
+    _torch_randomised(torch, net, 8)
+    if kind == "GRU":
+        with torch.no_grad():
+            net.bias_hh_l0[8:] = 0   # fluxpy's GRU (Flux's form) has no recurrent bias of the n gate
+    twin = fluxpy.f64({"RNN": RNN(3, 4, fluxpy.tanh), "LSTM": LSTM(3, 4), "GRU": GRU(3, 4)}[kind])
+    load_torch_state(twin, net.state_dict())
+    x = np.random.default_rng(8).standard_normal((2, 5, 3))
+    np.testing.assert_allclose(twin(x), net(torch.from_numpy(x))[0].detach().numpy(), rtol=1e-10, atol=1e-12)
