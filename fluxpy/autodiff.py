@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_float_array, is_float_dtype
+from .backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
 from .backward import SliceCotangent, backprop
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
@@ -446,14 +446,20 @@ class _Boxes:
     model are hyperparameters, and boxing them as float64 arrays would change dtypes.
     """
 
-    def __init__(self, level):
-        self.level = level
+    def __init__(self, level, who="gradient"):
+        self.level, self.who = level, who
         self.by_leaf = {}  # id(original leaf) -> (original, box)
         self.cache = {}
 
     def box(self, x):
-        if is_float_array(value_of(x)):
+        v = value_of(x)
+        if is_float_array(v):
             return self._box(x, x)
+        if hasattr(v, "__dlpack__") and not is_array(v) and not isinstance(v, np.generic):
+            kind = f"{type(v).__module__}.{type(v).__name__}"
+            raise TypeError(f"{self.who}: an argument holds a {kind} {tuple(getattr(v, 'shape', ()))}, another "
+                            f"library's array; fluxpy differentiates NumPy and CuPy arrays: take it without a copy "
+                            f"with numpy.from_dlpack(x) (CPU) or cupy.from_dlpack(x) (GPU)")
         return x
 
     def box_argument(self, x):
@@ -485,8 +491,8 @@ class _Boxes:
         return g
 
 
-def _box_args(args, level):
-    boxes = _Boxes(level)
+def _box_args(args, level, who="gradient"):
+    boxes = _Boxes(level, who)
     return tuple(boxes.box_argument(a) for a in args), boxes
 
 
@@ -572,7 +578,7 @@ def _plain(tree):
 
 def _withgradient_now(f, args, who, fname, aux=False):
     level = next(_levels)
-    boxed, boxes = _box_args(args, level)
+    boxed, boxes = _box_args(args, level, who)
     try:
         y = _call_recording(f, boxed)
     finally:
@@ -658,7 +664,7 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     (array([2., 6.]),)
     """
     level = next(_levels)
-    boxed, boxes = _box_args(args, level)
+    boxed, boxes = _box_args(args, level, "pullback")
     try:
         y = _call_recording(f, boxed)
     finally:

@@ -241,3 +241,28 @@ def test_pytorch_recurrent_layers_loaded_give_their_outputs(kind):
     load_torch_state(twin, net.state_dict())
     x = np.random.default_rng(8).standard_normal((2, 5, 3))
     np.testing.assert_allclose(twin(x), net(torch.from_numpy(x))[0].detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+class _OtherArray:
+    """Another library's array: a shape, a dtype of its own, the DLPack protocol."""
+    shape, dtype = (3,), "other.float32"
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("never read: refused before")
+
+
+def test_gradient_refuses_another_librarys_array_with_what_to_do():
+    for arg in (_OtherArray(), {"w": _OtherArray()}):
+        with pytest.raises(TypeError, match=r"gradient: an argument holds a .*_OtherArray \(3,\), another library's "
+                                            r"array; .* numpy.from_dlpack\(x\) \(CPU\) or cupy.from_dlpack\(x\)"):
+            fluxpy.gradient(lambda a: 0.0, arg)
+
+
+def test_dlpack_takes_a_pytorch_tensor_without_a_copy_and_gives_it_back():
+    torch = _torch()
+    t = torch.arange(4.0, dtype=torch.float64)
+    x = np.from_dlpack(t)
+    x[0] = 7.0
+    assert t[0].item() == 7.0   # the same memory
+    (g,) = fluxpy.gradient(lambda a: fluxpy.sum(a * a), x)
+    np.testing.assert_array_equal(torch.from_dlpack(g).numpy(), 2 * x)
