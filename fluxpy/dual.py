@@ -13,6 +13,7 @@ values (so duals differentiate again) or the compiler's symbols.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,18 @@ from .backend import Array
 __all__ = ["Dual", "partials", "derivative", "cotangents"]
 
 
+
+
+def _power(v, o):
+    """``v ** o``, by products for the small whole exponents (NumPy's ``power`` calls ``pow`` per element for them)."""
+    if isinstance(o, numbers.Integral) and 0 <= o <= 4:
+        if o == 0:
+            return v * 0 + 1
+        y = v
+        for _ in range(int(o) - 1):
+            y = y * v
+        return y
+    return v ** o
 
 
 class Dual:
@@ -75,8 +88,8 @@ class Dual:
 
     def __pow__(self, o):
         if type(o) is not Dual:
-            y = self.v ** o
-            dy = 2 * self.v if isinstance(o, (int, float)) and o == 2 else o * self.v ** (o - 1)
+            y = _power(self.v, o)
+            dy = o * _power(self.v, o - 1)
             return Dual(y, tuple(a * dy for a in self.d))
         return _dual_exp(o * _dual_log(self))
 
