@@ -3,8 +3,8 @@
 Each PyTorch module becomes the fluxpy layer that computes the same function in PyTorch's layouts: ``Sequential`` a
 :class:`~fluxpy.layers.Chain`, ``Conv1d/2d/3d`` a :class:`~fluxpy.layers.CrossCor` (PyTorch's convolution is a
 cross-correlation), ``ConvTranspose`` a :class:`~fluxpy.layers.ConvTranspose`, ``Linear`` a
-:class:`~fluxpy.layers.Dense`, the normalisations, ``Embedding``, the pools, ``Flatten``, ``Dropout`` and the
-activations their fluxpy namesakes; then :func:`fluxpy.load_torch_state` copies the weights (and running
+:class:`~fluxpy.layers.Dense`, the normalisations, ``Embedding``, the pools, ``Flatten``, ``Dropout``,
+``TransformerEncoderLayer`` and ``TransformerEncoder`` (batch first) and the activations their fluxpy namesakes; then :func:`fluxpy.load_torch_state` copies the weights (and running
 statistics). The model's float dtype follows the module's parameters (float64 gives :func:`fluxpy.f64`). A module
 with no fluxpy twin (or an option fluxpy does not have, such as a convolution's ``padding_mode="reflect"``) raises
 ``TypeError`` naming it and its path.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, ConvTranspose, CrossCor, Dense, Dropout,
-                     Embedding, GroupNorm, LayerNorm, MaxPool, MeanPool, flatten)
+                     Embedding, GroupNorm, LayerNorm, MaxPool, MeanPool, TransformerEncoderLayer, flatten)
 from .ops import activations as act
 from .layers.convert import f64
 from .torch_state import load_torch_state
@@ -93,6 +93,24 @@ def _embedding(m, path):
     return Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx)
 
 
+def _encoder_layer(m, path):
+    if not m.self_attn.batch_first:
+        _unsupported(m, path, "batch_first=False; fluxpy's layers are batch first")
+    act_fn = {1: act.relu, 2: act.gelu_erf}.get(getattr(m, "activation_relu_or_gelu", 0))
+    if act_fn is None:
+        _unsupported(m, path, f"activation {m.activation!r}; relu and gelu convert")
+    return TransformerEncoderLayer(m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, act=act_fn,
+                                   dropout=m.dropout.p, norm_first=m.norm_first, eps=m.norm1.eps,
+                                   bias=m.linear1.bias is not None)
+
+
+def _encoder(m, path):
+    if getattr(m, "mask_check", True) is False or m.norm is not None and type(m.norm).__name__ != "LayerNorm":
+        _unsupported(m, path, "a final norm other than LayerNorm")
+    layers = [_convert(c, f"{path}.layers.{i}" if path else f"layers.{i}") for i, c in enumerate(m.layers)]
+    return Chain(*layers, *([_convert(m.norm, f"{path}.norm")] if m.norm is not None else []))
+
+
 def _gelu(m, path):
     return act.gelu if m.approximate == "tanh" else act.gelu_erf
 
@@ -122,6 +140,8 @@ def _table():
         "Embedding": _embedding,
         "Dropout": lambda m, path: Dropout(m.p),
         "Flatten": _flatten,
+        "TransformerEncoderLayer": _encoder_layer,
+        "TransformerEncoder": _encoder,
         "GELU": _gelu,
         "LeakyReLU": lambda m, path: functools.partial(act.leakyrelu, a=m.negative_slope),
         "ELU": lambda m, path: functools.partial(act.elu, a=m.alpha),

@@ -40,7 +40,7 @@ import numpy as np
 from .backend import get_array_module, is_array
 from .functors import children
 from .layers import (BatchNorm, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding, GroupNorm,
-                     GRUCell, InstanceNorm, LayerNorm, LSTMCell, PReLU, RMSNorm, RNNCell)
+                     GRUCell, InstanceNorm, LayerNorm, LSTMCell, MultiHeadAttention, PReLU, RMSNorm, RNNCell)
 
 __all__ = ["load_torch_state", "to_torch_state"]
 
@@ -67,16 +67,17 @@ _CELLS = (RNNCell, LSTMCell, GRUCell)
 
 @dataclasses.dataclass(frozen=True)
 class _Pair:
-    """PyTorch's arrays ``names`` and the fluxpy attribute ``attr`` they make: ``load(*arrays)`` gives the attribute's
-    value (raising ValueError where it cannot), ``save(value)`` PyTorch's arrays back."""
+    """PyTorch's arrays ``names`` and the fluxpy attributes ``attrs`` (dotted paths in the layer) they make:
+    ``load(*arrays)`` gives the attributes' values (raising ValueError where it cannot), ``save(*values)``
+    PyTorch's arrays back."""
     names: tuple
-    attr: str
-    load: Callable = _same
-    save: Callable = lambda v: (v,)
+    attrs: tuple
+    load: Callable
+    save: Callable
 
 
 def _one(name, attr, convert=_same):
-    return _Pair((name,), attr, convert, lambda v: (convert(v),))
+    return _Pair((name,), (attr,), lambda a: (convert(a),), lambda v: (convert(v),))
 
 
 def _recurrent_bias(cell):
@@ -88,37 +89,72 @@ def _recurrent_bias(cell):
             if np.any(hh[2 * h:]):
                 raise ValueError(f"load_torch_state: {cell!r} has no recurrent bias of the n gate, but PyTorch's "
                                  f"bias_hh_l0[{2 * h}:] is not zero (PyTorch's GRU adds it inside r * (...))")
-        return ih + hh
-    return _Pair(("bias_ih_l0", "bias_hh_l0"), "bias", load, lambda v: (v, np.zeros_like(v)))
+        return (ih + hh,)
+    return _Pair(("bias_ih_l0", "bias_hh_l0"), ("bias",), load, lambda v: (v, np.zeros_like(v)))
 
 
-def _pairs(layer) -> list[_Pair]:
-    """A :class:`_Pair` for each array ``layer`` holds, in PyTorch's order."""
-    held = [k for k, v in children(layer) or [] if is_array(v)]
-    if isinstance(layer, _CONVS):
-        table = [_one("weight", "weight", _kernel(layer)), _one("bias", "bias")]
+def _split3(name, part):
+    """PyTorch's packed ``in_proj_weight`` / ``in_proj_bias`` as the q, k and v projections' ``part``."""
+    def load(a):
+        if a.shape[0] % 3:
+            raise ValueError(f"load_torch_state: {name} has {a.shape[0]} rows, not three equal parts (q, k, v)")
+        return tuple(np.split(a, 3))
+    return _Pair((name,), tuple(f"{p}_proj.{part}" for p in "qkv"), load, lambda *qkv: (np.concatenate(qkv),))
+
+
+def _pairs(layer) -> list[list[_Pair]]:
+    """The :class:`_Pair` s of each PyTorch module ``layer`` takes, in PyTorch's order: one module for most layers,
+    two for attention (``attn`` with the packed q, k, v projections, then ``attn.out_proj``)."""
+    held = {k for k, v in _array_items(layer)}
+    if isinstance(layer, MultiHeadAttention):
+        if layer.q_proj.weight.shape[1] != layer.k_proj.weight.shape[1] or \
+                layer.q_proj.weight.shape[1] != layer.v_proj.weight.shape[1]:
+            packed = [_one(f"{p}_proj_weight", f"{p}_proj.weight") for p in "qkv"]
+        else:
+            packed = [_split3("in_proj_weight", "weight")]
+        modules = [packed + [_split3("in_proj_bias", "bias")], [_one("weight", "out_proj.weight"),
+                                                                 _one("bias", "out_proj.bias")]]
+    elif isinstance(layer, _CONVS):
+        modules = [[_one("weight", "weight", _kernel(layer)), _one("bias", "bias")]]
     elif isinstance(layer, (Dense, Embedding, PReLU)):
-        table = [_one("weight", "weight"), _one("bias", "bias")]
+        modules = [[_one("weight", "weight"), _one("bias", "bias")]]
     elif isinstance(layer, _NORMS):
-        table = [_one("weight", "gamma"), _one("bias", "beta"), _one("running_mean", "running_mean"),
-                 _one("running_var", "running_var")]
+        modules = [[_one("weight", "gamma"), _one("bias", "beta"), _one("running_mean", "running_mean"),
+                    _one("running_var", "running_var")]]
     elif isinstance(layer, _CELLS):   # PyTorch's one-layer RNN, LSTM and GRU (gate orders i f g o and r z n alike)
-        table = [_one("weight_ih_l0", "weight_ih"), _one("weight_hh_l0", "weight_hh"), _recurrent_bias(layer)]
+        modules = [[_one("weight_ih_l0", "weight_ih"), _one("weight_hh_l0", "weight_hh"), _recurrent_bias(layer)]]
     else:
         raise TypeError(f"load_torch_state: no PyTorch mapping for {type(layer).__name__} yet (it holds "
-                        f"{', '.join(held)}); the layers with one: Dense, Conv, CrossCor, DepthwiseConv, "
+                        f"{', '.join(sorted(held))}); the layers with one: Dense, Conv, CrossCor, DepthwiseConv, "
                         f"ConvTranspose, BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm, Embedding, PReLU, "
-                        f"RNN, LSTM, GRU")
-    return [p for p in table if p.attr in held]
+                        f"RNN, LSTM, GRU, MultiHeadAttention (and the transformer layers made of them)")
+    return [[p for p in pairs if all(a in held for a in p.attrs)] for pairs in modules]
+
+
+def _array_items(layer, prefix=""):
+    """``(dotted attribute, array)`` for each array of ``layer`` and of its sub-layers."""
+    out = []
+    for k, v in children(layer) or []:
+        if is_array(v):
+            out.append((f"{prefix}{k}", v))
+        elif children(v) is not None:
+            out += _array_items(v, f"{prefix}{k}.")
+    return out
+
+
+def _attribute(layer, dotted):
+    for part in dotted.split("."):
+        layer = getattr(layer, part)
+    return layer
 
 
 def _array_layers(model, path=""):
-    """``(path, layer)`` for each node of ``model`` that holds arrays itself, in order (Chain order, then
-    attribute order); ``path`` is fluxpy's (``"layers.0"``)."""
+    """``(path, layer)`` for each node of ``model`` that holds arrays itself (an attention layer counts as one),
+    in order (Chain order, then attribute order); ``path`` is fluxpy's (``"layers.0"``)."""
     kids = children(model)
     if kids is None:
         return []
-    if any(is_array(v) for _, v in kids):
+    if isinstance(model, MultiHeadAttention) or any(is_array(v) for _, v in kids):
         return [(path, model)]
     out = []
     for k, v in kids:
@@ -168,30 +204,39 @@ def _read_state(source):
 def _plan(model, state):
     """Every ``(torch key, fluxpy path, layer, attribute, array)`` to copy, checked whole before any change."""
     layers, groups = _array_layers(model), _grouped(state)
-    if len(layers) != len(groups):
+    units = [(path, layer, _pairs(layer)) for path, layer in layers]
+    if sum(len(modules) for _, _, modules in units) != len(groups):
         raise ValueError(f"load_torch_state: the model has {len(layers)} layers with arrays "
                          f"({', '.join(type(v).__name__ for _, v in layers)}) but the state has {len(groups)} "
                          f"modules ({', '.join(m or '<root>' for m, _ in groups)})")
+    plan, i = [], 0
+    for path, layer, modules in units:
+        for pairs in modules:
+            module, entries = groups[i]
+            i += 1
+            plan += _planned_module(state, path, layer, pairs, module, entries)
+    return plan
+
+
+def _planned_module(state, path, layer, pairs, module, entries):
+    names = {name: key for name, key in entries}
+    wanted = [n for p in pairs for n in p.names]
+    if set(names) != set(wanted):
+        raise ValueError(f"load_torch_state: module {module!r} holds {sorted(names)} but the layer it pairs with, "
+                         f"{path} ({layer!r}), takes {sorted(wanted)}")
     plan = []
-    for (path, layer), (module, entries) in zip(layers, groups):
-        pairs = _pairs(layer)
-        names = {name: key for name, key in entries}
-        wanted = [n for p in pairs for n in p.names]
-        if set(names) != set(wanted):
-            raise ValueError(f"load_torch_state: module {module!r} holds {sorted(names)} but the layer it pairs with, "
-                             f"{path} ({layer!r}), takes {sorted(wanted)}")
-        for pair in pairs:
-            keys = [names[n] for n in pair.names]
-            arrays = [_host(state[k], k) for k in keys]
-            if len({a.shape for a in arrays}) > 1:
-                raise ValueError(f"load_torch_state: {keys} have shapes {[a.shape for a in arrays]}, not one")
-            value = pair.load(*arrays)
-            target = getattr(layer, pair.attr)
+    for pair in pairs:
+        keys = [names[n] for n in pair.names]
+        arrays = [_host(state[k], k) for k in keys]
+        if len({a.shape for a in arrays}) > 1:
+            raise ValueError(f"load_torch_state: {keys} have shapes {[a.shape for a in arrays]}, not one")
+        for attr, value in zip(pair.attrs, pair.load(*arrays)):
+            target = _attribute(layer, attr)
             if tuple(value.shape) != tuple(target.shape):
-                raise ValueError(f"load_torch_state: {keys[0]!r} has shape {tuple(value.shape)} but "
-                                 f"{path}.{pair.attr} of {layer!r} has shape {tuple(target.shape)}")
-            where = f"{path}.{pair.attr}" if path else pair.attr
-            plan += [(k, where, layer, pair.attr, value) for k in keys]
+                raise ValueError(f"load_torch_state: {keys[0]!r} gives shape {tuple(value.shape)} but "
+                                 f"{path}.{attr} of {layer!r} has shape {tuple(target.shape)}")
+            where = f"{path}.{attr}" if path else attr
+            plan += [(k, where, target, value) for k in keys]
     return plan
 
 
@@ -211,10 +256,12 @@ def load_torch_state(model: Any, state: Mapping | str | os.PathLike) -> dict:
     ([[0.0, 1.0], [2.0, 3.0]], [[3.0, 2.0], [1.0, 0.0]])
     """
     plan = _plan(model, _read_state(state))
-    for _, _, layer, attr, value in plan:   # an attribute made of two arrays is written twice, alike
-        target = getattr(layer, attr)
+    for _, _, target, value in plan:   # an attribute made of two arrays is written twice, alike
         target[...] = get_array_module(target).asarray(value.astype(target.dtype))
-    return {key: path for key, path, _, _, _ in plan}
+    keys: dict = {}
+    for key, path, _, _ in plan:   # a packed array (attention's in_proj) names its parts together
+        keys[key] = path if key not in keys else f"{keys[key]}, {path}"
+    return keys
 
 
 def to_torch_state(model: Any, like: Mapping | None = None) -> dict:
@@ -231,16 +278,26 @@ def to_torch_state(model: Any, like: Mapping | None = None) -> dict:
     [('0.weight', (3, 2)), ('0.bias', (3,)), ('1.weight', (3,))]
     """
     out = {}
-    layers = _array_layers(model)
-    modules = None if like is None else [m for m, _ in _grouped(like)]
-    if modules is not None and len(modules) != len(layers):
-        raise ValueError(f"to_torch_state: the model has {len(layers)} layers with arrays but like has "
-                         f"{len(modules)} modules")
-    for i, (path, layer) in enumerate(layers):
-        prefix = path.removeprefix("layers.").replace(".layers.", ".") if modules is None else modules[i]
-        for pair in _pairs(layer):
-            array = getattr(layer, pair.attr)
-            host = array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
-            for name, value in zip(pair.names, pair.save(host)):
-                out[f"{prefix}.{name}" if prefix else name] = np.ascontiguousarray(value)
+    units = [(path, _pairs(layer), layer) for path, layer in _array_layers(model)]
+    prefixes = [f"{path}.out_proj" if n else path for path, modules, _ in units for n in range(len(modules))]
+    if like is not None:
+        modules = [m for m, _ in _grouped(like)]
+        if len(modules) != len(prefixes):
+            raise ValueError(f"to_torch_state: the model has {len(prefixes)} modules with arrays but like has "
+                             f"{len(modules)} modules")
+        prefixes = modules
+    else:
+        prefixes = [p.removeprefix("layers.").replace(".layers.", ".") for p in prefixes]
+    i = 0
+    for _, modules, layer in units:
+        for pairs in modules:
+            prefix, i = prefixes[i], i + 1
+            for pair in pairs:
+                arrays = [_host_copy(_attribute(layer, a)) for a in pair.attrs]
+                for name, value in zip(pair.names, pair.save(*arrays)):
+                    out[f"{prefix}.{name}" if prefix else name] = np.ascontiguousarray(value)
     return out
+
+
+def _host_copy(array):
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)

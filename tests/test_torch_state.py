@@ -68,7 +68,7 @@ def test_the_load_keeps_each_array_its_dtype_and_identity():
     ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": np.ones((1, 3)), "1.beta": np.ones(1)},
      r"module '1' holds \['beta', 'weight'\] but the layer it pairs with, layers.1"),
     ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": np.ones((3, 1)), "1.bias": np.ones(1)},
-     r"'1.weight' has shape \(3, 1\) but layers.1.weight of Dense\(3 => 1\) has shape \(1, 3\)"),
+     r"'1.weight' gives shape \(3, 1\) but layers.1.weight of Dense\(3 => 1\) has shape \(1, 3\)"),
     ({"0.weight": np.ones((3, 2)), "0.bias": np.ones(3), "1.weight": [[1.0, 2.0, 3.0]], "1.bias": np.ones(1)},
      r"expects the state's '1.weight' to be an array or a torch tensor, got list"),
 ])
@@ -104,7 +104,7 @@ def test_to_torch_state_takes_the_keys_of_like_by_order():
     model = Chain(Dense(2, 3, relu), Dense(3, 1))
     like = {"fc1.weight": None, "fc1.bias": None, "head.weight": None, "head.bias": None}
     assert list(to_torch_state(model, like)) == list(like)
-    with pytest.raises(ValueError, match="has 2 layers with arrays but like has 1 modules"):
+    with pytest.raises(ValueError, match="has 2 modules with arrays but like has 1 modules"):
         to_torch_state(model, {"a.weight": None})
 
 
@@ -266,3 +266,50 @@ def test_dlpack_takes_a_pytorch_tensor_without_a_copy_and_gives_it_back():
     assert t[0].item() == 7.0   # the same memory
     (g,) = fluxpy.gradient(lambda a: fluxpy.sum(a * a), x)
     np.testing.assert_array_equal(torch.from_dlpack(g).numpy(), 2 * x)
+
+
+@pytest.mark.parametrize("kind", ["attention", "encoder", "decoder"])
+def test_pytorch_attention_and_transformer_layers_loaded_give_their_outputs(kind):
+    """PyTorch packs q, k and v into in_proj_weight/in_proj_bias: split into the three projections, and packed
+    again by to_torch_state."""
+    torch = _torch()
+    nn = torch.nn
+    net = {"attention": lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+           "encoder": lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True,
+                                                         activation="gelu"),
+           "decoder": lambda: nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True,
+                                                         activation="gelu")}[kind]().double().eval()
+    _torch_randomised(torch, net, 9)
+    twin = fluxpy.f64({"attention": fluxpy.MultiHeadAttention(8, 2, bias=True),
+                       "encoder": fluxpy.TransformerEncoderLayer(8, 2, 16, act=fluxpy.gelu_erf),
+                       "decoder": fluxpy.TransformerDecoderLayer(8, 2, 16, act=fluxpy.gelu_erf)}[kind])
+    keys = load_torch_state(twin, net.state_dict())
+    rng = np.random.default_rng(9)
+    x, memory = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8))
+    tx, tm = torch.from_numpy(x), torch.from_numpy(memory)
+    if kind == "attention":
+        assert keys["in_proj_weight"] == "q_proj.weight, k_proj.weight, v_proj.weight"
+        got, want = twin(x)[0], net(tx, tx, tx)[0]
+    elif kind == "encoder":
+        got, want = twin(x), net(tx)
+    else:
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+        got, want = twin(x, memory), net(tx, tm, tgt_mask=causal, tgt_is_causal=True)   # fluxpy's default: causal
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    back = to_torch_state(twin, net.state_dict())
+    assert list(back) == [k for k in net.state_dict() if not k.endswith("num_batches_tracked")]
+    for k, v in net.state_dict().items():
+        np.testing.assert_allclose(back[k], v.numpy(), rtol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("norm_first,activation", [(True, "gelu"), (False, "relu")])
+def test_from_torch_converts_a_transformer_encoder(norm_first, activation):
+    torch = _torch()
+    nn = torch.nn
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                       activation=activation)
+    net = nn.Sequential(nn.Linear(4, 8), nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8),
+                                                               enable_nested_tensor=False), nn.Linear(8, 3))
+    net = _torch_randomised(torch, net.double(), 10).eval()
+    x = np.random.default_rng(10).standard_normal((2, 6, 4))
+    _compare(torch, net, x, train=False)
