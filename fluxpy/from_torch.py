@@ -4,9 +4,10 @@ Each PyTorch module becomes the fluxpy layer that computes the same function in 
 :class:`~fluxpy.layers.Chain`, ``Conv1d/2d/3d`` a :class:`~fluxpy.layers.CrossCor` (PyTorch's convolution is a
 cross-correlation), ``ConvTranspose`` a :class:`~fluxpy.layers.ConvTranspose`, ``Linear`` a
 :class:`~fluxpy.layers.Dense`, the normalisations, ``Embedding``, the pools, ``Flatten``, ``Dropout``,
-``TransformerEncoderLayer`` and ``TransformerEncoder`` (batch first) and the activations their fluxpy namesakes; then :func:`fluxpy.load_torch_state` copies the weights (and running
-statistics). The model's float dtype follows the module's parameters (float64 gives :func:`fluxpy.f64`). A module
-with no fluxpy twin (or an option fluxpy does not have, such as a convolution's ``padding_mode="reflect"``) raises
+``TransformerEncoderLayer`` and ``TransformerEncoder`` (batch first) and the activations their fluxpy namesakes;
+then :func:`fluxpy.load_torch_state` copies the weights (and running statistics). The model's float dtype follows
+the module's parameters (float64 gives :func:`fluxpy.f64`). A module with no fluxpy twin (or an option fluxpy does
+not have, such as a convolution's ``padding_mode="reflect"``) raises
 ``TypeError`` naming it and its path.
 
 >>> import torch                                                   # doctest: +SKIP
