@@ -149,7 +149,7 @@ def sequence_mask(lengths: Any, maxlen: int | None = None) -> Array:
     """
     lengths = value_of(lengths)
     if not hasattr(lengths, "shape"):
-        lengths = np.asarray(lengths)
+        lengths = np.asarray(lengths, dtype=None if len(lengths) else np.int64)
     if len(lengths.shape) != 1 or lengths.dtype.kind not in "iu":
         raise ValueError(f"sequence_mask expects lengths, a 1-d array of ints, got {_describe(lengths)}")
     if maxlen is None:
