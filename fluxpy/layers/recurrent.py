@@ -294,7 +294,7 @@ def _length_mask(layer_, x, lengths):
         lengths = np.asarray(lengths)
     if not hasattr(lengths, "shape") or tuple(lengths.shape) != (n,) or np.dtype(lengths.dtype).kind not in "iu":
         _fail(layer_, f"lengths of shape ({n},), one int per sequence", lengths, "lengths")
-    if isinstance(lengths, np.ndarray) and (lengths.min() < 1 or lengths.max() > steps):   # host values cost nothing
+    if isinstance(lengths, np.ndarray) and n and (lengths.min() < 1 or lengths.max() > steps):   # host: no sync
         raise ValueError(f"{layer_!r} expects lengths in [1, {steps}] (x's time steps, the padded length), got "
                          f"values from {lengths.min()} to {lengths.max()}")
     xp = get_array_module(value_of(x))
