@@ -3,7 +3,10 @@
 Data sets (MNIST, CIFAR-10) and augmentation are applications built on these, in :mod:`fluxpy.datasets`.
 
 The observation axis is the FIRST axis everywhere (``(N, C, H, W)`` images, ``(N,)`` labels,
-``(N, classes)`` one-hot targets), as in the rest of fluxpy.
+``(N, classes)`` one-hot targets), as in the rest of fluxpy. ``DataLoader`` also takes observations one by one (a
+list of ``(x, y)`` pairs, any dataset with ``__len__`` and ``__getitem__``, read with :mod:`fluxpy.observations`'
+``getobs``) and stacks each batch, in worker threads if asked; :mod:`fluxpy.sequences` pads sequences of different
+lengths.
 
 >>> import numpy as np
 >>> x, y = np.arange(10.0).reshape(5, 2), np.arange(5)
@@ -110,17 +113,23 @@ def _check_collate(collate):
 
 
 def _worker_count(parallel, workers):
-    """The number of loading threads: ``workers``, or one per CPU core for ``parallel=True``; 0 loads in the caller."""
+    """The number of loading threads: ``workers``, or one per CPU core (:func:`_cores`) for ``parallel=True``; 0
+    loads in the caller's thread."""
     if not isinstance(parallel, (bool, np.bool_)):
         raise TypeError(f"DataLoader expects parallel to be True or False, got {describe(parallel)}")
     if workers is None:
-        return (os.cpu_count() or 1) if parallel else 0
+        return _cores() if parallel else 0
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
         raise ValueError(f"DataLoader expects workers to be an int >= 0 or None, got {describe(workers)}")
     if parallel and workers == 0:
         raise ValueError("DataLoader got parallel=True and workers=0: give workers >= 1 threads, or leave it None "
                          "for one per CPU core")
     return int(workers)
+
+
+def _cores():
+    """The CPU cores this process may run on (a container's or ``taskset``'s share, where the system says)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _partial_option(partial, drop_last):
@@ -174,7 +183,8 @@ class DataLoader:
     ``batchsize`` that is not an int >= 1 and a non-bool ``shuffle``, ``partial`` or ``prefetch``
     are errors.
 
-    ``workers=N`` loads batches in ``N`` threads (``parallel=True``, MLUtils' keyword: one per CPU core); the default,
+    ``workers=N`` loads batches in ``N`` threads (``parallel=True``, MLUtils' keyword: one per CPU core this process
+    may use); the default,
     ``workers=None`` with ``parallel=False``, loads each batch in the caller's thread when it is asked for. The
     batches are the same, in the same order, as without threads (each thread loads whole batches; they are handed
     out in order, an error at the batch where it happened), and at most ``2 * N`` batches are loaded ahead. Threads
@@ -324,9 +334,9 @@ class DataLoader:
 
     def _load(self, index):
         """Batch ``index`` (a slice or an array of positions) on the host, collated; run by the worker threads."""
-        if self.collate is True and self.arrays is not None:
+        if self.collate is True and self.arrays is not None:   # arrays: the same rows of each, no stacking
             return self._pack([a[index] for a in self.arrays])
-        if self.collate is True and not isinstance(self.data, list):
+        if self.collate is True and not isinstance(self.data, list):   # a dataset: getobs, which views batch
             got = getobs(self.data, index)   # a list of observations, or a view's rows already batched
             return _collated(got, index, self.nobs) if isinstance(got, list) else got
         items = [self.data[i] if isinstance(self.data, list) else getobs(self.data, i)
