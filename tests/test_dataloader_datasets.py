@@ -284,3 +284,26 @@ def test_train_runs_on_a_loader_of_pairs():
     losses = fluxpy.train(lambda m, a, b: fluxpy.mse(m(a), b), model, DataLoader(pairs, batchsize=8, workers=2),
                           opt, epochs=15, progress=False)
     assert len(losses) == 60 and np.mean(losses[-4:]) < 0.5 * np.mean(losses[:4])
+
+
+def test_mlutils_dataloader_known_answers():
+    """MLUtils' test/dataloader.jl, batch first (its X2 = reshape(1:10, 2, 5) holds the rows of x below)."""
+    x, y = np.arange(1, 11).reshape(5, 2), np.arange(1, 6)
+    assert [b.tolist() for b in DataLoader(x, batchsize=2)] == [x[0:2].tolist(), x[2:4].tolist(), x[4:5].tolist()]
+    assert len(DataLoader((x,), batchsize=2, partial=False)) == 2
+    batches = list(DataLoader({"x": x, "y": y}, batchsize=2))
+    assert _same(batches[2], {"x": x[4:5], "y": y[4:5]})
+    assert [b.tolist() for b in DataLoader(np.arange(1, 13), batchsize=5, partial=False)] == [[1, 2, 3, 4, 5],
+                                                                                              [6, 7, 8, 9, 10]]
+    assert [b.tolist() for b in DataLoader(range(1, 11), batchsize=2)][0] == [1, 2]
+    table = np.random.default_rng(0).random((20, 10))
+    for i, b in enumerate(DataLoader(table, batchsize=2, collate=False)):
+        assert _same(b, [table[2 * i], table[2 * i + 1]])
+    for b in DataLoader((table, table), batchsize=2, collate=False):
+        assert isinstance(b, list) and all(isinstance(o, tuple) for o in b)
+
+    def collate_fn(batch):   # "collate function": the rows side by side, the strings joined
+        return np.stack([o[0] for o in batch], axis=1), "".join(o[1] for o in batch)
+    loader = DataLoader((np.random.default_rng(1).random((4, 10)), np.array(["a", "b", "c", "d"])), batchsize=2,
+                        collate=collate_fn)
+    assert [(xb.shape, s) for xb, s in loader] == [((10, 2), "ab"), ((10, 2), "cd")]

@@ -293,3 +293,14 @@ def test_a_dataloader_pads_sequences_for_an_lstm_that_trains():
     assert x.shape[0] == 16 and x.shape[1] == lengths.max() and y.shape == (16, 1)
     losses = fluxpy.train(loss, model, loader, fluxpy.setup(fluxpy.Adam(0.02), model), epochs=20, progress=False)
     assert np.mean(losses[-3:]) < 0.6 * np.mean(losses[:3])
+
+
+def test_pytorch_pad_sequence_known_answers():
+    """PyTorch's test_nn.py ``test_pad_sequence``, with its positional (batch_first, padding_value); the default
+    batch_first differs (fluxpy's True, PyTorch's False)."""
+    a, b, c = np.array([1, 2, 3]), np.array([4, 5]), np.array([6])
+    expected = np.array([[4, 5, 0], [1, 2, 3], [6, 0, 0]])
+    np.testing.assert_array_equal(pad_sequence([b, a, c], True), expected)
+    np.testing.assert_array_equal(pad_sequence([b, a, c], False), expected.T)
+    np.testing.assert_array_equal(pad_sequence([b, a, c], True, 1), [[4, 5, 1], [1, 2, 3], [6, 1, 1]])
+    np.testing.assert_array_equal(pad_sequence([b, a, c], True, padding_side="left"), [[0, 4, 5], [1, 2, 3], [0, 0, 6]])
