@@ -11,7 +11,8 @@ length, a batch that shrinks step by step) exists for cuDNN's RNN kernels, so th
 layers step in Python with one fused gate op per step, where skipping would change the shapes of every step (a new
 kernel plan, a new CUDA graph per batch). They compute the padded steps and discard them with one elementwise
 ``where`` per step: masks are device arrays made once per call from ``lengths`` (no read of a device value, no
-boolean indexing), so a step that takes ``lengths`` can be captured as a CUDA graph.
+boolean indexing), so a step that takes ``lengths`` as a device array can be captured as a CUDA graph (host lengths
+are copied to the device at each call, which a capture refuses).
 
 >>> import numpy as np
 >>> x = pad_sequence([np.ones((3, 2)), np.ones((1, 2))])
