@@ -37,6 +37,7 @@ from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
+from .sequences import batchseq, pad_sequence, sequence_mask, unpad_sequence
 from .io import CheckpointError, load, save
 from .from_torch import from_torch
 from .torch_state import load_torch_state, to_torch_state
@@ -103,6 +104,7 @@ __all__ = [
     "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
     "TransformerDecoderLayer", "dot_product_attention", "causal_mask", "numobs", "getobs", "obsview", "shuffleobs",
     "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs",
+    "pad_sequence", "unpad_sequence", "batchseq", "sequence_mask",
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
     "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",

@@ -3,7 +3,10 @@
 Data sets (MNIST, CIFAR-10) and augmentation are applications built on these, in :mod:`fluxpy.datasets`.
 
 The observation axis is the FIRST axis everywhere (``(N, C, H, W)`` images, ``(N,)`` labels,
-``(N, classes)`` one-hot targets), as in the rest of fluxpy.
+``(N, classes)`` one-hot targets), as in the rest of fluxpy. ``DataLoader`` also takes observations one by one (a
+list of ``(x, y)`` pairs, any dataset with ``__len__`` and ``__getitem__``, read with :mod:`fluxpy.observations`'
+``getobs``) and stacks each batch, in worker threads if asked; :mod:`fluxpy.sequences` pads sequences of different
+lengths.
 
 >>> import numpy as np
 >>> x, y = np.arange(10.0).reshape(5, 2), np.arange(5)
@@ -16,7 +19,10 @@ array([[0., 1., 0.],
 from __future__ import annotations
 
 import math
+import os
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -24,40 +30,10 @@ import numpy as np
 from .autodiff import value_of
 from .backend import Array, get_array_module, host_to_device, is_array
 from .functors import cpu, gpu
+from .observations import batch, describe, getobs, numobs, short
 from .random import as_rng
 
 __all__ = ["DataLoader", "onehotbatch", "onecold", "describe", "short"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Bounded descriptions for error messages: never the whole data
-
-
-def short(text, limit=80):
-    """``text`` cut to ``limit`` characters, so that an error message never holds the whole data.
-
-    >>> short("x" * 100, 10)
-    'xxxxxxx...'
-    """
-    text = str(text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def describe(x) -> str:
-    """``x`` in a few words for an error message: type, shape and dtype of an array, type and length of a sequence.
-
-    >>> describe(np.zeros((2, 3), np.uint8))
-    'ndarray of shape (2, 3) uint8'
-    """
-    if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
-        return f"{type(x).__name__} of shape {tuple(x.shape)} {x.dtype}"
-    if isinstance(x, (str, bytes)):
-        return f"{type(x).__name__} {short(repr(x), 60)}"
-    if isinstance(x, (list, tuple, range, dict, set)):
-        return f"{type(x).__name__} of length {len(x)}"
-    if isinstance(x, (int, float, complex, np.generic)) or x is None:
-        return f"{type(x).__name__} {short(repr(x.item() if isinstance(x, np.generic) else x), 60)}"
-    return type(x).__name__
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,6 +50,10 @@ def _device_mover(device):
     if isinstance(device, str) and device == "cpu":
         return cpu
     raise ValueError(f"DataLoader expects device to be None, \"cpu\", \"gpu\" or a function, got {describe(device)}")
+
+
+_EXPECTED = ("DataLoader expects an array, a list, or a tuple of them (or a dict; observations on the first axis), or "
+             "a dataset (an object with __len__ and __getitem__)")
 
 
 def _as_source(x, where):
@@ -94,39 +74,138 @@ def _as_source(x, where):
             raise ValueError(f"DataLoader: {where} ({describe(x)}) converts only to an array of Python objects "
                              "(mixed types?); pass numbers or strings of one kind")
     else:
-        raise TypeError("DataLoader expects an array, a list, or a tuple of them (observations on the first axis), "
-                        f"got {describe(x)} as {where}")
+        raise TypeError(f"{_EXPECTED}, got {describe(x)} as {where}")
     if len(array.shape) < 1:
         raise ValueError(f"DataLoader expects {where} to have an observation axis, got a 0-d {describe(array)}")
     return array
 
 
-class DataLoader:
-    """Mini-batches of ``data``, one per step of iteration.
+def _is_observations(data):
+    """Data given as observations, each fetched alone and then collated: a list of arrays, tuples or dicts (PyTorch's
+    list dataset, MLUtils' vector of observations), or a dataset object (``__len__`` and ``__getitem__``)."""
+    if isinstance(data, list):
+        return any(len(getattr(e, "shape", ())) >= 1 or isinstance(e, (tuple, dict)) for e in data)
+    return (hasattr(data, "__len__") and hasattr(data, "__getitem__") and not hasattr(data, "shape")
+            and not isinstance(data, (str, bytes, tuple, dict, range)))
 
-    ``data`` is an array, or a tuple of arrays whose FIRST axis indexes observations (all of the
-    same length). A Python list (or range) is converted to one array with ``numpy.asarray``, as
-    is each list inside the tuple: ``DataLoader(([1, 2, 3], [0, 1, 0]))`` batches two int arrays.
-    A list of arrays is ambiguous (several sources, or rows?) and an error: pass a tuple for
-    several arrays, ``numpy.stack`` for one. Iterating gives one batch per step: an array, or a
-    tuple of arrays sliced alike.
+
+def _sources(data):
+    """``(kind, arrays)``: ``"array"``, ``"tuple"`` or ``"dict"`` with the array sources a batch slices alike, or
+    ``"observations"`` with None."""
+    if isinstance(data, (tuple, dict)):
+        kind = type(data).__name__
+        if not data:
+            raise ValueError(f"DataLoader expects at least one array, got an empty {kind}")
+        named = data.items() if isinstance(data, dict) else enumerate(data)
+        return kind, [_as_source(a, f"data[{k!r}]") for k, a in named]
+    if _is_observations(data):
+        return "observations", None
+    return "array", [_as_source(data, "data")]
+
+
+def _check_collate(collate):
+    if isinstance(collate, (bool, np.bool_)):
+        return bool(collate)
+    if callable(collate):
+        return collate
+    raise TypeError(f"DataLoader expects collate to be True, False or a function of a list of observations, got "
+                    f"{describe(collate)}")
+
+
+def _worker_count(parallel, workers):
+    """The number of loading threads: ``workers``, or one per CPU core (:func:`_cores`) for ``parallel=True``; 0
+    loads in the caller's thread."""
+    if not isinstance(parallel, (bool, np.bool_)):
+        raise TypeError(f"DataLoader expects parallel to be True or False, got {describe(parallel)}")
+    if workers is None:
+        return _cores() if parallel else 0
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
+        raise ValueError(f"DataLoader expects workers to be an int >= 0 or None, got {describe(workers)}")
+    if parallel and workers == 0:
+        raise ValueError("DataLoader got parallel=True and workers=0: give workers >= 1 threads, or leave it None "
+                         "for one per CPU core")
+    return int(workers)
+
+
+def _cores():
+    """The CPU cores this process may run on (a container's or ``taskset``'s share, where the system says)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _partial_option(partial, drop_last):
+    """``partial``, or ``not drop_last`` (PyTorch's name for the same choice); both given must agree."""
+    if drop_last is None:
+        return True if partial is _UNSET else partial
+    if not isinstance(drop_last, (bool, np.bool_)):
+        raise TypeError(f"DataLoader expects drop_last to be True or False, got {describe(drop_last)}")
+    if partial is not _UNSET and bool(partial) == bool(drop_last):
+        raise ValueError(f"DataLoader got partial={partial} and drop_last={drop_last}, which disagree: "
+                         "give one of them (drop_last=True is partial=False)")
+    return not drop_last
+
+
+class _Unset:
+    """The default of ``partial``: not given (so that ``drop_last`` may say it)."""
+
+    def __repr__(self):
+        return "True"
+
+
+_UNSET = _Unset()
+
+
+class DataLoader:
+    """Mini-batches of ``data``, one per step of iteration (Flux's and MLUtils' ``DataLoader``, PyTorch's).
+
+    ``data`` is one of:
+
+    - an array, or a tuple or dict of arrays whose FIRST axis indexes observations (all of the same length): a
+      batch is the same rows of each, as an array, a tuple or a dict. A Python list (or range) of numbers is
+      converted to one array with ``numpy.asarray``, as is each list inside the tuple: ``DataLoader(([1, 2, 3],
+      [0, 1, 0]))`` batches two int arrays. Inside a tuple or dict, a list of arrays is ambiguous and an error.
+    - observations: a list of arrays, tuples or dicts (a list of ``(x, y)`` pairs), or a dataset, any object with
+      ``__len__`` and ``__getitem__`` (PyTorch's map-style ``Dataset``; :func:`fluxpy.mapobs`, :func:`fluxpy.obsview`
+      and :func:`fluxpy.splitobs` views). The observations of a batch are read with :func:`fluxpy.getobs` (one
+      protocol for both kinds; a view of arrays gives its rows at once) and collated: stacked along a new first
+      axis in their structure by :func:`fluxpy.batch` (PyTorch's ``default_collate``), so a list of ``(x, y)`` pairs
+      gives ``(xs, ys)`` batches.
+
+    ``collate`` (MLUtils' keyword; PyTorch's ``collate_fn``): ``True`` (the default) as above; ``False`` gives each
+    batch as the list of its observations; a function is called with that list and its result is the batch (for
+    sequences of different lengths, one that pads them: :func:`fluxpy.pad_sequence`). Observations that do not
+    stack (different shapes or structures, ``None``) are a ``ValueError`` naming the observations and what differs.
 
     ``shuffle=True`` draws a new order every epoch from ``rng``: a ``numpy.random.Generator``,
     an int seed, or ``None`` for fluxpy's global generator (reset by :func:`fluxpy.seed`).
-    ``partial=False`` drops a last, smaller batch. ``device="gpu"`` moves each batch to the GPU
-    (``"cpu"`` with :func:`fluxpy.cpu`; any function works, applied to each array of a batch).
-    ``len(loader)`` is the number of batches. Empty data, arrays of different lengths, a
+    ``partial=False`` (PyTorch's ``drop_last=True``, also accepted) drops a last, smaller batch. ``device="gpu"``
+    moves each batch to the GPU (``"cpu"`` with :func:`fluxpy.cpu`; any function works, applied to each array of a
+    batch). ``len(loader)`` is the number of batches. Empty data, arrays of different lengths, a
     ``batchsize`` that is not an int >= 1 and a non-bool ``shuffle``, ``partial`` or ``prefetch``
     are errors.
 
-    With ``device="gpu"``, a usable GPU and NumPy arrays of numbers, iteration prefetches
-    (``prefetch=True``, the default): before batch i is handed out, batch i+1 is gathered into
+    ``workers=N`` loads batches in ``N`` threads (``parallel=True``, MLUtils' keyword: one per CPU core this process
+    may use); the default,
+    ``workers=None`` with ``parallel=False``, loads each batch in the caller's thread when it is asked for. The
+    batches are the same, in the same order, as without threads (each thread loads whole batches; they are handed
+    out in order, an error at the batch where it happened), and at most ``2 * N`` batches are loaded ahead. Threads
+    help where loading releases the GIL: NumPy work on large arrays, file reads, image decoding; a dataset's
+    ``__getitem__`` is then called from several threads at once, so it must be thread-safe, and random draws in it
+    come in a thread-dependent order (draw from a generator seeded by the observation's index to repeat them). There
+    are no worker processes: each batch would be pickled across, a dataset and a collate function would have to be
+    importable by name (``spawn``, the default start method on macOS and from Python 3.14) or forked from a process
+    holding threads and a CUDA context (unsafe), and a worker that dies would need a watchdog; a Python-heavy dataset
+    is better prepared once, ahead of training, into arrays. Device moves (``device=``) stay in the caller's thread,
+    on its CUDA stream.
+
+    With ``device="gpu"``, a usable GPU and NumPy arrays of numbers (the first kind of ``data``, ``collate=True``),
+    iteration prefetches (``prefetch=True``, the default): before batch i is handed out, batch i+1 is gathered into
     a pinned host buffer and its copy enqueued on a side CUDA stream, so that it overlaps the
-    caller's step i (:class:`fluxpy.backend.HostToDevice`). Each batch is its own set of device
+    caller's step i (:class:`fluxpy.backend.HostToDevice`; the gather is one NumPy call per array, so ``workers``
+    are not used). Each batch is its own set of device
     arrays, ready for the CUDA stream current when it is handed out (that stream waits for the
     copy; the host does not); no later batch overwrites it. Batch i+1 is read from ``data``
     before batch i is handed out, so a change to ``data`` during iteration shows one batch later.
-    ``prefetch=False``, other data (strings, arrays already on the GPU) and no GPU move each batch
+    ``prefetch=False``, other data (observations, strings, arrays already on the GPU) and no GPU move each batch
     with :func:`fluxpy.gpu` when it is handed out.
 
     >>> import numpy as np
@@ -138,6 +217,11 @@ class DataLoader:
     [0, 1, 2, 3, 4]
     >>> [(x.tolist(), y.tolist()) for x, y in DataLoader(([1, 2, 3], ["a", "b", "c"]), batchsize=2)]
     [([1, 2], ['a', 'b']), ([3], ['c'])]
+    >>> pairs = [(np.full(2, i), i % 2) for i in range(5)]          # a list of (x, y) observations
+    >>> [(xb.shape, yb.tolist()) for xb, yb in DataLoader(pairs, batchsize=2, workers=2)]
+    [((2, 2), [0, 1]), ((2, 2), [0, 1]), ((1, 2), [0])]
+    >>> [len(b) for b in DataLoader(pairs, batchsize=3, collate=False)]
+    [3, 2]
     >>> DataLoader(x, device="gpu").prefetch, DataLoader(x, device="gpu", prefetch=False).prefetch
     (True, False)
 
@@ -160,39 +244,47 @@ class DataLoader:
     [[1, 4]]
     """
 
-    def __init__(self, data: Array | Sequence, batchsize: int = 1, shuffle: bool = False, partial: bool = True,
+    def __init__(self, data: Any, batchsize: int = 1, shuffle: bool = False, partial: bool = _UNSET,
                  rng: np.random.Generator | int | None = None, device: str | Callable | None = None,
-                 prefetch: bool = True, shard: tuple[int, int] | None = None) -> None:
-        self.is_tuple = isinstance(data, tuple)
-        if self.is_tuple:
-            if not data:
-                raise ValueError("DataLoader expects at least one array, got an empty tuple")
-            arrays = [_as_source(a, f"data[{i}]") for i, a in enumerate(data)]
-        else:
-            arrays = [_as_source(data, "data")]
-        self.nobs = int(arrays[0].shape[0])
-        if any(int(a.shape[0]) != self.nobs for a in arrays):
-            raise ValueError("DataLoader expects every array to have the same number of observations on axis 0, "
-                             f"got shapes {short([tuple(a.shape) for a in arrays], 300)}")
-        if self.nobs == 0:
-            raise ValueError(f"DataLoader expects at least one observation, got {describe(arrays[0])}")
+                 prefetch: bool = True, shard: tuple[int, int] | None = None, *, drop_last: bool | None = None,
+                 collate: bool | Callable = True, parallel: bool = False, workers: int | None = None) -> None:
+        self._kind, arrays = _sources(data)
+        self.is_tuple = self._kind == "tuple"
+        self._dict_keys = list(data) if self._kind == "dict" else None
+        self.nobs = self._count_observations(data, arrays)
         if isinstance(batchsize, bool) or not isinstance(batchsize, (int, np.integer)):
             raise TypeError(f"DataLoader expects batchsize to be an int >= 1, got {describe(batchsize)}")
         if batchsize < 1:
             raise ValueError(f"DataLoader expects batchsize to be an int >= 1, got {int(batchsize)}")
+        partial = _partial_option(partial, drop_last)
         for name, flag in (("shuffle", shuffle), ("partial", partial), ("prefetch", prefetch)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader expects {name} to be True or False, got {describe(flag)}")
+        self.collate = _check_collate(collate)
+        self.workers = _worker_count(parallel, workers)
         self.shard = _check_shard(shard, self.nobs, bool(partial))
         self.rng = as_rng(rng, "DataLoader")
         self._move = _device_mover(device)
-        self.data = tuple(arrays) if self.is_tuple else arrays[0]
+        self.data = data if arrays is None else self._pack(arrays)
         self.arrays = arrays
         self.batchsize = int(batchsize)
         self.shuffle = bool(shuffle)
         self.partial = bool(partial)
         self.prefetch = bool(prefetch)
         self.device = device
+
+    def _count_observations(self, data, arrays):
+        if arrays is None:
+            n = len(data) if isinstance(data, list) else numobs(data)
+        else:
+            n = int(arrays[0].shape[0])
+            if any(int(a.shape[0]) != n for a in arrays):
+                raise ValueError("DataLoader expects every array to have the same number of observations on axis 0, "
+                                 f"got shapes {short([tuple(a.shape) for a in arrays], 300)}")
+        if n == 0:
+            shown = describe(arrays[0] if arrays else data)
+            raise ValueError(f"DataLoader expects at least one observation, got {shown}")
+        return n
 
     def __len__(self):
         n = self._count() / self.batchsize
@@ -211,11 +303,12 @@ class DataLoader:
             order = self._shard_order(order)
         indices = (self._index(order, i) for i in range(len(self)))
         copier = self._prefetcher()
-        if copier is None:
-            for index in indices:
-                yield self._batch(index)
-        else:
+        if copier is not None:
             yield from _prefetched(copier, indices, self._pack)
+            return
+        loaded = _threaded(self._load, indices, self.workers) if self.workers else map(self._load, indices)
+        for batch_ in loaded:
+            yield batch_ if self._move is None else _map_arrays(self._move, batch_)
 
     def _shard_order(self, order):
         """This rank's positions of the epoch's ``order``: padded or cut to a multiple of world_size, then strided."""
@@ -235,22 +328,139 @@ class DataLoader:
         """
         if not (self.prefetch and isinstance(self.device, str) and self.device == "gpu"):
             return None
+        if self.arrays is None or self.collate is not True:
+            return None
         return host_to_device(self.arrays, self.batchsize)
 
-    def _batch(self, index):
-        parts = [a[index] for a in self.arrays]
-        if self._move is not None:
-            parts = [self._move(p) for p in parts]
-        return self._pack(parts)
+    def _load(self, index):
+        """Batch ``index`` (a slice or an array of positions) on the host, collated; run by the worker threads."""
+        if self.collate is True and self.arrays is not None:   # arrays: the same rows of each, no stacking
+            return self._pack([a[index] for a in self.arrays])
+        if self.collate is True and not isinstance(self.data, list):   # a dataset: getobs, which views batch
+            got = getobs(self.data, index)   # a list of observations, or a view's rows already batched
+            return _collated(got, index, self.nobs) if isinstance(got, list) else got
+        items = [self.data[i] if isinstance(self.data, list) else getobs(self.data, i)
+                 for i in _positions(index, self.nobs)]
+        if self.collate is True:
+            return _collated(items, index, self.nobs)
+        return items if self.collate is False else self.collate(items)
 
     def _pack(self, parts):
-        return tuple(parts) if self.is_tuple else parts[0]
+        if self._kind == "tuple":
+            return tuple(parts)
+        if self._kind == "dict":
+            return dict(zip(self._dict_keys, parts))
+        return parts[0]
 
     def __repr__(self):
-        shapes = ", ".join(str(tuple(a.shape)) for a in self.arrays)
-        shard = "" if self.shard is None else f", shard={self.shard}"
-        return (f"DataLoader({'(' + shapes + ')' if self.is_tuple else shapes}, batchsize={self.batchsize}, "
-                f"shuffle={self.shuffle}, partial={self.partial}{shard}): {len(self)} batches")
+        if self.arrays is None:
+            what = describe(self.data) + ("" if isinstance(self.data, list) else f" of {self.nobs} observations")
+        else:
+            shapes = ", ".join(str(tuple(a.shape)) for a in self.arrays)
+            what = "(" + shapes + ")" if self.is_tuple else ("{" + shapes + "}" if self._kind == "dict" else shapes)
+        extra = "" if self.shard is None else f", shard={self.shard}"
+        extra += "" if self.collate is True else f", collate={getattr(self.collate, '__name__', self.collate)}"
+        extra += "" if not self.workers else f", workers={self.workers}"
+        return (f"DataLoader({what}, batchsize={self.batchsize}, shuffle={self.shuffle}, partial={self.partial}"
+                f"{extra}): {len(self)} batches")
+
+
+def _positions(index, n):
+    """The observation positions of a batch's ``index`` (a slice or an array of them), as Python ints."""
+    return range(*index.indices(n)) if isinstance(index, slice) else [int(i) for i in index]
+
+
+def _map_arrays(f, batch_):
+    """``f`` applied to every array in ``batch_`` (an array, or tuples, lists and dicts of them); the rest kept."""
+    if is_array(batch_):
+        return f(batch_)
+    if isinstance(batch_, (tuple, list)):
+        return type(batch_)(_map_arrays(f, b) for b in batch_)
+    if isinstance(batch_, dict):
+        return {k: _map_arrays(f, v) for k, v in batch_.items()}
+    return batch_
+
+
+def _collated(items, index, n):
+    """:func:`fluxpy.batch` of ``items``, the observations at ``index``; a ValueError naming DataLoader, the
+    observations and what differs where they do not stack."""
+    try:
+        out = batch(items)
+        problem = _object_leaf(out)
+    except (ValueError, TypeError, IndexError, KeyError) as err:
+        problem = _mismatch(items, list(_positions(index, n))) or short(err, 200)
+    if problem is None:
+        return out
+    raise ValueError(f"DataLoader cannot collate the observations {short(list(_positions(index, n)), 60)} into a "
+                     f"batch: {problem}. Observations of different sizes need collate=f, a function of the list of "
+                     "observations (one that pads sequences with fluxpy.pad_sequence); collate=False gives that list")
+
+
+def _object_leaf(out):
+    """What is wrong with a collated batch that holds Python objects (``None``, mixed types), or None."""
+    if isinstance(out, (tuple, list)):
+        return next((p for p in map(_object_leaf, out) if p), None)
+    if isinstance(out, dict):
+        return next((p for p in map(_object_leaf, out.values()) if p), None)
+    if is_array(out) and out.dtype == np.dtype(object):
+        kinds = sorted({type(v).__name__ for v in out.ravel()[:1000]})
+        return f"observations of type {', '.join(kinds)} stack only into an array of Python objects"
+    return None
+
+
+def _mismatch(items, positions, path=""):
+    """Where ``items`` differ in structure or shape: the first such observation against the first, or None."""
+    first = items[0]
+    for i, item in enumerate(items):
+        if isinstance(first, (tuple, dict)) or isinstance(item, (tuple, dict)):
+            same = type(item) is type(first) and len(item) == len(first) and (
+                not isinstance(item, dict) or set(item) == set(first))
+            if not same:
+                return (f"observation {positions[i]}{path} is a {describe(item)}, observation {positions[0]}{path} a "
+                        f"{describe(first)}")
+    if isinstance(first, (tuple, dict)):
+        keys = range(len(first)) if isinstance(first, tuple) else list(first)
+        for k in keys:
+            found = _mismatch([it[k] for it in items], positions, f"{path}[{k!r}]")
+            if found:
+                return found
+        return None
+    shapes = [_shape_of(it) for it in items]
+    for i, s in enumerate(shapes):
+        if s != shapes[0]:
+            return (f"observation {positions[i]}{path} has shape {s}, observation {positions[0]}{path} has shape "
+                    f"{shapes[0]}")
+    return None
+
+
+def _shape_of(x):
+    if hasattr(x, "shape"):
+        return tuple(x.shape)
+    try:
+        return np.shape(x)
+    except ValueError:   # a ragged nest of lists
+        return f"of a ragged {type(x).__name__}"
+
+
+def _threaded(load, indices, workers):
+    """``load(index)`` for each of ``indices`` in ``workers`` threads, handed out in the order of ``indices``.
+
+    Each thread loads whole batches; at most ``2 * workers`` are loading or loaded ahead of the caller (PyTorch's
+    ``prefetch_factor=2`` per worker). An error in a batch is raised when that batch's turn comes. When the caller
+    stops early, the batches not yet started are cancelled and those loading are waited for, so that no thread
+    outlives the iteration.
+    """
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="DataLoader")
+    pending: deque = deque()
+    try:
+        for index in indices:
+            pending.append(pool.submit(load, index))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_shard(shard, nobs, partial):

@@ -27,10 +27,40 @@ from typing import Any
 import numpy as np
 
 from .backend import get_array_module, is_array
-from .data import describe
 from .random import as_rng
 
 __all__ = ["numobs", "getobs", "obsview", "shuffleobs", "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded descriptions for error messages: never the whole data
+
+
+def short(text, limit=80):
+    """``text`` cut to ``limit`` characters, so that an error message never holds the whole data.
+
+    >>> short("x" * 100, 10)
+    'xxxxxxx...'
+    """
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def describe(x) -> str:
+    """``x`` in a few words for an error message: type, shape and dtype of an array, type and length of a sequence.
+
+    >>> describe(np.zeros((2, 3), np.uint8))
+    'ndarray of shape (2, 3) uint8'
+    """
+    if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.generic):
+        return f"{type(x).__name__} of shape {tuple(x.shape)} {x.dtype}"
+    if isinstance(x, (str, bytes)):
+        return f"{type(x).__name__} {short(repr(x), 60)}"
+    if isinstance(x, (list, tuple, range, dict, set)):
+        return f"{type(x).__name__} of length {len(x)}"
+    if isinstance(x, (int, float, complex, np.generic)) or x is None:
+        return f"{type(x).__name__} {short(repr(x.item() if isinstance(x, np.generic) else x), 60)}"
+    return type(x).__name__
 
 
 def numobs(data: Any) -> int:

@@ -44,11 +44,19 @@ def test_python_lists_are_converted_to_arrays():
     assert [tuple(a.shape) for a in next(iter(mixed))] == [(2, 2), (2,), (2,)]
 
 
-def test_list_of_arrays_is_ambiguous():
-    """Several arrays or rows? Before, a list meant several arrays; now a tuple does: say so rather than guess."""
-    with pytest.raises(TypeError, match=r"list of arrays, which is ambiguous: pass a tuple \(x, y\)"):
-        DataLoader([np.ones(3), np.zeros(3)])
-    with pytest.raises(TypeError, match=r"data\[1\] is a list of arrays"):
+def test_a_list_of_arrays_is_observations_and_ambiguous_inside_a_tuple():
+    """A top-level list of arrays is a list of observations, stacked into batches (PyTorch's list dataset, MLUtils'
+    vector of observations); several arrays sliced alike are a tuple. Inside a tuple, a list of arrays (several
+    sources, or rows?) is still an error rather than a guess."""
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal(3) for _ in range(5)]
+    batches = list(DataLoader(rows, batchsize=2))
+    assert [b.shape for b in batches] == [(2, 3), (2, 3), (1, 3)]
+    np.testing.assert_array_equal(np.concatenate(batches), np.stack(rows))
+    with pytest.raises(ValueError, match=r"DataLoader cannot collate the observations \[0, 1\] into a batch: "
+                                         r"observation 1 has shape \(4,\), observation 0 has shape \(3,\)"):
+        list(DataLoader([np.ones(3), np.zeros(4)], batchsize=2))
+    with pytest.raises(TypeError, match=r"data\[1\] is a list of arrays, which is ambiguous: pass a tuple \(x, y\)"):
         DataLoader((np.ones(2), [np.ones(3), np.ones(3)]))
 
 
@@ -116,7 +124,7 @@ def test_dataloader_empty_and_shapeless_data():
         DataLoader(())
     with pytest.raises(ValueError, match="observation axis, got a 0-d"):
         DataLoader(np.array(3.0))
-    for bad, shown in ((5, "int 5"), ({"x": 1}, "dict of length 1"), (None, "NoneType None"),
+    for bad, shown in ((5, "int 5"), ({"x": 1}, "int 1 as data\\['x'\\]"), (None, "NoneType None"),
                        (np.float32(1), "float32 1.0")):
         with pytest.raises(TypeError, match=rf"DataLoader expects an array, a list, or a tuple of them .* got {shown}"):
             DataLoader(bad)

@@ -11,7 +11,15 @@ PyTorch exactly where ``b_hn`` is zero.
 As in Flux: a state of shape ``(hidden,)`` serves every sequence of a batch (:func:`initialstates` gives the zero
 one), an unbatched step ``(in,)`` or sequence ``(T, in)`` is taken as it is, ``bias=False`` drops the bias,
 ``return_state=True`` (in the constructor or the call) also returns the final state, and :class:`Recurrence` runs any
-cell over time. fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
+cell over time.
+
+Sequences of different lengths: ``layer(x, lengths=lengths)`` takes a right-padded batch ``x`` ``(N, T, in)``
+(:func:`fluxpy.pad_sequence`) and ``lengths`` ``(N,)``, ints in ``[1, T]``, with the semantics of PyTorch's packed
+sequences: the outputs past each sequence's length are zero, and the final state (``return_state``) is the state at
+its last step, as if each sequence had been run alone at its own length; gradients reach no padded step. The padded
+steps are computed and discarded (:mod:`fluxpy.sequences` says why), so padding must be finite (zeros are). Lengths
+on the host are checked; on the GPU give them as a device array, which is never read (a captured step stays
+capturable). fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
 
 The time loop runs step by step through fluxpy's ops: the input projection of a whole batched sequence is one matrix
 product before the loop; a step is the recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`,
@@ -22,20 +30,26 @@ product before the loop; a step is the recurrent product and one op for the gate
 >>> x = np.ones((2, 7, 3), np.float32)
 >>> lstm(x).shape, [a.shape for a in lstm(x, return_state=True)[1]]
 ((2, 7, 5), [(2, 5), (2, 5)])
+>>> y, (h, c) = lstm(x, lengths=[7, 3], return_state=True)   # the second sequence has 3 steps
+>>> bool((y[1, 3:] == 0).all()), bool(np.allclose(h[1], lstm(x[1:, :3])[0, -1]))
+(True, True)
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..autodiff import value_of
 from ..backend import get_array_module
 from ..functors import layer
-from ..ops.basic import tanh
+from ..ops.basic import tanh, where
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.recurrent import gru_gates, lstm_gates
 from ..ops.shape import getitem, reshape, stack, transpose
+from ..sequences import sequence_mask
 from ._checks import (Array, DimensionMismatch, _activation, _describe_input, _fail, _initialised, _positive_int,
                       _require_dtype, _require_native)
 from .init import RNG, glorot_uniform, zeros32
@@ -232,12 +246,14 @@ def _bias_part(cell):
     return "" if cell.bias is not None else ", bias=False"
 
 
-def _run(layer_, x, state, return_state):
+def _run(layer_, x, state, return_state, lengths=None):
     """The cell over the time axis of ``x`` ``(N, T, in)`` (or ``(T, in)``, one unbatched sequence): outputs
     ``(N, T, hidden)`` (``(T, hidden)``) and, with ``return_state``, the final state. fluxpy's cells on a batch
     project the whole sequence's input in one matrix product first (each step's slice of it pulls back into one
     buffer: :class:`fluxpy.autodiff.SliceCotangent`) and transpose ``W_hh`` once; a step is then the recurrent
-    product and the gates' one op."""
+    product and the gates' one op. With ``lengths`` (:func:`_length_mask`), a step past a sequence's length keeps
+    its state (only where the final state is asked for: no later output depends on those states, padding being
+    at the end) and the outputs there are zeroed, one ``where`` each."""
     if not hasattr(x, "shape") or len(x.shape) not in (2, 3):
         _fail(layer_, "x of shape (N, T, in) (batch first) or (T, in)", x)
     if x.shape[-2] < 1:
@@ -246,6 +262,7 @@ def _run(layer_, x, state, return_state):
     known = isinstance(cell, (RNNCell, LSTMCell, GRUCell))
     if known:
         _check_sequence(layer_, cell, x, state)
+    mask = None if lengths is None else _length_mask(layer_, x, lengths)
     if len(x.shape) == 3 and known:
         xi = _project(cell, x)
         w_hh_t = transpose(cell.weight_hh)
@@ -254,10 +271,46 @@ def _run(layer_, x, state, return_state):
         step = (lambda t, state: cell(getitem(x, (slice(None), t) if len(x.shape) == 3 else t), state))
     outs = []
     for t in range(x.shape[-2]):
-        h, state = step(t, state)
+        h, new = step(t, state)
+        # step 0 is inside every sequence (lengths >= 1)
+        state = _kept(layer_, mask[:, t:t + 1], new, state) if mask is not None and return_state and t else new
         outs.append(h)
     y = stack(outs, axis=len(x.shape) - 2)
+    if mask is not None:
+        y = where(mask.reshape(mask.shape + (1,) * (len(y.shape) - 2)), y, 0)
     return (y, state) if return_state else y
+
+
+def _length_mask(layer_, x, lengths):
+    """The mask ``(N, T)`` of the steps inside each sequence of ``x`` ``(N, T, in)``, on ``x``'s device
+    (:func:`fluxpy.sequence_mask`). Lengths given on the host (a list, a NumPy array) are checked to lie in
+    ``[1, T]``; device lengths are not read (no host sync): there a length below 1 acts as 1, one above ``T`` as
+    ``T``."""
+    if len(x.shape) != 3:
+        _fail(layer_, "x of shape (N, T, in) with lengths= (one per sequence of the batch)", x)
+    n, steps = x.shape[0], x.shape[1]
+    lengths = value_of(lengths)
+    if isinstance(lengths, (list, tuple)):
+        lengths = np.asarray(lengths)
+    if not hasattr(lengths, "shape") or tuple(lengths.shape) != (n,) or np.dtype(lengths.dtype).kind not in "iu":
+        _fail(layer_, f"lengths of shape ({n},), one int per sequence", lengths, "lengths")
+    if isinstance(lengths, np.ndarray) and n and (lengths.min() < 1 or lengths.max() > steps):   # host: no sync
+        raise ValueError(f"{layer_!r} expects lengths in [1, {steps}] (x's time steps, the padded length), got "
+                         f"values from {lengths.min()} to {lengths.max()}")
+    xp = get_array_module(value_of(x))
+    return sequence_mask(xp.maximum(xp.asarray(lengths), 1), steps)
+
+
+def _kept(layer_, inside, new, old):
+    """The state ``new`` where ``inside`` (``(N, 1)``: this step is inside the sequence), else ``old``: arrays, or
+    tuples and lists of them (an LSTM's ``(h, c)``)."""
+    if isinstance(new, (tuple, list)) and isinstance(old, (tuple, list)) and len(new) == len(old):
+        return type(new)(_kept(layer_, inside, a, b) for a, b in zip(new, old))
+    if not (hasattr(new, "shape") and hasattr(old, "shape")):
+        raise TypeError(f"{layer_!r} with lengths= keeps each sequence's state past its length, so the cell's state "
+                        f"must be arrays, or tuples or lists of them, of one structure at every step; got "
+                        f"{_describe_input(new)} after {_describe_input(old)}")
+    return where(inside, new, old)
 
 
 def _check_sequence(layer_, cell, x, state):
@@ -271,13 +324,14 @@ def _check_sequence(layer_, cell, x, state):
 
 
 class _Recurrent:
-    """What RNN, LSTM, GRU and Recurrence share: a cell run over time."""
+    """What RNN, LSTM, GRU and Recurrence share: a cell run over time, ``layer(x, state=None, *, lengths=None,
+    return_state=None)``."""
 
     return_state = False
 
-    def __call__(self, x: Array, state: Any = None, *, return_state: bool | None = None) -> Any:
+    def __call__(self, x: Array, state: Any = None, *, lengths: Any = None, return_state: bool | None = None) -> Any:
         try:
-            return _run(self, x, state, self.return_state if return_state is None else return_state)
+            return _run(self, x, state, self.return_state if return_state is None else return_state, lengths)
         except DimensionMismatch as err:   # from inside a cell of Recurrence's that checks nothing before
             if str(err).startswith(repr(self)):
                 raise
@@ -298,7 +352,8 @@ def _return_state_option(who, value):
 
 @layer(children=("cell",))
 class RNN(_Recurrent):
-    """An Elman RNN over ``(N, T, in)``: ``(N, T, hidden)``; ``rnn(x, h0=None, return_state=False)``.
+    """An Elman RNN over ``(N, T, in)``: ``(N, T, hidden)``; ``rnn(x, h0=None, lengths=None, return_state=False)``
+    (``lengths``: see the module).
 
     >>> import numpy as np
     >>> RNN(3, 4, rng=0)(np.ones((2, 5, 3), np.float32)).shape
@@ -313,7 +368,8 @@ class RNN(_Recurrent):
 
 @layer(children=("cell",))
 class LSTM(_Recurrent):
-    """An LSTM over ``(N, T, in)``: ``(N, T, hidden)``; ``lstm(x, (h0, c0)=None, return_state=False)``.
+    """An LSTM over ``(N, T, in)``: ``(N, T, hidden)``; ``lstm(x, (h0, c0)=None, lengths=None,
+    return_state=False)`` (``lengths``: see the module).
 
     >>> import numpy as np
     >>> LSTM(3, 4, rng=0)
@@ -328,7 +384,8 @@ class LSTM(_Recurrent):
 
 @layer(children=("cell",))
 class GRU(_Recurrent):
-    """A GRU over ``(N, T, in)``: ``(N, T, hidden)``; ``gru(x, h0=None, return_state=False)``.
+    """A GRU over ``(N, T, in)``: ``(N, T, hidden)``; ``gru(x, h0=None, lengths=None, return_state=False)``
+    (``lengths``: see the module).
 
     >>> import numpy as np
     >>> GRU(3, 4, rng=0)(np.ones((2, 5, 3), np.float32), return_state=True)[1].shape
@@ -345,7 +402,8 @@ class GRU(_Recurrent):
 class Recurrence(_Recurrent):
     """Any cell ``cell(x, state) -> (h, state)`` run over the time axis of ``(N, T, in)`` (or ``(T, in)``), giving
     ``(N, T, hidden)`` (Flux's ``Recurrence``); ``return_state=True`` also gives the final state. ``RNN(a, b)`` is
-    ``Recurrence(RNNCell(a, b))``.
+    ``Recurrence(RNNCell(a, b))``. ``lengths=`` as the module says, for a cell whose state is arrays, or tuples or
+    lists of them.
 
     >>> import numpy as np
     >>> r = Recurrence(GRUCell(2, 3, rng=0))
