@@ -65,7 +65,12 @@ def _import(path):
                 break
         else:
             return obj
-    return getattr(importlib.import_module("builtins"), path, _MISSING)
+    builtin = getattr(importlib.import_module("builtins"), path, _MISSING)
+    # the name a type gives itself in an annotation Sphinx printed (``module`` for types.ModuleType)
+    return _TYPE_NAMES.get(path, _MISSING) if builtin is _MISSING else builtin
+
+
+_TYPE_NAMES = {t.__name__: t for t in vars(types).values() if isinstance(t, type)}
 
 
 def _documented(env):
