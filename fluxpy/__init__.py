@@ -16,6 +16,12 @@ Applications built on the library have their own packages: data sets and augment
 (``fluxpy.models.resnet20``). Importing fluxpy changes no other library's state; fluxpy's CUDA kernels
 join the kernel table the first time a CuPy array asks for one (:mod:`fluxpy.kernels`).
 
+The API reference (every public name by area, from these docstrings) and the pages "Coming from PyTorch" and
+"Coming from Flux" are in ``docs/``: ``pip install -e '.[docs]'``, then
+``python3 -m sphinx -b html docs docs/_build/html`` and open ``docs/_build/html/index.html``. ``help(fluxpy)``
+lists the same public names (``fluxpy.__all__``); its PACKAGE CONTENTS lists every submodule, but only those
+named in ``__all__`` (``fluxpy.ops``, ``fluxpy.losses``, ...) and ``fluxpy.distributed`` are public.
+
 ``from fluxpy import *`` brings in the public names but never shadows Python's builtins: the array
 reductions ``fluxpy.sum``, ``fluxpy.max``, ``fluxpy.min`` and ``fluxpy.abs`` are reached through
 the module (or ``fluxpy.ops``).

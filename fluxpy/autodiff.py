@@ -656,7 +656,7 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     ``(y, back)``.
 
     ``f`` may return an array of any shape; ``dy`` must have that shape. A result that does not
-    depend on any argument gives a :class:`DetachedGradientWarning` (and ``back`` gives ``None``s).
+    depend on any argument gives a :class:`DetachedGradientWarning` (and ``back`` gives ``None`` gradients).
 
     >>> import numpy as np
     >>> y, back = pullback(lambda x: x * 2, np.ones(2))

@@ -78,11 +78,11 @@ _MODEL, _OPTIMISER, _SCALE = "model.", "optimiser.", "loss_scale."
 def save_training(path: str | os.PathLike, model: Any, opt_state: Any, *, step: int = 0, **info: Any) -> None:
     """Write the whole state of a training run to the file ``path``, atomically: ``model``'s arrays, ``opt_state``
     (from :func:`fluxpy.setup`), the model's dynamic loss scale (:class:`fluxpy.DynamicLossScale`, where
-    ``model`` is a float16 :class:`fluxpy.MixedPrecision`), fluxpy's random generators (:func:`fluxpy.random.
-    get_state`), ``step`` (an int >= 0: the steps done, a schedule's position) and ``info`` (JSON values: numbers,
-    strings, lists, dicts; e.g. ``epoch=3``). The format follows the extension, as for :func:`fluxpy.save`; the
-    file is written as ``save`` writes one (a temporary file renamed over ``path``). Read it with
-    :func:`load_training`.
+    ``model`` is a float16 :class:`fluxpy.MixedPrecision`), fluxpy's random generators
+    (:func:`fluxpy.random.get_state`), ``step`` (an int >= 0: the steps done, a schedule's position) and ``info``
+    (JSON values: numbers, strings, lists, dicts; e.g. ``epoch=3``). The format follows the extension, as for
+    :func:`fluxpy.save`; the file is written as ``save`` writes one (a temporary file renamed over ``path``). Read
+    it with :func:`load_training`.
 
     >>> import numpy as np, os, tempfile
     >>> from fluxpy.optimise import Momentum, setup
