@@ -244,8 +244,8 @@ def norm(x: Array, ord: float | str | None = None, axis: int | tuple[int, int] |
     >>> import numpy as np
     >>> from fluxpy import gradient
     >>> x = np.array([[3.0, -4.0], [0.0, 0.0]])
-    >>> norm(x), norm(x, axis=1), norm(x, 1), norm(x, np.inf, axis=1)
-    (np.float64(5.0), array([5., 0.]), np.float64(4.0), array([4., 0.]))
+    >>> float(norm(x)), float(norm(x, 1)), norm(x, axis=1), norm(x, np.inf, axis=1)
+    (5.0, 4.0, array([5., 0.]), array([4., 0.]))
     >>> gradient(lambda x: norm(x, axis=1).sum(), x)[0]
     array([[ 0.6, -0.8],
            [ 0. ,  0. ]])
