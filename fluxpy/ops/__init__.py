@@ -20,6 +20,7 @@ from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, mini
 from .linalg import dot, matmul, svdvals
 from .linalg import norm as _linalg_norm   # fluxpy.ops.linalg.norm: fluxpy.ops.norm is the normalisation module
 from .einsum import einsum
+from .padding import pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
@@ -52,7 +53,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
            "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin", "glu", "tan", "arcsin", "arccos",
            "arctan", "sinh", "cosh", "arcsinh", "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril",
-           "pad", "sort", "einsum", "svdvals",
+           "pad", "sort", "einsum", "svdvals", "pad_constant", "pad_zeros", "pad_reflect",
+           "pad_repeat", "pad_symmetric", "pad_circular",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
