@@ -156,6 +156,11 @@ CASES: dict[str, Case] = {
                          IMG, image=True),
     "RMSNorm": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)), L.RMSNorm(8), L.Dense(8, 3, rng=_seed(r))], SEQ),
     "PixelUnshuffle": _chain_case(lambda r: [_conv(r), L.PixelUnshuffle(2), _conv(r, cin=16)], IMG, image=True),
+    "WeightNorm": _chain_case(lambda r: [L.WeightNorm(_conv(r)), L.WeightNorm(_conv(r), dims=(0, 2, 3))], IMG,
+                              image=True),
+    "SpectralNorm": _chain_case(lambda r: [L.SpectralNorm(_conv(r), rng=_seed(r)),
+                                           L.SpectralNorm(L.ConvTranspose((3, 3), 4, 4, pad=1, rng=_seed(r)),
+                                                          n_power_iterations=2, rng=_seed(r))], IMG, image=True),
 }
 """The case of each exported layer class, by name."""
 

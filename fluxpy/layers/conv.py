@@ -161,6 +161,7 @@ class ConvTranspose:
     (1, 2, 6, 6, 6)
     """
     flipped = False
+    _weight_out_axis = 1   # the weight's output-channel axis, (cin, cout/groups, ...): SpectralNorm's rows
 
     def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
                  act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
