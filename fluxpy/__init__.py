@@ -36,6 +36,7 @@ from .broadcast import broadcast, unbroadcast
 from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
+from .functors import modules
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .io import CheckpointError, load, save
 from .ops.attention import causal_mask, dot_product_attention
@@ -50,7 +51,8 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .layers import (PReLU, PixelUnshuffle, RMSNorm, calculate_gain, identity_init, lecun_normal, orthogonal, rand32,
                      sparse_init, truncated_normal)
-from .layers import SpectralNorm, WeightNorm
+from .layers import Checkpoint, SpectralNorm, WeightNorm
+from .layers.tools import EMA, activations, checkpointed, destructure
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
@@ -106,7 +108,7 @@ __all__ = [
     "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform", "glorot_normal", "kaiming_uniform",
     "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
     "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",
-    "WeightNorm", "SpectralNorm",
+    "WeightNorm", "SpectralNorm", "Checkpoint", "checkpointed", "destructure", "modules", "activations", "EMA",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",

@@ -161,6 +161,7 @@ CASES: dict[str, Case] = {
     "SpectralNorm": _chain_case(lambda r: [L.SpectralNorm(_conv(r), rng=_seed(r)),
                                            L.SpectralNorm(L.ConvTranspose((3, 3), 4, 4, pad=1, rng=_seed(r)),
                                                           n_power_iterations=2, rng=_seed(r))], IMG, image=True),
+    "Checkpoint": _chain_case(lambda r: [L.Checkpoint(L.Chain(_conv(r), _conv(r))), _conv(r)], IMG, image=True),
 }
 """The case of each exported layer class, by name."""
 
