@@ -105,7 +105,9 @@ class SpectralNorm:
     ``v = normalise(W^T u)``, ``u = normalise(W v)`` on the device, in place; then, in either mode,
     ``sigma = u . (W v)`` with ``u`` and ``v`` held constant, and the layer runs with ``W / sigma``. ``normalise``
     divides by ``max(norm, eps)``. ``u`` and ``v`` start from a seeded normal draw and 15 iterations, as
-    PyTorch's parametrisation does.
+    PyTorch's parametrisation does. Under :func:`fluxpy.mixed_precision` the step casts ``u`` and ``v`` with the
+    other float arrays, so the iterations do not carry over from step to step there (each step's ``sigma`` is then
+    that of ``n_power_iterations`` steps from the stored vectors).
 
     >>> import numpy as np
     >>> from fluxpy import Dense

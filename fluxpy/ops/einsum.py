@@ -64,7 +64,7 @@ def _operand_grad(i, ins, out, operands, dy, sizes):
     arrays = (dy,) + operands[:i] + operands[i + 1:]
     present = set("".join(terms))
     kept = "".join(c for c in unique if c in present)
-    g = dy if len(terms) == 1 and kept == out else _einsum((terms, kept), *arrays)
+    g = _contracted(terms, arrays, kept)
     if kept != unique:   # labels only this operand has were summed away: each of their entries gets the same
         g = broadcast_to(reshape(g, tuple(sizes[c] if c in present else 1 for c in unique)),
                          tuple(sizes[c] for c in unique))
@@ -73,6 +73,21 @@ def _operand_grad(i, ins, out, operands, dy, sizes):
         g = reshape(g, tuple(sizes[c] if f else 1 for c, f in zip(labels, first)))
         shape = tuple(sizes[c] for c in labels)
         g = g * device_constant(("einsum_diagonal", labels, shape), lambda: _diagonal_mask(labels, shape), dy)
+    return g
+
+
+def _contracted(terms, arrays, out):
+    """``einsum`` of ``arrays`` onto ``out``, with 0-d arrays (empty terms) multiplied in afterwards and a lone
+    operand already in ``out``'s order passed through: no einsum call for those."""
+    pairs = [(t, a) for t, a in zip(terms, arrays) if t]
+    g = None
+    if len(pairs) == 1 and pairs[0][0] == out:
+        g = pairs[0][1]
+    elif pairs:
+        g = _einsum((tuple(t for t, _ in pairs), out), *(a for _, a in pairs))
+    for t, a in zip(terms, arrays):
+        if not t:
+            g = a if g is None else g * a
     return g
 
 
