@@ -269,10 +269,10 @@ def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, .
     >>> meanpool(np.arange(8.0).reshape(1, 1, 2, 2, 2), 2).ravel()
     array([3.5])
     """
-    pdims = pool_dims(x, kernel, stride, pad, op="meanpool")
-    y = _meanpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_meanpool, x, pdims)
     if not isinstance(count_include_pad, (bool, np.bool_)):
         raise ValueError(f"meanpool expects count_include_pad True or False, got {count_include_pad!r}")
+    pdims = pool_dims(x, kernel, stride, pad, op="meanpool")
+    y = _meanpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_meanpool, x, pdims)
     if count_include_pad or not any(pdims.pad):
         return y
     return y * device_constant(("meanpool_count_exclude_pad", pdims.x_shape[2:], pdims.kernel, pdims.stride,
