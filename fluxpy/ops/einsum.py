@@ -7,6 +7,8 @@ subscripts are first made explicit (``...`` spelled out with unused letters, bro
 then one primitive runs ``einsum`` of the array module (NumPy's, or CuPy's, which contracts through cuBLAS). The
 pullback of each operand is another einsum of the cotangent with the other operands; labels that only that
 operand holds are broadcast back, and repeated labels put back on their diagonal. So einsum differentiates again.
+CuPy's einsum calls cuBLAS through CuPy, which a CUDA-graph capture does not take: a :class:`fluxpy.TrainStep`
+whose step uses einsum on the GPU runs eagerly (``CaptureWarning``); ``matmul`` is captured.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
