@@ -42,6 +42,7 @@ from .broadcast import broadcast, unbroadcast
 from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
 from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
+from .functors import modules
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .sequences import batchseq, pad_sequence, sequence_mask, unpad_sequence
 from .io import CheckpointError, load, save
@@ -59,12 +60,15 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .layers import (PReLU, PixelUnshuffle, RMSNorm, calculate_gain, identity_init, lecun_normal, orthogonal, rand32,
                      sparse_init, truncated_normal)
+from .layers import Checkpoint, SpectralNorm, WeightNorm
+from .layers.tools import EMA, activations, checkpointed, destructure
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
 from .ops import glu, hardshrink, softmin
+from .ops import einsum, pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .ops import check_indices
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
@@ -99,7 +103,7 @@ __all__ = [
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
     "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin",
-    "glu",
+    "glu", "einsum", "pad_constant", "pad_zeros", "pad_reflect", "pad_repeat", "pad_symmetric", "pad_circular",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool", "GlobalMaxPool",
     "GlobalMeanPool",
@@ -115,6 +119,7 @@ __all__ = [
     "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
     "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",
     "load_torch_state", "to_torch_state", "from_torch",
+    "WeightNorm", "SpectralNorm", "Checkpoint", "checkpointed", "destructure", "modules", "activations", "EMA",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",

@@ -31,7 +31,7 @@ from .backend import Array, copy_into, get_array_module, is_array, is_float_dtyp
 from .layout import MEMORY_FORMATS, to_memory_format
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
-           "cpu", "outputsize", "trainable_keys", "rebuild"]
+           "cpu", "outputsize", "trainable_keys", "rebuild", "modules"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -218,6 +218,30 @@ def fmapstructure(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
         return type(x)(v for _, v in mapped) if not hasattr(type(x), "_make") else type(x)._make(
             v for _, v in mapped)
     return dict(mapped)
+
+
+def modules(model: Any) -> list[Any]:
+    """Every node of the model tree that is not a leaf, the model first, depth first, each once (Flux's
+    ``Flux.modules``): layers, and the tuples, lists and dicts that hold them. For instance, to add a penalty on
+    every Dense weight: ``sum((m.weight ** 2).sum() for m in modules(model) if isinstance(m, Dense))``.
+
+    >>> from fluxpy import Chain, Dense
+    >>> inner = Chain(Dense(2, 3), Dense(3, 2))
+    >>> [type(m).__name__ for m in modules(Chain(inner, Dense(2, 1)))]
+    ['Chain', 'tuple', 'Chain', 'tuple', 'Dense', 'Dense', 'Dense']
+    """
+    out, seen = [], set()
+
+    def walk(x):
+        kids = children(x)
+        if kids is None or id(x) in seen:
+            return
+        seen.add(id(x))
+        out.append(x)
+        for _, v in kids:
+            walk(v)
+    walk(model)
+    return out
 
 
 def trainables(model: Any) -> list[Array]:

@@ -156,6 +156,15 @@ CASES: dict[str, Case] = {
                          IMG, image=True),
     "RMSNorm": _chain_case(lambda r: [L.Dense(6, 8, rng=_seed(r)), L.RMSNorm(8), L.Dense(8, 3, rng=_seed(r))], SEQ),
     "PixelUnshuffle": _chain_case(lambda r: [_conv(r), L.PixelUnshuffle(2), _conv(r, cin=16)], IMG, image=True),
+    "WeightNorm": _chain_case(lambda r: [L.WeightNorm(_conv(r, padding_mode="reflect")),
+                                         L.MeanPool((3, 3), stride=1, pad=1, count_include_pad=False),
+                                         L.WeightNorm(_conv(r), dims=(0, 2, 3))], IMG, image=True),
+    "SpectralNorm": _chain_case(lambda r: [L.SpectralNorm(_conv(r), rng=_seed(r)),
+                                           L.SpectralNorm(L.ConvTranspose((3, 3), 4, 4, pad=1, rng=_seed(r)),
+                                                          n_power_iterations=2, rng=_seed(r))], IMG, image=True),
+    "Checkpoint": _chain_case(lambda r: [L.Checkpoint(L.Chain(_conv(r, padding_mode="circular"), _conv(r))),
+                                         L.Upsample(1.5, mode="bilinear", align_corners=False), _conv(r)], IMG,
+                              image=True),
 }
 """The case of each exported layer class, by name."""
 

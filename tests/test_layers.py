@@ -559,7 +559,7 @@ def test_package_exports_every_public_name():
 
 
 # Families built from others' layers, and the families they build on (layers/__init__.py's docstring).
-COMPOSITES = {"transformer": {"basic", "normalise"}}
+COMPOSITES = {"transformer": {"basic", "normalise"}, "reparam": {"normalise"}}
 
 
 def test_layer_families_import_only_the_shared_modules():

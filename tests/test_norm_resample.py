@@ -342,11 +342,11 @@ def test_pixel_shuffle_in_1d_and_3d():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: upsample_nearest(np.ones((2, 3)), 2), r"upsample_nearest expects x of shape \(N, C, S1, ...\)"),
-    (lambda: upsample_nearest(np.ones((1, 1, 2, 2)), (2, 2, 2)), "upsample_nearest expects scale to be a positive int "
+    (lambda: upsample_nearest(np.ones((1, 1, 2, 2)), (2, 2, 2)), "upsample_nearest expects scale to be a positive number "
                                                                   r"or a tuple of 2 of them"),
-    (lambda: upsample_nearest(np.ones((1, 1, 2)), 1.5), "upsample_nearest expects scale to be a positive int"),
+    (lambda: upsample_nearest(np.ones((1, 1, 2)), -1.5), "upsample_nearest expects scale to be a positive number"),
     (lambda: upsample_bilinear(np.ones((1, 1, 2)), 2), r"upsample_bilinear expects x of shape \(N, C, H, W\)"),
-    (lambda: upsample_bilinear(np.ones((1, 1, 2, 2)), 0), "upsample_bilinear expects scale to be a positive int"),
+    (lambda: upsample_bilinear(np.ones((1, 1, 2, 2)), 0), "upsample_bilinear expects scale to be a positive number"),
     (lambda: upsample_bilinear(np.ones((1, 1, 2, 2)), 2, align_corners=1), "upsample_bilinear expects align_corners"),
     (lambda: pixel_shuffle(np.ones((1, 6, 2, 2)), 2), r"pixel_shuffle expects x.shape\[1\] divisible by r\*\*2 == 4"),
     (lambda: pixel_shuffle(np.ones((1, 4, 2, 2)), 0), "pixel_shuffle expects r to be a positive int, got 0"),
@@ -387,10 +387,12 @@ def test_resample_layer_reprs():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: Upsample(0), "Upsample: scale must be a positive int or a tuple of them"),
-    (lambda: Upsample(1.5), "Upsample: scale must be a positive int or a tuple of them"),
-    (lambda: Upsample(2, mode="cubic"), "Upsample: mode must be \"nearest\", \"bilinear\" or \"trilinear\", got 'cubic'"),
-    (lambda: Upsample(2, align_corners=False), "Upsample: align_corners applies to mode=\"bilinear\" or \"trilinear\""),
+    (lambda: Upsample(0), "Upsample: scale must be a positive number or a tuple of them"),
+    (lambda: Upsample(float("inf")), "Upsample: scale must be a positive number or a tuple of them"),
+    (lambda: Upsample(2, mode="cubic"), "Upsample: mode must be \"nearest\", \"linear\", \"bilinear\" or \"trilinear\", "
+                                        "got 'cubic'"),
+    (lambda: Upsample(2, align_corners=False), "Upsample: align_corners applies to mode=\"linear\", \"bilinear\" or "
+                                               "\"trilinear\""),
     (lambda: Upsample(2, size=4), "Upsample: give scale or size, not both"),
     (lambda: Upsample(mode="trilinear", size=(4, 4)), "Upsample: mode=\"trilinear\" takes a size int or triple"),
     (lambda: Upsample(2, mode="bilinear", align_corners=None), "Upsample: align_corners must be True or False"),

@@ -19,7 +19,9 @@ train/test mode), ``upsample`` (Upsample, PixelShuffle, PixelUnshuffle), ``activ
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
 (printing) and ``_checks`` (input checks, :class:`DimensionMismatch` and :class:`DTypeMismatch`). The families
 import from ``init``, ``show`` and ``_checks``, never from each other; ``transformer`` (TransformerEncoderLayer,
-TransformerDecoderLayer) is built from ``basic`` and ``normalise`` layers and sits above them.
+TransformerDecoderLayer) is built from ``basic`` and ``normalise`` layers and sits above them; ``reparam``
+(WeightNorm, SpectralNorm: wrappers that reparametrise a layer's weight) sits above ``normalise``; ``tools``
+(destructure, activations, EMA, Checkpoint) works on any model tree.
 
 >>> import numpy as np
 >>> import fluxpy
@@ -44,6 +46,8 @@ from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNor
                         testmode, trainmode)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell, initialstates
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
+from .reparam import SpectralNorm, WeightNorm
+from .tools import Checkpoint
 from .transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from .upsample import PixelShuffle, PixelUnshuffle, Upsample
 
@@ -58,4 +62,4 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan",
            "PReLU", "RMSNorm", "PixelUnshuffle", "rand32", "truncated_normal", "lecun_normal", "orthogonal",
-           "identity_init", "sparse_init", "calculate_gain"]
+           "identity_init", "sparse_init", "calculate_gain", "WeightNorm", "SpectralNorm", "Checkpoint"]

@@ -15,6 +15,7 @@ from ..ops.activations import identity, relu  # noqa: F401  (relu: used by the d
 from ..ops.bias_act import bias_act
 from ..ops.conv import conv_bias_act, conv_dims, conv_transpose
 from ..ops.dims import ntuple, pad_widths, spatial_layout
+from ..ops.padding import pad_circular, pad_reflect, pad_repeat
 from ..ops.shape import reshape
 from ._checks import (Array, _activation, _fail, _given_bias, _initialised, _positive_int, _renamed, _require_dtype,
                       _require_ndim)
@@ -58,14 +59,23 @@ class Conv:
 
     >>> Conv(np.ones((3, 1, 2, 2), np.float32), False, relu, pad=1)
     Conv((2, 2), 1 => 3, relu, pad=1, bias=False)
+
+    ``padding_mode`` (PyTorch's name; Flux has none) fills the ``pad`` border with ``"zeros"`` (the default),
+    or by ``"reflect"``, ``"replicate"`` or ``"circular"`` (:func:`fluxpy.ops.padding.pad_reflect`, ``pad_repeat``,
+    ``pad_circular``), which pad ``x`` before a convolution without padding.
+
+    >>> c = Conv((3,), 1, 1, pad=1, padding_mode="circular", bias=False, init=ones32)
+    >>> c, c(np.array([[[1.0, 2.0, 3.0]]], np.float32))
+    (Conv((3,), 1 => 1, pad=1, padding_mode="circular", bias=False), array([[[6., 6., 6.]]], dtype=float32))
     """
     flipped = False
 
     def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
                  act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, ...] = 1, groups: int = 1, bias: bool | Array = True,
-                 init: Callable = glorot_uniform, rng: RNG = None) -> None:
+                 init: Callable = glorot_uniform, rng: RNG = None, padding_mode: str = "zeros") -> None:
         name = type(self).__name__
+        self.padding_mode = _padding_mode(name, padding_mode)
         if hasattr(kernel, "shape"):   # Flux's Conv(weight, bias, act): the second and third arguments
             weight = _weight_array(name, kernel)
             bias, act = (bias if cin is None else cin), (act if cout is None else cout)
@@ -101,16 +111,20 @@ class Conv:
         _require_input(self, x, self.weight, self.in_channels)
         _require_dtype(self, x, self.weight.dtype)
         try:
-            conv_dims(x, self.weight, **self._options())
+            cd = conv_dims(x, self.weight, **self._options())
         except ValueError as err:
             raise _renamed(self, err, "conv") from None
-        return conv_bias_act(x, self.weight, self.bias, self.act, **self._options())
+        options = self._options()
+        if getattr(self, "padding_mode", "zeros") != "zeros" and any(cd.pad):
+            x = _padded(self, x, cd.pad)
+            options["pad"] = 0
+        return conv_bias_act(x, self.weight, self.bias, self.act, **options)
 
     def __repr__(self):
         kernel = tuple(self.weight.shape[2:])
         return (f"{type(self).__name__}({kernel}, {self.in_channels} => {self.out_channels}{_act_part(self.act)}"
                 + _options([("pad", self.pad, 0), ("stride", self.stride, 1), ("dilation", self.dilation, 1),
-                            ("groups", self.groups, 1)])
+                            ("groups", self.groups, 1)]) + _mode_part(self)
                 + ("" if self.bias is not None else ", bias=False") + ")")
 
 
@@ -147,6 +161,7 @@ class ConvTranspose:
     (1, 2, 6, 6, 6)
     """
     flipped = False
+    _weight_out_axis = 1   # the weight's output-channel axis, (cin, cout/groups, ...): SpectralNorm's rows
 
     def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
                  act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
@@ -223,11 +238,12 @@ class DepthwiseConv(Conv):
     def __init__(self, kernel: int | tuple[int, ...] | Array, cin: int | None = None, cout: int | None = None,
                  act: Callable = identity, *, stride: int | tuple[int, ...] = 1, pad: int | tuple[int, ...] | str = 0,
                  dilation: int | tuple[int, ...] = 1, bias: bool | Array = True, init: Callable = glorot_uniform,
-                 rng: RNG = None) -> None:
+                 rng: RNG = None, padding_mode: str = "zeros") -> None:
         if hasattr(kernel, "shape"):   # Flux's DepthwiseConv(weight, bias, act): weight (cin, cout/cin, *kernel)
             w = _weight_array("DepthwiseConv", kernel)
             super().__init__(reshape(w, (w.shape[0] * w.shape[1], 1) + tuple(w.shape[2:])), cin, cout, act,
-                             stride=stride, pad=pad, dilation=dilation, groups=w.shape[0], bias=bias)
+                             stride=stride, pad=pad, dilation=dilation, groups=w.shape[0], bias=bias,
+                             padding_mode=padding_mode)
             return
         if cin is None or cout is None:
             raise TypeError("DepthwiseConv expects DepthwiseConv(kernel, cin, cout, ...) or DepthwiseConv(weight, "
@@ -236,13 +252,38 @@ class DepthwiseConv(Conv):
         if cout % cin:
             raise ValueError(f"DepthwiseConv: cout == {cout} must be a multiple of cin == {cin}")
         super().__init__(kernel, cin, cout, act, stride=stride, pad=pad, dilation=dilation, groups=cin, bias=bias,
-                         init=init, rng=rng)
+                         init=init, rng=rng, padding_mode=padding_mode)
 
     def __repr__(self):
         kernel = tuple(self.weight.shape[2:])
         return (f"DepthwiseConv({kernel}, {self.in_channels} => {self.out_channels}{_act_part(self.act)}"
                 + _options([("pad", self.pad, 0), ("stride", self.stride, 1), ("dilation", self.dilation, 1)])
-                + ("" if self.bias is not None else ", bias=False") + ")")
+                + _mode_part(self) + ("" if self.bias is not None else ", bias=False") + ")")
+
+
+_PADDERS = {"reflect": pad_reflect, "replicate": pad_repeat, "circular": pad_circular}
+
+
+def _padding_mode(name, mode):
+    if mode != "zeros" and mode not in _PADDERS:
+        raise ValueError(f"{name}: padding_mode must be \"zeros\", \"reflect\", \"replicate\" or \"circular\", "
+                         f"got {mode!r}")
+    return mode
+
+
+def _padded(layer, x, widths):
+    """``x`` padded on its spatial axes by ``widths`` (``(before, after)`` per axis, flattened) in the layer's
+    ``padding_mode``; a pad too large for the mode names the layer."""
+    pad = _PADDERS[layer.padding_mode]
+    try:
+        return pad(x, widths, dims=tuple(range(2, len(x.shape))))
+    except ValueError as err:
+        raise _renamed(layer, err, pad.__name__) from None
+
+
+def _mode_part(layer):
+    mode = getattr(layer, "padding_mode", "zeros")
+    return "" if mode == "zeros" else f", padding_mode=\"{mode}\""
 
 
 def _weight_array(name, w):

@@ -57,7 +57,11 @@ class MaxPool:
             pool_dims(x, self.kernel, self.stride, self.pad, op=self._op_name)
         except ValueError as err:
             raise _renamed(self, err, self._op_name) from None
-        return type(self)._op(x, self.kernel, stride=self.stride, pad=self.pad)
+        return type(self)._op(x, self.kernel, stride=self.stride, pad=self.pad, **self._keywords())
+
+    def _keywords(self):
+        """The pool op's keywords beyond kernel, stride and pad."""
+        return {}
 
     def __repr__(self):
         return (f"{type(self).__name__}({self.kernel}"
@@ -84,15 +88,33 @@ def _require_rank(layer, x, n):
 @layer(children=())
 class MeanPool(MaxPool):
     """The mean of each ``kernel`` window (padding counts as zeros, and a window of padding only gives 0); the
-    arguments are :class:`MaxPool`'s.
+    arguments are :class:`MaxPool`'s. ``count_include_pad=False`` (PyTorch's option; Flux has none) divides by
+    the number of the input's entries in each window instead (:func:`fluxpy.ops.meanpool`).
 
     >>> import numpy as np
     >>> MeanPool((2, 2))(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))[0, 0]
     array([[ 2.5,  4.5],
            [10.5, 12.5]], dtype=float32)
+    >>> p = MeanPool((3,), stride=1, pad=1, count_include_pad=False)
+    >>> p, p(np.array([[[3.0, 6.0, 9.0]]], np.float32))
+    (MeanPool((3,), pad=1, stride=1, count_include_pad=False), array([[[4.5, 6. , 7.5]]], dtype=float32))
     """
     _op = staticmethod(meanpool)
     _op_name = "meanpool"
+
+    def __init__(self, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
+                 pad: int | tuple[int, ...] | str = 0, count_include_pad: bool = True) -> None:
+        super().__init__(kernel, stride, pad)
+        if not isinstance(count_include_pad, bool):
+            raise ValueError(f"MeanPool: count_include_pad must be True or False, got {count_include_pad!r}")
+        self.count_include_pad = count_include_pad
+
+    def _keywords(self):
+        return {"count_include_pad": getattr(self, "count_include_pad", True)}
+
+    def __repr__(self):
+        return super().__repr__()[:-1] + ("" if getattr(self, "count_include_pad", True) else
+                                          ", count_include_pad=False") + ")"
 
 
 @layer(children=())

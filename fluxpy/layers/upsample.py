@@ -1,24 +1,33 @@
-"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest, bilinear or trilinear), PixelShuffle
-and its inverse PixelUnshuffle (PyTorch's).
+"""Upsampling layers (Flux's ``src/layers/upsample.jl``): Upsample (nearest, linear, bilinear or trilinear),
+PixelShuffle and its inverse PixelUnshuffle (PyTorch's).
 
 None has parameters; both take floating-point ``(N, C, ...)`` images and check them, naming the layer.
 """
 from __future__ import annotations
+
+import math
+import numbers
 
 from ..functors import layer
 from ..ops.resample import pixel_shuffle, upsample_linear, upsample_nearest
 from ..ops.shape import reshape, transpose
 from ._checks import Array, _fail, _is_int, _positive_int, _require_float, _require_ndim
 
-_MODES = {"nearest": None, "bilinear": 2, "trilinear": 3}   # mode -> the spatial axes it takes (None: any)
+_MODES = {"nearest": None, "linear": 1, "bilinear": 2, "trilinear": 3}   # mode -> its spatial axes (None: any)
+_LAYOUTS = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
+
+
+def _is_scale(s):
+    return isinstance(s, numbers.Real) and not isinstance(s, bool) and math.isfinite(s) and s > 0
 
 
 def _scale_option(scale):
-    values = (scale,) if _is_int(scale) else tuple(scale) if isinstance(scale, (tuple, list)) else ()
-    if not values or not all(_is_int(s) and s >= 1 for s in values):
-        raise ValueError(f"Upsample: scale must be a positive int or a tuple of them (one per spatial axis), "
+    values = (scale,) if _is_scale(scale) else tuple(scale) if isinstance(scale, (tuple, list)) else ()
+    if not values or not all(_is_scale(s) for s in values):
+        raise ValueError(f"Upsample: scale must be a positive number or a tuple of them (one per spatial axis), "
                          f"got {scale!r}")
-    return int(scale) if _is_int(scale) else tuple(int(s) for s in values)
+    values = tuple(int(s) if float(s).is_integer() else float(s) for s in values)
+    return values[0] if _is_scale(scale) else values
 
 
 def _size_option(size):
@@ -31,14 +40,16 @@ def _size_option(size):
 
 @layer(children=())
 class Upsample:
-    """Upsamples ``(N, C, S1, ...)`` images by the integer ``scale`` (an int, or one per spatial axis), or to the
+    """Upsamples ``(N, C, S1, ...)`` images by ``scale`` (a number, or one per spatial axis), or to the
     spatial ``size=`` (Flux's ``Upsample(mode; scale, size)``: give one of them; with neither, ``scale=2``).
 
     ``mode="nearest"`` repeats each value (any number of spatial axes; :func:`fluxpy.ops.upsample_nearest`; a scale
     tuple shorter than the spatial axes scales the last ones, Flux's first, and a ``size`` must be a multiple of
-    the input's); ``mode="bilinear"`` interpolates ``(N, C, H, W)`` images and ``mode="trilinear"``
-    ``(N, C, D, H, W)`` volumes (:func:`fluxpy.ops.resample.upsample_linear`), with ``align_corners=True`` by
-    default as NNlib's (PyTorch's default is False). Sizes and scales are in fluxpy's axis order: Flux's
+    the input's); ``mode="linear"`` interpolates ``(N, C, L)`` signals, ``mode="bilinear"`` ``(N, C, H, W)`` images
+    and ``mode="trilinear"`` ``(N, C, D, H, W)`` volumes (:func:`fluxpy.ops.resample.upsample_linear`), with
+    ``align_corners=True`` by default as NNlib's (PyTorch's default is False). A non-integer scale gives
+    ``floor(S * scale)`` outputs per axis, mapped as PyTorch's ``interpolate(scale_factor=...)`` (which NNlib's
+    size-based mapping equals only for integer scales). Sizes and scales are in fluxpy's axis order: Flux's
     ``scale=(2, 3)`` on WHCN data is ``scale=(3, 2)`` here.
 
     >>> import numpy as np
@@ -49,12 +60,16 @@ class Upsample:
     >>> up = Upsample(mode="trilinear", size=(4, 6, 4))
     >>> up, up(np.ones((3, 2, 2, 4, 3), np.float32)).shape
     (Upsample(mode="trilinear", size=(4, 6, 4)), (3, 2, 4, 6, 4))
+    >>> up = Upsample(1.5, mode="linear", align_corners=False)
+    >>> up, up(np.array([[[0.0, 3.0]]], np.float32))
+    (Upsample(1.5, mode="linear", align_corners=False), array([[[0. , 1.5, 3. ]]], dtype=float32))
     """
 
     def __init__(self, scale: int | tuple[int, ...] | None = None, mode: str = "nearest", align_corners: bool = True,
                  *, size: int | tuple[int, ...] | None = None) -> None:
         if mode not in _MODES:
-            raise ValueError(f"Upsample: mode must be \"nearest\", \"bilinear\" or \"trilinear\", got {mode!r}")
+            raise ValueError(f"Upsample: mode must be \"nearest\", \"linear\", \"bilinear\" or \"trilinear\", got "
+                             f"{mode!r}")
         if scale is not None and size is not None:
             raise ValueError(f"Upsample: give scale or size, not both (got scale={scale!r} and size={size!r})")
         self.mode = mode
@@ -63,19 +78,19 @@ class Upsample:
         if not isinstance(align_corners, bool):
             raise ValueError(f"Upsample: align_corners must be True or False, got {align_corners!r}")
         if mode == "nearest" and not align_corners:
-            raise ValueError("Upsample: align_corners applies to mode=\"bilinear\" or \"trilinear\" only")
+            raise ValueError("Upsample: align_corners applies to mode=\"linear\", \"bilinear\" or \"trilinear\" only")
         n = _MODES[mode]
         given = self.scale if self.size is None else self.size
         if n is not None and isinstance(given, tuple) and len(given) != n:
             what = "scale" if self.size is None else "size"
-            raise ValueError(f"Upsample: mode=\"{mode}\" takes a {what} int or {('pair', 'triple')[n - 2]}, got "
-                             f"{given!r}")
+            form = ("of one axis", "int or pair", "int or triple")[n - 1]
+            raise ValueError(f"Upsample: mode=\"{mode}\" takes a {what} {form}, got {given!r}")
         self.align_corners = align_corners
 
     def __call__(self, x: Array) -> Array:
         n = _MODES[self.mode]
         if n is not None:
-            _require_ndim(self, x, n + 2, "(N, C, H, W)" if n == 2 else "(N, C, D, H, W)")
+            _require_ndim(self, x, n + 2, _LAYOUTS[n])
         elif not hasattr(x, "shape") or len(x.shape) < 3:
             _fail(self, "an input (N, C, S1, ...) with a spatial axis", x)
         given = self.scale if self.size is None else self.size

@@ -17,7 +17,10 @@ from ..autodiff import define_tracked_ops, value_of
 from ..backend import Array
 from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, minimum, multiply, negative, power,
                     sign, sin, sqrt, square, subtract, tanh, where)
-from .linalg import dot, matmul
+from .linalg import dot, matmul, svdvals
+from .linalg import norm as _linalg_norm   # fluxpy.ops.linalg.norm: fluxpy.ops.norm is the normalisation module
+from .einsum import einsum
+from .padding import pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
                     stack, swapaxes, transpose)
@@ -50,7 +53,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "lisht", "softsign", "selu", "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid",
            "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin", "glu", "tan", "arcsin", "arccos",
            "arctan", "sinh", "cosh", "arcsinh", "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril",
-           "pad", "sort",
+           "pad", "sort", "einsum", "svdvals", "pad_constant", "pad_zeros", "pad_reflect",
+           "pad_repeat", "pad_symmetric", "pad_circular",
            "bias_act", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
@@ -125,6 +129,8 @@ _FUNCTIONS = {
     np.stack: lambda arrays, axis=0: stack(arrays, axis),
     np.where: lambda cond, a, b: where(cond, a, b),
     np.dot: dot,
+    np.einsum: lambda subscripts, *operands: einsum(subscripts, *operands),
+    np.linalg.norm: lambda x, ord=None, axis=None, keepdims=False: _linalg_norm(x, ord, axis, keepdims),
     np.squeeze: lambda a, axis=None: squeeze(a, axis),
     np.expand_dims: expand_dims,
     np.broadcast_to: broadcast_to,

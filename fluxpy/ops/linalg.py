@@ -1,4 +1,5 @@
-"""Matrix products: batched ``matmul`` with NumPy's rules (1-D operands, broadcast batch axes).
+"""Matrix products: batched ``matmul`` with NumPy's rules (1-D operands, broadcast batch axes); vector and matrix
+norms (``norm``, as ``numpy.linalg.norm``) and singular values (``svdvals``).
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -9,14 +10,23 @@
 """
 from __future__ import annotations
 
-from ..autodiff import Primitive
-from ..backend import Array, gpu_device
+import numbers
+
+import numpy as np
+
+from ..autodiff import Primitive, is_tracked, value_of
+from ..backend import Array, get_array_module, gpu_device
 from ..capturing import refuse
 from ..kernels import find
 from ..kernels.halfs import is_half
-from .shape import expand_dims, reshape, swapaxes, unbroadcast
+from .basic import abs as abs_
+from .basic import power, sign, where
+from .reduce import max as max_
+from .reduce import min as min_
+from .reduce import sum as sum_
+from .shape import expand_dims, reshape, swapaxes, transpose, unbroadcast
 
-__all__ = ["matmul", "dot"]
+__all__ = ["matmul", "dot", "norm", "svdvals"]
 
 
 def _matmul_impl(a, b):
@@ -108,3 +118,167 @@ def dot(a: Array, b: Array) -> Array:
         raise ValueError(f"dot: only vectors and matrices are supported, got shapes {tuple(a.shape)} and "
                          f"{tuple(b.shape)}; use matmul for batches")
     return matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+
+
+def _vector_norm_impl(x, p, axes, keepdims):
+    xp = get_array_module(x)
+    a = xp.abs(x)
+    if p == 2:
+        return xp.sqrt(xp.sum(x * x, axis=axes, keepdims=keepdims))
+    if p == np.inf:
+        return xp.max(a, axis=axes, keepdims=keepdims)
+    if p == -np.inf:
+        return xp.min(a, axis=axes, keepdims=keepdims)
+    if p == 0:
+        return xp.sum(x != 0, axis=axes, keepdims=keepdims).astype(x.dtype)
+    if p == 1:
+        return xp.sum(a, axis=axes, keepdims=keepdims)
+    with np.errstate(divide="ignore"):   # |0|^p for p < 0 is inf, and the norm 0, as NumPy's and PyTorch's
+        return xp.sum(a ** p, axis=axes, keepdims=keepdims) ** (1.0 / p)
+
+
+def _vector_norm_rule(x, p, axes, keepdims):
+    y = _vector_norm(x, p, axes, keepdims)
+
+    def vector_norm_pullback(dy):
+        kept = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
+        g = reshape(dy, kept)
+        n = reshape(y, kept) if not is_tracked(x) else _vector_norm(x, p, axes, True)   # x tracked: n depends on it
+        return _vector_norm_grad(x, p, axes, g, n), None, None, None
+    return y, vector_norm_pullback
+
+
+def _vector_norm_grad(x, p, axes, g, n):
+    """PyTorch's ``norm_backward``: the subgradient 0 where the norm is 0, ties of an inf-norm share the gradient."""
+    xv, nv = value_of(x), value_of(n)
+    xp = get_array_module(xv)
+    if p == 0:
+        return xp.zeros_like(xv)
+    if p == 1:
+        return sign(x) * g
+    if p in (np.inf, -np.inf):
+        hits = (xp.abs(xv) == nv) | xp.isnan(xv)
+        share = hits / xp.sum(hits, axis=axes, keepdims=True)
+        return sign(x) * g * share.astype(xv.dtype)
+    if p < 1:   # |x|^(p-1) is infinite at x == 0, where the gradient is taken as 0
+        zero = xv == 0
+        return sign(x) * where(zero, 0.0, power(where(zero, 1.0, abs_(x)), p - 1)) * g * power(n, 1 - p)
+    nonzero = nv != 0
+    scale = where(nonzero, g / power(where(nonzero, n, 1.0), p - 1), 0.0)
+    if p == 2:
+        return x * scale
+    if p < 2:
+        return sign(x) * power(abs_(x), p - 1) * scale
+    return x * power(abs_(x), p - 2) * scale
+
+
+_vector_norm = Primitive("vector_norm", _vector_norm_rule, impl=_vector_norm_impl)
+
+
+def _svdvals_rule(x):
+    xp = get_array_module(x)
+    u, s, vh = xp.linalg.svd(x, full_matrices=False)
+
+    def svdvals_pullback(ds):   # d(sigma_i) = u_i^T dA v_i: the gradient is U diag(ds) V^T (once differentiable)
+        return (matmul(u * expand_dims(ds, -2), vh),)
+    return s, svdvals_pullback
+
+
+def _svdvals_impl(x):
+    if gpu_device(x) is not None:
+        refuse(f"svdvals of {tuple(x.shape)}: CuPy's SVD (cuSOLVER) allocates its workspace on the host's call")
+    return get_array_module(x).linalg.svd(x, compute_uv=False)
+
+
+_svdvals = Primitive("svdvals", _svdvals_rule, impl=_svdvals_impl)
+
+
+def svdvals(x: Array) -> Array:
+    """The singular values of the matrices in the last two axes of ``x``, largest first (``torch.linalg.svdvals``).
+    The gradient is ``U diag(ds) V^T``, exact where the singular values are distinct (a subgradient where they
+    are not); it differentiates once.
+
+    >>> import numpy as np
+    >>> svdvals(np.diag([1.0, 3.0, 2.0]))
+    array([3., 2., 1.])
+    """
+    if x.ndim < 2:
+        raise ValueError(f"svdvals expects an array of 2 or more axes (matrices in the last two), got shape "
+                         f"{tuple(x.shape)}")
+    return _svdvals(x)
+
+
+_VECTOR_ORDS = "None, 2, 1, inf, -inf, 0 or another number"
+
+
+def _axes_of(x, axis):
+    if axis is None:
+        return None
+    axes = (axis,) if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
+    ok = isinstance(axes, (tuple, list)) and len(axes) in (1, 2) and all(
+        isinstance(a, numbers.Integral) and not isinstance(a, bool) and -x.ndim <= a < x.ndim for a in axes)
+    if not ok or len({int(a) % x.ndim for a in axes}) != len(axes):
+        raise ValueError(f"norm expects axis None, an int or a pair of distinct ints in [-{x.ndim}, {x.ndim}), got "
+                         f"{axis!r} for an array of shape {tuple(x.shape)}")
+    return tuple(int(a) % x.ndim for a in axes)
+
+
+def norm(x: Array, ord: float | str | None = None, axis: int | tuple[int, int] | None = None,
+         keepdims: bool = False) -> Array:
+    """The vector or matrix norm of ``x``, as ``numpy.linalg.norm`` and ``torch.linalg.norm``.
+
+    ``axis`` an int: vector norms along it, ``ord`` None or 2 (Euclidean), 1, ``inf`` (largest ``|x|``),
+    ``-inf`` (smallest), 0 (the number of nonzeros) or any other number ``p``, ``sum(|x|^p)^(1/p)``. ``axis`` a
+    pair: matrix norms over those two axes, ``ord`` None or ``"fro"`` (Frobenius), ``"nuc"`` (the sum of the
+    singular values), 1 / -1 (the largest / smallest column sum of ``|x|``), ``inf`` / ``-inf`` (row sums), 2 / -2
+    (the largest / smallest singular value). ``axis=None``: the 2-norm of all entries when ``ord`` is None, else
+    ``x`` must be a vector or a matrix. ``keepdims`` keeps the reduced axes with size 1.
+
+    The gradient is PyTorch's: 0 (a subgradient, never NaN) where the norm is 0, shared between ties of the
+    ``inf`` norms and of the matrix norms' maxima; the singular-value norms differentiate once (:func:`svdvals`).
+
+    >>> import numpy as np
+    >>> from fluxpy import gradient
+    >>> x = np.array([[3.0, -4.0], [0.0, 0.0]])
+    >>> float(norm(x)), float(norm(x, 1)), norm(x, axis=1), norm(x, np.inf, axis=1)
+    (5.0, 4.0, array([5., 0.]), array([4., 0.]))
+    >>> gradient(lambda x: norm(x, axis=1).sum(), x)[0]
+    array([[ 0.6, -0.8],
+           [ 0. ,  0. ]])
+    """
+    if not hasattr(x, "shape"):
+        raise TypeError(f"norm expects an array, got a {type(x).__name__}")
+    axes = _axes_of(x, axis)
+    if axes is None:
+        if ord is None:
+            return _vector_norm(x, 2, tuple(range(x.ndim)), bool(keepdims))
+        if x.ndim not in (1, 2):
+            raise ValueError(f"norm with ord={ord!r} and axis=None expects a vector or a matrix, got shape "
+                             f"{tuple(x.shape)}: give axis")
+        axes = tuple(range(x.ndim))
+    if len(axes) == 1:
+        if isinstance(ord, str) or not (ord is None or isinstance(ord, numbers.Real)):
+            raise ValueError(f"norm expects a vector ord, {_VECTOR_ORDS}, got {ord!r}")
+        return _vector_norm(x, 2 if ord is None else float(ord), axes, bool(keepdims))
+    return _matrix_norm(x, ord, axes, bool(keepdims))
+
+
+def _matrix_norm(x, ord, axes, keepdims):
+    if ord is None or ord == "fro":
+        return _vector_norm(x, 2, axes, keepdims)
+    valid = ord == "nuc" if isinstance(ord, str) else isinstance(ord, numbers.Real) and ord in (1, -1, 2, -2, np.inf,
+                                                                                                 -np.inf)
+    if not valid:
+        raise ValueError(f"norm expects a matrix ord, None, 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}")
+    kept = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
+    if ord in (1, -1, np.inf, -np.inf):   # the extreme column (1) or row (inf) sum of |x|
+        summed, over = (axes[0], axes[1]) if abs(ord) == 1 else (axes[1], axes[0])
+        y = (max_ if ord > 0 else min_)(sum_(abs_(x), axis=summed, keepdims=True), axis=over, keepdims=True)
+    else:
+        s = svdvals(transpose(x, tuple(a for a in range(x.ndim) if a not in axes) + axes))
+        y = reshape(sum_(s, axis=-1) if ord == "nuc" else (max_ if ord == 2 else min_)(s, axis=-1), kept)
+    return y if keepdims else reshape(y, tuple(n for a, n in enumerate(x.shape) if a not in axes))

@@ -242,13 +242,22 @@ def maxpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ..
 
 
 def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
-             pad: int | tuple[int, ...] | str = 0) -> Array:
+             pad: int | tuple[int, ...] | str = 0, count_include_pad: bool = True) -> Array:
     """The mean over each window of ``x``.
 
     ``y[n, c, p, q] = sum_{r < R, s < S} xpad[n, c, p*sh + r, q*sw + s] / (R*S)`` with ``xpad``
     zero-padded: padding counts in the mean (PyTorch's ``avg_pool2d`` default,
     ``count_include_pad=True``), and a window of padding only (a pad as large as the kernel, as NNlib allows)
     gives 0. Shapes and keywords as :func:`maxpool` (1, 2 or 3 spatial axes).
+
+    ``count_include_pad=False`` (PyTorch's option) divides each window's sum by the number of entries of ``x`` in
+    it: the pool above times ``R*S / count``, a constant per output position built once per shape and kept on the
+    device (so it runs through the same kernels, and a captured step copies nothing).
+
+    >>> import numpy as np
+    >>> meanpool(np.ones((1, 1, 2, 2)), 2, stride=1, pad=(1, 0, 1, 0), count_include_pad=False)[0, 0]
+    array([[1., 1.],
+           [1., 1.]])
 
     >>> import numpy as np
     >>> meanpool(np.arange(16.0).reshape(1, 1, 4, 4), 2)[0, 0]
@@ -260,8 +269,26 @@ def meanpool(x: Array, kernel: int | tuple[int, ...], stride: int | tuple[int, .
     >>> meanpool(np.arange(8.0).reshape(1, 1, 2, 2, 2), 2).ravel()
     array([3.5])
     """
+    if not isinstance(count_include_pad, (bool, np.bool_)):
+        raise ValueError(f"meanpool expects count_include_pad True or False, got {count_include_pad!r}")
     pdims = pool_dims(x, kernel, stride, pad, op="meanpool")
-    return _meanpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_meanpool, x, pdims)
+    y = _meanpool(x, pdims) if len(pdims.x_shape) == 4 else _pooled(_meanpool, x, pdims)
+    if count_include_pad or not any(pdims.pad):
+        return y
+    return y * device_constant(("meanpool_count_exclude_pad", pdims.x_shape[2:], pdims.kernel, pdims.stride,
+                                pdims.pad), lambda: _window_fractions(pdims), x)
+
+
+def _window_fractions(pdims):
+    """Per output position, ``R*S`` over the number of ``x``'s entries in its window (0 for a window of padding
+    only), shaped ``(1, 1, *out)``: separable, the product of one count per axis."""
+    factor = np.ones(())
+    for i, (n, k, s) in enumerate(zip(pdims.x_shape[2:], pdims.kernel, pdims.stride)):
+        start = np.arange(pdims.y_shape[2 + i]) * s - pdims.pad[2 * i]
+        inside = np.minimum(start + k, n) - np.maximum(start, 0)
+        per_axis = np.where(inside > 0, k / np.maximum(inside, 1), 0.0)
+        factor = np.multiply.outer(factor, per_axis)
+    return factor.reshape((1, 1) + tuple(pdims.y_shape[2:]))
 
 
 def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePoolDims) -> Array:

@@ -12,6 +12,9 @@ array([[[[1., 1., 2., 2.],
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from ..autodiff import value_of
@@ -21,20 +24,26 @@ from .linalg import matmul
 from .shape import broadcast_to, reshape, transpose
 
 __all__ = ["upsample_nearest", "upsample_linear", "upsample_bilinear", "upsample_trilinear", "pixel_shuffle",
-           "bilinear_weights", "along_axis"]
+           "bilinear_weights", "nearest_weights", "along_axis"]
 
 
 def _is_int(v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def _is_scale(v):
+    """A positive int, or a positive finite real number (a non-integer scale)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v) and v > 0
+
+
 def _scales(name, scale, nspatial):
-    """``scale`` as a tuple of ``nspatial`` positive ints (one int is used on every spatial axis)."""
-    values = (scale,) * nspatial if _is_int(scale) else tuple(scale) if isinstance(scale, (tuple, list)) else ()
-    if len(values) != nspatial or not all(_is_int(s) and s >= 1 for s in values):
-        raise ValueError(f"{name} expects scale to be a positive int or a tuple of {nspatial} of them (one per "
+    """``scale`` as a tuple of ``nspatial`` positive numbers (one is used on every spatial axis); ints stay ints."""
+    one = _is_scale(scale) and not isinstance(scale, (tuple, list))
+    values = (scale,) * nspatial if one else tuple(scale) if isinstance(scale, (tuple, list)) else ()
+    if len(values) != nspatial or not all(_is_scale(s) for s in values):
+        raise ValueError(f"{name} expects scale to be a positive number or a tuple of {nspatial} of them (one per "
                          f"spatial axis), got {scale!r}")
-    return tuple(int(s) for s in values)
+    return tuple(int(s) if float(s).is_integer() else float(s) for s in values)
 
 
 def _sizes(name, size, x):
@@ -48,17 +57,24 @@ def _sizes(name, size, x):
 
 
 def _scale_or_size(name, scale, size, x, short=False):
-    """The output's spatial sizes from exactly one of ``scale`` and ``size``. ``short``: a scale tuple of fewer
-    entries than spatial axes scales the last ones (Flux's first), as NNlib's ``upsample_nearest``."""
+    """The output's spatial sizes from exactly one of ``scale`` and ``size``, and per axis the step in the input
+    per output index that PyTorch's ``interpolate`` maps with: ``1 / scale`` where a scale is given (the output
+    size is ``floor(size * scale)``), ``in / out`` where a size is. ``short``: a scale tuple of fewer entries than
+    spatial axes scales the last ones (Flux's first), as NNlib's ``upsample_nearest``."""
     if (scale is None) == (size is None):
         raise ValueError(f"{name} expects either scale or size, not both or neither")
     spatial = tuple(x.shape[2:])
     if size is not None:
-        return _sizes(name, size, x)
+        out = _sizes(name, size, x)
+        return out, tuple(a / b for a, b in zip(spatial, out))
     n = len(spatial)
     if short and isinstance(scale, (tuple, list)) and 0 < len(scale) < n:
         scale = (1,) * (n - len(scale)) + tuple(scale)
-    return tuple(a * b for a, b in zip(spatial, _scales(name, scale, n)))
+    scales = _scales(name, scale, n)
+    out = tuple(int(math.floor(a * b)) for a, b in zip(spatial, scales))
+    if min(out) < 1:
+        raise ValueError(f"{name}: scale {scale!r} leaves no output along an axis of x of shape {tuple(x.shape)}")
+    return out, tuple(1.0 / b for b in scales)
 
 
 def _require_spatial(name, x, layout, ndim=None):
@@ -74,17 +90,25 @@ def upsample_nearest(x: Array, scale: int | tuple[int, ...] | None = 2, *,
     axes scales the last ones (NNlib's first, in WHCN); ``size=`` gives the output's spatial size instead (with
     ``scale=None``), a multiple of the input's along each axis (NNlib's rule).
 
+    A non-integer ``scale`` (PyTorch's ``scale_factor``) gives ``floor(S * scale)`` outputs, output ``j`` reading
+    input ``min(floor(j / scale), S - 1)`` (PyTorch's ``mode="nearest"``), as a product with a 0/1 matrix per axis
+    (:func:`nearest_weights`), kept on the device.
+
     >>> import numpy as np
     >>> upsample_nearest(np.arange(2.0).reshape(1, 1, 2), 3)
     array([[[0., 0., 0., 1., 1., 1.]]])
     >>> upsample_nearest(np.ones((1, 1, 2, 3)), (2,)).shape, upsample_nearest(np.ones((1, 1, 2, 3)), None, size=6).shape
     ((1, 1, 2, 6), (1, 1, 6, 6))
+    >>> upsample_nearest(np.arange(3.0).reshape(1, 1, 3), 1.5)
+    array([[[0., 0., 1., 2.]]])
     """
     _require_spatial("upsample_nearest", x, "(N, C, S1, ...)")
-    out = _scale_or_size("upsample_nearest", scale, size, x, short=True)
+    out, ratios = _scale_or_size("upsample_nearest", scale, size, x, short=True)
     if any(o % n for o, n in zip(out, x.shape[2:])):
-        raise ValueError(f"upsample_nearest expects an output size that is a multiple of the input's "
-                         f"{tuple(x.shape[2:])} along each axis, got {out}")
+        if size is not None:
+            raise ValueError(f"upsample_nearest expects an output size that is a multiple of the input's "
+                             f"{tuple(x.shape[2:])} along each axis, got {out}")
+        return _resampled(x, out, ratios, ("upsample_nearest",), lambda n_in, n_out, r: nearest_weights(n_in, n_out, r))
     s = tuple(o // n for o, n in zip(out, x.shape[2:]))
     lead, spatial = tuple(x.shape[:2]), tuple(x.shape[2:])
     spread = lead + tuple(d for n in spatial for d in (n, 1))
@@ -92,12 +116,30 @@ def upsample_nearest(x: Array, scale: int | tuple[int, ...] | None = 2, *,
     return reshape(broadcast_to(reshape(x, spread), wide), lead + tuple(n * k for n, k in zip(spatial, s)))
 
 
-def bilinear_weights(n_in: int, n_out: int, align_corners: bool = True) -> np.ndarray:
+def nearest_weights(n_in: int, n_out: int, ratio: float | None = None) -> np.ndarray:
+    """The ``(n_out, n_in)`` 0/1 matrix of PyTorch's nearest resampling along one axis: output ``j`` reads input
+    ``min(floor(j * ratio), n_in - 1)``, ``ratio`` being ``n_in / n_out`` by default (``1 / scale_factor`` where a
+    scale was given), computed in float32 as PyTorch's kernels do.
+
+    >>> nearest_weights(2, 3)
+    array([[1., 0.],
+           [1., 0.],
+           [0., 1.]])
+    """
+    r = np.float32(n_in / n_out if ratio is None else ratio)
+    src = np.minimum(np.floor(np.arange(n_out, dtype=np.float32) * r).astype(np.int64), n_in - 1)
+    w = np.zeros((n_out, n_in))
+    w[np.arange(n_out), src] = 1.0
+    return w
+
+
+def bilinear_weights(n_in: int, n_out: int, align_corners: bool = True, ratio: float | None = None) -> np.ndarray:
     """The ``(n_out, n_in)`` float64 matrix of linear interpolation along one axis (rows sum to 1).
 
     Output index ``j`` reads the source position ``j * (n_in - 1) / (n_out - 1)`` with ``align_corners``
-    (0 when ``n_out == 1``; NNlib's default), else ``max((j + 0.5) * n_in / n_out - 0.5, 0)`` (PyTorch's
-    default), between its neighbours ``floor(src)`` and the next one (clamped to the last).
+    (0 when ``n_out == 1``; NNlib's default), else ``max((j + 0.5) * ratio - 0.5, 0)`` (PyTorch's
+    default), ``ratio`` being ``n_in / n_out`` by default (PyTorch's ``1 / scale_factor`` where a scale was given),
+    between its neighbours ``floor(src)`` and the next one (clamped to the last).
 
     >>> bilinear_weights(2, 3)
     array([[1. , 0. ],
@@ -108,7 +150,7 @@ def bilinear_weights(n_in: int, n_out: int, align_corners: bool = True) -> np.nd
     if align_corners:
         src = j * ((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros(n_out)
     else:
-        src = np.maximum((j + 0.5) * (n_in / n_out) - 0.5, 0.0)
+        src = np.maximum((j + 0.5) * (n_in / n_out if ratio is None else ratio) - 0.5, 0.0)
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
     lam = src - i0
@@ -126,7 +168,8 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
 
     Each output is the weighted mean of its nearest inputs (see :func:`bilinear_weights` for the source positions).
     ``align_corners=True`` is NNlib's default (the corner pixels' centres coincide); ``False`` is PyTorch's
-    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. Separable: one matrix product per axis, with
+    ``interpolate(mode="linear"/"bilinear"/"trilinear")`` default. A non-integer ``scale`` gives ``floor(S * scale)``
+    outputs and maps them as PyTorch's ``scale_factor`` does. Separable: one matrix product per axis, with
     interpolation matrices built once per size and dtype and kept on the device
     (:func:`~fluxpy.ops.constants.device_constant`: a captured step copies nothing from the host).
 
@@ -135,21 +178,31 @@ def upsample_linear(x: Array, scale: int | tuple[int, ...] | None = 2, align_cor
     array([[[0., 1., 2., 3.]]])
     >>> upsample_linear(np.ones((1, 1, 2, 2, 2)), None, size=(3, 4, 5)).shape
     (1, 1, 3, 4, 5)
+    >>> upsample_linear(np.array([[[0.0, 3.0]]]), 1.5, align_corners=False)
+    array([[[0. , 1.5, 3. ]]])
     """
     _require_spatial("upsample_linear", x, "(N, C, S1, ...) with 1, 2 or 3 spatial axes")
     if x.ndim > 5:
         raise ValueError(f"upsample_linear expects 1, 2 or 3 spatial axes, got {tuple(x.shape)}")
     if not isinstance(align_corners, (bool, np.bool_)):
         raise ValueError(f"upsample_linear expects align_corners True or False, got {align_corners!r}")
-    out = _scale_or_size("upsample_linear", scale, size, x)
+    out, ratios = _scale_or_size("upsample_linear", scale, size, x)
+    corners = bool(align_corners)
+    return _resampled(x, out, ratios, ("upsample_linear", corners),
+                      lambda n_in, n_out, r: bilinear_weights(n_in, n_out, corners, r), skip_equal=corners)
+
+
+def _resampled(x, out, ratios, what, weights, skip_equal=False):
+    """``x`` with each spatial axis contracted with its ``weights(n_in, n_out, ratio)`` matrix, the last axis
+    first; an axis whose ratio is 1 (or whose size is kept, where ``skip_equal``) is left as it is."""
     v = value_of(x)
     y = x
-    for axis in range(x.ndim - 1, 1, -1):      # the last axis first, as the 2-d version always did
-        n_in, n_out = x.shape[axis], out[axis - 2]
-        if n_in == n_out:
+    for axis in range(x.ndim - 1, 1, -1):
+        n_in, n_out, r = x.shape[axis], out[axis - 2], ratios[axis - 2]
+        if n_in == n_out and (skip_equal or r == 1.0):
             continue
-        w = device_constant(("upsample_linear", n_in, n_out, bool(align_corners)),   # (n_in, n_out), kept on the device
-                            lambda n_in=n_in, n_out=n_out: bilinear_weights(n_in, n_out, bool(align_corners)).T, v)
+        w = device_constant(what + (n_in, n_out, r),   # (n_in, n_out), kept on the device
+                            lambda n_in=n_in, n_out=n_out, r=r: weights(n_in, n_out, r).T, v)
         y = along_axis(y, axis, w)
     return y
 
