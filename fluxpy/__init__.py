@@ -67,6 +67,7 @@ from .profile import profile
 from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent, Lion,
                        Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay, WeightDecay, adjust,
                        freeze, setup, thaw, update)
+from .optimise import AMSGrad, Rprop
 from .optimise import clip_grad_norm
 from .random import seed
 from .step import CaptureWarning, TrainStep
@@ -111,7 +112,7 @@ __all__ = [
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
-    "clip_grad_norm",
+    "clip_grad_norm", "AMSGrad", "Rprop",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
     "CaptureWarning",
     # applications: data sets and augmentation, the model zoo
