@@ -53,6 +53,8 @@ from .layers import (PReLU, PixelUnshuffle, RMSNorm, calculate_gain, identity_in
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
+from .losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, margin_ranking_loss, nll_loss, smooth_l1_loss,
+                     triplet_margin_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
 from .ops import glu, hardshrink, softmin
@@ -109,6 +111,8 @@ __all__ = [
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
     "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss", "siamese_contrastive_loss", "label_smoothing",
+    "ctc_loss", "smooth_l1_loss", "nll_loss", "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss",
+    "gaussian_nll_loss",
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",

@@ -141,14 +141,16 @@ LAYERS = (
     ("kernels",),                                               # the kernel table and every device's kernels
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)
-    ("layers", "losses", "optimise", "profile", "io", "data", "observations"),  # models, losses, optimisers, files, data
+    ("layers", "losses", "losses_more", "optimise", "profile", "io", "data", "observations"),  # models, losses,
+    #                                                                              optimisers, files, data
     ("step", "precision", "schedules", "models", "datasets", "distributed", "checkpoint"),  # above the layers and optimisers
     ("train",),
     ("fluxpy",),                                                # the package's __init__: the public names
 )
 """Bottom up: a part may import any part of a lower layer, and within its own layer only along SAME_LAYER."""
 
-SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops"), ("observations", "data")}
+SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops"), ("observations", "data"),
+              ("losses", "losses_more")}
 """The edges allowed inside a layer (``(importer, imported)``)."""
 
 
