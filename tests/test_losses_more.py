@@ -444,3 +444,51 @@ def test_ctc_errors(call_, message):
     lp = log_softmax(np.zeros((4, 2, 3)))
     with pytest.raises((ValueError, TypeError), match=message):
         call_(lp)
+
+
+def test_matches_torch():
+    """Where PyTorch is installed (the GPU machine): values and gradients against torch.nn.functional, float64."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(7)
+    t = torch.tensor
+
+    def compare(ours, theirs, *arrays, rtol=1e-10):
+        tensors = [t(a, requires_grad=True) for a in arrays]
+        out = theirs(*tensors)
+        out.backward()
+        value, grads = fluxpy.withgradient(ours, *arrays)
+        assert float(value) == pytest.approx(out.item(), rel=rtol, abs=1e-12)
+        for g, tt in zip(grads, tensors):
+            np.testing.assert_allclose(g, tt.grad.numpy(), rtol=rtol, atol=1e-12)
+
+    x1, x2, x3 = (rng.standard_normal((8, 5)) for _ in range(3))
+    labels, pm = rng.integers(0, 5, 8), rng.choice([-1, 1], 8)
+    var, w = rng.uniform(0.1, 2.0, 8), rng.uniform(0.5, 1.5, 5)
+    labels[1] = -100
+    compare(lambda a, b: L.smooth_l1_loss(a, b, beta=0.7), lambda a, b: F.smooth_l1_loss(a, b, beta=0.7), x1, x2)
+    compare(lambda a, b, v: L.gaussian_nll_loss(a, b, v, full=True, agg=sum),
+            lambda a, b, v: F.gaussian_nll_loss(a, b, v, full=True, reduction="sum"), x1, x2, var)
+    compare(lambda a: L.nll_loss(a, labels, weight=w, ignore_index=-100),
+            lambda a: F.nll_loss(a, t(labels), weight=t(w)), log_softmax(x1))
+    compare(lambda a: L.nll_loss(a, labels[None].repeat(3, 0), ignore_index=-100, axis=1),
+            lambda a: F.nll_loss(a, t(labels[None].repeat(3, 0))), np.moveaxis(log_softmax(x1[None].repeat(3, 0)),
+                                                                                -1, 1).copy())
+    compare(lambda a, b: L.margin_ranking_loss(a, b, pm, margin=0.3),
+            lambda a, b: F.margin_ranking_loss(a, b, t(pm.astype(float)), margin=0.3), x1[:, 0].copy(),
+            x2[:, 0].copy())
+    for p, swap in ((2, False), (1, True), (3.0, True)):
+        compare(lambda a, b, c: L.triplet_margin_loss(a, b, c, p=p, swap=swap, margin=0.5),
+                lambda a, b, c: F.triplet_margin_loss(a, b, c, p=p, swap=swap, margin=0.5), x1, x2, x3)
+    compare(lambda a, b: L.cosine_embedding_loss(a, b, pm, margin=0.2),
+            lambda a, b: F.cosine_embedding_loss(a, b, t(pm.astype(float)), margin=0.2), x1, x2)
+    # CTC: PyTorch's gradient with respect to log-probabilities assumes a log-softmax before it, so compare the
+    # logits' gradients; its "mean" divides by the target lengths
+    z = rng.standard_normal((12, 3, 6))
+    targets, inputs, lengths = np.array([[1, 2, 2, 5], [3, 4, 0, 0], [5, 0, 0, 0]]), [12, 9, 4], [4, 2, 1]
+    compare(lambda z: L.ctc_loss(fluxpy.logsoftmax(z), targets, inputs, lengths,
+                                 agg=lambda l: fluxpy.mean(l / np.maximum(lengths, 1))),
+            lambda z: F.ctc_loss(F.log_softmax(z, 2), t(targets), t(inputs), t(lengths)), z)
+    targets = np.where(targets == 5, 0, targets)   # 5 is the blank now
+    compare(lambda z: L.ctc_loss(fluxpy.logsoftmax(z), targets, inputs, lengths, blank=5, agg=sum),
+            lambda z: F.ctc_loss(F.log_softmax(z, 2), t(targets), t(inputs), t(lengths), blank=5, reduction="sum"), z)

@@ -280,3 +280,43 @@ def test_setup_refuses_what_is_not_a_rule_naming_the_path():
         O.setup(lambda path, a: "adam", {"w": np.ones(2)})
     with pytest.raises(TypeError, match="setup expects optimisation rules such as Adam"):
         O.setup(_model(np.random.default_rng(0)), {"w": np.ones(2)})   # a model where the rule belongs
+
+
+def test_a_mixed_state_of_the_new_rules_is_saved_and_resumed(tmp_path):
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+
+    def made():
+        model = _model(rng)
+        return model, O.setup(lambda path, a: O.Rprop(0.01) if path[1] == 0 else O.AMSGrad(0.01), model)
+    model, state = made()
+    for _ in range(3):
+        grad, = fluxpy.gradient(lambda m: _loss(m, x, y), model)
+        O.update(state, model, grad)
+    path = str(tmp_path / "run.safetensors")
+    fluxpy.save_training(path, model, state, step=3)
+    model2, state2 = made()
+    assert fluxpy.load_training(path, model2, state2)["step"] == 3
+    for a, b in zip(O.Plan.leaves(state), O.Plan.leaves(state2)):
+        assert a.rule == b.rule and all(np.array_equal(u, v) for u, v in zip(a.state, b.state))
+
+
+def test_matches_torch():
+    """Where PyTorch is installed (the GPU machine): Rprop's steps equal torch.optim.Rprop's (eta inside the step
+    sizes), and the written-out Adam(amsgrad=True) above is PyTorch's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x, dxs = rng.standard_normal((3, 4)), gradients(rng, (3, 4), 12, 0.2)
+
+    def torch_steps(make):
+        p = torch.tensor(x.copy(), requires_grad=True)
+        opt = make([p])
+        for dx in dxs:
+            p.grad = torch.tensor(dx)
+            opt.step()
+        return p.detach().numpy()
+    want = torch_steps(lambda ps: torch.optim.Rprop(ps, lr=0.01, etas=(0.4, 1.3), step_sizes=(1e-4, 0.05)))
+    got, _ = run(O.Rprop(0.01, (0.4, 1.3), (1e-4, 0.05)), x, dxs)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    want = torch_steps(lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.8, 0.95), eps=1e-6, amsgrad=True))
+    np.testing.assert_allclose(amsgrad_torch(x, dxs, 0.01, (0.8, 0.95), 1e-6)[-1], want, rtol=1e-10, atol=1e-13)
