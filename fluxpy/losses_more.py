@@ -419,7 +419,8 @@ def ctc_loss(yhat: Array, y: Array, input_lengths=None, target_lengths=None, *, 
     return _aggregate(name, agg, reshape(losses, ()) if single else losses)
 
 
-def _as_ints(v, xp):
+def _as_ints(v):
+    """``v`` as an integer array (a list becomes a NumPy one), or None where it holds no integers."""
     v = value_of(v)
     if not is_array(v):
         v = np.asarray(v)
@@ -431,7 +432,7 @@ def _lengths(name, what, given, batch, most, letter, xp):
     None."""
     if given is None:
         return xp.full(batch, most, np.int64)
-    v = _as_ints(given, xp)
+    v = _as_ints(given)
     if v is None or tuple(v.shape) not in ((batch,),) + (((),) if batch == 1 else ()):
         raise ValueError(f"{name} expects {what}, {batch} integers (one per sequence), got {given!r}")
     if _values_checked(v) and v.size and (int(v.min()) < 0 or int(v.max()) > most):
@@ -442,7 +443,7 @@ def _lengths(name, what, given, batch, most, letter, xp):
 def _targets(name, y, target_lengths, batch, single, xp):
     """The targets as ``(batch, S)`` int64 on ``xp``'s device and their lengths; from padded rows, one sequence's
     labels, or the batch's labels concatenated (which needs ``target_lengths``)."""
-    v = _as_ints(y, xp)
+    v = _as_ints(y)
     if v is None or v.ndim not in (1, 2) or (single and v.ndim != 1):
         raise ValueError(f"{name} expects y, integer class indices of shape (N, S) or (S,) (or the targets "
                          f"concatenated), got {_describe('y', y) if hasattr(value_of(y), 'shape') else repr(y)}")
