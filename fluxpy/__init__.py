@@ -65,6 +65,8 @@ from .layers.tools import EMA, activations, checkpointed, destructure
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
+from .losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, margin_ranking_loss, nll_loss, smooth_l1_loss,
+                     triplet_margin_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
 from .ops import glu, hardshrink, softmin
@@ -80,6 +82,7 @@ from .profile import profile
 from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent, Lion,
                        Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay, WeightDecay, adjust,
                        freeze, setup, thaw, update)
+from .optimise import AMSGrad, Rprop
 from .optimise import clip_grad_norm
 from .random import seed
 from .step import CaptureWarning, TrainStep
@@ -124,10 +127,12 @@ __all__ = [
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
     "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss", "siamese_contrastive_loss", "label_smoothing",
+    "ctc_loss", "smooth_l1_loss", "nll_loss", "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss",
+    "gaussian_nll_loss",
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
-    "clip_grad_norm",
+    "clip_grad_norm", "AMSGrad", "Rprop",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
     "CaptureWarning",
     # applications: data sets and augmentation, the model zoo

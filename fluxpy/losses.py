@@ -6,7 +6,9 @@ the same shape, and reduces with ``agg`` (default: the mean; pass ``sum``, ``np.
 class axis of ``(batch, classes)``: they sum over classes, then ``agg`` runs over the rest
 (so the default is the mean over the batch, as Flux's). Targets may be one-hot arrays of any
 dtype; integer and boolean ones are cast to ``ŷ``'s dtype. :func:`logitcrossentropy` also takes
-integer class indices of shape ``ŷ.shape[:-1]`` (PyTorch's ``cross_entropy(logits, target)``).
+integer class indices of shape ``ŷ.shape[:-1]`` (PyTorch's ``cross_entropy(logits, target)``). ``ctc_loss`` and
+PyTorch's ``smooth_l1_loss``, ``nll_loss``, ``margin_ranking_loss``, ``triplet_margin_loss``, ``cosine_embedding_loss``
+and ``gaussian_nll_loss`` live in :mod:`fluxpy.losses_more` and are re-exported here.
 
 **Checks.** A wrong input is an error that names the loss, says what it expected and what it got.
 Shape checks are always on and cost nothing: ``ŷ`` and ``y`` of different shapes, an empty batch, a
@@ -63,11 +65,14 @@ from .ops.reduce import mean
 from .ops.reduce import sum as _sum
 from .ops.shape import reshape, transpose
 from .ops.softmax import logit_crossentropy_rows
+from .losses_more import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, margin_ranking_loss, nll_loss,
+                          smooth_l1_loss, triplet_margin_loss)
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
            "logitbinarycrossentropy", "kldivergence", "label_smoothing", "msle", "poisson_loss",
            "hinge_loss", "squared_hinge_loss", "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss",
-           "siamese_contrastive_loss", "xlogx", "xlogy"]
+           "siamese_contrastive_loss", "xlogx", "xlogy", "ctc_loss", "smooth_l1_loss", "nll_loss",
+           "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss", "gaussian_nll_loss"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,7 +142,8 @@ LAYERS = (
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)
     ("sequences",),                                             # padding and masks of variable-length sequences
-    ("layers", "losses", "optimise", "profile", "io", "data", "observations"),  # models, losses, optimisers, files, data
+    ("layers", "losses", "losses_more", "optimise", "profile", "io", "data", "observations"),  # models, losses,
+    #                                                                              optimisers, files, data
     ("step", "precision", "schedules", "models", "datasets", "distributed", "checkpoint", "torch_state",
      "from_torch"),  # above the layers and optimisers
     ("train",),
@@ -151,7 +152,7 @@ LAYERS = (
 """Bottom up: a part may import any part of a lower layer, and within its own layer only along SAME_LAYER."""
 
 SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops"), ("data", "observations"),
-              ("from_torch", "torch_state")}
+              ("from_torch", "torch_state"), ("losses", "losses_more")}
 """The edges allowed inside a layer (``(importer, imported)``)."""
 
 

@@ -15,7 +15,7 @@ from fluxpy.optimise import Adam, ClipGrad, Lion, OptimiserChain, adjust, setup,
 RULES = [optimise.Descent, optimise.Momentum, optimise.Nesterov, optimise.RMSProp, optimise.Adam, optimise.AdamW,
          optimise.WeightDecay, optimise.ClipGrad, optimise.ClipNorm, optimise.AdaGrad, optimise.AdaDelta,
          optimise.AdaMax, optimise.OAdam, optimise.NAdam, optimise.RAdam, optimise.AdaBelief, optimise.Lion,
-         optimise.SignDecay, optimise.AccumGrad]
+         optimise.SignDecay, optimise.AccumGrad, optimise.AMSGrad, optimise.Rprop]
 
 BAD = {   # field -> values every rule with that field refuses
     "eta": [-1e-3, math.nan, math.inf, True, "0.1", None],
@@ -28,6 +28,8 @@ BAD = {   # field -> values every rule with that field refuses
     "p": [0, -2, math.nan, True],
     "centred": [1, "yes"],
     "throw": [0, None],
+    "ell": [(0.5,), (0.0, 1.2), (0.5, 1.0), (1.2, 0.5), (0.5, math.inf), [0.5, 1.2]],
+    "gamma": [(1e-6,), (-1e-6, 50.0), (1.0, 0.5), (1e-6, math.inf), (math.nan, 1.0), [1e-6, 50.0]],
 }
 
 

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_public_names_are_the_rules_the_tree_and_plan():
     assert set(O.__all__) == {"Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay",
                               "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
-                              "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "Leaf", "setup",
-                              "update", "adjust", "freeze", "thaw", "Plan", "clip_grad_norm"}
+                              "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "AMSGrad", "Rprop",
+                              "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan", "clip_grad_norm"}
     for name in O.__all__:
         assert getattr(O, name).__doc__, name
 

@@ -44,7 +44,9 @@ RULES = [O.Descent(0.1), O.Momentum(0.05, 0.8), O.Nesterov(0.1, 0.7), O.RMSProp(
          O.OptimiserChain(O.SignDecay(0.1), O.Adam(0.01)),
          O.OptimiserChain(O.ClipNorm(1.0), O.WeightDecay(0.1), O.Adam(0.01)),
          O.OptimiserChain(O.ClipGrad(0.3), O.RAdam(0.1, (0.8, 0.9))),
-         O.OptimiserChain(O.AccumGrad(3), O.OAdam(0.01), O.WeightDecay(0.01))]
+         O.OptimiserChain(O.AccumGrad(3), O.OAdam(0.01), O.WeightDecay(0.01)), O.AMSGrad(0.01),
+         O.AMSGrad(0.1, (0.8, 0.9), 1e-6), O.Rprop(0.01), O.Rprop(0.1, (0.3, 1.5), (1e-3, 0.2)),
+         O.OptimiserChain(O.ClipGrad(0.5), O.Rprop(0.05)), O.OptimiserChain(O.AccumGrad(2), O.AMSGrad(0.01))]
 
 
 def test_every_exported_rule_has_a_formula_the_kernels_take():

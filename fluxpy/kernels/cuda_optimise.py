@@ -37,7 +37,7 @@ __all__ = ["c_code", "many_defines", "optimiser_step", "optimiser_step_supports"
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))   # what the per-parameter kernel takes
 _C_FUNCTIONS = {"sqrt": "sqrt", "abs": "fabs", "sign": "fx_sign", "maximum": "fx_max", "minimum": "fx_min",
-                "clip": "fx_clip"}
+                "clip": "fx_clip", "where": "fx_where"}
 _OPERATORS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Eq: "==", ast.NotEq: "!=",
               ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.And: "&&", ast.Or: "||"}
 

@@ -28,8 +28,8 @@ array([ 0.7, -1.7])
 """
 from .base import Rule
 from .clip import clip_grad_norm
-from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, ClipGrad, ClipNorm, Descent,
-                    Lion, Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, SignDecay,
+from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, AMSGrad, ClipGrad, ClipNorm,
+                    Descent, Lion, Momentum, NAdam, Nesterov, OAdam, OptimiserChain, RAdam, RMSProp, Rprop, SignDecay,
                     WeightDecay)
 from .update import Leaf, Plan, adjust, freeze, setup, thaw, update
 from .update import _leaves, _state_arrays   # noqa: F401  (tests and tools that walk a state tree)
@@ -38,5 +38,5 @@ _finite_total, _read_finite = Plan.finite_total, Plan.is_finite   # the names ol
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
            "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
-           "Lion", "SignDecay", "AccumGrad", "Leaf", "setup", "update", "adjust", "freeze", "thaw", "Plan",
-           "clip_grad_norm"]
+           "Lion", "SignDecay", "AccumGrad", "AMSGrad", "Rprop", "Leaf", "setup", "update", "adjust", "freeze",
+           "thaw", "Plan", "clip_grad_norm"]

@@ -17,8 +17,9 @@ three paths run the same operations in the same order:
   ``step`` (``x -= step`` follows); an item ``("if", condition)`` on numbers ends the step there unless it holds
   (AccumGrad between its updates: no step, the remaining statements skipped).
 
-Functions: ``sqrt``, ``abs``, ``sign``, ``maximum``, ``minimum``, ``clip`` (NumPy's, NaN-propagating), and
-``a if c else b`` with ``c`` a number.
+Functions: ``sqrt``, ``abs``, ``sign``, ``maximum``, ``minimum``, ``clip`` (NumPy's, NaN-propagating),
+``where(c, a, b)`` with ``c`` an elementwise comparison (Rprop's per-element cases), and ``a if c else b`` with ``c``
+a number.
 
 >>> import numpy as np
 >>> f = Formula(state=("v",), body=(("v", "v * rho"), ("v", "v + eta * dx"), ("step", "v")))
@@ -100,7 +101,7 @@ def evaluate(formula: Formula, hyper: dict, arrays: list, counters: tuple, x: Ar
     xp = get_array_module(x)
     cast = x.dtype.type
     space = {"sqrt": xp.sqrt, "abs": xp.abs, "sign": xp.sign, "maximum": xp.maximum, "minimum": xp.minimum,
-             "clip": xp.clip}
+             "clip": xp.clip, "where": xp.where}
     space.update((k, cast(v)) for k, v in numbers(formula, hyper, counters).items())
     space.update(zip(formula.state, arrays))
     space.update(inputs or {})
@@ -173,7 +174,7 @@ def rename(formula: Formula, prefix: str, dx: str) -> Formula:
                    init=tuple((prefix + n, text(e)) for n, e in formula.init))
 
 
-_FUNCTIONS = ("sqrt", "abs", "sign", "maximum", "minimum", "clip")
+_FUNCTIONS = ("sqrt", "abs", "sign", "maximum", "minimum", "clip", "where")
 
 
 def chain(formulas: list) -> Formula:

@@ -29,7 +29,7 @@ from .formula import Formula, chain, parse
 
 __all__ = ["Rule", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "WeightDecay", "ClipGrad",
            "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam", "RAdam", "OAdam", "AdaBelief",
-           "Lion", "SignDecay", "AccumGrad"]
+           "Lion", "SignDecay", "AccumGrad", "AMSGrad", "Rprop"]
 
 
 # Adam's moments and beta^t, shared by the Adam family's formulas (each writes the rest of its step)
@@ -596,3 +596,85 @@ class AccumGrad(Rule):
             step = acc""")
 
 
+@dataclasses.dataclass(frozen=True)
+class AMSGrad(Rule):
+    """AMSGrad (Optimisers.jl's): Adam whose denominator never shrinks, ``m = b1 m + (1 - b1) dx``,
+    ``v = b2 v + (1 - b2) dx^2``, ``vhat = max(vhat, v)``, ``step = eta m / (sqrt(vhat) + eps)``, with ``m``, ``v``
+    and ``vhat`` starting at ``eps``.
+
+    PyTorch's ``Adam(lr=eta, betas=beta, eps=eps, amsgrad=True)`` differs: its moments start at zero and it corrects
+    their bias, ``step = eta / (1 - b1^t) m / (sqrt(vhat) / sqrt(1 - b2^t) + eps)`` (``vhat`` the running maximum
+    of the uncorrected ``v``): its first step is ``eta sign(dx)``, this rule's ``eta (1 - b1) / sqrt(1 - b2) sign(dx)``
+    (about ``3.16 eta`` with the default betas); the two tend to the same steps as ``b1^t`` and ``b2^t`` vanish.
+
+    >>> import numpy as np
+    >>> from fluxpy.optimise import setup, update
+    >>> w = np.zeros(1)
+    >>> _ = update(setup(AMSGrad(0.1), w), w, np.array([1.0]))
+    >>> w.round(4)   # -0.1 * (1 - 0.9) / sqrt(1 - 0.999), up to the eps that m and v start at
+    array([-0.3162])
+    """
+    eta: float = 0.001
+    beta: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    STATE = ("m", "v", "vhat")
+
+    def formula(self) -> Formula:
+        return parse(state=("m", "v", "vhat"), init="m = eps\nv = eps\nvhat = eps",
+                     scalars="c1 = 1 - beta1\nc2 = 1 - beta2", body=_MOMENTS + """
+            vhat = maximum(vhat, v)
+            step = eta * m / (sqrt(vhat) + eps)""")
+
+
+def _factors(v) -> bool:
+    return _pair_of(v) and 0 < v[0] < 1 < v[1]
+
+
+def _sizes(v) -> bool:
+    return _pair_of(v) and 0 <= v[0] <= v[1]
+
+
+def _pair_of(v) -> bool:
+    return isinstance(v, tuple) and len(v) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                                        and np.isfinite(b) for b in v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rprop(Rule):
+    """Rprop (Optimisers.jl's): a step size per entry, grown while the gradient keeps its sign and shrunk when it
+    flips; the step is that size times the sign of the gradient.
+
+    With ``p = prev dx``: ``step_size = min(step_size ell2, gamma2)`` where ``p > 0``, ``max(step_size ell1,
+    gamma1)`` where ``p < 0``, unchanged where ``p == 0``; ``prev = 0`` where ``p < 0`` (no step after a sign change,
+    and no change of size at the next), else ``dx``; ``step = step_size sign(prev)``. ``step_size`` starts at
+    ``eta`` and ``prev`` at zero. ``ell = (decrease, increase)`` with ``0 < ell1 < 1 < ell2``; ``gamma = (smallest,
+    largest)`` step size.
+
+    PyTorch's ``Rprop(lr=eta, etas=ell, step_sizes=gamma)`` takes the same steps while ``eta`` lies in ``gamma``
+    (it clamps every size into ``gamma``, so an ``eta`` outside is moved in at once); its default learning rate is
+    ``1e-2``, Optimisers.jl's ``1e-3``. A full-batch method: minibatch noise flips the signs.
+
+    >>> import numpy as np
+    >>> from fluxpy.optimise import setup, update
+    >>> w = np.zeros(2)
+    >>> st = setup(Rprop(0.1), w)
+    >>> for dx in ([3.0, -1.0], [1.0, 1.0]):
+    ...     st, w = update(st, w, np.array(dx))
+    >>> w.round(6)   # the first entry stepped 0.1 then 0.12; the second flipped, so it did not step again
+    array([-0.22,  0.1 ])
+    """
+    eta: float = 0.001
+    ell: tuple = (0.5, 1.2)
+    gamma: tuple = (1e-6, 50.0)
+    _LIMITS = {"ell": (_factors, "a tuple (decrease, increase) of numbers with 0 < decrease < 1 < increase"),
+               "gamma": (_sizes, "a tuple (smallest, largest) of finite step sizes with 0 <= smallest <= largest")}
+    STATE = ("prev", "step_size")
+
+    def formula(self) -> Formula:
+        return parse(state=("prev", "step_size"), init="step_size = eta", body="""
+            p = prev * dx
+            grown = minimum(step_size * ell2, gamma2)
+            shrunk = maximum(step_size * ell1, gamma1)
+            step_size = where(p > 0, grown, where(p < 0, shrunk, step_size))
+            prev = where(p < 0, 0, dx)
+            step = step_size * sign(prev)""")

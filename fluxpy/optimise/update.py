@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -101,7 +102,7 @@ def _node(model, items):
     return dict(items)
 
 
-def setup(rule: Rule, model: Any) -> Any:
+def setup(rule: Rule | Callable, model: Any) -> Any:
     """The optimiser state of ``model``: a tree like it with a :class:`Leaf` at each trainable float array.
 
     Only the children named ``trainable`` by a :func:`fluxpy.layer` class get leaves; an array
@@ -109,28 +110,52 @@ def setup(rule: Rule, model: Any) -> Any:
     train (after :func:`fluxpy.gpu`, :func:`fluxpy.f64`, ...): :func:`update` refuses a state whose
     arrays no longer fit the model's in shape, dtype or device.
 
+    Different rules for different parts of one model (Optimisers.jl's ``setup(f, model)``): pass a function
+    ``rule(path, x)`` instead of a rule; it is called once per trainable array with its path (a tuple of keys, as
+    ``("layers", 0, "weight")``) and the array, and returns that array's rule, or None to leave the array untrained
+    (a tied array takes the rule of its first path). The parts step in one :func:`update`, each by its own rule.
+
     >>> import numpy as np
-    >>> from fluxpy.optimise import Momentum
+    >>> from fluxpy.optimise import Adam, Momentum
     >>> setup(Momentum(), {"w": np.ones(2), "n": 3, "idx": np.arange(2)})
     {'w': Leaf(Momentum(eta=0.01, rho=0.9)), 'n': None, 'idx': None}
+    >>> setup(lambda path, x: Adam() if path[0] == "enc" else Momentum(), {"enc": np.ones(2), "dec": np.ones(2)})
+    {'enc': Leaf(Adam(eta=0.001, beta=(0.9, 0.999), eps=1e-08)), 'dec': Leaf(Momentum(eta=0.01, rho=0.9))}
     """
     if not isinstance(rule, Rule) and isinstance(model, Rule):
         raise TypeError(f"setup expects the rule first, then the model: setup({model!r}, model), got a "
                         f"{type(rule).__name__} first")
-    check_rule(rule, "setup")
+    choose = _rule_function(rule)
     leaves = {}
 
-    def walk(x):
+    def walk(x, path):
         kids = children(x)
         if kids is None:
             if not is_float_array(x):
                 return None
             if id(x) not in leaves:
-                leaves[id(x)] = Leaf(rule, rule.init(_master_like(x)))
+                chosen = choose(path, x)
+                leaves[id(x)] = None if chosen is None else Leaf(chosen, chosen.init(_master_like(x)))
             return leaves[id(x)]
         allowed = trainable_keys(x)
-        return _node(x, [(k, walk(v) if allowed is None or k in allowed else None) for k, v in kids])
-    return walk(model)
+        return _node(x, [(k, walk(v, path + (k,)) if allowed is None or k in allowed else None) for k, v in kids])
+    return walk(model, ())
+
+
+def _rule_function(rule):
+    """``setup``'s first argument as a function ``(path, x) -> rule or None``, the rules it gives checked."""
+    if isinstance(rule, Rule):
+        return lambda path, x: rule
+    if not callable(rule) or children(rule) is not None:   # a model (a callable tree) is not a function of paths
+        check_rule(rule, "setup")
+
+    def chosen(path, x):
+        r = rule(path, x)
+        if r is not None and not isinstance(r, Rule):
+            raise TypeError(f"setup: the function given for the rules returned {r!r} for {Plan.path(path)}; it should "
+                            "return an optimisation rule such as Adam(1e-3), or None to leave the array untrained")
+        return r
+    return chosen
 
 
 def _describe(x):

@@ -14,3 +14,6 @@ template <typename V> __device__ __forceinline__ V fx_clip(V x, V lo, V hi) {   
   const V low = isnan(x) ? x : (x > lo ? x : lo);
   return isnan(low) ? low : (low < hi ? low : hi);
 }
+template <typename V> __device__ __forceinline__ V fx_where(bool c, V a, V b) {   // numpy.where, per element
+  return c ? a : b;
+}
