@@ -100,12 +100,13 @@ def test_a_loss_scaled_overflow_is_skipped_and_the_step_after_it_run_again_eager
 
 def test_train_keeps_one_checked_step_per_model_while_nothing_it_captured_changed():
     import gc
+    import weakref
 
     import numpy as np
 
     from fluxpy.layers import Dense
     from fluxpy.optimise import Adam, setup
-    from fluxpy.train import _checked_step, _checked_steps
+    from fluxpy.train import _checked_step
 
     def loss(m, x):
         return (m(x) ** 2).sum()
@@ -123,6 +124,7 @@ def test_train_keeps_one_checked_step_per_model_while_nothing_it_captured_change
         _checked_step(loss, dict_model, setup(Adam(), dict_model), True)
     step = _checked_step(loss, model, opt, True)
     assert step.model is model
+    alive = weakref.ref(model)
     del model, step, first, again
     gc.collect()
-    assert len(_checked_steps) == 0                                      # the cache does not keep a model alive
+    assert alive() is None                                               # the cache does not keep a model alive
