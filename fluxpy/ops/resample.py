@@ -104,7 +104,9 @@ def upsample_nearest(x: Array, scale: int | tuple[int, ...] | None = 2, *,
     """
     _require_spatial("upsample_nearest", x, "(N, C, S1, ...)")
     out, ratios = _scale_or_size("upsample_nearest", scale, size, x, short=True)
-    if any(o % n for o, n in zip(out, x.shape[2:])):
+    # Repeating each value is PyTorch's map only where every axis steps by in/out exactly: an output size that
+    # is a multiple of the input's reached by that whole scale (2 * 1.3 floors to 2, yet output 1 reads input 0).
+    if any(o % n or r != n / o for o, n, r in zip(out, x.shape[2:], ratios)):
         if size is not None:
             raise ValueError(f"upsample_nearest expects an output size that is a multiple of the input's "
                              f"{tuple(x.shape[2:])} along each axis, got {out}")
