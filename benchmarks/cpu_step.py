@@ -1,14 +1,16 @@
-"""One CPU training step of the reference MNIST conv net: fluxpy against PyTorch, same machine, float32.
+"""One CPU training step: fluxpy against PyTorch, same machine, same process, float32.
 
-A step is forward, backward and an Adam update at batch 128 (``--batch``) on 28x28 images: the
-model-zoo net ``Conv(3x3, 1=>16, relu, pad 1), MaxPool 2, Conv(16=>32), MaxPool 2, Conv(32=>32),
-MaxPool 2, flatten, Dense(288=>10)`` with logitcrossentropy. Both frameworks start from the same
-weights (fluxpy's Conv is a true convolution, so PyTorch gets the flipped kernels) and the same
-batch; the first losses are printed as a check that both compute the same thing. Each step is
-timed separately after ``--warmup`` steps; the median of ``--repeat`` steps is reported, as a
-markdown table with the ratio fluxpy / PyTorch (the target is at most 2).
+A step is forward, backward and an Adam update of one of issue 42's networks (``--model``): the MNIST reference
+net (``reference``: ``Conv(3x3, 1=>16, relu, pad 1), MaxPool 2, Conv(16=>32), MaxPool 2, Conv(32=>32), MaxPool 2,
+flatten, Dense(288=>10)``) or ``lenet5`` at batch 128 on 28x28 images, ``resnet20`` (CIFAR, 3x32x32) at batch 32,
+or the ``lstm`` classifier (``lstm_classifier(32, 128)``, sequences of 100 steps) at batch 64, with
+logitcrossentropy. Both frameworks start from the same weights (``zoo.torch_twin``: fluxpy's Conv is a true
+convolution, so PyTorch gets the flipped kernels) and the same batch; the first losses are printed as a check that
+both compute the same thing. Each step is timed separately after ``--warmup`` steps; the median of ``--repeat``
+steps is reported, as a markdown table with the ratio fluxpy / PyTorch.
 
-Run: ``python benchmarks/cpu_step.py [--batch 128] [--repeat 30] [--threads N]``
+Run: ``python benchmarks/cpu_step.py [--model reference|lenet5|resnet20|lstm] [--batch N] [--repeat 30]
+[--threads N]``
 """
 from __future__ import annotations
 
@@ -27,7 +29,13 @@ import fluxpy  # noqa: E402
 from fluxpy.data import onehotbatch  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
 from fluxpy.optimise import Adam, setup, update  # noqa: E402
-from models import reference_net, torch_twin  # noqa: E402
+from fluxpy.models import lstm_classifier, resnet20  # noqa: E402
+from models import lenet5, reference_net  # noqa: E402
+
+# --model -> (builder, one example's shape, default batch)
+MODELS = {"reference": (reference_net, (1, 28, 28), 128), "lenet5": (lenet5, (1, 28, 28), 128),
+          "resnet20": (lambda rng: resnet20(rng=rng), (3, 32, 32), 32),
+          "lstm": (lambda rng: lstm_classifier(32, 128, rng=rng), (100, 32), 64)}
 
 
 def fluxpy_step(model, opt_state, x, y):
@@ -40,6 +48,7 @@ def fluxpy_step(model, opt_state, x, y):
 
 def torch_setup(torch, model):
     """The same network and weights in PyTorch, with its Adam."""
+    from zoo import torch_twin   # the zoo's twin covers every network here (and needs torch)
     net = torch_twin(torch, model)
     return net, torch.optim.Adam(net.parameters(), lr=1e-3)
 
@@ -65,17 +74,20 @@ def median_time(step, warmup, repeat):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--model", choices=sorted(MODELS), default="reference")
+    p.add_argument("--batch", type=int, default=None, help="default: 128, 32 for resnet20, 64 for lstm")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads (default: its own)")
     args = p.parse_args(argv)
+    build, shape, batch = MODELS[args.model]
+    args.batch = args.batch or batch
 
     rng = np.random.default_rng(0)
-    x = rng.random((args.batch, 1, 28, 28), dtype=np.float32)
+    x = rng.random((args.batch, *shape), dtype=np.float32)
     labels = rng.integers(0, 10, args.batch)
     y = onehotbatch(labels, range(10))
-    model = reference_net(rng)
+    model = build(rng)
 
     rows = []
     try:
@@ -98,7 +110,7 @@ def main(argv=None):
         rows.append((f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)", t_torch, best_torch))
         print(f"first-step loss: fluxpy {first_fluxpy:.6f}, PyTorch {first_torch:.6f}")
 
-    print(f"\nOne training step (forward + backward + Adam), reference conv net, batch {args.batch}, float32, CPU, "
+    print(f"\nOne training step (forward + backward + Adam), {args.model}, batch {args.batch}, float32, CPU, "
           f"median of {args.repeat} after {args.warmup} warm-up steps\n")
     print("| framework | median ms/step | best ms/step | images/s | ratio to PyTorch |")
     print("|---|---:|---:|---:|---:|")
