@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import get_array_module, is_array
+from .backend import get_array_module, is_array, to_cpu
 from .functors import children
 from .layers import (BatchNorm, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding, GroupNorm,
                      GRUCell, InstanceNorm, LayerNorm, LSTMCell, MultiHeadAttention, PReLU, RMSNorm, RNNCell)
@@ -293,11 +293,8 @@ def to_torch_state(model: Any, like: Mapping | None = None) -> dict:
         for pairs in modules:
             prefix, i = prefixes[i], i + 1
             for pair in pairs:
-                arrays = [_host_copy(_attribute(layer, a)) for a in pair.attrs]
+                arrays = [np.asarray(to_cpu(_attribute(layer, a))) for a in pair.attrs]
                 for name, value in zip(pair.names, pair.save(*arrays)):
                     out[f"{prefix}.{name}" if prefix else name] = np.ascontiguousarray(value)
     return out
 
-
-def _host_copy(array):
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)

@@ -433,33 +433,9 @@ def maxpool_argmax(x: np.ndarray, pdims: Any, y: np.ndarray | None = None) -> np
     return arg
 
 
-def _tiles(x, pdims):
-    """``x``'s windows as a view ``(N, C, P, R, Q, S)`` where they tile it (stride = kernel, no padding: each
-    element lies in one window at most); None otherwise."""
-    if pdims.adaptive or any(pdims.pad) or tuple(pdims.stride) != tuple(pdims.kernel):
-        return None
-    (r, s), (p, q) = pdims.kernel, pdims.out_hw
-    n, c = x.shape[:2]
-    return x[:, :, :p * r, :q * s].reshape(n, c, p, r, q, s)
-
-
-def _tiled_maxpool_backward(dy, x, y, tiles):
-    """:func:`maxpool_backward` where the windows tile ``x``: offset by offset, ``dy`` written (not added) where the
-    window's first maximum sits, into ``dx``'s own strided view (no padded copy, no scatter)."""
-    n, c, p, r, q, s = tiles.shape
-    dx = np.zeros(x.shape, dtype=np.result_type(dy.dtype, x.dtype))
-    target = dx[:, :, :p * r, :q * s].view()
-    target.shape = (n, c, p, r, q, s)      # splitting axes: always a view of dx
-    taken = None
-    for i, j in itertools.product(range(r), range(s)):   # row-major: an earlier tied maximum wins
-        hit = tiles[:, :, :, i, :, j] == y
-        if taken is None:
-            taken = hit.copy()
-        else:
-            np.greater(hit, taken, out=hit)          # hit and not taken
-            taken |= hit
-        np.multiply(hit, dy, out=target[:, :, :, i, :, j])
-    return dx
+def _disjoint(pdims):
+    """Whether no two windows share an entry (a stride at least the kernel along every axis, fixed windows)."""
+    return not pdims.adaptive and all(s >= k for s, k in zip(pdims.stride, pdims.kernel))
 
 
 def maxpool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -> np.ndarray:
@@ -473,15 +449,16 @@ def maxpool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -
     array([[0., 1.],
            [0., 0.]])
     """
-    tiles = _tiles(x, pdims)
-    if tiles is not None:
-        return _tiled_maxpool_backward(dy, x, y, tiles)
     dxp = np.zeros(x.shape[:2] + tuple(pdims.padded_hw), dtype=np.result_type(dy.dtype, x.dtype))
     if not _loops(pdims):
         np.add.at(dxp, _padded_positions(maxpool_argmax(x, pdims), pdims), dy)
     else:
+        disjoint = _disjoint(pdims)
         for index, hit in _first_maxima(x, y, pdims):
-            _scatter_add(dxp, index, dy * hit)
+            if disjoint:   # each entry lies in one window at most: written once, no read-modify-write pass
+                np.multiply(hit, dy, out=dxp[index])
+            else:
+                _scatter_add(dxp, index, dy * hit)
     return crop_input(dxp, pdims.pad)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..autodiff import Primitive, value_of
 from ..backend import Array, get_array_module
+from ..kernels.halfs import BFLOAT16
 from ..layout import keep_layout, keeping_layout
 from .shape import unbroadcast
 
@@ -157,6 +158,8 @@ def _where_impl(cond, a, b):
     except ValueError:
         raise ValueError(f"where: shapes {_shape(cond)}, {_shape(a)} and {_shape(b)} "
                          "cannot be broadcast together") from None
+    if y.dtype != np.float32 or not any(getattr(v, "dtype", None) == BFLOAT16 for v in (a, b)):
+        return y
     # CuPy's where has no bfloat16 loop and computes it in float32: the result is rounded back to NumPy's type
     want = np.result_type(*(v.dtype if hasattr(v, "dtype") else v for v in (a, b)))
     return y if y.dtype == want else y.astype(want)
