@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # the examples' sh
 
 import fluxpy  # noqa: E402
 from common import pick_device, plot_curves, to_device  # noqa: E402
-from fluxpy.data import DataLoader, onecold, onehotbatch  # noqa: E402
+from fluxpy.data import DataLoader, onehotbatch  # noqa: E402
 from fluxpy.layers import Chain, Dense, LayerNorm, TransformerEncoderLayer  # noqa: E402
 from fluxpy.models.vit import PatchEmbedding, token_mean  # noqa: E402
 from fluxpy.optimise import AdamW, adjust, setup  # noqa: E402
 from fluxpy.schedules import Cosine  # noqa: E402
-from mnist_conv import load_data  # noqa: E402
+from mnist_conv import accuracy, load_data  # noqa: E402
 
 
 def vit_mnist(width: int = 64, depth: int = 4, heads: int = 4, rng=None) -> Chain:
@@ -64,13 +64,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
-
-
-def accuracy(model, images, labels, device, batchsize=1000):
-    correct = 0
-    for x, y in DataLoader((images, labels), batchsize=batchsize, device=device):
-        correct += int((fluxpy.cpu(onecold(model(x))) == fluxpy.cpu(y)).sum())
-    return correct / len(labels)
 
 
 def main(argv=None):
