@@ -36,7 +36,11 @@ Modes (:data:`FLUXPY_MODES`, :data:`TORCH_MODES`):
   limit is recorded, not fatal. ``--compile off`` skips it (``--quick`` does).
 
 Every mode is built and warmed up (``--warmup`` steps; a fluxpy captured mode first runs its ``TrainStep`` warm-up
-and capture), then the modes' timed rounds take turns: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
+and capture), then the modes' timed rounds take turns. On the GPU each PyTorch mode runs in a process of its own
+(this script again, ``--modes`` naming it, the row handed back through a ``--json`` file), after the fluxpy modes of
+the case: PyTorch's two graph modes and its eager modes in one process stop at a device-side assert in ``nll_loss``
+(labels out of range) that none of them raises alone, and a process apiece also gives each mode its own caching
+allocator and cuDNN autotuning, as a user's run has. Within a process: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
 back, each round timed by wall clock from a synchronised start to a synchronised end; per-step time = round time /
 steps; reported: the median and the range (lowest-highest) over rounds, in us. A mode that raises while it is built
 or timed is recorded with its error's first line and left out of the rest of the case. ``--json`` is written after
@@ -58,8 +62,11 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -581,13 +588,19 @@ def time_limit(seconds: float, what: str):
 
 # ----------------------------------------------------------------------------------------------- a case
 
-def skipped_modes(sides: str, device: str, compile_mode: str) -> dict:
-    """``{mode: {"skipped": why}}`` of the modes this run leaves out on purpose.
+def skipped_modes(sides: str, device: str, compile_mode: str, only_modes: tuple[str, ...] = ()) -> dict:
+    """``{mode: {"skipped": why}}`` of the modes this run leaves out on purpose (``only_modes``: ``--modes``).
 
     >>> sorted(skipped_modes("fluxpy,torch", "gpu", "off"))
     ['torch compile']
+    >>> sorted(skipped_modes("fluxpy,torch", "gpu", "off", ("torch graph",))) == sorted(
+    ...     set(FLUXPY_MODES + TORCH_MODES) - {"torch graph"})
+    True
     """
     skipped = {}
+    if only_modes:
+        skipped.update({m: dict(skipped="not in --modes") for m in (*FLUXPY_MODES, *TORCH_MODES)
+                        if m not in only_modes})
     if "torch" not in sides:
         skipped.update({m: dict(skipped="--sides has no torch") for m in TORCH_MODES})
     elif device != "gpu":
@@ -628,15 +641,50 @@ def build_sides(torch, net, model, x, labels, a, modes: dict, firsts: dict) -> d
     return sides
 
 
+def torch_modes_apart(name: str, batch: int, a, modes: dict, firsts: dict) -> None:
+    """Run each PyTorch mode of the case not yet in ``modes`` in a process of its own (this script, ``--modes``
+    naming it) and record its stats, or its error, in ``modes`` and its first loss in ``firsts``."""
+    for mode in TORCH_MODES:
+        if mode in modes:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "row.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--only", f"{name}:{batch}", "--modes", mode,
+                   "--steps", str(a.steps), "--rounds", str(a.rounds), "--warmup", str(a.warmup),
+                   "--compile", a.compile, "--compile-timeout", str(a.compile_timeout), "--device", a.device,
+                   "--json", str(out)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(),
+                                      timeout=a.compile_timeout + 600)
+                rows = json.loads(out.read_text()) if out.exists() else []
+            except subprocess.TimeoutExpired:
+                modes[mode] = dict(error=f"TimeoutExpired: its process ran past {a.compile_timeout + 600:g} s")
+                continue
+        if rows:
+            modes[mode] = rows[0]["modes"][mode]
+            firsts.update({k: v for k, v in rows[0]["first_losses"].items() if k == mode})
+        else:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            modes[mode] = dict(error=f"its process exited with {done.returncode}: {tail}")
+
+
 def run_case(torch, name: str, batch: int, a) -> dict:
     net, model, x, labels = make_case(name, batch)
     reset_case(torch, a.device)
-    modes = skipped_modes(a.sides, a.device, a.compile)
+    modes = skipped_modes(a.sides, a.device, a.compile, a.modes)
+    apart = a.device == "gpu" and not a.modes   # the case's own process: PyTorch's modes each in a child
+    if apart:
+        pending = {m: dict(skipped="apart") for m in TORCH_MODES if m not in modes}
+        modes.update(pending)
     firsts = {}
     sides = build_sides(torch, net, model, x, labels, a, modes, firsts)
     times, errors = timed_modes(sides, a.steps, a.rounds, a.warmup)
     modes.update({k: dict(error=e) for k, e in errors.items()})
     modes.update({k: mode_stats(t) for k, t in times.items()})
+    if apart:
+        for m in pending:
+            del modes[m]
+        torch_modes_apart(name, batch, a, modes, firsts)
     row = dict(benchmark="zoo", model=name, batch=batch, optimiser=net.optimiser, device=a.device,
                modes={m: modes[m] for m in (*FLUXPY_MODES, *TORCH_MODES) if m in modes},
                first_losses=firsts, **{"torch half": net.half})
@@ -655,11 +703,17 @@ def main(argv=None):
     p.add_argument("--compile-timeout", type=float, default=180.0, help="seconds for a compile and its first steps")
     p.add_argument("--sides", default="fluxpy,torch", help="fluxpy, torch or both")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    p.add_argument("--modes", default="", help="comma-separated modes to run (the rest skipped): " +
+                   ", ".join((*FLUXPY_MODES, *TORCH_MODES)))
     p.add_argument("--smoke", action="store_true", help="batch 2 on the CPU, one step a round")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.rounds < 3:
         p.error("--rounds must be 3 or more (the median and range over rounds)")
+    a.modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
+    unknown = [m for m in a.modes if m not in (*FLUXPY_MODES, *TORCH_MODES)]
+    if unknown:
+        p.error(f"--modes: unknown {unknown}; the modes are {', '.join((*FLUXPY_MODES, *TORCH_MODES))}")
     cases = select_cases(a.only)
     if a.smoke:
         a.device, a.steps, a.rounds, a.warmup, a.compile = "cpu", 1, 3, 1, "off"

@@ -192,6 +192,32 @@ def test_smoke_runs_the_fluxpy_modes_on_the_cpu(tmp_path, capsys):
     assert "| mnist | 2 |" in capsys.readouterr().out
 
 
+def _apart_args(**kw):
+    import argparse
+    return argparse.Namespace(**dict(steps=1, rounds=3, warmup=1, compile="off", compile_timeout=60.0, device="cpu",
+                                     modes=()) | kw)
+
+
+def test_a_mode_whose_own_process_fails_is_recorded_with_that_process_s_last_words():
+    modes, firsts = zoo.skipped_modes("fluxpy,torch", "cpu", "off"), {}
+    zoo.torch_modes_apart("mnist", 2, _apart_args(rounds=2), modes, firsts)   # the child refuses 2 rounds
+    for mode in ("torch eager", "torch autocast"):
+        assert modes[mode]["error"].startswith("its process exited with 2: ")
+        assert "--rounds must be 3 or more" in modes[mode]["error"]
+    assert modes["torch graph"] == dict(skipped="needs CUDA") and firsts == {}
+
+
+def test_each_torch_mode_apart_gives_what_it_gives_in_this_process():
+    torch = pytest.importorskip("torch")
+    modes, firsts = zoo.skipped_modes("fluxpy,torch", "cpu", "off"), {}
+    zoo.torch_modes_apart("mnist", 2, _apart_args(), modes, firsts)
+    net, model, x, labels = zoo.make_case("mnist", 2)
+    for mode in ("torch eager", "torch autocast"):
+        assert len(modes[mode]["rounds_us"]) == 3
+        _, first = zoo.torch_side(torch, net, model, x, labels, mode, "cpu")
+        assert firsts[mode] == pytest.approx(first, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", list(zoo.NETS))
 def test_the_torch_twins_start_from_fluxpy_s_loss(name):
     torch = pytest.importorskip("torch")

@@ -30,11 +30,22 @@ def _shape(x):
     return tuple(getattr(x, "shape", ()))
 
 
+def _number_with_bfloat16(a, b):
+    """True where one operand is a Python number and the other a bfloat16 array."""
+    return ((isinstance(a, (int, float)) and getattr(b, "dtype", None) == BFLOAT16) or
+            (isinstance(b, (int, float)) and getattr(a, "dtype", None) == BFLOAT16))
+
+
 def _checked(name, fn):
-    """``fn`` with NumPy's broadcasting error re-raised naming the op and both shapes."""
+    """``fn`` with NumPy's broadcasting error re-raised naming the op and both shapes, and NumPy's dtype where a
+    Python number meets a bfloat16 array: CuPy, which has no weak-number rule for ml_dtypes' bfloat16, computes
+    ``bfloat16 + 1e-7`` in float32 and returns float32 (NumPy keeps bfloat16), which the next layer refuses."""
     def impl(a, b):
         try:
-            return fn(a, b)
+            y = fn(a, b)
+            if getattr(y, "dtype", None) == np.float32 and _number_with_bfloat16(a, b):
+                return y.astype(BFLOAT16)
+            return y
         except TypeError:
             get_array_module(a, b)  # NumPy with CuPy: raises an error naming both
             raise

@@ -131,3 +131,26 @@ def test_bias_act_backward_from_the_output_in_half(dtype, kind):
         # db sums 150 products in float32 (from the rounded dz, or from dy and y in one pass) and rounds once
         np.testing.assert_allclose(_host(db).astype(np.float32), _host(wb), rtol=2 * ULP[dtype],
                                    atol=2 * ULP[dtype] * float(abs(_host(wb)).max()))
+
+
+@pytest.mark.parametrize("number_first", [False, True])
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"])
+def test_a_python_number_with_a_bfloat16_array_stays_bfloat16_as_numpy_keeps_it(op, number_first):
+    from fluxpy.ops import basic
+    rng = np.random.default_rng(5)
+    x = (np.abs(rng.standard_normal((3, 5))) + 0.5).astype(BFLOAT16)
+    number = 1.2e-7 if op in ("add", "subtract") else 3 if op == "power" else 1.7
+    args = (number, x) if number_first else (x, number)
+    expected = getattr(basic, op)(*args)                     # NumPy with ml_dtypes: bfloat16
+    got = getattr(basic, op)(*[fluxpy.gpu(a) if isinstance(a, np.ndarray) else a for a in args])
+    assert expected.dtype == BFLOAT16 and got.dtype == BFLOAT16
+    np.testing.assert_allclose(fluxpy.cpu(got).astype(np.float32), expected.astype(np.float32),
+                               rtol=ULP[BFLOAT16])
+
+
+def test_weight_norm_under_bfloat16_hands_the_layer_a_bfloat16_weight():
+    from fluxpy.layers import Conv, WeightNorm
+    wn = fluxpy.mixed_precision(fluxpy.gpu(WeightNorm(Conv((3, 3), 2, 3, pad=1, rng=0))), "bfloat16")
+    x = fluxpy.gpu(np.random.default_rng(1).standard_normal((2, 2, 5, 5)).astype(np.float32))
+    y = wn(x)
+    assert y.dtype == np.float32 and bool(fluxpy.cpu((y == y).all()))   # the wrapper hands back float32
