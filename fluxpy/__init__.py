@@ -85,6 +85,8 @@ from .optimise import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, Ad
 from .optimise import AMSGrad, Rprop
 from .optimise import clip_grad_norm
 from .random import seed
+from .journal import StepOutOfMemory
+from .mutation import ChangedInPlaceError
 from .step import CaptureWarning, TrainStep
 from .train import TrainingDiverged, train
 
@@ -95,6 +97,7 @@ __all__ = [
     "gradient", "withgradient", "pullback", "jacobian", "hessian", "primitive", "Primitive", "Tracked", "no_grad",
     "stop_gradient",
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
+    "ChangedInPlaceError",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
     "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
@@ -134,7 +137,7 @@ __all__ = [
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
     "clip_grad_norm", "AMSGrad", "Rprop",
     "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
-    "CaptureWarning",
+    "CaptureWarning", "StepOutOfMemory",
     # applications: data sets and augmentation, the model zoo
     "datasets", "models",
     # precision

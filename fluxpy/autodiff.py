@@ -35,6 +35,9 @@ from .backend import Array, get_array_module, is_array, is_float_array, is_float
 from .backward import SliceCotangent, backprop
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
+from .mutation import start as _start_watch
+from .mutation import stop as _stop_watch
+from .mutation import watching as _watching
 
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
@@ -364,6 +367,7 @@ class Primitive:
     def _record(self, top, args, kw):
         vals = []
         parents = []
+        watch = _watching.get(top)
         for a in args:
             if type(a) is Tracked and a.level == top:
                 vals.append(a.value)
@@ -371,6 +375,10 @@ class Primitive:
             else:
                 vals.append(a)
                 parents.append(None)
+                if watch is not None:
+                    watch.add(a, f"an array `{self.name}` read")
+        if watch is not None and kw:
+            watch.add(list(kw.values()), f"an array `{self.name}` read")
         if self.needs_mask:
             y, back = self.rule(tuple(p is not None for p in parents), *vals, **kw)
         else:
@@ -446,8 +454,8 @@ class _Boxes:
     model are hyperparameters, and boxing them as float64 arrays would change dtypes.
     """
 
-    def __init__(self, level, who="gradient"):
-        self.level, self.who = level, who
+    def __init__(self, level, who="gradient", watch=None):
+        self.level, self.who, self.watch = level, who, watch
         self.by_leaf = {}  # id(original leaf) -> (original, box)
         self.cache = {}
 
@@ -471,6 +479,8 @@ class _Boxes:
         key = id(x)
         if key not in self.by_leaf:
             self.by_leaf[key] = (x, Tracked(v, self.level))
+            if self.watch is not None:
+                self.watch.add(v, "an array among the function's arguments")
         return self.by_leaf[key][1]
 
     def grad_of(self, x, leaf_grads):
@@ -491,8 +501,8 @@ class _Boxes:
         return g
 
 
-def _box_args(args, level, who="gradient"):
-    boxes = _Boxes(level, who)
+def _box_args(args, level, who="gradient", watch=None):
+    boxes = _Boxes(level, who, watch)
     return tuple(boxes.box_argument(a) for a in args), boxes
 
 
@@ -578,11 +588,15 @@ def _plain(tree):
 
 def _withgradient_now(f, args, who, fname, aux=False):
     level = next(_levels)
-    boxed, boxes = _box_args(args, level, who)
+    watch = _start_watch(level)
+    boxed, boxes = _box_args(args, level, who, watch)
     try:
         y = _call_recording(f, boxed)
     finally:
         hooks = _gradient_hooks.pop(level, None)
+        _stop_watch(level)
+    if watch is not None:
+        watch.check(who)
     extra = None
     if aux and type(y) is tuple:
         if not y:
@@ -664,11 +678,13 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
     (array([2., 6.]),)
     """
     level = next(_levels)
-    boxed, boxes = _box_args(args, level, "pullback")
+    watch = _start_watch(level)
+    boxed, boxes = _box_args(args, level, "pullback", watch)
     try:
         y = _call_recording(f, boxed)
     finally:
         hooks = _gradient_hooks.pop(level, None)
+        _stop_watch(level)
     tracked = type(y) is Tracked and y.level == level
     value = y.value if tracked else y
     if not tracked:
@@ -681,6 +697,8 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
                              f"got {tuple(getattr(dy, 'shape', ()))}")
         if not tracked:
             return tuple(fmapstructure(lambda leaf: None, a) for a in args)
+        if watch is not None:
+            watch.check("pullback's back")
         fresh = {k: (node, list(fns)) for k, (node, fns) in hooks.items()} if hooks else None
         return _shape_grads(args, boxes, backprop(y.node, dy, release=False, hooks=fresh, wrap=_pullback_hook))
     return value, back

@@ -105,6 +105,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "cache_dir": _folder,
     "index_checks": _one_of("wait", "deferred"),
     "value_checks": _one_of("auto", True, False),
+    "mutation_checks": _one_of("auto", True, False),
     "cudnn_library": _library,
     "cublas_library": _library,
 }
@@ -146,6 +147,7 @@ def _defaults(environ: Mapping[str, str]) -> dict:
         "cache_dir": _cache_dir(environ),
         "index_checks": "deferred",
         "value_checks": _value_checks(environ),
+        "mutation_checks": "auto",
         "cudnn_library": environ.get("FLUXPY_CUDNN_LIBRARY") or None,
         "cublas_library": environ.get("FLUXPY_CUBLAS_LIBRARY") or None,
     }
@@ -194,6 +196,9 @@ class Options:
     - ``value_checks`` (``"auto"``; ``$FLUXPY_CHECKS``: ``1``, ``0`` or ``auto``): when the losses read their inputs'
       values to check them. ``"auto"``: NumPy arrays only (no host sync on the GPU); True: every device (a sync per
       check, for debugging); False: never. Shape checks are always on.
+    - ``mutation_checks`` (``"auto"``): whether a gradient refuses an array changed in place between the forward
+      pass that read it and the backward pass (:mod:`fluxpy.mutation`). ``"auto"``: NumPy arrays; True: CuPy
+      arrays too, in eager steps (a reduction and a host read per array, for debugging); False: never.
     - ``cudnn_library`` (``$FLUXPY_CUDNN_LIBRARY``, else None): the ``libcudnn.so.9`` to load instead of the
       ``nvidia-cudnn-cu13`` wheel's or the system's; read when cuDNN is first loaded.
     - ``cublas_library`` (``$FLUXPY_CUBLAS_LIBRARY``, else None): the libcublas to load where CuPy has loaded none
@@ -209,8 +214,8 @@ class Options:
     Traceback (most recent call last):
     ...
     AttributeError: fluxpy.options: no option 'no_such_option'; expected one of allow_tf32, autotune, \
-cache_dir, cublas_library, cudnn_library, deterministic, disk_cache, index_checks, search_budget_ms, \
-value_checks, workspace_limit
+cache_dir, cublas_library, cudnn_library, deterministic, disk_cache, index_checks, mutation_checks, \
+search_budget_ms, value_checks, workspace_limit
     """
 
     # The values live in the instance's __dict__, so reading one is a plain attribute lookup (kernels read them

@@ -30,6 +30,7 @@ from .autodiff import withgradient
 from .backend import (CapturedGraph, ScalarsRead, capture_graph, copy_into, get_array_module, gpu_device,
                       start_reading_scalars)
 from .capturing import guarding, recording
+from .journal import undone_on_out_of_memory
 from .optimise import Plan, update
 
 __all__ = ["TrainStep", "CaptureWarning", "CheckedStep", "Flight"]
@@ -119,7 +120,8 @@ class TrainStep:
     # -- the step itself, eager and as the captured function -----------------------------------------
 
     def _eager(self, batch):
-        value, (grad,) = withgradient(lambda m: self.loss(m, *batch), self.model)
+        who = "TrainStep (a step of batch " + ", ".join(str(tuple(getattr(b, "shape", ()))) for b in batch) + ")"
+        value, (grad,) = undone_on_out_of_memory(who, withgradient, lambda m: self.loss(m, *batch), self.model)
         update(self.opt_state, self.model, grad)
         return value
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .autodiff import withgradient_detailed, value_of
+from .journal import undone_on_out_of_memory
 from .backend import get_array_module, is_float_dtype, read_scalars
 from .checkpoint import load_training, save_training
 from .collector import frozen_while_training
@@ -322,7 +323,9 @@ class _Lagged:
 def _step(loss, model, args, opt_state, epoch, batch, check_finite, max_loss_ratio, first):
     """One checked training step; returns the loss. Raises, with the model untouched, when anything is wrong."""
     where = f"epoch {epoch}, batch {batch}"
-    value, (grad,), detached = withgradient_detailed(lambda m: loss(m, *args), (model,), f"train ({where})", "the loss")
+    value, (grad,), detached = undone_on_out_of_memory(f"train ({where})", withgradient_detailed,
+                                                       lambda m: loss(m, *args), (model,), f"train ({where})",
+                                                       "the loss")
     plan = Plan(opt_state, model, grad, "train")
     if not len(plan):
         why = detached or ("its gradient reaches no trainable array (only constants, or arrays that the model's "

@@ -136,8 +136,10 @@ PACKAGES = ("kernels", "ops", "layers", "optimise", "distributed", "datasets", "
 LAYERS = (
     ("options", "backend"),                                     # settings; array modules and device moves
     ("layout", "capturing", "collector"),                       # memory layout; what a capture needs; the GC
+    ("mutation",),                                              # the fingerprints of arrays a tape read
     ("functors",),                                              # model trees
-    ("backward", "autodiff", "dual"),                           # the tape, its backward walk, dual numbers
+    ("backward", "autodiff", "dual", "journal"),                # the tape, its backward walk, dual numbers; a
+    #                                                             step's undo journal
     ("kernels",),                                               # the kernel table and every device's kernels
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)

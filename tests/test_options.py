@@ -10,12 +10,12 @@ import fluxpy
 from fluxpy.options import Options, options
 
 NAMES = ["allow_tf32", "autotune", "cache_dir", "cublas_library", "cudnn_library", "deterministic", "disk_cache",
-         "index_checks", "search_budget_ms", "value_checks", "workspace_limit"]
+         "index_checks", "mutation_checks", "search_budget_ms", "value_checks", "workspace_limit"]
 
 # One value each option takes, other than its default (a cache_dir and library paths that need not exist).
 OTHER = {"allow_tf32": True, "deterministic": True, "workspace_limit": 1 << 20, "autotune": 0, "search_budget_ms": 0.0,
          "disk_cache": False, "cache_dir": "/tmp/fluxpy-test-options", "index_checks": "wait",
-         "value_checks": True, "cudnn_library": "/opt/no/libcudnn.so.9", "cublas_library": "/opt/no/libcublas.so"}
+         "value_checks": True, "mutation_checks": False, "cudnn_library": "/opt/no/libcudnn.so.9", "cublas_library": "/opt/no/libcublas.so"}
 
 # Values each option refuses, and the words of what it expects.
 BAD = {"allow_tf32": ([1, "yes", None], "True or False"),
@@ -27,6 +27,7 @@ BAD = {"allow_tf32": ([1, "yes", None], "True or False"),
        "cache_dir": (["", None, 3], "a folder"),
        "index_checks": (["Deferred", "later", True, None], "'wait' or 'deferred'"),
        "value_checks": (["yes", 1, 0.5, None], "'auto', True or False"),
+       "mutation_checks": (["on", 0, None], "'auto', True or False"),
        "cudnn_library": (["", 9], "a library path"),
        "cublas_library": (["", b"x"], "a library path")}
 

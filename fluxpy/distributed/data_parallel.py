@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import in_gradient, is_tracked, register_gradient_hook, value_of
+from ..journal import changing
 from ..backend import get_array_module, gpu_device, is_array, is_float_dtype
 from ..functors import trainable_keys, children, layer
 from .buckets import bucket_plan
@@ -230,10 +231,11 @@ def broadcast_arrays(model: Any, group: ProcessGroup, buffers_only: bool = False
     if not arrays:
         return
     staged = [x if x.flags.c_contiguous else get_array_module(x).ascontiguousarray(x) for x in arrays]
-    group.broadcast_many(staged, 0)
-    for x, tmp in zip(arrays, staged):
-        if tmp is not x:   # a channels-last array went through a contiguous copy
-            x[...] = tmp
+    with changing(*arrays):   # inside a training forward pass: the step's journal and the mutation check know
+        group.broadcast_many(staged, 0)
+        for x, tmp in zip(arrays, staged):
+            if tmp is not x:   # a channels-last array went through a contiguous copy
+                x[...] = tmp
 
 
 def _check_device(model, group):

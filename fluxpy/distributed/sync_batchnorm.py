@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..autodiff import Primitive, no_grad, value_of
+from ..journal import changing
 from ..backend import get_array_module
 from ..functors import children, layer
 from ..layers import BatchNorm
@@ -104,8 +105,9 @@ class SyncBatchNorm(BatchNorm):
             with no_grad():
                 m, nv = self.momentum, value_of(n)
                 rm, rv = value_of(self.running_mean), value_of(self.running_var)
-                rm[...] = (1 - m) * rm + m * value_of(mean)
-                rv[...] = (1 - m) * rv + m * value_of(var) * nv / (nv - 1)
+                with changing(rm, rv):
+                    rm[...] = (1 - m) * rm + m * value_of(mean)
+                    rv[...] = (1 - m) * rv + m * value_of(var) * nv / (nv - 1)
         return bias_act(y, None, self.act)
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ from ..ops.bias_act import bias_act
 from ..ops.dropout import alpha_dropout, dropout
 from ..ops.basic import sqrt
 from ..kernels.halfs import is_half
+from ..journal import changing
 from ..ops.batchnorm import batchnorm
 from ..ops.bias_act import why_not_fused
 from ..ops.reduce import mean
@@ -432,10 +433,11 @@ class InstanceNorm:
         v = value_of(x).astype(running_mean.dtype, copy=False)
         axes = tuple(range(2, v.ndim))
         m = math.prod(v.shape[2:])
-        running_mean *= 1 - self.momentum
-        running_mean += self.momentum * v.mean(axis=axes).mean(axis=0)
-        running_var *= 1 - self.momentum
-        running_var += (self.momentum * m / (m - 1)) * v.var(axis=axes).mean(axis=0)
+        with changing(running_mean, running_var):
+            running_mean *= 1 - self.momentum
+            running_mean += self.momentum * v.mean(axis=axes).mean(axis=0)
+            running_var *= 1 - self.momentum
+            running_var += (self.momentum * m / (m - 1)) * v.var(axis=axes).mean(axis=0)
 
     def __repr__(self):
         opts = [f", eps={self.eps}" if self.eps != 1e-5 else "",

@@ -15,7 +15,8 @@ import numpy as np
 from ..autodiff import value_of
 from ..backend import Array, get_array_module, is_float_dtype
 from ..functors import layer, rebuild
-from ..ops.basic import sqrt
+from ..journal import changing
+from ..ops.basic import add, sqrt
 from ..ops.linalg import matmul
 from ..ops.reduce import sum as sum_
 from ..ops.shape import reshape, transpose
@@ -75,7 +76,8 @@ class WeightNorm:
     def weight(self) -> Array:
         """The reparametrised weight, ``g * v / sqrt(sum(v**2, dims) + eps)``."""
         v = getattr(self.layer, self.which)
-        return v * (self.g / sqrt(sum_(v * v, axis=self.dims, keepdims=True) + self.eps))
+        # add, not +: on plain CuPy bfloat16 arrays + would give float32 (fluxpy.ops.basic keeps NumPy's type)
+        return v * (self.g / sqrt(add(sum_(v * v, axis=self.dims, keepdims=True), self.eps)))
 
     def __call__(self, *args: Any) -> Any:
         return rebuild(self.layer, [(self.which, self.weight())])(*args)
@@ -147,14 +149,17 @@ class SpectralNorm:
         u, v = value_of(self.u), value_of(self.v)
         mat = self._matrix(value_of(w))
         mat = mat if mat.dtype == u.dtype else mat.astype(u.dtype)   # a half weight under mixed precision
-        for _ in range(n):   # 2-D products only: the GPU's capturable gemm takes them
-            v[...] = _normalised(matmul(u.reshape(1, -1), mat).reshape(-1), self.eps)
-            u[...] = _normalised(matmul(mat, v.reshape(-1, 1)).reshape(-1), self.eps)
+        with changing(u, v):
+            for _ in range(n):   # 2-D products only: the GPU's capturable gemm takes them
+                v[...] = _normalised(matmul(u.reshape(1, -1), mat).reshape(-1), self.eps)
+                u[...] = _normalised(matmul(mat, v.reshape(-1, 1)).reshape(-1), self.eps)
 
     def weight(self) -> Array:
         """The weight divided by ``sigma = u . (W v)`` (``u`` and ``v`` as they are: no iteration)."""
         w = getattr(self.layer, self.which)
-        u, v = (a if a.dtype == w.dtype else a.astype(w.dtype) for a in (value_of(self.u), value_of(self.v)))
+        # copies: a later call's power iteration writes u and v in place while this call's pullbacks still need
+        # them (PyTorch's parametrisation clones them too)
+        u, v = (a.astype(w.dtype, copy=True) for a in (value_of(self.u), value_of(self.v)))
         sigma = sum_(matmul(self._matrix(w), v.reshape(-1, 1)) * u.reshape(-1, 1))
         return w / sigma
 

@@ -48,6 +48,7 @@ from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find
 from ..kernels.halfs import is_half
+from ..journal import changing
 from .activations import identity
 from .basic import sqrt
 from .bias_act import _times, derivative_from_saved
@@ -257,4 +258,5 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
         raise ValueError(f"batchnorm expects momentum to be a number in [0, 1], got {momentum!r}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batchnorm expects both running_mean and running_var, or neither")
-    return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+    with changing(value_of(running_mean), value_of(running_var)):   # the running statistics, in place
+        return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act)

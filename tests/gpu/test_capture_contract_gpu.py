@@ -96,3 +96,25 @@ def test_a_float16_step_is_captured_after_warm_up_steps_that_overflowed():
     assert np.all(np.isfinite(losses))
     after = [np.asarray(fluxpy.cpu(p)) for p in trainables(model)]
     assert all(np.array_equal(a, b) for a, b in zip(after, before)), "an overflowing step changed the weights"
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_layer_runs_its_inference_forward_in_half_precision_as_on_the_cpu(name, precision):
+    """Outside a gradient (test mode) a layer computes on plain arrays, where CuPy's own operators apply (a Python
+    number with a bfloat16 CuPy array gives float32): every case's forward under ``mixed_precision`` runs on the GPU
+    and agrees with the CPU's (NumPy keeps the half type)."""
+    case = CASES[name]
+    model, x, _, _ = case.make(seed=5)
+    model = fluxpy.testmode(model)
+    on_cpu = _outputs(mixed_precision(copy.deepcopy(model), precision)(x))
+    on_gpu = _outputs(mixed_precision(fluxpy.gpu(model), precision)(fluxpy.gpu(x)))
+    tol = TOLERANCE[precision] * 4
+    for g, c in zip(on_gpu, on_cpu, strict=True):
+        got = np.asarray(fluxpy.cpu(g), np.float64)
+        assert g.dtype == c.dtype and np.all(np.isfinite(got)), name
+        np.testing.assert_allclose(got, np.asarray(c, np.float64), rtol=tol, atol=tol, err_msg=name)
+
+
+def _outputs(y):
+    return [a for item in y for a in _outputs(item)] if isinstance(y, tuple) else [y]

@@ -148,7 +148,8 @@ def _as_float32(a):
 @pytest.mark.parametrize("n", [1, 3])
 def test_graph_path_plans_1d_and_3d(n):
     """The fast path: cuDNN's graph API plans the forward, both backward convolutions and the fused forward of 1-d
-    (as 2-d) and 3-d problems in float32, with no call sent to the legacy path."""
+    (as 2-d) and 3-d problems in float32, with no call sent to the legacy path. Untimed (``autotune=0``): timed,
+    these small problems' legacy call can win on a busy GPU, and the test is about planning them."""
     cp = cupy_module()
     rng = np.random.default_rng(12)
     x, w = _problem(rng, n, 1)
@@ -158,10 +159,11 @@ def test_graph_path_plans_1d_and_3d(n):
     dy = cp.asarray(rng.standard_normal(cd.y_shape).astype(np.float32))
     graph.clear_cache()
     before = graph.stats()["fallbacks"]
-    graph.conv_forward(x, w, cd)
-    graph.conv_bias_act_forward(x, w, b, "relu", cd)
-    graph.conv_backward_data(dy, w, cd)
-    graph.conv_backward_filter(x, dy, cd)
+    with fluxpy.options(autotune=0):
+        graph.conv_forward(x, w, cd)
+        graph.conv_bias_act_forward(x, w, b, "relu", cd)
+        graph.conv_backward_data(dy, w, cd)
+        graph.conv_backward_filter(x, dy, cd)
     assert graph.stats()["fallbacks"] == before, graph.fallback_reasons()
     kinds = sorted(p["kind"] for p in graph.plan_info() if len(p["x"]) == n + 2)
     assert kinds == ["bwd_data", "bwd_filter", "fwd", "fwd_relu"], (kinds, graph.fallback_reasons())
