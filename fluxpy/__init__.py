@@ -41,7 +41,8 @@ from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .checkpoint import load_training, save_training
 from .data import DataLoader, onecold, onehotbatch
-from .functors import children, cpu, fmap, gpu, fmapstructure, layer, loadstate, outputsize, state, trainables
+from .functors import (children, cpu, fmap, fmap_with_path, fmapstructure, gpu, layer, loadstate, outputsize, state,
+                       trainables)
 from .functors import modules
 from .observations import batch, chunk, getobs, kfolds, mapobs, numobs, obsview, shuffleobs, splitobs, unbatch
 from .sequences import batchseq, pad_sequence, sequence_mask, unpad_sequence
@@ -100,7 +101,7 @@ __all__ = [
     "ChangedInPlaceError",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
+    "fmapstructure", "fmap_with_path", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
     "save_training", "load_training",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",

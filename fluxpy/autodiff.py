@@ -39,6 +39,8 @@ from .mutation import start as _start_watch
 from .mutation import stop as _stop_watch
 from .mutation import watching as _watching
 
+_WATCHED_TYPES = (np.ndarray, tuple, list)   # the constants the mutation check fingerprints (a device's: watch.devices)
+
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
            "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
@@ -375,7 +377,7 @@ class Primitive:
             else:
                 vals.append(a)
                 parents.append(None)
-                if watch is not None:
+                if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES):
                     watch.add(a, f"an array `{self.name}` read")
         if watch is not None and kw:
             watch.add(list(kw.values()), f"an array `{self.name}` read")

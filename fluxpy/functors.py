@@ -31,7 +31,7 @@ from .backend import Array, copy_into, get_array_module, is_array, is_float_dtyp
 from .layout import MEMORY_FORMATS, to_memory_format
 
 __all__ = ["layer", "children", "fmap", "fmapstructure", "trainables", "arrays", "state", "loadstate", "is_leaf", "gpu",
-           "cpu", "outputsize", "trainable_keys", "rebuild", "modules"]
+           "cpu", "outputsize", "trainable_keys", "rebuild", "modules", "fmap_with_path"]
 
 _NOT_NODES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
               functools.partial, np.ufunc)
@@ -244,46 +244,80 @@ def modules(model: Any) -> list[Any]:
     return out
 
 
-def trainables(model: Any) -> list[Array]:
-    """The distinct trainable arrays of a model, in tree order.
+def trainables(model: Any, path: bool = False) -> list[Array] | list[tuple[str, Array]]:
+    """The distinct trainable arrays of a model, in tree order; with ``path=True``, ``(path, array)`` pairs, the
+    path dotted as :func:`fluxpy.save` keys it (``"layers.0.weight"``; Flux's ``trainables(model; path=true)``,
+    PyTorch's ``named_parameters()``). A tied array comes once, under its first path.
 
     >>> import numpy as np
     >>> w = np.ones(2)
     >>> len(trainables([w, w, np.arange(3)]))  # shared once; integer arrays are not trainable
     1
+    >>> from fluxpy import Chain, Dense
+    >>> [p for p, _ in trainables(Chain(Dense(2, 3), Dense(3, 1)), path=True)]
+    ['layers.0.weight', 'layers.0.bias', 'layers.1.weight', 'layers.1.bias']
     """
-    return _distinct_arrays(model, trainable_only=True)
+    return _distinct_arrays(model, trainable_only=True, with_path=path)
 
 
-def arrays(model: Any) -> list[Array]:
+def arrays(model: Any, path: bool = False) -> list[Array] | list[tuple[str, Array]]:
     """The distinct arrays of a model, in tree order: the trainable ones and the rest (BatchNorm's running
-    statistics, integer arrays).
+    statistics, integer arrays); with ``path=True``, ``(path, array)`` pairs (PyTorch's ``named_buffers`` and
+    parameters together).
 
     >>> import numpy as np
     >>> w = np.ones(2)
     >>> len(arrays([w, w, np.arange(3)]))
     2
+    >>> [p for p, _ in arrays({"a": w, "b": [np.arange(3)]}, path=True)]
+    ['a', 'b.0']
     """
-    return _distinct_arrays(model, trainable_only=False)
+    return _distinct_arrays(model, trainable_only=False, with_path=path)
 
 
-def _distinct_arrays(model, trainable_only):
+def _distinct_arrays(model, trainable_only, with_path=False):
     out, seen = [], set()
 
-    def walk(x):
+    def walk(x, prefix):
         kids = children(x)
         if kids is None:
             trainable = is_float_dtype(x.dtype) or x.dtype.kind == "c" if is_array(x) else False
             if is_array(x) and (not trainable_only or trainable) and id(x) not in seen:
                 seen.add(id(x))
-                out.append(x)
+                out.append((prefix[:-1], x) if with_path else x)
             return
         allowed = trainable_keys(x) if trainable_only else None
         for k, v in kids:
             if allowed is None or k in allowed:
-                walk(v)
-    walk(model)
+                walk(v, f"{prefix}{k}.")
+    walk(model, "")
     return out
+
+
+def fmap_with_path(f: Callable, x: Any) -> Any:
+    """A copy of tree ``x`` with every leaf (arrays, and the functions and numbers a model holds, as :func:`fmap`)
+    replaced by ``f(path, leaf)``, ``path`` dotted as in :func:`trainables` (Functors' ``fmap_with_path``): to treat
+    arrays by where they sit, e.g. no weight decay on biases. Shared leaves stay shared (``f`` sees them once, under
+    their first path).
+
+    >>> import numpy as np
+    >>> from fluxpy import Dense
+    >>> d = fmap_with_path(lambda p, a: a * 0 if p.endswith("bias") else a, Dense(2, 1, bias=np.ones(1)))
+    >>> d.bias
+    array([0.])
+    """
+    cache: dict = {}
+
+    def go(v, prefix):
+        key = id(v)
+        if key in cache:
+            return cache[key][1]
+        kids = children(v)
+        y = f(prefix[:-1], v) if kids is None else rebuild(v, [(k, go(c, f"{prefix}{k}.")) for k, c in kids])
+        if kids is not None or is_array(v):
+            cache[key] = (v, y)   # keep v alive so its id is not reused
+        return y
+    return go(x, "")
 
 
 def state(model: Any) -> Any:

@@ -56,7 +56,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from .autodiff import value_of
+from .autodiff import is_tracked, value_of
 from .backend import Array, get_array_module, is_array, is_float_dtype
 from .options import options
 from .ops import basic
@@ -413,12 +413,14 @@ def _index(who, name, value):
     return int(value)
 
 
-def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:
-    """The binary cross-entropy: ``agg(-xlogy(y, ŷ + eps) - xlogy(1 - y, 1 - ŷ + eps))``.
+def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None,
+                       weight: Array | None = None) -> Array:
+    """The binary cross-entropy: ``agg(weight * (-xlogy(y, ŷ + eps) - xlogy(1 - y, 1 - ŷ + eps)))``.
 
     ``ŷ`` are probabilities in [0, 1] (e.g. a sigmoid output), ``y`` targets in [0, 1]; elementwise,
-    no class axis. ``agg=mean`` and ``eps`` (machine epsilon) by default, as :func:`crossentropy`.
-    Prefer :func:`logitbinarycrossentropy` on logits.
+    no class axis. ``agg=mean`` and ``eps`` (machine epsilon) by default, as :func:`crossentropy`. ``weight``
+    (PyTorch's): an array that broadcasts to ``ŷ``'s shape, multiplying each entry's loss (the mean stays over the
+    entries, as PyTorch's). Prefer :func:`logitbinarycrossentropy` on logits.
 
     >>> import numpy as np
     >>> round(float(binarycrossentropy(np.array([0.75]), np.array([1.0]))), 4)
@@ -427,24 +429,57 @@ def binarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, eps: floa
     _check_options("binarycrossentropy", agg, eps)
     y = _check("binarycrossentropy", yhat, y, targets="binary targets",
                probabilities="; for logits use logitbinarycrossentropy(ŷ, y), or apply sigmoid first")
+    weight = _entry_weights("binarycrossentropy", "weight", yhat, weight)
     e = _eps(yhat, eps)
-    return _aggregate(agg, -_xlogy(y, yhat + e) - _xlogy(1 - y, 1 - yhat + e))
+    losses = -_xlogy(y, yhat + e) - _xlogy(1 - y, 1 - yhat + e)
+    return _aggregate(agg, losses if weight is None else weight * losses)
 
 
-def logitbinarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean) -> Array:
+def logitbinarycrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, weight: Array | None = None,
+                            pos_weight: Array | None = None) -> Array:
     """The binary cross-entropy computed from logits: ``agg((1 - y) ŷ + softplus(-ŷ))``.
 
     ``agg=mean`` by default. ``binarycrossentropy(sigmoid(ŷ), y)`` computed stably from logits
     (``-log sigmoid(ŷ) = softplus(-ŷ)``), targets ``y`` in [0, 1]; PyTorch's
-    ``binary_cross_entropy_with_logits``.
+    ``binary_cross_entropy_with_logits``, with its ``weight`` (broadcast to ``ŷ``'s shape, multiplying each entry's
+    loss) and ``pos_weight`` (broadcast likewise, usually one per class on the last axis: the positive term's weight,
+    ``pos_weight * y * softplus(-ŷ) + (1 - y) * softplus(ŷ)``, to weigh rare positives up).
 
     >>> import numpy as np
     >>> round(float(logitbinarycrossentropy(np.array([0.0]), np.array([1.0]))), 4)
     0.6931
+    >>> round(float(logitbinarycrossentropy(np.array([0.0]), np.array([1.0]), pos_weight=np.array([3.0]))), 4)
+    2.0794
     """
     _check_options("logitbinarycrossentropy", agg)
     y = _check("logitbinarycrossentropy", yhat, y, targets="binary targets")
-    return _aggregate(agg, (1 - y) * yhat + softplus(-yhat))
+    weight = _entry_weights("logitbinarycrossentropy", "weight", yhat, weight)
+    pos_weight = _entry_weights("logitbinarycrossentropy", "pos_weight", yhat, pos_weight)
+    if pos_weight is None:
+        losses = (1 - y) * yhat + softplus(-yhat)
+    else:   # -log sigmoid(ŷ) = softplus(-ŷ), -log(1 - sigmoid(ŷ)) = ŷ + softplus(-ŷ)
+        losses = (pos_weight * y + (1 - y)) * softplus(-yhat) + (1 - y) * yhat
+    return _aggregate(agg, losses if weight is None else weight * losses)
+
+
+def _entry_weights(who, name, yhat, weight):
+    """``weight`` as an array of ŷ's dtype on its device that broadcasts to ŷ's shape, checked; None stays None."""
+    if weight is None:
+        return None
+    v, w = value_of(yhat), value_of(weight)
+    if not hasattr(w, "shape"):
+        w = np.asarray(w)
+    shape = _shape(yhat)
+    try:
+        fits = np.broadcast_shapes(tuple(w.shape), shape) == shape
+    except ValueError:
+        fits = False
+    if not fits or np.dtype(w.dtype).kind not in "fiu":
+        raise ValueError(f"{who} expects {name}, a real array that broadcasts to ŷ's shape {shape}, got "
+                         f"{_describe(name, w)}")
+    if is_tracked(weight):
+        return weight
+    return get_array_module(v).asarray(w, dtype=v.dtype)
 
 
 def kldivergence(yhat: Array, y: Array, *, agg: Callable = mean, eps: float | None = None) -> Array:

@@ -90,10 +90,11 @@ class Watch:
 changed in place before the backward pass, so its gradient would be computed from the new values; change a copy \
 (x = x.copy()) or change it after the gradient (fluxpy.options(mutation_checks=False) turns this check off)
     """
-    __slots__ = ("seen",)
+    __slots__ = ("seen", "devices")
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple] = {}   # id(array) -> (weak reference, fingerprint, what read it)
+        self.devices = options.mutation_checks is True   # CuPy arrays too (else only NumPy's are looked at)
 
     def add(self, a: Any, what: str) -> None:
         """Keep ``a``'s fingerprint, where ``a`` is an array the check covers not seen before, or those in the

@@ -341,3 +341,55 @@ def test_the_class_axis_of_segmentation_logits(n, c, h, w, seed, form):
 def test_a_bad_class_axis_is_named():
     with pytest.raises(ValueError, match="axis, the class axis"):
         L.logitcrossentropy(np.zeros((2, 3)), np.array([0, 1]), axis=2)
+
+
+def _torch_bce_with_logits(logits, y, weight, pos_weight):
+    """PyTorch's ``binary_cross_entropy_with_logits(logits, y, weight, pos_weight=...)``, mean reduction,
+    transcribed in float64 (its documented formula: ``-w [p y log s(x) + (1 - y) log(1 - s(x))]``)."""
+    s = 1 / (1 + np.exp(-logits))
+    p = 1.0 if pos_weight is None else pos_weight
+    w = 1.0 if weight is None else weight
+    return float(np.mean(-w * (p * y * np.log(s) + (1 - y) * np.log(1 - s))))
+
+
+@given(shape=shapes(1, 3, 1, 5), seed=st.integers(0, 2**31 - 1), weight=st.sampled_from([None, "entries", "rows"]),
+       pos=st.sampled_from([None, "classes", "scalar"]))
+def test_binary_cross_entropies_take_pytorch_s_weight_and_pos_weight(shape, seed, weight, pos):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal(shape) * 2
+    y = rng.integers(0, 2, shape).astype(np.float64)
+    w = None if weight is None else rng.uniform(0.1, 3.0, shape if weight == "entries" else shape[:-1] + (1,))
+    p = None if pos is None else rng.uniform(0.5, 4.0, shape[-1:] if pos == "classes" else ())
+    got = L.logitbinarycrossentropy(logits, y, weight=w, pos_weight=p)
+    np.testing.assert_allclose(float(got), _torch_bce_with_logits(logits, y, w, p), rtol=1e-12)
+    check_grad(lambda z: L.logitbinarycrossentropy(z, y, weight=w, pos_weight=p), logits, rng=rng)
+    probs = 1 / (1 + np.exp(-logits))
+    got = L.binarycrossentropy(probs, y, weight=w, eps=0.0)
+    np.testing.assert_allclose(float(got), _torch_bce_with_logits(logits, y, w, None), rtol=1e-9)
+    check_grad(lambda q: L.binarycrossentropy(q, y, weight=w, eps=0.0), probs, rng=rng)
+
+
+def test_weight_and_pos_weight_match_torch_itself():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(3)
+    logits, y = rng.standard_normal((5, 4)), rng.integers(0, 2, (5, 4)).astype(np.float64)
+    w, p = rng.uniform(0.1, 2.0, (5, 1)), rng.uniform(0.5, 3.0, 4)
+    for agg, reduction in ((fluxpy.mean, "mean"), (sum, "sum")):
+        z = torch.tensor(logits, requires_grad=True)
+        out = F.binary_cross_entropy_with_logits(z, torch.tensor(y), weight=torch.tensor(w), pos_weight=torch.tensor(p),
+                                                 reduction=reduction)
+        out.backward()
+        value, (g,) = fluxpy.withgradient(lambda a: L.logitbinarycrossentropy(a, y, agg=agg, weight=w, pos_weight=p),
+                                          logits)
+        assert float(value) == pytest.approx(out.item(), rel=1e-12)
+        np.testing.assert_allclose(g, z.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def test_a_weight_that_does_not_fit_is_named():
+    with pytest.raises(ValueError, match=r"^logitbinarycrossentropy expects pos_weight, a real array that broadcasts "
+                                         r"to ŷ's shape \(4, 3\), got pos_weight of shape \(4,\) float64$"):
+        L.logitbinarycrossentropy(np.zeros((4, 3)), np.ones((4, 3)), pos_weight=np.ones(4))
+    with pytest.raises(ValueError, match=r"^binarycrossentropy expects weight, a real array that broadcasts to ŷ's "
+                                         r"shape \(2,\), got weight of shape \(2, 2\) float64$"):
+        L.binarycrossentropy(np.full(2, 0.5), np.ones(2), weight=np.ones((2, 2)))
