@@ -101,7 +101,8 @@ __all__ = [
     "ChangedInPlaceError",
     # devices and model trees
     "get_array_module", "gpu", "cpu", "gpu_available", "GPUUnavailableError", "layer", "children", "fmap",
-    "fmapstructure", "fmap_with_path", "trainables", "state", "loadstate", "outputsize", "save", "load", "CheckpointError", "seed",
+    "fmapstructure", "fmap_with_path", "trainables", "state", "loadstate", "outputsize", "save", "load",
+    "CheckpointError", "seed",
     "save_training", "load_training",
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
