@@ -4,7 +4,10 @@ Each PyTorch module becomes the fluxpy layer that computes the same function in 
 :class:`~fluxpy.layers.Chain`, ``Conv1d/2d/3d`` a :class:`~fluxpy.layers.CrossCor` (PyTorch's convolution is a
 cross-correlation), ``ConvTranspose`` a :class:`~fluxpy.layers.ConvTranspose`, ``Linear`` a
 :class:`~fluxpy.layers.Dense`, the normalisations, ``Embedding``, the pools, ``Flatten``, ``Dropout``,
-``TransformerEncoderLayer`` and ``TransformerEncoder`` (batch first) and the activations their fluxpy namesakes;
+``TransformerEncoderLayer`` and ``TransformerEncoder`` (batch first) and the activations their fluxpy namesakes,
+and torchvision's ``ResNet`` (any of its depths and widths, ResNeXt's groups too) with its ``BasicBlock`` and
+``Bottleneck`` (``Chain(SkipConnection(body, +), relu)``, or ``Parallel(+, body, downsample)`` where the block has
+a ``downsample``, as :func:`fluxpy.models.basic_block` builds them);
 then :func:`fluxpy.load_torch_state` copies the weights (and running statistics). The model's float dtype follows
 the module's parameters (float64 gives :func:`fluxpy.f64`). A module with no fluxpy twin (or an option fluxpy does
 not have, such as a convolution's ``padding_mode="reflect"``) raises
@@ -19,12 +22,14 @@ Chain(CrossCor((3, 3), 1 => 4), relu, flatten, Dense(2704 => 10))
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import numpy as np
 
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, BatchNorm, Chain, ConvTranspose, CrossCor, Dense, Dropout,
-                     Embedding, GroupNorm, LayerNorm, MaxPool, MeanPool, TransformerEncoderLayer, flatten)
+                     Embedding, GroupNorm, LayerNorm, MaxPool, MeanPool, Parallel, SkipConnection,
+                     TransformerEncoderLayer, flatten)
 from .ops import activations as act
 from .layers.convert import f64
 from .torch_state import load_torch_state
@@ -54,11 +59,50 @@ def _conv_transpose(m, path):
                          output_padding=tuple(m.output_padding), bias=m.bias is not None)
 
 
-def _batchnorm(m, path):
+def _batchnorm(m, path, activation=act.identity):
     if m.momentum is None:
         _unsupported(m, path, "momentum=None (a cumulative average); fluxpy's running statistics use a momentum")
-    return BatchNorm(m.num_features, eps=m.eps, momentum=m.momentum, affine=m.affine,
+    return BatchNorm(m.num_features, activation, eps=m.eps, momentum=m.momentum, affine=m.affine,
                      track_stats=m.track_running_stats)
+
+
+def _torchvision(m, path):
+    """Refuse a module that only shares a name with torchvision's (its forward is not read, only its parts)."""
+    if not type(m).__module__.startswith("torchvision.models."):
+        _unsupported(m, path, f"a {type(m).__name__} of {type(m).__module__}: only torchvision's converts, whose "
+                              "forward fluxpy knows")
+
+
+def _residual(body, m, path):
+    """torchvision's ``relu(body(x) + shortcut(x))``, the shortcut ``m.downsample`` or the identity."""
+    if m.downsample is None:
+        return Chain(SkipConnection(body, operator.add), act.relu)
+    return Chain(Parallel(operator.add, body, _convert(m.downsample, f"{path}.downsample")), act.relu)
+
+
+def _basic_block(m, path):
+    _torchvision(m, path)
+    body = Chain(_conv(m.conv1, f"{path}.conv1"), _batchnorm(m.bn1, f"{path}.bn1", act.relu),
+                 _conv(m.conv2, f"{path}.conv2"), _batchnorm(m.bn2, f"{path}.bn2"))
+    return _residual(body, m, path)
+
+
+def _bottleneck(m, path):
+    _torchvision(m, path)
+    body = Chain(_conv(m.conv1, f"{path}.conv1"), _batchnorm(m.bn1, f"{path}.bn1", act.relu),
+                 _conv(m.conv2, f"{path}.conv2"), _batchnorm(m.bn2, f"{path}.bn2", act.relu),
+                 _conv(m.conv3, f"{path}.conv3"), _batchnorm(m.bn3, f"{path}.bn3"))
+    return _residual(body, m, path)
+
+
+def _resnet(m, path):
+    """torchvision's ResNet (any depth, width or groups): stem, max pool, four stages, mean pool, ``fc``."""
+    _torchvision(m, path)
+    at = (lambda name: f"{path}.{name}" if path else name)
+    stages = [_convert(getattr(m, f"layer{i}"), at(f"layer{i}")) for i in range(1, 5)]
+    return Chain(_conv(m.conv1, at("conv1")), _batchnorm(m.bn1, at("bn1"), act.relu),
+                 _convert(m.maxpool, at("maxpool")), *stages, _convert(m.avgpool, at("avgpool")), flatten,
+                 _convert(m.fc, at("fc")))
 
 
 def _layernorm(m, path):
@@ -148,6 +192,9 @@ def _table():
         "ELU": lambda m, path: functools.partial(act.elu, a=m.alpha),
         "Sequential": lambda m, path: Chain(*(_convert(c, f"{path}.{k}" if path else k)
                                               for k, c in m.named_children())),
+        "BasicBlock": _basic_block,
+        "Bottleneck": _bottleneck,
+        "ResNet": _resnet,
     })
     return table
 

@@ -4,6 +4,8 @@ Without torch: round trips, the pairing's errors (nothing changes on a refused l
 torch (skipped where it is missing): PyTorch modules with random weights and running statistics, loaded into the
 fluxpy twin, give PyTorch's outputs in float64, and to_torch_state's dict loads back into PyTorch.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -313,3 +315,18 @@ def test_from_torch_converts_a_transformer_encoder(norm_first, activation):
     net = _torch_randomised(torch, net.double(), 10).eval()
     x = np.random.default_rng(10).standard_normal((2, 6, 4))
     _compare(torch, net, x, train=False)
+
+
+def test_the_torchvision_resnet_example_ports_trains_and_hands_back(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    import sys
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    sys.modules.pop("torchvision_resnet", None)
+    import torchvision_resnet
+    with fluxpy.options(cache_dir=str(tmp_path)):   # an empty cache: the MNIST subset fluxpy ships
+        acc = torchvision_resnet.main(["--steps", "2", "--test-images", "50", "--device", "cpu"])
+    out = capsys.readouterr().out   # main raises where the two disagree (logits, or predictions after training)
+    assert 0.0 <= acc <= 1.0
+    assert "largest logit difference from PyTorch's" in out and "agree with fluxpy's on" in out
