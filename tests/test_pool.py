@@ -151,12 +151,13 @@ def test_loop_and_gather_strategies_agree(problem, seed):
        pad=st.integers(0, 1), seed=seeds, dtype=st.sampled_from([np.float32, np.float64]))
 def test_the_disjoint_windows_backward_equals_the_gathered_one(n, c, kernel, gap, extra, pad, seed, dtype):
     """Windows that share no entry (stride >= kernel; leftover rows and columns, padding) write each gradient once:
-    the same as the gathered strategy's scatter-add, ties (rounded data) included. (A NaN window is where the two
-    strategies differ, before this change too: the gathered one gives its NaN the gradient, the loop none.)"""
+    the same as the gathered strategy's scatter-add, ties (rounded data) and NaN windows (the first NaN takes the
+    gradient) included."""
     rng = np.random.default_rng(seed)
     stride = (kernel[0] + gap[0], kernel[1] + gap[1])
     shape = (n, c, 2 * stride[0] + extra[0], 3 * stride[1] + extra[1])
     x = np.round(randn(rng, shape)).astype(dtype)
+    x[rng.random(shape) < 0.1] = np.nan
     pdims = PoolDims.from_array(x, kernel, stride, min(pad, kernel[0] - 1, kernel[1] - 1))
     assert cpu._disjoint(pdims) and cpu._loops(pdims)
     y = cpu.maxpool_forward(x, pdims)
@@ -167,6 +168,24 @@ def test_the_disjoint_windows_backward_equals_the_gathered_one(n, c, kernel, gap
         gathered = cpu.maxpool_backward(dy, x, y, pdims)
     assert disjoint.dtype == gathered.dtype
     np.testing.assert_array_equal(disjoint, gathered)
+
+
+@given(n=st.integers(1, 2), c=st.integers(1, 2), kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pad=st.integers(0, 1), seed=seeds)
+def test_both_strategies_give_a_nan_window_s_gradient_to_its_first_nan(n, c, kernel, stride, pad, seed):
+    rng = np.random.default_rng(seed)
+    x = randn(rng, (n, c, 7, 8))
+    x[rng.random(x.shape) < 0.15] = np.nan
+    pdims = PoolDims.from_array(x, kernel, stride, min(pad, kernel[0] - 1, kernel[1] - 1))
+    y = cpu.maxpool_forward(x, pdims)
+    dy = randn(rng, pdims.y_shape)
+    looped = cpu.maxpool_backward(dy, x, y, pdims)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu, "_LOOP_MAX_OFFSETS", 0)
+        gathered = cpu.maxpool_backward(dy, x, y, pdims)
+        assert np.array_equal(cpu.maxpool_forward(x, pdims), y, equal_nan=True)
+    np.testing.assert_allclose(looped, gathered, rtol=1e-12, atol=1e-15)   # overlapping windows: sums' order
+    assert np.isclose(looped.sum(), dy.sum())   # every window's gradient lands on one entry
 
 
 # ---------------------------------------------------------------------------------------------

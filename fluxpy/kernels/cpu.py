@@ -401,11 +401,18 @@ def _maxpool_forward_halves(x: np.ndarray, pdims: Any) -> np.ndarray:
 
 def _first_maxima(x, y, pdims):
     """``(index, hit)`` per kernel offset: ``hit`` (N, C, P, Q) marks the windows whose first maximum
-    (row-major, as PyTorch) sits at that offset. Boolean ops only, no data-dependent branches."""
+    (row-major, as PyTorch) sits at that offset. Boolean ops only, no data-dependent branches. A window holding a
+    NaN has the NaN as its maximum (``y`` is NaN there): its first NaN gets the hit, as NumPy's ``argmax`` of the
+    gathered strategy gives it (``NaN == NaN`` alone would give the window's gradient to no entry)."""
     xp = pad_input(x, pdims.pad, _lowest(x.dtype))
+    nan_windows = np.isnan(y) if y.dtype.kind == "f" else None   # one pass over y; the rest only where it has one
+    if nan_windows is not None and not nan_windows.any():
+        nan_windows = None
     taken = None
     for _, index in _offsets(pdims):
         hit = xp[index] == y
+        if nan_windows is not None:
+            hit |= nan_windows & np.isnan(xp[index])
         if taken is None:
             taken = hit.copy()
         else:
