@@ -35,12 +35,13 @@ from __future__ import annotations
 
 from .options import options as options  # every setting: fluxpy.options.set(...), with fluxpy.options(...): ...
 from . import datasets, layout, losses, models, ops, optimise, schedules
-from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, hessian, in_gradient, is_tracked,
-                       jacobian, no_grad, primitive, pullback, stop_gradient, value_of, withgradient)
+from .autodiff import (DetachedGradientWarning, Primitive, Tracked, gradient, in_gradient, is_tracked, no_grad,
+                       primitive, pullback, stop_gradient, value_of, withgradient)
+from .derivatives import diaghessian, hessian, jacobian, withjacobian
 from .backend import GPUUnavailableError, get_array_module, gpu_available
 from .broadcast import broadcast, unbroadcast
 from .checkpoint import load_training, save_training
-from .data import DataLoader, onecold, onehotbatch
+from .data import DataLoader, onecold, onehot, onehotbatch
 from .functors import (children, cpu, fmap, fmap_with_path, fmapstructure, gpu, layer, loadstate, outputsize, state,
                        trainables)
 from .functors import modules
@@ -61,7 +62,7 @@ from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm,
                      kaiming_uniform, ones32, randn32, testmode, trainmode, zeros32)
 from .layers import (PReLU, PixelUnshuffle, RMSNorm, calculate_gain, identity_init, lecun_normal, orthogonal, rand32,
                      sparse_init, truncated_normal)
-from .layers import Checkpoint, SpectralNorm, WeightNorm
+from .layers import Checkpoint, SpectralNorm, WeightNorm, remove_weight_norms
 from .layers.tools import EMA, activations, checkpointed, destructure
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
@@ -95,7 +96,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # autodiff
-    "gradient", "withgradient", "pullback", "jacobian", "hessian", "primitive", "Primitive", "Tracked", "no_grad",
+    "gradient", "withgradient", "pullback", "jacobian", "withjacobian", "hessian", "diaghessian", "primitive",
+    "Primitive", "Tracked", "no_grad",
     "stop_gradient",
     "value_of", "is_tracked", "in_gradient", "broadcast", "unbroadcast", "DetachedGradientWarning",
     "ChangedInPlaceError",
@@ -127,7 +129,8 @@ __all__ = [
     "kaiming_normal", "randn32", "zeros32", "ones32", "PReLU", "RMSNorm", "PixelUnshuffle", "rand32",
     "truncated_normal", "lecun_normal", "orthogonal", "identity_init", "sparse_init", "calculate_gain",
     "load_torch_state", "to_torch_state", "from_torch",
-    "WeightNorm", "SpectralNorm", "Checkpoint", "checkpointed", "destructure", "modules", "activations", "EMA",
+    "WeightNorm", "remove_weight_norms", "SpectralNorm", "Checkpoint", "checkpointed", "destructure", "modules",
+    "activations", "EMA",
     # losses, optimisers, training, data
     "losses", "mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
@@ -138,7 +141,7 @@ __all__ = [
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",
     "clip_grad_norm", "AMSGrad", "Rprop",
-    "train", "TrainingDiverged", "profile", "DataLoader", "onehotbatch", "onecold", "schedules", "TrainStep",
+    "train", "TrainingDiverged", "profile", "DataLoader", "onehot", "onehotbatch", "onecold", "schedules", "TrainStep",
     "CaptureWarning", "StepOutOfMemory",
     # applications: data sets and augmentation, the model zoo
     "datasets", "models",

@@ -41,7 +41,7 @@ from .mutation import watching as _watching
 
 _WATCHED_TYPES = (np.ndarray, tuple, list)   # the constants the mutation check fingerprints (a device's: watch.devices)
 
-__all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback", "jacobian", "hessian",
+__all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback",
            "no_grad",
            "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
            "DetachedGradientWarning", "register_gradient_hook", "SliceCotangent",
@@ -704,55 +704,6 @@ def pullback(f: Callable, *args: Any) -> tuple[Any, Callable]:
         fresh = {k: (node, list(fns)) for k, (node, fns) in hooks.items()} if hooks else None
         return _shape_grads(args, boxes, backprop(y.node, dy, release=False, hooks=fresh, wrap=_pullback_hook))
     return value, back
-
-
-def jacobian(f: Callable, *args: Any) -> tuple:
-    """The Jacobian of ``f`` at ``args`` (float arrays or Python floats): one matrix per argument,
-    ``J[i, j] = d y.ravel()[i] / d x.ravel()[j]`` of shape ``(y.size, x.size)``, as Zygote's ``jacobian`` (which
-    flattens in Julia's column order; here NumPy's C order). One pullback per element of ``y`` (reverse mode),
-    on the arrays' own device. The matrices are computed values: ``jacobian`` itself is not differentiated.
-
-    >>> import numpy as np
-    >>> jacobian(lambda x: x * x, np.array([1.0, 2.0]))
-    (array([[2., 0.],
-           [0., 4.]]),)
-    """
-    for i, a in enumerate(args):
-        if not (is_float_array(a) or type(a) is float):
-            raise TypeError(f"jacobian: argument {i} must be a float array or a Python float, got {_describe(a)}")
-    y, back = pullback(f, *args)
-    yv = value_of(y)
-    if not (is_float_array(yv) or isinstance(yv, (float, np.floating))):
-        raise TypeError(f"jacobian: f must return a float array or a Python float, got {_describe(yv)}")
-    xp = get_array_module(yv, *args)
-    yv = xp.asarray(yv)
-    n = int(yv.size)
-    mats = [xp.zeros((n, int(np.size(a))), dtype=np.result_type(yv.dtype, getattr(a, "dtype", np.float64)))
-            for a in args]
-    basis = xp.zeros(n, dtype=yv.dtype)
-    for i in range(n):
-        basis[i] = 1
-        for k, g in enumerate(back(basis.reshape(yv.shape))):
-            if g is not None:
-                mats[k][i] = xp.asarray(g).reshape(-1)
-        basis[i] = 0
-    return tuple(mats)
-
-
-def hessian(f: Callable, x: Any) -> Any:
-    """The Hessian of scalar ``f`` at ``x`` (a float array or a Python float): ``H[i, j] = d^2 f / dx.ravel()[i]
-    dx.ravel()[j]``, of shape ``(x.size, x.size)`` (Zygote's ``hessian``, NumPy's C order), the Jacobian of the
-    gradient (reverse over reverse through the tape).
-
-    >>> import numpy as np
-    >>> hessian(lambda x: (x ** 3).sum(), np.array([1.0, 2.0]))
-    array([[ 6.,  0.],
-           [ 0., 12.]])
-    """
-    def grad(z):
-        _, (g,), _ = withgradient_detailed(f, (z,), "hessian")   # errors (a non-scalar f) name hessian
-        return z * 0 if g is None else g
-    return jacobian(grad, x)[0]
 
 
 def _ones_like(v):

@@ -33,7 +33,7 @@ from .functors import cpu, gpu
 from .observations import batch, describe, getobs, numobs, short
 from .random import as_rng
 
-__all__ = ["DataLoader", "onehotbatch", "onecold", "describe", "short"]
+__all__ = ["DataLoader", "onehot", "onehotbatch", "onecold", "describe", "short"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,6 +537,18 @@ def onehotbatch(labels: Array | Sequence, classes: Sequence | int) -> Array:
     out = np.zeros((len(labels_np), len(classes)), dtype=np.float32)
     out[np.arange(len(labels_np)), columns] = 1
     return xp.asarray(out)
+
+
+def onehot(label: Any, classes: Sequence | int) -> Array:
+    """The one-hot vector of one ``label``: a ``(nclasses,)`` float32 array (Flux's ``onehot``; ``classes`` as in
+    :func:`onehotbatch`).
+
+    >>> onehot("b", "abc")
+    array([0., 1., 0.], dtype=float32)
+    """
+    if isinstance(label, (list, tuple)) or getattr(label, "ndim", 0) > 0:
+        raise ValueError(f"onehot expects one label, got {describe(label)}; several: onehotbatch(labels, classes)")
+    return onehotbatch([label], classes)[0]
 
 
 def _check_classes(classes, who):

@@ -138,8 +138,8 @@ LAYERS = (
     ("layout", "capturing", "collector"),                       # memory layout; what a capture needs; the GC
     ("mutation",),                                              # the fingerprints of arrays a tape read
     ("functors",),                                              # model trees
-    ("backward", "autodiff", "dual", "journal"),                # the tape, its backward walk, dual numbers; a
-    #                                                             step's undo journal
+    ("backward", "autodiff", "dual", "journal", "derivatives"),  # the tape, its backward walk, dual numbers; a
+    #                                                             step's undo journal; Jacobians and Hessians
     ("kernels",),                                               # the kernel table and every device's kernels
     ("random",),                                                # seeding and generators (a GPU one from the table)
     ("ops", "broadcast"),                                       # maths and rules (NNlib)
@@ -153,7 +153,7 @@ LAYERS = (
 )
 """Bottom up: a part may import any part of a lower layer, and within its own layer only along SAME_LAYER."""
 
-SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("broadcast", "ops"), ("data", "observations"),
+SAME_LAYER = {("autodiff", "backward"), ("dual", "autodiff"), ("derivatives", "autodiff"), ("broadcast", "ops"), ("data", "observations"),
               ("from_torch", "torch_state"), ("losses", "losses_more")}
 """The edges allowed inside a layer (``(importer, imported)``)."""
 

@@ -75,3 +75,34 @@ def test_withgradient_returns_auxiliary_output_as_plain_values():
 def test_hessian_errors_name_hessian():
     with pytest.raises(ValueError, match="hessian: f must return a scalar"):
         fluxpy.hessian(lambda x: x * 2, np.ones(2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 4), m=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_withjacobian_gives_the_value_and_jacobian_s_matrices(n, m, seed):
+    rng = np.random.default_rng(seed)
+    a, x = rng.standard_normal((m, n)), rng.standard_normal(n)
+
+    def f(x):
+        return np.tanh(a @ x) * 2.0
+    y, (J,) = fluxpy.withjacobian(f, x)
+    np.testing.assert_allclose(y, f(x), rtol=1e-14)
+    np.testing.assert_array_equal(J, fluxpy.jacobian(f, x)[0])
+    np.testing.assert_allclose(J, _fd_jacobian(f, x), rtol=1e-6, atol=1e-8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 3), min_size=1, max_size=2), seed=st.integers(0, 2**31 - 1))
+def test_diaghessian_is_the_hessian_s_diagonal_for_each_argument_shaped_like_it(shape, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(shape), rng.standard_normal(shape)
+
+    def f(x, w):
+        return (np.sin(x) * w ** 3).sum() + (x * w).sum() ** 2
+    dx, dw = fluxpy.diaghessian(f, x, w)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    np.testing.assert_allclose(dx.ravel(), np.diag(fluxpy.hessian(lambda z: f(z, w), x)), rtol=1e-12)
+    # closed forms: d2/dx2 = -sin(x) w^3 + 2 w^2, d2/dw2 = 6 sin(x) w + 2 x^2
+    np.testing.assert_allclose(dx, -np.sin(x) * w ** 3 + 2 * w ** 2, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dw, 6 * np.sin(x) * w + 2 * x ** 2, rtol=1e-10, atol=1e-12)
+    assert fluxpy.diaghessian(lambda s: s ** 3, 2.0) == (12.0,)

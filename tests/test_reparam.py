@@ -118,3 +118,30 @@ def test_spectral_norm_trains_inside_gradient_and_its_errors():
         SpectralNorm(Dense(4, 3), n_power_iterations=0)
     with pytest.raises(ValueError, match="SpectralNorm: dim must be an axis of the weight of shape \\(3, 4\\)"):
         SpectralNorm(Dense(4, 3), dim=2)
+
+
+def test_remove_weight_norms_keeps_the_function_and_leaves_one_weight():
+    rng = np.random.default_rng(3)
+    inner = fluxpy.Chain(WeightNorm(Conv((3, 3), 2, 4, pad=1, rng=1), dims=(0, 2, 3)), fluxpy.flatten)
+    model = fluxpy.Chain(inner, WeightNorm(Dense(4 * 5 * 5, 3, rng=2)), SpectralNorm(Dense(3, 2, rng=4), rng=5))
+    model = fluxpy.f64(model)
+    plain = fluxpy.remove_weight_norms(model)
+    x = rng.standard_normal((2, 2, 5, 5))
+    np.testing.assert_allclose(fluxpy.testmode(plain)(x), fluxpy.testmode(model)(x), rtol=1e-12)
+    assert type(plain[0][0]) is Conv and type(plain[1]) is Dense and type(plain[2]) is SpectralNorm
+    assert plain[2] is model[2]                           # what holds no WeightNorm is shared, not copied
+    assert not any(isinstance(m, WeightNorm) for m in fluxpy.modules(plain))
+    np.testing.assert_allclose(plain[1].weight, model[1].weight(), rtol=1e-15)
+    before = [w.copy() for w in fluxpy.trainables(model)]
+    (g,) = fluxpy.gradient(lambda m: (fluxpy.testmode(m)(x) ** 2).sum(), plain)   # trains as a plain model
+    assert g["layers"][1]["weight"].shape == plain[1].weight.shape
+    assert all(np.array_equal(a, b) for a, b in zip(fluxpy.trainables(model), before))   # the original untouched
+
+
+def test_onehot_encodes_one_label_and_refuses_several():
+    np.testing.assert_array_equal(fluxpy.onehot(2, range(4)), [0, 0, 1, 0])
+    np.testing.assert_array_equal(fluxpy.onehot("c", "abc"), fluxpy.onehotbatch(["c"], "abc")[0])
+    with pytest.raises(ValueError, match=r"^onehot expects one label, got .*; several: onehotbatch"):
+        fluxpy.onehot([1, 2], range(4))
+    with pytest.raises(ValueError, match="onehotbatch: label 7 is not one of the classes"):
+        fluxpy.onehot(7, range(4))

@@ -46,7 +46,7 @@ from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNor
                         testmode, trainmode)
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell, initialstates
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
-from .reparam import SpectralNorm, WeightNorm
+from .reparam import SpectralNorm, WeightNorm, remove_weight_norms
 from .tools import Checkpoint
 from .transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from .upsample import PixelShuffle, PixelUnshuffle, Upsample
@@ -62,4 +62,5 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan",
            "PReLU", "RMSNorm", "PixelUnshuffle", "rand32", "truncated_normal", "lecun_normal", "orthogonal",
-           "identity_init", "sparse_init", "calculate_gain", "WeightNorm", "SpectralNorm", "Checkpoint"]
+           "identity_init", "sparse_init", "calculate_gain", "WeightNorm", "SpectralNorm", "Checkpoint",
+           "remove_weight_norms"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..autodiff import value_of
 from ..backend import Array, get_array_module, is_float_dtype
-from ..functors import layer, rebuild
+from ..functors import children, layer, rebuild
 from ..journal import changing
 from ..ops.basic import add, sqrt
 from ..ops.linalg import matmul
@@ -23,7 +23,7 @@ from ..ops.shape import reshape, transpose
 from ._checks import _is_int
 from .normalise import _dtype_eps, is_active
 
-__all__ = ["WeightNorm", "SpectralNorm"]
+__all__ = ["WeightNorm", "SpectralNorm", "remove_weight_norms"]
 
 
 def _weight_of(name, inner, which):
@@ -87,6 +87,29 @@ class WeightNorm:
         opts = ("" if self.which == "weight" else f", {self.which!r}") + \
             ("" if self.dims == tuple(range(1, ndim)) else f", dims={self.dims}")
         return f"WeightNorm({self.layer!r}{opts})"
+
+
+def remove_weight_norms(model: Any) -> Any:
+    """``model`` with every :class:`WeightNorm` replaced by its layer holding the weight it computes,
+    ``g * v / sqrt(sum(v**2) + eps)`` (Flux's ``remove_weight_norms``): the same function, with one weight array
+    to train or to export again. The rest of the model is shared, not copied.
+
+    >>> import numpy as np
+    >>> from fluxpy import Chain, Dense
+    >>> m = Chain(WeightNorm(Dense(2, 3, rng=0)), Dense(3, 1, rng=1))
+    >>> plain = remove_weight_norms(m)
+    >>> plain[0], bool(np.allclose(plain(np.ones((1, 2), np.float32)), m(np.ones((1, 2), np.float32))))
+    (Dense(2 => 3), True)
+    """
+    if isinstance(model, WeightNorm):
+        return rebuild(remove_weight_norms(model.layer), [(model.which, value_of(model.weight()))])
+    kids = children(model)
+    if kids is None:
+        return model
+    new = [(k, remove_weight_norms(v)) for k, v in kids]
+    if all(n is v for (_, n), (_, v) in zip(new, kids)):
+        return model   # no WeightNorm below: shared as it is
+    return rebuild(model, new)
 
 
 def _normalised(a, eps):
