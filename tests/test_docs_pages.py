@@ -52,15 +52,45 @@ ctc_loss within_gradient imrotate unfold fold
 """.split()
 
 
-def _flux_rows():
-    rows = re.findall(r"^\| `([^`]+)` \| (`[^`]+`|\(none\)) \| (.*) \|$", (DOCS / "flux_names.md").read_text(), re.M)
-    return {flux: (target.strip("`") if target != "(none)" else None, note) for flux, target, note in rows}
+# PyTorch 2.14's torch.nn.modules.__all__, torch.optim's optimisers and torch.optim.lr_scheduler's schedulers: each
+# must have a row in docs/torch_names.md
+TORCH_NAMES = """
+AdaptiveAvgPool1d AdaptiveAvgPool2d AdaptiveAvgPool3d AdaptiveLogSoftmaxWithLoss AdaptiveMaxPool1d
+AdaptiveMaxPool2d AdaptiveMaxPool3d AlphaDropout AvgPool1d AvgPool2d AvgPool3d BCELoss BCEWithLogitsLoss
+BatchNorm1d BatchNorm2d BatchNorm3d Bilinear CELU CTCLoss ChannelShuffle CircularPad1d CircularPad2d
+CircularPad3d ConstantPad1d ConstantPad2d ConstantPad3d Container Conv1d Conv2d Conv3d ConvTranspose1d
+ConvTranspose2d ConvTranspose3d CosineEmbeddingLoss CosineSimilarity CrossEntropyLoss CrossMapLRN2d Dropout
+Dropout1d Dropout2d Dropout3d ELU Embedding EmbeddingBag FeatureAlphaDropout Flatten Fold FractionalMaxPool2d
+FractionalMaxPool3d GELU GLU GRU GRUCell GaussianNLLLoss GroupNorm Hardshrink Hardsigmoid Hardswish Hardtanh
+HingeEmbeddingLoss HuberLoss Identity InstanceNorm1d InstanceNorm2d InstanceNorm3d KLDivLoss L1Loss LPPool1d
+LPPool2d LPPool3d LSTM LSTMCell LayerNorm LazyBatchNorm1d LazyBatchNorm2d LazyBatchNorm3d LazyConv1d LazyConv2d
+LazyConv3d LazyConvTranspose1d LazyConvTranspose2d LazyConvTranspose3d LazyInstanceNorm1d LazyInstanceNorm2d
+LazyInstanceNorm3d LazyLinear LeakyReLU Linear LinearCrossEntropyLoss LinearCrossEntropyOptions
+LocalResponseNorm LogSigmoid LogSoftmax MSELoss MarginRankingLoss MaxPool1d MaxPool2d MaxPool3d MaxUnpool1d
+MaxUnpool2d MaxUnpool3d Mish Module ModuleDict ModuleList MultiLabelMarginLoss MultiLabelSoftMarginLoss
+MultiMarginLoss MultiheadAttention NLLLoss NLLLoss2d PReLU PairwiseDistance ParameterDict ParameterList
+PixelShuffle PixelUnshuffle PoissonNLLLoss RMSNorm RNN RNNBase RNNCell RNNCellBase RReLU ReLU ReLU6
+ReflectionPad1d ReflectionPad2d ReflectionPad3d ReplicationPad1d ReplicationPad2d ReplicationPad3d SELU
+Sequential SiLU Sigmoid SmoothL1Loss SoftMarginLoss Softmax Softmax2d Softmin Softplus Softshrink Softsign
+SyncBatchNorm Tanh Tanhshrink Threshold Transformer TransformerDecoder TransformerDecoderLayer
+TransformerEncoder TransformerEncoderLayer TripletMarginLoss TripletMarginWithDistanceLoss Unflatten Unfold
+Upsample UpsamplingBilinear2d UpsamplingNearest2d ZeroPad1d ZeroPad2d ZeroPad3d Adafactor Adadelta Adagrad Adam
+Adamax AdamW ASGD LBFGS Muon NAdam Optimizer RAdam RMSprop Rprop SGD SparseAdam LambdaLR MultiplicativeLR StepLR
+MultiStepLR ConstantLR LinearLR ExponentialLR SequentialLR CosineAnnealingLR ChainedScheduler ReduceLROnPlateau
+CyclicLR CosineAnnealingWarmRestarts OneCycleLR PolynomialLR LRScheduler
+""".split()
 
 
-def test_every_flux_name_has_a_row_and_each_fluxpy_name_there_imports():
+def _rows(page):
+    rows = re.findall(r"^\| `([^`]+)` \| (`[^`]+`|\(none\)) \| (.*) \|$", (DOCS / page).read_text(), re.M)
+    return {name: (target.strip("`") if target != "(none)" else None, note) for name, target, note in rows}
+
+
+@pytest.mark.parametrize("page,names", [("flux_names.md", FLUX_NAMES), ("torch_names.md", TORCH_NAMES)])
+def test_every_name_has_a_row_and_each_fluxpy_name_there_imports(page, names):
     import importlib.util
-    rows = _flux_rows()
-    assert sorted(rows) == sorted(FLUX_NAMES), (set(FLUX_NAMES) ^ set(rows))
+    rows = _rows(page)
+    assert sorted(rows) == sorted(names), (set(names) ^ set(rows))
     for flux, (target, note) in rows.items():
         if target is None:
             assert note.startswith("not in fluxpy"), flux   # an absent name says so
