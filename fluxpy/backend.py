@@ -203,7 +203,7 @@ def fingerprint(a: Array) -> int:
     True
     """
     if isinstance(a, np.ndarray):
-        return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        return zlib.crc32(a if a.flags.c_contiguous else np.ascontiguousarray(a))   # any dtype's bytes
     raw = cupy.ascontiguousarray(a).reshape(-1).view(cupy.uint8).astype(cupy.uint64)
     return int((raw * cupy.arange(1, raw.size + 1, dtype=cupy.uint64)).sum())
 
