@@ -131,3 +131,21 @@ def test_class_weights_and_ignore_index_on_the_gpu_match_the_cpu():
     (l_gpu, (g_gpu,)), (l_cpu, (g_cpu,)) = run(cp), run(np)
     np.testing.assert_allclose(float(l_gpu), float(l_cpu), rtol=2e-5)
     np.testing.assert_allclose(cp.asnumpy(g_gpu), g_cpu, rtol=2e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_binary_cross_entropies_with_weight_and_pos_weight_on_the_gpu_match_the_cpu(dtype, rtol):
+    import cupy as cp
+    rng = np.random.default_rng(7)
+    z = (rng.standard_normal((6, 4)) * 3).astype(dtype)
+    y = rng.integers(0, 2, (6, 4)).astype(dtype)
+    w, p = rng.uniform(0.2, 2.0, (6, 1)).astype(dtype), rng.uniform(0.5, 3.0, 4).astype(dtype)
+
+    def run(xp):   # the weights given as host arrays either way: moved to ŷ's device
+        return fluxpy.withgradient(lambda a: fluxpy.logitbinarycrossentropy(a, xp.asarray(y), weight=w, pos_weight=p)
+                                   + fluxpy.binarycrossentropy(fluxpy.sigmoid(a), xp.asarray(y), weight=w),
+                                   xp.asarray(z))
+    value_cpu, (g_cpu,) = run(np)
+    value_gpu, (g_gpu,) = run(cp)
+    np.testing.assert_allclose(float(value_gpu), float(value_cpu), rtol=rtol)
+    np.testing.assert_allclose(cp.asnumpy(g_gpu), g_cpu, rtol=rtol, atol=rtol * 1e-2)
