@@ -17,19 +17,19 @@ from ..autodiff import define_tracked_ops, value_of
 from ..backend import Array
 from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, minimum, multiply, negative, power,
                     sign, sin, sqrt, square, subtract, tanh, where)
-from .linalg import dot, matmul, svdvals
+from .linalg import cosine_similarity, dot, matmul, pairwise_distance, svdvals
 from .linalg import norm as _linalg_norm   # fluxpy.ops.linalg.norm: fluxpy.ops.norm is the normalisation module
 from .einsum import einsum
 from .padding import pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .reduce import max, mean, min, sum
-from .shape import (astype, broadcast_to, concatenate, expand_dims, getitem, ravel, reshape, scatter_add, squeeze,
-                    stack, swapaxes, transpose)
+from .shape import (astype, broadcast_to, channel_shuffle, concatenate, expand_dims, getitem, ravel, reshape,
+                    scatter_add, squeeze, stack, swapaxes, transpose)
 from .scatter import check_indices, gather, scatter
 from .numeric import (arccos, arcsin, arcsinh, arctan, arctanh, cosh, cumsum, flip, pad, prod, sinh, sort, std, tan,
                       tril, triu, var)
 from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, hardtanh,
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
-                          softplus, softshrink, softsign, swish, tanhshrink, trelu, hardshrink, softmin, glu)
+                          softplus, softshrink, softsign, swish, tanhshrink, trelu, hardshrink, softmin, glu, threshold)
 from .bias_act import bias_act
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
@@ -60,7 +60,8 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
            "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
            "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "upsample_nearest", "upsample_bilinear",
-           "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax", "lstm_gates", "gru_gates"]
+           "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax", "lstm_gates", "gru_gates", "threshold",
+           "channel_shuffle", "cosine_similarity", "pairwise_distance"]
 
 
 def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:

@@ -411,6 +411,16 @@ def glu(x: Array, axis: int = -1) -> Array:
     return x[before + (slice(0, n // 2),)] * sigmoid(x[before + (slice(n // 2, n),)])
 
 
+def threshold(x: Array, threshold: float, value: float) -> Array:
+    """``x`` where ``x > threshold``, else ``value`` (PyTorch's ``F.threshold``; NaN stays NaN, as there).
+
+    >>> import numpy as np
+    >>> threshold(np.array([-1.0, 0.5, 2.0]), 0.5, -9.0)
+    array([-9., -9.,  2.])
+    """
+    return np.where(x <= threshold, value, x)
+
+
 class OutputDerivative:
     """An activation's derivative written as a function of its output ``y = act(x)`` (NNlib's
     ``derivatives_given_output``): ``formula(y, **params)``, with NumPy ufuncs (so it runs on arrays, Tracked values

@@ -20,13 +20,13 @@ from ..capturing import refuse
 from ..kernels import find
 from ..kernels.halfs import is_half
 from .basic import abs as abs_
-from .basic import power, sign, where
+from .basic import maximum, power, sign, where
 from .reduce import max as max_
 from .reduce import min as min_
 from .reduce import sum as sum_
 from .shape import expand_dims, reshape, swapaxes, transpose, unbroadcast
 
-__all__ = ["matmul", "dot", "norm", "svdvals"]
+__all__ = ["matmul", "dot", "norm", "svdvals", "cosine_similarity", "pairwise_distance"]
 
 
 def _matmul_impl(a, b):
@@ -282,3 +282,41 @@ def _matrix_norm(x, ord, axes, keepdims):
         s = svdvals(transpose(x, tuple(a for a in range(x.ndim) if a not in axes) + axes))
         y = reshape(sum_(s, axis=-1) if ord == "nuc" else (max_ if ord == 2 else min_)(s, axis=-1), kept)
     return y if keepdims else reshape(y, tuple(n for a, n in enumerate(x.shape) if a not in axes))
+
+
+def _check_pair(who, a, b):
+    if not (hasattr(a, "shape") and hasattr(b, "shape")):
+        raise TypeError(f"{who} expects two arrays, got a {type(a).__name__} and a {type(b).__name__}")
+    try:
+        return np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    except ValueError:
+        raise ValueError(f"{who}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast together") from None
+
+
+def cosine_similarity(a: Array, b: Array, axis: int = -1, eps: float = 1e-8) -> Array:
+    """The cosine of the angle between ``a`` and ``b`` along ``axis`` (broadcast together), PyTorch's
+    ``F.cosine_similarity`` (whose default ``dim`` is 1; here the last axis, the features of ``(N, features)``): each
+    divided by its 2-norm clamped below at ``eps``, then the sum of the products.
+
+    >>> import numpy as np
+    >>> cosine_similarity(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 2.0], [3.0, 3.0]])).round(6)
+    array([0., 1.])
+    """
+    shape = _check_pair("cosine_similarity", a, b)
+    if not -len(shape) <= axis < len(shape):
+        raise ValueError(f"cosine_similarity: axis {axis} is out of range for the broadcast shape {shape}")
+    an = maximum(norm(a, axis=axis, keepdims=True), eps)
+    bn = maximum(norm(b, axis=axis, keepdims=True), eps)
+    return sum_((a / an) * (b / bn), axis=axis)
+
+
+def pairwise_distance(a: Array, b: Array, p: float = 2.0, eps: float = 1e-6, keepdims: bool = False) -> Array:
+    """The ``p``-norm of ``a - b + eps`` along the last axis (broadcast together), PyTorch's ``F.pairwise_distance``
+    (``eps`` keeps the gradient finite where ``a == b``).
+
+    >>> import numpy as np
+    >>> float(pairwise_distance(np.array([0.0, 0.0]), np.array([3.0, 4.0]), eps=0.0))
+    5.0
+    """
+    _check_pair("pairwise_distance", a, b)
+    return norm(a - b + eps, p, axis=-1, keepdims=keepdims)

@@ -22,7 +22,8 @@ from ..layout import MEMORY_FORMATS, is_channels_last, to_channels_last, to_cont
 from .scatter import _scatter
 
 __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes", "getitem", "scatter_add",
-           "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel", "as_memory_format"]
+           "concatenate", "stack", "astype", "swapaxes", "squeeze", "expand_dims", "ravel", "as_memory_format",
+           "channel_shuffle"]
 
 
 def _normalize_shape(shape):
@@ -433,3 +434,22 @@ def as_memory_format(x: Array, memory: str) -> Array:
         raise ValueError(f"as_memory_format expects an array of 3 or more axes (N, C, *spatial), got shape "
                          f"{tuple(getattr(x, 'shape', ()))}")
     return _as_memory_format(x, memory)
+
+
+def channel_shuffle(x: Array, groups: int) -> Array:
+    """The channels of ``x`` ``(N, C, *spatial)`` in ``groups`` interleaved (ShuffleNet; PyTorch's
+    ``nn.ChannelShuffle``): seen as ``(groups, C / groups)``, transposed, flattened back.
+
+    >>> import numpy as np
+    >>> channel_shuffle(np.arange(6.0).reshape(1, 6, 1), 2)[0, :, 0]
+    array([0., 3., 1., 4., 2., 5.])
+    """
+    shape = tuple(getattr(x, "shape", ()))
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"channel_shuffle expects groups to be an int >= 1, got {groups!r}")
+    if len(shape) < 2 or shape[1] % groups:
+        raise ValueError(f"channel_shuffle expects x of shape (N, C, ...) with C divisible by groups={groups}, got "
+                         f"shape {shape}")
+    n, c, rest = shape[0], shape[1], shape[2:]
+    y = swapaxes(reshape(x, (n, int(groups), c // int(groups)) + rest), 1, 2)
+    return reshape(y, shape)
