@@ -100,3 +100,65 @@ def test_against_pytorch_itself():
     x = rng.standard_normal((2, 6, 3, 3))
     np.testing.assert_array_equal(channel_shuffle(x, 3), torch.nn.ChannelShuffle(3)(t(x)).numpy())
     np.testing.assert_array_equal(threshold(a, 0.1, 20.0), F.threshold(t(a), 0.1, 20.0).numpy())
+
+
+def _unfold_reference(x, kernel, stride, pad, dilation):
+    """PyTorch's im2col written out: column ``l`` (output position, row-major) holds, in row ``c*k + j``, channel
+    ``c`` at kernel offset ``j`` (row-major) of patch ``l``."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    p = (h + 2 * pad[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    q = (w + 2 * pad[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, c * kh * kw, p * q))
+    for ci in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                for pi in range(p):
+                    for qi in range(q):
+                        out[:, ci * kh * kw + i * kw + j, pi * q + qi] = \
+                            xp[:, ci, pi * stride[0] + i * dilation[0], qi * stride[1] + j * dilation[1]]
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=st.integers(1, 3), h=st.integers(3, 7), w=st.integers(3, 7), kh=st.integers(1, 3), kw=st.integers(1, 3),
+       s=st.integers(1, 2), pad=st.integers(0, 1), d=st.integers(1, 2), seed=seeds)
+def test_unfold_takes_pytorch_s_patches_and_fold_is_its_adjoint(c, h, w, kh, kw, s, pad, d, seed):
+    from fluxpy import fold, unfold
+    if (h + 2 * pad - d * (kh - 1) - 1) < 0 or (w + 2 * pad - d * (kw - 1) - 1) < 0:
+        return   # no whole patch fits
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, c, h, w))
+    cols = unfold(x, (kh, kw), stride=s, pad=pad, dilation=d)
+    np.testing.assert_array_equal(cols, _unfold_reference(x, (kh, kw), (s, s), (pad, pad), (d, d)))
+    z = rng.standard_normal(cols.shape)   # <unfold(x), z> == <x, fold(z)>: fold is unfold's adjoint
+    back = fold(z, (h, w), (kh, kw), stride=s, pad=pad, dilation=d)
+    assert back.shape == x.shape
+    np.testing.assert_allclose((cols * z).sum(), (x * back).sum(), rtol=1e-12)
+    check_grad(lambda x: unfold(x, (kh, kw), stride=s, pad=pad, dilation=d), x, rng=rng)
+    check_grad(lambda z: fold(z, (h, w), (kh, kw), stride=s, pad=pad, dilation=d), z, rng=rng)
+
+
+def test_unfold_and_fold_errors_name_the_op_and_the_shapes():
+    from fluxpy import fold, unfold
+    with pytest.raises(ValueError, match=r"^unfold expects x of shape \(N, C, \*spatial\)"):
+        unfold(np.ones(4), 2)
+    with pytest.raises(ValueError, match=r"^unfold expects kernel to be an int or 2 ints"):
+        unfold(np.ones((1, 1, 4, 4)), (2, 2, 2))
+    with pytest.raises(ValueError, match=r"^fold expects cols of shape \(N, C\*4, 9\) for output_size \(4, 4\)"):
+        fold(np.ones((1, 4, 8)), (4, 4), 2)
+
+
+def test_unfold_and_fold_match_pytorch_itself():
+    torch = pytest.importorskip("torch")
+    from fluxpy import fold, unfold
+    F = torch.nn.functional
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 8, 7))
+    for kernel, stride, pad, dil in (((2, 3), 1, 0, 1), (3, 2, 1, 1), ((2, 2), (2, 1), (1, 0), (1, 2))):
+        cols = F.unfold(torch.from_numpy(x), kernel, dilation=dil, padding=pad, stride=stride).numpy()
+        np.testing.assert_array_equal(unfold(x, kernel, stride=stride, pad=pad, dilation=dil), cols)
+        np.testing.assert_array_equal(
+            fold(cols, (8, 7), kernel, stride=stride, pad=pad, dilation=dil),
+            F.fold(torch.from_numpy(cols), (8, 7), kernel, dilation=dil, padding=pad, stride=stride).numpy())

@@ -20,6 +20,7 @@ from .basic import (abs, add, cos, divide, exp, expm1, log, log1p, maximum, mini
 from .linalg import cosine_similarity, dot, matmul, pairwise_distance, svdvals
 from .linalg import norm as _linalg_norm   # fluxpy.ops.linalg.norm: fluxpy.ops.norm is the normalisation module
 from .einsum import einsum
+from .patches import fold, unfold
 from .padding import pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .reduce import max, mean, min, sum
 from .shape import (astype, broadcast_to, channel_shuffle, concatenate, expand_dims, getitem, ravel, reshape,
@@ -61,7 +62,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
            "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "upsample_nearest", "upsample_bilinear",
            "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax", "lstm_gates", "gru_gates", "threshold",
-           "channel_shuffle", "cosine_similarity", "pairwise_distance"]
+           "channel_shuffle", "cosine_similarity", "pairwise_distance", "unfold", "fold"]
 
 
 def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:
