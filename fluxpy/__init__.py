@@ -67,7 +67,8 @@ from .layers.tools import EMA, activations, checkpointed, destructure
 from .losses import (binary_focal_loss, binarycrossentropy, crossentropy, dice_coeff_loss, focal_loss, hinge_loss,
                      huber_loss, kldivergence, label_smoothing, logitbinarycrossentropy, logitcrossentropy, mae, mse,
                      msle, poisson_loss, siamese_contrastive_loss, squared_hinge_loss, tversky_loss)
-from .losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, margin_ranking_loss, nll_loss, smooth_l1_loss,
+from .losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, hinge_embedding_loss, margin_ranking_loss,
+                     multi_margin_loss, multilabel_soft_margin_loss, nll_loss, smooth_l1_loss, soft_margin_loss,
                      triplet_margin_loss)
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
@@ -138,7 +139,7 @@ __all__ = [
     "logitbinarycrossentropy", "kldivergence", "msle", "poisson_loss", "hinge_loss", "squared_hinge_loss",
     "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss", "siamese_contrastive_loss", "label_smoothing",
     "ctc_loss", "smooth_l1_loss", "nll_loss", "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss",
-    "gaussian_nll_loss",
+    "gaussian_nll_loss", "soft_margin_loss", "hinge_embedding_loss", "multilabel_soft_margin_loss", "multi_margin_loss",
     "optimise", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "WeightDecay", "ClipGrad", "ClipNorm", "OptimiserChain", "AdaGrad", "AdaDelta", "AdaMax", "NAdam",
     "RAdam", "OAdam", "AdaBelief", "Lion", "SignDecay", "AccumGrad", "setup", "update", "adjust", "freeze", "thaw",

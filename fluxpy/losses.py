@@ -65,14 +65,16 @@ from .ops.reduce import mean
 from .ops.reduce import sum as _sum
 from .ops.shape import reshape, transpose
 from .ops.softmax import logit_crossentropy_rows
-from .losses_more import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, margin_ranking_loss, nll_loss,
-                          smooth_l1_loss, triplet_margin_loss)
+from .losses_more import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, hinge_embedding_loss,
+                          margin_ranking_loss, multi_margin_loss, multilabel_soft_margin_loss, nll_loss,
+                          smooth_l1_loss, soft_margin_loss, triplet_margin_loss)
 
 __all__ = ["mse", "mae", "huber_loss", "crossentropy", "logitcrossentropy", "binarycrossentropy",
            "logitbinarycrossentropy", "kldivergence", "label_smoothing", "msle", "poisson_loss",
            "hinge_loss", "squared_hinge_loss", "dice_coeff_loss", "tversky_loss", "binary_focal_loss", "focal_loss",
            "siamese_contrastive_loss", "xlogx", "xlogy", "ctc_loss", "smooth_l1_loss", "nll_loss",
-           "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss", "gaussian_nll_loss"]
+           "margin_ranking_loss", "triplet_margin_loss", "cosine_embedding_loss", "gaussian_nll_loss",
+           "soft_margin_loss", "hinge_embedding_loss", "multilabel_soft_margin_loss", "multi_margin_loss"]
 
 
 # ---------------------------------------------------------------------------------------------

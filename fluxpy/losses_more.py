@@ -30,6 +30,7 @@ from .backend import Array, get_array_module, is_array, is_float_dtype
 from .kernels.halfs import is_half
 from .options import options
 from .ops import basic
+from .ops.activations import softplus
 from .ops.linalg import matmul
 from .ops.reduce import max as _max
 from .ops.reduce import mean
@@ -37,7 +38,8 @@ from .ops.reduce import sum as _sum
 from .ops.shape import reshape, transpose
 
 __all__ = ["ctc_loss", "smooth_l1_loss", "nll_loss", "margin_ranking_loss", "triplet_margin_loss",
-           "cosine_embedding_loss", "gaussian_nll_loss"]
+           "cosine_embedding_loss", "gaussian_nll_loss", "soft_margin_loss", "hinge_embedding_loss",
+           "multilabel_soft_margin_loss", "multi_margin_loss"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,3 +612,90 @@ def _no_second_derivative(lp, *, grad):
 
 # The gradient computed in the forward pass, as an op of ``lp`` so that differentiating it again says it cannot.
 _ctc_gradient = Primitive("ctc_loss_gradient", _no_second_derivative, impl=lambda lp, *, grad: grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's margin losses for binary and multi-label targets
+
+
+def soft_margin_loss(x: Array, y: Array, *, agg: Callable = mean) -> Array:
+    """PyTorch's soft margin loss, ``log(1 + exp(-y x))`` elementwise (computed as ``softplus(-y x)``), reduced by
+    ``agg``; ``y`` of 1 or -1, ``x`` and ``y`` of one shape.
+
+    >>> import numpy as np
+    >>> round(float(soft_margin_loss(np.array([0.0, 2.0]), np.array([1, -1]))), 4)   # (log 2 + log(1 + e^2)) / 2
+    1.41
+    """
+    name = "soft_margin_loss"
+    _float_input(name, "x", x)
+    _same_shapes(name, x=x, y=y)
+    _plus_minus_one(name, y)
+    return _aggregate(name, agg, softplus(-_as_dtype_of(y, x) * x))
+
+
+def hinge_embedding_loss(x: Array, y: Array, *, margin: float = 1.0, agg: Callable = mean) -> Array:
+    """PyTorch's hinge embedding loss: ``x`` where ``y`` is 1, ``max(0, margin - x)`` where it is -1, reduced by
+    ``agg`` (``x`` usually a distance between two embeddings, small for similar pairs).
+
+    >>> import numpy as np
+    >>> hinge_embedding_loss(np.array([0.3, 0.4, 1.5]), np.array([1, -1, -1]), agg=lambda l: l)
+    array([0.3, 0.6, 0. ])
+    """
+    name = "hinge_embedding_loss"
+    margin = _number(name, "margin", margin)
+    _float_input(name, "x", x)
+    _same_shapes(name, x=x, y=y)
+    _plus_minus_one(name, y)
+    similar = value_of(y) == 1
+    return _aggregate(name, agg, basic.where(similar, x, basic.maximum(margin - x, 0)))
+
+
+def multilabel_soft_margin_loss(x: Array, y: Array, *, weight: Array | None = None,
+                                agg: Callable = mean) -> Array:
+    """PyTorch's multi-label soft margin loss: per example of ``x`` ``(N, C)`` (logits, one per label) and targets
+    ``y`` ``(N, C)`` in [0, 1], the mean over the labels of ``weight * (y softplus(-x) + (1 - y) softplus(x))``
+    (a binary cross-entropy per label), reduced over the examples by ``agg``. ``weight``: ``(C,)``.
+
+    >>> import numpy as np
+    >>> round(float(multilabel_soft_margin_loss(np.zeros((1, 2)), np.array([[1.0, 0.0]]))), 4)   # log 2
+    0.6931
+    """
+    name = "multilabel_soft_margin_loss"
+    _float_input(name, "x", x)
+    shape = _rows_of_vectors(name, x=x, y=y)
+    y = _as_dtype_of(y, x)
+    per_label = y * softplus(-x) + (1 - y) * softplus(x)
+    w = _class_weights(name, weight, shape[-1], value_of(x))
+    if w is not None:
+        per_label = per_label * w
+    return _aggregate(name, agg, _sum(per_label, axis=-1) / shape[-1])
+
+
+def multi_margin_loss(x: Array, y: Array, *, p: int = 1, margin: float = 1.0, weight: Array | None = None,
+                      agg: Callable = mean) -> Array:
+    """PyTorch's multi-class margin (hinge) loss: per example of scores ``x`` ``(N, C)`` and class indices ``y``
+    ``(N,)``, ``sum over i != y of weight[y] * max(0, margin - x[y] + x[i]) ** p``, divided by ``C``, reduced over
+    the examples by ``agg``. ``p`` is 1 or 2.
+
+    >>> import numpy as np
+    >>> round(float(multi_margin_loss(np.array([[0.1, 0.2, 0.4, 0.8]]), np.array([3]))), 6)   # (0.3 + 0.4 + 0.6) / 4
+    0.325
+    """
+    name = "multi_margin_loss"
+    margin = _number(name, "margin", margin)
+    if p not in (1, 2) or isinstance(p, bool):
+        raise ValueError(f"{name} expects p to be 1 or 2, got {p!r}")
+    _float_input(name, "x", x)
+    shape = _shape(x)
+    labels = value_of(y)
+    if len(shape) != 2 or not is_array(labels) or labels.dtype.kind not in "iu" or tuple(labels.shape) != shape[:1]:
+        raise ValueError(f"{name} expects x of shape (N, C) and y, integer class indices of shape (N,), got "
+                         f"{_describe('x', x)} and {_describe('y', y)}")
+    hot = _one_hot(name, labels, shape[1], value_of(x).dtype, -1)
+    target = _sum(x * hot, axis=-1, keepdims=True)
+    hinge = basic.maximum(margin - target + x, 0) * (1 - hot)
+    rows = _sum(hinge if p == 1 else hinge * hinge, axis=-1) / shape[1]
+    w = _class_weights(name, weight, shape[1], value_of(x))
+    if w is not None:
+        rows = rows * _sum(hot * w, axis=-1)
+    return _aggregate(name, agg, rows)

@@ -492,3 +492,69 @@ def test_matches_torch():
     targets = np.where(targets == 5, 0, targets)   # 5 is the blank now
     compare(lambda z: L.ctc_loss(fluxpy.logsoftmax(z), targets, inputs, lengths, blank=5, agg=sum),
             lambda z: F.ctc_loss(F.log_softmax(z, 2), t(targets), t(inputs), t(lengths), blank=5, reduction="sum"), z)
+
+
+# ---------------------------------------------------------------------------------------------
+# soft_margin_loss, hinge_embedding_loss, multilabel_soft_margin_loss, multi_margin_loss: PyTorch's formulas
+
+
+def _sp(z):
+    return np.logaddexp(0, z)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5), c=st.integers(2, 5), margin=st.sampled_from([0.5, 1.0, 2.0]), weighted=st.booleans(),
+       p=st.sampled_from([1, 2]), seed=seeds)
+def test_pytorch_s_margin_losses_follow_their_documented_formulas(n, c, margin, weighted, p, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c)) * 2
+    pm = rng.choice([-1, 1], (n, c))
+    soft = rng.random((n, c))
+    labels = rng.integers(0, c, n)
+    w = rng.uniform(0.2, 2.0, c) if weighted else None
+    wv = np.ones(c) if w is None else w
+    np.testing.assert_allclose(float(L.soft_margin_loss(x, pm)), np.mean(_sp(-pm * x)), rtol=1e-12)
+    np.testing.assert_allclose(float(L.hinge_embedding_loss(x, pm, margin=margin)),
+                               np.mean(np.where(pm == 1, x, np.maximum(0, margin - x))), rtol=1e-12)
+    np.testing.assert_allclose(float(L.multilabel_soft_margin_loss(x, soft, weight=w)),
+                               np.mean((wv * (soft * _sp(-x) + (1 - soft) * _sp(x))).sum(1) / c), rtol=1e-12)
+    rows = [sum(wv[labels[i]] * max(0.0, margin - x[i, labels[i]] + x[i, j]) ** p for j in range(c) if j != labels[i])
+            / c for i in range(n)]
+    np.testing.assert_allclose(float(L.multi_margin_loss(x, labels, p=p, margin=margin, weight=w)), np.mean(rows),
+                               rtol=1e-12, atol=1e-15)
+    x = x + 0.01 * (np.abs(x) < 0.01)   # away from the hinges' kinks, for the finite differences
+    check_grad(lambda x: L.soft_margin_loss(x, pm), x, rng=rng)
+    check_grad(lambda x: L.multilabel_soft_margin_loss(x, soft, weight=w), x, rng=rng)
+    kinks = np.abs(margin - x[np.arange(n), labels][:, None] + x)
+    if kinks.min() > 1e-3 and np.abs(margin - x).min() > 1e-3:
+        check_grad(lambda x: L.hinge_embedding_loss(x, pm, margin=margin), x, rng=rng)
+        check_grad(lambda x: L.multi_margin_loss(x, labels, p=p, margin=margin, weight=w), x, rng=rng)
+
+
+def test_the_margin_losses_refuse_bad_labels_naming_themselves():
+    with pytest.raises(ValueError, match=r"^soft_margin_loss expects y of 1 \(similar\) or -1"):
+        L.soft_margin_loss(np.zeros(3), np.array([1, 0, -1]))
+    with pytest.raises(ValueError, match=r"^multi_margin_loss expects x of shape \(N, C\) and y, integer class"):
+        L.multi_margin_loss(np.zeros((2, 3)), np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"^multi_margin_loss expects class indices in \[0, 3\)"):
+        L.multi_margin_loss(np.zeros((2, 3)), np.array([0, 3]))
+    with pytest.raises(ValueError, match=r"^multi_margin_loss expects p to be 1 or 2, got 3"):
+        L.multi_margin_loss(np.zeros((2, 3)), np.array([0, 1]), p=3)
+    with pytest.raises(ValueError, match=r"^multilabel_soft_margin_loss expects weight, a \(3,\) array"):
+        L.multilabel_soft_margin_loss(np.zeros((2, 3)), np.zeros((2, 3)), weight=np.ones(2))
+
+
+def test_the_margin_losses_match_pytorch_itself():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(5)
+    x, pm = rng.standard_normal((6, 4)), rng.choice([-1.0, 1.0], (6, 4))
+    soft, labels, w = rng.random((6, 4)), rng.integers(0, 4, 6), rng.uniform(0.5, 2.0, 4)
+    t = torch.from_numpy
+    pairs = [(L.soft_margin_loss(x, pm), F.soft_margin_loss(t(x), t(pm))),
+             (L.hinge_embedding_loss(x, pm, margin=0.6), F.hinge_embedding_loss(t(x), t(pm), margin=0.6)),
+             (L.multilabel_soft_margin_loss(x, soft, weight=w), F.multilabel_soft_margin_loss(t(x), t(soft), t(w))),
+             (L.multi_margin_loss(x, labels, p=2, margin=0.9, weight=w),
+              F.multi_margin_loss(t(x), t(labels), p=2, margin=0.9, weight=t(w)))]
+    for ours, theirs in pairs:
+        assert float(ours) == pytest.approx(theirs.item(), rel=1e-12)
