@@ -30,10 +30,13 @@ def _shape(x):
     return tuple(getattr(x, "shape", ()))
 
 
+_NUMBERS = (int, float)
+
+
 def _number_with_bfloat16(a, b):
     """True where one operand is a Python number and the other a bfloat16 array."""
-    return ((isinstance(a, (int, float)) and getattr(b, "dtype", None) == BFLOAT16) or
-            (isinstance(b, (int, float)) and getattr(a, "dtype", None) == BFLOAT16))
+    return ((isinstance(a, _NUMBERS) and getattr(b, "dtype", None) == BFLOAT16) or
+            (isinstance(b, _NUMBERS) and getattr(a, "dtype", None) == BFLOAT16))
 
 
 def _checked(name, fn):
@@ -43,7 +46,8 @@ def _checked(name, fn):
     def impl(a, b):
         try:
             y = fn(a, b)
-            if getattr(y, "dtype", None) == np.float32 and _number_with_bfloat16(a, b):
+            if (isinstance(a, _NUMBERS) or isinstance(b, _NUMBERS)) and _number_with_bfloat16(a, b) and \
+                    y.dtype == np.float32:
                 return y.astype(BFLOAT16)
             return y
         except TypeError:
