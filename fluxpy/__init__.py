@@ -53,9 +53,9 @@ from .torch_state import load_torch_state, to_torch_state
 from .ops.attention import causal_mask, dot_product_attention
 from .layout import is_channels_last, to_channels_last
 from .layers import (AdaptiveMaxPool, AdaptiveMeanPool, AlphaDropout, BatchNorm, Bilinear, Chain, Conv, ConvTranspose,
-                     CrossCor, Dense, DepthwiseConv, GRU, GRUCell, LSTM, LSTMCell, Maxout, MultiHeadAttention,
-                     PairwiseFusion, Recurrence, RNN, RNNCell, Scale, TransformerDecoderLayer, TransformerEncoderLayer,
-                     initialstates,
+                     CrossCor, Dense, DepthwiseConv, GRU, GRUCell, GRUv3, GRUv3Cell, LSTM, LSTMCell, Maxout,
+                     MultiHeadAttention, PairwiseFusion, Recurrence, RNN, RNNCell, Scale, TransformerDecoderLayer,
+                     TransformerEncoderLayer, initialstates,
                      DimensionMismatch, Dropout, DTypeMismatch, Embedding, EmbeddingBag, GlobalMaxPool, GlobalMeanPool,
                      GroupNorm, InstanceNorm, LayerNorm, MaxPool, MeanPool, Parallel, PixelShuffle, SkipConnection,
                      Upsample, f32, f64, flatten, glorot_normal, glorot_uniform, istraining, kaiming_normal,
@@ -124,7 +124,7 @@ __all__ = [
     "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag", "SkipConnection", "Parallel", "DimensionMismatch",
     "DTypeMismatch",
     "AlphaDropout", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-    "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
+    "GRUCell", "GRUv3", "GRUv3Cell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
     "TransformerDecoderLayer", "dot_product_attention", "causal_mask", "numobs", "getobs", "obsview", "shuffleobs",
     "splitobs", "kfolds", "batch", "unbatch", "chunk", "mapobs",
     "pad_sequence", "unpad_sequence", "batchseq", "sequence_mask",

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
-from fluxpy import GRU, LSTM, RNN, LSTMCell
+from fluxpy import GRU, LSTM, RNN, GRUv3, LSTMCell
 from gradcheck import check_grad
 
 
@@ -34,13 +34,16 @@ def _np_run(kind, cell, x, state=None):
         else:
             r = _sig(xi[:, :hidden] + hh[:, :hidden])
             u = _sig(xi[:, hidden:2 * hidden] + hh[:, hidden:2 * hidden])
-            cand = np.tanh(xi[:, 2 * hidden:] + r * hh[:, 2 * hidden:])
+            if kind == "gru":   # the reset gate after the recurrent product (PyTorch's, Flux's GRU)
+                cand = np.tanh(xi[:, 2 * hidden:] + r * hh[:, 2 * hidden:])
+            else:               # gruv3: before it (Flux's GRUv3, Cho et al. 2014)
+                cand = np.tanh(xi[:, 2 * hidden:] + (r * h) @ wh[2 * hidden:].T)
             h = (1 - u) * cand + u * h
         outs.append(h)
     return np.stack(outs, axis=1), ((h, c) if kind == "lstm" else h)
 
 
-MAKERS = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
+MAKERS = {"rnn": RNN, "lstm": LSTM, "gru": GRU, "gruv3": GRUv3}
 
 
 @settings(max_examples=12, deadline=None)
@@ -200,3 +203,26 @@ def test_half_precision_layers_on_the_cpu(kind):
         g = fluxpy.gradient(lambda m: m(xh).sum(), half)[0]["cell"]["weight_hh"]
         assert g.dtype == xh.dtype
         np.testing.assert_allclose(g.astype(np.float32), gwant, atol=4 * tol * (1 + np.abs(gwant).max()))
+
+
+def test_gruv3_cell_steps_as_its_layer_and_takes_lengths():
+    rng = np.random.default_rng(3)
+    layer = fluxpy.f64(GRUv3(3, 4, rng=1))
+    layer.cell.bias[...] = rng.standard_normal(12) * 0.5
+    x = rng.standard_normal((2, 5, 3))
+    h, outs = None, []
+    for t in range(5):   # the cell alone, step by step, as the layer runs it
+        y, h = layer.cell(x[:, t], h)
+        outs.append(y)
+    np.testing.assert_allclose(layer(x), np.stack(outs, axis=1), rtol=1e-13)
+    y, state = layer(x, lengths=[5, 2], return_state=True)   # the short sequence, alone, gives its own state
+    alone, alone_state = layer(x[1:, :2], return_state=True)
+    np.testing.assert_allclose(y[1, :2], alone[0], rtol=1e-13)
+    np.testing.assert_array_equal(y[1, 2:], 0)
+    np.testing.assert_allclose(state[1], alone_state[0], rtol=1e-13)
+    assert repr(layer) == "GRUv3(3 => 4)" and repr(layer.cell) == "GRUv3Cell(3 => 4)"
+    np.testing.assert_allclose(layer(x), _np_run("gruv3", layer.cell, x)[0], rtol=1e-12)
+    check_grad(lambda x: layer(x), x)
+    check_grad(lambda w: GRUv3.__call__(_with_weight(layer, w), x), layer.cell.weight_hh)
+    with pytest.raises(fluxpy.DimensionMismatch, match=r"GRUv3\(3 => 4\) expects x of shape \(N, T, 3\)"):
+        layer(np.ones((2, 5, 4)))

@@ -44,7 +44,7 @@ from .init import (calculate_gain, glorot_normal, glorot_uniform, identity_init,
                    lecun_normal, nfan, ones32, orthogonal, rand32, randn32, sparse_init, truncated_normal, zeros32)
 from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, RMSNorm, istraining,
                         testmode, trainmode)
-from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell, initialstates
+from .recurrent import GRU, LSTM, RNN, GRUCell, GRUv3, GRUv3Cell, LSTMCell, Recurrence, RNNCell, initialstates
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, GlobalMaxPool, GlobalMeanPool, MaxPool, MeanPool
 from .reparam import SpectralNorm, WeightNorm, remove_weight_norms
 from .tools import Checkpoint
@@ -57,7 +57,8 @@ __all__ = ["Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv
            "InstanceNorm", "Dropout", "AlphaDropout", "Upsample", "PixelShuffle", "Embedding", "EmbeddingBag",
            "SkipConnection",
            "Parallel", "Scale", "Bilinear", "Maxout", "PairwiseFusion", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
-           "GRUCell", "Recurrence", "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
+           "GRUCell", "GRUv3", "GRUv3Cell", "Recurrence",
+           "initialstates", "MultiHeadAttention", "TransformerEncoderLayer",
            "TransformerDecoderLayer",
            "DimensionMismatch", "DTypeMismatch", "istraining", "trainmode", "testmode", "f32", "f64", "glorot_uniform",
            "glorot_normal", "kaiming_uniform", "kaiming_normal", "randn32", "zeros32", "ones32", "nfan",

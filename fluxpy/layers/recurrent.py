@@ -44,6 +44,7 @@ import numpy as np
 from ..autodiff import value_of
 from ..backend import get_array_module
 from ..functors import layer
+from ..ops.activations import sigmoid
 from ..ops.basic import tanh, where
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
@@ -55,7 +56,7 @@ from ._checks import (Array, DimensionMismatch, _activation, _describe_input, _f
 from .init import RNG, glorot_uniform, zeros32
 from .show import _act_part
 
-__all__ = ["RNNCell", "LSTMCell", "GRUCell", "RNN", "LSTM", "GRU", "Recurrence", "initialstates"]
+__all__ = ["RNNCell", "LSTMCell", "GRUCell", "GRUv3Cell", "RNN", "LSTM", "GRU", "GRUv3", "Recurrence", "initialstates"]
 
 
 def _cell_params(cell, who, gates, in_features, hidden, init, rng, bias=True):
@@ -242,6 +243,47 @@ class GRUCell:
         return f"GRUCell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_bias_part(self)})"
 
 
+@layer(children=("weight_ih", "weight_hh", "bias"))
+class GRUv3Cell:
+    """One step of GRU v3 (Cho et al. 2014's form, Flux's ``GRUv3Cell``): the reset gate applied to the state
+    before its product, ``n = tanh(x W_in^T + b_n + (r h) W_hn^T)``, with ``r``, ``z`` and ``h' = (1 - z) n + z h``
+    as :class:`GRUCell`'s; ``cell(x, h=None) -> (h', h')``. The parameters have :class:`GRUCell`'s shapes
+    (``weight_hh`` stacks ``W_hr``, ``W_hz``, ``W_hn``); composed of fluxpy ops (no fused gate kernel).
+
+    >>> import numpy as np
+    >>> c = GRUv3Cell(3, 4, rng=0)
+    >>> c, c(np.ones((2, 3), np.float32))[0].shape
+    (GRUv3Cell(3 => 4), (2, 4))
+    """
+
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True) -> None:
+        _cell_params(self, "GRUv3Cell", 3, in_features, hidden, init, rng, bias)
+
+    def _step(self, x: Array, h: Array | None = None) -> tuple[Array, Array]:
+        _check_step(self, x, h)
+        return self._advance(_project(self, x), h)
+
+    def _advance(self, xi: Array, h: Array | None, w_hh_t: Array | None = None) -> tuple[Array, Array]:
+        """The step from the projected input ``xi`` ``(batch, 3 hidden)`` (``w_hh_t``: ``W_hh^T``, made once for a
+        sequence)."""
+        h = _zeros_state(self, xi) if h is None else h
+        w = transpose(self.weight_hh) if w_hh_t is None else w_hh_t
+        n = self.weight_hh.shape[1]
+        both = Ellipsis, slice(0, 2 * n)
+        rz = sigmoid(getitem(xi, both) + matmul(h, getitem(w, both)))
+        r, z = getitem(rz, (Ellipsis, slice(0, n))), getitem(rz, (Ellipsis, slice(n, 2 * n)))
+        cand = tanh(getitem(xi, (Ellipsis, slice(2 * n, 3 * n))) +
+                    matmul(r * h, getitem(w, (Ellipsis, slice(2 * n, 3 * n)))))
+        h = (1 - z) * cand + z * h
+        return h, h
+
+    __call__ = _unbatched(None, _step)
+
+    def __repr__(self):
+        return f"GRUv3Cell({self.weight_ih.shape[1]} => {self.weight_hh.shape[1]}{_bias_part(self)})"
+
+
 def _bias_part(cell):
     return "" if cell.bias is not None else ", bias=False"
 
@@ -259,7 +301,7 @@ def _run(layer_, x, state, return_state, lengths=None):
     if x.shape[-2] < 1:
         _fail(layer_, "at least one time step", x)
     cell = layer_.cell
-    known = isinstance(cell, (RNNCell, LSTMCell, GRUCell))
+    known = isinstance(cell, (RNNCell, LSTMCell, GRUCell, GRUv3Cell))
     if known:
         _check_sequence(layer_, cell, x, state)
     mask = None if lengths is None else _length_mask(layer_, x, lengths)
@@ -396,6 +438,22 @@ class GRU(_Recurrent):
                  bias: bool = True, return_state: bool = False) -> None:
         self.cell = GRUCell(in_features, hidden, init=init, rng=rng, bias=bias)
         self.return_state = _return_state_option("GRU", return_state)
+
+
+@layer(children=("cell",))
+class GRUv3(_Recurrent):
+    """GRU v3 over ``(N, T, in)`` (:class:`GRUv3Cell`: the reset gate before the recurrent product; Flux's
+    ``GRUv3``): ``(N, T, hidden)``; ``gru(x, h0=None, lengths=None, return_state=False)``.
+
+    >>> import numpy as np
+    >>> GRUv3(3, 4, rng=0)(np.ones((2, 5, 3), np.float32)).shape
+    (2, 5, 4)
+    """
+
+    def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
+                 bias: bool = True, return_state: bool = False) -> None:
+        self.cell = GRUv3Cell(in_features, hidden, init=init, rng=rng, bias=bias)
+        self.return_state = _return_state_option("GRUv3", return_state)
 
 
 @layer(children=("cell",))
