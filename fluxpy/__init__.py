@@ -73,7 +73,7 @@ from .losses import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, hinge_e
 from .ops import (celu, erf, gelu_erf, gelu_sigmoid, gelu_tanh, hardsigmoid, hardswish, lisht, logcosh, logsigmoid,
                   logsumexp, mish, rrelu, selu, softshrink, softsign, tanhshrink, trelu)
 from .ops import channel_shuffle, cosine_similarity, glu, hardshrink, pairwise_distance, softmin, threshold
-from .ops import fold, unfold
+from .ops import fold, lpnormpool, unfold
 from .ops import einsum, pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .ops import check_indices
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
@@ -116,6 +116,7 @@ __all__ = [
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",
     "mish", "tanhshrink", "softshrink", "logsigmoid", "gelu_erf", "rrelu", "erf", "logsumexp", "hardshrink", "softmin",
     "glu", "threshold", "channel_shuffle", "cosine_similarity", "pairwise_distance", "unfold", "fold",
+    "lpnormpool",
     "einsum", "pad_constant", "pad_zeros", "pad_reflect", "pad_repeat", "pad_symmetric", "pad_circular",
     # layers
     "Chain", "Dense", "Conv", "CrossCor", "ConvTranspose", "DepthwiseConv", "MaxPool", "MeanPool", "GlobalMaxPool",

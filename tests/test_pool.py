@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
@@ -352,3 +352,34 @@ def test_adaptive_dims_bins():
     d = AdaptivePoolDims.from_array(np.ones((1, 1, 5, 3)), (3, 5))
     assert d.window_rows().tolist() == [[0, 1, 1], [1, 2, 3], [3, 4, 4]]
     assert d.window_cols().tolist() == [[0, 0], [0, 1], [1, 1], [1, 2], [2, 2]]   # bins overlap
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.sampled_from([1, 2, 3, 1.5]), kernel=st.integers(1, 3), stride=st.integers(1, 3), pad=st.integers(0, 1),
+       seed=seeds)
+def test_lpnormpool_is_the_p_norm_of_each_window(p, kernel, stride, pad, seed):
+    from fluxpy import lpnormpool
+    pad = min(pad, kernel - 1) if kernel > 1 else 0
+    rng = np.random.default_rng(seed)
+    x = np.abs(randn(rng, (2, 2, 6, 5))) + 0.1   # positive: the fractional powers are real
+    y = lpnormpool(x, p, kernel, stride, pad)
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    rows = (xp.shape[2] - kernel) // stride + 1
+    cols = (xp.shape[3] - kernel) // stride + 1
+    want = np.array([[[[(xp[n, c, i * stride:i * stride + kernel, j * stride:j * stride + kernel] ** p).sum()
+                        ** (1 / p) for j in range(cols)] for i in range(rows)] for c in range(2)] for n in range(2)])
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+    if p == 1:   # NNlib's identity: lpnormpool(x, 1, k) / prod(k) == meanpool(x, k)
+        np.testing.assert_allclose(y / kernel ** 2, meanpool(x, kernel, stride, pad), rtol=1e-12)
+    check_grad(lambda x: lpnormpool(x, p, kernel, stride, pad), x, rng=rng)
+
+
+def test_lpnormpool_matches_pytorch_and_refuses_a_bad_p():
+    from fluxpy import lpnormpool
+    with pytest.raises(ValueError, match=r"^lpnormpool expects p to be a number in \(0, inf\), got 0"):
+        lpnormpool(np.ones((1, 1, 4, 4)), 0, 2)
+    torch = pytest.importorskip("torch")
+    x = np.abs(randn(np.random.default_rng(2), (2, 3, 7, 6))) + 0.1
+    for p, k, s in ((2, 2, 2), (3, (2, 3), 1), (1.5, 3, 2)):
+        np.testing.assert_allclose(lpnormpool(x, p, k, s),
+                                   torch.nn.functional.lp_pool2d(torch.from_numpy(x), p, k, s).numpy(), rtol=1e-12)

@@ -37,8 +37,8 @@ from .batchnorm import batchnorm
 from .dims import AdaptivePoolDims, ConvDims, PoolDims
 from .dropout import dropout, dropout_mask
 from .norm import batchnorm_infer, batchnorm_train, groupnorm, instancenorm, layernorm, normalise
-from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, maxpool, maxpool_backward,
-                   meanpool, meanpool_backward)
+from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, lpnormpool, maxpool,
+                   maxpool_backward, meanpool, meanpool_backward)
 from .recurrent import gru_gates, lstm_gates
 from .resample import bilinear_weights, pixel_shuffle, upsample_bilinear, upsample_nearest
 from .softmax import logsoftmax, logsumexp, softmax
@@ -62,7 +62,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
            "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "upsample_nearest", "upsample_bilinear",
            "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax", "lstm_gates", "gru_gates", "threshold",
-           "channel_shuffle", "cosine_similarity", "pairwise_distance", "unfold", "fold"]
+           "channel_shuffle", "cosine_similarity", "pairwise_distance", "unfold", "fold", "lpnormpool"]
 
 
 def clip(x: Array, lo: float | Array | None = None, hi: float | Array | None = None) -> Array:

@@ -30,6 +30,7 @@ array([[[[0., 0.],
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -44,8 +45,8 @@ from .resample import along_axis
 from .reduce import check_half_mix, mean
 from .shape import astype, reshape
 
-__all__ = ["maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool", "adaptive_meanpool",
-           "maxpool_backward", "meanpool_backward", "pool_stages", "PoolDims", "AdaptivePoolDims"]
+__all__ = ["maxpool", "meanpool", "lpnormpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
+           "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "pool_stages", "PoolDims", "AdaptivePoolDims"]
 
 
 _DIMS = {}
@@ -309,6 +310,23 @@ def maxpool_backward(dy: Array, x: Array, y: Array, pdims: PoolDims | AdaptivePo
     if len(pdims.x_shape) != 4:
         return _staged_maxpool_backward(dy, x, y, pdims)
     return _maxpool_backward(dy, x, y, pdims)
+
+
+def lpnormpool(x: Array, p: float, kernel: int | tuple[int, ...], stride: int | tuple[int, ...] | None = None,
+               pad: int | tuple[int, ...] = 0) -> Array:
+    """The ``p``-norm pool, ``(sum over each window of x**p) ** (1/p)`` (NNlib's ``lpnormpool``, PyTorch's
+    ``lp_pool2d``; Gulcehre et al. 2014): :func:`meanpool` of ``x**p`` times the window's size, to the ``1/p``.
+    ``p`` is a number > 0; a window whose sum of ``x**p`` is negative (odd ``p``, negative ``x``) gives NaN for a
+    fractional ``1/p``, as both references do. Shapes and keywords as :func:`meanpool` (padding adds zeros).
+
+    >>> import numpy as np
+    >>> lpnormpool(np.array([[[3.0, 4.0, 1.0, 1.0]]]), 2, 2)
+    array([[[5.        , 1.41421356]]])
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0 < p < np.inf:
+        raise ValueError(f"lpnormpool expects p to be a number in (0, inf), got {p!r}")
+    k = kernel if isinstance(kernel, (tuple, list)) else (kernel,) * (len(getattr(x, "shape", ())) - 2)
+    return (meanpool(x ** p, kernel, stride, pad) * math.prod(k)) ** (1 / p)
 
 
 def meanpool_backward(dy: Array, pdims: PoolDims) -> Array:
