@@ -383,3 +383,13 @@ def test_lpnormpool_matches_pytorch_and_refuses_a_bad_p():
     for p, k, s in ((2, 2, 2), (3, (2, 3), 1), (1.5, 3, 2)):
         np.testing.assert_allclose(lpnormpool(x, p, k, s),
                                    torch.nn.functional.lp_pool2d(torch.from_numpy(x), p, k, s).numpy(), rtol=1e-12)
+
+
+def test_lpnormpool_of_a_window_of_zeros_is_zero_with_a_zero_gradient():
+    from fluxpy import lpnormpool, relu
+    x = np.array([[[[-1.0, -2.0, 3.0, 4.0], [-0.5, -3.0, 1.0, 2.0]]]])   # after relu the first window is all zeros
+    y, (g,) = fluxpy.withgradient(lambda x: lpnormpool(relu(x), 2, 2).sum(), x)
+    np.testing.assert_allclose(float(y), np.sqrt(9 + 16 + 1 + 4), rtol=1e-14)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(g[0, 0, :, :2], 0)
+    np.testing.assert_allclose(g[0, 0, :, 2:], np.array([[3.0, 4.0], [1.0, 2.0]]) / np.sqrt(30), rtol=1e-14)

@@ -35,12 +35,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..autodiff import Primitive
+from ..autodiff import Primitive, value_of
 from ..backend import Array
 from ..kernels import lookup
 from ..kernels.halfs import is_half
 from .constants import device_constant
 from .dims import AdaptivePoolDims, PoolDims, _averaging_matrix, _check_spatial, describe, memoised
+from .basic import where
 from .resample import along_axis
 from .reduce import check_half_mix, mean
 from .shape import astype, reshape
@@ -317,7 +318,9 @@ def lpnormpool(x: Array, p: float, kernel: int | tuple[int, ...], stride: int | 
     """The ``p``-norm pool, ``(sum over each window of x**p) ** (1/p)`` (NNlib's ``lpnormpool``, PyTorch's
     ``lp_pool2d``; Gulcehre et al. 2014): :func:`meanpool` of ``x**p`` times the window's size, to the ``1/p``.
     ``p`` is a number > 0; a window whose sum of ``x**p`` is negative (odd ``p``, negative ``x``) gives NaN for a
-    fractional ``1/p``, as both references do. Shapes and keywords as :func:`meanpool` (padding adds zeros).
+    fractional ``1/p``, as both references do. A window of zeros gives 0 with gradient 0 (PyTorch's gives NaN
+    there, ``0 ** (1/p - 1)``; ``p < 1`` keeps an infinite derivative of ``x**p`` at a zero entry). Shapes and
+    keywords as :func:`meanpool` (padding adds zeros).
 
     >>> import numpy as np
     >>> lpnormpool(np.array([[[3.0, 4.0, 1.0, 1.0]]]), 2, 2)
@@ -326,7 +329,10 @@ def lpnormpool(x: Array, p: float, kernel: int | tuple[int, ...], stride: int | 
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0 < p < np.inf:
         raise ValueError(f"lpnormpool expects p to be a number in (0, inf), got {p!r}")
     k = kernel if isinstance(kernel, (tuple, list)) else (kernel,) * (len(getattr(x, "shape", ())) - 2)
-    return (meanpool(x ** p, kernel, stride, pad) * math.prod(k)) ** (1 / p)
+    total = meanpool(x ** p, kernel, stride, pad) * math.prod(k)
+    # a window of zeros (after a relu, say) has norm 0 and gradient 0, not d(s**(1/p))/ds = inf there times 0
+    empty = value_of(total) == 0
+    return where(empty, 0, where(empty, 1, total) ** (1 / p))
 
 
 def meanpool_backward(dy: Array, pdims: PoolDims) -> Array:
