@@ -44,6 +44,7 @@ def _np_run(kind, cell, x, state=None):
 
 
 MAKERS = {"rnn": RNN, "lstm": LSTM, "gru": GRU, "gruv3": GRUv3}
+TORCH_TWINS = ["gru", "lstm", "rnn"]   # PyTorch has no GRU v3
 
 
 @settings(max_examples=12, deadline=None)
@@ -105,7 +106,7 @@ def test_errors_name_the_layer():
     assert repr(RNN(3, 4, fluxpy.relu)) == "RNN(3 => 4, relu)" and repr(GRU(2, 5)) == "GRU(2 => 5)"
 
 
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("kind", TORCH_TWINS)
 def test_against_pytorch_with_the_same_weights(kind):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(2)
@@ -145,7 +146,7 @@ def _torch_pair(kind, rng, n_in=3, hidden=5, bias_hn=False):
     return layer, t
 
 
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("kind", TORCH_TWINS)
 def test_gradients_against_pytorch_with_the_same_weights(kind):
     """The fused gates' backward (fluxpy.ops.lstm_gates / gru_gates, the RNN's bias_act) against torch's autograd:
     the input's, the initial state's and every weight's gradient, float64, with a cotangent on every output and on
