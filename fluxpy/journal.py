@@ -74,7 +74,11 @@ def undone_on_out_of_memory(who: str, f: Callable, *args: Any) -> Any:
     """``f(*args)``, a training step's forward and backward pass (``who`` names the step); where it raises
     ``MemoryError`` (CuPy's ``OutOfMemoryError`` is one), every array :func:`changing` wrote is put back and
     :class:`StepOutOfMemory` raised, outside the failed pass's frames and with no link to its error, so that the
-    pass's arrays are freed as it propagates."""
+    pass's arrays are freed as it propagates.
+
+    >>> undone_on_out_of_memory("a step", lambda a, b: a + b, 2, 3)   # no error: f's value
+    5
+    """
     journal: dict = {}
     token = _journal.set(journal)
     try:

@@ -152,5 +152,9 @@ def start(level: int) -> Watch | None:
 
 
 def stop(level: int) -> None:
-    """The tape at ``level`` has stopped recording: its ops read nothing more."""
+    """The tape at ``level`` has stopped recording: its ops read nothing more.
+
+    >>> w = start(10**9); stop(10**9); 10**9 in watching
+    False
+    """
     watching.pop(level, None)

@@ -61,6 +61,10 @@ def unfold(x: Array, kernel: int | tuple[int, ...], *, stride: int | tuple[int, 
     """The patches of ``x`` ``(N, C, *spatial)`` that a convolution with ``kernel`` sees, as columns: ``(N, C*k,
     L)`` with ``k`` the kernel's size and ``L`` the number of output positions (PyTorch's ``F.unfold``, in 1, 2 and
     3 spatial dimensions). ``stride``, ``pad`` and ``dilation`` as :func:`fluxpy.conv`'s (``pad`` symmetric).
+
+    >>> import numpy as np
+    >>> unfold(np.ones((2, 3, 5, 5)), 3, stride=2).shape     # 3 channels x 9 kernel positions, 2 x 2 patches
+    (2, 27, 4)
     """
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) not in (3, 4, 5):
@@ -79,6 +83,12 @@ def fold(cols: Array, output_size: int | tuple[int, ...], kernel: int | tuple[in
     """The adjoint of :func:`unfold`: columns ``(N, C*k, L)`` summed back into ``(N, C, *output_size)``, patches
     that overlap adding up (PyTorch's ``F.fold``). ``L`` must be the number of patches :func:`unfold` takes from an
     image of ``output_size`` with these options.
+
+    >>> import numpy as np
+    >>> fold(np.ones((1, 4, 4)), (3, 3), 2)[0, 0]            # how many 2 x 2 patches cover each pixel
+    array([[1., 2., 1.],
+           [2., 4., 2.],
+           [1., 2., 1.]])
     """
     shape = tuple(getattr(cols, "shape", ()))
     size = (output_size,) if isinstance(output_size, (int, np.integer)) else tuple(output_size)
