@@ -481,7 +481,7 @@ class _Boxes:
         key = id(x)
         if key not in self.by_leaf:
             self.by_leaf[key] = (x, Tracked(v, self.level))
-            if self.watch is not None:
+            if self.watch is not None and (self.watch.devices or type(v) is np.ndarray):
                 self.watch.add(v, "an array among the function's arguments")
         return self.by_leaf[key][1]
 

@@ -46,8 +46,7 @@ def _checked(name, fn):
     def impl(a, b):
         try:
             y = fn(a, b)
-            if (isinstance(a, _NUMBERS) or isinstance(b, _NUMBERS)) and _number_with_bfloat16(a, b) and \
-                    y.dtype == np.float32:
+            if _number_with_bfloat16(a, b) and y.dtype == np.float32:
                 return y.astype(BFLOAT16)
             return y
         except TypeError:

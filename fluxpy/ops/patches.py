@@ -4,7 +4,8 @@ Both are convolutions with a fixed one-hot kernel, one group per input channel: 
 ``unfold`` picks kernel position ``j`` (row-major) of channel ``c``, which is PyTorch's order; ``fold`` is the
 transposed convolution with the same kernel, so overlapping patches add up. They run through :func:`fluxpy.conv` and
 :func:`fluxpy.conv_transpose` (cuDNN on the GPU, captured with the rest of a step) and differentiate as those do. The
-kernels are kept per (channels, kernel size, dtype, device): a captured step finds them made in its warm-up.
+kernels are device constants (:func:`fluxpy.ops.constants.device_constant`): a captured step finds them made in its
+warm-up.
 
 >>> import numpy as np
 >>> x = np.arange(9.0).reshape(1, 1, 3, 3)
@@ -26,14 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import value_of
-from ..backend import Array, get_array_module, gpu_device
+from ..backend import Array
+from .constants import device_constant
 from .conv import conv, conv_transpose
 from .shape import reshape
 
 __all__ = ["unfold", "fold"]
 
-_KERNELS: dict = {}
 
 
 def _tuple(who, name, value, n):
@@ -43,17 +43,17 @@ def _tuple(who, name, value, n):
     return tuple(int(v) for v in values)
 
 
+def _one_hot(channels: int, kernel: tuple) -> np.ndarray:
+    """``(channels * k, 1, *kernel)``: filter ``c*k + j`` is 1 at kernel position ``j``."""
+    k = math.prod(kernel)
+    host = np.zeros((channels * k, k), np.float32)
+    host[np.arange(channels * k), np.arange(channels * k) % k] = 1
+    return host.reshape((channels * k, 1) + kernel)
+
+
 def _one_hot_kernel(channels: int, kernel: tuple, like: Any) -> Any:
-    """``(channels * k, 1, *kernel)``: filter ``c*k + j`` is 1 at kernel position ``j``, on ``like``'s device."""
-    v = value_of(like)
-    key = (channels, kernel, np.dtype(v.dtype).str, gpu_device(v))
-    w = _KERNELS.get(key)
-    if w is None:
-        k = math.prod(kernel)
-        host = np.zeros((channels * k, k), np.float32)
-        host[np.arange(channels * k), np.arange(channels * k) % k] = 1
-        w = _KERNELS[key] = get_array_module(v).asarray(host.astype(v.dtype).reshape((channels * k, 1) + kernel))
-    return w
+    """:func:`_one_hot` on ``like``'s device in its dtype, made once (:func:`fluxpy.ops.constants.device_constant`)."""
+    return device_constant(("patches_one_hot", channels, kernel), lambda: _one_hot(channels, kernel), like)
 
 
 def unfold(x: Array, kernel: int | tuple[int, ...], *, stride: int | tuple[int, ...] = 1,
