@@ -43,7 +43,7 @@ _WATCHED_TYPES = (np.ndarray, tuple, list)   # the constants the mutation check 
 
 __all__ = ["Tracked", "Node", "Primitive", "primitive", "gradient", "withgradient", "pullback",
            "no_grad",
-           "stop_gradient", "value_of", "is_tracked", "in_gradient", "define_tracked_ops",
+           "stop_gradient", "value_of", "is_tracked", "in_gradient", "gradient_depth", "define_tracked_ops",
            "DetachedGradientWarning", "register_gradient_hook", "SliceCotangent",
            "withgradient_detailed"]
 
@@ -541,6 +541,20 @@ def in_gradient() -> bool:
     (array([1., 1.]),)
     """
     return _recording.get() > 0
+
+
+def gradient_depth() -> int:
+    """How many of :func:`gradient`, :func:`withgradient` and :func:`pullback` are running their function in this
+    thread (or asyncio task): 2 or more while a derivative of a derivative is being recorded. An op with a fused
+    pullback that cannot itself be differentiated runs its composite then.
+
+    >>> import numpy as np
+    >>> gradient_depth()
+    0
+    >>> gradient(lambda x: x.sum() * gradient_depth(), np.ones(2))
+    (array([1., 1.]),)
+    """
+    return _recording.get()
 
 
 def _call_recording(f, args):

@@ -683,7 +683,9 @@ class MultiHeadAttention:
     ``q`` and ``v`` to ``k``; ``scores`` ``(N, nheads, Lq, Lk)``; ``mask`` boolean, broadcasting to ``(Lq, Lk)``,
     true where attending is allowed (:func:`fluxpy.ops.attention.causal_mask` for a decoder); ``bias``, an array
     broadcasting to ``(Lq, Lk)`` or the scores' shape, added to the logits before the mask and the softmax (Flux's
-    fourth argument ``mha(q, k, v, bias)``).
+    fourth argument ``mha(q, k, v, bias)``). Keywords: ``causal=True`` masks each query's later keys;
+    ``need_scores=False`` returns ``(y, None)`` and lets the GPU run fused attention in half precision (PyTorch's
+    ``need_weights=False``; the transformer layers pass it).
 
     Flux's general sizes ``(q_in, k_in, v_in) => (qk, v) => out`` are keywords here: ``kdim`` and ``vdim`` (the key
     and value inputs' features, PyTorch's names; default ``dim``), ``qk_dim`` and ``v_dim`` (the projected queries
@@ -725,18 +727,19 @@ class MultiHeadAttention:
         self.nheads, self.dropout, self.active = nheads, float(dropout), active
 
     def _drop(self, scores):
-        active = (in_gradient() or is_tracked(scores)) if self.active is None else self.active
-        return dropout(scores, self.dropout, active=active)
+        return dropout(scores, self.dropout, active=True)
 
     def __call__(self, q: Array, k: Array | None = None, v: Array | None = None,
-                 mask: Array | None = None, bias: Array | None = None) -> tuple[Array, Array]:
+                 mask: Array | None = None, bias: Array | None = None, *, causal: bool = False,
+                 need_scores: bool = True) -> tuple[Array, Array | None]:
         k = q if k is None else k
         v = k if v is None else v
         _check_attention(self, (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)))
-        drop = self._drop if self.dropout > 0 else None
+        active = (in_gradient() or is_tracked(q)) if self.active is None else self.active
+        drop = self._drop if self.dropout > 0 and active else None
         try:
             y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads,
-                                              drop, bias=bias)
+                                              drop, bias=bias, causal=causal, need_scores=need_scores)
         except (TypeError, ValueError) as err:   # a mask or bias that does not fit: named as this layer's error
             if not str(err).startswith("dot_product_attention expects"):
                 raise

@@ -17,9 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import get_array_module
 from ..ops.activations import gelu
-from ..ops.attention import causal_mask
 from ..random import as_rng
 from ._checks import Array, DimensionMismatch, _activation, _describe_input, _number, _positive_int
 from .basic import Dense, MultiHeadAttention
@@ -47,8 +45,9 @@ def _check_sequence(layer, name, x, dim):
 
 
 def _allowed(layer, q, k, mask, key_mask, causal):
-    """The boolean mask (true where attending is allowed) of ``mask``, ``key_mask`` and ``causal`` together, or
-    None where none is given; each checked against the queries ``q`` and keys ``k``."""
+    """The boolean mask (true where attending is allowed) of ``mask`` and ``key_mask`` together, or None where
+    neither is given; each checked against the queries ``q`` and keys ``k``, and ``causal`` too (the attention
+    applies it: the fused kernels have a causal mode of their own)."""
     n, lq, lk = q.shape[0], q.shape[1], k.shape[1]
     parts = []
     if mask is not None:
@@ -59,10 +58,8 @@ def _allowed(layer, q, k, mask, key_mask, causal):
             raise ValueError(f"{layer!r} expects key_mask, a boolean array of shape (N, Lk) = {(n, lk)} true for the "
                              f"real keys, got {_describe_input(km)}")
         parts.append(km[:, None, None, :])
-    if causal:
-        if lq != lk:
-            raise ValueError(f"{layer!r}: a causal mask needs as many queries as keys, got {lq} and {lk}")
-        parts.append(causal_mask(lq, xp=get_array_module(value_of(q))))
+    if causal and lq != lk:
+        raise ValueError(f"{layer!r}: a causal mask needs as many queries as keys, got {lq} and {lk}")
     if not parts:
         return None
     allowed = parts[0]
@@ -131,7 +128,8 @@ class TransformerEncoderLayer(_Block):
                  causal: bool = False) -> Array:
         _check_sequence(self, "x", x, self.linear1.in_features)
         allowed = _allowed(self, x, x, mask, key_mask, causal)
-        x = self._residual(x, self.norm1, lambda h: self._drop(self.dropout1, self.self_attn(h, mask=allowed)[0]))
+        x = self._residual(x, self.norm1, lambda h: self._drop(self.dropout1, self.self_attn(
+            h, mask=allowed, causal=causal, need_scores=False)[0]))
         return self._residual(x, self.norm2, self._feedforward(self.dropout2))
 
     def __repr__(self):
@@ -177,7 +175,8 @@ class TransformerDecoderLayer(_Block):
                  memory_key_mask: Array | None = None, causal: bool = True) -> Array:
         _check_sequence(self, "x", x, self.linear1.in_features)
         allowed = _allowed(self, x, x, mask, key_mask, causal)
-        x = self._residual(x, self.norm1, lambda h: self._drop(self.dropout1, self.self_attn(h, mask=allowed)[0]))
+        x = self._residual(x, self.norm1, lambda h: self._drop(self.dropout1, self.self_attn(
+            h, mask=allowed, causal=causal, need_scores=False)[0]))
         if memory is not None:
             _check_sequence(self, "memory", memory, self.cross_attn.k_proj.in_features)
             if memory.shape[0] != x.shape[0]:
@@ -185,7 +184,7 @@ class TransformerDecoderLayer(_Block):
                                         f"{_describe_input(memory)}")
             seen = _allowed(self, x, memory, memory_mask, memory_key_mask, False)
             x = self._residual(x, self.norm2, lambda h: self._drop(
-                self.dropout2, self.cross_attn(h, memory, mask=seen)[0]))
+                self.dropout2, self.cross_attn(h, memory, mask=seen, need_scores=False)[0]))
         return self._residual(x, self.norm3, self._feedforward(self.dropout3))
 
     def __repr__(self):

@@ -11,11 +11,20 @@ In float16 and bfloat16 (:func:`fluxpy.mixed_precision`) the two products run in
 accumulation in cuBLAS), the scaled logits, ``bias``, mask, softmax and ``dropout`` in float32, and the scores are
 rounded to the half type before they weigh ``v`` (PyTorch's autocast): ``y`` and ``scores`` are of the half type.
 
+**Fused on the GPU.** With ``need_scores=False`` (the scores are not returned, so they need not exist) and no
+``dropout``, float16 and bfloat16 CuPy inputs run cuDNN's fused attention (:mod:`fluxpy.kernels.cudnn.attention`):
+one kernel forward and one backward, the scores never stored, ``causal`` as the kernel's own mask, a boolean mask
+and ``bias`` as one additive bias of the half type (its gradient from the same kernel). Where cuDNN declines a
+problem (:func:`fused_reason` says why), in float32, on the CPU and while a derivative of a derivative is recorded
+(the fused backward is not itself differentiable) the composite runs.
+
 >>> import numpy as np
 >>> q = np.ones((2, 3, 4))
 >>> y, scores = dot_product_attention(q, q, q, nheads=2)
 >>> y.shape, scores.shape
 ((2, 3, 4), (2, 2, 3, 3))
+>>> dot_product_attention(q, q, q, nheads=2, causal=True, need_scores=False)[1] is None
+True
 """
 from __future__ import annotations
 
@@ -25,15 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import value_of
+from ..autodiff import Primitive, gradient_depth, is_tracked, pullback, value_of
 from ..backend import Array, get_array_module, is_array
+from ..kernels.cudnn import attention as fused_kernels
 from ..kernels.halfs import is_half
 from .basic import where
 from .linalg import matmul
-from .shape import as_memory_format, astype, reshape, swapaxes, transpose
+from .shape import as_memory_format, astype, broadcast_to, reshape, swapaxes, transpose
 from .softmax import softmax
 
-__all__ = ["dot_product_attention", "causal_mask"]
+__all__ = ["dot_product_attention", "causal_mask", "fused_reason"]
 
 
 def _split_heads(x, nheads):
@@ -51,7 +61,7 @@ def _join_heads(x):
     return reshape(transpose(as_memory_format(x, "contiguous"), (0, 2, 1, 3)), (n, length, heads * d))
 
 
-def _check(q, k, v, nheads, mask):
+def _check(q, k, v, nheads, mask, causal):
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not is_array(value_of(a)):
             raise TypeError(f"dot_product_attention expects {name} as a NumPy or CuPy array, got "
@@ -73,6 +83,8 @@ def _check(q, k, v, nheads, mask):
     if isinstance(nheads, bool) or not isinstance(nheads, int) or nheads < 1 or dq % nheads or dv % nheads:
         raise ValueError(f"dot_product_attention expects nheads, an int >= 1 that divides dim {dq} and vdim {dv}, "
                          f"got {nheads!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"dot_product_attention expects causal, a bool, got {causal!r}")
     if mask is not None:
         m = value_of(mask)
         if getattr(m, "dtype", None) != np.bool_:
@@ -89,13 +101,16 @@ def _check(q, k, v, nheads, mask):
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = None, nheads: int = 1,
-                          dropout: Callable | None = None, *, bias: Array | None = None) -> tuple[Array, Array]:
+                          dropout: Callable | None = None, *, bias: Array | None = None, causal: bool = False,
+                          need_scores: bool = True) -> tuple[Array, Array | None]:
     """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
     to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None. The scores returned are those
     that weighed ``v``, after ``dropout`` (NNlib's ``dot_product_attention`` and PyTorch's attention weights too).
     ``bias`` (NNlib's ``bias``, PyTorch's float ``attn_mask``): an array broadcasting to the scores' shape
     ``(N, nheads, Lq, Lk)`` (so ``(Lq, Lk)`` will do), added to the scaled logits before the mask and the softmax;
-    differentiable.
+    differentiable. ``causal=True`` (PyTorch's ``is_causal``) lets query ``i`` see keys ``0..i`` only, on top of
+    ``mask`` (as :func:`causal_mask`, aligned at the top left where ``Lq != Lk``). ``need_scores=False`` returns
+    ``(y, None)`` (PyTorch's ``need_weights=False``), which lets the GPU run the fused kernels.
 
     >>> import numpy as np
     >>> q = np.array([[[1.0, 0.0]]]); k = np.array([[[1.0, 0.0], [0.0, 1.0]]]); v = np.array([[[1.0], [3.0]]])
@@ -103,7 +118,22 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
     >>> s.round(3), y.round(3)
     (array([[[[0.67, 0.33]]]]), array([[[1.66]]]))
     """
-    _check(q, k, v, nheads, mask)
+    _check(q, k, v, nheads, mask, causal)
+    if bias is not None:
+        _check_bias(bias, (q.shape[0], nheads, q.shape[1], k.shape[1]))
+    if not need_scores and dropout is None:
+        y = _fused_attention(q, k, v, mask, nheads, bias, bool(causal))
+        if y is not None:
+            return y, None
+    if causal:
+        tri = get_array_module(value_of(q)).tri(q.shape[1], k.shape[1], dtype=bool)
+        mask = tri if mask is None else value_of(mask) & tri
+    y, scores = _composite(q, k, v, mask, nheads, dropout, bias)
+    return y, (scores if need_scores else None)
+
+
+def _composite(q, k, v, mask, nheads, dropout, bias):
+    """The attention of fluxpy's ops: two products, the scaled logits, bias, mask and softmax between them."""
     qh, kh, vh = (_split_heads(a, nheads) for a in (q, k, v))
     logits = matmul(qh, swapaxes(kh, -1, -2))
     half = is_half(value_of(logits).dtype)
@@ -111,7 +141,6 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
         logits = astype(logits, np.float32)
     logits = logits * (1 / math.sqrt(q.shape[-1] // nheads))
     if bias is not None:
-        _check_bias(bias, tuple(logits.shape))
         logits = logits + (astype(bias, np.float32) if half and is_half(value_of(bias).dtype) else bias)
     if mask is not None:
         logits = where(value_of(mask), logits, -np.inf)
@@ -120,6 +149,84 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
     if half:
         weights = astype(weights, value_of(vh).dtype)
     return _join_heads(matmul(weights, vh)), weights   # the scores that weighed v: after dropout, as NNlib's
+
+
+_last_reason = [""]
+
+
+def fused_reason() -> str:
+    """Why the last call of :func:`dot_product_attention` with ``need_scores=False`` ran the composite instead of
+    cuDNN's fused kernels ("" where it ran them).
+
+    >>> import numpy as np
+    >>> _ = dot_product_attention(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), need_scores=False)
+    >>> fused_reason()[:30]
+    'fused attention takes CuPy arr'
+    """
+    return _last_reason[0]
+
+
+def _leading(a):
+    """The batch and head sizes (each 1 or full) of a mask or bias broadcasting to the scores' shape."""
+    shape = (1,) * (4 - len(a.shape)) + tuple(a.shape)
+    return shape[0], shape[1]
+
+
+def _fused_attention(q, k, v, mask, nheads, bias, causal):
+    """``y`` through cuDNN's fused kernels, or None (the reason in :func:`fused_reason`) where they cannot run."""
+    vq, vk, vv = value_of(q), value_of(k), value_of(v)
+    if gradient_depth() > 1 or any(is_tracked(a) and is_tracked(a.value) for a in (q, k, v, bias)):
+        _last_reason[0] = "a derivative of a derivative is being recorded: the fused backward is not differentiable"
+        return None
+    lq, lk = vq.shape[1], vk.shape[1]
+    shape4 = None
+    if mask is not None or bias is not None:
+        lead = [_leading(a) for a in (mask, bias) if a is not None]
+        shape4 = (max(s[0] for s in lead), max(s[1] for s in lead), lq, lk)
+    bias_grad = is_tracked(bias)
+    training = bias_grad or any(is_tracked(a) for a in (q, k, v))
+    reason = fused_kernels.why_not(vq, vk, vv, nheads, causal, shape4, bias_grad, training)
+    if reason is not None:
+        _last_reason[0] = reason
+        return None
+    _last_reason[0] = ""
+    problem = fused_kernels.problem_of(vq, vk, vv, nheads, causal, shape4, bias_grad)
+    total = None
+    if bias is not None:
+        total = astype(reshape(bias, (1,) * (4 - len(bias.shape)) + tuple(bias.shape)), vq.dtype)
+    if mask is not None:
+        xp = get_array_module(vq)
+        m = value_of(mask)
+        additive = xp.where(m.reshape((1,) * (4 - m.ndim) + m.shape), 0.0, -np.inf).astype(vq.dtype)
+        total = additive if total is None else total + additive
+    if total is not None:
+        total = as_memory_format(broadcast_to(total, shape4), "contiguous")
+    return _fused(q, k, v, total, problem=problem)
+
+
+def _fused_rule(needs, q, k, v, bias, *, problem):
+    y, lse = fused_kernels.forward(problem, q, k, v, bias, training=True)
+
+    def fused_attention_pullback(dy):
+        if is_tracked(dy):   # the cotangent is being differentiated: the composite's pullback, which can be
+            return _composite_pullback(problem, q, k, v, bias, dy)
+        dq, dk, dv, dbias = fused_kernels.backward(problem, q, k, v, y, dy, lse, bias)
+        return dq, dk, dv, dbias
+    return y, fused_attention_pullback
+
+
+def _composite_pullback(problem, q, k, v, bias, dy):
+    """The fused op's cotangents computed by the composite (differentiable in ``dy``)."""
+    mask = get_array_module(q).tri(problem.lq, problem.lk, dtype=bool) if problem.causal else None
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    _, back = pullback(lambda *a: _composite(*a[:3], mask, problem.heads, None, a[3] if len(a) > 3 else None)[0],
+                       *args)
+    grads = tuple(back(dy))
+    return grads + (None,) * (4 - len(grads))
+
+
+_fused = Primitive("fused_attention", _fused_rule, needs_mask=True,
+                   impl=lambda q, k, v, bias, *, problem: fused_kernels.forward(problem, q, k, v, bias, False)[0])
 
 
 def _check_bias(bias, scores):
