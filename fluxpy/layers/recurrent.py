@@ -275,7 +275,7 @@ class GRUv3Cell:
         r, z = getitem(rz, (Ellipsis, slice(0, n))), getitem(rz, (Ellipsis, slice(n, 2 * n)))
         cand = tanh(getitem(xi, (Ellipsis, slice(2 * n, 3 * n))) +
                     matmul(r * h, getitem(w, (Ellipsis, slice(2 * n, 3 * n)))))
-        h = (1 - z) * cand + z * h
+        h = cand + z * (h - cand)   # (1 - z) n + z h without a Python number, which CuPy meets in float32
         return h, h
 
     __call__ = _unbatched(None, _step)

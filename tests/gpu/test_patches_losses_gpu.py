@@ -14,10 +14,12 @@ pytestmark = pytest.mark.gpu
 RTOL = {np.float64: 1e-11, np.float32: 2e-5}
 
 
-def _cases(rng):
+def _cases(rng, move=lambda a: a):
+    """name -> (function, arguments); the targets the functions hold are put on the device by ``move``."""
     x4 = np.abs(rng.standard_normal((2, 6, 7, 6))) + 0.1
     a, b = rng.standard_normal((5, 4)), rng.standard_normal((5, 4))
     labels, pm = rng.integers(0, 4, 5), rng.choice([-1.0, 1.0], (5, 4))
+    labels, pm, ones, twos = move(labels), move(pm), move(np.ones(4)), move(np.full(4, 2.0))
     return {
         "cosine_similarity": (lambda a, b: fluxpy.cosine_similarity(a, b), (a, b)),
         "pairwise_distance": (lambda a, b: fluxpy.pairwise_distance(a, b, p=3.0), (a, b)),
@@ -30,8 +32,8 @@ def _cases(rng):
         "soft_margin_loss": (lambda a: L.soft_margin_loss(a, pm), (a,)),
         "hinge_embedding_loss": (lambda a: L.hinge_embedding_loss(a, pm, margin=0.5), (a,)),
         "multilabel_soft_margin_loss": (lambda a: L.multilabel_soft_margin_loss(a, (pm + 1) / 2), (a,)),
-        "multi_margin_loss": (lambda a: L.multi_margin_loss(a, labels, p=2, weight=np.ones(4) * 0.5), (a,)),
-        "logitbinarycrossentropy": (lambda a: L.logitbinarycrossentropy(a, (pm + 1) / 2, pos_weight=np.full(4, 2.0)),
+        "multi_margin_loss": (lambda a: L.multi_margin_loss(a, labels, p=2, weight=ones * 0.5), (a,)),
+        "logitbinarycrossentropy": (lambda a: L.logitbinarycrossentropy(a, (pm + 1) / 2, pos_weight=twos),
                                     (a,)),
     }
 
@@ -40,10 +42,11 @@ def _cases(rng):
 @pytest.mark.parametrize("name", sorted(_cases(np.random.default_rng(0))))
 def test_each_op_on_the_gpu_matches_the_cpu(name, dtype):
     import cupy as cp
-    f, args = _cases(np.random.default_rng(1))[name]
+    _, args = _cases(np.random.default_rng(1))[name]
     args = tuple(a.astype(dtype) for a in args)
 
     def run(move):
+        f = _cases(np.random.default_rng(1), move)[name][0]
         moved = tuple(move(a) for a in args)
         y = f(*moved)
         seed = move(np.random.default_rng(2).standard_normal(y.shape).astype(dtype))

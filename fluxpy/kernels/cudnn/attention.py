@@ -203,10 +203,24 @@ def _c_strides(shape):
     return list(reversed(strides))
 
 
-def _graph(cudnn, io):
+_wrapped: dict = {}    # (device, stream, handle) -> the frontend's Handle around fluxpy's cuDNN handle
+
+
+def _handle() -> Any:
+    """fluxpy's cuDNN handle of the current device, bound to CuPy's current stream, as the frontend's ``Handle``
+    (one wrapper per device and stream, made once)."""
     from .handle import get_handle
+    ptr = get_handle()
+    dev, stream = cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr
+    h = _wrapped.get((dev, stream, ptr))
+    if h is None:
+        h = _wrapped[(dev, stream, ptr)] = frontend().Handle(ptr, dev, stream)
+    return h
+
+
+def _graph(cudnn, io):
     f32 = cudnn.data_type.FLOAT
-    return cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=get_handle())
+    return cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=_handle())
 
 
 def _build_forward(p: Problem, training: bool) -> _Plan:
@@ -293,9 +307,9 @@ def _plan(p: Problem, kind: str) -> _Plan:
 
 
 def _execute(plan: _Plan, pointers: list) -> None:
-    from .handle import Workspace, get_handle
+    from .handle import Workspace
     ws = Workspace(plan.workspace)
-    plan.graph.execute(pointers, ws.ptr, handle=get_handle(), tensor_uids=plan.uids)
+    plan.graph.execute(pointers, ws.ptr, handle=_handle(), tensor_uids=plan.uids)
     _calls["executed"] += 1
 
 
