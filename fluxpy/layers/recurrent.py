@@ -271,10 +271,11 @@ class GRUv3Cell:
         w = transpose(self.weight_hh) if w_hh_t is None else w_hh_t
         n = self.weight_hh.shape[1]
         both = Ellipsis, slice(0, 2 * n)
-        rz = sigmoid(getitem(xi, both) + matmul(h, getitem(w, both)))
+        # the gates through bias_act: one kernel each, which keeps a bfloat16 array bfloat16 on CuPy
+        rz = bias_act(matmul(h, getitem(w, both)), getitem(xi, both), sigmoid)
         r, z = getitem(rz, (Ellipsis, slice(0, n))), getitem(rz, (Ellipsis, slice(n, 2 * n)))
-        cand = tanh(getitem(xi, (Ellipsis, slice(2 * n, 3 * n))) +
-                    matmul(r * h, getitem(w, (Ellipsis, slice(2 * n, 3 * n)))))
+        third = Ellipsis, slice(2 * n, 3 * n)
+        cand = bias_act(matmul(r * h, getitem(w, third)), getitem(xi, third), tanh)
         h = cand + z * (h - cand)   # (1 - z) n + z h without a Python number, which CuPy meets in float32
         return h, h
 
