@@ -106,6 +106,7 @@ class PhiloxGenerator:
         seed = int(seed)
         self.key = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
         self._offsets: dict = {}   # device id -> uint64 array of one element: the next counter
+        self._seeds: dict = {}     # device id -> the key as an int64 array of one element (for reserve)
 
     def offset(self) -> Any:
         """The current device's position (a one-element uint64 CuPy array), made at 0 on first use."""
@@ -114,6 +115,24 @@ class PhiloxGenerator:
         if offset is None:
             offset = self._offsets[dev] = cupy.zeros(1, dtype=np.uint64)
         return offset
+
+    def reserve(self, counters: int) -> tuple[Any, Any]:
+        """``(seed, offset)`` for a kernel with a Philox generator of its own (cuDNN's attention dropout): one-element
+        int64 CuPy arrays, the key and a copy of the current position; the position then moves past ``counters``
+        counters, on the device (a captured step reserves new numbers at every replay).
+
+        >>> PhiloxGenerator.reserve.__name__   # needs a GPU: tests/gpu/test_attention_gpu.py draws with it
+        'reserve'
+        """
+        dev = cupy.cuda.runtime.getDevice()
+        seed = self._seeds.get(dev)
+        if seed is None:
+            seed = self._seeds[dev] = cupy.asarray(np.array([self.key[0] | (self.key[1] << 32)], dtype=np.uint64)
+                                             .view(np.int64))
+        offset = self.offset()
+        taken = offset.copy().view(np.int64)
+        _kernels(np.dtype(np.float32))[1]((1,), (1,), (offset, np.uint64(max(int(counters), 1))))
+        return seed, taken
 
     def random(self, shape: Any = None, dtype: Any = np.float64) -> Any:
         """Uniform values in [0, 1) of ``shape`` (float32 or float64), two launches and no host sync."""

@@ -17,7 +17,6 @@ from ..functors import cpu, layer
 from ..random import as_rng
 from ..ops import basic as _ops
 from ..ops.attention import dot_product_attention
-from ..ops.dropout import dropout
 from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
@@ -726,9 +725,6 @@ class MultiHeadAttention:
         self.out_proj = Dense(sizes["v_dim"], sizes["out_dim"], bias=bias, rng=rng)
         self.nheads, self.dropout, self.active = nheads, float(dropout), active
 
-    def _drop(self, scores):
-        return dropout(scores, self.dropout, active=True)
-
     def __call__(self, q: Array, k: Array | None = None, v: Array | None = None,
                  mask: Array | None = None, bias: Array | None = None, *, causal: bool = False,
                  need_scores: bool = True) -> tuple[Array, Array | None]:
@@ -736,7 +732,7 @@ class MultiHeadAttention:
         v = k if v is None else v
         _check_attention(self, (("q", q, self.q_proj), ("k", k, self.k_proj), ("v", v, self.v_proj)))
         active = (in_gradient() or is_tracked(q)) if self.active is None else self.active
-        drop = self._drop if self.dropout > 0 and active else None
+        drop = self.dropout if self.dropout > 0 and active else None   # a probability: fused kernels draw it
         try:
             y, scores = dot_product_attention(self.q_proj(q), self.k_proj(k), self.v_proj(v), mask, self.nheads,
                                               drop, bias=bias, causal=causal, need_scores=need_scores)

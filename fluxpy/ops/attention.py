@@ -28,7 +28,9 @@ True
 """
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +40,9 @@ from ..autodiff import Primitive, gradient_depth, is_tracked, pullback, value_of
 from ..backend import Array, get_array_module, is_array
 from ..kernels.cudnn import attention as fused_kernels
 from ..kernels.halfs import is_half
+from ..random import rng_for
 from .basic import where
+from .dropout import dropout as dropout_op
 from .linalg import matmul
 from .shape import as_memory_format, astype, broadcast_to, reshape, swapaxes, transpose
 from .softmax import softmax
@@ -104,8 +108,10 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
                           dropout: Callable | None = None, *, bias: Array | None = None, causal: bool = False,
                           need_scores: bool = True) -> tuple[Array, Array | None]:
     """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
-    to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say), or None. The scores returned are those
-    that weighed ``v``, after ``dropout`` (NNlib's ``dot_product_attention`` and PyTorch's attention weights too).
+    to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say, NNlib's ``fdrop``), a probability ``p``
+    in [0, 1) (PyTorch's ``dropout_p``: :func:`fluxpy.dropout` of the scores, which the fused kernels draw
+    themselves), or None. The scores returned are those that weighed ``v``, after ``dropout`` (NNlib's
+    ``dot_product_attention`` and PyTorch's attention weights too).
     ``bias`` (NNlib's ``bias``, PyTorch's float ``attn_mask``): an array broadcasting to the scores' shape
     ``(N, nheads, Lq, Lk)`` (so ``(Lq, Lk)`` will do), added to the scaled logits before the mask and the softmax;
     differentiable. ``causal=True`` (PyTorch's ``is_causal``) lets query ``i`` see keys ``0..i`` only, on top of
@@ -121,15 +127,30 @@ def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = Non
     _check(q, k, v, nheads, mask, causal)
     if bias is not None:
         _check_bias(bias, (q.shape[0], nheads, q.shape[1], k.shape[1]))
-    if not need_scores and dropout is None:
-        y = _fused_attention(q, k, v, mask, nheads, bias, bool(causal))
+    p = _dropout_probability(dropout)
+    if p == 0:
+        dropout = None
+    if not need_scores and (dropout is None or p is not None):
+        y = _fused_attention(q, k, v, mask, nheads, bias, bool(causal), p or 0.0)
         if y is not None:
             return y, None
+    if p is not None and p > 0:
+        dropout = functools.partial(dropout_op, p=p, active=True)
     if causal:
         tri = get_array_module(value_of(q)).tri(q.shape[1], k.shape[1], dtype=bool)
         mask = tri if mask is None else value_of(mask) & tri
     y, scores = _composite(q, k, v, mask, nheads, dropout, bias)
     return y, (scores if need_scores else None)
+
+
+def _dropout_probability(dropout):
+    """``dropout``'s probability where it is a number (checked), else None (a function, or no dropout)."""
+    if dropout is None or callable(dropout):
+        return None
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
+        raise ValueError(f"dot_product_attention expects dropout, a function of the scores or a probability in "
+                         f"[0, 1), got {dropout!r}")
+    return float(dropout)
 
 
 def _composite(q, k, v, mask, nheads, dropout, bias):
@@ -172,7 +193,7 @@ def _leading(a):
     return shape[0], shape[1]
 
 
-def _fused_attention(q, k, v, mask, nheads, bias, causal):
+def _fused_attention(q, k, v, mask, nheads, bias, causal, p):
     """``y`` through cuDNN's fused kernels, or None (the reason in :func:`fused_reason`) where they cannot run."""
     vq, vk, vv = value_of(q), value_of(k), value_of(v)
     if gradient_depth() > 1 or any(is_tracked(a) and is_tracked(a.value) for a in (q, k, v, bias)):
@@ -185,12 +206,14 @@ def _fused_attention(q, k, v, mask, nheads, bias, causal):
         shape4 = (max(s[0] for s in lead), max(s[1] for s in lead), lq, lk)
     bias_grad = is_tracked(bias)
     training = bias_grad or any(is_tracked(a) for a in (q, k, v))
-    reason = fused_kernels.why_not(vq, vk, vv, nheads, causal, shape4, bias_grad, training)
+    reason = fused_kernels.why_not(vq, vk, vv, nheads, causal, shape4, bias_grad, training, p)
+    if reason is None and p and not getattr(rng_for(get_array_module(vq)), "reserve", None):
+        reason = "the GPU's generator cannot give cuDNN's dropout a seed and an offset"
     if reason is not None:
         _last_reason[0] = reason
         return None
     _last_reason[0] = ""
-    problem = fused_kernels.problem_of(vq, vk, vv, nheads, causal, shape4, bias_grad)
+    problem = fused_kernels.problem_of(vq, vk, vv, nheads, causal, shape4, bias_grad, p)
     total = None
     if bias is not None:
         total = astype(reshape(bias, (1,) * (4 - len(bias.shape)) + tuple(bias.shape)), vq.dtype)
@@ -201,32 +224,43 @@ def _fused_attention(q, k, v, mask, nheads, bias, causal):
         total = additive if total is None else total + additive
     if total is not None:
         total = as_memory_format(broadcast_to(total, shape4), "contiguous")
-    return _fused(q, k, v, total, problem=problem)
+    seed = offset = None
+    if p:   # the position of this call's numbers: a copy of the generator's, which then moves past them
+        seed, offset = rng_for(get_array_module(vq)).reserve(-(-problem.n * nheads * lq * lk // 4))
+    return _fused(q, k, v, total, seed, offset, problem=problem)
 
 
-def _fused_rule(needs, q, k, v, bias, *, problem):
-    y, lse = fused_kernels.forward(problem, q, k, v, bias, training=True)
+def _fused_rule(needs, q, k, v, bias, seed, offset, *, problem):
+    rng = (seed, offset)
+    y, lse = fused_kernels.forward(problem, q, k, v, bias, training=True, rng=rng)
 
     def fused_attention_pullback(dy):
         if is_tracked(dy):   # the cotangent is being differentiated: the composite's pullback, which can be
+            if problem.dropout:
+                raise NotImplementedError("dot_product_attention: a derivative of the fused attention's pullback "
+                                          "with dropout (its mask lives in cuDNN's generator); use dropout=None "
+                                          "or a dropout function")
             return _composite_pullback(problem, q, k, v, bias, dy)
-        dq, dk, dv, dbias = fused_kernels.backward(problem, q, k, v, y, dy, lse, bias)
-        return dq, dk, dv, dbias
+        dq, dk, dv, dbias = fused_kernels.backward(problem, q, k, v, y, dy, lse, bias, rng=rng)
+        return dq, dk, dv, dbias, None, None
     return y, fused_attention_pullback
 
 
+def _fused_impl(q, k, v, bias, seed, offset, *, problem):
+    return fused_kernels.forward(problem, q, k, v, bias, training=False, rng=(seed, offset))[0]
+
+
 def _composite_pullback(problem, q, k, v, bias, dy):
-    """The fused op's cotangents computed by the composite (differentiable in ``dy``)."""
+    """The fused op's cotangents computed by the composite (differentiable in ``dy``), without dropout."""
     mask = get_array_module(q).tri(problem.lq, problem.lk, dtype=bool) if problem.causal else None
     args = (q, k, v) if bias is None else (q, k, v, bias)
     _, back = pullback(lambda *a: _composite(*a[:3], mask, problem.heads, None, a[3] if len(a) > 3 else None)[0],
                        *args)
     grads = tuple(back(dy))
-    return grads + (None,) * (4 - len(grads))
+    return grads + (None,) * (6 - len(grads))
 
 
-_fused = Primitive("fused_attention", _fused_rule, needs_mask=True,
-                   impl=lambda q, k, v, bias, *, problem: fused_kernels.forward(problem, q, k, v, bias, False)[0])
+_fused = Primitive("fused_attention", _fused_rule, needs_mask=True, impl=_fused_impl)
 
 
 def _check_bias(bias, scores):

@@ -46,7 +46,9 @@ _calls = {"built": 0, "executed": 0}
 class Problem(NamedTuple):
     """What a fused attention call's graphs depend on (a cache key). ``q_strides``, ``k_strides``, ``v_strides``:
     the inputs' element strides of their batch and sequence axes; ``bias``: the bias's 4-D shape or None;
-    ``bias_grad``: whether the backward writes its gradient; ``deterministic``: the backward's algorithm."""
+    ``bias_grad``: whether the backward writes its gradient; ``deterministic``: the backward's algorithm;
+    ``dropout``: the probability of dropping a score (cuDNN's Philox dropout, from a seed and an offset on the
+    device), 0 for none."""
     n: int
     heads: int
     lq: int
@@ -61,6 +63,7 @@ class Problem(NamedTuple):
     bias: tuple | None
     bias_grad: bool
     deterministic: bool
+    dropout: float = 0.0
 
 
 def frontend() -> Any:
@@ -109,7 +112,7 @@ def _row_strides(a: Any, who: str) -> tuple | str:
 
 
 def problem_of(q: Any, k: Any, v: Any, heads: int, causal: bool, bias_shape: tuple | None,
-               bias_grad: bool) -> Problem | str:
+               bias_grad: bool, dropout: float = 0.0) -> Problem | str:
     """The :class:`Problem` of a call, or a string saying why cuDNN's fused attention cannot take it (from the
     shapes, dtypes and strides alone: nothing runs).
 
@@ -137,19 +140,19 @@ def problem_of(q: Any, k: Any, v: Any, heads: int, causal: bool, bias_shape: tup
     if frontend() is None:
         return _frontend_reason()
     problem = Problem(n, heads, lq, lk, dqk, dv, dtype.name, *strides, bool(causal), bias_shape, bool(bias_grad),
-                      bool(options.deterministic))
+                      bool(options.deterministic), float(dropout))
     return _declined.get(problem, problem)
 
 
 def why_not(q: Any, k: Any, v: Any, heads: int, causal: bool = False, bias_shape: tuple | None = None,
-            bias_grad: bool = False, training: bool = False) -> str | None:
+            bias_grad: bool = False, training: bool = False, dropout: float = 0.0) -> str | None:
     """Why the fused kernels cannot run this call (None where they can): :func:`problem_of`'s reason, or the one
     cuDNN gave when asked to build the graphs (asked here, once per problem).
 
     >>> why_not(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), 1) is not None
     True
     """
-    p = problem_of(q, k, v, heads, causal, bias_shape, bias_grad)
+    p = problem_of(q, k, v, heads, causal, bias_shape, bias_grad, dropout)
     if isinstance(p, str):
         return p
     try:
@@ -188,6 +191,16 @@ def _mask_args(cudnn, p: Problem) -> dict:
     if not p.causal:
         return {}
     return {"diagonal_band_right_bound": 0, "diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT}
+
+
+def _dropout_args(cudnn, g, p: Problem, ins: list) -> dict:
+    """The ``dropout`` argument (probability, seed, offset), the seed and offset tensors appended to ``ins``."""
+    if not p.dropout:
+        return {}
+    one = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.INT64)
+    seed, offset = g.tensor(name="seed", **one), g.tensor(name="offset", **one)
+    ins += [seed, offset]
+    return {"dropout": (p.dropout, seed, offset)}
 
 
 def _bias_tensor(g, io, p: Problem, name="bias"):
@@ -235,6 +248,7 @@ def _build_forward(p: Problem, training: bool) -> _Plan:
     if p.bias is not None:
         extra["bias"] = _bias_tensor(g, io, p)
         ins.append(extra["bias"])
+    extra.update(_dropout_args(cudnn, g, p, ins))
     o, lse = g.sdpa(name="sdpa", q=q, k=k, v=v, attn_scale=1.0 / math.sqrt(p.dqk), generate_stats=training,
                     **extra)
     dims, strides = _out_dims(p.n, p.heads, p.lq, p.dv)
@@ -269,6 +283,7 @@ def _build_backward(p: Problem) -> _Plan:
             extra["dBias"] = _bias_tensor(g, io, p, "dbias")
             extra["dBias"].set_output(True)
             outs_extra.append(extra["dBias"])
+    extra.update(_dropout_args(cudnn, g, p, ins))
     dq, dk, dvv = g.sdpa_backward(name="sdpa_backward", q=q, k=k, v=v, o=o, dO=do, stats=lse,
                                   attn_scale=1.0 / math.sqrt(p.dqk), use_deterministic_algorithm=p.deterministic,
                                   **extra)
@@ -313,17 +328,21 @@ def _execute(plan: _Plan, pointers: list) -> None:
     _calls["executed"] += 1
 
 
-def forward(p: Problem, q: Any, k: Any, v: Any, bias: Any = None, training: bool = True) -> tuple[Any, Any]:
+def forward(p: Problem, q: Any, k: Any, v: Any, bias: Any = None, training: bool = True,
+            rng: tuple | None = None) -> tuple[Any, Any]:
     """``(o, stats)``: the attention output ``(N, Lq, heads * dv)`` and, for ``training``, the softmax statistics
     ``(N, heads, Lq, 1)`` float32 that :func:`backward` reads (None otherwise). ``bias``: ``p.bias``'s shape,
-    C-ordered, of the inputs' dtype.
+    C-ordered, of the inputs' dtype; ``rng``: with ``p.dropout``, the ``(seed, offset)`` int64 device arrays of
+    :meth:`fluxpy.kernels.philox.PhiloxGenerator.reserve` (the backward takes the same pair).
 
     >>> forward.__name__   # needs a GPU: tests/gpu/test_attention_gpu.py runs it
     'forward'
     """
     plan = _plan(p, "forward" if training else "inference")
     o = cupy.empty((p.n, p.lq, p.heads * p.dv), dtype=q.dtype)
-    pointers = [q.data.ptr, k.data.ptr, v.data.ptr] + ([bias.data.ptr] if p.bias is not None else []) + [o.data.ptr]
+    pointers = [q.data.ptr, k.data.ptr, v.data.ptr] + ([bias.data.ptr] if p.bias is not None else [])
+    pointers += [rng[0].data.ptr, rng[1].data.ptr] if p.dropout else []
+    pointers.append(o.data.ptr)
     lse = None
     if training:
         lse = cupy.empty((p.n, p.heads, p.lq, 1), dtype=np.float32)
@@ -332,7 +351,8 @@ def forward(p: Problem, q: Any, k: Any, v: Any, bias: Any = None, training: bool
     return o, lse
 
 
-def backward(p: Problem, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, bias: Any = None) -> tuple:
+def backward(p: Problem, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, bias: Any = None,
+             rng: tuple | None = None) -> tuple:
     """``(dq, dk, dv, dbias)`` of :func:`forward`'s call given the output's cotangent ``do`` (any strides: made
     C-ordered here); ``dbias`` is None unless ``p.bias_grad``.
 
@@ -348,6 +368,7 @@ def backward(p: Problem, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, bias
     dbias = None
     if p.bias is not None:
         pointers.append(bias.data.ptr)
+    pointers += [rng[0].data.ptr, rng[1].data.ptr] if p.dropout else []
     pointers += [dq.data.ptr, dk.data.ptr, dv.data.ptr]
     if p.bias_grad:
         dbias = cupy.empty(p.bias, dtype=q.dtype)
