@@ -18,7 +18,8 @@ Modes: ``eager`` (each call from Python) and ``captured`` (the call recorded onc
 ``fluxpy.backend.capture_graph`` and ``torch.cuda.graph`` after a warm-up on a side stream). Time: GPU time by CUDA
 events on each side's current stream around ``--calls`` back-to-back calls, per call, over ``--rounds`` rounds (3 at
 least): median, min and max in us, after ``--warmup`` calls. Eager times include whatever the host adds between the
-calls' kernels (a host slower than the GPU shows); the wall clock per call is in the JSON too. TF32 is off on both
+calls' kernels (a host slower than the GPU shows); the host time to queue a call (``host`` in the JSON: the
+round's calls by the wall clock, before the end event is waited for) beside it. TF32 is off on both
 sides. ``max rel diff``: the largest difference between the two sides' gradients (eager) over the largest gradient,
 per gradient, the largest of the three; at the dtype's rounding it is of the order of its epsilon. A side that
 fails (to build, to capture, to run) is recorded with its error and listed under the table.
@@ -216,20 +217,20 @@ class Clock:
 
 def timed(run, clock: Clock, calls: int, rounds: int, warmup: int) -> dict:
     """GPU time per call (:func:`stats`) of ``run`` over ``rounds`` of ``calls`` calls, after ``warmup`` calls; the
-    wall clock per call beside it (``wall``)."""
+    host time to queue a call beside it (``host``: the wall clock of the calls, no wait for the device)."""
     for _ in range(warmup):
         run()
     clock.ms(clock.record(), clock.record())
-    gpu, wall = [], []
+    gpu, host = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         start = clock.record()
         for _ in range(calls):
             run()
         end = clock.record()
+        host.append((time.perf_counter() - t0) * 1e6 / calls)
         gpu.append(clock.ms(start, end) * 1e3 / calls)
-        wall.append((time.perf_counter() - t0) * 1e6 / calls)
-    return dict(stats(gpu), wall=stats(wall))
+    return dict(stats(gpu), host=stats(host))
 
 
 def fluxpy_graph(call, warmup: int):
