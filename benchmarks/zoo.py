@@ -1,7 +1,8 @@
 """The model zoo's networks, each side's best training step: fluxpy (eager; captured in float32, bfloat16, float16)
 against PyTorch (eager, whole-step CUDA graph, autocast + channels-last eager and graph, ``torch.compile``).
 
-Networks (:data:`NETS`; one case per network and batch, :data:`CASES`), the fluxpy ones from ``fluxpy.models``:
+Networks (:data:`NETS`, defined in ``zoo_nets.py``; one case per network and batch, :data:`CASES`), the fluxpy
+ones from ``fluxpy.models`` but for the GPT:
 
 - ``mnist``: the Flux model-zoo MNIST conv net (``models.reference_net``), 1x28x28, batch 128, Adam;
 - ``resnet20``: ``resnet20()``, CIFAR 3x32x32, batch 128 and 512, Adam;
@@ -9,13 +10,19 @@ Networks (:data:`NETS`; one case per network and batch, :data:`CASES`), the flux
 - ``vgg``: ``vgg_cifar()`` (conv, max pool, BatchNorm, GELU), batch 1024, SGD with Nesterov momentum
   (``fluxpy.Nesterov``; ``torch.optim.SGD(nesterov=True)``), label smoothing 0.2, PyTorch's half type float16;
 - ``vit``: ``vit_cifar()`` (4x4 patches: 64 tokens, width 192, 4 blocks of 3 heads), batch 256, AdamW;
-- ``lstm``: ``lstm_classifier(32, 128)`` on sequences of 100 steps, batch 64, Adam.
+- ``lstm``: ``lstm_classifier(32, 128)`` on sequences of 100 steps, batch 64, Adam;
+- ``gpt``: a GPT-style decoder (``zoo_nets.GPT``: token and learned position embeddings, ``--gpt-layers`` pre-norm
+  ``TransformerEncoderLayer`` blocks with a causal mask (gelu_erf, 4 x width hidden), a final LayerNorm, an untied
+  head), 1,024 tokens, width 768, 12 heads, vocabulary 8,192, batch 8, AdamW; next-token loss.
 
 PyTorch runs the same network with the same weights (:func:`torch_twin`: the fluxpy model's arrays copied; fluxpy's
 ``Conv`` and ``DepthwiseConv`` are true convolutions, so their kernels are flipped; attention is PyTorch's
-``scaled_dot_product_attention``, the LSTM ``nn.LSTM`` with cuDNN). The loss is the cross-entropy of the logits
-(with the network's label smoothing) on a batch of standard normal inputs and uniform labels, the same for every
-mode (fixed seeds). TF32 is off on both sides; PyTorch runs with ``cudnn.benchmark``.
+``scaled_dot_product_attention``, the GPT's blocks ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True,
+activation="gelu")`` called with a causal mask and ``is_causal=True``, the LSTM ``nn.LSTM`` with cuDNN); each
+case prints both sides' parameter counts. The loss is the cross-entropy of the logits (with the network's label
+smoothing) on a batch of standard normal inputs and uniform labels, or for the GPT of every position's logits
+against the next of a sequence of uniformly drawn tokens (class indices on both sides), the same for every mode
+(fixed seeds). TF32 is off on both sides; PyTorch runs with ``cudnn.benchmark``.
 
 Modes (:data:`FLUXPY_MODES`, :data:`TORCH_MODES`):
 
@@ -43,17 +50,18 @@ the case: PyTorch's two graph modes and its eager modes in one process stop at a
 allocator and cuDNN autotuning, as a user's run has. Within a process: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
 back, each round timed by wall clock from a synchronised start to a synchronised end; per-step time = round time /
 steps; reported: the median and the range (lowest-highest) over rounds, in us. A mode that raises while it is built
-or timed is recorded with its error's first line and left out of the rest of the case. ``--json`` is written after
-every case.
+or timed is recorded with its error's first line and left out of the rest of the case. ``--json`` (and ``--out``) is
+written after every case.
 
 The table gives, per case, each mode's step, each side's best mode and its step, the ratio best fluxpy / best
 PyTorch (below 1: fluxpy faster), and fluxpy half / fluxpy float32 (its best half-precision step over its best
 float32 step, eager or captured); the failures are listed under it. ``--json`` writes the rows.
 
 Run (GPU, PyTorch): ``PYTHONPATH=. python3 benchmarks/zoo.py [--only resnet20,vit:256] [--steps 20 --rounds 5
---warmup 5] [--compile default|max-autotune-no-cudagraphs|off] [--json out.json]``; ``--smoke``: every case at batch
-2 on the CPU (fluxpy's captured modes step eagerly there; PyTorch's eager and autocast modes too where ``--sides``
-has torch), one step a round, to check that everything builds and reports.
+--warmup 5] [--compile default|max-autotune-no-cudagraphs|off] [--gpt-layers 4] [--json out.json] [--out DIR]``
+(``--out``: ``zoo.json`` and the table ``zoo.md`` in that folder); ``--smoke``: every case at batch 2 on the CPU,
+the GPT at ``zoo_nets.GPT_SMOKE``'s tiny sizes (fluxpy's captured modes step eagerly there; PyTorch's eager and
+autocast modes too where ``--sides`` has torch), one step a round, to check that everything builds and reports.
 """
 from __future__ import annotations
 
@@ -69,7 +77,6 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -78,12 +85,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fluxpy  # noqa: E402
-from fluxpy import models as zoo_models  # noqa: E402
-from fluxpy.layers import LSTM, BatchNorm, Chain, Conv, Dense, LayerNorm  # noqa: E402
-from fluxpy.models import EncoderBlock, PatchEmbedding, last_step, token_mean  # noqa: E402
-from fluxpy.ops.activations import gelu, identity, relu, relu6  # noqa: E402
-from models import _same_op, _torch_pad, reference_net, resnet_twin  # noqa: E402
+from fluxpy.models import parameter_count  # noqa: E402
 from resnet_step import reset_case, set_tf32  # noqa: E402
+from zoo_nets import GPT_SIZE, GPT_SMOKE, NETS, Net, make_case, nets, torch_twin  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- the networks
 
@@ -91,31 +95,6 @@ WEIGHT_DECAY = 0.05     # AdamW's (decoupled) weight decay, both sides
 NESTEROV_MOMENTUM = 0.9
 GRAPH_LOSS_SCALE = 1024.0
 
-
-@dataclasses.dataclass(frozen=True)
-class Net:
-    """One network of the zoo: its fluxpy builder ``build(rng)``, one example's shape, the batches it runs at, its
-    optimiser (``"adam"``, ``"adamw"`` or ``"nesterov"``) and learning rate, its label smoothing and PyTorch's
-    autocast type for it."""
-    build: Callable
-    shape: tuple
-    batches: tuple
-    optimiser: str = "adam"
-    lr: float = 1e-3
-    label_smoothing: float = 0.0
-    half: str = "bfloat16"
-    classes: int = 10
-
-
-NETS = {
-    "mnist": Net(reference_net, (1, 28, 28), (128,)),
-    "resnet20": Net(lambda rng: zoo_models.resnet20(rng=rng), (3, 32, 32), (128, 512)),
-    "mobilenet": Net(lambda rng: zoo_models.mobilenet_cifar(rng=rng), (3, 32, 32), (256,)),
-    "vgg": Net(lambda rng: zoo_models.vgg_cifar(rng=rng), (3, 32, 32), (1024,), optimiser="nesterov", lr=0.01,
-               label_smoothing=0.2, half="float16"),
-    "vit": Net(lambda rng: zoo_models.vit_cifar(rng=rng), (3, 32, 32), (256,), optimiser="adamw"),
-    "lstm": Net(lambda rng: zoo_models.lstm_classifier(32, 128, rng=rng), (100, 32), (64,)),
-}
 CASES = tuple((name, batch) for name, net in NETS.items() for batch in net.batches)
 
 FLUXPY_MODES = ("fluxpy eager", "fluxpy float32", "fluxpy bfloat16", "fluxpy float16")
@@ -282,21 +261,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------- the batch
-
-def make_case(name: str, batch: int, seed: int = 0):
-    """``(net, model, x, labels)``: the network's fluxpy model (float32, CPU) and a batch of standard normal inputs
-    and uniform labels (never one label only), the same for every mode."""
-    net = NETS[name]
-    rng = np.random.default_rng(seed)
-    model = net.build(rng)
-    x = rng.standard_normal((batch, *net.shape), dtype=np.float32)
-    labels = rng.integers(0, net.classes, batch)
-    if batch > 1 and np.all(labels == labels[0]):
-        labels[1] = (labels[0] + 1) % net.classes
-    return net, model, x, labels
-
-
 # ----------------------------------------------------------------------------------------------- fluxpy
 
 class NotCaptured(RuntimeError):
@@ -325,7 +289,8 @@ def fluxpy_side(net: Net, model, x, labels, mode: str, device: str):
     m = move(m)
     if dtype != "float32":
         m = fluxpy.mixed_precision(m, dtype)
-    gx, gy = move(x), move(fluxpy.onehotbatch(labels, range(net.classes)))
+    targets = labels if net.tokens else fluxpy.onehotbatch(labels, range(net.classes))   # next tokens: indices
+    gx, gy = move(x), move(targets)
     smoothing = net.label_smoothing
     step = fluxpy.TrainStep(lambda m, x, y: fluxpy.logitcrossentropy(m(x), y, label_smoothing=smoothing), m,
                             fluxpy.setup(fluxpy_rule(net), m), capture=mode != "fluxpy eager")
@@ -349,136 +314,6 @@ def fluxpy_sync(device: str):
 
 
 # ----------------------------------------------------------------------------------------------- PyTorch
-
-def torch_twin(torch, model):
-    """The same network and weights in PyTorch (an ``nn.Module`` on the CPU; move it yourself).
-
-    Handles the zoo's layers: Chain, Conv / CrossCor / DepthwiseConv (groups; a ``Conv``'s kernel flipped for
-    PyTorch's cross-correlation), BatchNorm, Dense and LayerNorm with identity, relu, relu6 or gelu (the tanh form,
-    ``nn.GELU(approximate="tanh")``), ``PatchEmbedding``, ``EncoderBlock`` (attention by
-    ``scaled_dot_product_attention``), ``token_mean``, ``LSTM`` (``nn.LSTM``: fluxpy's one bias is ``b_ih``,
-    ``b_hh`` is zero) and ``last_step``; the rest (pools, ``flatten``, residual blocks) as
-    :func:`models.resnet_twin` writes them.
-    """
-    nn, functional = torch.nn, torch.nn.functional
-
-    def param(a):
-        return torch.from_numpy(np.ascontiguousarray(a))
-
-    def copy_into(module, **arrays):
-        with torch.no_grad():
-            for name, a in arrays.items():
-                getattr(module, name).copy_(param(a))
-        return module
-
-    def with_act(module, act):
-        for op, make in ((identity, None), (relu, lambda: nn.ReLU(inplace=True)),
-                         (relu6, lambda: nn.ReLU6(inplace=True)), (gelu, lambda: nn.GELU(approximate="tanh"))):
-            if _same_op(act, op):
-                return module if make is None else nn.Sequential(module, make())
-        raise TypeError(f"torch_twin: no PyTorch twin for the activation {act!r}")
-
-    def conv(layer):
-        k, c, r, s = layer.weight.shape
-        m = nn.Conv2d(c * layer.groups, k, (r, s), stride=layer.stride, padding=_torch_pad(layer.pad),
-                      dilation=layer.dilation, groups=layer.groups, bias=layer.bias is not None)
-        w = layer.weight if layer.flipped else layer.weight[:, :, ::-1, ::-1]
-        return copy_into(m, weight=w, **({} if layer.bias is None else dict(bias=layer.bias)))
-
-    def batchnorm(layer):
-        m = nn.BatchNorm2d(layer.channels, eps=layer.eps, momentum=layer.momentum)
-        return copy_into(m, weight=layer.gamma, bias=layer.beta, running_mean=layer.running_mean,
-                         running_var=layer.running_var)
-
-    def linear(layer):
-        m = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
-        return copy_into(m, weight=layer.weight, **({} if layer.bias is None else dict(bias=layer.bias)))
-
-    def layernorm(layer):
-        return copy_into(nn.LayerNorm(layer.shape, eps=layer.eps), weight=layer.gamma, bias=layer.beta)
-
-    class Lambda(nn.Module):
-        def __init__(self, f):
-            super().__init__()
-            self.f = f
-
-        def forward(self, x):
-            return self.f(x)
-
-    class Patches(nn.Module):
-        def __init__(self, embed):
-            super().__init__()
-            self.conv = conv(embed.conv)
-            self.position = nn.Parameter(param(embed.position).clone())
-
-        def forward(self, x):
-            y = self.conv(x)
-            n, c, h, w = y.shape
-            return y.permute(0, 2, 3, 1).reshape(n, h * w, c) + self.position
-
-    class Attention(nn.Module):
-        def __init__(self, mha):
-            super().__init__()
-            self.q, self.k, self.v, self.out = (linear(d) for d in (mha.q_proj, mha.k_proj, mha.v_proj,
-                                                                    mha.out_proj))
-            self.heads = mha.nheads
-
-        def forward(self, x):
-            n, length, _ = x.shape
-
-            def split(t):
-                return t.view(n, length, self.heads, -1).transpose(1, 2)
-            y = functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
-            return self.out(y.transpose(1, 2).reshape(n, length, -1))
-
-    class Encoder(nn.Module):
-        def __init__(self, block):
-            super().__init__()
-            self.norm1, self.attention = layernorm(block.norm1), Attention(block.attention)
-            self.norm2, self.mlp = layernorm(block.norm2), convert(block.mlp)
-
-        def forward(self, x):
-            x = x + self.attention(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
-
-    class Recurrent(nn.Module):
-        def __init__(self, layer):
-            super().__init__()
-            cell = layer.cell
-            hidden, n_in = cell.weight_hh.shape[1], cell.weight_ih.shape[1]
-            self.lstm = nn.LSTM(n_in, hidden, batch_first=True, bias=cell.bias is not None)
-            copy_into(self.lstm, weight_ih_l0=cell.weight_ih, weight_hh_l0=cell.weight_hh)
-            if cell.bias is not None:
-                copy_into(self.lstm, bias_ih_l0=cell.bias, bias_hh_l0=np.zeros_like(cell.bias))
-
-        def forward(self, x):
-            return self.lstm(x)[0]
-
-    def convert(layer):
-        if isinstance(layer, Chain):
-            return nn.Sequential(*(convert(f) for f in layer))
-        if isinstance(layer, Conv):   # and CrossCor, DepthwiseConv
-            return with_act(conv(layer), layer.act)
-        if isinstance(layer, BatchNorm):
-            return with_act(batchnorm(layer), layer.act)
-        if isinstance(layer, Dense):
-            return with_act(linear(layer), layer.act)
-        if isinstance(layer, LayerNorm):
-            return with_act(layernorm(layer), layer.act)
-        if isinstance(layer, PatchEmbedding):
-            return Patches(layer)
-        if isinstance(layer, EncoderBlock):
-            return Encoder(layer)
-        if isinstance(layer, LSTM):
-            return Recurrent(layer)
-        if layer is token_mean:
-            return Lambda(lambda x: x.mean(dim=1))
-        if layer is last_step:
-            return Lambda(lambda x: x[:, -1])
-        return resnet_twin(torch, layer)
-
-    return convert(model)
-
 
 def torch_optimiser(torch, net: Net, params, graph: bool, cuda: bool):
     """The network's optimiser in PyTorch: ``capturable=True`` for a graph, else the fused one on the GPU (SGD: the
@@ -508,8 +343,8 @@ def torch_side(torch, net: Net, model, x, labels, mode: str, device: str, compil
         twin = torch.compile(twin, mode=compile_mode)
     smoothing = net.label_smoothing
 
-    def loss_fn(logits, y):
-        return torch.nn.functional.cross_entropy(logits, y, label_smoothing=smoothing)
+    def loss_fn(logits, y):   # a GPT's (N, L, vocab) logits: one row a position
+        return torch.nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), label_smoothing=smoothing)
     if mode in TORCH_GRAPH_MODES:
         return _torch_graph_step(torch, net, twin, tx, ty, dtype, loss_fn)
     return _torch_eager_step(torch, net, twin, tx, ty, dtype, loss_fn, dev)
@@ -652,7 +487,7 @@ def torch_modes_apart(name: str, batch: int, a, modes: dict, firsts: dict) -> No
             cmd = [sys.executable, str(Path(__file__).resolve()), "--only", f"{name}:{batch}", "--modes", mode,
                    "--steps", str(a.steps), "--rounds", str(a.rounds), "--warmup", str(a.warmup),
                    "--compile", a.compile, "--compile-timeout", str(a.compile_timeout), "--device", a.device,
-                   "--json", str(out)]
+                   "--gpt-layers", str(a.gpt_layers), "--json", str(out)]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(),
                                       timeout=a.compile_timeout + 600)
@@ -668,8 +503,18 @@ def torch_modes_apart(name: str, batch: int, a, modes: dict, firsts: dict) -> No
             modes[mode] = dict(error=f"its process exited with {done.returncode}: {tail}")
 
 
+def parameter_counts(torch, model, sides: str) -> dict:
+    """``{"fluxpy": n, "torch": m}``: the trainable parameters of ``model`` and of its PyTorch twin (where ``sides``
+    has torch; the LSTM's twin has PyTorch's second bias)."""
+    counts = dict(fluxpy=parameter_count(model))
+    if torch is not None and "torch" in sides:
+        counts["torch"] = sum(p.numel() for p in torch_twin(torch, model).parameters())
+    return counts
+
+
 def run_case(torch, name: str, batch: int, a) -> dict:
-    net, model, x, labels = make_case(name, batch)
+    net, model, x, labels = make_case(name, batch, nets=a.nets)
+    counts = parameter_counts(torch, model, a.sides)
     reset_case(torch, a.device)
     modes = skipped_modes(a.sides, a.device, a.compile, a.modes)
     apart = a.device == "gpu" and not a.modes   # the case's own process: PyTorch's modes each in a child
@@ -687,7 +532,8 @@ def run_case(torch, name: str, batch: int, a) -> dict:
         torch_modes_apart(name, batch, a, modes, firsts)
     row = dict(benchmark="zoo", model=name, batch=batch, optimiser=net.optimiser, device=a.device,
                modes={m: modes[m] for m in (*FLUXPY_MODES, *TORCH_MODES) if m in modes},
-               first_losses=firsts, **{"torch half": net.half})
+               first_losses=firsts, parameters=counts, **{"torch half": net.half})
+    print(f"{name} batch {batch}: parameters " + ", ".join(f"{k} {v:,}" for k, v in counts.items()), flush=True)
     print(f"{name} batch {batch}: first losses " + ", ".join(f"{k} {v:.5f}" for k, v in firsts.items()), flush=True)
     return finish_row(row)
 
@@ -706,10 +552,15 @@ def main(argv=None):
     p.add_argument("--modes", default="", help="comma-separated modes to run (the rest skipped): " +
                    ", ".join((*FLUXPY_MODES, *TORCH_MODES)))
     p.add_argument("--smoke", action="store_true", help="batch 2 on the CPU, one step a round")
+    p.add_argument("--gpt-layers", type=int, default=None,
+                   help=f"the GPT's blocks ({GPT_SIZE.layers}; {GPT_SMOKE.layers} with --smoke)")
     p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="a folder for zoo.json and the table, zoo.md")
     a = p.parse_args(argv)
     if a.rounds < 3:
         p.error("--rounds must be 3 or more (the median and range over rounds)")
+    if a.gpt_layers is not None and a.gpt_layers < 1:
+        p.error(f"--gpt-layers must be 1 or more, got {a.gpt_layers}")
     a.modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
     unknown = [m for m in a.modes if m not in (*FLUXPY_MODES, *TORCH_MODES)]
     if unknown:
@@ -718,6 +569,9 @@ def main(argv=None):
     if a.smoke:
         a.device, a.steps, a.rounds, a.warmup, a.compile = "cpu", 1, 3, 1, "off"
         cases = list(dict.fromkeys((name, 2) for name, _ in cases))
+    size = GPT_SMOKE if a.smoke else GPT_SIZE
+    a.gpt_layers = a.gpt_layers or size.layers
+    a.nets = nets(dataclasses.replace(size, layers=a.gpt_layers))
     torch = None
     if "torch" in a.sides:
         import torch
@@ -725,12 +579,20 @@ def main(argv=None):
             torch.backends.cudnn.benchmark = True
         print(f"PyTorch {torch.__version__}" + (f", {torch.cuda.get_device_name()}" if a.device == "gpu" else ""))
     set_tf32(False, torch, a.device)
+    out = Path(a.out) if a.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, batch in cases:
         rows.append(run_case(torch, name, batch, a))
-        if a.json:   # after every case: a crash in a later one (a fault in a native library) keeps these
-            Path(a.json).write_text(json.dumps(rows, indent=1))
-    print("\n" + table(rows))
+        # after every case: a crash in a later one (a fault in a native library) keeps these
+        for path in (a.json, out and out / "zoo.json"):
+            if path:
+                Path(path).write_text(json.dumps(rows, indent=1))
+    text = table(rows)
+    if out:
+        (out / "zoo.md").write_text(text + "\n")
+    print("\n" + text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``benchmarks/zoo.py`` without a GPU: picking cases, timing rounds that take turns (a failing mode recorded, not
 fatal), each side's best mode and the ratios, the tables (its own and run.py's), the fluxpy sides on the CPU
-(``--smoke``), and, where PyTorch is installed, the PyTorch twins' first losses against fluxpy's."""
+(``--smoke``), and, where PyTorch is installed, the PyTorch twins' first losses and parameter counts against
+fluxpy's (the GPT at tiny sizes, its causal mask checked on both sides)."""
 import copy
 import json
 import random
@@ -17,6 +18,9 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import run  # noqa: E402
 import zoo  # noqa: E402
+import zoo_nets  # noqa: E402
+
+SMALL = zoo.nets(zoo.GPT_SMOKE)   # the GPT at tiny sizes: the CPU runs it in a moment
 
 
 def test_cases_by_network_or_network_and_batch():
@@ -33,6 +37,7 @@ def test_cases_by_network_or_network_and_batch():
 def test_every_network_builds_its_optimiser_rule():
     rules = {name: type(zoo.fluxpy_rule(net)).__name__ for name, net in zoo.NETS.items()}
     assert rules["vgg"] == "Nesterov" and rules["vit"] == "AdamW" and rules["lstm"] == "Adam"
+    assert rules["gpt"] == "AdamW" and zoo.NETS["gpt"].tokens and zoo.NETS["gpt"].classes == 8192
     assert zoo.NETS["vgg"].label_smoothing == 0.2 and zoo.NETS["vgg"].half == "float16"
 
 
@@ -195,7 +200,7 @@ def test_smoke_runs_the_fluxpy_modes_on_the_cpu(tmp_path, capsys):
 def _apart_args(**kw):
     import argparse
     return argparse.Namespace(**dict(steps=1, rounds=3, warmup=1, compile="off", compile_timeout=60.0, device="cpu",
-                                     modes=()) | kw)
+                                     modes=(), gpt_layers=2) | kw)
 
 
 def test_a_mode_whose_own_process_fails_is_recorded_with_that_process_s_last_words():
@@ -218,16 +223,16 @@ def test_each_torch_mode_apart_gives_what_it_gives_in_this_process():
         assert firsts[mode] == pytest.approx(first, rel=1e-6)
 
 
-@pytest.mark.parametrize("name", list(zoo.NETS))
+@pytest.mark.parametrize("name", list(SMALL))
 def test_the_torch_twins_start_from_fluxpy_s_loss(name):
     torch = pytest.importorskip("torch")
-    net, model, x, labels = zoo.make_case(name, 3, seed=4)
-    y = zoo.fluxpy.onehotbatch(labels, range(net.classes))
+    net, model, x, labels = zoo.make_case(name, 3, seed=4, nets=SMALL)
+    y = labels if net.tokens else zoo.fluxpy.onehotbatch(labels, range(net.classes))
     expected, _ = zoo.fluxpy.withgradient(   # inside a gradient: BatchNorm on the batch's statistics, as train()
         lambda m: zoo.fluxpy.logitcrossentropy(m(x), y, label_smoothing=net.label_smoothing), copy.deepcopy(model))
     twin = zoo.torch_twin(torch, model).train()
     extra = model[0].cell.bias.size if name == "lstm" else 0   # PyTorch's second LSTM bias
-    assert sum(p.numel() for p in twin.parameters()) == zoo.zoo_models.parameter_count(model) + extra
+    assert sum(p.numel() for p in twin.parameters()) == zoo.parameter_count(model) + extra
     step, first = zoo.torch_side(torch, net, model, x, labels, "torch eager", "cpu")
     assert first == pytest.approx(float(expected), rel=1e-4)
     assert np.isfinite(float(step()))
@@ -237,3 +242,53 @@ def test_the_docstring_examples_run():
     import doctest
     failures, tried = doctest.testmod(zoo)
     assert failures == 0 and tried >= 8
+    failures, tried = doctest.testmod(zoo_nets)
+    assert failures == 0 and tried >= 4
+
+
+def _tiny_gpt_size(rng):
+    nheads = int(rng.integers(1, 4))
+    return zoo_nets.GPTSize(vocab=int(rng.integers(20, 60)), length=int(rng.integers(5, 12)),
+                       width=nheads * int(rng.integers(2, 6)), nheads=nheads, layers=int(rng.integers(1, 4)))
+
+
+def test_the_gpt_is_one_model_on_both_sides_and_a_fluxpy_step_runs():
+    torch = pytest.importorskip("torch")
+    seed = int(np.random.default_rng().integers(1 << 16))
+    size = _tiny_gpt_size(np.random.default_rng(seed))
+    net, model, x, labels = zoo.make_case("gpt", 3, seed=seed, nets=zoo.nets(size))
+    assert x.dtype == labels.dtype == np.int64 and x.shape == labels.shape == (3, size.length)
+    assert np.array_equal(x[:, 1:], labels[:, :-1]) and len(np.unique(x)) > 1   # next tokens, drawn
+    w, v = size.width, size.vocab
+    block = 4 * (w * w + w) + 2 * 4 * w * w + 4 * w + w + 4 * w   # attention, feed-forward, two norms
+    expected = v * w + size.length * w + size.layers * block + 2 * w + w * v
+    assert zoo.parameter_counts(torch, model, "fluxpy,torch") == dict(fluxpy=expected, torch=expected)
+
+    twin = zoo.torch_twin(torch, model)
+    changed = x.copy()
+    changed[:, -1] = (changed[:, -1] + 1) % v   # only the last position may see it: the mask, on both sides
+    ours = [np.asarray(model(t)) for t in (x, changed)]
+    with torch.no_grad():
+        theirs = [twin(torch.from_numpy(t)).numpy() for t in (x, changed)]
+    for a, b in (ours, theirs):
+        np.testing.assert_array_equal(a[:, :-1], b[:, :-1])
+        assert np.abs(a[:, -1] - b[:, -1]).max() > 0
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
+
+    step, first = zoo.fluxpy_side(net, model, x, labels, "fluxpy eager", "cpu")
+    after = float(step())
+    assert np.isfinite(first) and after < first   # an AdamW step on this batch lowers its loss
+    torch_step, torch_first = zoo.torch_side(torch, net, model, x, labels, "torch eager", "cpu")
+    assert torch_first == pytest.approx(first, rel=1e-4) and float(torch_step()) < torch_first
+
+
+def test_smoke_runs_the_gpt_at_the_layers_asked_and_writes_the_out_folder(tmp_path):
+    zoo.main(["--smoke", "--sides", "fluxpy", "--only", "gpt", "--gpt-layers", "1", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "zoo.json").read_text())
+    one_block = zoo_nets.GPT(zoo.dataclasses.replace(zoo.GPT_SMOKE, layers=1), rng=0)
+    assert (row["model"], row["batch"]) == ("gpt", 2)
+    assert row["parameters"] == dict(fluxpy=zoo.parameter_count(one_block))
+    assert all(len(row["modes"][m]["rounds_us"]) == 3 for m in zoo.FLUXPY_MODES)
+    assert "| gpt | 2 |" in (tmp_path / "zoo.md").read_text()
+    with pytest.raises(SystemExit):
+        zoo.main(["--smoke", "--gpt-layers", "0"])
