@@ -6,10 +6,9 @@ zoo's GPT), ``(32, 8, 512, 64)``. One call is the forward and the gradients of `
 output cotangent ``dy``, on the same inputs on both sides (standard normal, rounded to the dtype):
 
 - fluxpy: ``q``, ``k``, ``v`` and ``dy`` ``(N, L, heads * d)`` (the layout a projection gives),
-  ``fluxpy.pullback`` of ``dot_product_attention(q, k, v, nheads=heads)[0]``, then the pullback of ``dy``;
-  causal by ``causal=True`` where ``dot_product_attention`` takes it, else by the boolean ``causal_mask(L)`` (made
-  once, outside the timing). Only the public API is used: what runs inside (the composite, a fused kernel) is
-  fluxpy's choice;
+  ``fluxpy.pullback`` of ``dot_product_attention(q, k, v, nheads=heads, causal=causal, need_scores=False)[0]``,
+  then the pullback of ``dy`` (no scores asked for, as PyTorch's SDPA: in half precision on the GPU fluxpy runs
+  cuDNN's fused kernels, in float32 its composite);
 - PyTorch: the same ``(N, L, heads * d)`` tensors viewed as ``(N, heads, L, d)`` (as its ``MultiheadAttention``
   does), ``scaled_dot_product_attention(q, k, v, is_causal=causal)`` (PyTorch picks its kernel: flash, cuDNN or
   memory-efficient), then ``torch.autograd.grad`` of ``dy``.
@@ -32,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import statistics
 import sys
@@ -107,22 +105,6 @@ def stats(per_call_us: list[float]) -> dict:
                 rounds_us=[round(t, 2) for t in per_call_us])
 
 
-def causal_keywords(shape: Shape, attention=fluxpy.dot_product_attention, xp=np) -> dict:
-    """The keywords that make ``attention`` causal for ``shape``: ``causal=True`` where it takes it, else a boolean
-    ``causal_mask`` of ``xp``; none for a shape that is not causal.
-
-    >>> int(causal_keywords(Shape(2, 1, 3, 4, True), lambda q, k, v, mask=None, nheads=1: None)["mask"].sum())
-    6
-    >>> causal_keywords(Shape(2, 1, 3, 4, True), lambda q, k, v, nheads=1, causal=False: None)
-    {'causal': True}
-    """
-    if not shape.causal:
-        return {}
-    if "causal" in inspect.signature(attention).parameters:
-        return dict(causal=True)
-    return dict(mask=fluxpy.causal_mask(shape.length, xp=xp))
-
-
 def inputs(shape: Shape, dtype: str, seed: int = 0) -> list[np.ndarray]:
     """``q, k, v, dy``: float32 arrays ``(N, L, heads * d)`` of standard normal values rounded to ``dtype``."""
     rng = np.random.default_rng(seed)
@@ -137,10 +119,9 @@ def fluxpy_call(shape: Shape, arrays: list, xp=np):
     """``call() -> (dq, dk, dv)``: fluxpy's forward and backward on ``arrays`` (``q, k, v, dy`` of one dtype, of
     ``xp``: NumPy or CuPy)."""
     q, k, v, dy = arrays
-    keywords = causal_keywords(shape, xp=xp)
 
     def attend(q, k, v):
-        return fluxpy.dot_product_attention(q, k, v, nheads=shape.heads, **keywords)[0]
+        return fluxpy.dot_product_attention(q, k, v, nheads=shape.heads, causal=shape.causal, need_scores=False)[0]
 
     def call():
         _, back = fluxpy.pullback(attend, q, k, v)
