@@ -20,6 +20,7 @@ from ..ops.attention import dot_product_attention
 from ..ops.dropout import dropout
 from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
+from ..ops.dense import dense
 from ..ops.linalg import matmul
 from ..ops.reduce import max as max_
 from ..ops.reduce import mean as mean_
@@ -201,7 +202,7 @@ class Dense:
         if not hasattr(x, "shape") or len(x.shape) < 1 or x.shape[-1] != self.in_features:
             _fail(self, f"x.shape[-1] == {self.in_features}", x)
         _require_dtype(self, x, self.weight.dtype)
-        return bias_act(matmul(x, transpose(self.weight)), self.bias, self.act)
+        return dense(x, self.weight, self.bias, self.act)
 
     def __repr__(self):
         return (f"Dense({self.in_features} => {self.out_features}{_act_part(self.act)}"
