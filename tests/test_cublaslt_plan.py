@@ -351,6 +351,7 @@ def fake_library(patch, dtypes=(), out_align=512):
     patch.setattr(cublaslt, "_address", lambda x: x.__array_interface__["data"][0])
     patch.setattr(cublaslt, "_load", lambda: fake)
     patch.setattr(cublaslt, "_devices", {})
+    patch.setattr(cublaslt, "_memo", __import__("threading").local())
     patch.setattr(cublaslt, "_counts", __import__("collections").Counter())
     for code, dtype in dtypes:
         patch.setitem(cublaslt._DATA_TYPES, np.dtype(dtype), code)
@@ -431,6 +432,14 @@ def test_outputs_less_aligned_than_planned_get_a_plan_of_their_own():
         assert cublaslt.stats() == {"built": 2, "dense_forward": 1}
         assert sorted(p.align[2] for p in cublaslt._devices[0].plans) == [16, 256]
     np.testing.assert_allclose(y, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_declined_call_to_the_kernel_itself_raises_the_reason():
+    x, w = np.ones((8, 5), np.float32), np.ones((8, 5), np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        fake_library(patch)
+        with pytest.raises(ValueError, match=r"in features \(ld of x and w\) = 5 elements .* supports function"):
+            cublaslt.dense_forward(x, w, None, "relu", False)
 
 
 def test_clear_cache_destroys_the_descriptors():

@@ -111,6 +111,19 @@ def test_a_repeated_step_builds_nothing_new(fused, monkeypatch):
         np.testing.assert_array_equal(a, b_)
 
 
+def test_a_call_plans_once(fused, monkeypatch):
+    planned = []
+    original = cublaslt.forward_plan
+    monkeypatch.setattr(cublaslt, "forward_plan", lambda *a: planned.append(a[3:]) or original(*a))
+    rng = np.random.default_rng(11)
+    x, w, b = fused(*_case(rng, (4,), 8, 16, True))
+    dense(x, w, b, gelu)
+    assert planned == [("gelu", False)]   # asked twice (dense, then the primitive), planned once
+    fluxpy.gradient(lambda w: dense(x, w, b, gelu).sum(), w)
+    assert planned == [("gelu", False), ("gelu", True)]
+    assert cublaslt._memo.forward is None and cublaslt._memo.weight is None   # nothing held after the calls
+
+
 def test_gradients_of_only_some_arguments(fused):
     rng = np.random.default_rng(4)
     x, w, b = fused(*_case(rng, (5,), 8, 8, True))

@@ -353,6 +353,8 @@ def _candidates():
 
 
 def _load():
+    if _lib[0] is not None:   # loaded: no lock needed to read it
+        return _lib[0]
     with _lock:
         if _lib[0] is not None:
             return _lib[0]
@@ -496,6 +498,7 @@ def clear_cache() -> None:
     >>> clear_cache(); stats()
     {}
     """
+    _memo.forward = _memo.weight = None
     with _lock:
         for dev in _devices.values():
             for built in dev.plans.values():
@@ -582,9 +585,34 @@ def _run(built: _Built, a, b, d, bias=0, aux=0):
 # The kernels
 
 
-def _ready(plan):
-    """``plan`` as built, or None (its reason in :func:`stats`' ``"no_algorithm"``)."""
-    return None if isinstance(plan, str) else _built(plan)
+_memo = threading.local()   # .forward, .weight: (args, plan, built, tf32) of the last supports call of this thread
+
+
+def _same(a, b):
+    return a is b if hasattr(a, "shape") or hasattr(b, "shape") else a == b
+
+
+def _decided(kind, planner, args):
+    """``(plan or reason, built or None)`` of ``planner(*args)``. The ``supports`` call that precedes each kernel
+    call (twice, for an op that asks before it records) leaves its decision here, and the kernel takes it, so a
+    call plans once: the arrays are compared by identity, and held only from the supports call to the kernel's."""
+    tf32 = bool(options.allow_tf32)
+    last = getattr(_memo, kind, None)
+    if last is not None and last[3] == tf32 and len(last[0]) == len(args) and all(map(_same, last[0], args)):
+        return last[1], last[2]
+    plan = planner(*args)
+    built = None if isinstance(plan, str) else _built(plan)
+    setattr(_memo, kind, (args, plan, built, tf32) if built is not None else None)
+    return plan, built
+
+
+def _taken(kind, planner, args):
+    """The decision for a kernel call (see :func:`_decided`), no longer remembered after it."""
+    plan, built = _decided(kind, planner, args)
+    setattr(_memo, kind, None)
+    if isinstance(plan, str):
+        raise ValueError(f"{plan} (a call its supports function declines)")
+    return plan, built
 
 
 def _is_cupy(*arrays):
@@ -599,7 +627,7 @@ def dense_forward_supports(x, w, b, act, save) -> bool:
     >>> dense_forward_supports(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32), None, "relu", False)
     False
     """
-    return _is_cupy(x, w, b) and _ready(forward_plan(x, w, b, act, save)) is not None
+    return _is_cupy(x, w, b) and _decided("forward", forward_plan, (x, w, b, act, save))[1] is not None
 
 
 def dense_forward(x, w, b, act, save):
@@ -615,30 +643,31 @@ def dense_forward(x, w, b, act, save):
     >>> y in (None, 0.0)
     True
     """
-    plan = forward_plan(x, w, b, act, save)
-    n = w.shape[0]
-    y = cupy.empty(tuple(x.shape[:-1]) + (n,), dtype=x.dtype)
+    plan, built = _taken("forward", forward_plan, (x, w, b, act, save))
+    y = cupy.empty(tuple(x.shape[:-1]) + (w.shape[0],), dtype=x.dtype)
     aux = cupy.empty_like(y) if save else None
-    plan = _with_outputs(plan, 2, y, 4, aux)
-    built = _built(plan)
-    if built is None:
-        raise CublasError(15, "cublasLtMatmulAlgoGetHeuristic", f"no algorithm for {plan!r} (outputs at "
-                          f"{_address(y):#x}; the call was planned for {_MAX_ALIGN}-byte aligned outputs)")
+    built = _for_outputs(plan, built, ((2, y), (4, aux)))
     _run(built, _address(w), _address(x), _address(y), _address(b) if b is not None else 0,
          _address(aux) if save else 0)
     _counts["dense_forward"] += 1
     return y, aux
 
 
-def _with_outputs(plan, *slots_and_arrays):
-    """``plan`` with the alignment of the outputs just allocated where it is below what planning assumed."""
+def _for_outputs(plan, built, outputs):
+    """``built``, or the plan built for the outputs just allocated where one of them (``(slot in align, array)``)
+    is less aligned than planning assumed."""
     align = list(plan.align)
-    pairs = slots_and_arrays
-    for i in range(0, len(pairs), 2):
-        slot, array = pairs[i], pairs[i + 1]
+    for slot, array in outputs:
         if array is not None:
             align[slot] = min(align[slot], _alignment(_address(array)))
-    return plan if tuple(align) == plan.align else replace(plan, align=tuple(align))
+    if tuple(align) == plan.align and built is not None:
+        return built
+    plan = replace(plan, align=tuple(align))
+    built = _built(plan)
+    if built is None:
+        raise CublasError(15, "cublasLtMatmulAlgoGetHeuristic", f"no algorithm for {plan!r}, a call planned for "
+                          f"outputs {_MAX_ALIGN}-byte aligned whose outputs are less aligned")
+    return built
 
 
 def dense_backward_weight_supports(dz, x, need_db) -> bool:
@@ -648,7 +677,7 @@ def dense_backward_weight_supports(dz, x, need_db) -> bool:
     >>> dense_backward_weight_supports(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32), True)
     False
     """
-    return _is_cupy(dz, x) and _ready(weight_plan(dz, x, need_db)) is not None
+    return _is_cupy(dz, x) and _decided("weight", weight_plan, (dz, x, need_db))[1] is not None
 
 
 def dense_backward_weight(dz, x, need_db):
@@ -659,14 +688,10 @@ def dense_backward_weight(dz, x, need_db):
     >>> callable(dense_backward_weight)
     True
     """
-    plan = weight_plan(dz, x, need_db)
+    plan, built = _taken("weight", weight_plan, (dz, x, need_db))
     dw = cupy.empty((dz.shape[1], x.shape[1]), dtype=dz.dtype)
     db = cupy.empty(dz.shape[1], dtype=dz.dtype) if need_db else None
-    plan = _with_outputs(plan, 2, dw, 3, db)
-    built = _built(plan)
-    if built is None:
-        raise CublasError(15, "cublasLtMatmulAlgoGetHeuristic", f"no algorithm for {plan!r} (outputs at "
-                          f"{_address(dw):#x}; the call was planned for {_MAX_ALIGN}-byte aligned outputs)")
+    built = _for_outputs(plan, built, ((2, dw), (3, db)))
     _run(built, _address(x), _address(dz), _address(dw), _address(db) if need_db else 0)
     _counts["dense_backward_weight"] += 1
     return dw, db
