@@ -205,10 +205,10 @@ class FakeCublasLt:
     the bias (one per row of ``D``), relu or the tanh gelu, the pre-activation to the aux buffer (``_AUX``), or the
     sums of ``op(B)`` over ``k`` to the bias pointer (``BGRADB``). Every pointer must be as aligned as the heuristic
     was told, and every access inside a registered buffer. ``no_algorithm``: epilogues the heuristic finds nothing
-    for."""
+    for (``refuse``: it answers CUBLAS_STATUS_NOT_SUPPORTED for them, as cuBLASLt does where no heuristic applies)."""
 
     def __init__(self):
-        self.objects, self.buffers, self.calls, self.no_algorithm = {}, [], [], set()
+        self.objects, self.buffers, self.calls, self.no_algorithm, self.refuse = {}, [], [], set(), False
 
     def register(self, *arrays):
         for x in arrays:
@@ -269,7 +269,7 @@ class FakeCublasLt:
         results._obj.state = 0 if found else 15
         results._obj.algo[0] = d   # the descriptor it was chosen for
         count._obj.value = int(found)
-        return 0
+        return 0 if found or not self.refuse else 15   # cuBLASLt may say NOT_SUPPORTED rather than find nothing
 
     def _view(self, ptr, dtype, rows, cols, ld):
         """The column-major ``rows x cols`` matrix at ``ptr`` (a writable view), after checking the range."""
@@ -352,6 +352,7 @@ def fake_library(patch, dtypes=(), out_align=512):
     patch.setattr(cublaslt, "_load", lambda: fake)
     patch.setattr(cublaslt, "_devices", {})
     patch.setattr(cublaslt, "_memo", __import__("threading").local())
+    patch.setattr(cublaslt, "_declined", {})
     patch.setattr(cublaslt, "_counts", __import__("collections").Counter())
     for code, dtype in dtypes:
         patch.setitem(cublaslt._DATA_TYPES, np.dtype(dtype), code)
@@ -408,15 +409,21 @@ def test_the_weight_kernel_gives_the_weight_and_bias_gradients(dtype, need_db):
     assert fake.calls == [E["BGRADB"] if need_db else E["DEFAULT"]]
 
 
-def test_a_problem_without_an_algorithm_is_declined_once_and_remembered():
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_problem_without_an_algorithm_is_declined_once_and_remembered(refuse):
     x, w = np.ones((8, 16), np.float32), np.ones((8, 16), np.float32)
     with pytest.MonkeyPatch.context() as patch:
         fake = fake_library(patch)
         fake.register(x, w)
         fake.no_algorithm.add(E["GELU"])
+        fake.refuse = refuse
         assert not cublaslt.dense_forward_supports(x, w, None, "gelu", False)
         assert not cublaslt.dense_forward_supports(x, w, None, "gelu", False)
         assert cublaslt.stats() == {"built": 1, "no_algorithm": 1}
+        (plan, why), = cublaslt.declined().items()
+        assert plan.epilogue == E["GELU"]
+        assert why == ("cublasLtMatmulAlgoGetHeuristic gave CUBLAS_STATUS_NOT_SUPPORTED" if refuse else
+                       "cublasLtMatmulAlgoGetHeuristic found no algorithm (state 15)")
         assert cublaslt.dense_forward_supports(x, w, None, "relu", False)
         assert fake.calls == []
 

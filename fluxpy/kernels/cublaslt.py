@@ -60,12 +60,12 @@ import numpy as np
 
 from ..backend import cupy
 from ..options import options
-from .cublas import CublasError
+from .cublas import STATUS_NAMES, CublasError
 from .gemm_plan import INT_MAX
 from .halfs import BFLOAT16, is_half
 
 __all__ = ["ACTIVATIONS", "EPILOGUES", "LtGemm", "forward_plan", "weight_plan", "forward_epilogue", "dense_forward",
-           "dense_backward_weight", "dense_forward_supports", "dense_backward_weight_supports", "stats",
+           "dense_backward_weight", "dense_forward_supports", "dense_backward_weight_supports", "stats", "declined",
            "clear_cache", "library_path", "KERNELS", "WORKSPACE_BYTES"]
 
 # cublasLtEpilogue_t (cublasLt.h)
@@ -479,6 +479,17 @@ class _Device:
 
 _devices: dict = {}                       # device id -> _Device
 _counts: collections.Counter = collections.Counter()
+_declined: dict = {}                      # LtGemm -> why the heuristic gave no algorithm
+
+
+def declined() -> dict:
+    """``{plan: why}`` for the plans cuBLASLt's heuristic had no algorithm for since the last :func:`clear_cache`
+    (the op ran its composite for them).
+
+    >>> isinstance(declined(), dict)
+    True
+    """
+    return dict(_declined)
 
 
 def stats() -> dict:
@@ -506,6 +517,7 @@ def clear_cache() -> None:
                     built.described.close()
             dev.plans.clear()
         _counts.clear()
+        _declined.clear()
 
 
 def _device(lib) -> _Device:
@@ -543,23 +555,22 @@ def _built(plan: LtGemm) -> _Built | None:
         if plan in dev.plans:
             return dev.plans[plan]
         described = _Described(lib, plan)
-        try:
-            found, count = _Heuristic(), ctypes.c_int(0)
-            a, b, d = described.layouts
-            _check(lib.cublasLtMatmulAlgoGetHeuristic(dev.handle, described.desc, a, b, d, d, described.pref, 1,
-                                                      ctypes.byref(found), ctypes.byref(count)),
-                   "cublasLtMatmulAlgoGetHeuristic", lambda: repr(plan))
-        except BaseException:
-            described.close()
-            raise
+        found, count = _Heuristic(), ctypes.c_int(0)
+        a, b, d = described.layouts
+        status = lib.cublasLtMatmulAlgoGetHeuristic(dev.handle, described.desc, a, b, d, d, described.pref, 1,
+                                                    ctypes.byref(found), ctypes.byref(count))
         _counts["built"] += 1
-        if count.value < 1 or found.state != 0:
-            described.close()
-            _counts["no_algorithm"] += 1
-            dev.plans[plan] = None
-            return None
-        built = dev.plans[plan] = _Built(described, found)
-        return built
+        if status == 0 and count.value >= 1 and found.state == 0:
+            built = dev.plans[plan] = _Built(described, found)
+            return built
+        # NOT_SUPPORTED (no heuristic for this configuration) or INVALID_VALUE (a combination of types and epilogue
+        # this library refuses): the op runs its composite; declined() keeps why
+        described.close()
+        _counts["no_algorithm"] += 1
+        _declined[plan] = (f"cublasLtMatmulAlgoGetHeuristic gave {STATUS_NAMES.get(status, status)}" if status else
+                           f"cublasLtMatmulAlgoGetHeuristic found no algorithm (state {found.state})")
+        dev.plans[plan] = None
+        return None
 
 
 def _run(built: _Built, a, b, d, bias=0, aux=0):
