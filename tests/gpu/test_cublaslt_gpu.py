@@ -193,7 +193,8 @@ def test_a_repeated_call_builds_nothing_new():
     step = lambda: fluxpy.gradient(lambda w, b: dense(x, w, b, gelu).sum(), w, b)   # noqa: E731
     step()
     built = cublaslt.stats()["built"]
-    assert built == 2, (cublaslt.stats(), cublaslt.declined())   # the forward with its saved pre-activation; the weight and bias gradients
+    # the forward with its saved pre-activation; the weight and bias gradients
+    assert built == 2, (cublaslt.stats(), cublaslt.declined())
     plans = {dev: set(d.plans) for dev, d in cublaslt._devices.items()}
     for _ in range(3):
         step()
