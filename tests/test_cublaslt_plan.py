@@ -345,7 +345,7 @@ def fake_library(patch, dtypes=(), out_align=512):
         return types.SimpleNamespace(ptr=buf.ctypes.data, keep=buf)
     cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0),
                                  get_current_stream=lambda: types.SimpleNamespace(ptr=0),
-                                 memory=types.SimpleNamespace(Memory=allocation))
+                                 Memory=allocation)
     patch.setattr(cublaslt, "cupy", types.SimpleNamespace(ndarray=np.ndarray, empty=empty, cuda=cuda,
                                                           empty_like=lambda y: empty(y.shape, y.dtype)))
     patch.setattr(cublaslt, "_address", lambda x: x.__array_interface__["data"][0])

@@ -538,7 +538,7 @@ def _workspace(dev, stream) -> int:
     """The workspace of ``stream`` (allocated the first time: a ``cudaMalloc`` outside CuPy's pools)."""
     ws = dev.workspaces.get(stream)
     if ws is None:
-        ws = dev.workspaces[stream] = cupy.cuda.memory.Memory(WORKSPACE_BYTES)
+        ws = dev.workspaces[stream] = cupy.cuda.Memory(WORKSPACE_BYTES)
     return ws.ptr
 
 
