@@ -76,6 +76,7 @@ from .ops import channel_shuffle, cosine_similarity, glu, hardshrink, pairwise_d
 from .ops import fold, lpnormpool, unfold
 from .ops import einsum, pad_circular, pad_constant, pad_reflect, pad_repeat, pad_symmetric, pad_zeros
 from .ops import check_indices
+from .ops import dense
 from .ops import (batchnorm, bias_act, clip, concatenate, conv, conv_transpose, cos, dot, dropout, elu, exp, gather,
                   gelu, hardtanh, identity, leakyrelu, log, log1p, logsoftmax, matmul, maximum, maxpool, mean, meanpool,
                   minimum, relu, relu6, reshape, scatter, sigmoid, sin, softmax, softplus, sqrt, stack, swish, tanh,
@@ -111,6 +112,7 @@ __all__ = [
     # ops (sum, max, min and abs too, but not in __all__: `from fluxpy import *` must not shadow the builtins)
     "ops", "clip", "concatenate", "cos", "dot", "exp", "gather", "log", "log1p", "matmul", "maximum", "mean",
     "minimum", "reshape", "scatter", "check_indices", "sin", "sqrt", "stack", "tanh", "transpose", "where", "bias_act",
+    "dense",
     "conv", "conv_transpose", "maxpool", "meanpool", "dropout", "softmax", "logsoftmax", "batchnorm",
     "identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "sigmoid", "softplus", "hardtanh",
     "gelu_tanh", "gelu_sigmoid", "hardsigmoid", "hardswish", "lisht", "softsign", "selu", "celu", "trelu", "logcosh",

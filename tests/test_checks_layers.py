@@ -212,6 +212,7 @@ def test_dtype_errors_inside_gradient_and_before_any_kernel(monkeypatch):
         raise AssertionError("a kernel ran")
     for module, name in [(fluxpy.layers.conv, "conv_bias_act"), (fluxpy.layers.conv, "conv_transpose"),
                          (fluxpy.layers.basic, "matmul"), (fluxpy.layers.basic, "bias_act"),
+                         (fluxpy.layers.basic, "dense"),
                          (fluxpy.layers.normalise, "batchnorm"), (fluxpy.layers.normalise, "batchnorm_infer"),
                          (fluxpy.layers.normalise, "layernorm")]:
         monkeypatch.setattr(module, name, boom)

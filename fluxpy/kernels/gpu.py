@@ -21,6 +21,7 @@ module                  kernels
 ``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
 ``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
 ``cublas``              ``matmul`` (our cuBLAS binding: capturable)
+``cublaslt``            ``dense_forward``, ``dense_backward_weight`` (cuBLASLt with fused epilogues: capturable)
 ``cuda_scatter``        ``scatter``, ``gather`` (``cupyx.scatter_add``/``_max``/``_min``, indexing)
 ``cuda_layernorm``      ``layernorm_forward``, ``layernorm_backward`` (a row per warp or block, in registers)
 ``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
@@ -43,10 +44,10 @@ _before: list = []   # the table as it was before register(), while registered
 
 
 def _modules():
-    from . import (cublas, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_optimise, cuda_pool, cuda_recurrent,
-                   cuda_scatter, cuda_softmax, elementwise, philox, reduce)
-    return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cuda_scatter,
-            cuda_layernorm, cuda_recurrent, cuda_arrays, philox)
+    from . import (cublas, cublaslt, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_optimise, cuda_pool,
+                   cuda_recurrent, cuda_scatter, cuda_softmax, elementwise, philox, reduce)
+    return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cublaslt,
+            cuda_scatter, cuda_layernorm, cuda_recurrent, cuda_arrays, philox)
 
 
 def register() -> bool:

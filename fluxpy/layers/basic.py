@@ -19,6 +19,7 @@ from ..ops import basic as _ops
 from ..ops.attention import dot_product_attention
 from ..ops.activations import identity, relu
 from ..ops.bias_act import bias_act
+from ..ops.dense import dense
 from ..ops.linalg import matmul
 from ..ops.reduce import max as max_
 from ..ops.reduce import mean as mean_
@@ -140,7 +141,8 @@ class Dense:
     (float32 unless converted with :func:`f64`; another dtype is a :class:`DTypeMismatch`);
     ``weight`` is ``(out, in)``, made by ``init(out, in, rng=rng)``; ``rng`` is a
     ``numpy.random.Generator`` or a seed. ``bias`` is ``(out,)``: zeros for ``bias=True``, ``None``
-    for ``bias=False``, or the array given.
+    for ``bias=False``, or the array given. It runs :func:`fluxpy.ops.dense`: on the GPU, one cuBLASLt call with the
+    bias and activation in its epilogue where that op can fuse them (identity, relu, gelu).
 
     >>> import numpy as np
     >>> d = Dense(288, 10)
@@ -200,7 +202,7 @@ class Dense:
         if not hasattr(x, "shape") or len(x.shape) < 1 or x.shape[-1] != self.in_features:
             _fail(self, f"x.shape[-1] == {self.in_features}", x)
         _require_dtype(self, x, self.weight.dtype)
-        return bias_act(matmul(x, transpose(self.weight)), self.bias, self.act)
+        return dense(x, self.weight, self.bias, self.act)
 
     def __repr__(self):
         return (f"Dense({self.in_features} => {self.out_features}{_act_part(self.act)}"

@@ -32,6 +32,7 @@ from .activations import (celu, elu, gelu, gelu_erf, gelu_sigmoid, gelu_tanh, ha
                           identity, leakyrelu, lisht, logcosh, logsigmoid, mish, relu, relu6, rrelu, selu, sigmoid,
                           softplus, softshrink, softsign, swish, tanhshrink, trelu, hardshrink, softmin, glu, threshold)
 from .bias_act import bias_act
+from .dense import dense
 from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_transpose
 from .batchnorm import batchnorm
 from .dims import AdaptivePoolDims, ConvDims, PoolDims
@@ -56,7 +57,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "arctan", "sinh", "cosh", "arcsinh", "arctanh", "var", "std", "prod", "cumsum", "flip", "triu", "tril",
            "pad", "sort", "einsum", "svdvals", "pad_constant", "pad_zeros", "pad_reflect",
            "pad_repeat", "pad_symmetric", "pad_circular",
-           "bias_act", "conv", "conv_transpose", "conv_bias_act",
+           "bias_act", "dense", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
            "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",

@@ -13,7 +13,7 @@ import pytest
 
 from devices import cupy_module
 from fluxpy import pullback
-from fluxpy.kernels import cublas, find
+from fluxpy.kernels import cublas, cublaslt, find
 from fluxpy.kernels.cudnn import graph, legacy
 from fluxpy.layers import Conv, Dense, DTypeMismatch
 from fluxpy.ops import relu
@@ -106,7 +106,7 @@ def test_conv_layer_gradients_in_half_on_the_gpu(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
-def test_dense_layer_gradients_in_half_on_the_gpu_run_through_cublas(dtype, monkeypatch):
+def test_dense_layer_gradients_in_half_on_the_gpu_run_through_cublas_and_cublaslt(dtype, monkeypatch):
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((96, 4096)).astype(dtype)
     x, dy = rng.standard_normal((64, 4096)).astype(dtype), rng.standard_normal((64, 96)).astype(dtype)
@@ -121,8 +121,12 @@ def test_dense_layer_gradients_in_half_on_the_gpu_run_through_cublas(dtype, monk
         grads, dx = back(to(cast(dy)))
         return [_host(a) if to is _device else a for a in (y, grads["weight"], dx)]
 
+    cublaslt.clear_cache()
     got = run(_device, lambda a: a)
-    assert calls.count("cublasGemmEx") == 3, calls   # the product and both products of the pullback
+    # the product and the weight gradient through cuBLASLt (the dense op's kernels), the data gradient through cuBLAS
+    assert calls.count("cublasGemmEx") == 1, calls
+    assert cublaslt.stats().get("dense_forward") == 1 and cublaslt.stats().get("dense_backward_weight") == 1, \
+        cublaslt.stats()
     ref32 = run(_device, _f32)
     for i, (name, length, a, b) in enumerate([("y", 4096, x, weight), ("dweight", 64, dy, x),
                                               ("dx", 96, dy, weight)]):
