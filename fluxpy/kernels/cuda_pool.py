@@ -112,6 +112,24 @@ def _geometry(pdims):
     return g
 
 
+_tilings = {}
+
+
+def _tiling(pdims) -> tuple[bool, bool]:
+    """``(disjoint, covered)``: whether no two windows share a pixel (along each axis), and whether every pixel lies
+    in a window (else ``maxpool_bwd_tiles`` leaves it to a zero fill)."""
+    got = _tilings.get(pdims)
+    if got is None:
+        n, c, h, w = pdims.x_shape
+        disjoint, covered = True, True
+        for rows, before, size in ((pdims.window_rows(), pdims.pad[0], h), (pdims.window_cols(), pdims.pad[2], w)):
+            start, end, lo, hi = _axis_windows(rows, before, size)
+            disjoint &= bool(np.all(start[1:] >= end[:-1]))
+            covered &= bool(np.all(lo <= hi))
+        got = _tilings[pdims] = (disjoint, covered)
+    return got
+
+
 def _storage(dtype):
     """The dtype the kernels read and write for arrays of ``dtype``: itself where a kernel stores it (the halves,
     float32, float64), else its compute type (integers are pooled in float32, as before)."""
@@ -171,8 +189,15 @@ def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: 
     h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
     dx = _new(pdims.x_shape, st, layout)
     dy, x, y = (_operand(a, st, layout) for a in (dy, x, y))
-    _launch("maxpool_bwd", st, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
-                                         hs, he, ws, we, plo, phi, qlo, qhi), layout)
+    disjoint, covered = _tiling(pdims)
+    if disjoint:   # a thread per window (see pool.cu)
+        if not covered:
+            dx.fill(0)
+        _launch("maxpool_bwd_tiles", st, y.size, (dy, x, y, dx, np.int64(y.size), h, w, p, q, hs, he, ws, we),
+                layout)
+    else:
+        _launch("maxpool_bwd", st, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
+                                             hs, he, ws, we, plo, phi, qlo, qhi), layout)
     return dx if st == out else dx.astype(out)
 
 

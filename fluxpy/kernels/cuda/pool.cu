@@ -74,6 +74,24 @@ extern "C" __global__ void maxpool_bwd(const T* dy, const T* x, const T* y, T* d
     dx[i] = STORE(acc);
 }
 
+// Windows that do not overlap (stride >= kernel on both axes): a thread per output element writes its whole window
+// of dx, its dy at the window's first maximum and 0 elsewhere, so each x is read once (maxpool_bwd, a thread per
+// input element, finds the maximum of the window again for each of its elements). Pixels no window covers are zeroed
+// before (cuda_pool.py).
+extern "C" __global__ void maxpool_bwd_tiles(const T* dy, const T* x, const T* y, T* dx, IDX total, int H, int W,
+                                             int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
+                                             int CC) {
+    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    OUT_POS
+    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
+    int at = first_max(x + xoff, LOAD(y[i]), h0, h1, w0, w1, W, PS);
+    const T g = STORE(LOAD(dy[i]) + (C)0), zero = STORE((C)0);   // + 0: a -0 gradient is +0, as maxpool_bwd's sum
+    T* dxc = dx + xoff;
+    for (int h = h0; h < h1; ++h)
+        for (int w = w0; w < w1; ++w) dxc[(h * W + w) * PS] = (h * W + w == at) ? g : zero;
+}
+
 extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
                                           int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
                                           int CC) {
