@@ -272,3 +272,71 @@ def test_op_errors():
         rnn(x, [(np.zeros((4, 3)), np.zeros((4, 4)), None)], c0=np.zeros((1, 2, 4)), mode="rnn")
     with pytest.raises(ValueError, match=r"rnn expects x of shape \(N, T, in\)"):
         rnn(x[0], w, mode="lstm", num_layers=2)
+
+
+def test_the_kernel_path_plumbing_with_a_stand_in_kernel():
+    """The op's kernel path (one output buffer split into y, h_n, c_n; the pullback's gradients in the order of
+    x, h0, c0 and the weights; the needs mask; the device lengths) with NumPy stand-ins for cuDNN's calls that
+    compute the composite: the same values and gradients as the composite itself."""
+    from fluxpy import kernels
+    from fluxpy.ops import rnn as rnn_module
+    calls = []
+
+    def triples(dims, flat):
+        per = 3 if dims.bias else 2
+        return [tuple(flat[k * per:(k + 1) * per]) + ((None,) if not dims.bias else ())
+                for k in range(len(flat) // per)]
+
+    def flat_out(dims, y, h, c):
+        segments = dims.segments
+        out = np.full(segments[-1][1] if segments[-1] else segments[1][1], np.nan)
+        for seg, a in zip(segments, (y, h, c)):
+            if seg is not None:
+                out[seg[0]:seg[1]] = np.ravel(a)
+        return out
+
+    def forward(dims, lengths, x, h0, c0, flat, training):
+        assert lengths.dtype == np.int32 and lengths.tolist() == [dims.steps] * dims.batch
+        calls.append(("forward", training))
+        y, h, c = rnn_module._composite(dims, None, x, triples(dims, flat), h0, c0)
+        return flat_out(dims, y, h, c), ("saved",) if training else None
+
+    def backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
+        assert saved == ("saved",) and np.isnan(out).any() == (dims.segments[1][0] > dims.segments[0][1])
+        calls.append(("backward", tuple(needs)))
+
+        def f(x, h0, c0, *flat):
+            y, h, c = rnn_module._composite(dims, None, x, triples(dims, flat), h0, c0)
+            pieces = [fluxpy.ops.reshape(a, (-1,)) * dout[s[0]:s[1]] for a, s in zip((y, h, c), dims.segments)
+                      if s is not None]
+            return sum(p.sum() for p in pieces)
+        grads = fluxpy.gradient(f, x, h0, c0, *flat)
+        return tuple(g if need else None for g, need in zip(grads, needs))
+
+    rng = np.random.default_rng(9)
+    dims = RNNDims("lstm", 3, 4, 2, 3, 2, True, True, np.dtype(np.float64))
+    w = _weights(rng, dims)
+    x, h0, c0 = rng.standard_normal((3, 4, 2)), rng.standard_normal(dims.state_shape), \
+        rng.standard_normal(dims.state_shape)
+    dy, dh = rng.standard_normal(dims.y_shape), rng.standard_normal(dims.state_shape)
+
+    def loss(x, h0, c0, w):
+        y, h, c = rnn(x, w, h0, c0, mode="lstm", num_layers=2, bidirectional=True)
+        return (y * dy).sum() + (h * dh).sum() + c.sum()
+    want = fluxpy.withgradient(loss, x, h0, c0, w)
+    table = kernels.snapshot()
+    try:
+        kernels.register("rnn_forward", "numpy", forward, lambda dims, *arrays: dims.mode == "lstm")
+        kernels.register("rnn_backward", "numpy", backward)
+        got = fluxpy.withgradient(loss, x, h0, c0, w)
+        plain = rnn(x, w, h0, c0, mode="lstm", num_layers=2, bidirectional=True)
+    finally:
+        kernels.restore(table)
+    assert calls == [("forward", True), ("backward", (True,) * 3 + (True,) * 12), ("forward", False)]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for g, w_ in zip(got[1][:3], want[1][:3]):   # x, h0, c0
+        np.testing.assert_allclose(g, w_, rtol=1e-10, atol=1e-12)
+    for k in range(4):                             # each layer-and-direction's weights
+        for a, b in zip(got[1][3][k], want[1][3][k]):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(plain[0], rnn_module._composite(dims, None, x, w, h0, c0)[0], rtol=1e-12)

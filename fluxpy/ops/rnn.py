@@ -172,9 +172,10 @@ def rnn(x: Array, weights: Sequence[tuple], h0: Array | None = None, c0: Array |
 
 def _kernel(dims, x, h0, c0, flat):
     """The ``rnn_forward`` kernel for this call, or None: none registered, one that declines the problem, or a
-    nested ``gradient`` (a value tracked twice: cuDNN's backward is no differentiable op)."""
+    nested ``gradient`` (values tracked by two tapes: cuDNN's backward is no differentiable op)."""
     args = [a for a in (x, h0, c0, *flat) if a is not None]
-    if any(type(a) is Tracked and type(a.value) is Tracked for a in args):
+    tracked = [a for a in args if type(a) is Tracked]
+    if len({a.level for a in tracked}) > 1 or any(type(a.value) is Tracked for a in tracked):
         return None
     return find("rnn_forward", dims, *(value_of(a) for a in args))
 
