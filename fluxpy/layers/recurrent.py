@@ -21,9 +21,18 @@ steps are computed and discarded (:mod:`fluxpy.sequences` says why), so padding 
 on the host are checked; on the GPU give them as a device array, which is never read (a captured step stays
 capturable). fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
 
-The time loop runs step by step through fluxpy's ops: the input projection of a whole batched sequence is one matrix
-product before the loop; a step is the recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`,
-:func:`fluxpy.ops.gru_gates`, the RNN's :func:`fluxpy.ops.bias_act`), one kernel forward and one backward on the GPU.
+``num_layers`` and ``bidirectional`` (RNN, LSTM, GRU; PyTorch's semantics and layout): layer ``k > 0`` takes layer
+``k - 1``'s outputs, a reverse direction runs from the last step to the first, the output is ``(N, T, D hidden)``
+(the directions concatenated on the feature axis), the state ``(num_layers * D, N, hidden)`` (an LSTM's a pair).
+``layer.cell`` is layer 0's forward cell, ``layer.stacked`` the other cells in PyTorch's order (``weight_ih_l0_reverse``
+is ``stacked[0]``'s ``weight_ih``). PyTorch's inter-layer ``dropout`` is not supported (a nonzero value is refused).
+
+A batch ``(N, T, in)`` without ``lengths`` runs as one op, :func:`fluxpy.ops.rnn.rnn`: on the GPU one cuDNN call
+forward and two backward for the whole stack (:mod:`fluxpy.kernels.cudnn.rnn`), elsewhere the step loop. The step
+loop (also for ``lengths=``, unbatched sequences, :class:`GRUv3` and :class:`Recurrence`) runs through fluxpy's
+ops: the input projection of a whole batched sequence is one matrix product before the loop; a step is the
+recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`, :func:`fluxpy.ops.gru_gates`, the RNN's
+:func:`fluxpy.ops.bias_act`), one kernel forward and one backward on the GPU.
 
 >>> import numpy as np
 >>> lstm = LSTM(3, 5, rng=0)
