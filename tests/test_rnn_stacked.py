@@ -272,6 +272,8 @@ def test_op_errors():
         rnn(x, [(np.zeros((4, 3)), np.zeros((4, 4)), None)], c0=np.zeros((1, 2, 4)), mode="rnn")
     with pytest.raises(ValueError, match=r"rnn expects x of shape \(N, T, in\)"):
         rnn(x[0], w, mode="lstm", num_layers=2)
+    y, h, c = rnn(x[:0], w, mode="lstm", num_layers=2)   # an empty batch is no error
+    assert y.shape == (0, 3, 4) and h.shape == c.shape == (2, 0, 4)
 
 
 def test_the_kernel_path_plumbing_with_a_stand_in_kernel():
@@ -340,3 +342,64 @@ def test_the_kernel_path_plumbing_with_a_stand_in_kernel():
         for a, b in zip(got[1][3][k], want[1][3][k]):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(plain[0], rnn_module._composite(dims, None, x, w, h0, c0)[0], rtol=1e-12)
+
+
+class _Memory:
+    """A stand-in for CuPy's ``MemoryPointer`` over host bytes: offsets, memset and copies as CuPy's."""
+
+    def __init__(self, buf, offset=0):
+        self.buf, self.offset = buf, offset
+
+    def __add__(self, n):
+        return _Memory(self.buf, self.offset + n)
+
+    def memset_async(self, value, n, stream):
+        self.buf[self.offset:self.offset + n] = value
+
+    def copy_from_device_async(self, src, n, stream):
+        self.buf[self.offset:self.offset + n] = src.buf[src.offset:src.offset + n]
+
+
+def _contiguous(a):
+    a = np.ascontiguousarray(a)
+    return type("Device", (), {"data": _Memory(a.view(np.uint8).reshape(-1)), "nbytes": a.nbytes})()
+
+
+def test_the_cudnn_glue_packs_and_unpacks_the_weights_where_the_plan_says(monkeypatch):
+    """fluxpy.kernels.cuda_rnn's packing (CuPy's memory stood in for by host bytes): each of fluxpy's arrays lands
+    at its offset in the weight space, cuDNN's recurrent biases are zero, and the gradients come back as the
+    parameters' shapes from their offsets, in the order of the arrays; a layout with gaps and the biases apart,
+    as a plan may give."""
+    from types import SimpleNamespace
+    from fluxpy.kernels import cuda_rnn
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(alloc=lambda n: _Memory(np.full(n, 0xAB, np.uint8)), get_current_stream=lambda: None),
+        ascontiguousarray=_contiguous,
+        ndarray=lambda shape, dtype, mem: np.ndarray(shape, dtype, buffer=mem.buf, offset=mem.offset))
+    monkeypatch.setattr(cuda_rnn, "cupy", fake)
+    rng = np.random.default_rng(0)
+    for bias in (True, False):
+        dims = RNNDims("gru", 2, 3, 4, 5, 2, True, bias, np.dtype(np.float32))
+        offsets, at = [], 7
+        for k in range(4):   # every block of every layer-and-direction, 3 elements apart
+            sizes = [int(np.prod(s)) for s in dims.weight_shapes(k)[:2]] + [15, 15]
+            starts = []
+            for n in sizes:
+                starts.append(at)
+                at += n + 3
+            offsets.append(tuple(starts) if bias else tuple(starts[:2]) + (None, None))
+        plan = SimpleNamespace(dims=dims, dtype=dims.dtype, weight_bytes=at * 4, weight_elements=at, offsets=offsets)
+        flat = [rng.standard_normal(s).astype(np.float32) for k in range(4) for s in dims.weight_shapes(k)]
+        w = cuda_rnn._pack(plan, flat)
+        per = 3 if bias else 2
+        written = np.zeros(at, bool)
+        for k, starts in enumerate(offsets):
+            for j, a in enumerate(flat[k * per:(k + 1) * per]):
+                np.testing.assert_array_equal(w[starts[j]:starts[j] + a.size], a.ravel())
+                written[starts[j]:starts[j] + a.size] = True
+        assert not w[~written].any(), "the weight space outside fluxpy's arrays (recurrent biases, gaps) is not zero"
+        grads = cuda_rnn._unpack(plan, w, [True] * len(flat))
+        assert [g.shape for g in grads] == [a.shape for a in flat]
+        for g, a in zip(grads, flat):
+            np.testing.assert_array_equal(g, a)
+        assert cuda_rnn._unpack(plan, w, [False] * len(flat)) == [None] * len(flat)

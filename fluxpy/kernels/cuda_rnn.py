@@ -30,11 +30,12 @@ __all__ = ["rnn_forward", "rnn_backward", "supports", "KERNELS"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
 _declined: set = set()   # problems whose plan cuDNN turned down as not supported
+_PER_LAYER = {True: 3, False: 2}   # fluxpy's arrays per layer and direction: W_ih, W_hh (and its one bias)
 
 
 def supports(dims, *arrays) -> bool:
     """Whether cuDNN runs this problem: its cell and dtype, CuPy arrays of that dtype, a plan cuDNN builds."""
-    if dims.mode not in cudnn_rnn.MODES or dims.dtype not in _DTYPES or dims in _declined:
+    if dims.mode not in cudnn_rnn.MODES or dims.dtype not in _DTYPES or dims.batch < 1 or dims in _declined:
         return False
     if not all(type(a) is cupy.ndarray and a.dtype == dims.dtype for a in arrays) or not cudnn_rnn.available():
         return False
@@ -66,9 +67,7 @@ def _pack(p, flat):
     size = p.dtype.itemsize
     arrays = iter(flat)
     for offsets in p.offsets:
-        for offset in offsets if p.dims.bias else offsets[:2]:
-            if offset is None:
-                continue
+        for offset in offsets[:_PER_LAYER[p.dims.bias]]:   # W_ih, W_hh and b_ih; b_hh stays zero
             a = cupy.ascontiguousarray(next(arrays))
             (mem + offset * size).copy_from_device_async(a.data, a.nbytes, stream)
     return cupy.ndarray((p.weight_elements,), p.dtype, mem)
@@ -80,7 +79,7 @@ def _unpack(p, dweights, needs):
     out, k = [], 0
     for layer, offsets in enumerate(p.offsets):
         shapes = p.dims.weight_shapes(layer)
-        for offset, shape in zip(offsets if p.dims.bias else offsets[:2], shapes):
+        for offset, shape in zip(offsets[:_PER_LAYER[p.dims.bias]], shapes):
             n = int(np.prod(shape))
             out.append(dweights[offset:offset + n].reshape(shape) if needs[k] else None)
             k += 1

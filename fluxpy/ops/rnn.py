@@ -151,8 +151,8 @@ def rnn(x: Array, weights: Sequence[tuple], h0: Array | None = None, c0: Array |
     >>> y.shape, bool(np.allclose(y[0, -1], np.tanh(0.2))), c is None
     ((1, 4, 3), True, True)
     """
-    if not (hasattr(x, "shape") and len(x.shape) == 3 and x.shape[0] >= 1 and x.shape[1] >= 1):
-        raise ValueError(f"rnn expects x of shape (N, T, in) with N, T >= 1, got {getattr(x, 'shape', type(x))}")
+    if not (hasattr(x, "shape") and len(x.shape) == 3 and x.shape[1] >= 1):
+        raise ValueError(f"rnn expects x of shape (N, T, in) with T >= 1, got {getattr(x, 'shape', type(x))}")
     if not weights or not weights[0] or not hasattr(weights[0][1], "shape"):
         raise ValueError("rnn expects weights as a sequence of (w_ih, w_hh, bias) triples, one per layer and "
                          "direction")

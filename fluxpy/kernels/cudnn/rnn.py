@@ -125,7 +125,7 @@ class RNNPlan:
         out = []
         try:
             for layer in range(d.num_layers * d.directions):
-                w_shape, r_shape = d.weight_shapes(layer)[:2]
+                w_shape = d.weight_shapes(layer)[0]
                 parts = [self._block(handle, base, desc, layer, 0, w_shape[1] * d.hidden, True),
                          self._block(handle, base, desc, layer, d.gates, d.hidden * d.hidden, True)]
                 if d.bias:
