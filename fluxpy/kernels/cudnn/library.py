@@ -96,6 +96,8 @@ OPTIONAL_SIGNATURES = {
                                          _P], _I),
     # the RNN API (libcudnn_adv; fluxpy.kernels.cudnn.rnn), and reading back a tensor descriptor cuDNN filled in
     "cudnnGetTensorNdDescriptor": ([_P, _I, _PI, _PI, _PI, _PI], _I),
+    "cudnnCreateDropoutDescriptor": ([_P], _I),
+    "cudnnSetDropoutDescriptor": ([_P, _P, ctypes.c_float, _P, _S, ctypes.c_ulonglong], _I),
     "cudnnCreateRNNDescriptor": ([_P], _I),
     "cudnnDestroyRNNDescriptor": ([_P], _I),
     "cudnnSetRNNDescriptor_v8": ([_P, _I, _I, _I, _I, _I, _I, _I, _I, _I32, _I32, _I32, _I32, _P, _U32], _I),

@@ -50,7 +50,7 @@ WGRAD_MODE_ADD = 0                                  # cudnnWgradMode_t
 MODES = {"rnn_relu": RNN_RELU, "rnn_tanh": RNN_TANH, "lstm": LSTM, "gru": GRU}
 """fluxpy's cell modes (:class:`fluxpy.ops.rnn.RNNDims`) that cuDNN runs, as ``cudnnRNNMode_t``."""
 
-CALLS = ("cudnnCreateRNNDescriptor", "cudnnSetRNNDescriptor_v8", "cudnnCreateRNNDataDescriptor",
+CALLS = ("cudnnCreateDropoutDescriptor", "cudnnSetDropoutDescriptor", "cudnnCreateRNNDescriptor", "cudnnSetRNNDescriptor_v8", "cudnnCreateRNNDataDescriptor",
          "cudnnSetRNNDataDescriptor", "cudnnGetRNNWeightSpaceSize", "cudnnGetRNNTempSpaceSizes",
          "cudnnGetRNNWeightParams", "cudnnGetTensorNdDescriptor", "cudnnRNNForward", "cudnnRNNBackwardData_v8",
          "cudnnRNNBackwardWeights_v8")
@@ -85,17 +85,21 @@ class RNNPlan:
                      f"x ({d.batch}, {d.steps}, {d.input_size}) {self.dtype}")
         dt = descriptors.data_type(self.dtype)
         prec = descriptors.compute_type(self.dtype)
+        handle = get_handle()
+        # no dropout between layers, said as PyTorch says it: a dropout descriptor of probability 0 and no states
+        self.dropout = _new("Dropout")
+        check(fn.cudnnSetDropoutDescriptor(self.dropout, handle, 0.0, _NULL, 0, 0), "cudnnSetDropoutDescriptor",
+              self.what)
         self.rnn = _new("RNN")
         check(fn.cudnnSetRNNDescriptor_v8(
             self.rnn, ALGO_STANDARD, MODES[d.mode], DOUBLE_BIAS if d.bias else NO_BIAS,
             BIDIRECTIONAL if d.bidirectional else UNIDIRECTIONAL, LINEAR_INPUT, dt, prec, math_type(self.dtype),
-            d.input_size, d.hidden, d.hidden, d.num_layers, _NULL, PADDED_IO_ENABLED),
+            d.input_size, d.hidden, d.hidden, d.num_layers, self.dropout, PADDED_IO_ENABLED),
             "cudnnSetRNNDescriptor_v8", self.what)
         lengths = (ctypes.c_int * d.batch)(*([d.steps] * d.batch))
         self.x = _data_descriptor(dt, d.steps, d.batch, d.input_size, lengths, self.what)
         self.y = _data_descriptor(dt, d.steps, d.batch, d.directions * d.hidden, lengths, self.what)
         self.h = descriptors.tensor_descriptor(d.state_shape, self.dtype)
-        handle = get_handle()
         size = ctypes.c_size_t()
         check(fn.cudnnGetRNNWeightSpaceSize(handle, self.rnn, ctypes.byref(size)), "cudnnGetRNNWeightSpaceSize",
               self.what)
