@@ -50,10 +50,10 @@ WGRAD_MODE_ADD = 0                                  # cudnnWgradMode_t
 MODES = {"rnn_relu": RNN_RELU, "rnn_tanh": RNN_TANH, "lstm": LSTM, "gru": GRU}
 """fluxpy's cell modes (:class:`fluxpy.ops.rnn.RNNDims`) that cuDNN runs, as ``cudnnRNNMode_t``."""
 
-CALLS = ("cudnnCreateDropoutDescriptor", "cudnnSetDropoutDescriptor", "cudnnCreateRNNDescriptor", "cudnnSetRNNDescriptor_v8", "cudnnCreateRNNDataDescriptor",
-         "cudnnSetRNNDataDescriptor", "cudnnGetRNNWeightSpaceSize", "cudnnGetRNNTempSpaceSizes",
-         "cudnnGetRNNWeightParams", "cudnnGetTensorNdDescriptor", "cudnnRNNForward", "cudnnRNNBackwardData_v8",
-         "cudnnRNNBackwardWeights_v8")
+CALLS = ("cudnnCreateDropoutDescriptor", "cudnnSetDropoutDescriptor", "cudnnCreateRNNDescriptor",
+         "cudnnSetRNNDescriptor_v8", "cudnnCreateRNNDataDescriptor", "cudnnSetRNNDataDescriptor",
+         "cudnnGetRNNWeightSpaceSize", "cudnnGetRNNTempSpaceSizes", "cudnnGetRNNWeightParams",
+         "cudnnGetTensorNdDescriptor", "cudnnRNNForward", "cudnnRNNBackwardData_v8", "cudnnRNNBackwardWeights_v8")
 """The library's functions this module calls (bound from :data:`~fluxpy.kernels.cudnn.library.OPTIONAL_SIGNATURES`:
 they live in ``libcudnn_adv``)."""
 
