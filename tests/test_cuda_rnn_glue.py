@@ -184,3 +184,37 @@ def test_the_glue_gives_the_composites_values_and_gradients(monkeypatch, mode, l
             assert (a is None) == (b is None)
             if a is not None:
                 np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"layer-and-direction {k}")
+
+
+def test_supports_declines_what_cudnn_turns_down_and_raises_on_a_bug(monkeypatch):
+    """A plan cuDNN refuses as NOT_SUPPORTED (or, for bfloat16, BAD_PARAM) is remembered and the composite runs;
+    any other failure raises; other cells, dtypes and mixed arrays are declined before cuDNN is asked."""
+    from fluxpy.kernels.cudnn.errors import CudnnError
+    from fluxpy.kernels.halfs import BFLOAT16
+    status = {}
+
+    def plan(dims):
+        if dims in status:
+            raise CudnnError("cudnnSetRNNDescriptor_v8", status[dims])
+        return "a plan"
+    monkeypatch.setattr(cuda_rnn, "cupy", SimpleNamespace(ndarray=np.ndarray))
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(MODES=cuda_rnn.cudnn_rnn.MODES, plan=plan,
+                                                               available=lambda: True))
+    monkeypatch.setattr(cuda_rnn, "_declined", set())
+    f32 = np.dtype(np.float32)
+    ok = RNNDims("lstm", 2, 3, 4, 5, 1, False, True, f32)
+    x = np.ones((2, 3, 4), np.float32)
+    assert cuda_rnn.supports(ok, x)
+    assert not cuda_rnn.supports(RNNDims("rnn", 2, 3, 4, 5, 1, False, True, f32), x)   # an activation cuDNN lacks
+    assert not cuda_rnn.supports(ok, x.astype(np.float64))
+    assert not cuda_rnn.supports(RNNDims("lstm", 0, 3, 4, 5, 1, False, True, f32), x[:0])
+    refused = RNNDims("gru", 2, 3, 4, 5, 2, True, True, f32)
+    status[refused] = 3000
+    assert not cuda_rnn.supports(refused, x) and refused in cuda_rnn._declined
+    half = RNNDims("gru", 2, 3, 4, 5, 2, True, True, BFLOAT16)
+    status[half] = 2000
+    assert not cuda_rnn.supports(half, x.astype(BFLOAT16))
+    bug = RNNDims("gru", 2, 3, 4, 7, 2, True, True, f32)
+    status[bug] = 2000
+    with pytest.raises(CudnnError, match="CUDNN_STATUS_BAD_PARAM"):
+        cuda_rnn.supports(bug, x)
