@@ -245,6 +245,8 @@ def test_layer_errors():
         lstm(x, lengths=[5, 3])
     with pytest.raises(fluxpy.DimensionMismatch, match=r"LSTM\(3 => 4, num_layers=2\) expects x of shape \(N, T, 3\)"):
         lstm(np.ones((2, 5, 2), np.float32))
+    with pytest.raises(fluxpy.DimensionMismatch, match=r"\(num_layers \* directions, hidden\) = \(2, 4\)"):
+        lstm(x[0], (np.zeros((2, 2, 4), np.float32), np.zeros((2, 4), np.float32)))
     with pytest.raises(fluxpy.DimensionMismatch, match=r"\(num_layers \* directions, N, hidden\) = \(2, 2, 4\)"):
         lstm(x, (np.zeros((1, 2, 4), np.float32), np.zeros((2, 2, 4), np.float32)))
     with pytest.raises(fluxpy.DimensionMismatch, match=r"as a pair \(h, c\)"):
@@ -343,3 +345,21 @@ def test_the_kernel_path_plumbing_with_a_stand_in_kernel():
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(plain[0], rnn_module._composite(dims, None, x, w, h0, c0)[0], rtol=1e-12)
 
+
+
+@pytest.mark.parametrize("kind", ("lstm", "gru"))
+def test_an_unbatched_sequence_through_a_stacked_layer_is_a_batch_of_one(kind):
+    """PyTorch's unbatched input: x (T, in), states (num_layers * directions, H)."""
+    rng = np.random.default_rng(8)
+    layer = fluxpy.f64(_layer(kind, 3, 4, num_layers=2, bidirectional=True, rng=1))
+    x, h0, c0 = rng.standard_normal((5, 3)), rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
+    state = (h0, c0) if kind == "lstm" else h0
+    batched = (h0[:, None], c0[:, None]) if kind == "lstm" else h0[:, None]
+    y, s = layer(x, state, return_state=True)
+    yb, sb = layer(x[None], batched, return_state=True)
+    assert y.shape == (5, 8)
+    np.testing.assert_allclose(y, yb[0], rtol=1e-12)
+    for a, b in zip(s if kind == "lstm" else (s,), sb if kind == "lstm" else (sb,)):
+        assert a.shape == (4, 4)
+        np.testing.assert_allclose(a, b[:, 0], rtol=1e-12)
+    check_grad(lambda x, h0: layer(x, (h0, c0) if kind == "lstm" else h0), x, h0, rng=rng)

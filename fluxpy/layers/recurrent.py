@@ -23,7 +23,8 @@ capturable). fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` h
 
 ``num_layers`` and ``bidirectional`` (RNN, LSTM, GRU; PyTorch's semantics and layout): layer ``k > 0`` takes layer
 ``k - 1``'s outputs, a reverse direction runs from the last step to the first, the output is ``(N, T, D hidden)``
-(the directions concatenated on the feature axis), the state ``(num_layers * D, N, hidden)`` (an LSTM's a pair).
+(the directions concatenated on the feature axis), the state ``(num_layers * D, N, hidden)`` (an LSTM's a pair;
+``(num_layers * D, hidden)`` for an unbatched sequence ``(T, in)``).
 ``layer.cell`` is layer 0's forward cell, ``layer.stacked`` the other cells in PyTorch's order (``weight_ih_l0_reverse``
 is ``stacked[0]``'s ``weight_ih``). PyTorch's inter-layer ``dropout`` is not supported (a nonzero value is refused).
 
@@ -403,8 +404,8 @@ class _Stacked(_Recurrent):
     """RNN, LSTM and GRU: ``num_layers`` layers of one cell, one or two directions, as PyTorch's. ``cell`` is layer
     0's forward cell (the one cell of a one-layer, one-direction layer), ``stacked`` the others in PyTorch's order
     (layer 0 reversed, layer 1, layer 1 reversed, ...). A batch ``(N, T, in)`` without ``lengths`` runs as one op
-    (:func:`fluxpy.ops.rnn.rnn`: one cuDNN call on the GPU); an unbatched sequence or ``lengths=`` take the step
-    loop of one layer."""
+    (:func:`fluxpy.ops.rnn.rnn`: one cuDNN call on the GPU), and so does an unbatched sequence ``(T, in)`` through
+    a stacked layer (a batch of one); a one-layer layer takes the step loop for those and for ``lengths=``."""
 
     num_layers, bidirectional, stacked = 1, False, ()
 
@@ -463,29 +464,37 @@ def _run_whole(layer_, x, state, return_state):
 
 
 def _run_stacked(layer_, x, state, lengths, return_state):
-    """A stacked or bidirectional layer over ``x`` ``(N, T, in)``; states ``(num_layers * directions, N, H)``
-    (PyTorch's), an LSTM's a pair ``(h, c)``."""
+    """A stacked or bidirectional layer over ``x`` ``(N, T, in)``, states ``(num_layers * directions, N, H)``
+    (PyTorch's), an LSTM's a pair ``(h, c)``; or over one unbatched sequence ``(T, in)`` with states
+    ``(num_layers * directions, H)``, run as a batch of one (PyTorch's unbatched input)."""
     cell = layer_.cell
+    n_in, hidden = cell.weight_ih.shape[1], cell.weight_hh.shape[1]
     if lengths is not None:
         raise ValueError(f"{layer_!r}: lengths= is taken by one-layer, one-direction layers only (PyTorch's packed "
                          f"sequences through a bidirectional or stacked layer are not supported yet)")
-    if not hasattr(x, "shape") or len(x.shape) != 3 or x.shape[1] < 1:
-        _fail(layer_, f"x of shape (N, T, {cell.weight_ih.shape[1]}) (batch first), T >= 1", x)
-    if x.shape[2] != cell.weight_ih.shape[1]:
-        _fail(layer_, f"x of shape (N, T, {cell.weight_ih.shape[1]}) (batch first)", x)
+    if not hasattr(x, "shape") or len(x.shape) not in (2, 3) or x.shape[-2] < 1 or x.shape[-1] != n_in:
+        _fail(layer_, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in}), T >= 1", x)
     _require_dtype(layer_, x, cell.weight_ih.dtype)
     lstm = isinstance(cell, LSTMCell)
     if lstm and state is not None and (not isinstance(state, tuple) or len(state) != 2):
         raise DimensionMismatch(f"{layer_!r} expects its state as a pair (h, c), got {_describe_input(state)}")
     h0, c0 = (state if state is not None else (None, None)) if lstm else (state, None)
-    shape = (layer_.num_layers * (2 if layer_.bidirectional else 1), x.shape[0], cell.weight_hh.shape[1])
+    unbatched = len(x.shape) == 2
+    layers = layer_.num_layers * (2 if layer_.bidirectional else 1)
+    shape = (layers, hidden) if unbatched else (layers, x.shape[0], hidden)
     for name, s in (("state h", h0), ("state c", c0)):
         if s is not None:
             if tuple(getattr(s, "shape", ())) != shape:
-                _fail(layer_, f"a state of shape (num_layers * directions, N, hidden) = {shape}", s, name)
+                _fail(layer_, f"a state of shape (num_layers * directions, {'' if unbatched else 'N, '}hidden) = "
+                              f"{shape}", s, name)
             _require_dtype(layer_, s, cell.weight_hh.dtype, name)
+    if unbatched:
+        x = reshape(x, (1,) + tuple(x.shape))
+        h0, c0 = (None if s is None else reshape(s, (layers, 1, hidden)) for s in (h0, c0))
     y, h, c = rnn(x, _weights(layer_), h0, c0, mode=_mode(cell), act=getattr(cell, "act", None),
                   num_layers=layer_.num_layers, bidirectional=layer_.bidirectional)
+    if unbatched:
+        y, h, c = reshape(y, y.shape[1:]), reshape(h, shape), (None if c is None else reshape(c, shape))
     return (y, ((h, c) if lstm else h)) if return_state else y
 
 
