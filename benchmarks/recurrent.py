@@ -1,13 +1,14 @@
-"""Recurrent layers: fluxpy's LSTM and GRU (a step = one cuBLAS product and one fused gate kernel,
-``fluxpy.kernels.cuda_recurrent``; the input projection of the whole sequence is one product before the loop) against
-``torch.nn.LSTM`` / ``torch.nn.GRU`` in the same process on the same device, batch first.
+"""Recurrent layers: fluxpy's LSTM and GRU (cuDNN's RNN calls on the GPU; the step loop, a step = one cuBLAS product
+and one fused gate kernel, ``fluxpy.kernels.cuda_recurrent``, on the CPU) against ``torch.nn.LSTM`` /
+``torch.nn.GRU`` in the same process on the same device, batch first.
 
 Columns, per case (``cell N T in H dtype``) and op (``fwd``: the layer's output without a tape; ``fwd+bwd``: the
 output and the gradients of ``sum(y * dy)`` for the weights and the input):
 
-- ``fluxpy``: the fused gate kernels (what the layers run);
-- ``unfused``: the same layers with the four gate kernels taken out of the table for the run, so the ops run their
-  composites, a dozen small kernels a step as the cells did before the fused ops (the gain of fusing);
+- ``fluxpy``: what the layers run: on the GPU one cuDNN RNN call forward and two backward
+  (``fluxpy.kernels.cuda_rnn``), on the CPU the step loop with the fused gate kernels;
+- ``unfused``: the same layers with cuDNN's RNN and the four gate kernels taken out of the table for the run, so the
+  ops run their composites, a dozen small kernels a step as the cells did before the fused ops;
 - ``torch``: PyTorch with cuDNN (its whole-sequence RNN kernels; ``--tf32`` sets ``torch.backends.cudnn.allow_tf32``,
   off by default as fluxpy's matrix products are);
 - ``torch native``: PyTorch with cuDNN disabled, its per-step loop over ``_thnn_fused_lstm_cell`` /
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scatter import wall_us  # noqa: E402
 
-GATE_OPS = ("lstm_gates_forward", "lstm_gates_backward", "gru_gates_forward", "gru_gates_backward")
+GATE_OPS = ("lstm_gates_forward", "lstm_gates_backward", "gru_gates_forward", "gru_gates_backward", "rnn_forward")
 SIZES = "64x50x256x512,64x200x256x512"
 
 
@@ -51,7 +52,8 @@ def wall_ms(sync, run, reps, rounds):
 
 
 def _unfused(module):
-    """The kernel table without the gate kernels for ``module`` ("cupy" or "numpy"), and the table to restore."""
+    """The kernel table without the gate kernels and cuDNN's RNN for ``module`` ("cupy" or "numpy"), and the table to
+    restore."""
     from fluxpy import kernels
     table = kernels.snapshot()
     return {k: v for k, v in table.items() if not (k[0] in GATE_OPS and k[1] == module)}, table

@@ -14,7 +14,9 @@ kernels ``(out, in/groups, *kernel)``, transposed ones ``(in, out/groups, *kerne
 spatial axis (a :class:`~fluxpy.layers.CrossCor` takes PyTorch's as they are). Normalisation layers name their
 scale and shift ``gamma`` and ``beta`` where PyTorch says ``weight`` and ``bias``. One-layer ``RNN``, ``LSTM`` and
 ``GRU`` (PyTorch's gate orders) pair with fluxpy's cells, whose one bias is PyTorch's two summed (a GRU's recurrent
-n-gate bias, which PyTorch applies inside ``r * (...)``, must be zero: Flux's GRU has none).
+n-gate bias, which PyTorch applies inside ``r * (...)``, must be zero: Flux's GRU has none); a stacked or
+bidirectional one (``num_layers``, ``bidirectional``) pairs with the fluxpy layer of the same form as one module
+(``weight_ih_l1_reverse`` is the cell of layer 1's reverse direction).
 
 >>> import numpy as np
 >>> from fluxpy import Chain, Dense, relu
@@ -39,8 +41,8 @@ import numpy as np
 
 from .backend import get_array_module, is_array, to_cpu
 from .functors import children
-from .layers import (BatchNorm, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding, GroupNorm,
-                     GRUCell, InstanceNorm, LayerNorm, LSTMCell, MultiHeadAttention, PReLU, RMSNorm, RNNCell)
+from .layers import (GRU, LSTM, RNN, BatchNorm, Conv, ConvTranspose, CrossCor, Dense, DepthwiseConv, Embedding,
+                     GroupNorm, GRUCell, InstanceNorm, LayerNorm, LSTMCell, MultiHeadAttention, PReLU, RMSNorm, RNNCell)
 
 __all__ = ["load_torch_state", "to_torch_state"]
 
@@ -80,17 +82,35 @@ def _one(name, attr, convert=_same):
     return _Pair((name,), (attr,), lambda a: (convert(a),), lambda v: (convert(v),))
 
 
-def _recurrent_bias(cell):
-    """PyTorch's two biases as a cell's one (on the input projection, Flux's form): summed; written back as
-    ``(bias, 0)``. A GRU's recurrent bias of its n gate sits inside ``r * (...)`` in PyTorch: it must be zero."""
+def _recurrent_bias(cell, suffix="_l0", attr="bias"):
+    """PyTorch's two biases ``bias_ih{suffix}``, ``bias_hh{suffix}`` as a cell's one (on the input projection,
+    Flux's form; the layer's attribute ``attr``): summed; written back as ``(bias, 0)``. A GRU's recurrent bias of
+    its n gate sits inside ``r * (...)`` in PyTorch: it must be zero."""
     def load(ih, hh):
         if isinstance(cell, GRUCell):
             h = hh.shape[0] // 3
             if np.any(hh[2 * h:]):
                 raise ValueError(f"load_torch_state: {cell!r} has no recurrent bias of the n gate, but PyTorch's "
-                                 f"bias_hh_l0[{2 * h}:] is not zero (PyTorch's GRU adds it inside r * (...))")
+                                 f"bias_hh{suffix}[{2 * h}:] is not zero (PyTorch's GRU adds it inside r * (...))")
         return (ih + hh,)
-    return _Pair(("bias_ih_l0", "bias_hh_l0"), ("bias",), load, lambda v: (v, np.zeros_like(v)))
+    return _Pair((f"bias_ih{suffix}", f"bias_hh{suffix}"), (attr,), load, lambda v: (v, np.zeros_like(v)))
+
+
+def _stacked_pairs(layer):
+    """A stacked or bidirectional RNN, LSTM or GRU: PyTorch's ``weight_ih_l{k}[_reverse]``, ... per layer and
+    direction, in PyTorch's order (the layer's ``cell``, then ``stacked.0``, ``stacked.1``, ...)."""
+    directions = 2 if layer.bidirectional else 1
+    pairs = []
+    for k, cell in enumerate((layer.cell,) + layer.stacked):
+        suffix = f"_l{k // directions}" + ("_reverse" if k % directions else "")
+        path = "cell" if k == 0 else f"stacked.{k - 1}"
+        pairs += [_one(f"weight_ih{suffix}", f"{path}.weight_ih"), _one(f"weight_hh{suffix}", f"{path}.weight_hh"),
+                  _recurrent_bias(cell, suffix, f"{path}.bias")]
+    return pairs
+
+
+def _is_stacked(layer):
+    return isinstance(layer, (RNN, LSTM, GRU)) and bool(layer.stacked)
 
 
 def _split3(name, part):
@@ -121,6 +141,8 @@ def _pairs(layer) -> list[list[_Pair]]:
     elif isinstance(layer, _NORMS):
         modules = [[_one("weight", "gamma"), _one("bias", "beta"), _one("running_mean", "running_mean"),
                     _one("running_var", "running_var")]]
+    elif _is_stacked(layer):
+        modules = [_stacked_pairs(layer)]
     elif isinstance(layer, _CELLS):   # PyTorch's one-layer RNN, LSTM and GRU (gate orders i f g o and r z n alike)
         modules = [[_one("weight_ih_l0", "weight_ih"), _one("weight_hh_l0", "weight_hh"), _recurrent_bias(layer)]]
     else:
@@ -144,7 +166,7 @@ def _array_items(layer, prefix=""):
 
 def _attribute(layer, dotted):
     for part in dotted.split("."):
-        layer = getattr(layer, part)
+        layer = layer[int(part)] if isinstance(layer, (tuple, list)) else getattr(layer, part)
     return layer
 
 
@@ -154,7 +176,7 @@ def _array_layers(model, path=""):
     kids = children(model)
     if kids is None:
         return []
-    if isinstance(model, MultiHeadAttention) or any(is_array(v) for _, v in kids):
+    if isinstance(model, MultiHeadAttention) or _is_stacked(model) or any(is_array(v) for _, v in kids):
         return [(path, model)]
     out = []
     for k, v in kids:

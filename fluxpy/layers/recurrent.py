@@ -21,9 +21,19 @@ steps are computed and discarded (:mod:`fluxpy.sequences` says why), so padding 
 on the host are checked; on the GPU give them as a device array, which is never read (a captured step stays
 capturable). fluxpy's ``GRU`` is Flux's (and PyTorch's) form; Flux's ``GRUv3`` has no counterpart here.
 
-The time loop runs step by step through fluxpy's ops: the input projection of a whole batched sequence is one matrix
-product before the loop; a step is the recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`,
-:func:`fluxpy.ops.gru_gates`, the RNN's :func:`fluxpy.ops.bias_act`), one kernel forward and one backward on the GPU.
+``num_layers`` and ``bidirectional`` (RNN, LSTM, GRU; PyTorch's semantics and layout): layer ``k > 0`` takes layer
+``k - 1``'s outputs, a reverse direction runs from the last step to the first, the output is ``(N, T, D hidden)``
+(the directions concatenated on the feature axis), the state ``(num_layers * D, N, hidden)`` (an LSTM's a pair;
+``(num_layers * D, hidden)`` for an unbatched sequence ``(T, in)``).
+``layer.cell`` is layer 0's forward cell, ``layer.stacked`` the other cells in PyTorch's order (``weight_ih_l0_reverse``
+is ``stacked[0]``'s ``weight_ih``). PyTorch's inter-layer ``dropout`` is not supported (a nonzero value is refused).
+
+A batch ``(N, T, in)`` without ``lengths`` runs as one op, :func:`fluxpy.ops.rnn.rnn`: on the GPU one cuDNN call
+forward and two backward for the whole stack (:mod:`fluxpy.kernels.cudnn.rnn`), elsewhere the step loop. The step
+loop (also for ``lengths=``, unbatched sequences, :class:`GRUv3` and :class:`Recurrence`) runs through fluxpy's
+ops: the input projection of a whole batched sequence is one matrix product before the loop; a step is the
+recurrent product and one op for the gates (:func:`fluxpy.ops.lstm_gates`, :func:`fluxpy.ops.gru_gates`, the RNN's
+:func:`fluxpy.ops.bias_act`), one kernel forward and one backward on the GPU.
 
 >>> import numpy as np
 >>> lstm = LSTM(3, 5, rng=0)
@@ -49,7 +59,9 @@ from ..ops.basic import tanh, where
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.recurrent import gru_gates, lstm_gates
-from ..ops.shape import getitem, reshape, stack, transpose
+from ..ops.rnn import rnn
+from ..ops.shape import broadcast_to, getitem, reshape, stack, transpose
+from ..random import as_rng
 from ..sequences import sequence_mask
 from ._checks import (Array, DimensionMismatch, _activation, _describe_input, _fail, _initialised, _positive_int,
                       _require_dtype, _require_native)
@@ -383,8 +395,108 @@ class _Recurrent:
     def __repr__(self):
         c = self.cell
         extra = (_act_part(c.act) if isinstance(c, RNNCell) else "") + _bias_part(c)
+        extra += f", num_layers={self.num_layers}" if getattr(self, "num_layers", 1) != 1 else ""
+        extra += ", bidirectional=True" if getattr(self, "bidirectional", False) else ""
         extra += ", return_state=True" if self.return_state else ""
         return f"{type(self).__name__}({c.weight_ih.shape[1]} => {c.weight_hh.shape[1]}{extra})"
+
+
+class _Stacked(_Recurrent):
+    """RNN, LSTM and GRU: ``num_layers`` layers of one cell, one or two directions, as PyTorch's. ``cell`` is layer
+    0's forward cell (the one cell of a one-layer, one-direction layer), ``stacked`` the others in PyTorch's order
+    (layer 0 reversed, layer 1, layer 1 reversed, ...). A batch ``(N, T, in)`` without ``lengths`` runs as one op
+    (:func:`fluxpy.ops.rnn.rnn`: one cuDNN call on the GPU), and so does an unbatched sequence ``(T, in)`` through
+    a stacked layer (a batch of one); a one-layer layer takes the step loop for those and for ``lengths=``."""
+
+    num_layers, bidirectional, stacked = 1, False, ()
+
+    def __call__(self, x: Array, state: Any = None, *, lengths: Any = None, return_state: bool | None = None) -> Any:
+        return_state = self.return_state if return_state is None else return_state
+        if self.stacked:
+            return _run_stacked(self, x, state, lengths, return_state)
+        if lengths is not None or not hasattr(x, "shape") or len(x.shape) != 3:
+            return _Recurrent.__call__(self, x, state, lengths=lengths, return_state=return_state)
+        return _run_whole(self, x, state, return_state)
+
+
+def _stack_cells(layer_, who, make, in_features, hidden, num_layers, bidirectional, dropout, rng):
+    """Set ``layer_``'s ``cell``, ``stacked``, ``num_layers`` and ``bidirectional``; ``make(n_in, rng)`` makes a
+    cell. One generator serves every cell of a stacked layer (a seed would give each cell the same draws)."""
+    num_layers = _positive_int(who, "num_layers", num_layers)
+    if not isinstance(bidirectional, bool):
+        raise ValueError(f"{who}: bidirectional must be True or False, got {bidirectional!r}")
+    if dropout != 0:
+        raise ValueError(f"{who}: dropout between layers (PyTorch's dropout={dropout!r}) is not supported; stack "
+                         f"one-layer {who}s with Dropout layers between them instead")
+    directions = 2 if bidirectional else 1
+    more = num_layers * directions - 1
+    rng = as_rng(rng, who) if more else rng
+    layer_.cell = make(in_features, rng)
+    hidden = layer_.cell.weight_hh.shape[1]
+    layer_.stacked = tuple(make(in_features if k < directions else directions * hidden, rng)
+                           for k in range(1, more + 1))
+    layer_.num_layers, layer_.bidirectional = num_layers, bidirectional
+
+
+def _mode(cell):
+    return "lstm" if isinstance(cell, LSTMCell) else "gru" if isinstance(cell, GRUCell) else "rnn"
+
+
+def _weights(layer_):
+    return [(c.weight_ih, c.weight_hh, c.bias) for c in (layer_.cell,) + layer_.stacked]
+
+
+def _run_whole(layer_, x, state, return_state):
+    """A one-layer, one-direction layer over a batch ``x`` ``(N, T, in)`` as one op; states ``(N, H)`` or ``(H,)``
+    as the cells take them."""
+    cell = layer_.cell
+    if x.shape[1] < 1:
+        _fail(layer_, "at least one time step", x)
+    _check_sequence(layer_, cell, x, state)
+    n, hidden = x.shape[0], cell.weight_hh.shape[1]
+    lstm = isinstance(cell, LSTMCell)
+    h0, c0 = (state if state is not None else (None, None)) if lstm else (state, None)
+    h0, c0 = (None if s is None else reshape(broadcast_to(s, (n, hidden)), (1, n, hidden)) for s in (h0, c0))
+    y, h, c = rnn(x, _weights(layer_), h0, c0, mode=_mode(cell), act=getattr(cell, "act", None))
+    if not return_state:
+        return y
+    h = reshape(h, (n, hidden))
+    return y, ((h, reshape(c, (n, hidden))) if lstm else h)
+
+
+def _run_stacked(layer_, x, state, lengths, return_state):
+    """A stacked or bidirectional layer over ``x`` ``(N, T, in)``, states ``(num_layers * directions, N, H)``
+    (PyTorch's), an LSTM's a pair ``(h, c)``; or over one unbatched sequence ``(T, in)`` with states
+    ``(num_layers * directions, H)``, run as a batch of one (PyTorch's unbatched input)."""
+    cell = layer_.cell
+    n_in, hidden = cell.weight_ih.shape[1], cell.weight_hh.shape[1]
+    if lengths is not None:
+        raise ValueError(f"{layer_!r}: lengths= is taken by one-layer, one-direction layers only (PyTorch's packed "
+                         f"sequences through a bidirectional or stacked layer are not supported yet)")
+    if not hasattr(x, "shape") or len(x.shape) not in (2, 3) or x.shape[-2] < 1 or x.shape[-1] != n_in:
+        _fail(layer_, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in}), T >= 1", x)
+    _require_dtype(layer_, x, cell.weight_ih.dtype)
+    lstm = isinstance(cell, LSTMCell)
+    if lstm and state is not None and (not isinstance(state, tuple) or len(state) != 2):
+        raise DimensionMismatch(f"{layer_!r} expects its state as a pair (h, c), got {_describe_input(state)}")
+    h0, c0 = (state if state is not None else (None, None)) if lstm else (state, None)
+    unbatched = len(x.shape) == 2
+    layers = layer_.num_layers * (2 if layer_.bidirectional else 1)
+    shape = (layers, hidden) if unbatched else (layers, x.shape[0], hidden)
+    for name, s in (("state h", h0), ("state c", c0)):
+        if s is not None:
+            if tuple(getattr(s, "shape", ())) != shape:
+                _fail(layer_, f"a state of shape (num_layers * directions, {'' if unbatched else 'N, '}hidden) = "
+                              f"{shape}", s, name)
+            _require_dtype(layer_, s, cell.weight_hh.dtype, name)
+    if unbatched:
+        x = reshape(x, (1,) + tuple(x.shape))
+        h0, c0 = (None if s is None else reshape(s, (layers, 1, hidden)) for s in (h0, c0))
+    y, h, c = rnn(x, _weights(layer_), h0, c0, mode=_mode(cell), act=getattr(cell, "act", None),
+                  num_layers=layer_.num_layers, bidirectional=layer_.bidirectional)
+    if unbatched:
+        y, h, c = reshape(y, y.shape[1:]), reshape(h, shape), (None if c is None else reshape(c, shape))
+    return (y, ((h, c) if lstm else h)) if return_state else y
 
 
 def _return_state_option(who, value):
@@ -393,51 +505,67 @@ def _return_state_option(who, value):
     return value
 
 
-@layer(children=("cell",))
-class RNN(_Recurrent):
-    """An Elman RNN over ``(N, T, in)``: ``(N, T, hidden)``; ``rnn(x, h0=None, lengths=None, return_state=False)``
-    (``lengths``: see the module).
+@layer(children=("cell", "stacked"))
+class RNN(_Stacked):
+    """An Elman RNN over ``(N, T, in)``: ``(N, T, D hidden)``; ``rnn(x, h0=None, lengths=None, return_state=False)``
+    (``lengths``: see the module; ``num_layers``, ``bidirectional``: PyTorch's, see the module).
 
     >>> import numpy as np
     >>> RNN(3, 4, rng=0)(np.ones((2, 5, 3), np.float32)).shape
     (2, 5, 4)
+    >>> from fluxpy import relu
+    >>> RNN(3, 4, relu, num_layers=2, bidirectional=True, rng=0)(np.ones((2, 5, 3), np.float32)).shape
+    (2, 5, 8)
     """
 
     def __init__(self, in_features: int, hidden: int, act: Callable = tanh, *, init: Callable = glorot_uniform,
-                 rng: RNG = None, bias: bool = True, return_state: bool = False) -> None:
-        self.cell = RNNCell(in_features, hidden, act, init=init, rng=rng, bias=bias)
+                 rng: RNG = None, bias: bool = True, return_state: bool = False, num_layers: int = 1,
+                 bidirectional: bool = False, dropout: float = 0) -> None:
+        _stack_cells(self, "RNN", lambda n, r: RNNCell(n, hidden, act, init=init, rng=r, bias=bias), in_features,
+                     hidden, num_layers, bidirectional, dropout, rng)
         self.return_state = _return_state_option("RNN", return_state)
 
 
-@layer(children=("cell",))
-class LSTM(_Recurrent):
-    """An LSTM over ``(N, T, in)``: ``(N, T, hidden)``; ``lstm(x, (h0, c0)=None, lengths=None,
-    return_state=False)`` (``lengths``: see the module).
+@layer(children=("cell", "stacked"))
+class LSTM(_Stacked):
+    """An LSTM over ``(N, T, in)``: ``(N, T, D hidden)``; ``lstm(x, (h0, c0)=None, lengths=None,
+    return_state=False)`` (``lengths``: see the module; ``num_layers``, ``bidirectional``: PyTorch's, see the
+    module).
 
     >>> import numpy as np
     >>> LSTM(3, 4, rng=0)
     LSTM(3 => 4)
+    >>> lstm = LSTM(3, 4, num_layers=2, bidirectional=True, rng=0)
+    >>> y, (h, c) = lstm(np.ones((2, 5, 3), np.float32), return_state=True)
+    >>> lstm, y.shape, h.shape, len(lstm.stacked)
+    (LSTM(3 => 4, num_layers=2, bidirectional=True), (2, 5, 8), (4, 2, 4), 3)
     """
 
     def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
-                 bias: bool = True, return_state: bool = False) -> None:
-        self.cell = LSTMCell(in_features, hidden, init=init, rng=rng, bias=bias)
+                 bias: bool = True, return_state: bool = False, num_layers: int = 1, bidirectional: bool = False,
+                 dropout: float = 0) -> None:
+        _stack_cells(self, "LSTM", lambda n, r: LSTMCell(n, hidden, init=init, rng=r, bias=bias), in_features,
+                     hidden, num_layers, bidirectional, dropout, rng)
         self.return_state = _return_state_option("LSTM", return_state)
 
 
-@layer(children=("cell",))
-class GRU(_Recurrent):
-    """A GRU over ``(N, T, in)``: ``(N, T, hidden)``; ``gru(x, h0=None, lengths=None, return_state=False)``
-    (``lengths``: see the module).
+@layer(children=("cell", "stacked"))
+class GRU(_Stacked):
+    """A GRU over ``(N, T, in)``: ``(N, T, D hidden)``; ``gru(x, h0=None, lengths=None, return_state=False)``
+    (``lengths``: see the module; ``num_layers``, ``bidirectional``: PyTorch's, see the module).
 
     >>> import numpy as np
     >>> GRU(3, 4, rng=0)(np.ones((2, 5, 3), np.float32), return_state=True)[1].shape
     (2, 4)
+    >>> GRU(3, 4, num_layers=3, rng=0)(np.ones((2, 5, 3), np.float32), return_state=True)[1].shape
+    (3, 2, 4)
     """
 
     def __init__(self, in_features: int, hidden: int, *, init: Callable = glorot_uniform, rng: RNG = None,
-                 bias: bool = True, return_state: bool = False) -> None:
-        self.cell = GRUCell(in_features, hidden, init=init, rng=rng, bias=bias)
+                 bias: bool = True, return_state: bool = False, num_layers: int = 1, bidirectional: bool = False,
+                 dropout: float = 0) -> None:
+        _stack_cells(self, "GRU", lambda n, r: GRUCell(n, hidden, init=init, rng=r, bias=bias), in_features,
+                     hidden, num_layers, bidirectional, dropout, rng)
         self.return_state = _return_state_option("GRU", return_state)
 
 

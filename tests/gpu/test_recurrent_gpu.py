@@ -2,7 +2,7 @@
 against the CPU: the ops lstm_gates and gru_gates over dtypes (float64, float32, float16, bfloat16) and operand
 shapes (a step's strided slice of a projected sequence, a vector state for the batch, no hidden gates, one
 unbatched row, broadcast cotangents), the RNN, LSTM and GRU layers forward and backward over dtypes and sizes,
-the kernels really taking the layers' calls (counted), second derivatives through the composites on CuPy.
+the kernels really taking the cell loop's calls (counted), second derivatives through the composites on CuPy.
 
 Needs a GPU (``gpu`` marker; tests/conftest.py skips them elsewhere). Run:
 ``python -m pytest -q tests/gpu/test_recurrent_gpu.py -p no:cacheprovider``.
@@ -226,9 +226,10 @@ def test_layers_match_the_cpu(kind, size, dtype):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_the_layers_run_one_gate_kernel_a_step(kind):
-    """Every step of a layer's forward and backward pass goes to the fused kernels (none falls back to the
-    composite): T calls of each."""
+def test_the_step_loop_runs_one_gate_kernel_a_step(kind):
+    """Every step of the cell loop's forward and backward pass goes to the fused kernels (none falls back to the
+    composite): T calls of each. The loop of a layer's cell (Recurrence; a layer takes it with lengths= or an
+    unbatched sequence: a batch without lengths is one cuDNN call, tests/gpu/test_cudnn_rnn_gpu.py)."""
     cp = cupy_module()
     counts = {}
     table = kernels.snapshot()
@@ -240,7 +241,7 @@ def test_the_layers_run_one_gate_kernel_a_step(kind):
                 counts[_name] = counts.get(_name, 0) + 1
                 return _fn(*args)
             kernels.register(name, "cupy", counted, ok)
-        layer = fluxpy.gpu(MAKERS[kind](16, 32, rng=0))
+        layer = fluxpy.gpu(fluxpy.Recurrence(MAKERS[kind](16, 32, rng=0).cell))
         x = cp.asarray(np.random.default_rng(8).standard_normal((4, 9, 16)).astype(np.float32))
         fluxpy.gradient(lambda m: m(x).sum(), layer)
     finally:

@@ -19,7 +19,9 @@ CuPy 14 has no cuDNN module, so fluxpy binds the library itself. The package, mo
 - :mod:`~fluxpy.kernels.cudnn.choice`: choosing a problem's execution plan (the heuristics' candidates filtered by the
   options, timed, the search within its budget, the pick);
 - :mod:`~fluxpy.kernels.cudnn.search`: the search past the heuristics (every engine, the knobs of the fastest);
-- :mod:`~fluxpy.kernels.cudnn.diskcache`: the files of choices kept between runs (both paths).
+- :mod:`~fluxpy.kernels.cudnn.diskcache`: the files of choices kept between runs (both paths);
+- :mod:`~fluxpy.kernels.cudnn.rnn`: the RNN API (a whole stacked, bidirectional RNN, LSTM or GRU per call), its
+  plans per problem.
 
 Which of these the kernel table uses for CuPy arrays is decided by :mod:`fluxpy.kernels.cuda_conv`. The
 settings are :mod:`fluxpy.options`'s: ``allow_tf32``, ``deterministic``, ``workspace_limit``, ``autotune``,
@@ -32,21 +34,23 @@ True
 """
 from __future__ import annotations
 
-from . import choice, descriptors, diskcache, errors, geometry, graph, handle, legacy, library, search
+from . import choice, descriptors, diskcache, errors, geometry, graph, handle, legacy, library, rnn, search
 from .errors import STATUS_NAMES, CudnnError
 from .legacy import Plan, cache_file, plan, stats
 from .library import available, version
 
 __all__ = ["CudnnError", "STATUS_NAMES", "available", "version", "clear_cache", "stats", "cache_file", "plan", "Plan",
            "library", "errors", "handle", "descriptors", "geometry", "legacy", "graph", "choice",
-           "search", "diskcache"]
+           "search", "diskcache", "rnn"]
 
 
 def clear_cache(memory: bool = True, disk: bool = False) -> None:
-    """Forget the legacy plans and algorithm choices and the graph path's execution plans in memory; with
-    ``disk=True`` also delete both files of choices (:func:`cache_file`, :func:`graph.cache_file`).
+    """Forget the legacy plans and algorithm choices, the graph path's execution plans and the RNN plans in
+    memory; with ``disk=True`` also delete both files of choices (:func:`cache_file`, :func:`graph.cache_file`).
 
     >>> clear_cache()
     """
     legacy.clear_cache(memory=memory, disk=disk)
     graph.clear_cache(memory=memory, disk=disk)
+    if memory:
+        rnn.clear_cache()

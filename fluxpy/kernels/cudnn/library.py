@@ -38,6 +38,7 @@ SUBLIBS = ("libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn
 
 _P, _I, _S, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_double
 _I64 = ctypes.c_int64
+_I32, _U32 = ctypes.c_int32, ctypes.c_uint32
 _PI = ctypes.POINTER(ctypes.c_int)
 _PS = ctypes.POINTER(ctypes.c_size_t)
 
@@ -93,6 +94,22 @@ OPTIONAL_SIGNATURES = {
     "cudnnBatchNormalizationForwardInference": ([_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D], _I),
     "cudnnBatchNormalizationBackward": ([_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _D, _P,
                                          _P], _I),
+    # the RNN API (libcudnn_adv; fluxpy.kernels.cudnn.rnn), and reading back a tensor descriptor cuDNN filled in
+    "cudnnGetTensorNdDescriptor": ([_P, _I, _PI, _PI, _PI, _PI], _I),
+    "cudnnCreateDropoutDescriptor": ([_P], _I),
+    "cudnnSetDropoutDescriptor": ([_P, _P, ctypes.c_float, _P, _S, ctypes.c_ulonglong], _I),
+    "cudnnCreateRNNDescriptor": ([_P], _I),
+    "cudnnDestroyRNNDescriptor": ([_P], _I),
+    "cudnnSetRNNDescriptor_v8": ([_P, _I, _I, _I, _I, _I, _I, _I, _I, _I32, _I32, _I32, _I32, _P, _U32], _I),
+    "cudnnCreateRNNDataDescriptor": ([_P], _I),
+    "cudnnDestroyRNNDataDescriptor": ([_P], _I),
+    "cudnnSetRNNDataDescriptor": ([_P, _I, _I, _I, _I, _I, _PI, _P], _I),
+    "cudnnGetRNNWeightSpaceSize": ([_P, _P, _PS], _I),
+    "cudnnGetRNNTempSpaceSizes": ([_P, _P, _I, _P, _PS, _PS], _I),
+    "cudnnGetRNNWeightParams": ([_P, _P, _I32, _S, _P, _I32, _P, _P, _P, _P], _I),
+    "cudnnRNNForward": ([_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _S, _P, _S, _P, _S, _P], _I),
+    "cudnnRNNBackwardData_v8": ([_P] * 16 + [_S, _P, _S, _P, _S, _P], _I),
+    "cudnnRNNBackwardWeights_v8": ([_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _S, _P, _S, _P, _S, _P], _I),
 }
 """Functions bound only where the loaded library exports them (``has(name)`` says which)."""
 

@@ -1,0 +1,127 @@
+"""The glue from :func:`fluxpy.ops.rnn.rnn` to cuDNN's RNN calls (:mod:`fluxpy.kernels.cudnn.rnn`): ``rnn_forward``
+and ``rnn_backward`` for CuPy arrays.
+
+The forward packs the layer's parameters into cuDNN's flat weight space (one zeroing ``memset`` for the recurrent
+biases cuDNN has and fluxpy's cells do not, then one device-to-device copy per array, at the offsets the plan
+found), runs ``cudnnRNNForward`` into one output buffer (``y``, ``h_n``, ``c_n``: :attr:`RNNDims.segments`), and
+keeps what the backward reads: the contiguous inputs, the packed weights and the reserve space. The backward runs
+``cudnnRNNBackwardData_v8`` (always: it leaves in the reserve space what the weights' call reads), then, where a
+weight needs a gradient, ``cudnnRNNBackwardWeights_v8`` adding into a zeroed space, whose parts are the
+parameters' gradients (views, no copy). Copies and memsets are stream-ordered and allocations come from CuPy's
+pool, so a step that runs these is capturable.
+
+``supports`` takes the cells cuDNN has (LSTM, Flux's GRU, RNN with tanh or relu) in float32, float64, float16 and
+bfloat16 where the library has the calls; a problem whose plan cuDNN turns down with a NOT_SUPPORTED status
+(bfloat16 on a library without it, say: also a BAD_PARAM there) is remembered and runs the composite.
+
+>>> sorted(KERNELS)
+['rnn_backward', 'rnn_forward']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import cupy
+from .cudnn import rnn as cudnn_rnn
+from .cudnn.errors import CudnnError
+from .halfs import BFLOAT16
+
+__all__ = ["rnn_forward", "rnn_backward", "supports", "KERNELS"]
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), BFLOAT16)
+_declined: set = set()   # problems whose plan cuDNN turned down as not supported
+_PER_LAYER = {True: 3, False: 2}   # fluxpy's arrays per layer and direction: W_ih, W_hh (and its one bias)
+
+
+def supports(dims, *arrays) -> bool:
+    """Whether cuDNN runs this problem: its cell and dtype, CuPy arrays of that dtype, a plan cuDNN builds."""
+    if dims.mode not in cudnn_rnn.MODES or dims.dtype not in _DTYPES or dims.batch < 1 or dims in _declined:
+        return False
+    if not all(type(a) is cupy.ndarray and a.dtype == dims.dtype for a in arrays) or not cudnn_rnn.available():
+        return False
+    try:
+        cudnn_rnn.plan(dims)
+    except CudnnError as err:
+        # NOT_SUPPORTED and its family: the composite runs (for bfloat16 also BAD_PARAM, what a library without
+        # bfloat16 RNNs may say of the data type); anything else is a bug and raises
+        if not (err.status // 1000 == 3 or (dims.dtype == BFLOAT16 and err.status // 1000 == 2)):
+            raise
+        _declined.add(dims)
+        return False
+    return True
+
+
+def _contiguous(a):
+    return None if a is None else cupy.ascontiguousarray(a)
+
+
+def _part(buffer, start, stop, shape):
+    return buffer[start:stop].reshape(shape)
+
+
+def _pack(p, flat):
+    """The parameters in cuDNN's weight space: a zeroed buffer, then each array copied to its offset."""
+    mem = cupy.cuda.alloc(p.weight_bytes)
+    stream = cupy.cuda.get_current_stream()
+    mem.memset_async(0, p.weight_bytes, stream)
+    size = p.dtype.itemsize
+    arrays = iter(flat)
+    for offsets in p.offsets:
+        for offset in offsets[:_PER_LAYER[p.dims.bias]]:   # W_ih, W_hh and b_ih; b_hh stays zero
+            a = cupy.ascontiguousarray(next(arrays))
+            (mem + offset * size).copy_from_device_async(a.data, a.nbytes, stream)
+    return cupy.ndarray((p.weight_elements,), p.dtype, mem)
+
+
+def _unpack(p, dweights, needs):
+    """The parameters' gradients as views of the weights' gradient space, in ``flat``'s order (None where
+    ``needs`` says none)."""
+    out, k = [], 0
+    for layer, offsets in enumerate(p.offsets):
+        shapes = p.dims.weight_shapes(layer)
+        for offset, shape in zip(offsets[:_PER_LAYER[p.dims.bias]], shapes):
+            n = int(np.prod(shape))
+            out.append(dweights[offset:offset + n].reshape(shape) if needs[k] else None)
+            k += 1
+    return out
+
+
+def rnn_forward(dims, lengths, x, h0, c0, flat, training):
+    """``(out, saved)``: the output buffer and, with ``training``, what :func:`rnn_backward` reads."""
+    p = cudnn_rnn.plan(dims)
+    x, hx, cx = _contiguous(x), _contiguous(h0), _contiguous(c0)
+    weights = _pack(p, flat)
+    segments = dims.segments
+    out = cupy.empty(segments[-1][1] if segments[-1] else segments[1][1], dtype=dims.dtype)
+    y = _part(out, *segments[0], -1)
+    hy = _part(out, *segments[1], -1)
+    cy = None if segments[2] is None else _part(out, *segments[2], -1)
+    reserve = cudnn_rnn.forward(p, lengths, x, hx, cx, weights, y, hy, cy, training)
+    return out, ((x, hx, cx, weights, reserve) if training else None)
+
+
+def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
+    """The gradients of ``(x, h0, c0, *flat)`` (None where ``needs`` says none or the input is None) from the
+    output buffer's cotangent ``dout``."""
+    p = cudnn_rnn.plan(dims)
+    x, hx, cx, weights, reserve = saved
+    dout = cupy.ascontiguousarray(dout)
+    segments = dims.segments
+    y, dy = _part(out, *segments[0], -1), _part(dout, *segments[0], -1)
+    dhy = _part(dout, *segments[1], -1)
+    dcy = None if segments[2] is None else _part(dout, *segments[2], -1)
+    dx = cupy.empty(x.shape, dtype=dims.dtype)
+    dhx = None if hx is None else cupy.empty(hx.shape, dtype=dims.dtype)
+    dcx = None if cx is None else cupy.empty(cx.shape, dtype=dims.dtype)
+    cudnn_rnn.backward_data(p, lengths, y, dy, dx, hx, dhy, dhx, cx, dcy, dcx, weights, reserve)
+    grads = [dx if needs[0] else None, dhx if needs[1] else None, dcx if needs[2] else None]
+    if not any(needs[3:]):
+        return tuple(grads) + (None,) * len(flat)
+    mem = cupy.cuda.alloc(p.weight_bytes)
+    mem.memset_async(0, p.weight_bytes, cupy.cuda.get_current_stream())
+    dweights = cupy.ndarray((p.weight_elements,), p.dtype, mem)
+    cudnn_rnn.backward_weights(p, lengths, x, hx, y, dweights, reserve)
+    return tuple(grads) + tuple(_unpack(p, dweights, needs[3:]))
+
+
+KERNELS = {"rnn_forward": (rnn_forward, supports), "rnn_backward": rnn_backward}

@@ -1,0 +1,220 @@
+"""The host code of fluxpy.kernels.cuda_rnn (the glue from fluxpy.ops.rnn to cuDNN's RNN calls) on the CPU: CuPy's
+memory stood in for by host bytes, cuDNN's calls by NumPy stand-ins that follow their contracts (a None pointer
+is a zero state or a result not written; the backward weights' call reads what the backward data's call left in
+the reserve space; weight gradients are added into a zeroed space). What this checks: the packing of fluxpy's
+arrays at the plan's offsets, the output buffer's parts, which arrays go to which call, the needs mask, the
+gradients' order and shapes. cuDNN itself runs in tests/gpu/test_cudnn_rnn_gpu.py."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import fluxpy
+from fluxpy import kernels
+from fluxpy.kernels import cuda_rnn
+from fluxpy.ops import rnn as rnn_module
+from fluxpy.ops.rnn import RNNDims, rnn
+
+
+class _Memory:
+    """A stand-in for CuPy's ``MemoryPointer`` over host bytes: offsets, memset and copies as CuPy's."""
+
+    def __init__(self, buf, offset=0):
+        self.buf, self.offset = buf, offset
+
+    def __add__(self, n):
+        return _Memory(self.buf, self.offset + n)
+
+    def memset_async(self, value, n, stream):
+        self.buf[self.offset:self.offset + n] = value
+
+    def copy_from_device_async(self, src, n, stream):
+        self.buf[self.offset:self.offset + n] = src.buf[src.offset:src.offset + n]
+
+
+class _Device(np.ndarray):
+    """A NumPy array whose ``data`` is a :class:`_Memory` (what the glue copies from), as a CuPy array's."""
+
+    @property
+    def data(self):
+        return _Memory(np.ascontiguousarray(self).view(np.uint8).reshape(-1))
+
+
+def _fake_cupy():
+    return SimpleNamespace(
+        cuda=SimpleNamespace(alloc=lambda n: _Memory(np.full(n, 0xAB, np.uint8)), get_current_stream=lambda: None),
+        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Device),
+        empty=lambda shape, dtype: np.full(shape, np.nan, dtype).view(_Device),
+        ndarray=lambda shape, dtype, mem: np.ndarray(shape, dtype, buffer=mem.buf, offset=mem.offset))
+
+
+def _plan(dims, gap=3):
+    """A plan whose blocks lie apart (``gap`` elements between them), each layer's biases after its matrices."""
+    offsets, at = [], 5
+    for k in range(dims.num_layers * dims.directions):
+        rows = dims.gates * dims.hidden
+        sizes = [int(np.prod(s)) for s in dims.weight_shapes(k)[:2]] + [rows, rows]
+        starts = []
+        for n in sizes:
+            starts.append(at)
+            at += n + gap
+        offsets.append(tuple(starts) if dims.bias else tuple(starts[:2]) + (None, None))
+    return SimpleNamespace(dims=dims, dtype=dims.dtype, weight_bytes=at * dims.dtype.itemsize, weight_elements=at,
+                           offsets=offsets)
+
+
+def test_the_weights_are_packed_and_unpacked_where_the_plan_says(monkeypatch):
+    """Each of fluxpy's arrays lands at its offset in the weight space, everything else (cuDNN's recurrent biases,
+    gaps) is zero, and the gradients come back as the parameters' shapes from their offsets, in their order."""
+    monkeypatch.setattr(cuda_rnn, "cupy", _fake_cupy())
+    rng = np.random.default_rng(0)
+    for bias in (True, False):
+        dims = RNNDims("gru", 2, 3, 4, 5, 2, True, bias, np.dtype(np.float32))
+        plan = _plan(dims)
+        flat = [rng.standard_normal(s).astype(np.float32) for k in range(4) for s in dims.weight_shapes(k)]
+        w = cuda_rnn._pack(plan, flat)
+        per = 3 if bias else 2
+        written = np.zeros(plan.weight_elements, bool)
+        for k, starts in enumerate(plan.offsets):
+            for j, a in enumerate(flat[k * per:(k + 1) * per]):
+                np.testing.assert_array_equal(w[starts[j]:starts[j] + a.size], a.ravel())
+                written[starts[j]:starts[j] + a.size] = True
+        assert not w[~written].any(), "the weight space outside fluxpy's arrays (recurrent biases, gaps) is not zero"
+        grads = cuda_rnn._unpack(plan, w, [True] * len(flat))
+        assert [g.shape for g in grads] == [a.shape for a in flat]
+        for g, a in zip(grads, flat):
+            np.testing.assert_array_equal(g, a)
+        assert cuda_rnn._unpack(plan, w, [False] * len(flat)) == [None] * len(flat)
+
+
+def _weights_of(plan, weights):
+    """The (w_ih, w_hh, bias) triples a packed weight space holds (the stand-ins' reading of it)."""
+    flat = cuda_rnn._unpack(plan, weights, [True] * sum(len(plan.dims.weight_shapes(k))
+                                                        for k in range(len(plan.offsets))))
+    per = 3 if plan.dims.bias else 2
+    return [tuple(flat[k * per:(k + 1) * per]) + ((None,) if not plan.dims.bias else ())
+            for k in range(len(plan.offsets))]
+
+
+class _FakeCudnn:
+    """cuDNN's three RNN calls in NumPy (the composite), following their contracts (the backward data's call gets
+    no ``x``: it reads the reserve space, where this forward keeps its inputs); records the calls."""
+
+    def __init__(self, dims):
+        self.the_plan, self.calls = _plan(dims), []
+
+    def plan(self, dims):
+        assert dims == self.the_plan.dims
+        return self.the_plan
+
+    def _run(self, x, hx, cx, weights):
+        return rnn_module._composite(self.the_plan.dims, None, x, _weights_of(self.the_plan, weights), hx, cx)
+
+    def forward(self, p, lengths, x, hx, cx, weights, y, hy, cy, training):
+        self.calls.append(("forward", training, hx is None, cx is None))
+        out = self._run(x, hx, cx, weights)
+        for dst, src in zip((y, hy, cy), out):
+            if dst is not None:
+                dst[...] = np.ravel(src)
+        return dict(x=np.array(x), hx=hx, cx=cx, weights=np.array(weights)) if training else None
+
+    def _loss(self, reserve, x, hx, cx, weights):
+        return sum((a * c).sum() for a, c in zip(self._run(x, hx, cx, weights), reserve["cotangents"]))
+
+    def backward_data(self, p, lengths, y, dy, dx, hx, dhy, dhx, cx, dcy, dcx, weights, reserve):
+        self.calls.append(("backward_data", dhx is None, dcx is None))
+        dims = p.dims
+        reserve["cotangents"] = [a.reshape(s) for a, s in zip((dy, dhy, dcy), (dims.y_shape, dims.state_shape,
+                                                                               dims.state_shape)) if a is not None]
+        zero = np.zeros(dims.state_shape)
+        grads = fluxpy.gradient(lambda x, hx, cx: self._loss(reserve, x, hx, cx, weights), reserve["x"],
+                                zero if hx is None else hx, zero if cx is None else cx)
+        for dst, src in zip((dx, dhx, dcx), grads):
+            if dst is not None:
+                dst[...] = src.reshape(dst.shape)
+
+    def backward_weights(self, p, lengths, x, hx, y, dweights, reserve):
+        self.calls.append(("backward_weights",))
+        assert "cotangents" in reserve, "the weights' call ran before the data's"
+        np.testing.assert_array_equal(x, reserve["x"])
+        grad = fluxpy.gradient(lambda w: self._loss(reserve, x, hx, reserve["cx"], w), reserve["weights"])[0]
+        dweights += grad   # CUDNN_WGRAD_MODE_ADD
+
+
+@pytest.mark.parametrize("mode, layers, bidirectional, bias, states", [
+    ("lstm", 2, True, True, True), ("lstm", 1, False, True, False), ("gru", 3, False, False, True),
+    ("rnn_relu", 1, True, True, False)])
+def test_the_glue_gives_the_composites_values_and_gradients(monkeypatch, mode, layers, bidirectional, bias, states):
+    """The op through cuda_rnn's rnn_forward and rnn_backward (registered for NumPy arrays, over the stand-ins)
+    against the composite: outputs, final states and the gradients of x, the initial states and every weight."""
+    dims = RNNDims(mode, 3, 4, 2, 3, layers, bidirectional, bias, np.dtype(np.float64))
+    fake = _FakeCudnn(dims)
+    monkeypatch.setattr(cuda_rnn, "cupy", _fake_cupy())
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", fake)
+    rng = np.random.default_rng(4)
+    w = [tuple(rng.standard_normal(s) * 0.5 for s in dims.weight_shapes(k)) + ((None,) if not bias else ())
+         for k in range(layers * dims.directions)]
+    x = rng.standard_normal((3, 4, 2))
+    h0 = rng.standard_normal(dims.state_shape) if states else None
+    c0 = rng.standard_normal(dims.state_shape) if states and mode == "lstm" else None
+    dy, dh, dc = (rng.standard_normal(s) for s in (dims.y_shape, dims.state_shape, dims.state_shape))
+    kind = mode.split("_")[0]
+    act = fluxpy.relu if mode == "rnn_relu" else None
+
+    def loss(x, h0, c0, w):
+        y, h, c = rnn(x, w, h0, c0, mode=kind, act=act, num_layers=layers, bidirectional=bidirectional)
+        return (y * dy).sum() + (h * dh).sum() + ((c * dc).sum() if c is not None else 0)
+    want = fluxpy.withgradient(loss, x, h0, c0, w)
+    table = kernels.snapshot()
+    try:
+        kernels.register("rnn_forward", "numpy", cuda_rnn.rnn_forward, lambda dims, *arrays: True)
+        kernels.register("rnn_backward", "numpy", cuda_rnn.rnn_backward)
+        got = fluxpy.withgradient(loss, x, h0, c0, w)
+    finally:
+        kernels.restore(table)
+    assert fake.calls == [("forward", True, h0 is None, c0 is None), ("backward_data", h0 is None, c0 is None),
+                          ("backward_weights",)]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for a, b, what in zip(got[1][:3], want[1][:3], ("dx", "dh0", "dc0")):
+        assert (a is None) == (b is None), what
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=what)
+    for k, (ga, gb) in enumerate(zip(got[1][3], want[1][3])):
+        for a, b in zip(ga, gb):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"layer-and-direction {k}")
+
+
+def test_supports_declines_what_cudnn_turns_down_and_raises_on_a_bug(monkeypatch):
+    """A plan cuDNN refuses as NOT_SUPPORTED (or, for bfloat16, BAD_PARAM) is remembered and the composite runs;
+    any other failure raises; other cells, dtypes and mixed arrays are declined before cuDNN is asked."""
+    from fluxpy.kernels.cudnn.errors import CudnnError
+    from fluxpy.kernels.halfs import BFLOAT16
+    status = {}
+
+    def plan(dims):
+        if dims in status:
+            raise CudnnError("cudnnSetRNNDescriptor_v8", status[dims])
+        return "a plan"
+    monkeypatch.setattr(cuda_rnn, "cupy", SimpleNamespace(ndarray=np.ndarray))
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(MODES=cuda_rnn.cudnn_rnn.MODES, plan=plan,
+                                                               available=lambda: True))
+    monkeypatch.setattr(cuda_rnn, "_declined", set())
+    f32 = np.dtype(np.float32)
+    ok = RNNDims("lstm", 2, 3, 4, 5, 1, False, True, f32)
+    x = np.ones((2, 3, 4), np.float32)
+    assert cuda_rnn.supports(ok, x)
+    assert not cuda_rnn.supports(RNNDims("rnn", 2, 3, 4, 5, 1, False, True, f32), x)   # an activation cuDNN lacks
+    assert not cuda_rnn.supports(ok, x.astype(np.float64))
+    assert not cuda_rnn.supports(RNNDims("lstm", 0, 3, 4, 5, 1, False, True, f32), x[:0])
+    refused = RNNDims("gru", 2, 3, 4, 5, 2, True, True, f32)
+    status[refused] = 3000
+    assert not cuda_rnn.supports(refused, x) and refused in cuda_rnn._declined
+    half = RNNDims("gru", 2, 3, 4, 5, 2, True, True, BFLOAT16)
+    status[half] = 2000
+    assert not cuda_rnn.supports(half, x.astype(BFLOAT16))
+    bug = RNNDims("gru", 2, 3, 4, 7, 2, True, True, f32)
+    status[bug] = 2000
+    with pytest.raises(CudnnError, match="CUDNN_STATUS_BAD_PARAM"):
+        cuda_rnn.supports(bug, x)
