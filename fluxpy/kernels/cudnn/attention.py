@@ -116,8 +116,8 @@ def problem_of(q: Any, k: Any, v: Any, heads: int, causal: bool, bias_shape: tup
     """The :class:`Problem` of a call, or a string saying why cuDNN's fused attention cannot take it (from the
     shapes, dtypes and strides alone: nothing runs).
 
-    >>> problem_of(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), 1, False, None, False)[:40]
-    'fused attention takes CuPy arrays, got nu'
+    >>> problem_of(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), 1, False, None, False)
+    'fused attention takes CuPy arrays, got numpy arrays'
     """
     if cupy is None or not all(isinstance(a, cupy.ndarray) for a in (q, k, v)):
         return f"fused attention takes CuPy arrays, got {type(q).__module__} arrays"
