@@ -44,11 +44,16 @@ extern "C" __global__ void maxpool_fwd(const T* x, T* y, IDX total, int H, int W
     y[i] = STORE(m);
 }
 
-// The max was stored in T: compared in C, where storing and loading a T is exact, it equals its element.
+// The max was stored in T: compared in C, where storing and loading a T is exact, it equals its element. A NaN
+// maximum (maxpool_fwd lets NaN win) is the window's first NaN, which takes the gradient, as on the CPU and in
+// PyTorch.
 __device__ __forceinline__ int first_max(const T* xc, C yv, int h0, int h1, int w0, int w1, int W, int PS) {
+    const bool nan = yv != yv;
     for (int h = h0; h < h1; ++h)
-        for (int w = w0; w < w1; ++w)
-            if (LOAD(xc[(h * W + w) * PS]) == yv) return h * W + w;
+        for (int w = w0; w < w1; ++w) {
+            C v = LOAD(xc[(h * W + w) * PS]);
+            if (v == yv || (nan && v != v)) return h * W + w;
+        }
     return -1;
 }
 
