@@ -42,4 +42,8 @@ def test_maxpool_backward_matches_the_cpu(geometry, dtype, layout):
     move = (lambda a: to_channels_last(cp.asarray(a))) if layout == "channels_last" else cp.asarray
     got = maxpool_backward(move(dy), move(x), move(y), d)
     assert got.dtype == ref.dtype
-    np.testing.assert_array_equal(cp.asnumpy(cp.ascontiguousarray(got)).astype(np.float32), ref.astype(np.float32))
+    got, ref = cp.asnumpy(cp.ascontiguousarray(got)).astype(np.float32), ref.astype(np.float32)
+    if disjoint:   # one gradient a pixel: exact
+        np.testing.assert_array_equal(got, ref)
+    else:          # sums over overlapping windows, in another order than the CPU's
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
