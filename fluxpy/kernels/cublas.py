@@ -140,15 +140,26 @@ def _load():
         for path in (_mapped_cublas(), options.cublas_library, ctypes.util.find_library("cublas")):
             if not path:
                 continue
-            lib = ctypes.CDLL(path)
-            for name, args in _SIGNATURES.items():
-                f = getattr(lib, name)
-                f.argtypes, f.restype = args, ctypes.c_int
+            lib = bind(path, _SIGNATURES)
             _lib[0], _lib[1] = lib, path
             return lib
         raise OSError("cuBLAS was not found: CuPy has not loaded libcublas, the cublas_library option "
                       "(fluxpy.options, or $FLUXPY_CUBLAS_LIBRARY) is unset and ctypes.util.find_library('cublas') "
                       "found nothing")
+
+
+def bind(path: str, signatures: dict) -> ctypes.CDLL:
+    """The library at ``path`` with each function of ``signatures`` (name -> argument types) typed, returning a
+    status ``int`` (cuBLAS's and cuBLASLt's functions all do).
+
+    >>> bind.__name__   # needs libcublas: tests/gpu/test_cublas_gpu.py loads it
+    'bind'
+    """
+    lib = ctypes.CDLL(path)
+    for name, args in signatures.items():
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, ctypes.c_int
+    return lib
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ import numpy as np
 
 from ..backend import cupy
 from ..options import options
-from .cublas import STATUS_NAMES, CublasError
+from .cublas import STATUS_NAMES, CublasError, bind
 from .gemm_plan import INT_MAX
 from .halfs import BFLOAT16, is_half
 
@@ -366,10 +366,7 @@ def _load():
         for path in _candidates():
             if not path:
                 continue
-            lib = ctypes.CDLL(path)
-            for name, args in _SIGNATURES.items():
-                f = getattr(lib, name)
-                f.argtypes, f.restype = args, ctypes.c_int
+            lib = bind(path, _SIGNATURES)
             _lib[0], _lib[1] = lib, path
             return lib
         raise OSError("cuBLASLt was not found: CuPy has not loaded libcublasLt, none lies beside the cublas_library "

@@ -32,6 +32,7 @@ import numpy as np
 
 from ...backend import cupy
 from ...options import options
+from .descriptors import _c_strides
 
 __all__ = ["Problem", "frontend", "why_not", "problem_of", "forward", "backward", "stats", "clear_cache"]
 
@@ -205,15 +206,7 @@ def _dropout_args(cudnn, g, p: Problem, ins: list) -> dict:
 
 def _bias_tensor(g, io, p: Problem, name="bias"):
     shape = list(p.bias)
-    return g.tensor(name=name, dim=shape, stride=_c_strides(shape), data_type=io)
-
-
-def _c_strides(shape):
-    strides, s = [], 1
-    for d in reversed(shape):
-        strides.append(s)
-        s *= d
-    return list(reversed(strides))
+    return g.tensor(name=name, dim=shape, stride=list(_c_strides(shape)), data_type=io)
 
 
 _wrapped: dict = {}    # (device, stream, handle) -> the frontend's Handle around fluxpy's cuDNN handle
@@ -236,13 +229,19 @@ def _graph(cudnn, io):
     return cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=_handle())
 
 
-def _build_forward(p: Problem, training: bool) -> _Plan:
+def _start(p: Problem):
+    """``(cudnn, io dtype, graph, q, k, v)``: a new graph and its three inputs, read in place (see the module)."""
     cudnn = frontend()
     io = _dtype(cudnn, p.dtype)
     g = _graph(cudnn, io)
     q = _head_tensor(g, "q", io, p.n, p.heads, p.lq, p.dqk, p.q_strides)
     k = _head_tensor(g, "k", io, p.n, p.heads, p.lk, p.dqk, p.k_strides)
     v = _head_tensor(g, "v", io, p.n, p.heads, p.lk, p.dv, p.v_strides)
+    return cudnn, io, g, q, k, v
+
+
+def _build_forward(p: Problem, training: bool) -> _Plan:
+    cudnn, io, g, q, k, v = _start(p)
     ins = [q, k, v]
     extra = _mask_args(cudnn, p)
     if p.bias is not None:
@@ -262,12 +261,7 @@ def _build_forward(p: Problem, training: bool) -> _Plan:
 
 
 def _build_backward(p: Problem) -> _Plan:
-    cudnn = frontend()
-    io = _dtype(cudnn, p.dtype)
-    g = _graph(cudnn, io)
-    q = _head_tensor(g, "q", io, p.n, p.heads, p.lq, p.dqk, p.q_strides)
-    k = _head_tensor(g, "k", io, p.n, p.heads, p.lk, p.dqk, p.k_strides)
-    v = _head_tensor(g, "v", io, p.n, p.heads, p.lk, p.dv, p.v_strides)
+    cudnn, io, g, q, k, v = _start(p)
     dims, strides = _out_dims(p.n, p.heads, p.lq, p.dv)
     o = g.tensor(name="o", dim=dims, stride=strides, data_type=io)
     do = g.tensor(name="do", dim=dims, stride=strides, data_type=io)
