@@ -683,3 +683,6 @@ register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_ha
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
 for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
     register(_name, "numpy", _fn, _ok)
+from . import cpu_rnn as _cpu_rnn  # noqa: E402  (a whole RNN, LSTM or GRU: rnn_forward, rnn_backward)
+for _name, _entry in _cpu_rnn.KERNELS.items():
+    register(_name, "numpy", *(_entry if isinstance(_entry, tuple) else (_entry,)))

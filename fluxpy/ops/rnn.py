@@ -14,9 +14,10 @@ Returns ``(y, h_n, c_n)``: ``y`` ``(N, T, D H)`` (directions concatenated on the
 (zeros).
 
 Where the kernel table has ``rnn_forward`` for the arrays (CuPy: cuDNN's ``cudnnRNNForward`` and its two backward
-calls, :mod:`fluxpy.kernels.cuda_rnn`) the whole network is one call forward and two backward, whose pullback gives
-the gradients of ``x``, the initial states and every weight. Otherwise (NumPy, a cell or dtype cuDNN lacks, or a
-nested ``gradient``, whose inner pullback must itself be differentiable) the composite runs: per layer and
+calls, :mod:`fluxpy.kernels.cuda_rnn`; NumPy in float32 and float64: :mod:`fluxpy.kernels.cpu_rnn`) the whole
+network is one op forward and one backward, whose pullback gives the gradients of ``x``, the initial states and every
+weight. Otherwise (a cell or dtype neither takes, or a nested ``gradient``, whose inner pullback must itself be
+differentiable) the composite runs: per layer and
 direction, the input projection of the whole sequence is one matrix product, then each step the recurrent product
 and the gates' one op, which the tape differentiates op by op.
 
