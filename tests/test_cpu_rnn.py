@@ -81,3 +81,21 @@ def test_the_kernel_takes_float32_and_float64_numpy_arrays_of_its_cells_only():
     assert not cpu_rnn.supports(RNNDims("rnn", 2, 3, 4, 5, 1, False, True, np.dtype(np.float32)))   # another act
     assert not cpu_rnn.supports(RNNDims("gru", 2, 3, 4, 5, 1, False, True, np.dtype(np.float16)),
                                 np.ones(2, np.float16))                  # halves: the composite
+
+
+@settings(max_examples=10, deadline=None)
+@given(mode=st.sampled_from(["lstm", "gru", "rnn"]), bidirectional=st.booleans(), states=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_the_kernels_pullback_differentiates_through_the_composite(mode, bidirectional, states, seed):
+    """A gradient of the pullback itself (its cotangent tracked): the kernel's backward is no differentiable op, so
+    the composite's runs; its derivative in the cotangent equals a central difference."""
+    rng = np.random.default_rng(seed)
+    x, weights, h0, c0 = _problem(rng, mode, 1, bidirectional, True, states, 2, 3, 3, 2)
+    y, back = fluxpy.pullback(lambda x: rnn(x, weights, h0, c0, mode=mode, bidirectional=bidirectional)[0], x)
+    u, d = rng.standard_normal(y.shape), rng.standard_normal(y.shape)
+
+    def f(u):
+        return (back(u)[0] ** 2).sum()
+    g = fluxpy.gradient(f, u)[0]
+    eps = 1e-6
+    np.testing.assert_allclose((g * d).sum(), (f(u + eps * d) - f(u - eps * d)) / (2 * eps), rtol=1e-6, atol=1e-8)

@@ -11,10 +11,11 @@ In float16 and bfloat16 (:func:`fluxpy.mixed_precision`) the two products run in
 accumulation in cuBLAS), the scaled logits, ``bias``, mask, softmax and ``dropout`` in float32, and the scores are
 rounded to the half type before they weigh ``v`` (PyTorch's autocast): ``y`` and ``scores`` are of the half type.
 
-**Fused on the GPU.** With ``need_scores=False`` (the scores are not returned, so they need not exist) and no
-``dropout``, float16 and bfloat16 CuPy inputs run cuDNN's fused attention (:mod:`fluxpy.kernels.cudnn.attention`):
-one kernel forward and one backward, the scores never stored, ``causal`` as the kernel's own mask, a boolean mask
-and ``bias`` as one additive bias of the half type (its gradient from the same kernel). Where cuDNN declines a
+**Fused on the GPU.** With ``need_scores=False`` (the scores are not returned, so they need not exist) and
+``dropout`` None or a probability, float16 and bfloat16 CuPy inputs run cuDNN's fused attention
+(:mod:`fluxpy.kernels.cudnn.attention`): one kernel forward and one backward, the scores never stored, ``causal`` as
+the kernel's own mask, a boolean mask and ``bias`` as one additive bias of the half type (its gradient from the same
+kernel), dropout drawn by the kernel from fluxpy's GPU generator. Where cuDNN declines a
 problem (:func:`fused_reason` says why), in float32, on the CPU and while a derivative of a derivative is recorded
 (the fused backward is not itself differentiable) the composite runs.
 
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import Primitive, gradient_depth, is_tracked, pullback, value_of
+from ..autodiff import Primitive, gradient_depth, is_tracked, value_of
 from ..backend import Array, get_array_module, is_array
 from ..kernels.cudnn import attention as fused_kernels
 from ..kernels.halfs import is_half
@@ -105,7 +106,7 @@ def _check(q, k, v, nheads, mask, causal):
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, mask: Array | None = None, nheads: int = 1,
-                          dropout: Callable | None = None, *, bias: Array | None = None, causal: bool = False,
+                          dropout: Callable | float | None = None, *, bias: Array | None = None, causal: bool = False,
                           need_scores: bool = True) -> tuple[Array, Array | None]:
     """``(y, scores)`` of scaled dot-product attention (see the module docstring); ``dropout``, a function applied
     to the scores before they weigh ``v`` (a :class:`fluxpy.Dropout`, say, NNlib's ``fdrop``), a probability ``p``
@@ -206,14 +207,13 @@ def _fused_attention(q, k, v, mask, nheads, bias, causal, p):
         shape4 = (max(s[0] for s in lead), max(s[1] for s in lead), lq, lk)
     bias_grad = is_tracked(bias)
     training = bias_grad or any(is_tracked(a) for a in (q, k, v))
-    reason = fused_kernels.why_not(vq, vk, vv, nheads, causal, shape4, bias_grad, training, p)
+    problem = fused_kernels.problem_of(vq, vk, vv, nheads, causal, shape4, bias_grad, p)
+    reason = problem if isinstance(problem, str) else fused_kernels.declined(problem, training)
     if reason is None and p and not getattr(rng_for(get_array_module(vq)), "reserve", None):
         reason = "the GPU's generator cannot give cuDNN's dropout a seed and an offset"
+    _last_reason[0] = reason or ""
     if reason is not None:
-        _last_reason[0] = reason
         return None
-    _last_reason[0] = ""
-    problem = fused_kernels.problem_of(vq, vk, vv, nheads, causal, shape4, bias_grad, p)
     total = None
     if bias is not None:
         total = astype(reshape(bias, (1,) * (4 - len(bias.shape)) + tuple(bias.shape)), vq.dtype)
@@ -235,12 +235,11 @@ def _fused_rule(needs, q, k, v, bias, seed, offset, *, problem):
     y, lse = fused_kernels.forward(problem, q, k, v, bias, training=True, rng=rng)
 
     def fused_attention_pullback(dy):
-        if is_tracked(dy):   # the cotangent is being differentiated: the composite's pullback, which can be
-            if problem.dropout:
-                raise NotImplementedError("dot_product_attention: a derivative of the fused attention's pullback "
-                                          "with dropout (its mask lives in cuDNN's generator); use dropout=None "
-                                          "or a dropout function")
-            return _composite_pullback(problem, q, k, v, bias, dy)
+        if is_tracked(dy):
+            raise NotImplementedError("dot_product_attention: the pullback of cuDNN's fused attention is being "
+                                      "differentiated (its backward kernel is not itself differentiable); take "
+                                      "the derivative inside the outer gradient (the composite then runs) or "
+                                      "pass need_scores=True")
         dq, dk, dv, dbias = fused_kernels.backward(problem, q, k, v, y, dy, lse, bias, rng=rng)
         return dq, dk, dv, dbias, None, None
     return y, fused_attention_pullback
@@ -248,16 +247,6 @@ def _fused_rule(needs, q, k, v, bias, seed, offset, *, problem):
 
 def _fused_impl(q, k, v, bias, seed, offset, *, problem):
     return fused_kernels.forward(problem, q, k, v, bias, training=False, rng=(seed, offset))[0]
-
-
-def _composite_pullback(problem, q, k, v, bias, dy):
-    """The fused op's cotangents computed by the composite (differentiable in ``dy``), without dropout."""
-    mask = get_array_module(q).tri(problem.lq, problem.lk, dtype=bool) if problem.causal else None
-    args = (q, k, v) if bias is None else (q, k, v, bias)
-    _, back = pullback(lambda *a: _composite(*a[:3], mask, problem.heads, None, a[3] if len(a) > 3 else None)[0],
-                       *args)
-    grads = tuple(back(dy))
-    return grads + (None,) * (6 - len(grads))
 
 
 _fused = Primitive("fused_attention", _fused_rule, needs_mask=True, impl=_fused_impl)

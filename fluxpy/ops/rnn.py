@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..autodiff import Primitive, Tracked, value_of
+from ..autodiff import Primitive, Tracked, gradient, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find, lookup
 from .activations import relu
@@ -192,8 +192,34 @@ def _rnn_rule(needs, x, h0, c0, *flat, dims, lengths):
     out, saved = lookup("rnn_forward", x)(dims, lengths, x, h0, c0, flat, True)
 
     def rnn_pullback(dout):
+        if type(dout) is Tracked:   # the pullback itself is differentiated: the composite's, which can be
+            return _composite_pullback(dims, (x, h0, c0, *flat), needs, dout)
         return lookup("rnn_backward", x)(dims, lengths, saved, x, h0, c0, flat, out, dout, needs)
     return out, rnn_pullback
+
+
+def _composite_pullback(dims, args, needs, dout):
+    """The cotangents of ``args`` (``x, h0, c0, *flat``) for the output buffer's cotangent ``dout``, through the
+    composite: the gradient of ``<outputs, dout>``, itself differentiable in ``dout`` and the arguments."""
+    dy, dh, dc = _split(dims, dout)
+    present = [i for i, a in enumerate(args) if a is not None and needs[i]]
+    act = relu if dims.mode == "rnn_relu" else None
+
+    def inner(*values):
+        full = list(args)
+        for i, value in zip(present, values):
+            full[i] = value
+        x, h0, c0, *flat = full
+        per = 3 if dims.bias else 2
+        weights = [tuple(flat[k:k + per]) + (() if dims.bias else (None,)) for k in range(0, len(flat), per)]
+        y, h, c = _composite(dims, act, x, weights, h0, c0)
+        total = (y * dy).sum() + (h * dh).sum()
+        return total if c is None else total + (c * dc).sum()
+    grads = gradient(inner, *(args[i] for i in present)) if present else ()
+    out = [None] * len(args)
+    for i, g in zip(present, grads):
+        out[i] = g
+    return tuple(out)
 
 
 _rnn = Primitive("rnn", _rnn_rule, needs_mask=True,

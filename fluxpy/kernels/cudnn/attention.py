@@ -11,7 +11,8 @@ A problem (:class:`Problem`: sizes, heads, dtype, the inputs' strides, causal or
 it needs a gradient, deterministic or not) builds its forward graph, and for training its backward graph, once;
 later calls are a dictionary lookup and one ``execute`` each. A problem cuDNN declines (a head size over its
 limit, an architecture before Ampere, a bias whose gradient no engine computes) is remembered with the reason, and
-the op runs its composite: :func:`why_not` says why, before any work, from shapes and dtypes alone.
+the op runs its composite: :func:`problem_of` says why from shapes, dtypes and strides alone, before any work,
+:func:`declined` what cuDNN said.
 
 Layouts: ``q`` ``(N, Lq, heads * dqk)``, ``k`` ``(N, Lk, heads * dqk)``, ``v`` ``(N, Lk, heads * dv)``, each with
 unit stride on the feature axis, are read in place as cuDNN's ``(N, heads, L, d)`` tensors (a head is a stride,
@@ -34,7 +35,7 @@ from ...backend import cupy
 from ...options import options
 from .descriptors import _c_strides
 
-__all__ = ["Problem", "frontend", "why_not", "problem_of", "forward", "backward", "stats", "clear_cache"]
+__all__ = ["Problem", "frontend", "problem_of", "declined", "forward", "backward", "stats", "clear_cache"]
 
 _lock = threading.RLock()
 _frontend: list = []          # [module or None, why not]
@@ -69,7 +70,7 @@ class Problem(NamedTuple):
 
 def frontend() -> Any:
     """The ``cudnn`` module of ``nvidia-cudnn-frontend``, or None where it cannot be imported (the reason is in
-    :func:`why_not`). Imported once, on first use.
+    :func:`problem_of`). Imported once, on first use.
 
     >>> frontend() is None or hasattr(frontend(), "pygraph")
     True
@@ -145,17 +146,13 @@ def problem_of(q: Any, k: Any, v: Any, heads: int, causal: bool, bias_shape: tup
     return _declined.get(problem, problem)
 
 
-def why_not(q: Any, k: Any, v: Any, heads: int, causal: bool = False, bias_shape: tuple | None = None,
-            bias_grad: bool = False, training: bool = False, dropout: float = 0.0) -> str | None:
-    """Why the fused kernels cannot run this call (None where they can): :func:`problem_of`'s reason, or the one
-    cuDNN gave when asked to build the graphs (asked here, once per problem).
+def declined(p: Problem, training: bool) -> str | None:
+    """Why cuDNN will not run problem ``p`` (None where it will): the reason it gave when asked to build the forward
+    graph (and, for ``training``, the backward one), asked once per problem and remembered.
 
-    >>> why_not(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), 1) is not None
-    True
+    >>> declined.__name__   # needs a GPU: tests/gpu/test_attention_gpu.py runs it
+    'declined'
     """
-    p = problem_of(q, k, v, heads, causal, bias_shape, bias_grad, dropout)
-    if isinstance(p, str):
-        return p
     try:
         _plan(p, "forward" if training else "inference")
         if training:
