@@ -27,7 +27,8 @@ Each option and its default: :class:`Options`. The environment variables, read o
 - ``FLUXPY_CHECKS``: ``value_checks`` (``1``, ``0`` or ``auto``; also ``true``/``false``, ``yes``/``no``,
   ``on``/``off``);
 - ``FLUXPY_CUDNN_LIBRARY``: ``cudnn_library``;
-- ``FLUXPY_CUBLAS_LIBRARY``: ``cublas_library``.
+- ``FLUXPY_CUBLAS_LIBRARY``: ``cublas_library``;
+- ``FLUXPY_CPU_HEAP_KEEP_MB``: ``cpu_heap_keep_mb``.
 
 A value is checked before anything changes: an unknown name or a bad value raises (``TypeError`` for a name,
 ``ValueError`` for a value) naming the option, what it expects and what it got, and leaves every option as it was.
@@ -73,6 +74,12 @@ def _milliseconds(value):
     raise _Bad("a number of milliseconds >= 0")
 
 
+def _heap_megabytes(value):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value <= 2047:
+        return int(value)
+    raise _Bad("a number of MiB from 0 to 2047 (glibc takes a C int of bytes)")
+
+
 def _one_of(*choices):
     def check(value):
         if any(value is c or (isinstance(value, str) and value == c) for c in choices):
@@ -108,6 +115,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "mutation_checks": _one_of("auto", True, False),
     "cudnn_library": _library,
     "cublas_library": _library,
+    "cpu_heap_keep_mb": _heap_megabytes,
 }
 
 
@@ -135,6 +143,17 @@ def _value_checks(environ):
     return _WORDS[word]
 
 
+def _cpu_heap_keep_mb(environ):
+    text = environ.get("FLUXPY_CPU_HEAP_KEEP_MB", "").strip()
+    if not text:
+        return 256
+    try:
+        return _heap_megabytes(int(text))
+    except (ValueError, _Bad):
+        raise ValueError(f"FLUXPY_CPU_HEAP_KEEP_MB (the option cpu_heap_keep_mb) expects a number of MiB from 0 to "
+                         f"2047, got {text!r}") from None
+
+
 def _defaults(environ: Mapping[str, str]) -> dict:
     """Every option's default, the environment variables applied."""
     return {
@@ -150,6 +169,7 @@ def _defaults(environ: Mapping[str, str]) -> dict:
         "mutation_checks": "auto",
         "cudnn_library": environ.get("FLUXPY_CUDNN_LIBRARY") or None,
         "cublas_library": environ.get("FLUXPY_CUBLAS_LIBRARY") or None,
+        "cpu_heap_keep_mb": _cpu_heap_keep_mb(environ),
     }
 
 
@@ -169,6 +189,9 @@ def _checked(values: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # The options
+
+
+_EFFECTS: dict[str, Callable[[Any], Any]] = {}   # option -> what setting it does beyond storing it (take_effect)
 
 
 class Options:
@@ -203,6 +226,10 @@ class Options:
       ``nvidia-cudnn-cu13`` wheel's or the system's; read when cuDNN is first loaded.
     - ``cublas_library`` (``$FLUXPY_CUBLAS_LIBRARY``, else None): the libcublas to load where CuPy has loaded none
       (else ``ctypes.util.find_library("cublas")``); read when cuBLAS is first loaded.
+    - ``cpu_heap_keep_mb`` (``$FLUXPY_CPU_HEAP_KEEP_MB``, else 256): how many MiB of freed memory the C heap keeps for
+      the next CPU step instead of giving it back to the system, so that a step's large arrays reuse pages rather
+      than fault fresh ones (:mod:`fluxpy.kernels.cpu_heap`; glibc only); 0 leaves ``malloc`` as it is. Takes
+      effect when fluxpy is imported and each time it is set.
 
     Read one as an attribute (``options.deterministic``), all with :meth:`get`; set them with :meth:`set` (for
     the process) or ``with options(name=value, ...):`` (for a block). ``Options(environ)`` starts from the
@@ -214,8 +241,8 @@ class Options:
     Traceback (most recent call last):
     ...
     AttributeError: fluxpy.options: no option 'no_such_option'; expected one of allow_tf32, autotune, \
-cache_dir, cublas_library, cudnn_library, deterministic, disk_cache, index_checks, mutation_checks, \
-search_budget_ms, value_checks, workspace_limit
+cache_dir, cpu_heap_keep_mb, cublas_library, cudnn_library, deterministic, disk_cache, index_checks, \
+mutation_checks, search_budget_ms, value_checks, workspace_limit
     """
 
     # The values live in the instance's __dict__, so reading one is a plain attribute lookup (kernels read them
@@ -257,7 +284,27 @@ search_budget_ms, value_checks, workspace_limit
         new = _checked(values)
         old = {name: self.__dict__[name] for name in new}
         self.__dict__.update(new)
+        for name in new:
+            if name in _EFFECTS:
+                _EFFECTS[name](new[name])
         return old
+
+    def take_effect(self, name: str, effect: Callable[[Any], Any]) -> None:
+        """Run ``effect(value)`` now and each time option ``name`` is set: for an option that changes something
+        outside fluxpy (the C heap's thresholds), applied by the module that owns that thing.
+
+        >>> seen = []
+        >>> options.take_effect("autotune", seen.append)
+        >>> with options(autotune=3):
+        ...     pass
+        >>> seen
+        [8, 3, 8]
+        >>> del _EFFECTS["autotune"]
+        """
+        if name not in _CHECKS:
+            raise TypeError(f"fluxpy.options: no option {name!r}; expected one of {', '.join(sorted(_CHECKS))}")
+        _EFFECTS[name] = effect
+        effect(self.__dict__[name])
 
     def __call__(self, **values) -> _Block:
         """A block with these options: ``with options(deterministic=True): ...``. The values are checked here;

@@ -1,6 +1,7 @@
 """fluxpy.options: reading, setting for the process and for a block (restored on an error too), validation that
 changes nothing, the defaults from the environment, and the kernels reading the one table."""
 import os
+import sys
 
 import pytest
 from hypothesis import given
@@ -9,13 +10,14 @@ from hypothesis import strategies as st
 import fluxpy
 from fluxpy.options import Options, options
 
-NAMES = ["allow_tf32", "autotune", "cache_dir", "cublas_library", "cudnn_library", "deterministic", "disk_cache",
+NAMES = ["allow_tf32", "autotune", "cache_dir", "cpu_heap_keep_mb", "cublas_library", "cudnn_library", "deterministic", "disk_cache",
          "index_checks", "mutation_checks", "search_budget_ms", "value_checks", "workspace_limit"]
 
 # One value each option takes, other than its default (a cache_dir and library paths that need not exist).
 OTHER = {"allow_tf32": True, "deterministic": True, "workspace_limit": 1 << 20, "autotune": 0, "search_budget_ms": 0.0,
          "disk_cache": False, "cache_dir": "/tmp/fluxpy-test-options", "index_checks": "wait",
-         "value_checks": True, "mutation_checks": False, "cudnn_library": "/opt/no/libcudnn.so.9", "cublas_library": "/opt/no/libcublas.so"}
+         "value_checks": True, "mutation_checks": False, "cudnn_library": "/opt/no/libcudnn.so.9", "cublas_library": "/opt/no/libcublas.so",
+         "cpu_heap_keep_mb": 64}
 
 # Values each option refuses, and the words of what it expects.
 BAD = {"allow_tf32": ([1, "yes", None], "True or False"),
@@ -29,7 +31,8 @@ BAD = {"allow_tf32": ([1, "yes", None], "True or False"),
        "value_checks": (["yes", 1, 0.5, None], "'auto', True or False"),
        "mutation_checks": (["on", 0, None], "'auto', True or False"),
        "cudnn_library": (["", 9], "a library path"),
-       "cublas_library": (["", b"x"], "a library path")}
+       "cublas_library": (["", b"x"], "a library path"),
+       "cpu_heap_keep_mb": ([-1, 2048, 1.0, True, "256"], "a number of MiB from 0 to 2047")}
 
 
 def test_every_option_is_read_as_an_attribute_and_listed_by_get():
@@ -48,6 +51,7 @@ def test_the_defaults():
     got = Options({}).get()
     assert {k: got[k] for k in want} == want
     assert got["value_checks"] == "auto" and got["cudnn_library"] is None and got["cublas_library"] is None
+    assert got["cpu_heap_keep_mb"] == 256
     assert got["cache_dir"] == os.path.join(os.path.expanduser("~"), ".cache", "fluxpy")
 
 
@@ -149,7 +153,9 @@ def test_the_environment_sets_the_defaults(monkeypatch, tmp_path):
     monkeypatch.setenv("FLUXPY_CUDNN_LIBRARY", "/opt/cudnn/libcudnn.so.9")
     monkeypatch.setenv("FLUXPY_CUBLAS_LIBRARY", "/opt/cublas/libcublas.so.13")
     monkeypatch.setenv("FLUXPY_CHECKS", "1")
+    monkeypatch.setenv("FLUXPY_CPU_HEAP_KEEP_MB", " 0 ")
     got = Options()
+    assert got.cpu_heap_keep_mb == 0
     assert got.cache_dir == str(tmp_path / "cache")
     assert got.cudnn_library == "/opt/cudnn/libcudnn.so.9" and got.cublas_library == "/opt/cublas/libcublas.so.13"
     assert got.value_checks is True
@@ -179,6 +185,30 @@ def test_a_bad_environment_value_names_the_variable_and_the_option(monkeypatch):
     with pytest.raises(ValueError, match=r"^FLUXPY_CHECKS \(the option value_checks\) expects 1, 0 or auto, "
                                          r"got 'sometimes'$"):
         Options()
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "2048", "1.5"])
+def test_a_bad_heap_size_names_the_variable_and_the_option(monkeypatch, text):
+    monkeypatch.setenv("FLUXPY_CPU_HEAP_KEEP_MB", text)
+    with pytest.raises(ValueError, match=r"^FLUXPY_CPU_HEAP_KEEP_MB \(the option cpu_heap_keep_mb\) expects a "
+                                         r"number of MiB from 0 to 2047, got '" + text + "'$"):
+        Options()
+
+
+def test_an_effect_runs_now_and_on_every_set_of_its_option_only():
+    options_module = sys.modules["fluxpy.options"]   # the attribute fluxpy.options is the instance
+    seen = []
+    options.take_effect("search_budget_ms", seen.append)
+    try:
+        options.set(autotune=3, search_budget_ms=5.0)
+        with options(search_budget_ms=1.0):
+            pass
+        assert seen == [2000.0, 5.0, 1.0, 5.0]
+        options.set(autotune=8, search_budget_ms=2000.0)
+    finally:
+        del options_module._EFFECTS["search_budget_ms"]
+    with pytest.raises(TypeError, match="no option 'heap'"):
+        options.take_effect("heap", seen.append)
 
 
 def test_empty_library_variables_mean_none(monkeypatch):

@@ -14,7 +14,8 @@ An op never asks which kernel exists. It calls either
 Each backend registers its implementations under its array module's name (``"numpy"``,
 ``"cupy"``): :mod:`fluxpy.kernels.cpu` on import, :mod:`fluxpy.kernels.gpu` the first time the
 table is asked about CuPy arrays (by :func:`lookup`, :func:`find` or :func:`kernel_for`), so that
-importing fluxpy compiles nothing and changes no other library's state. :func:`snapshot` and
+importing fluxpy compiles nothing and changes no other library's state (but the C heap's thresholds, which
+:mod:`fluxpy.kernels.cpu_heap` raises as ``fluxpy.options.cpu_heap_keep_mb`` says). :func:`snapshot` and
 :func:`restore` put the table back exactly as it was.
 
 >>> import numpy as np

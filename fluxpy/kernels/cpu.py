@@ -36,7 +36,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..backend import is_float_dtype
+from ..options import options
 from . import BadIndex, register
+from .cpu_heap import keep_freed_memory
 from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
@@ -686,3 +688,4 @@ for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
 from . import cpu_rnn as _cpu_rnn  # noqa: E402  (a whole RNN, LSTM or GRU: rnn_forward, rnn_backward)
 for _name, _entry in _cpu_rnn.KERNELS.items():
     register(_name, "numpy", *(_entry if isinstance(_entry, tuple) else (_entry,)))
+options.take_effect("cpu_heap_keep_mb", keep_freed_memory)   # freed step arrays stay in the heap (see cpu_heap)
