@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
@@ -221,17 +221,52 @@ def test_second_derivative_of_backward_kernels():
 
 def test_only_needed_gradients_are_computed():
     from fluxpy import kernels
-    calls = []
+    from fluxpy.kernels import cpu
+    calls, grads = [], []
     table = kernels.snapshot()
     try:
         for name in ("conv_backward_data", "conv_backward_filter"):
             fn = kernels.lookup(name, np.ones(1))
             kernels.register(name, "numpy", lambda *a, _fn=fn, _name=name: calls.append(_name) or _fn(*a))
+        kernels.register("conv_bias_act_grads", "numpy",
+                         lambda *a: grads.append(cpu.conv_bias_act_grads(*a)) or grads[-1],
+                         cpu._conv_bias_act_grads_supports)
         x, w = np.ones((1, 1, 4, 4)), np.ones((1, 1, 2, 2))
-        fluxpy.gradient(lambda w: conv(x, w).sum(), w)
+        (fused,) = fluxpy.gradient(lambda w: conv(x, w).sum(), w)
+        assert calls == [] and len(grads) == 1 and grads[0][0] is None and grads[0][2] is None   # the CPU's kernel
+        kernels.register("conv_bias_act_grads", "numpy", cpu.conv_bias_act_grads, lambda *a: False)
+        (composite,) = fluxpy.gradient(lambda w: conv(x, w).sum(), w)
     finally:
         kernels.restore(table)
-    assert calls == ["conv_backward_filter"]
+    assert calls == ["conv_backward_filter"]   # the composite, where no kernel takes the call
+    np.testing.assert_array_equal(fused, composite)
+    np.testing.assert_array_equal(fused, np.full((1, 1, 2, 2), 9.0))
+
+
+@given(conv_problems(), st.booleans(), st.sampled_from(["relu", "identity"]), st.booleans(), st.booleans(),
+       st.booleans(), st.sampled_from([np.float32, np.float64]))
+@settings(deadline=None, max_examples=80)
+def test_the_cpu_kernel_of_all_three_gradients_equals_the_composite(problem, unit_stride, kind, need_x, need_w,
+                                                                    need_b, dtype):
+    from fluxpy.kernels import cpu
+    from fluxpy.ops.conv import _conv_grads_composite, conv_dims
+    xs, ws, opts = problem
+    if unit_stride:   # the whole padded grid (the kernels' other layout)
+        opts = dict(opts, stride=(1, 1))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+    cdims = conv_dims(x, w, **opts)
+    y = rng.standard_normal(cdims.y_shape).astype(dtype)
+    dy = rng.standard_normal(cdims.y_shape).astype(dtype)
+    args = (dy, y if kind == "relu" else None, x, w, kind, cdims, need_x, need_w, need_b)
+    assert cpu._conv_bias_act_grads_supports(*args)
+    got, want = cpu.conv_bias_act_grads(*args), _conv_grads_composite(*args)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for g, e, needed in zip(got, want, (need_x, need_w, need_b)):
+        assert (g is None) == (e is None) == (not needed)
+        if needed:
+            assert g.shape == e.shape and g.dtype == e.dtype == dtype
+            np.testing.assert_allclose(g, e, **tol)
 
 
 # ---------------------------------------------------------------------------------------------

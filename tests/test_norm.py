@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
+from fluxpy.kernels import cpu_norm
 from fluxpy.ops.dropout import dropout, dropout_mask
 from fluxpy.ops.norm import batchnorm_infer, batchnorm_train, layernorm, normalise
 from gradcheck import check_grad, check_second_order
@@ -285,8 +286,9 @@ def test_dropout_inactive_float32_and_errors():
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 4), st.integers(2, 9), st.integers(1, 2), st.booleans(), st.booleans())
 def test_layernorm_backward_composite_matches_the_gradient_of_layernorm(rows, length, k, affine, need_params):
-    """The backward the GPU kernels stand in for, from the per-row mean and rstd, against the tape's gradient."""
-    from fluxpy.ops.norm import layernorm, layernorm_backward
+    """The backward the kernels stand in for (the composite) and the CPU's kernel, from the per-row mean and rstd,
+    against the tape's gradient of the layer norm written out op by op."""
+    from fluxpy.ops.norm import _layernorm_backward_composite
     rng = np.random.default_rng(rows * 100 + length)
     tail = (length,) if k == 1 else (2, length)
     x = rng.standard_normal((rows,) + tail) * 2 + 1
@@ -296,11 +298,18 @@ def test_layernorm_backward_composite_matches_the_gradient_of_layernorm(rows, le
     axes = tuple(range(-k, 0))
     flat = x.reshape(rows, -1)
     mean, rstd = flat.mean(axis=1), 1 / np.sqrt(flat.var(axis=1) + 1e-5)
-    dx, dg, db = layernorm_backward(dy, x, g, mean, rstd, k, need_params)
-    if affine:
-        want = fluxpy.gradient(lambda x, g, b: (layernorm(x, g, b, axes, 1e-5) * dy).sum(), x, g, b)
-    else:
-        want = fluxpy.gradient(lambda x: (layernorm(x, None, None, axes, 1e-5) * dy).sum(), x) + (None, None)
+    def written_out(x, g=None, b=None):
+        centred = x - x.mean(axis=axes, keepdims=True)
+        y = centred / np.sqrt((centred * centred).mean(axis=axes, keepdims=True) + 1e-5)
+        return ((y if g is None else y * g + b) * dy).sum()
+    want = fluxpy.gradient(written_out, x, g, b) if affine else fluxpy.gradient(written_out, x) + (None, None)
+    kernel = cpu_norm.layernorm_backward(dy, x, g, mean, rstd, k, need_params)
+    for got in (_layernorm_backward_composite(dy, x, g, mean, rstd, k, need_params), kernel):
+        _check_layernorm_backward(got, want, x, dy, mean, rstd, rows, k, affine, need_params)
+
+
+def _check_layernorm_backward(got, want, x, dy, mean, rstd, rows, k, affine, need_params):
+    dx, dg, db = got
     np.testing.assert_allclose(dx, want[0], rtol=1e-9, atol=1e-10)
     if need_params:
         np.testing.assert_allclose(dg, (dy * (x - mean.reshape((rows,) + (1,) * k)) *
@@ -350,3 +359,25 @@ def test_layernorm_residual_errors_name_the_op_and_the_layer():
         fluxpy.LayerNorm(3)(np.ones((2, 3), np.float32), residual=np.ones((2, 4), np.float32))
     y = fluxpy.LayerNorm(3)(np.ones((2, 3), np.float32), residual=np.arange(6, dtype=np.float32).reshape(2, 3))
     np.testing.assert_allclose(y, fluxpy.LayerNorm(3)(np.arange(6, dtype=np.float32).reshape(2, 3) + 1), rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 9), st.booleans(), st.booleans(), st.booleans())
+def test_the_cpu_layernorm_kernel_in_float32_equals_float64(rows, length, affine, with_residual, with_bias):
+    rng = np.random.default_rng(rows * 10 + length)
+    x64, dy64 = rng.standard_normal((rows, 2, length)) * 3 + 1, rng.standard_normal((rows, 2, length))
+    p64 = [rng.standard_normal((2, length)) if affine else None for _ in range(2)]
+    r64 = rng.standard_normal(x64.shape) if with_residual else None
+    c64 = rng.standard_normal((2, length)) if with_bias else None
+    f32 = [None if a is None else a.astype(np.float32) for a in (x64, *p64, r64, c64)]
+    assert cpu_norm.supports(f32[0], f32[1], f32[2], 2, 1e-5, f32[3], f32[4])
+    results = []
+    for x, g, b, r, c in ([x64, *p64, r64, c64], f32):
+        y, mean, rstd = cpu_norm.layernorm_forward(x, g, b, 2, 1e-5, r, c)
+        assert y.dtype == mean.dtype == rstd.dtype == x.dtype and mean.shape == rstd.shape == (rows,)
+        grads = cpu_norm.layernorm_backward(dy64.astype(x.dtype), x, g, mean, rstd, 2, True, r, c)
+        results.append((y, *grads))
+    for ours, exact in zip(results[1], results[0]):
+        np.testing.assert_allclose(ours, exact, rtol=2e-5, atol=2e-5)
+    half = f32[0].astype(np.float16)
+    assert not cpu_norm.supports(half, None, None, 2, 1e-5)   # the halves run the composite

@@ -42,8 +42,8 @@ from .cpu_heap import keep_freed_memory
 from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
-           "conv_backward_filter", "maxpool_forward", "maxpool_argmax", "maxpool_backward", "maxpool_gather",
-           "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
+           "conv_backward_filter", "conv_bias_act_grads", "maxpool_forward", "maxpool_argmax", "maxpool_backward",
+           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "conv_bias_act_half",
            "scatter_empty", "first_bad_index", "along_axis_index", "scatter", "gather", "check_indices"]
 
 
@@ -89,11 +89,14 @@ def crop_input(xp: np.ndarray, pad: tuple[int, ...]) -> np.ndarray:
 # copies: (C, N, H, W) makes every column block of im2col a plain strided copy and lets one matmul per group cover
 # the whole batch, which BLAS runs far faster than one small matmul per image.
 #
-# The columns hold one entry per output position (n, p, q) for q < Q', the grid width (the last spatial axis).
-# Q' is Q in general. When the stride along the last axis is 1 it is the padded width Wp instead: each row of
-# windows is then one contiguous run of the padded input, several times faster to copy (im2col) and to add back
-# (col2im), at the price of Wp - Q garbage columns per row, which the forward drops and the backward feeds zeros.
-# Reads past the end of the last row land in a few slack elements after the buffer.
+# The columns hold one entry per point (n, p, q) of a grid at least as large as the output. The forward's grid
+# (_grid) is the output, but Q' wide along the last axis: Q in general; the padded width Wp when the stride along
+# that axis is 1, so that each row of windows is one contiguous run of the padded input, several times faster to
+# copy (im2col) and to add back (col2im), at the price of Wp - Q garbage columns per row, which the forward drops
+# and the backward feeds zeros. The backward's grid (_backward_grid), where every stride is 1, is the whole padded
+# input: the columns of one channel and kernel offset are then one contiguous run over all images, which col2im
+# adds back as a plain stream (the garbage rows cost the products a few percent more work). Reads past the end of
+# the last image land in slack elements after the buffer.
 
 
 def _grid_width(cdims):
@@ -103,21 +106,27 @@ def _grid_width(cdims):
 
 
 def _grid(cdims):
-    """The output grid per spatial axis: the output size, the last axis ``Q'`` wide."""
+    """The forward's grid per spatial axis: the output size, the last axis ``Q'`` wide."""
     return cdims.out_hw[:-1] + (_grid_width(cdims),)
 
 
+def _backward_grid(cdims):
+    """The gradients' grid per spatial axis: the whole padded input where every stride is 1, else :func:`_grid`."""
+    return tuple(cdims.padded_hw) if all(s == 1 for s in cdims.stride) else _grid(cdims)
+
+
 def _channel_major_buffer(cdims, dtype):
-    """Zeros ``(C, N, *padded)`` followed by the slack that the Q' = Wp grid reads past the end."""
+    """Zeros ``(C, N, *padded)`` followed by the slack that a grid wider than the output reads past the end."""
     n, c = cdims.x_shape[:2]
     padded = cdims.padded_hw
     size = c * n * math.prod(padded)
-    slack = (cdims.kernel_hw[-1] - 1) * cdims.dilation[-1]
+    slack = sum((k - 1) * d * math.prod(padded[i + 1:])
+                for i, (k, d) in enumerate(zip(cdims.kernel_hw, cdims.dilation)))
     return np.zeros(size + slack, dtype=dtype)[:size].reshape((c, n) + padded)
 
 
-def _grid_view(xcn, cdims, offset=None):
-    """A strided view of the channel-major buffer ``xcn`` (C, N, *padded).
+def _grid_view(xcn, cdims, grid, offset=None):
+    """A strided view of the channel-major buffer ``xcn`` (C, N, *padded) over ``grid``.
 
     Without ``offset``: ``(C, *kernel, N, *grid)``, in 2-d entry ``[c, r, s, n, p, q]`` being
     ``xcn[c, n, p*stride_h + r*dilation_h, q*stride_w + s*dilation_w]`` (im2col's windows).
@@ -125,7 +134,6 @@ def _grid_view(xcn, cdims, offset=None):
     """
     bc, bn, *bs = xcn.strides
     c, n = xcn.shape[:2]
-    grid = _grid(cdims)
     steps = tuple(b * s for b, s in zip(bs, cdims.stride))
     if offset is None:
         taps = tuple(b * d for b, d in zip(bs, cdims.dilation))
@@ -140,9 +148,10 @@ def _channel_major(a):
     return a.transpose((1, 0) + tuple(range(2, a.ndim)))
 
 
-def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
+def im2col(x: np.ndarray, cdims: Any, grid: tuple[int, ...] | None = None) -> np.ndarray:
     """The columns ``(G, C/G*R*S, N*P*Q')`` of the padded ``x`` (N, C, H, W), so that ``y = w @ cols``; in 1-d and
-    3-d the kernel and output sizes of every spatial axis multiply likewise.
+    3-d the kernel and output sizes of every spatial axis multiply likewise. ``grid``: the points per spatial axis
+    (default: the forward's, ``(P, Q')``; see the comment above).
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> x = np.arange(9.0).reshape(1, 1, 3, 3)
@@ -153,15 +162,16 @@ def im2col(x: np.ndarray, cdims: Any) -> np.ndarray:
            [4., 7.]])
     """
     n, c = x.shape[:2]
+    grid = _grid(cdims) if grid is None else grid
     xcn = _channel_major_buffer(cdims, x.dtype)
     xcn[_spatial_slices(cdims.pad, x.shape[2:])] = _channel_major(x)
-    view = _grid_view(xcn, cdims)
+    view = _grid_view(xcn, cdims, grid)
     g = cdims.groups
-    return view.reshape(g, (c // g) * math.prod(cdims.kernel_hw), n * math.prod(_grid(cdims)))
+    return view.reshape(g, (c // g) * math.prod(cdims.kernel_hw), n * math.prod(grid))
 
 
-def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:
-    """The adjoint of :func:`im2col`: columns summed back into ``(N, C, *spatial)``.
+def col2im(cols: np.ndarray, cdims: Any, grid: tuple[int, ...] | None = None) -> np.ndarray:
+    """The adjoint of :func:`im2col` (over the same ``grid``): columns summed back into ``(N, C, *spatial)``.
 
     >>> from fluxpy.ops.dims import ConvDims
     >>> cd = ConvDims.from_shapes((1, 1, 3, 3), (1, 1, 2, 2), stride=(1, 2))
@@ -172,10 +182,11 @@ def col2im(cols: np.ndarray, cdims: Any) -> np.ndarray:
     """
     n, c = cdims.x_shape[:2]
     kernel = cdims.kernel_hw
-    cols = cols.reshape((c,) + kernel + (n,) + _grid(cdims))
+    grid = _grid(cdims) if grid is None else grid
+    cols = cols.reshape((c,) + kernel + (n,) + grid)
     dxcn = _channel_major_buffer(cdims, cols.dtype)
     for offset in itertools.product(*map(range, kernel)):
-        target = _grid_view(dxcn, cdims, offset)
+        target = _grid_view(dxcn, cdims, grid, offset)
         target += cols[(slice(None),) + offset]
     return np.ascontiguousarray(_channel_major(dxcn[_spatial_slices(cdims.pad, cdims.x_shape[2:])]))
 
@@ -195,13 +206,15 @@ def _weight_matrix(w, cdims):
     return w.reshape(g, w.shape[0] // g, w[0].size)
 
 
-def _channel_major_dy(dy, cdims):
-    """``dy`` (N, K, *out) as ``(G, K/G, N*P*Q')``, zeros in the garbage columns."""
+def _channel_major_dy(dy, cdims, grid, mask=None):
+    """``dy`` (N, K, *out) as ``(G, K/G, N*prod(grid))``, zeros at the grid points outside the output; with a
+    boolean ``mask`` of ``dy``'s shape, ``dy * mask``. (The product is taken before the transposing copy: NumPy runs
+    one ufunc over operands of different layouts four times slower than the two passes.)"""
     n, k = dy.shape[:2]
-    q = dy.shape[-1]
-    width = _grid_width(cdims)
-    out = (np.zeros if width != q else np.empty)((k, n) + dy.shape[2:-1] + (width,), dtype=dy.dtype)
-    out[..., :q] = _channel_major(dy)
+    out_hw = dy.shape[2:]
+    out = (np.zeros if tuple(grid) != out_hw else np.empty)((k, n) + tuple(grid), dtype=dy.dtype)
+    inside = out[(slice(None), slice(None)) + tuple(slice(0, m) for m in out_hw)]
+    inside[...] = _channel_major(dy if mask is None else dy * mask)
     g = cdims.groups
     return out.reshape(g, k // g, out[0].size)
 
@@ -214,7 +227,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     likewise.
     """
     n, k = cdims.y_shape[:2]
-    y = np.matmul(_weight_matrix(w, cdims), im2col(x, cdims))     # (G, K/G, N*P*Q')
+    y = np.matmul(_weight_matrix(w, cdims), im2col(x, cdims, _grid(cdims)))     # (G, K/G, N*P*Q')
     y = y.reshape((k, n) + _grid(cdims))[..., :cdims.out_hw[-1]]
     return np.ascontiguousarray(_channel_major(y))
 
@@ -230,8 +243,9 @@ def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
            [2., 4., 2.],
            [1., 2., 1.]])
     """
+    grid = _backward_grid(cdims)
     wm = _weight_matrix(w, cdims)
-    return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims)), cdims)
+    return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims, grid)), cdims, grid)
 
 
 def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarray:
@@ -244,8 +258,42 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
     array([[ 8., 12.],
            [20., 24.]])
     """
-    dw = np.matmul(_channel_major_dy(dy, cdims), im2col(x, cdims).transpose(0, 2, 1)).reshape(cdims.w_shape)
+    grid = _backward_grid(cdims)
+    return _filter_gradient(x, _channel_major_dy(dy, cdims, grid), cdims, grid)
+
+
+def _filter_gradient(x, dyc, cdims, grid):
+    """``w``'s gradient from the channel-major ``dyc`` (:func:`_channel_major_dy` over ``grid``)."""
+    dw = np.matmul(dyc, im2col(x, cdims, grid).transpose(0, 2, 1)).reshape(cdims.w_shape)
     return np.ascontiguousarray(_unflipped(dw, cdims))
+
+
+def conv_bias_act_grads(dy: np.ndarray, y: np.ndarray | None, x: np.ndarray, w: np.ndarray, kind: str, cdims: Any,
+                        need_x: bool, need_w: bool, need_b: bool) -> tuple:
+    """``(dx, dw, db)``, the gradients of ``act(conv(x, w) + b)`` (``kind`` ``"relu"``, from its output ``y``, or
+    ``"identity"``, ``y`` unused) for the cotangent ``dy``, each None where not needed: one channel-major copy of
+    ``dy`` (masked by ``y > 0`` in the same pass) serves all three (:func:`conv_backward_data` and
+    :func:`conv_backward_filter` each make their own).
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> x, w = np.arange(9.0).reshape(1, 1, 3, 3), np.ones((1, 1, 2, 2))
+    >>> cd = ConvDims.from_arrays(x, w, flipped=True)
+    >>> dx, dw, db = conv_bias_act_grads(np.ones((1, 1, 2, 2)), None, x, w, "identity", cd, True, True, True)
+    >>> dw[0, 0].tolist(), db.tolist()
+    ([[8.0, 12.0], [20.0, 24.0]], [4.0])
+    """
+    grid = _backward_grid(cdims)
+    dyc = _channel_major_dy(dy, cdims, grid, mask=np.greater(y, 0) if kind == "relu" else None)
+    db = dyc.reshape(dy.shape[1], -1).sum(axis=1) if need_b else None   # zeros off the output add nothing
+    dw = _filter_gradient(x, dyc, cdims, grid) if need_w else None
+    dx = col2im(np.matmul(_weight_matrix(w, cdims).transpose(0, 2, 1), dyc), cdims, grid) if need_x else None
+    return dx, dw, db
+
+
+def _conv_bias_act_grads_supports(dy, y, x, w, kind, cdims, need_x, need_w, need_b):
+    return (all(type(a) is np.ndarray for a in (dy, x, w)) and dy.dtype == x.dtype == w.dtype
+            and dy.dtype in (np.float32, np.float64) and kind in ("relu", "identity")
+            and (kind == "identity" or type(y) is np.ndarray))
 
 
 def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind: str, cdims: Any) -> np.ndarray:
@@ -682,10 +730,12 @@ register("gather", "numpy", gather)
 register("check_indices", "numpy", check_indices)
 register("matmul", "numpy", matmul_half, matmul_half_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)
+register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_grads_supports)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
 for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
     register(_name, "numpy", _fn, _ok)
+from . import cpu_norm as _cpu_norm  # noqa: E402  (layer norm: layernorm_forward, layernorm_backward)
 from . import cpu_rnn as _cpu_rnn  # noqa: E402  (a whole RNN, LSTM or GRU: rnn_forward, rnn_backward)
-for _name, _entry in _cpu_rnn.KERNELS.items():
+for _name, _entry in (*_cpu_rnn.KERNELS.items(), *_cpu_norm.KERNELS.items()):
     register(_name, "numpy", *(_entry if isinstance(_entry, tuple) else (_entry,)))
 options.take_effect("cpu_heap_keep_mb", keep_freed_memory)   # freed step arrays stay in the heap (see cpu_heap)

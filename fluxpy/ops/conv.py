@@ -57,8 +57,7 @@ def _conv_rule(needs, x, w, cdims):
     y = _conv(x, w, cdims)
 
     def conv_pullback(dy):
-        dx = _conv_backward_data(dy, w, cdims) if needs[0] else None
-        dw = _conv_backward_filter(x, dy, cdims) if needs[1] else None
+        dx, dw, _ = _conv_grads(dy, None, x, w, "identity", cdims, needs[0], needs[1], False)
         return dx, dw, None
     return y, conv_pullback
 
@@ -322,13 +321,35 @@ conv_bias_act_backward = fused_op("conv_bias_act_backward", _bias_backward, doc=
     """)
 
 
+def _conv_grads_composite(dy, y, x, w, kind, cdims, need_x, need_w, need_b):
+    if kind == "identity" and not need_b:   # a plain conv's pullback: nothing to mask or sum
+        dz, db = dy, None
+    else:
+        dz, db = conv_bias_act_backward(dy, y, kind, cdims, need_b)
+    dx = _conv_backward_data(dz, w, cdims) if need_x else None
+    dw = _conv_backward_filter(x, dz, cdims) if need_w else None
+    return dx, dw, db
+
+
+_conv_grads = fused_op("conv_bias_act_grads", _conv_grads_composite, doc="""
+    ``(dx, dw, db)`` of ``act(conv(x, w) + b)`` (``kind`` ``"relu"``, from its output ``y``, or ``"identity"``) for
+    the cotangent ``dy``, each None where its ``need_*`` is false: ``conv_bias_act_backward`` then the two gradient
+    convolutions, or one kernel that shares their work (the CPU's).
+
+    >>> import numpy as np
+    >>> x, w = np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2))
+    >>> dx, dw, db = _conv_grads(np.ones((1, 1, 2, 2)), None, x, w, "identity", ConvDims.from_arrays(x, w),
+    ...                          True, True, True)
+    >>> dx[0, 0].tolist(), dw[0, 0].tolist(), db.tolist()
+    ([[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]], [[4.0, 4.0], [4.0, 4.0]], [4.0])
+    """)
+
+
 def _conv_bias_act_rule(needs, x, w, b, kind, cdims):
     y = _conv_bias_act(x, w, b, kind, cdims)
 
     def conv_bias_act_pullback(dy):
-        dz, db = conv_bias_act_backward(dy, y, kind, cdims, needs[2] and b is not None)
-        dx = _conv_backward_data(dz, w, cdims) if needs[0] else None
-        dw = _conv_backward_filter(x, dz, cdims) if needs[1] else None
+        dx, dw, db = _conv_grads(dy, y, x, w, kind, cdims, needs[0], needs[1], needs[2] and b is not None)
         return dx, dw, db, None, None
     return y, conv_bias_act_pullback
 
