@@ -260,13 +260,21 @@ def test_the_cpu_kernel_of_all_three_gradients_equals_the_composite(problem, uni
     dy = rng.standard_normal(cdims.y_shape).astype(dtype)
     args = (dy, y if kind == "relu" else None, x, w, kind, cdims, need_x, need_w, need_b)
     assert cpu._conv_bias_act_grads_supports(*args)
-    got, want = cpu.conv_bias_act_grads(*args), _conv_grads_composite(*args)
+    want = _conv_grads_composite(*args)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
-    for g, e, needed in zip(got, want, (need_x, need_w, need_b)):
-        assert (g is None) == (e is None) == (not needed)
-        if needed:
-            assert g.shape == e.shape and g.dtype == e.dtype == dtype
-            np.testing.assert_allclose(g, e, **tol)
+    rule = cpu._backward_grid
+    layouts = [rule] + ([lambda cd: tuple(cd.padded_hw)] if unit_stride else [])   # the whole grid, whatever the rule
+    try:
+        for layout in layouts:
+            cpu._backward_grid = layout
+            got = cpu.conv_bias_act_grads(*args)
+            for g, e, needed in zip(got, want, (need_x, need_w, need_b)):
+                assert (g is None) == (e is None) == (not needed)
+                if needed:
+                    assert g.shape == e.shape and g.dtype == e.dtype == dtype
+                    np.testing.assert_allclose(g, e, **tol)
+    finally:
+        cpu._backward_grid = rule
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,10 +94,10 @@ def crop_input(xp: np.ndarray, pad: tuple[int, ...]) -> np.ndarray:
 # (_grid) is the output, but Q' wide along the last axis: Q in general; the padded width Wp when the stride along
 # that axis is 1, so that each row of windows is one contiguous run of the padded input, several times faster to
 # copy (im2col) and to add back (col2im), at the price of Wp - Q garbage columns per row, which the forward drops
-# and the backward feeds zeros. The backward's grid (_backward_grid), where every stride is 1, is the whole padded
-# input: the columns of one channel and kernel offset are then one contiguous run over all images, which col2im
-# adds back as a plain stream (the garbage rows cost the products a few percent more work). Reads past the end of
-# the last image land in slack elements after the buffer.
+# and the backward feeds zeros. The backward's grid (_backward_grid), where every stride is 1 and the padding
+# small, is the whole padded input: the columns of one channel and kernel offset are then one contiguous run over
+# all images, which col2im adds back as a plain stream (the garbage rows cost the products a little more work).
+# Reads past the end of the last image land in slack elements after the buffer.
 
 
 def _grid_width(cdims):
@@ -112,8 +112,13 @@ def _grid(cdims):
 
 
 def _backward_grid(cdims):
-    """The gradients' grid per spatial axis: the whole padded input where every stride is 1, else :func:`_grid`."""
-    return tuple(cdims.padded_hw) if all(s == 1 for s in cdims.stride) else _grid(cdims)
+    """The gradients' grid per spatial axis: the whole padded input where every stride is 1 and it holds at most
+    30% more points than the output (measured: a larger share of garbage costs the products more than the stream
+    saves), else :func:`_grid`."""
+    whole = tuple(cdims.padded_hw)
+    if all(s == 1 for s in cdims.stride) and math.prod(whole) <= 1.3 * math.prod(cdims.out_hw):
+        return whole
+    return _grid(cdims)
 
 
 def _channel_major_buffer(cdims, dtype):
