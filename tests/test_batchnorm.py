@@ -3,7 +3,7 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluxpy
@@ -153,3 +153,34 @@ def test_bad_input_is_refused_before_anything_changes(bad, message):
     with pytest.raises(ValueError, match=message):
         batchnorm(**bad)
     assert np.all(rv == 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 2), st.booleans(),
+       st.sampled_from([None, "relu", "elu", "sigmoid", "tanh"]), st.sampled_from([np.float32, np.float64]))
+def test_the_cpu_backward_kernel_equals_the_composite(n, c, spatial, affine, act_name, dtype):
+    from fluxpy.kernels import cpu_norm
+    from fluxpy.ops import activations
+    from fluxpy.ops.batchnorm import _backward_ops
+    from fluxpy.ops.bias_act import derivative_from_saved
+    rng = np.random.default_rng(n * 100 + c * 10 + spatial)
+    shape = (n + 1, c) + (3,) * spatial
+    x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    gamma = rng.standard_normal(c).astype(dtype) if affine else None
+    beta = rng.standard_normal(c).astype(dtype) if affine else None
+    axes = (0,) + tuple(range(2, len(shape)))
+    mean, invstd = x.mean(axis=axes), (1 / np.sqrt(x.var(axis=axes) + 1e-5)).astype(dtype)
+    act = getattr(activations, act_name) if act_name else None
+    y = y_derivative = None
+    if act is not None:
+        y_derivative, from_output = derivative_from_saved(act)
+        assert from_output
+        per_channel = (1, -1) + (1,) * spatial
+        z = (x - mean.reshape(per_channel)) * invstd.reshape(per_channel)
+        y = act(z if gamma is None else z * gamma.reshape(per_channel) + beta.reshape(per_channel))
+    args = (dy, x, y, gamma, beta, mean, invstd, 1e-5, act, y_derivative)
+    assert cpu_norm.batchnorm_backward_supports(*args)
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for got, want in zip(cpu_norm.batchnorm_backward(*args), _backward_ops(*args)):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, **tol)

@@ -1,6 +1,6 @@
 """The ``dense`` op (fluxpy.ops.dense): equal to its composite ``bias_act(matmul(x, transpose(w)), b, act)`` with the
-same gradients (float64 finite differences), on the CPU as it runs there (the composite) and through its fused
-route: the cuBLASLt kernels of fluxpy.kernels.cublaslt registered for NumPy arrays and run against the stand-in
+same gradients (float64 finite differences), on the CPU as it runs there (one op through
+fluxpy.kernels.cpu_dense for identity, relu and gelu; the composite otherwise) and through its fused route: the cuBLASLt kernels of fluxpy.kernels.cublaslt registered for NumPy arrays and run against the stand-in
 library of test_cublaslt_plan (float64 admitted for the finite differences), which checks the rule, the saved
 pre-activation, the pullback's two products and the kernels' host code together. Bad input raises naming ``dense``.
 """
@@ -205,3 +205,17 @@ def test_no_bias_and_no_activation_spelt_both_ways():
     x, w, _ = _case(rng, (3,), 4, 2, False)
     np.testing.assert_array_equal(dense(x, w, False, None), x @ w.T)
     np.testing.assert_array_equal(dense(x, w), x @ w.T)
+
+
+@pytest.mark.parametrize("act, one_op", [(relu, True), (gelu, True), (identity, True), (gelu_erf, False)])
+def test_the_cpu_runs_a_dense_layer_as_one_op_where_its_kernel_has_the_activation(act, one_op):
+    rng = np.random.default_rng(5)
+    x, w, b = _case(rng, (3,), 4, 6, True, np.float32)
+    with fluxpy.profile(gpu=False, print_table=False) as prof:
+        grads = fluxpy.gradient(lambda x, w, b: dense(x, w, b, act).sum(), x, w, b)
+    names = {r.name for r in prof.rows()}
+    assert ("dense" in names and "bias_act" not in names and "transpose" not in names) == one_op, names
+    want = fluxpy.gradient(lambda x, w, b: _composite(x, w, b, act).sum(), x, w, b)
+    for g, e in zip(grads, want):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)

@@ -740,8 +740,9 @@ register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_gra
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
 for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
     register(_name, "numpy", _fn, _ok)
+from . import cpu_dense as _cpu_dense  # noqa: E402  (the Dense op: dense_forward, dense_backward_weight)
 from . import cpu_norm as _cpu_norm  # noqa: E402  (layer norm: layernorm_forward, layernorm_backward)
 from . import cpu_rnn as _cpu_rnn  # noqa: E402  (a whole RNN, LSTM or GRU: rnn_forward, rnn_backward)
-for _name, _entry in (*_cpu_rnn.KERNELS.items(), *_cpu_norm.KERNELS.items()):
+for _name, _entry in (*_cpu_rnn.KERNELS.items(), *_cpu_norm.KERNELS.items(), *_cpu_dense.KERNELS.items()):
     register(_name, "numpy", *(_entry if isinstance(_entry, tuple) else (_entry,)))
 options.take_effect("cpu_heap_keep_mb", keep_freed_memory)   # freed step arrays stay in the heap (see cpu_heap)

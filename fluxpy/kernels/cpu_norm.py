@@ -1,6 +1,8 @@
-"""NumPy layer norm over the last ``k`` axes, each way one kernel: the CPU's ``layernorm_forward`` and
-``layernorm_backward`` (the GPU's are :mod:`fluxpy.kernels.cuda_layernorm`), so that ``layernorm`` records one
-tape node on the CPU too instead of its composite's dozen. float32 and float64; the halves keep the composite.
+"""NumPy kernels of the normalisations: layer norm over the last ``k`` axes, each way one kernel (the CPU's
+``layernorm_forward`` and ``layernorm_backward``; the GPU's are :mod:`fluxpy.kernels.cuda_layernorm`), so that
+``layernorm`` records one tape node on the CPU too instead of its composite's dozen; and batch norm's backward
+(``batchnorm_backward``) in plain NumPy calls instead of a dozen fluxpy ops. float32 and float64; the halves keep
+the composites.
 
 >>> x = np.array([[1.0, 3.0], [0.0, 10.0]])
 >>> y, mean, rstd = layernorm_forward(x, None, None, 1, 0.0)
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports"]
+__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_backward",
+           "batchnorm_backward_supports"]
 
 _DTYPES = (np.float32, np.float64)
 
@@ -87,5 +90,40 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
     return all(type(s) is np.ndarray and s.dtype == x.dtype and s.shape == (rows,) for s in (mean, rstd))
 
 
+def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
+    """``(dx, dgamma, dbeta)`` of batch norm over every axis but the channels' (axis 1), from the forward's
+    per-channel ``mean`` and ``invstd``; ``dy`` first times ``y_derivative(y)`` where an activation's derivative is
+    read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation)."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    axes = (0,) + tuple(range(2, x.ndim))
+    m = x.size // x.shape[1]
+    if act is not None:
+        d = y_derivative(y)
+        dy = dy * (d if d.dtype in (np.bool_, dy.dtype) else d.astype(dy.dtype))
+    xhat = x - mean.reshape(shape)
+    xhat *= invstd.reshape(shape)
+    dbeta = dy.sum(axis=axes)
+    dgamma = (dy * xhat).sum(axis=axes)
+    scale = invstd if gamma is None else gamma * invstd
+    dx = xhat
+    dx *= (dgamma / m).reshape(shape)
+    np.subtract(dy, dx, out=dx)
+    dx -= (dbeta / m).reshape(shape)
+    dx *= scale.reshape(shape)
+    return dx, dgamma, dbeta
+
+
+def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> bool:
+    """NumPy float32/float64 ``dy`` and ``x`` of one dtype and shape, statistics and parameters in it, and no
+    activation or one whose derivative reads the kept output."""
+    if not (type(x) is np.ndarray and type(dy) is np.ndarray and x.dtype in _DTYPES and dy.dtype == x.dtype
+            and dy.shape == x.shape and x.ndim >= 2):
+        return False
+    if act is not None and (y is None or y_derivative is None or type(y) is not np.ndarray):
+        return False
+    return all(p is None or (type(p) is np.ndarray and p.dtype == x.dtype) for p in (gamma, mean, invstd))
+
+
 KERNELS = {"layernorm_forward": (layernorm_forward, supports),
-           "layernorm_backward": (layernorm_backward, backward_supports)}
+           "layernorm_backward": (layernorm_backward, backward_supports),
+           "batchnorm_backward": (batchnorm_backward, batchnorm_backward_supports)}

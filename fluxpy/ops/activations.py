@@ -1,8 +1,9 @@
 """Activation functions (NNlib's ``src/activations.jl``).
 
 Each is written with NumPy ufuncs and ``np.where`` on its argument, so one definition serves
-NumPy and CuPy arrays, Tracked values (differentiated through the elementwise primitives) and
-the dual numbers of :func:`fluxpy.broadcast` (``broadcast(act, x)`` is one node on the tape).
+NumPy and CuPy arrays, the dual numbers of :func:`fluxpy.broadcast` and the GPU's kernel tracer. On a Tracked value
+each is one node on the tape (:func:`fluxpy.ops.bias_act` without a bias: the derivative from the saved output or
+input, one kernel each way on the GPU), not one per ufunc of its definition.
 Derivatives at kinks follow NNlib: ``relu'(0) = 0``, ``hardtanh'(±1) = 0``.
 
 Parameters are keywords; fix them with ``functools.partial`` (``partial(leakyrelu, a=0.2)``).
@@ -21,11 +22,12 @@ array([0., 2.])
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from ..autodiff import Primitive, value_of
+from ..autodiff import Primitive, Tracked, value_of
 from ..backend import Array
 from ..dual import Dual
 from ..layout import keep_layout, keeping_layout
@@ -39,6 +41,22 @@ __all__ = ["identity", "relu", "leakyrelu", "relu6", "elu", "gelu", "swish", "si
            "celu", "trelu", "logcosh", "mish", "tanhshrink", "softshrink", "logsigmoid", "rrelu", "hardshrink"]
 # __all__ is the elementwise activations, each of which the fused kernels take (bias_act, batchnorm). softmin and
 # glu act along an axis, so they are not among them: fluxpy.ops exports them.
+
+def _one_op(act):
+    """``act`` as one tape node where it is called on a tracked array alone (no keywords): ``bias_act`` without a
+    bias, whose pullback computes the derivative from the saved output or input (one kernel each way on the GPU),
+    instead of a node per ufunc of its definition. Everywhere else (plain arrays, dual numbers, the GPU tracer's
+    symbols, a call with keywords) the definition runs as written."""
+    @functools.wraps(act)
+    def activation(x, *args, **kwargs):
+        if type(x) is Tracked and not args and not kwargs and _one_op_primitive is not None:
+            return _one_op_primitive(x, None, activation)
+        return act(x, *args, **kwargs)
+    return activation
+
+
+_one_op_primitive = None   # bias_act's primitive, set by fluxpy.ops.bias_act when it is imported (it imports this)
+
 
 _GELU_LAMBDA = math.sqrt(2 / math.pi)
 _GELU_ALPHA = 0.044715
@@ -77,6 +95,7 @@ relu = Primitive("relu", _relu_rule, impl=keep_layout(lambda x: np.maximum(x, 0)
     """)
 
 
+@_one_op
 def leakyrelu(x: Array, a: float = 0.01) -> Array:
     """The leaky ReLU: ``x if x > 0 else a * x``.
 
@@ -87,6 +106,7 @@ def leakyrelu(x: Array, a: float = 0.01) -> Array:
     return np.where(x > 0, x, a * x)
 
 
+@_one_op
 def relu6(x: Array) -> Array:
     """ReLU capped at 6: ``min(max(x, 0), 6)``.
 
@@ -103,6 +123,7 @@ def _neg_abs(x):
     return np.where(x > 0, -x, x)
 
 
+@_one_op
 def elu(x: Array, a: float = 1.0) -> Array:
     """The exponential linear unit: ``x if x >= 0 else a * (exp(x) - 1)``; its derivative at 0 is 1 (NNlib's;
     PyTorch's is ``a`` there).
@@ -115,6 +136,7 @@ def elu(x: Array, a: float = 1.0) -> Array:
     return np.where(x >= 0, x, a * np.expm1(np.where(x >= 0, 0, x)))
 
 
+@_one_op
 def gelu(x: Array) -> Array:
     """The Gaussian error linear unit: ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))``.
 
@@ -128,6 +150,7 @@ def gelu(x: Array) -> Array:
     return 0.5 * x * (1 + np.tanh(_GELU_LAMBDA * (x + _GELU_ALPHA * (x * x * x))))   # x * x * x: no per-element pow
 
 
+@_one_op
 def sigmoid(x: Array) -> Array:
     """The logistic sigmoid, ``1 / (1 + exp(-x))``, computed without overflow for any ``x``.
 
@@ -140,6 +163,7 @@ def sigmoid(x: Array) -> Array:
     return np.where(x > 0, 1, t) / (1 + t)
 
 
+@_one_op
 def swish(x: Array) -> Array:
     """Swish, also called SiLU: ``x * sigmoid(x)``.
 
@@ -160,6 +184,7 @@ def tanh(x: Array) -> Array:
     return np.tanh(x)
 
 
+@_one_op
 def softplus(x: Array) -> Array:
     """The softplus ``log(1 + exp(x))``, computed without overflow as ``log1p(exp(-|x|)) + relu(x)``.
 
@@ -170,6 +195,7 @@ def softplus(x: Array) -> Array:
     return np.log1p(np.exp(_neg_abs(x))) + relu(x)
 
 
+@_one_op
 def hardtanh(x: Array) -> Array:
     """``x`` clamped to ``[-1, 1]``: ``min(max(x, -1), 1)``.
 
@@ -185,6 +211,7 @@ gelu_tanh = gelu   # NNlib's name for the tanh approximation (NNlib's gelu is ge
 _GELU_2LAMBDA = math.sqrt(8 / math.pi)
 
 
+@_one_op
 def gelu_sigmoid(x: Array) -> Array:
     """GELU through the sigmoid: ``x * sigmoid(sqrt(8/pi) * (x + 0.044715 x^3))``, equal to :func:`gelu` (NNlib's
     ``gelu_sigmoid``).
@@ -199,6 +226,7 @@ def gelu_sigmoid(x: Array) -> Array:
 _SQRT_HALF = math.sqrt(0.5)
 
 
+@_one_op
 def gelu_erf(x: Array) -> Array:
     """The exact Gaussian error linear unit, ``x * Phi(x) = x/2 * (1 + erf(x / sqrt(2)))`` (NNlib's ``gelu_erf``,
     PyTorch's default ``gelu``, ``approximate="none"``). fluxpy's :func:`gelu` is the tanh approximation, as NNlib's
@@ -246,6 +274,7 @@ def rrelu(x: Array, lo: float = 1 / 8, hi: float = 1 / 3, *, rng=None) -> Array:
 rrelu.draws_random = True   # bias_act applies it on the tape (its derivative cannot be recomputed by a new draw)
 
 
+@_one_op
 def hardsigmoid(x: Array) -> Array:
     """The piecewise-linear sigmoid ``clamp((x + 3) / 6, 0, 1)`` (NNlib's ``hardσ``, PyTorch's ``hardsigmoid``).
 
@@ -256,6 +285,7 @@ def hardsigmoid(x: Array) -> Array:
     return np.where(x > 3, 1, np.where(x < -3, 0, (x + 3) / 6))
 
 
+@_one_op
 def hardswish(x: Array) -> Array:
     """``x * hardsigmoid(x)`` (NNlib's and PyTorch's ``hardswish``).
 
@@ -266,6 +296,7 @@ def hardswish(x: Array) -> Array:
     return x * hardsigmoid(x)
 
 
+@_one_op
 def lisht(x: Array) -> Array:
     """LiSHT, ``x * tanh(x)``.
 
@@ -276,6 +307,7 @@ def lisht(x: Array) -> Array:
     return x * np.tanh(x)
 
 
+@_one_op
 def softsign(x: Array) -> Array:
     """``x / (1 + |x|)``.
 
@@ -290,6 +322,7 @@ _SELU_LAMBDA = 1.0507009873554804934193349852946
 _SELU_ALPHA = 1.6732632423543772848170429916717
 
 
+@_one_op
 def selu(x: Array) -> Array:
     """The scaled ELU ``lambda * (x if x > 0 else alpha * (exp(x) - 1))``, ``lambda ~ 1.0507``, ``alpha ~ 1.6733``
     (Klambauer et al. 2017).
@@ -301,6 +334,7 @@ def selu(x: Array) -> Array:
     return _SELU_LAMBDA * np.where(x > 0, x, _SELU_ALPHA * np.expm1(np.where(x > 0, 0, x)))
 
 
+@_one_op
 def celu(x: Array, a: float = 1.0) -> Array:
     """The continuously differentiable ELU: ``x if x >= 0 else a * (exp(x / a) - 1)``.
 
@@ -311,6 +345,7 @@ def celu(x: Array, a: float = 1.0) -> Array:
     return np.where(x >= 0, x, a * np.expm1(np.where(x >= 0, 0, x) / a))
 
 
+@_one_op
 def trelu(x: Array, theta: float = 1.0) -> Array:
     """The thresholded ReLU: ``x if x > theta else 0``.
 
@@ -321,6 +356,7 @@ def trelu(x: Array, theta: float = 1.0) -> Array:
     return np.where(x <= theta, 0, x)
 
 
+@_one_op
 def logcosh(x: Array) -> Array:
     """``log(cosh(x))``, computed without overflow as ``x + softplus(-2x) - log(2)``.
 
@@ -331,6 +367,7 @@ def logcosh(x: Array) -> Array:
     return x + softplus(-2 * x) - math.log(2)
 
 
+@_one_op
 def mish(x: Array) -> Array:
     """Mish, ``x * tanh(softplus(x))``.
 
@@ -341,6 +378,7 @@ def mish(x: Array) -> Array:
     return x * np.tanh(softplus(x))
 
 
+@_one_op
 def tanhshrink(x: Array) -> Array:
     """``x - tanh(x)``.
 
@@ -351,6 +389,7 @@ def tanhshrink(x: Array) -> Array:
     return x - np.tanh(x)
 
 
+@_one_op
 def softshrink(x: Array, lam: float = 0.5) -> Array:
     """Soft shrinkage: ``x - lam`` above ``lam``, ``x + lam`` below ``-lam``, 0 between (NaN stays NaN).
 
@@ -362,6 +401,7 @@ def softshrink(x: Array, lam: float = 0.5) -> Array:
     return np.where(hi > 0, np.where(lo < 0, 0, lo), hi)
 
 
+@_one_op
 def logsigmoid(x: Array) -> Array:
     """``log(sigmoid(x))``, computed as ``-softplus(-x)`` (NNlib's ``logσ``).
 
@@ -372,6 +412,7 @@ def logsigmoid(x: Array) -> Array:
     return -softplus(-x)
 
 
+@_one_op
 def hardshrink(x: Array, lam: float = 0.5) -> Array:
     """Hard shrinkage: ``x`` where ``|x| > lam``, else 0 (PyTorch's ``hardshrink(x, lambd)``; NaN stays NaN). Its
     derivative is 1 outside ``[-lam, lam]`` and 0 inside.

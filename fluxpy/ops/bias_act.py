@@ -36,7 +36,7 @@ from ..backend import Array
 from ..dual import Dual
 from ..kernels import find
 from ..kernels.elementwise import why_not_compiled
-from . import basic
+from . import activations, basic
 from .activations import DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
 from .fused import fused_op
 from .shape import unbroadcast
@@ -182,6 +182,7 @@ def _bias_act_rule(needs, x, b, act):
 
 
 _bias_act = Primitive("bias_act", _bias_act_rule, impl=_bias_act_impl, needs_mask=True)
+activations._one_op_primitive = _bias_act   # an activation called alone on a tracked array is this one node
 
 
 def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = identity) -> Array:

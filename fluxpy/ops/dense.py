@@ -1,13 +1,14 @@
 """The Dense layer's op, ``dense(x, weight, bias, act) = act(x @ weight.T + bias)``, with the bias and activation
 fused into the matrix product where a kernel can.
 
-It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite, which the CPU always runs).
-On the GPU, for ``identity``, ``relu`` and ``gelu`` (the tanh approximation), the kernel table's ``dense_forward``
-(:mod:`fluxpy.kernels.cublaslt`) computes the product, the bias and the activation in one cuBLASLt call, and for
-gelu in a gradient also writes the pre-activation, which the derivative reads. The pullback is then
-``dz = dy * act'(saved)`` (one elementwise pass, :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the
-identity), ``dx = dz @ weight`` and ``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums
-the bias gradient as it forms the weight gradient. Everything else (``gelu_erf``, swish, float64, layouts or
+It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite). For ``identity``, ``relu``
+and ``gelu`` (the tanh approximation) the kernel table's ``dense_forward`` computes the product, the bias and the
+activation as one op (on the GPU one cuBLASLt call, :mod:`fluxpy.kernels.cublaslt`; on the CPU NumPy,
+:mod:`fluxpy.kernels.cpu_dense`: one tape node instead of four), and for gelu in a gradient also keeps the
+pre-activation, which the derivative reads. The pullback is then ``dz = dy * act'(saved)`` (one elementwise
+pass, :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
+``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums the bias gradient as it forms the
+weight gradient. Everything else (``gelu_erf``, swish, the halves on the CPU and float64 on the GPU, layouts or
 alignments the kernel declines, a nested gradient) runs the composite. Leading axes of ``x`` are rows.
 
 >>> import numpy as np
