@@ -9,8 +9,12 @@ convolution, so PyTorch gets the flipped kernels) and the same batch; the first 
 both compute the same thing. Each step is timed separately after ``--warmup`` steps; the median of ``--repeat``
 steps is reported, as a markdown table with the ratio fluxpy / PyTorch.
 
+With ``--profile``, the step is then profiled by op on both sides, per step: fluxpy's host time per primitive and
+pullback (:func:`fluxpy.profile`, exclusive times) and PyTorch's self CPU time per aten op (``torch.profiler``), the
+``--top`` busiest of each.
+
 Run: ``python benchmarks/cpu_step.py [--model reference|lenet5|resnet20|lstm] [--batch N] [--repeat 30]
-[--threads N]``
+[--threads N] [--profile] [--top 12]``
 """
 from __future__ import annotations
 
@@ -72,6 +76,35 @@ def median_time(step, warmup, repeat):
     return statistics.median(times), min(times)
 
 
+def fluxpy_profile(step, steps, top):
+    """The ``top`` ops of fluxpy's step by host time (exclusive), ms per step."""
+    with fluxpy.profile(gpu=False, print_table=False) as prof:
+        for _ in range(steps):
+            step()
+    rows = sorted(prof.rows(), key=lambda r: -r.host_s)[:top]
+    return [(r.name, r.host_s / steps * 1e3, r.calls / steps) for r in rows], prof.wall_s / steps * 1e3
+
+
+def torch_profile(torch, step, steps, top):
+    """The ``top`` aten ops of PyTorch's step by self CPU time, ms per step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    return [(e.key, e.self_cpu_time_total / steps / 1e3, e.count / steps) for e in events]
+
+
+def profile_table(ours, theirs, wall_ms):
+    """Markdown: fluxpy's busiest ops beside PyTorch's, ms per step (calls per step)."""
+    lines = [f"Where a step goes (ms per step, calls per step in brackets); fluxpy's profiled step {wall_ms:.1f} ms",
+             "", "| fluxpy op | ms | PyTorch op | ms |", "|---|---:|---|---:|"]
+    for i in range(max(len(ours), len(theirs))):
+        a = f"{ours[i][0]} ({ours[i][2]:.0f}) | {ours[i][1]:.2f}" if i < len(ours) else " | "
+        b = f"{theirs[i][0]} ({theirs[i][2]:.0f}) | {theirs[i][1]:.2f}" if i < len(theirs) else " | "
+        lines.append(f"| {a} | {b} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="reference")
@@ -79,6 +112,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads (default: its own)")
+    p.add_argument("--profile", action="store_true", help="then profile the step by op on both sides")
+    p.add_argument("--top", type=int, default=12, help="ops listed per side with --profile")
     args = p.parse_args(argv)
     build, shape, batch = MODELS[args.model]
     args.batch = args.batch or batch
@@ -120,6 +155,10 @@ def main(argv=None):
         print(f"| {name} | {1e3 * t:.2f} | {1e3 * best:.2f} | {args.batch / t:.0f} | {ratio} |")
     if torch is None:
         print("\nPyTorch is not installed: no comparison (pip install torch)")
+    if args.profile:
+        ours, wall = fluxpy_profile(lambda: fluxpy_step(model, opt_state, x, y), 5, args.top)
+        theirs = torch_profile(torch, lambda: torch_step(torch, net, opt, tx, ty), 5, args.top) if torch else []
+        print("\n" + profile_table(ours, theirs, wall))
     return rows
 
 
