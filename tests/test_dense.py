@@ -219,3 +219,10 @@ def test_the_cpu_runs_a_dense_layer_as_one_op_where_its_kernel_has_the_activatio
     for g, e in zip(grads, want):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cpu_kernels_gelu_is_the_activations_bit_for_bit(dtype):
+    from fluxpy.kernels import cpu_dense
+    z = (np.random.default_rng(9).standard_normal(20_000) * 4).astype(dtype)
+    np.testing.assert_array_equal(cpu_dense._gelu(z.copy()), gelu(z))

@@ -20,15 +20,16 @@ _GELU_LAMBDA, _GELU_ALPHA = math.sqrt(2 / math.pi), 0.044715
 
 
 def _gelu(z):
-    """:func:`fluxpy.ops.activations.gelu` (the tanh form; kernels do not import ops), in place of ``z``'s copy."""
+    """:func:`fluxpy.ops.activations.gelu` (the tanh form; kernels do not import ops), the same operations in the same
+    order (so the same bits), in one new array."""
     inner = z * z
-    inner *= _GELU_ALPHA * z
+    inner *= z
+    inner *= _GELU_ALPHA
     inner += z
     inner *= _GELU_LAMBDA
     np.tanh(inner, out=inner)
     inner += 1
-    inner *= z
-    inner *= 0.5
+    inner *= 0.5 * z
     return inner
 
 
