@@ -234,3 +234,40 @@ def test_bias_act_shape_errors():
         bias_act(np.ones((2, 4)), np.ones(3), A.relu)
     with pytest.raises(ValueError, match=r"bias of shape \(2, 4\) must broadcast to x of shape \(4,\)"):
         bias_act(np.ones(4), np.ones((2, 4)))
+
+
+def _tape_nodes(f, x):
+    """How many nodes the tape holds for ``f(x)``."""
+    count = []
+
+    def g(x):
+        y = f(x)
+        seen, stack = set(), [y.node]
+        while stack:
+            n = stack.pop()
+            if n.pullback is not None and id(n) not in seen:
+                seen.add(id(n))
+                stack.extend(p for p in n.parents if p is not None)
+        count.append(len(seen))
+        return y.sum()
+    fluxpy.gradient(g, x)
+    return count[0]
+
+
+@pytest.mark.parametrize("name", sorted(set(A.__all__) - {"identity", "relu", "tanh", "rrelu"}))
+def test_an_activation_alone_on_a_tracked_array_is_one_node_equal_to_its_definition(name):
+    act = getattr(A, name)
+    rng = np.random.default_rng(len(name))
+    x = away_from(rng.standard_normal((3, 4)) * 2, (-1.0, 0.0, 1.0, 6.0, 0.5, -0.5))
+    assert _tape_nodes(act, x) == 1 <= _tape_nodes(act.__wrapped__, x)
+    (got,) = fluxpy.gradient(lambda x: (act(x) * x).sum(), x)
+    (want,) = fluxpy.gradient(lambda x: (act.__wrapped__(x) * x).sum(), x)   # the definition, a node per ufunc
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(act(x), act.__wrapped__(x))
+
+
+def test_an_activation_called_with_keywords_runs_its_definition():
+    x = np.array([-1.0, 2.0])
+    assert _tape_nodes(lambda x: A.leakyrelu(x, a=0.2), x) == _tape_nodes(A.leakyrelu.__wrapped__, x) > 1
+    (g,) = fluxpy.gradient(lambda x: A.leakyrelu(x, a=0.2).sum(), x)
+    np.testing.assert_array_equal(g, [0.2, 1.0])
