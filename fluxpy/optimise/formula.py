@@ -83,6 +83,25 @@ def numbers(formula: Formula, hyper: dict, counters: tuple) -> dict:
     return values
 
 
+@functools.lru_cache(maxsize=512)
+def _numbers_of(formula: Formula, hyper: tuple, counters: tuple, dtype) -> dict:
+    """:func:`numbers` for ``hyper`` given as ``(name, type, value)`` and ``counters`` as ``(type, value)`` (the
+    types keep a NumPy float apart from the equal Python float, whose results differ in type), each rounded to
+    ``dtype`` where one is given: every parameter of a rule shares its step's numbers, so a step computes them once,
+    not once per array. Read-only."""
+    values = numbers(formula, {k: v for k, _, v in hyper}, tuple(v for _, v in counters))
+    return values if dtype is None else {k: dtype.type(v) for k, v in values.items()}
+
+
+def _step_numbers(formula, hyper, counters, dtype=None):
+    try:
+        return _numbers_of(formula, tuple((k, type(v), v) for k, v in hyper.items()),
+                           tuple((type(c), c) for c in counters), dtype)
+    except TypeError:   # an unhashable hyperparameter: computed afresh
+        values = numbers(formula, hyper, counters)
+        return values if dtype is None else {k: dtype.type(v) for k, v in values.items()}
+
+
 def advance(formula: Formula, hyper: dict, counters: tuple) -> tuple:
     """The counters after one step (every next value from the old ones and the step's scalars), as the device's
     advance computes them.
@@ -90,7 +109,7 @@ def advance(formula: Formula, hyper: dict, counters: tuple) -> tuple:
     >>> advance(Formula(counters=(("bt", "bt * beta"),)), {"beta": 0.5}, (0.5,))
     (0.25,)
     """
-    values = numbers(formula, hyper, counters)
+    values = _step_numbers(formula, hyper, counters)
     return tuple(eval(_code(expr), dict(values)) for _, expr in formula.counters)
 
 
@@ -99,10 +118,9 @@ def evaluate(formula: Formula, hyper: dict, arrays: list, counters: tuple, x: Ar
     """One step of ``formula`` on arrays: the state ``arrays`` updated in place, the step returned (None where an
     ``("if", c)`` item stops it); ``x`` and ``dx`` unchanged."""
     xp = get_array_module(x)
-    cast = x.dtype.type
     space = {"sqrt": xp.sqrt, "abs": xp.abs, "sign": xp.sign, "maximum": xp.maximum, "minimum": xp.minimum,
              "clip": xp.clip, "where": xp.where}
-    space.update((k, cast(v)) for k, v in numbers(formula, hyper, counters).items())
+    space.update(_step_numbers(formula, hyper, counters, x.dtype))
     space.update(zip(formula.state, arrays))
     space.update(inputs or {})
     space["x"], space["dx"] = x, dx
