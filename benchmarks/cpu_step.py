@@ -6,10 +6,11 @@ flatten, Dense(288=>10)``) or ``lenet5`` at batch 128 on 28x28 images, ``resnet2
 or the ``lstm`` classifier (``lstm_classifier(32, 128)``, sequences of 100 steps) at batch 64, with
 logitcrossentropy. Both frameworks start from the same weights (``zoo.torch_twin``: fluxpy's Conv is a true
 convolution, so PyTorch gets the flipped kernels) and the same batch; the first losses are printed as a check that
-both compute the same thing. Each step is timed separately after ``--warmup`` steps; the median of ``--repeat``
-steps is reported, as a markdown table with the ratio fluxpy / PyTorch.
+both compute the same thing. Each framework runs in a Python process of its own (two OpenMP runtimes in one process
+spin against each other), each step timed separately after ``--warmup`` steps; the median of ``--repeat`` steps is
+reported, as a markdown table with the ratio fluxpy / PyTorch.
 
-With ``--profile``, the step is then profiled by op on both sides, per step: fluxpy's host time per primitive and
+With ``--profile``, the step is then profiled by op on both sides (in this one process), per step: fluxpy's host time per primitive and
 pullback (:func:`fluxpy.profile`, exclusive times) and PyTorch's self CPU time per aten op (``torch.profiler``), the
 ``--top`` busiest of each.
 
@@ -19,7 +20,9 @@ Run: ``python benchmarks/cpu_step.py [--model reference|lenet5|resnet20|lstm] [-
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,7 +108,46 @@ def profile_table(ours, theirs, wall_ms):
     return "\n".join(lines)
 
 
+def _case(args):
+    build, shape, _ = MODELS[args.model]
+    rng = np.random.default_rng(0)
+    x = rng.random((args.batch, *shape), dtype=np.float32)
+    labels = rng.integers(0, 10, args.batch)
+    return x, labels, build(rng)
+
+
+def run_side(side, args):
+    """One side's ``{"name", "first", "median", "best"}`` (seconds), in this process; None without PyTorch."""
+    x, labels, model = _case(args)
+    if side == "torch":
+        try:
+            import torch
+        except ImportError:
+            return None
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        net, opt = torch_setup(torch, model)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+        step = lambda: torch_step(torch, net, opt, tx, ty)   # noqa: E731
+        name = f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
+    else:
+        opt_state, y = setup(Adam(1e-3), model), onehotbatch(labels, range(10))
+        step = lambda: fluxpy_step(model, opt_state, x, y)   # noqa: E731
+        name = "fluxpy"
+    first = step()
+    median, best = median_time(step, args.warmup, args.repeat)
+    return {"name": name, "first": first, "median": median, "best": best}
+
+
+def _in_own_process(side, argv):
+    """:func:`run_side` in a fresh Python: each framework's OpenMP threads spin in no one else's process."""
+    out = subprocess.run([sys.executable, __file__, *argv, "--side", side], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="reference")
     p.add_argument("--batch", type=int, default=None, help="default: 128, 32 for resnet20, 64 for lstm")
@@ -114,50 +156,37 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="PyTorch intra-op threads (default: its own)")
     p.add_argument("--profile", action="store_true", help="then profile the step by op on both sides")
     p.add_argument("--top", type=int, default=12, help="ops listed per side with --profile")
+    p.add_argument("--side", choices=["fluxpy", "torch"], help=argparse.SUPPRESS)   # one side, this process
     args = p.parse_args(argv)
-    build, shape, batch = MODELS[args.model]
-    args.batch = args.batch or batch
+    args.batch = args.batch or MODELS[args.model][2]
+    if args.side:
+        print(json.dumps(run_side(args.side, args)))
+        return None
 
-    rng = np.random.default_rng(0)
-    x = rng.random((args.batch, *shape), dtype=np.float32)
-    labels = rng.integers(0, 10, args.batch)
-    y = onehotbatch(labels, range(10))
-    model = build(rng)
-
-    rows = []
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        net, opt = torch_setup(torch, model)
-        tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
-        first_torch = torch_step(torch, net, opt, tx, ty)
-
-    opt_state = setup(Adam(1e-3), model)
-    first_fluxpy = fluxpy_step(model, opt_state, x, y)
-    t_fluxpy, best_fluxpy = median_time(lambda: fluxpy_step(model, opt_state, x, y), args.warmup, args.repeat)
-    rows.append(("fluxpy", t_fluxpy, best_fluxpy))
-    if torch is not None:
-        t_torch, best_torch = median_time(lambda: torch_step(torch, net, opt, tx, ty), args.warmup, args.repeat)
-        rows.append((f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)", t_torch, best_torch))
-        print(f"first-step loss: fluxpy {first_fluxpy:.6f}, PyTorch {first_torch:.6f}")
-
+    sides = [_in_own_process(side, [a for a in argv if a != "--profile"]) for side in ("fluxpy", "torch")]
+    rows = [(s["name"], s["median"], s["best"]) for s in sides if s is not None]
+    if sides[1] is not None:
+        print(f"first-step loss: fluxpy {sides[0]['first']:.6f}, PyTorch {sides[1]['first']:.6f}")
     print(f"\nOne training step (forward + backward + Adam), {args.model}, batch {args.batch}, float32, CPU, "
-          f"median of {args.repeat} after {args.warmup} warm-up steps\n")
+          f"median of {args.repeat} after {args.warmup} warm-up steps, each framework in a process of its own\n")
     print("| framework | median ms/step | best ms/step | images/s | ratio to PyTorch |")
     print("|---|---:|---:|---:|---:|")
     base = rows[1][1] if len(rows) > 1 else None
     for name, t, best in rows:
         ratio = f"{t / base:.2f}x" if base else "n/a"
         print(f"| {name} | {1e3 * t:.2f} | {1e3 * best:.2f} | {args.batch / t:.0f} | {ratio} |")
-    if torch is None:
+    if sides[1] is None:
         print("\nPyTorch is not installed: no comparison (pip install torch)")
     if args.profile:
+        x, labels, model = _case(args)
+        opt_state, y = setup(Adam(1e-3), model), onehotbatch(labels, range(10))
         ours, wall = fluxpy_profile(lambda: fluxpy_step(model, opt_state, x, y), 5, args.top)
-        theirs = torch_profile(torch, lambda: torch_step(torch, net, opt, tx, ty), 5, args.top) if torch else []
+        theirs = []
+        if sides[1] is not None:
+            import torch
+            net, opt = torch_setup(torch, model)
+            tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+            theirs = torch_profile(torch, lambda: torch_step(torch, net, opt, tx, ty), 5, args.top)
         print("\n" + profile_table(ours, theirs, wall))
     return rows
 

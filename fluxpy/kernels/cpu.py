@@ -37,14 +37,14 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..backend import is_float_dtype
 from ..options import options
-from . import BadIndex, register
+from . import BadIndex, onednn, register
 from .cpu_heap import keep_freed_memory
 from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "conv_bias_act_grads", "maxpool_forward", "maxpool_argmax", "maxpool_backward",
            "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports",
-           "conv_bias_act_half", "scatter_empty", "first_bad_index", "along_axis_index", "scatter", "gather",
+           "conv_bias_act_half", "conv_bias_act_cpu", "scatter_empty", "first_bad_index", "along_axis_index", "scatter", "gather",
            "check_indices"]
 
 
@@ -232,6 +232,8 @@ def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
     flipped unless ``cdims.flipped`` and ``c`` running over the group of ``k`` (see the module example); 1-d and 3-d
     likewise.
     """
+    if onednn.takes(x, w):
+        return onednn.conv_forward(x, _unflipped(w, cdims), cdims)
     n, k = cdims.y_shape[:2]
     y = np.matmul(_weight_matrix(w, cdims), im2col(x, cdims, _grid(cdims)))     # (G, K/G, N*P*Q')
     y = y.reshape((k, n) + _grid(cdims))[..., :cdims.out_hw[-1]]
@@ -249,6 +251,8 @@ def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
            [2., 4., 2.],
            [1., 2., 1.]])
     """
+    if onednn.takes(dy, w):
+        return onednn.conv_backward_data(dy, _unflipped(w, cdims), cdims)
     grid = _backward_grid(cdims)
     wm = _weight_matrix(w, cdims)
     return col2im(np.matmul(wm.transpose(0, 2, 1), _channel_major_dy(dy, cdims, grid)), cdims, grid)
@@ -264,6 +268,8 @@ def conv_backward_filter(x: np.ndarray, dy: np.ndarray, cdims: Any) -> np.ndarra
     array([[ 8., 12.],
            [20., 24.]])
     """
+    if onednn.takes(x, dy):
+        return np.ascontiguousarray(_unflipped(onednn.conv_backward_weights(x, dy, cdims)[0], cdims))
     grid = _backward_grid(cdims)
     return _filter_gradient(x, _channel_major_dy(dy, cdims, grid), cdims, grid)
 
@@ -290,11 +296,25 @@ def conv_bias_act_grads(dy: np.ndarray, y: np.ndarray | None, x: np.ndarray, w: 
     >>> dw[0, 0].tolist(), db.tolist()
     ([[8.0, 12.0], [20.0, 24.0]], [4.0])
     """
+    if onednn.takes(dy, x, w):
+        return _onednn_grads(dy * np.greater(y, 0) if kind == "relu" else dy, x, w, cdims, need_x, need_w, need_b)
     grid = _backward_grid(cdims)
     dyc = _channel_major_dy(dy, cdims, grid, mask=np.greater(y, 0) if kind == "relu" else None)
     db = dyc.reshape(dy.shape[1], -1).sum(axis=1) if need_b else None   # zeros off the output add nothing
     dw = _filter_gradient(x, dyc, cdims, grid) if need_w else None
     dx = col2im(np.matmul(_weight_matrix(w, cdims).transpose(0, 2, 1), dyc), cdims, grid) if need_x else None
+    return dx, dw, db
+
+
+def _onednn_grads(dz, x, w, cdims, need_x, need_w, need_b):
+    """:func:`conv_bias_act_grads` of float32 arrays through oneDNN, from the masked cotangent ``dz``."""
+    dx = onednn.conv_backward_data(dz, _unflipped(w, cdims), cdims) if need_x else None
+    dw = db = None
+    if need_w:
+        dw, db = onednn.conv_backward_weights(x, dz, cdims, need_b)
+        dw = np.ascontiguousarray(_unflipped(dw, cdims))
+    elif need_b:
+        db = dz.sum(axis=(0,) + tuple(range(2, dz.ndim)))
     return dx, dw, db
 
 
@@ -325,8 +345,25 @@ def conv_bias_act_half(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind:
     return y.astype(x.dtype)
 
 
-def _conv_bias_act_half_supports(x, w, b, kind, cdims):
-    return isinstance(x, np.ndarray) and is_half(x.dtype) and kind in ("relu", "identity")
+def conv_bias_act_cpu(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, kind: str, cdims: Any) -> np.ndarray:
+    """``act(conv(x, w) + b)`` on the CPU: the halves as :func:`conv_bias_act_half`; float32 through oneDNN, the
+    bias added by the convolution itself and relu in place.
+
+    >>> from fluxpy.ops.dims import ConvDims
+    >>> x = np.ones((1, 1, 2, 2), np.float32)
+    >>> conv_bias_act_cpu(x, x, np.array([-5.0], np.float32), "relu", ConvDims.from_shapes(x.shape, x.shape)).ravel()
+    array([0.], dtype=float32)
+    """
+    if is_half(x.dtype):
+        return conv_bias_act_half(x, w, b, kind, cdims)
+    y = onednn.conv_forward(x, _unflipped(w, cdims), cdims, b)
+    return np.maximum(y, 0, out=y) if kind == "relu" else y
+
+
+def _conv_bias_act_cpu_supports(x, w, b, kind, cdims):
+    if kind not in ("relu", "identity") or not isinstance(x, np.ndarray):
+        return False
+    return is_half(x.dtype) or onednn.takes(x, w, *(() if b is None else (b,)))
 
 
 def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -737,7 +774,7 @@ register("scatter", "numpy", halves_in_float32(scatter))
 register("gather", "numpy", gather)
 register("check_indices", "numpy", check_indices)
 register("matmul", "numpy", matmul_half, matmul_half_supports)
-register("conv_bias_act_forward", "numpy", conv_bias_act_half, _conv_bias_act_half_supports)
+register("conv_bias_act_forward", "numpy", conv_bias_act_cpu, _conv_bias_act_cpu_supports)
 register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_grads_supports)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
 for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():

@@ -1,0 +1,270 @@
+"""oneDNN's convolutions on the CPU: float32 convolutions forward, backward data and backward weights (and the bias's
+gradient) through oneDNN's C API, the library behind PyTorch's CPU convolutions.
+
+Where the ``onednn-cpu-gomp`` wheel is installed (``pip install fluxpy[cpu]``; Linux x86-64: it puts
+``libdnnl.so.3`` under ``<prefix>/lib``) the NumPy convolution kernels of :mod:`fluxpy.kernels.cpu` hand float32
+calls to it; elsewhere they run their im2col products. No maintained Python binding of oneDNN exists on PyPI, so
+this is a ctypes binding of the dozen C functions a convolution needs, as fluxpy binds cuDNN.
+
+Each problem (the kernel's kind and :class:`~fluxpy.ops.dims.ConvDims`) is built once: oneDNN picks the memory
+layouts it runs fastest (channel-blocked), and each plain NCHW array NumPy holds is reordered into them and back,
+as PyTorch does for its NCHW tensors. Errors raise naming oneDNN's status and the call.
+
+>>> import numpy as np
+>>> from fluxpy.ops.dims import ConvDims
+>>> x, w = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32)
+>>> cd = ConvDims.from_arrays(x, w, flipped=True)
+>>> (conv_forward(x, w, cd) if library() else np.full((1, 1, 2, 2), 4.0, np.float32))[0, 0].tolist()
+[[4.0, 4.0], [4.0, 4.0]]
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+__all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights"]
+
+_STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
+           4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
+_CPU, _F32, _FORMAT_ANY, _FORWARD_TRAINING, _DIRECT = 1, 3, 1, 64, 1
+_QUERY = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133, "diff_dst": 134}
+_ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "diff_src": 129, "diff_dst": 145, "diff_weights": 161,
+        "diff_bias": 169}
+_ALLOCATE = ctypes.c_void_p(2**64 - 1)   # DNNL_MEMORY_ALLOCATE: the library owns the buffer
+_Dims = ctypes.c_int64 * 12
+_PROBLEMS_KEPT = 64
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
+
+
+class _Library:
+    """The loaded library, its CPU engine and stream, and the lock every execution takes (a problem's buffers are
+    shared between calls)."""
+
+    def __init__(self, path: str) -> None:
+        self.dll = ctypes.CDLL(path)
+        self.dll.dnnl_primitive_desc_query_md.restype = ctypes.c_void_p
+        self.dll.dnnl_memory_desc_equal.restype = ctypes.c_int
+        self.path = path
+        self.engine, self.stream = ctypes.c_void_p(), ctypes.c_void_p()
+        self.call("dnnl_engine_create", ctypes.byref(self.engine), _CPU, ctypes.c_size_t(0))
+        self.call("dnnl_stream_create", ctypes.byref(self.stream), self.engine, ctypes.c_uint(1))
+        self.lock = threading.Lock()
+        self.problems: OrderedDict = OrderedDict()
+
+    def call(self, name: str, *args: Any) -> None:
+        status = getattr(self.dll, name)(*args)
+        if status != 0:
+            raise RuntimeError(f"oneDNN: {name} failed with {_STATUS.get(status, status)} ({self.path})")
+
+    def handle(self, name: str, *args: Any) -> ctypes.c_void_p:
+        """The object a ``dnnl_*_create`` call makes."""
+        out = ctypes.c_void_p()
+        self.call(name, ctypes.byref(out), *args)
+        return out
+
+
+def _candidates() -> list[str]:
+    found = ctypes.util.find_library("dnnl")
+    return [os.path.join(sys.prefix, "lib", "libdnnl.so.3")] + ([found] if found else [])
+
+
+@functools.cache
+def library() -> _Library | None:
+    """The loaded oneDNN, or None where it is not installed (the NumPy kernels then run).
+
+    >>> library() is None or library().engine.value is not None
+    True
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    for path in _candidates():
+        if os.path.exists(path) or not os.path.isabs(path):
+            try:
+                return _Library(path)
+            except (OSError, AttributeError, RuntimeError):
+                continue
+    return None
+
+
+def takes(*arrays: np.ndarray) -> bool:
+    """Whether oneDNN runs a convolution of these NumPy arrays: the library is there and every array is float32.
+
+    >>> takes(np.ones(2, np.float64))
+    False
+    """
+    return library() is not None and all(type(a) is np.ndarray and a.dtype == np.float32 for a in arrays)
+
+
+def _plain_md(lib, shape):
+    strides = np.cumprod((1,) + tuple(shape[::-1]), dtype=np.int64)[:-1][::-1]
+    return lib.handle("dnnl_memory_desc_create_with_strides", len(shape), _Dims(*shape), _F32,
+                      _Dims(*(int(s) for s in strides)))
+
+
+def _any_md(lib, shape):
+    return lib.handle("dnnl_memory_desc_create_with_tag", len(shape), _Dims(*shape), _F32, _FORMAT_ANY)
+
+
+class _Operand:
+    """One plain NumPy array of a primitive: its memory (the array's data, set per call) and, where the primitive
+    runs another layout, a library-owned buffer in that layout and the reorder between the two."""
+
+    def __init__(self, lib, plain_md, chosen_md, into: bool) -> None:
+        self.lib, self.into = lib, into
+        self.plain = lib.handle("dnnl_memory_create", plain_md, lib.engine, ctypes.c_void_p(None))
+        self.memory, self.reorder = self.plain, None
+        if not lib.dll.dnnl_memory_desc_equal(plain_md, ctypes.c_void_p(chosen_md)):
+            chosen = ctypes.c_void_p(chosen_md)
+            self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, _ALLOCATE)
+            src, dst = (plain_md, chosen) if into else (chosen, plain_md)
+            pd = lib.handle("dnnl_reorder_primitive_desc_create", src, lib.engine, dst, lib.engine, None)
+            self.reorder = lib.handle("dnnl_primitive_create", pd)
+            lib.call("dnnl_primitive_desc_destroy", pd)
+
+    def bind(self, array: np.ndarray) -> None:
+        self.lib.call("dnnl_memory_set_data_handle", self.plain, ctypes.c_void_p(array.ctypes.data))
+
+    def run_reorder(self) -> None:
+        if self.reorder is not None:
+            ends = (self.plain, self.memory) if self.into else (self.memory, self.plain)
+            _execute(self.lib, self.reorder, ((_ARG["src"], ends[0]), (_ARG["dst"], ends[1])))
+
+    def destroy(self) -> None:
+        for memory in {self.plain.value: self.plain, self.memory.value: self.memory}.values():
+            self.lib.call("dnnl_memory_destroy", memory)
+        if self.reorder is not None:
+            self.lib.call("dnnl_primitive_destroy", self.reorder)
+
+
+def _execute(lib, primitive, args):
+    packed = (_Arg * len(args))(*(_Arg(k, m) for k, m in args))
+    lib.call("dnnl_primitive_execute", primitive, lib.stream, len(args), packed)
+
+
+def _geometry(cdims):
+    """oneDNN's ``(strides, dilates, padding_l, padding_r)`` of ``cdims`` (its dilation counts the gaps: d - 1)."""
+    spatial = len(cdims.stride)
+    return (_Dims(*cdims.stride), _Dims(*(d - 1 for d in cdims.dilation)),
+            _Dims(*(cdims.pad[2 * i] for i in range(spatial))), _Dims(*(cdims.pad[2 * i + 1] for i in range(spatial))))
+
+
+def _weight_shape(cdims):
+    """The weights as oneDNN sees them: ``(G, K/G, C/G, *kernel)`` with groups, else ``(K, C, *kernel)``."""
+    k, *rest = cdims.w_shape
+    g = cdims.groups
+    return (g, k // g, *rest) if g > 1 else tuple(cdims.w_shape)
+
+
+class _Problem:
+    """One convolution's primitive of one kind (``"forward"``, ``"backward_data"``, ``"backward_weights"``) with its
+    operands; the forward's descriptor is the hint the backward ones need."""
+
+    def __init__(self, lib, kind: str, cdims, bias: bool) -> None:
+        self.lib, self.kind = lib, kind
+        shapes = {"src": tuple(cdims.x_shape), "weights": _weight_shape(cdims), "dst": tuple(cdims.y_shape)}
+        plain = {role: _plain_md(lib, shape) for role, shape in shapes.items()}
+        chosen = {role: _any_md(lib, shape) for role, shape in shapes.items()}
+        bias_md = _plain_md(lib, (cdims.y_shape[1],)) if bias else None
+        geometry = _geometry(cdims)
+        hint = lib.handle("dnnl_convolution_forward_primitive_desc_create", lib.engine, _FORWARD_TRAINING, _DIRECT,
+                          chosen["src"], chosen["weights"], bias_md, chosen["dst"], *geometry, None)
+        if kind == "forward":
+            pd, roles = hint, (("src", "src", True), ("weights", "weights", True), ("dst", "dst", False))
+        elif kind == "backward_data":
+            pd = lib.handle("dnnl_convolution_backward_data_primitive_desc_create", lib.engine, _DIRECT,
+                            chosen["src"], chosen["weights"], chosen["dst"], *geometry, hint, None)
+            roles = (("diff_dst", "dst", True), ("weights", "weights", True), ("diff_src", "src", False))
+        else:
+            pd = lib.handle("dnnl_convolution_backward_weights_primitive_desc_create", lib.engine, _DIRECT,
+                            chosen["src"], chosen["weights"], bias_md, chosen["dst"], *geometry, hint, None)
+            roles = (("src", "src", True), ("diff_dst", "dst", True), ("diff_weights", "weights", False))
+        self.operands = {role: _Operand(lib, plain[shape_of],
+                                        lib.dll.dnnl_primitive_desc_query_md(pd, _QUERY[role], 0), into)
+                         for role, shape_of, into in roles}
+        self.bias_memory = lib.handle("dnnl_memory_create", bias_md, lib.engine, ctypes.c_void_p(None)) if bias \
+            else None
+        self.primitive = lib.handle("dnnl_primitive_create", pd)
+        if pd.value != hint.value:
+            lib.call("dnnl_primitive_desc_destroy", pd)
+        lib.call("dnnl_primitive_desc_destroy", hint)
+        for md in (*plain.values(), *chosen.values(), *([bias_md] if bias_md is not None else [])):
+            lib.call("dnnl_memory_desc_destroy", md)
+
+    def run(self, arrays: dict, bias: np.ndarray | None = None) -> None:
+        """Run on ``arrays`` (role -> plain C-contiguous float32 array): inputs reordered in, the primitive, the
+        output reordered out."""
+        for role, array in arrays.items():
+            self.operands[role].bind(array)
+        args = []
+        for role, operand in self.operands.items():
+            if operand.into:
+                operand.run_reorder()
+            args.append((_ARG[role], operand.memory))
+        if self.bias_memory is not None:
+            self.lib.call("dnnl_memory_set_data_handle", self.bias_memory, ctypes.c_void_p(bias.ctypes.data))
+            args.append((_ARG["bias" if self.kind == "forward" else "diff_bias"], self.bias_memory))
+        _execute(self.lib, self.primitive, args)
+        for operand in self.operands.values():
+            if not operand.into:
+                operand.run_reorder()
+        self.lib.call("dnnl_stream_wait", self.lib.stream)
+
+    def destroy(self) -> None:
+        for operand in self.operands.values():
+            operand.destroy()
+        if self.bias_memory is not None:
+            self.lib.call("dnnl_memory_destroy", self.bias_memory)
+        self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None) -> None:
+    lib = library()
+    key = (kind, cdims, bias is not None)
+    with lib.lock:
+        problem = lib.problems.get(key)
+        if problem is None:
+            problem = lib.problems[key] = _Problem(lib, kind, cdims, bias is not None)
+            while len(lib.problems) > _PROBLEMS_KEPT:
+                lib.problems.popitem(last=False)[1].destroy()
+        else:
+            lib.problems.move_to_end(key)
+        problem.run(arrays, bias)
+
+
+def _c(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any, b: np.ndarray | None = None) -> np.ndarray:
+    """The cross-correlation of float32 ``x`` with ``w`` (already flipped for a true convolution), plus ``b``
+    where given: ``cdims.y_shape``."""
+    y = np.empty(cdims.y_shape, np.float32)
+    _run("forward", cdims, {"src": _c(x), "weights": _c(w), "dst": y}, None if b is None else _c(b))
+    return y
+
+
+def conv_backward_data(dy: np.ndarray, w: np.ndarray, cdims: Any) -> np.ndarray:
+    """The gradient of :func:`conv_forward` with respect to ``x``: ``cdims.x_shape``."""
+    dx = np.empty(cdims.x_shape, np.float32)
+    _run("backward_data", cdims, {"diff_dst": _c(dy), "weights": _c(w), "diff_src": dx})
+    return dx
+
+
+def conv_backward_weights(x: np.ndarray, dy: np.ndarray, cdims: Any, need_bias: bool = False) -> tuple:
+    """``(dw, db)``: the gradients of :func:`conv_forward` with respect to the (flipped, where it was) weights and,
+    with ``need_bias``, the bias (None otherwise)."""
+    dw = np.empty(cdims.w_shape, np.float32)
+    db = np.empty(cdims.y_shape[1], np.float32) if need_bias else None
+    _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db)
+    return dw, db

@@ -1,0 +1,94 @@
+"""fluxpy.kernels.onednn: oneDNN's float32 convolutions equal the NumPy im2col kernels (forward, backward data,
+backward weights, the bias's gradient; groups, strides, dilation, asymmetric padding, 1-3 spatial axes, true
+convolution and cross-correlation), the CPU kernels hand it exactly the float32 calls, a failing call names oneDNN's
+status, and the problem cache evicts cleanly. Skipped where oneDNN is not installed (``pip install fluxpy[cpu]``)."""
+import ctypes
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fluxpy.kernels import cpu, onednn
+from fluxpy.ops.conv import conv_dims
+from test_conv import conv_problems
+
+pytestmark = pytest.mark.skipif(onednn.library() is None, reason="oneDNN is not installed (pip install fluxpy[cpu])")
+
+
+def _numpy_kernels(monkeypatch):
+    monkeypatch.setattr(onednn, "takes", lambda *arrays: False)
+
+
+def _case(problem, seed):
+    xs, ws, opts = problem
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    cdims = conv_dims(x, w, **opts)
+    dy = rng.standard_normal(cdims.y_shape).astype(np.float32)
+    y = rng.standard_normal(cdims.y_shape).astype(np.float32)
+    return x, w, cdims, dy, y
+
+
+def _all_ways(x, w, cdims, dy, y):
+    return (cpu.conv_forward(x, w, cdims), cpu.conv_backward_data(dy, w, cdims), cpu.conv_backward_filter(x, dy, cdims),
+            *cpu.conv_bias_act_grads(dy, y, x, w, "relu", cdims, True, True, True))
+
+
+@settings(deadline=None, max_examples=60)
+@given(conv_problems(max_batch=3), st.integers(0, 2**16))
+def test_onednn_equals_the_numpy_kernels(problem, seed):
+    case = _case(problem, seed)
+    assert onednn.takes(case[0], case[1])
+    ours = _all_ways(*case)
+    with pytest.MonkeyPatch.context() as mp:
+        _numpy_kernels(mp)
+        want = _all_ways(*case)
+    for got, ref in zip(ours, want):
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("shape, kernel, opts", [((2, 3, 11), (4, 3, 3), dict(pad=2, stride=2)),
+                                                 ((1, 2, 5, 6, 7), (4, 1, 2, 3, 2), dict(groups=2, pad=1))])
+def test_one_and_three_spatial_axes(shape, kernel, opts, monkeypatch):
+    case = _case((shape, kernel, opts), 3)
+    ours = _all_ways(*case)
+    _numpy_kernels(monkeypatch)
+    for got, ref in zip(ours, _all_ways(*case)):
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
+
+
+def test_the_conv_layers_forward_with_bias_and_relu_is_one_onednn_call():
+    x, w, cdims, _, _ = _case(((2, 3, 6, 6), (4, 3, 3, 3), dict(pad=1)), 5)
+    b = np.linspace(-1, 1, 4).astype(np.float32)
+    assert cpu._conv_bias_act_cpu_supports(x, w, b, "relu", cdims)
+    got = cpu.conv_bias_act_cpu(x, w, b, "relu", cdims)
+    want = np.maximum(cpu.conv_forward(x, w, cdims) + b.reshape(1, -1, 1, 1), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not cpu._conv_bias_act_cpu_supports(x.astype(np.float64), w.astype(np.float64), None, "relu", cdims)
+
+
+def test_only_float32_numpy_arrays_go_to_onednn():
+    assert onednn.takes(np.ones(2, np.float32), np.ones(2, np.float32))
+    assert not onednn.takes(np.ones(2, np.float32), np.ones(2, np.float64))
+    assert not onednn.takes(np.ones(2, np.float16))
+
+
+def test_a_failing_call_names_the_status_and_the_function():
+    lib = onednn.library()
+    md = ctypes.c_void_p()
+    with pytest.raises(RuntimeError, match=r"oneDNN: dnnl_memory_desc_create_with_tag failed with "
+                                           r"dnnl_invalid_arguments"):
+        lib.call("dnnl_memory_desc_create_with_tag", ctypes.byref(md), -1, onednn._Dims(), 3, 1)
+
+
+def test_the_problem_cache_keeps_a_bounded_number_and_evicted_problems_rebuild(monkeypatch):
+    monkeypatch.setattr(onednn, "_PROBLEMS_KEPT", 2)
+    cases = [_case(((2, 3, 5 + k, 5 + k), (2, 3, 3, 3), dict(pad=1)), k) for k in range(4)]
+    first = [cpu.conv_forward(x, w, cd) for x, w, cd, _, _ in cases]
+    assert len(onednn.library().problems) <= 2
+    again = [cpu.conv_forward(x, w, cd) for x, w, cd, _, _ in cases]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
