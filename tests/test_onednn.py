@@ -92,3 +92,25 @@ def test_the_problem_cache_keeps_a_bounded_number_and_evicted_problems_rebuild(m
     again = [cpu.conv_forward(x, w, cd) for x, w, cd, _, _ in cases]
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.integers(82, 200), st.integers(82, 200), st.integers(82, 200), st.booleans(), st.booleans())
+def test_large_float32_products_run_through_onednn_and_equal_numpys(m, k, n, a_transposed, b_transposed):
+    rng = np.random.default_rng(m * k + n)
+    a = rng.standard_normal((k, m) if a_transposed else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if b_transposed else (k, n)).astype(np.float32)
+    a, b = (a.T if a_transposed else a), (b.T if b_transposed else b)   # views read in place
+    assert onednn.takes_matmul(a, b)
+    np.testing.assert_allclose(onednn.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    from fluxpy.kernels import find
+    assert find("matmul", a, b) is cpu.matmul_cpu   # the op's product goes there too
+
+
+def test_small_or_other_products_stay_with_numpy():
+    small = np.ones((4, 4), np.float32)
+    big = np.ones((256, 256), np.float32)
+    assert not onednn.takes_matmul(small, small)
+    assert not onednn.takes_matmul(big.astype(np.float64), big.astype(np.float64))
+    assert not onednn.takes_matmul(big[:, ::2], big[::2])   # no unit stride: NumPy copies such operands itself
+    assert not onednn.takes_matmul(np.ones((2, 256, 256), np.float32), big)

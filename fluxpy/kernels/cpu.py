@@ -43,7 +43,7 @@ from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "conv_bias_act_grads", "maxpool_forward", "maxpool_argmax", "maxpool_backward",
-           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports",
+           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "matmul_cpu",
            "conv_bias_act_half", "conv_bias_act_cpu", "scatter_empty", "first_bad_index", "along_axis_index", "scatter",
            "gather", "check_indices"]
 
@@ -375,6 +375,21 @@ def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     (dtype(bfloat16), [3.0, 3.0])
     """
     return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+
+
+def matmul_cpu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` on the CPU where NumPy's own product is not the one to run: the halves as :func:`matmul_half`,
+    large float32 products through oneDNN (:func:`fluxpy.kernels.onednn.matmul`).
+
+    >>> y = matmul_cpu(np.ones((2, 3), np.float16), np.ones((3, 1), np.float16))
+    >>> y.dtype, y.ravel().tolist()
+    (dtype('float16'), [3.0, 3.0])
+    """
+    return matmul_half(a, b) if is_half(a.dtype) else onednn.matmul(a, b)
+
+
+def _matmul_cpu_supports(a, b) -> bool:
+    return matmul_half_supports(a, b) or onednn.takes_matmul(a, b)
 
 
 def matmul_half_supports(a, b) -> bool:
@@ -773,7 +788,7 @@ for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter",
 register("scatter", "numpy", halves_in_float32(scatter))
 register("gather", "numpy", gather)
 register("check_indices", "numpy", check_indices)
-register("matmul", "numpy", matmul_half, matmul_half_supports)
+register("matmul", "numpy", matmul_cpu, _matmul_cpu_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_cpu, _conv_bias_act_cpu_supports)
 register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_grads_supports)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)

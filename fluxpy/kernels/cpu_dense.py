@@ -1,6 +1,7 @@
 """NumPy kernels of the Dense layer's op (:mod:`fluxpy.ops.dense`): the product, bias and activation as one op
 forward, the weight and bias gradients as one op backward, so that a Dense layer records one tape node on the CPU
-(the GPU's kernels are cuBLASLt's, :mod:`fluxpy.kernels.cublaslt`). float32 and float64, activations ``identity``,
+(the GPU's kernels are cuBLASLt's, :mod:`fluxpy.kernels.cublaslt`); large float32 products through oneDNN where it
+is installed (:func:`fluxpy.kernels.onednn.matmul`). float32 and float64, activations ``identity``,
 ``relu`` and ``gelu``; everything else runs the op's composite.
 
 >>> x, w, b = np.array([[1.0, -2.0]]), np.array([[1.0, 1.0], [2.0, 0.0]]), np.array([0.5, -1.0])
@@ -12,6 +13,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from . import onednn
 
 __all__ = ["dense_forward", "dense_forward_supports", "dense_backward_weight", "dense_backward_weight_supports"]
 
@@ -36,7 +39,11 @@ def _gelu(z):
 def dense_forward(x: np.ndarray, weight: np.ndarray, bias, name: str, save: bool) -> tuple:
     """``(act(x @ weight.T + bias), pre-activation or None)``: the pre-activation where ``save`` (gelu's derivative
     reads it; relu's reads the output)."""
-    z = np.matmul(x, weight.T)
+    rows = x.reshape(-1, x.shape[-1])
+    if onednn.takes_matmul(rows, weight.T):
+        z = onednn.matmul(rows, weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
+    else:   # NumPy's product of x as it is: the composite's, to the bit
+        z = np.matmul(x, weight.T)
     if bias is not None:
         z += bias
     if name == "relu":
@@ -54,7 +61,8 @@ def dense_forward_supports(x, weight, bias, name, save) -> bool:
 
 def dense_backward_weight(dz: np.ndarray, x: np.ndarray, need_db: bool) -> tuple:
     """``(dz.T @ x, dz.sum(0) or None)`` for ``dz`` ``(rows, out)`` and ``x`` ``(rows, in)``."""
-    return np.matmul(dz.T, x), (dz.sum(axis=0) if need_db else None)
+    dw = onednn.matmul(dz.T, x) if onednn.takes_matmul(dz.T, x) else np.matmul(dz.T, x)
+    return dw, (dz.sum(axis=0) if need_db else None)
 
 
 def dense_backward_weight_supports(dz, x, need_db) -> bool:

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights"]
+__all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights", "takes_matmul", "matmul",
+           "MATMUL_MIN_FLOPS"]
 
 _STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
            4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
@@ -244,6 +245,73 @@ def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None) -> None
 
 def _c(a):
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _strided_md(lib, a):
+    """A plain memory descriptor of the 2-d ``a`` as it lies (its strides: a transposed view is read in place)."""
+    return lib.handle("dnnl_memory_desc_create_with_strides", 2, _Dims(*a.shape), _F32,
+                      _Dims(*(s // a.itemsize for s in a.strides)))
+
+
+class _Matmul:
+    """One product ``a @ b`` of 2-d float32 operands of given shapes and strides, ``c`` row-major: oneDNN reads the
+    plain layouts as they are, so there are no reorders."""
+
+    def __init__(self, lib, a, b, c) -> None:
+        self.lib, self.kind = lib, "matmul"
+        mds = [_strided_md(lib, m) for m in (a, b, c)]
+        pd = lib.handle("dnnl_matmul_primitive_desc_create", lib.engine, mds[0], mds[1], None, mds[2], None)
+        self.memories = [lib.handle("dnnl_memory_create", md, lib.engine, ctypes.c_void_p(None)) for md in mds]
+        self.primitive = lib.handle("dnnl_primitive_create", pd)
+        lib.call("dnnl_primitive_desc_destroy", pd)
+        for md in mds:
+            lib.call("dnnl_memory_desc_destroy", md)
+
+    def run(self, a, b, c) -> None:
+        for memory, array in zip(self.memories, (a, b, c)):
+            self.lib.call("dnnl_memory_set_data_handle", memory, ctypes.c_void_p(array.ctypes.data))
+        _execute(self.lib, self.primitive, ((_ARG["src"], self.memories[0]), (_ARG["weights"], self.memories[1]),
+                                            (_ARG["dst"], self.memories[2])))
+        self.lib.call("dnnl_stream_wait", self.lib.stream)
+
+    def destroy(self) -> None:
+        for memory in self.memories:
+            self.lib.call("dnnl_memory_destroy", memory)
+        self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+MATMUL_MIN_FLOPS = 1 << 20   # below this a product is cheaper in NumPy's BLAS than a call into oneDNN
+
+
+def takes_matmul(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether :func:`matmul` runs ``a @ b``: float32 2-d NumPy operands, each with a unit stride, large enough that
+    the call's host cost does not show (:data:`MATMUL_MIN_FLOPS`), and oneDNN is there.
+
+    >>> takes_matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+    False
+    """
+    return (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == b.ndim == 2 and a.dtype == b.dtype
+            == np.float32 and a.shape[1] == b.shape[0] and 2 * a.shape[0] * a.shape[1] * b.shape[1] >= MATMUL_MIN_FLOPS
+            and all(a_.itemsize in (abs(s) for s in a_.strides) and min(a_.strides) > 0 for a_ in (a, b))
+            and library() is not None)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` through oneDNN (the float32 products of a network whose convolutions run there: one thread pool,
+    not OpenBLAS's beside oneDNN's OpenMP threads, which spin against each other on few cores)."""
+    c = np.empty((a.shape[0], b.shape[1]), np.float32)
+    lib = library()
+    key = ("matmul", a.shape, a.strides, b.shape, b.strides)
+    with lib.lock:
+        problem = lib.problems.get(key)
+        if problem is None:
+            problem = lib.problems[key] = _Matmul(lib, a, b, c)
+            while len(lib.problems) > _PROBLEMS_KEPT:
+                lib.problems.popitem(last=False)[1].destroy()
+        else:
+            lib.problems.move_to_end(key)
+        problem.run(a, b, c)
+    return c
 
 
 def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any, b: np.ndarray | None = None) -> np.ndarray:
