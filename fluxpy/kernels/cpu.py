@@ -43,9 +43,9 @@ from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "conv_bias_act_grads", "maxpool_forward", "maxpool_argmax", "maxpool_backward",
-           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports", "matmul_cpu",
-           "conv_bias_act_half", "conv_bias_act_cpu", "scatter_empty", "first_bad_index", "along_axis_index", "scatter",
-           "gather", "check_indices"]
+           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports",
+           "matmul_cpu", "conv_bias_act_half", "conv_bias_act_cpu", "scatter_empty", "first_bad_index",
+           "along_axis_index", "scatter", "gather", "check_indices"]
 
 
 # ---------------------------------------------------------------------------------------------
