@@ -229,18 +229,24 @@ class _Problem:
         self.lib.call("dnnl_primitive_destroy", self.primitive)
 
 
+def _cached(lib, key, make):
+    """The problem ``key`` (built by ``make()`` the first time), the least recently used ones beyond
+    ``_PROBLEMS_KEPT`` destroyed. Called under ``lib.lock``."""
+    problem = lib.problems.get(key)
+    if problem is None:
+        problem = lib.problems[key] = make()
+        while len(lib.problems) > _PROBLEMS_KEPT:
+            lib.problems.popitem(last=False)[1].destroy()
+    else:
+        lib.problems.move_to_end(key)
+    return problem
+
+
 def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None) -> None:
     lib = library()
-    key = (kind, cdims, bias is not None)
     with lib.lock:
-        problem = lib.problems.get(key)
-        if problem is None:
-            problem = lib.problems[key] = _Problem(lib, kind, cdims, bias is not None)
-            while len(lib.problems) > _PROBLEMS_KEPT:
-                lib.problems.popitem(last=False)[1].destroy()
-        else:
-            lib.problems.move_to_end(key)
-        problem.run(arrays, bias)
+        _cached(lib, (kind, cdims, bias is not None), lambda: _Problem(lib, kind, cdims, bias is not None)).run(
+            arrays, bias)
 
 
 def _c(a):
@@ -301,16 +307,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     not OpenBLAS's beside oneDNN's OpenMP threads, which spin against each other on few cores)."""
     c = np.empty((a.shape[0], b.shape[1]), np.float32)
     lib = library()
-    key = ("matmul", a.shape, a.strides, b.shape, b.strides)
     with lib.lock:
-        problem = lib.problems.get(key)
-        if problem is None:
-            problem = lib.problems[key] = _Matmul(lib, a, b, c)
-            while len(lib.problems) > _PROBLEMS_KEPT:
-                lib.problems.popitem(last=False)[1].destroy()
-        else:
-            lib.problems.move_to_end(key)
-        problem.run(a, b, c)
+        _cached(lib, ("matmul", a.shape, a.strides, b.shape, b.strides), lambda: _Matmul(lib, a, b, c)).run(a, b, c)
     return c
 
 
