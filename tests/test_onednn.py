@@ -74,6 +74,15 @@ def test_only_float32_numpy_arrays_go_to_onednn():
     assert onednn.takes(np.ones(2, np.float32), np.ones(2, np.float32))
     assert not onednn.takes(np.ones(2, np.float32), np.ones(2, np.float64))
     assert not onednn.takes(np.ones(2, np.float16))
+    assert not onednn.takes(np.ones((0, 3, 4, 4), np.float32), np.ones((2, 3, 3, 3), np.float32))
+
+
+def test_an_empty_batch_gives_zero_weight_gradients():
+    x, w = np.ones((0, 3, 5, 5), np.float32), np.full((2, 3, 3, 3), 7.0, np.float32)
+    cdims = conv_dims(x, w, pad=1)
+    dy = np.ones(cdims.y_shape, np.float32)
+    dx, dw, db = cpu.conv_bias_act_grads(dy, None, x, w, "identity", cdims, True, True, True)
+    assert dx.shape == x.shape and not dw.any() and not db.any()
 
 
 def test_a_failing_call_names_the_status_and_the_function():

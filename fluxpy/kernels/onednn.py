@@ -99,12 +99,14 @@ def library() -> _Library | None:
 
 
 def takes(*arrays: np.ndarray) -> bool:
-    """Whether oneDNN runs a convolution of these NumPy arrays: the library is there and every array is float32.
+    """Whether oneDNN runs a convolution of these NumPy arrays: the library is there and every array is float32 and
+    not empty (an empty batch is NumPy's: oneDNN may leave a gradient's buffer unwritten).
 
-    >>> takes(np.ones(2, np.float64))
-    False
+    >>> takes(np.ones(2, np.float64)), takes(np.ones(0, np.float32))
+    (False, False)
     """
-    return library() is not None and all(type(a) is np.ndarray and a.dtype == np.float32 for a in arrays)
+    return (all(type(a) is np.ndarray and a.dtype == np.float32 and a.size for a in arrays)
+            and library() is not None)
 
 
 def _plain_md(lib, shape):
