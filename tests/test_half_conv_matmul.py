@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fluxpy import pullback
-from fluxpy.kernels import cpu
+from fluxpy.kernels import cpu_dense
 from fluxpy.layers import Conv, Dense, DTypeMismatch
 from fluxpy.ops import relu
 from fluxpy.ops.conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act, conv_dims
@@ -147,9 +147,9 @@ def test_matmul_in_half_returns_the_half_type_within_tolerance(dtype, m, k, n, b
 
 
 def test_cpu_half_matmul_kernel_is_registered_for_halves_only():
-    assert cpu.matmul_half_supports(np.ones((2, 2), BF16), np.ones((2, 2), BF16))
-    assert not cpu.matmul_half_supports(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
-    assert not cpu.matmul_half_supports(np.ones((2, 2), BF16), np.ones((2, 2), np.float16))
+    assert cpu_dense.matmul_half_supports(np.ones((2, 2), BF16), np.ones((2, 2), BF16))
+    assert not cpu_dense.matmul_half_supports(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+    assert not cpu_dense.matmul_half_supports(np.ones((2, 2), BF16), np.ones((2, 2), np.float16))
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)

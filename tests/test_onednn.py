@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluxpy.kernels import cpu, onednn
+from fluxpy.kernels import cpu, cpu_dense, onednn
 from fluxpy.ops.conv import conv_dims
 from test_conv import conv_problems
 
@@ -113,7 +113,7 @@ def test_large_float32_products_run_through_onednn_and_equal_numpys(m, k, n, a_t
     assert onednn.takes_matmul(a, b)
     np.testing.assert_allclose(onednn.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
     from fluxpy.kernels import find
-    assert find("matmul", a, b) is cpu.matmul_cpu   # the op's product goes there too
+    assert find("matmul", a, b) is cpu_dense.matmul_cpu   # the op's product goes there too
 
 
 def test_small_or_other_products_stay_with_numpy():

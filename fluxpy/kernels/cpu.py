@@ -43,9 +43,8 @@ from .halfs import is_half
 
 __all__ = ["halves_in_float32", "pad_input", "crop_input", "im2col", "col2im", "conv_forward", "conv_backward_data",
            "conv_backward_filter", "conv_bias_act_grads", "maxpool_forward", "maxpool_argmax", "maxpool_backward",
-           "maxpool_gather", "meanpool_forward", "meanpool_backward", "matmul_half", "matmul_half_supports",
-           "matmul_cpu", "conv_bias_act_half", "conv_bias_act_cpu", "scatter_empty", "first_bad_index",
-           "along_axis_index", "scatter", "gather", "check_indices"]
+           "maxpool_gather", "meanpool_forward", "meanpool_backward", "conv_bias_act_half", "conv_bias_act_cpu",
+           "scatter_empty", "first_bad_index", "along_axis_index", "scatter", "gather", "check_indices"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,43 +363,6 @@ def _conv_bias_act_cpu_supports(x, w, b, kind, cdims):
     if kind not in ("relu", "identity") or not isinstance(x, np.ndarray):
         return False
     return is_half(x.dtype) or onednn.takes(x, w, *(() if b is None else (b,)))
-
-
-def matmul_half(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for float16 or bfloat16 NumPy arrays of one dtype, computed in float32 and rounded once to it.
-
-    >>> import ml_dtypes
-    >>> y = matmul_half(np.ones((2, 3), ml_dtypes.bfloat16), np.ones((3, 1), ml_dtypes.bfloat16))
-    >>> y.dtype, y.ravel().tolist()
-    (dtype(bfloat16), [3.0, 3.0])
-    """
-    return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-
-
-def matmul_cpu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` on the CPU where NumPy's own product is not the one to run: the halves as :func:`matmul_half`,
-    large float32 products through oneDNN (:func:`fluxpy.kernels.onednn.matmul`).
-
-    >>> y = matmul_cpu(np.ones((2, 3), np.float16), np.ones((3, 1), np.float16))
-    >>> y.dtype, y.ravel().tolist()
-    (dtype('float16'), [3.0, 3.0])
-    """
-    return matmul_half(a, b) if is_half(a.dtype) else onednn.matmul(a, b)
-
-
-def _matmul_cpu_supports(a, b) -> bool:
-    return matmul_half_supports(a, b) or onednn.takes_matmul(a, b)
-
-
-def matmul_half_supports(a, b) -> bool:
-    """Whether :func:`matmul_half` takes ``(a, b)``: NumPy arrays of one half dtype.
-
-    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float16))
-    True
-    >>> matmul_half_supports(np.ones(2, np.float16), np.ones(2, np.float32))
-    False
-    """
-    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and is_half(a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -788,7 +750,6 @@ for _name in ("conv_forward", "conv_backward_data", "conv_backward_filter",
 register("scatter", "numpy", halves_in_float32(scatter))
 register("gather", "numpy", gather)
 register("check_indices", "numpy", check_indices)
-register("matmul", "numpy", matmul_cpu, _matmul_cpu_supports)
 register("conv_bias_act_forward", "numpy", conv_bias_act_cpu, _conv_bias_act_cpu_supports)
 register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_grads_supports)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)

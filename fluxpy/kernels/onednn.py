@@ -266,7 +266,7 @@ class _Matmul:
     plain layouts as they are, so there are no reorders."""
 
     def __init__(self, lib, a, b, c) -> None:
-        self.lib, self.kind = lib, "matmul"
+        self.lib = lib
         mds = [_strided_md(lib, m) for m in (a, b, c)]
         pd = lib.handle("dnnl_matmul_primitive_desc_create", lib.engine, mds[0], mds[1], None, mds[2], None)
         self.memories = [lib.handle("dnnl_memory_create", md, lib.engine, ctypes.c_void_p(None)) for md in mds]
