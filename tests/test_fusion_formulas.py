@@ -171,3 +171,24 @@ def test_a_negative_slope_is_differentiated_from_the_input():
     assert derivative_from_saved(A.leakyrelu)[1]
     assert not derivative_from_saved(functools.partial(A.leakyrelu, a=-0.5))[1]
     assert derivative_from_saved(A.gelu)[1] is False and derivative_from_saved(A.identity) == (None, True)
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=_name)
+def test_the_kernel_cache_key_of_every_activation_is_built_and_tells_parameters_apart(act):
+    # The activations that record one tape node refer to themselves through their closure; the GPU kernel cache
+    # keys a function by its code and captured values, so that key must stop at the self-reference.
+    from fluxpy.kernels.elementwise import _func_key
+    key = _func_key(act)
+    assert hash(key) == hash(_func_key(act)) and key == _func_key(act)
+    other = functools.partial(A.leakyrelu, a=0.3)
+    assert key != _func_key(other) or act is other
+
+
+def test_the_kernel_cache_key_tells_a_wrapper_from_the_function_it_wraps():
+    from fluxpy.kernels.elementwise import _func_key
+
+    def doubled(x):
+        return 2 * A.gelu(x)
+    doubled = functools.wraps(A.gelu)(doubled)
+    assert _func_key(doubled) != _func_key(A.gelu)
+    assert _func_key(functools.partial(A.elu, a=0.5)) != _func_key(functools.partial(A.elu, a=0.6))

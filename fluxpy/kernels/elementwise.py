@@ -62,29 +62,36 @@ class FusionFallbackWarning(UserWarning):
 # Kernels and their cache
 
 
-def _freeze(v):
+def _freeze(v, active=()):
     """A hashable stand-in for a closure value or default (raises TypeError for arrays etc.)."""
     if isinstance(v, (int, float, complex, str, bytes, bool, type(None), np.number)):
         return (type(v), v)
     if isinstance(v, tuple):
-        return tuple(_freeze(e) for e in v)
+        return tuple(_freeze(e, active) for e in v)
     if callable(v):
-        return _func_key(v)
+        return _func_key(v, active)
     raise TypeError("unhashable closure value")
 
 
-def _func_key(f):
-    """A cache key for a function: its code and captured values, so re-created lambdas hit."""
+def _func_key(f, active=()):
+    """A cache key for a function: its code and captured values, so re-created lambdas hit.
+
+    ``active`` holds the functions whose keys are being built further up: a function that refers to itself through
+    its closure (a wrapper that passes itself on, as the activations do) is keyed by its code there, not again."""
     if isinstance(f, functools.partial):
-        return ("partial", _func_key(f.func), _freeze(tuple(f.args)),
-                tuple(sorted((k, _freeze(v)) for k, v in f.keywords.items())))
+        return ("partial", _func_key(f.func, active), _freeze(tuple(f.args), active),
+                tuple(sorted((k, _freeze(v, active)) for k, v in f.keywords.items())))
     code = getattr(f, "__code__", None)
     if code is None:
         hash(f)
         return f
-    cells = tuple(_freeze(c.cell_contents) for c in (f.__closure__ or ()))
-    return ("fn", code, _freeze(f.__defaults__ or ()),
-            tuple(sorted((k, _freeze(v)) for k, v in (f.__kwdefaults__ or {}).items())), cells, id(f.__globals__))
+    if any(f is g for g in active):
+        return ("self", code)
+    active = (*active, f)
+    cells = tuple(_freeze(c.cell_contents, active) for c in (f.__closure__ or ()))
+    return ("fn", code, _freeze(f.__defaults__ or (), active),
+            tuple(sorted((k, _freeze(v, active)) for k, v in (f.__kwdefaults__ or {}).items())), cells,
+            id(f.__globals__))
 
 
 _kernels = {}
