@@ -1,7 +1,8 @@
 """Host cost per layer type, eager forward + backward: fluxpy against PyTorch, and where fluxpy's time goes.
 
 Each case is a chain of ``--depth`` copies of one layer on a tiny input (the arithmetic is negligible, so the time is
-the host's: Python, checks, the tape, dispatch, the launch), differentiated as a user's eager loop does
+the host's: Python, checks, the tape, dispatch, the launch; the "host us" column is the time to issue a round before
+its sync, which tells where the GPU rather than the host set the pace), differentiated as a user's eager loop does
 (``fluxpy.withgradient`` of the summed output, for the model and the input; PyTorch: forward, ``sum().backward()``, gradients set to None). The
 optimiser case times ``update`` (fluxpy) and ``step`` (PyTorch) of Adam per parameter array. On ``--device gpu`` the
 chain runs on CuPy / CUDA tensors without a sync until the end of a round, so a step's wall time is the host's as
@@ -13,7 +14,7 @@ kernels, the array library (NumPy or CuPy, its Python and its C functions), the 
 them). cProfile slows Python down, so the shares, not the microseconds, are what that table says.
 
 Run: ``PYTHONPATH=. python3 benchmarks/layer_overhead.py [--device cpu|gpu] [--depth 20] [--rounds 7]
-[--only conv,dense]``
+[--only conv,dense] [--functions 25]``
 """
 from __future__ import annotations
 
@@ -126,34 +127,50 @@ def _torch_optimiser(torch, depth, device):
 
 
 def _per_call_us(step, sync, calls, rounds, steps=10):
-    """Median and range over ``rounds`` of the wall time of ``steps`` steps, per call inside a step, in us."""
+    """Per call inside a step, in us, over ``rounds`` rounds of ``steps`` steps: the wall time to the end of the
+    round's sync (median, min, max) and the median time the host took to issue the round (before the sync; where it
+    is well below the wall time, the GPU, not the host, set the pace)."""
     for _ in range(3):
         step()
     sync()
-    times = []
+    times, issued = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
+        t1 = time.perf_counter()
         sync()
         times.append((time.perf_counter() - t0) / steps / calls * 1e6)
-    return statistics.median(times), min(times), max(times)
+        issued.append((t1 - t0) / steps / calls * 1e6)
+    return statistics.median(times), min(times), max(times), statistics.median(issued)
 
 
-def _places(step, steps=10):
-    """fluxpy's own time in ``steps`` steps by place (see PLACES), as shares."""
+def _profile(step, steps=10):
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
         step()
     prof.disable()
+    return pstats.Stats(prof)
+
+
+def _places(stats):
+    """fluxpy's own time in a profile by place (see PLACES), as shares."""
     shares = dict.fromkeys([p for p, _ in PLACES] + ["other"], 0.0)
-    for (file, _, function), (_, _, own, _, _) in pstats.Stats(prof).stats.items():
+    for (file, _, function), (_, _, own, _, _) in stats.stats.items():
         where = function if file == "~" else file.replace("\\", "/")   # C functions: "<built-in method ...>"
         place = next((p for p, parts in PLACES if any(part in where for part in parts)), "other")
         shares[place] += own
     total = sum(shares.values()) or 1.0
     return {p: s / total for p, s in shares.items()}
+
+
+def _top_functions(stats, n):
+    """The ``n`` functions with the most own time in a profile: (own share, calls, "file:line(function)")."""
+    rows = [(own, calls, f"{file.split('fluxpy/')[-1]}:{line}({function})")
+            for (file, line, function), (_, calls, own, _, _) in stats.stats.items()]
+    total = sum(r[0] for r in rows) or 1.0
+    return [(own / total, calls, where) for own, calls, where in sorted(rows, reverse=True)[:n]]
 
 
 def _syncs(device, torch):
@@ -163,7 +180,7 @@ def _syncs(device, torch):
     return cupy.cuda.runtime.deviceSynchronize, (torch.cuda.synchronize if torch is not None else None)
 
 
-def run(device="cpu", depth=20, rounds=7, only=None):
+def run(device="cpu", depth=20, rounds=7, only=None, functions=0):
     try:
         import torch
         torch.set_num_threads(1)
@@ -176,7 +193,9 @@ def run(device="cpu", depth=20, rounds=7, only=None):
             step, calls = _fluxpy_optimiser(depth, device)
         else:
             step, calls = _fluxpy_case(name, depth, device), depth
-        row = {"case": name, "fluxpy_us": _per_call_us(step, sync_fluxpy, calls, rounds), "places": _places(step)}
+        timed = _per_call_us(step, sync_fluxpy, calls, rounds)   # warm: compiles and plans are behind it
+        stats = _profile(step)
+        row = {"case": name, "fluxpy_us": timed, "places": _places(stats), "functions": _top_functions(stats, functions)}
         if torch is not None:
             tstep, tcalls = (_torch_optimiser(torch, depth, device) if name == "adam"
                              else (_torch_case(torch, name, depth, device), depth))
@@ -188,15 +207,20 @@ def run(device="cpu", depth=20, rounds=7, only=None):
 def table(rows, device):
     unit = "parameter array" if any(r["case"] == "adam" for r in rows) else "layer"
     lines = [f"Host us per layer (adam: per {unit}), forward + backward, eager, {device}; median (range)", "",
-             "| case | fluxpy us | PyTorch us | fluxpy / PyTorch | " + " | ".join(p for p, _ in PLACES) + " | other |",
-             "|---|---:|---:|---:|" + "---:|" * (len(PLACES) + 1)]
+             "| case | fluxpy us | fluxpy host us | PyTorch us | fluxpy / PyTorch | "
+             + " | ".join(p for p, _ in PLACES) + " | other |",
+             "|---|---:|---:|---:|---:|" + "---:|" * (len(PLACES) + 1)]
     for r in rows:
         f = r["fluxpy_us"]
         t = r.get("torch_us")
-        cells = [f"{f[0]:.1f} ({f[1]:.1f}-{f[2]:.1f})",
+        cells = [f"{f[0]:.1f} ({f[1]:.1f}-{f[2]:.1f})", f"{f[3]:.1f}",
                  f"{t[0]:.1f} ({t[1]:.1f}-{t[2]:.1f})" if t else "n/a", f"{f[0] / t[0]:.2f}" if t else "n/a"]
         cells += [f"{share:.0%}" for share in r["places"].values()]
         lines.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if r["functions"]:
+            lines += ["", f"{r['case']}: fluxpy's functions by own time (10 steps under cProfile)"]
+            lines += [f"  {share:6.1%} {calls:8d}  {where}" for share, calls, where in r["functions"]]
     return "\n".join(lines)
 
 
@@ -206,12 +230,13 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=20, help="copies of the layer in the chain")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--only", help="comma-separated cases: " + ",".join(list(CASES) + ["adam"]))
+    p.add_argument("--functions", type=int, default=0, help="list each case's N functions with the most own time")
     a = p.parse_args(argv)
     only = a.only.split(",") if a.only else None
     unknown = set(only or ()) - set(CASES) - {"adam"}
     if unknown:
         p.error(f"--only: no case {sorted(unknown)[0]!r}; expected some of {', '.join(list(CASES) + ['adam'])}")
-    rows = run(a.device, a.depth, a.rounds, only)
+    rows = run(a.device, a.depth, a.rounds, only, a.functions)
     print(table(rows, a.device))
     return rows
 

@@ -192,3 +192,17 @@ def test_the_kernel_cache_key_tells_a_wrapper_from_the_function_it_wraps():
     doubled = functools.wraps(A.gelu)(doubled)
     assert _func_key(doubled) != _func_key(A.gelu)
     assert _func_key(functools.partial(A.elu, a=0.5)) != _func_key(functools.partial(A.elu, a=0.6))
+
+
+def test_a_remembered_kernel_cache_key_follows_a_closure_cell_that_changes():
+    from fluxpy.kernels.elementwise import _func_key, _key_of
+    slope = 0.1
+
+    def act(x):
+        return A.leakyrelu(x, a=slope)
+    first = _key_of(act)
+    assert first == _func_key(act) and _key_of(act) == first
+    slope = 0.2   # the cell now holds another number: the key must change with it
+    assert _key_of(act) == _func_key(act) != first
+    assert slope == 0.2
+    assert _key_of(A.gelu) == _func_key(A.gelu)

@@ -25,6 +25,7 @@ Statistics (``mean``, ``rstd``) are float32 (float64 for float64 data); ``gamma`
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
@@ -349,7 +350,7 @@ def _driver_active_clusters(fn, cs, threads, shared):
 
 
 def _rows(x, k):
-    length = int(np.prod(x.shape[x.ndim - k:], dtype=np.int64))
+    length = math.prod(x.shape[x.ndim - k:])
     return x.size // max(length, 1), length
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,6 +95,35 @@ def _func_key(f, active=()):
             id(f.__globals__))
 
 
+_SCALARS = (int, float, complex, str, bytes, bool, type(None), np.number)
+_keys: dict = {}   # id(f) -> (f, the objects its key was built from, the key)
+
+
+def _key_of(f):
+    """:func:`_func_key` of ``f``, remembered for a plain function while its closure cells and defaults hold the
+    same objects (a kernel is looked up on every call: the walk over closures costs more than the launch). Only
+    where the cells hold numbers, strings, ``f`` itself or functions without cells of their own, so that nothing
+    the key was built from can change unseen; others are keyed afresh each time."""
+    if type(f) is not types.FunctionType:
+        return _func_key(f)
+    try:
+        contents = tuple(c.cell_contents for c in f.__closure__ or ())
+    except ValueError:   # an empty cell: _func_key raises as it should
+        return _func_key(f)
+    if not all(isinstance(v, _SCALARS) or v is f or (type(v) is types.FunctionType and v.__closure__ is None)
+               for v in contents):
+        return _func_key(f)
+    seen = (tuple(map(id, contents)), id(f.__defaults__), id(f.__kwdefaults__))
+    hit = _keys.get(id(f))
+    if hit is not None and hit[0] is f and hit[1] == seen:
+        return hit[2]
+    key = _func_key(f)
+    if len(_keys) >= 4096:   # lambdas made afresh each call would otherwise pile up
+        _keys.clear()
+    _keys[id(f)] = (f, seen, key)
+    return key
+
+
 _kernels = {}
 _failed = {}
 _warned = set()
@@ -140,7 +170,7 @@ def _kernel(f, xs, wanted, dy_dtype):
     """``(kernel, grad_index, result_dtype)`` for this signature, or None when ``f`` cannot be fused."""
     dtypes = tuple(_dtype_tag(x) for x in xs)
     try:
-        fkey = _func_key(f)
+        fkey = _key_of(f)
         key = (fkey, dtypes, tuple(wanted), None if dy_dtype is None else np.dtype(dy_dtype))
         hash(key)
     except (TypeError, ValueError):   # unhashable closure values, empty cells

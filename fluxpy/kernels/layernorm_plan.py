@@ -26,6 +26,7 @@ ForwardPlan(vw=4, tpr=512, rpb=1, items=10, blocks=2, prefetch=False, stages=0)
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from dataclasses import dataclass, replace
 
@@ -244,6 +245,7 @@ def _doubling_shape(length, dtype, forward) -> RowShape | None:
     return RowShape(vw, tpr, max(1, block // tpr), -(-vectors // tpr))
 
 
+@functools.lru_cache(maxsize=4096)   # asked on every layer-norm call; a pure function of constants
 def row_shape(length: int, dtype, direction: str = "forward") -> RowShape | None:
     """The doubling rule's shape of rows of ``length`` values of ``dtype``: ``forward`` (128 threads a block), or
     ``backward``, the two-sweep ``ln_bwd``'s (256 a block); None where the forward turns the rows down.

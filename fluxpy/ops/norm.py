@@ -205,7 +205,7 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
         raise ValueError(f"layernorm: residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
     for name, p in (("gamma", gamma), ("beta", beta), ("bias", bias)):
-        if p is not None:
+        if p is not None and tuple(p.shape) != tuple(x.shape[x.ndim - len(p.shape):]):   # else x's trailing shape
             try:
                 ok = np.broadcast_shapes(tuple(x.shape), tuple(p.shape)) == tuple(x.shape)
             except ValueError:

@@ -227,3 +227,14 @@ def test_a_captured_lstm_classifier_step_equals_the_eager_step(stacked):
     np.testing.assert_allclose(got, want, rtol=1e-5, err_msg="captured losses against eager ones")
     for a, b in zip(fluxpy.trainables(captured_model), fluxpy.trainables(eager_model)):
         np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-4, atol=1e-6)
+
+
+def test_a_small_lstm_runs_cudnns_persistent_kernels_and_a_large_one_the_standard_algorithm():
+    """PyTorch's choice on this problem (a float16 LSTM of 128 hidden units, 64 sequences of 100 steps) is cuDNN's
+    persistent small-hidden algorithm; fluxpy's plan takes it too, and the standard one past 128 units."""
+    cupy_module()
+    from fluxpy.ops.rnn import RNNDims
+    small = RNNDims("lstm", 64, 100, 32, 128, 1, False, True, np.dtype(np.float16))
+    large = RNNDims("lstm", 64, 100, 32, 256, 1, False, True, np.dtype(np.float16))
+    assert cudnn_rnn.plan(small).algo == cudnn_rnn.ALGO_PERSIST_STATIC_SMALL_H
+    assert cudnn_rnn.plan(large).algo == cudnn_rnn.ALGO_STANDARD

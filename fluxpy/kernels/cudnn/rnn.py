@@ -28,7 +28,7 @@ import numpy as np
 
 from ...backend import cupy
 from . import descriptors
-from .errors import check
+from .errors import CudnnError, check
 from .handle import get_handle, options_key
 from .legacy import math_type
 from .library import fn, has, load
@@ -37,7 +37,7 @@ __all__ = ["RNNPlan", "plan", "clear_cache", "forward", "backward_data", "backwa
            "CALLS"]
 
 # cudnn_adv.h of cuDNN 9
-ALGO_STANDARD = 0                                   # cudnnRNNAlgo_t
+ALGO_STANDARD, ALGO_PERSIST_STATIC_SMALL_H = 0, 3   # cudnnRNNAlgo_t
 FWD_INFERENCE, FWD_TRAINING = 0, 1                  # cudnnForwardMode_t
 RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3          # cudnnRNNMode_t
 NO_BIAS, SINGLE_INP_BIAS, DOUBLE_BIAS = 0, 1, 2     # cudnnRNNBiasMode_t
@@ -73,16 +73,36 @@ def available() -> bool:
     return _available[0]
 
 
+def algorithm(dims) -> int:
+    """The ``cudnnRNNAlgo_t`` a problem runs: cuDNN's persistent kernels for small hidden sizes (the recurrent
+    weights held in registers, one launch a layer and direction for the whole sequence, where the standard
+    algorithm launches a product and a gates' kernel per step), PyTorch's choice; the standard algorithm for
+    float64 and larger states. Both directions of the gradient must qualify (PyTorch's bounds for the backward:
+    hidden <= 128 for LSTM and GRU, <= 256 for the plain cells), since the forward's reserve space feeds them.
+
+    >>> from fluxpy.ops.rnn import RNNDims
+    >>> lstm = lambda hidden, dtype: RNNDims("lstm", 64, 100, 32, hidden, 1, False, True, np.dtype(dtype))
+    >>> algorithm(lstm(128, np.float16)) == ALGO_PERSIST_STATIC_SMALL_H, algorithm(lstm(256, np.float32))
+    (True, 0)
+    """
+    small = 256 if dims.mode.startswith("rnn") else 128
+    if np.dtype(dims.dtype) == np.float64 or dims.hidden > small:
+        return ALGO_STANDARD
+    return ALGO_PERSIST_STATIC_SMALL_H
+
+
 class RNNPlan:
     """One problem's descriptors and sizes (see the module); ``dims`` the problem (a
-    :class:`fluxpy.ops.rnn.RNNDims`). Descriptors live as long as the plan (plans are kept for the process)."""
+    :class:`fluxpy.ops.rnn.RNNDims`), ``algo`` its ``cudnnRNNAlgo_t``. Descriptors live as long as the plan (plans
+    are kept for the process)."""
 
-    def __init__(self, dims):
+    def __init__(self, dims, algo=ALGO_STANDARD):
         self.dims = d = dims
+        self.algo = algo
         self.dtype = np.dtype(d.dtype)
         self.what = (f"{d.mode} in {d.input_size} hidden {d.hidden} layers {d.num_layers} "
                      f"{'bidirectional' if d.bidirectional else 'unidirectional'}{'' if d.bias else ' no bias'}, "
-                     f"x ({d.batch}, {d.steps}, {d.input_size}) {self.dtype}")
+                     f"x ({d.batch}, {d.steps}, {d.input_size}) {self.dtype}, algorithm {algo}")
         dt = descriptors.data_type(self.dtype)
         prec = descriptors.compute_type(self.dtype)
         handle = get_handle()
@@ -92,7 +112,7 @@ class RNNPlan:
               self.what)
         self.rnn = _new("RNN")
         check(fn.cudnnSetRNNDescriptor_v8(
-            self.rnn, ALGO_STANDARD, MODES[d.mode], DOUBLE_BIAS if d.bias else NO_BIAS,
+            self.rnn, algo, MODES[d.mode], DOUBLE_BIAS if d.bias else NO_BIAS,
             BIDIRECTIONAL if d.bidirectional else UNIDIRECTIONAL, LINEAR_INPUT, dt, prec, math_type(self.dtype),
             d.input_size, d.hidden, d.hidden, d.num_layers, self.dropout, PADDED_IO_ENABLED),
             "cudnnSetRNNDescriptor_v8", self.what)
@@ -194,7 +214,8 @@ _lock = threading.Lock()
 
 
 def plan(dims) -> RNNPlan:
-    """The cached :class:`RNNPlan` of ``dims`` on the current device (built on first use; the math type follows
+    """The cached :class:`RNNPlan` of ``dims`` on the current device (built on first use with :func:`algorithm`'s
+    choice, the standard algorithm where cuDNN turns a persistent one down; the math type follows
     ``options.allow_tf32``, so it is part of the key).
 
     Raises :class:`~fluxpy.kernels.cudnn.errors.CudnnError` where cuDNN turns the problem down."""
@@ -204,8 +225,19 @@ def plan(dims) -> RNNPlan:
         with _lock:
             found = _plans.get(key)
             if found is None:
-                found = _plans[key] = RNNPlan(dims)
+                found = _plans[key] = _build(dims)
     return found
+
+
+def _build(dims) -> RNNPlan:
+    algo = algorithm(dims)
+    if algo != ALGO_STANDARD:
+        try:
+            return RNNPlan(dims, algo)
+        except CudnnError as err:
+            if err.status // 1000 != 3:   # NOT_SUPPORTED's family: this problem is beyond the persistent kernels
+                raise
+    return RNNPlan(dims)
 
 
 def clear_cache() -> None:
