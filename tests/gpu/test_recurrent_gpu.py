@@ -28,8 +28,9 @@ DTYPES = [np.float64, np.float32, np.float16, BF16]
 # 4.7e-3 (bfloat16), gradients included.
 TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 3e-6, np.dtype(np.float16): 2e-3, BF16: 1.6e-2}
 # Layers (errors carried over the steps): the CPU layers in these dtypes measured at most 6e-7, 1.8e-3 and 1.4e-2
-# on the sizes below.
-LAYER_TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 1e-2, BF16: 6e-2}
+# on the sizes below; cuDNN's persistent small-hidden kernels (PyTorch's choice for float32 too) 1.4e-5 in float32
+# (a weight gradient of the tanh RNN).
+LAYER_TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 3e-5, np.dtype(np.float16): 1e-2, BF16: 6e-2}
 
 
 def _dev(a):
