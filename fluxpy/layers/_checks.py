@@ -82,8 +82,8 @@ def _is_foreign(x):
 
 
 def _require_native(who, x, name="x"):
-    """Raise a ``TypeError`` naming ``who`` for another library's array (:func:`_is_foreign`), saying how to
-    convert it, before anything reads its dtype.
+    """Raise a ``TypeError`` naming ``who`` (a name, or a layer: its ``repr``, made only for the error) for another
+    library's array (:func:`_is_foreign`), saying how to convert it, before anything reads its dtype.
 
     >>> class Tensor:   # another library's array
     ...     shape, dtype = (2, 3), "other.float32"
@@ -94,20 +94,21 @@ def _require_native(who, x, name="x"):
     Dense(3 => 2) expects x as a NumPy or CuPy array, got a fluxpy.layers._checks.Tensor (2, 3) other.float32: ...
     """
     if _is_foreign(x):
+        who = who if isinstance(who, str) else repr(who)
         raise TypeError(f"{who} expects {name} as a NumPy or CuPy array, got {_describe_input(x)}: convert it with "
                         f"numpy.asarray({name}) (then fluxpy.gpu(...) for the GPU), or share GPU memory through "
                         f"DLPack with cupy.from_dlpack({name})")
 
 
 def _fail(layer, expectation, x, name="x"):
-    _require_native(repr(layer), x, name)
+    _require_native(layer, x, name)
     raise DimensionMismatch(f"{layer!r} expects {expectation}, got {_describe_input(x)}")
 
 
 def _require_dtype(layer, x, dtype, name="x"):
     """Raise :class:`DTypeMismatch` unless ``x`` has the parameters' ``dtype`` (``x`` already shape-checked);
     ``name``: what the message calls ``x``."""
-    _require_native(repr(layer), x, name)
+    _require_native(layer, x, name)
     if x.dtype != dtype:
         _fail_dtype(layer, f"{name} of dtype {np.dtype(dtype).name} (its parameters' dtype)", x, np.dtype(dtype),
                     name)
@@ -116,20 +117,20 @@ def _require_dtype(layer, x, dtype, name="x"):
 def _require_norm_dtype(layer, x, dtype):
     """As :func:`_require_dtype`, but a normalisation layer with float32 parameters also takes float16 and bfloat16
     ``x`` (statistics in float32, the output in ``x``'s dtype: mixed precision, cuDNN's rule)."""
-    _require_native(repr(layer), x)
+    _require_native(layer, x)
     if not (dtype == np.float32 and is_half(x.dtype)):
         _require_dtype(layer, x, dtype)
 
 
 def _require_float(layer, x):
     """Raise :class:`DTypeMismatch` unless ``x`` is floating-point (for layers without parameters)."""
-    _require_native(repr(layer), x)
+    _require_native(layer, x)
     if not is_float_dtype(x.dtype):
         _fail_dtype(layer, "a floating-point x", x, np.dtype(np.float32))
 
 
 def _fail_dtype(layer, expectation, x, want, name="x"):
-    _require_native(repr(layer), x, name)
+    _require_native(layer, x, name)
     got = np.dtype(x.dtype)
     hint = f"convert the input with x.astype(np.{want.name})" if name == "x" else \
         f"convert {name} with {name.split()[-1]}.astype(np.{want.name})"
@@ -144,7 +145,7 @@ def _check_attention(layer, inputs):
     projection's dtype, one ``N``, ``k`` and ``v`` of one ``L``, a key for every query; errors name ``layer``."""
     shapes = {}
     for name, x, proj in inputs:
-        _require_native(repr(layer), x, name)
+        _require_native(layer, x, name)
         shapes[name] = shape = tuple(getattr(x, "shape", ()))
         if len(shape) != 3 or shape[2] != proj.in_features:
             _fail(layer, f"{name} of shape (N, L, {proj.in_features})", x, name)

@@ -114,7 +114,7 @@ def _unbatched(cell, step):
     """``cell.__call__`` that also takes one unbatched ``x`` ``(in,)`` (Flux's vector input): run as a batch of one,
     the outputs and state given back without the batch axis."""
     def call(self, x, state=None):
-        _require_native(repr(self), x)
+        _require_native(self, x)
         if not (hasattr(x, "shape") and len(x.shape) == 1):
             return step(self, x, state)
         h, new = step(self, reshape(x, (1, x.shape[0])), state)
