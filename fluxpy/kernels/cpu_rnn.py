@@ -10,6 +10,10 @@ gradient per step, this adds none. The cells are the composite's exactly (LSTM, 
 one bias, on the input projection), in float32 and float64; the output is the one buffer of
 :attr:`fluxpy.ops.rnn.RNNDims.segments`.
 
+A float32 LSTM where oneDNN is installed runs oneDNN's LSTM primitive instead, as PyTorch's CPU LSTM does: one call a
+layer forward with both directions in it and one backward (:func:`fluxpy.kernels.onednn.lstm_forward`), the steps,
+gates and products inside the library; what the backward reads is the forward's arrays and oneDNN's workspace.
+
 >>> sorted(KERNELS)
 ['rnn_backward', 'rnn_forward']
 """

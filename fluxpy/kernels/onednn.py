@@ -10,6 +10,9 @@ Each problem (the kernel's kind and :class:`~fluxpy.ops.dims.ConvDims`) is built
 layouts it runs fastest (channel-blocked), and each plain NCHW array NumPy holds is reordered into them and back,
 as PyTorch does for its NCHW tensors. Errors raise naming oneDNN's status and the call.
 
+The same binding runs large float32 products (:func:`matmul`) and a float32 LSTM layer, forward and backward, as one
+call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`).
+
 >>> import numpy as np
 >>> from fluxpy.ops.dims import ConvDims
 >>> x, w = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32)
