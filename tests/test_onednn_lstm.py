@@ -1,8 +1,8 @@
 """fluxpy.kernels.onednn's LSTM (what fluxpy.kernels.cpu_rnn runs for a float32 LSTM where oneDNN is installed):
 the outputs, final states and every gradient equal the NumPy kernel's in float64 over sizes, layers, directions,
-bias and initial states drawn by hypothesis; only float32 LSTMs go there; inference equals training's forward; a
-workspace still held is never reused; an evicted problem rebuilds; a failing call names oneDNN's status. Skipped where
-oneDNN is not installed (``pip install fluxpy[cpu]``)."""
+bias and initial states drawn by hypothesis, and through the op and the tape; only float32 LSTMs go there; inference
+equals training's forward; a workspace still held is never reused; an evicted problem rebuilds; a failing call names
+oneDNN's status. Skipped where oneDNN is not installed (``pip install fluxpy[cpu]``)."""
 import dataclasses
 
 import numpy as np
@@ -135,3 +135,34 @@ def test_a_failing_call_names_the_status_and_the_function():
     with pytest.raises(RuntimeError, match=r"oneDNN: dnnl_lstm_forward_primitive_desc_create failed with "
                                            r"dnnl_invalid_arguments"):
         onednn._LSTMProblem(onednn.library(), 2, 3, 4, 5, 3, True)   # three directions: there is no such LSTM
+
+
+@pytest.mark.parametrize("bidirectional, states", [(False, False), (True, True)])
+def test_the_ops_gradients_in_float32_equal_float64s(bidirectional, states, monkeypatch):
+    """Through the public op and the tape: the float32 gradients (oneDNN's) of a loss of all three outputs equal the
+    float64 ones (the NumPy kernel's)."""
+    import fluxpy
+    from fluxpy.ops.rnn import rnn
+    dims = RNNDims("lstm", 3, 8, 5, 7, 2, bidirectional, True, np.dtype(np.float32))
+    rng = np.random.default_rng(6)
+    x, h0, c0, flat, _ = _problem(rng, dims, states)
+    seeds = [rng.standard_normal(dims.y_shape), rng.standard_normal(dims.state_shape),
+             rng.standard_normal(dims.state_shape)]
+
+    def gradients(dtype):
+        def loss(x, *flat):
+            triples = [tuple(flat[k:k + 3]) for k in range(0, len(flat), 3)]
+            y, h, c = rnn(x, triples, cast(h0), cast(c0), mode="lstm", num_layers=2, bidirectional=bidirectional)
+            return (y * cast(seeds[0])).sum() + (h * cast(seeds[1])).sum() + (c * cast(seeds[2])).sum()
+
+        def cast(a):
+            return None if a is None else a.astype(dtype)
+        return fluxpy.gradient(loss, cast(x), *(cast(w) for w in flat))
+    calls = _counted(monkeypatch)
+    narrow = gradients(np.float32)
+    assert calls == ["forward", "forward", "backward", "backward"]
+    wide = gradients(np.float64)
+    assert calls == ["forward", "forward", "backward", "backward"]
+    for got, ref in zip(narrow, wide):
+        assert got.dtype == np.float32
+        _assert_close(got, ref)
