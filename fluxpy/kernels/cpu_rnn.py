@@ -10,13 +10,20 @@ gradient per step, this adds none. The cells are the composite's exactly (LSTM, 
 one bias, on the input projection), in float32 and float64; the output is the one buffer of
 :attr:`fluxpy.ops.rnn.RNNDims.segments`.
 
+A float32 LSTM where oneDNN is installed runs oneDNN's LSTM primitive instead, as PyTorch's CPU LSTM does: one call a
+layer forward with both directions in it and one backward (:func:`fluxpy.kernels.onednn.lstm_forward`), the steps,
+gates and products inside the library; what the backward reads is the forward's arrays and oneDNN's workspace.
+
 >>> sorted(KERNELS)
 ['rnn_backward', 'rnn_forward']
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from . import onednn
 from .cpu_recurrent import gru_gates_backward, gru_gates_forward, lstm_gates_backward, lstm_gates_forward
 
 __all__ = ["rnn_forward", "rnn_backward", "supports", "KERNELS"]
@@ -81,6 +88,8 @@ def rnn_forward(dims, lengths, x, h0, c0, flat, training):
     out = np.zeros(segments[-1][1] if segments[-1] else segments[1][1], dtype=dims.dtype)
     hn = out[slice(*segments[1])].reshape(dims.state_shape)
     cn = out[slice(*segments[2])].reshape(dims.state_shape) if segments[2] else None
+    if dims.mode == "lstm" and onednn.takes_lstm(x, *flat):
+        return out, _onednn_forward(dims, x, h0, c0, flat, training, out, hn, cn)
     zero = np.zeros((dims.batch, dims.hidden), dims.dtype)
     triples, saved, inputs, k = _triples(dims, flat), [], x, 0
     for _ in range(dims.num_layers):
@@ -146,6 +155,16 @@ def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
     """The gradients of ``(x, h0, c0, *flat)`` (None where ``needs`` says none or the input is None) from the
     output buffer's cotangent ``dout``."""
     dout = np.asarray(dout)
+    backward = _onednn_backward if type(saved[0]) is _OneDNNLayer else _numpy_backward
+    dx, dh0, dc0, weights = backward(dims, saved, h0, c0, flat, dout)
+    states = [dx if needs[0] else None, dh0 if needs[1] and h0 is not None else None,
+              dc0 if needs[2] and c0 is not None else None]
+    return tuple(states) + tuple(g if need else None for g, need in zip(weights, needs[3:]))
+
+
+def _numpy_backward(dims, saved, h0, c0, flat, dout):
+    """``(dx, dh0, dc0, [the weights' gradients])`` of :func:`rnn_forward`'s NumPy path, a layer and direction at a
+    time."""
     segments = dims.segments
     dy = dout[slice(*segments[0])].reshape(dims.y_shape)
     dhn = dout[slice(*segments[1])].reshape(dims.state_shape)
@@ -172,10 +191,66 @@ def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
                 dc0[k] = grads[2]
             dflat[k] = grads[3:5] + ((grads[5],) if bias is not None else ())
         dy = dx
-    weights = [g for triple in dflat for g in triple]
-    states = [dy if needs[0] else None, dh0 if needs[1] and h0 is not None else None,
-              dc0 if needs[2] and c0 is not None else None]
-    return tuple(states) + tuple(g if need else None for g, need in zip(weights, needs[3:]))
+    return dy, dh0, dc0, [g for triple in dflat for g in triple]
+
+
+class _OneDNNLayer(NamedTuple):
+    """What oneDNN's backward of one LSTM layer reads: the forward's arguments (the weights stacked over the
+    directions), its outputs and its workspace."""
+    x: np.ndarray
+    h0: np.ndarray
+    c0: np.ndarray
+    w_ih: np.ndarray
+    w_hh: np.ndarray
+    bias: np.ndarray
+    y: np.ndarray
+    hn: np.ndarray
+    cn: np.ndarray
+    workspace: np.ndarray | None
+
+
+def _stacked(dims, arrays):
+    """A layer's weights of one kind, its directions' stacked (zeros for absent biases): oneDNN's one array."""
+    if arrays[0] is None:
+        return np.zeros((len(arrays), dims.gates * dims.hidden), dims.dtype)
+    return np.stack(arrays)
+
+
+def _onednn_forward(dims, x, h0, c0, flat, training, out, hn, cn):
+    """An LSTM's layers through oneDNN (:func:`fluxpy.kernels.onednn.lstm_forward`), one call a layer with both
+    directions in it, written into ``out`` (``hn``, ``cn`` its views); what the backward reads, one
+    :class:`_OneDNNLayer` a layer, or None without ``training``."""
+    d = dims.directions
+    zeros = np.zeros(dims.state_shape, dims.dtype)
+    h0 = zeros if h0 is None else np.ascontiguousarray(h0)
+    c0 = zeros if c0 is None else np.ascontiguousarray(c0)
+    triples = _triples(dims, flat)
+    inputs, saved = np.ascontiguousarray(x), []
+    for layer in range(dims.num_layers):
+        ks = slice(layer * d, (layer + 1) * d)
+        w_ih, w_hh, bias = (_stacked(dims, kind) for kind in zip(*triples[ks]))
+        y = out[slice(*dims.segments[0])].reshape(dims.y_shape) if layer == dims.num_layers - 1 else \
+            np.empty(dims.y_shape, dims.dtype)
+        workspace = onednn.lstm_forward(inputs, h0[ks], c0[ks], w_ih, w_hh, bias, y, hn[ks], cn[ks], training)
+        saved.append(_OneDNNLayer(inputs, h0[ks], c0[ks], w_ih, w_hh, bias, y, hn[ks], cn[ks], workspace))
+        inputs = y
+    return saved if training else None
+
+
+def _onednn_backward(dims, saved, h0, c0, flat, dout):
+    """:func:`_numpy_backward`'s result for :func:`_onednn_forward`: one oneDNN call a layer, the last first."""
+    segments, d = dims.segments, dims.directions
+
+    def part(k, shape):
+        return np.ascontiguousarray(dout[slice(*segments[k])].reshape(shape), dtype=dims.dtype)
+    dy, dhn, dcn = part(0, dims.y_shape), part(1, dims.state_shape), part(2, dims.state_shape)
+    dh0, dc0 = np.empty(dims.state_shape, dims.dtype), np.empty(dims.state_shape, dims.dtype)
+    dflat = [None] * dims.num_layers
+    for layer in reversed(range(dims.num_layers)):
+        ks = slice(layer * d, (layer + 1) * d)
+        dy, dh0[ks], dc0[ks], dw_ih, dw_hh, db = onednn.lstm_backward(*saved[layer], dy, dhn[ks], dcn[ks])
+        dflat[layer] = [g for k in range(d) for g in (dw_ih[k], dw_hh[k]) + ((db[k],) if dims.bias else ())]
+    return dy, dh0, dc0, [g for layer in dflat for g in layer]
 
 
 KERNELS = {"rnn_forward": (rnn_forward, supports), "rnn_backward": rnn_backward}

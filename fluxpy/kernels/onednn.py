@@ -10,6 +10,9 @@ Each problem (the kernel's kind and :class:`~fluxpy.ops.dims.ConvDims`) is built
 layouts it runs fastest (channel-blocked), and each plain NCHW array NumPy holds is reordered into them and back,
 as PyTorch does for its NCHW tensors. Errors raise naming oneDNN's status and the call.
 
+The same binding runs large float32 products (:func:`matmul`) and a float32 LSTM layer, forward and backward, as one
+call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`).
+
 >>> import numpy as np
 >>> from fluxpy.ops.dims import ConvDims
 >>> x, w = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32)
@@ -25,13 +28,14 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 __all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights", "takes_matmul", "matmul",
-           "MATMUL_MIN_FLOPS"]
+           "MATMUL_MIN_FLOPS", "takes_lstm", "lstm_forward", "lstm_backward"]
 
 _STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
            4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
@@ -56,6 +60,7 @@ class _Library:
         self.dll = ctypes.CDLL(path)
         self.dll.dnnl_primitive_desc_query_md.restype = ctypes.c_void_p
         self.dll.dnnl_memory_desc_equal.restype = ctypes.c_int
+        self.dll.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
         self.path = path
         self.engine, self.stream = ctypes.c_void_p(), ctypes.c_void_p()
         self.call("dnnl_engine_create", ctypes.byref(self.engine), _CPU, ctypes.c_size_t(0))
@@ -336,3 +341,190 @@ def conv_backward_weights(x: np.ndarray, dy: np.ndarray, cdims: Any, need_bias: 
     db = np.empty(cdims.y_shape[1], np.float32) if need_bias else None
     _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db)
     return dw, db
+
+
+# oneDNN's LSTM: a whole layer (one or both directions) forward in one call and backward in one, as PyTorch's CPU
+# LSTM runs. Its arguments beside the convolutions': the states (``iter``), the sequences (``layer``), the workspace.
+_LSTM_ARG = {"src_layer": 1, "src_iter": 2, "src_iter_c": 3, "dst_layer": 17, "dst_iter": 18, "dst_iter_c": 19,
+             "weights_layer": 33, "weights_iter": 34, "bias": 41, "workspace": 64}
+_LSTM_ARG.update({"diff_" + role: arg + 128 for role, arg in _LSTM_ARG.items() if role != "workspace"})
+_FORWARD_INFERENCE, _BACKWARD, _EXEC_ARG_MD = 96, 128, 255
+_LEFT_TO_RIGHT, _BIDIRECTIONAL_CONCAT = 1, 3
+_DIFF_WEIGHTS_OVERWRITE = 1   # the backward writes the weight gradients (by default it adds to them)
+_LSTM_FORWARD_IN = ("src_layer", "src_iter", "src_iter_c", "weights_layer", "weights_iter", "bias")
+_LSTM_FORWARD_OUT = ("dst_layer", "dst_iter", "dst_iter_c")
+_LSTM_BACKWARD_IN = _LSTM_FORWARD_IN + _LSTM_FORWARD_OUT + ("diff_dst_layer", "diff_dst_iter", "diff_dst_iter_c")
+_LSTM_BACKWARD_OUT = ("diff_src_layer", "diff_src_iter", "diff_src_iter_c", "diff_weights_layer", "diff_weights_iter",
+                      "diff_bias")
+
+
+def _md(lib, shape, strides):
+    return lib.handle("dnnl_memory_desc_create_with_strides", len(shape), _Dims(*shape), _F32, _Dims(*strides))
+
+
+def _lstm_plain_mds(lib, n, steps, n_in, hidden, directions):
+    """The plain descriptors of a layer's NumPy arrays, by role: sequences ``(N, T, C)`` (oneDNN's dims ``(T, N,
+    C)``, batch-first strides), states ``(D, N, H)``, weights as PyTorch holds them stacked over the directions,
+    ``(D, 4H, C)`` (oneDNN's ldgoi), bias ``(D, 4H)``."""
+    d, h = directions, hidden
+
+    def sequence(c):
+        return _md(lib, (steps, n, c), (c, steps * c, 1))
+
+    def weights(c):
+        return _md(lib, (1, d, c, 4, h), (d * 4 * h * c, 4 * h * c, 1, h * c, c))
+    mds = {"src_layer": sequence(n_in), "dst_layer": sequence(d * h), "weights_layer": weights(n_in),
+           "weights_iter": weights(h), "bias": _md(lib, (1, d, 4, h), (d * 4 * h, 4 * h, h, 1))}
+    for role in ("src_iter", "src_iter_c", "dst_iter", "dst_iter_c"):
+        mds[role] = _md(lib, (1, d, n, h), (d * n * h, n * h, h, 1))
+    return mds
+
+
+class _LSTMStep:
+    """One primitive of an LSTM layer (its forward or its backward) with an operand per role (inputs reordered into
+    the layouts it chose, outputs out of them) and, where it has one, the workspace."""
+
+    def __init__(self, lib, pd, plain: dict, inputs: tuple, outputs: tuple, workspace_md) -> None:
+        self.lib = lib
+        query = lib.dll.dnnl_primitive_desc_query_md
+        self.operands = {role: _Operand(lib, plain[role.removeprefix("diff_")],
+                                        query(pd, _EXEC_ARG_MD, _LSTM_ARG[role]), role in inputs)
+                         for role in inputs + outputs}
+        if workspace_md is not None:
+            self.operands["workspace"] = _Operand(lib, ctypes.c_void_p(workspace_md), workspace_md, True)
+        self.primitive = lib.handle("dnnl_primitive_create", pd)
+
+    def run(self, arrays: dict) -> None:
+        for role, array in arrays.items():
+            self.operands[role].bind(array)
+        for operand in self.operands.values():
+            if operand.into:
+                operand.run_reorder()
+        _execute(self.lib, self.primitive, [(_LSTM_ARG[role], op.memory) for role, op in self.operands.items()])
+        for operand in self.operands.values():
+            if not operand.into:
+                operand.run_reorder()
+        self.lib.call("dnnl_stream_wait", self.lib.stream)
+
+    def destroy(self) -> None:
+        for operand in self.operands.values():
+            operand.destroy()
+        self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+class _LSTMProblem:
+    """One LSTM layer's problem (batch, steps, input and hidden sizes, directions): the forward primitive (for
+    training or inference) and, for training, the backward one, whose descriptor the forward's hints. The weights
+    reach the forward reordered into the layout it picked (``format_any``); the backward reads PyTorch's as they are
+    (or reorders them too, where it picks another layout) and its weight gradients are reordered out."""
+
+    def __init__(self, lib, n, steps, n_in, hidden, directions, training) -> None:
+        self.lib = lib
+        plain = _lstm_plain_mds(lib, n, steps, n_in, hidden, directions)
+        chosen = dict(plain, weights_layer=_any_md(lib, (1, directions, n_in, 4, hidden)),
+                      weights_iter=_any_md(lib, (1, directions, hidden, 4, hidden)))
+        direction = _BIDIRECTIONAL_CONCAT if directions == 2 else _LEFT_TO_RIGHT
+        forward_mds = [chosen[r] for r in ("src_layer", "src_iter", "src_iter_c", "weights_layer", "weights_iter")] + \
+            [None, None] + [chosen[r] for r in ("bias", "dst_layer", "dst_iter", "dst_iter_c")]   # no peepholes
+        forward_pd = lib.handle("dnnl_lstm_forward_primitive_desc_create", lib.engine,
+                                _FORWARD_TRAINING if training else _FORWARD_INFERENCE, direction, *forward_mds,
+                                ctypes.c_uint(0), None)
+        pds = [forward_pd]
+        workspace_md = lib.dll.dnnl_primitive_desc_query_md(forward_pd, _EXEC_ARG_MD, _LSTM_ARG["workspace"]) \
+            if training else None
+        self.forward = _LSTMStep(lib, forward_pd, plain, _LSTM_FORWARD_IN, _LSTM_FORWARD_OUT, workspace_md)
+        self.backward, self.workspace_bytes, self.spare = None, 0, []
+        if training:
+            self.workspace_bytes = lib.dll.dnnl_memory_desc_get_size(ctypes.c_void_p(workspace_md))
+            pds.append(lib.handle("dnnl_lstm_backward_primitive_desc_create", lib.engine, _BACKWARD, direction,
+                                  *forward_mds, *forward_mds, ctypes.c_uint(_DIFF_WEIGHTS_OVERWRITE), forward_pd, None))
+            self.backward = _LSTMStep(lib, pds[1], plain, _LSTM_BACKWARD_IN, _LSTM_BACKWARD_OUT, workspace_md)
+        for pd in reversed(pds):
+            lib.call("dnnl_primitive_desc_destroy", pd)
+        for md in {md.value: md for md in (*plain.values(), *chosen.values())}.values():
+            lib.call("dnnl_memory_desc_destroy", md)
+
+    def workspace(self) -> np.ndarray:
+        """A workspace for one forward, kept by the caller until its backward: a 64-byte aligned buffer, reused once
+        the array handed out is dropped (it is large, and a fresh one costs page faults on every step)."""
+        buffer = self.spare.pop() if self.spare else _aligned_bytes(self.workspace_bytes)
+        lease = buffer[:]
+        weakref.finalize(lease, self.spare.append, buffer)
+        return lease
+
+    def destroy(self) -> None:
+        for step in (self.forward, self.backward):
+            if step is not None:
+                step.destroy()
+
+
+def _aligned_bytes(size: int) -> np.ndarray:
+    raw = np.empty(size + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + size]
+
+
+def takes_lstm(*arrays: np.ndarray) -> bool:
+    """Whether :func:`lstm_forward` and :func:`lstm_backward` run a layer of these arrays: all float32 NumPy arrays,
+    none empty, and oneDNN is there (the same test as :func:`takes`).
+
+    >>> takes_lstm(np.ones((1, 4), np.float64))
+    False
+    """
+    return takes(*arrays)
+
+
+def _lstm_problem(lib, x, w_hh, training):
+    (n, steps, n_in), (directions, hidden) = x.shape, w_hh.shape[0::2]
+    return _cached(lib, ("lstm", n, steps, n_in, hidden, directions, training),
+                   lambda: _LSTMProblem(lib, n, steps, n_in, hidden, directions, training))
+
+
+def lstm_forward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray,
+                 bias: np.ndarray, y: np.ndarray, hn: np.ndarray, cn: np.ndarray,
+                 training: bool) -> np.ndarray | None:
+    """One LSTM layer (PyTorch's cell, gates ``i, f, g, o``) over ``x`` ``(N, T, C)`` from the states ``h0``,
+    ``c0`` ``(D, N, H)``, written into ``y`` ``(N, T, D H)`` (the directions concatenated) and ``hn``, ``cn``
+    ``(D, N, H)``; ``D`` = 2 runs the second direction from the last step to the first. The weights are PyTorch's
+    stacked over the directions: ``w_ih`` ``(D, 4H, C)``, ``w_hh`` ``(D, 4H, H)``, ``bias`` ``(D, 4H)`` (one bias:
+    PyTorch's two summed). Every array float32 and C-contiguous. Returns the workspace that :func:`lstm_backward`
+    reads (None unless ``training``).
+
+    >>> d, n, t, c, h = 1, 2, 3, 4, 5
+    >>> w_ih, w_hh = np.zeros((d, 4 * h, c), np.float32), np.zeros((d, 4 * h, h), np.float32)
+    >>> b, zeros = np.zeros((d, 4 * h), np.float32), np.zeros((d, n, h), np.float32)
+    >>> y, hn, cn = np.empty((n, t, h), np.float32), np.empty_like(zeros), np.empty_like(zeros)
+    >>> if library():
+    ...     _ = lstm_forward(np.ones((n, t, c), np.float32), zeros, zeros + 1, w_ih, w_hh, b, y, hn, cn, False)
+    ... else:   # every gate 0.5 and g = 0: each step halves c; h = 0.5 tanh(c)
+    ...     cn[...] = 0.125; hn[...] = 0.5 * np.tanh(cn)
+    >>> round(float(cn[0, 0, 0]), 4), round(float(hn[0, 0, 0]), 4)
+    (0.125, 0.0622)
+    """
+    lib = library()
+    with lib.lock:
+        problem = _lstm_problem(lib, x, w_hh, training)
+        workspace = problem.workspace() if training else None
+        arrays = {"src_layer": x, "src_iter": h0, "src_iter_c": c0, "weights_layer": w_ih, "weights_iter": w_hh,
+                  "bias": bias, "dst_layer": y, "dst_iter": hn, "dst_iter_c": cn}
+        problem.forward.run(arrays if workspace is None else dict(arrays, workspace=workspace))
+    return workspace
+
+
+def lstm_backward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray,
+                  bias: np.ndarray, y: np.ndarray, hn: np.ndarray, cn: np.ndarray, workspace: np.ndarray,
+                  dy: np.ndarray, dhn: np.ndarray, dcn: np.ndarray) -> tuple:
+    """The gradients ``(dx, dh0, dc0, dw_ih, dw_hh, dbias)`` of :func:`lstm_forward` (trained) from the cotangents
+    ``dy``, ``dhn``, ``dcn`` of its outputs; the arguments before them are the forward's, its outputs and its
+    workspace, unchanged."""
+    grads = (np.empty_like(x), np.empty_like(h0), np.empty_like(c0), np.empty_like(w_ih), np.empty_like(w_hh),
+             np.empty_like(bias))
+    lib = library()
+    with lib.lock:
+        problem = _lstm_problem(lib, x, w_hh, True)
+        arrays = {"src_layer": x, "src_iter": h0, "src_iter_c": c0, "weights_layer": w_ih, "weights_iter": w_hh,
+                  "bias": bias, "dst_layer": y, "dst_iter": hn, "dst_iter_c": cn, "workspace": workspace,
+                  "diff_dst_layer": dy, "diff_dst_iter": dhn, "diff_dst_iter_c": dcn}
+        arrays.update(zip(_LSTM_BACKWARD_OUT, grads))
+        problem.backward.run(arrays)
+    return grads
