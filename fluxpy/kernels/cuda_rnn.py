@@ -14,14 +14,22 @@ pool, so a step that runs these is capturable.
 bfloat16 where the library has the calls; a problem whose plan cuDNN turns down with a NOT_SUPPORTED status
 (bfloat16 on a library without it, say: also a BAD_PARAM there) is remembered and runs the composite.
 
+A bfloat16 problem small enough for cuDNN's persistent kernels in float32 (:func:`computed_as`) is computed in
+float32: its inputs and weights converted on the way in, the outputs and gradients back to bfloat16 on the way out
+(cuDNN's bfloat16 RNN kernels ran such a network's step slower than its float32 ones; a half-precision layer must not
+be slower than a float32 one). Larger bfloat16 problems run in bfloat16 on the tensor cores.
+
 >>> sorted(KERNELS)
 ['rnn_backward', 'rnn_forward']
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..backend import cupy
+from .cuda_arrays import contiguous
 from .cudnn import rnn as cudnn_rnn
 from .cudnn.errors import CudnnError
 from .halfs import BFLOAT16
@@ -33,6 +41,21 @@ _declined: set = set()   # problems whose plan cuDNN turned down as not supporte
 _PER_LAYER = {True: 3, False: 2}   # fluxpy's arrays per layer and direction: W_ih, W_hh (and its one bias)
 
 
+def computed_as(dims):
+    """The problem cuDNN runs for ``dims``: a bfloat16 one in float32 where the float32 problem takes the persistent
+    kernels (:func:`~fluxpy.kernels.cudnn.rnn.algorithm`), every other as it is.
+
+    >>> from fluxpy.ops.rnn import RNNDims
+    >>> small = RNNDims("lstm", 64, 100, 32, 128, 1, False, True, BFLOAT16)
+    >>> computed_as(small).dtype, computed_as(dataclasses.replace(small, hidden=512)).dtype
+    (dtype('float32'), dtype(bfloat16))
+    """
+    if dims.dtype != BFLOAT16:
+        return dims
+    wide = dataclasses.replace(dims, dtype=np.dtype(np.float32))
+    return wide if cudnn_rnn.algorithm(wide) != cudnn_rnn.ALGO_STANDARD else dims
+
+
 def supports(dims, *arrays) -> bool:
     """Whether cuDNN runs this problem: its cell and dtype, CuPy arrays of that dtype, a plan cuDNN builds."""
     if dims.mode not in cudnn_rnn.MODES or dims.dtype not in _DTYPES or dims.batch < 1 or dims in _declined:
@@ -40,7 +63,7 @@ def supports(dims, *arrays) -> bool:
     if not all(type(a) is cupy.ndarray and a.dtype == dims.dtype for a in arrays) or not cudnn_rnn.available():
         return False
     try:
-        cudnn_rnn.plan(dims)
+        cudnn_rnn.plan(computed_as(dims))
     except CudnnError as err:
         # NOT_SUPPORTED and its family: the composite runs (for bfloat16 also BAD_PARAM, what a library without
         # bfloat16 RNNs may say of the data type); anything else is a bug and raises
@@ -51,8 +74,9 @@ def supports(dims, *arrays) -> bool:
     return True
 
 
-def _contiguous(a):
-    return None if a is None else cupy.ascontiguousarray(a)
+def _as(a, dtype):
+    """``a`` C-contiguous in ``dtype`` (None stays None)."""
+    return None if a is None else contiguous(a, dtype)
 
 
 def _part(buffer, start, stop, shape):
@@ -68,7 +92,7 @@ def _pack(p, flat):
     arrays = iter(flat)
     for offsets in p.offsets:
         for offset in offsets[:_PER_LAYER[p.dims.bias]]:   # W_ih, W_hh and b_ih; b_hh stays zero
-            a = cupy.ascontiguousarray(next(arrays))
+            a = contiguous(next(arrays), p.dtype)
             (mem + offset * size).copy_from_device_async(a.data, a.nbytes, stream)
     return cupy.ndarray((p.weight_elements,), p.dtype, mem)
 
@@ -87,41 +111,51 @@ def _unpack(p, dweights, needs):
 
 
 def rnn_forward(dims, lengths, x, h0, c0, flat, training):
-    """``(out, saved)``: the output buffer and, with ``training``, what :func:`rnn_backward` reads."""
-    p = cudnn_rnn.plan(dims)
-    x, hx, cx = _contiguous(x), _contiguous(h0), _contiguous(c0)
+    """``(out, saved)``: the output buffer (in ``dims.dtype``) and, with ``training``, what :func:`rnn_backward`
+    reads."""
+    run = computed_as(dims)
+    p = cudnn_rnn.plan(run)
+    x, hx, cx = (_as(a, run.dtype) for a in (x, h0, c0))
     weights = _pack(p, flat)
-    segments = dims.segments
-    out = cupy.empty(segments[-1][1] if segments[-1] else segments[1][1], dtype=dims.dtype)
+    segments = run.segments
+    out = cupy.empty(segments[-1][1] if segments[-1] else segments[1][1], dtype=run.dtype)
     y = _part(out, *segments[0], -1)
     hy = _part(out, *segments[1], -1)
     cy = None if segments[2] is None else _part(out, *segments[2], -1)
     reserve = cudnn_rnn.forward(p, lengths, x, hx, cx, weights, y, hy, cy, training)
-    return out, ((x, hx, cx, weights, reserve) if training else None)
+    if run is dims:
+        return out, ((x, hx, cx, weights, reserve, None) if training else None)
+    return out.astype(dims.dtype), ((x, hx, cx, weights, reserve, out) if training else None)
 
 
 def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
     """The gradients of ``(x, h0, c0, *flat)`` (None where ``needs`` says none or the input is None) from the
-    output buffer's cotangent ``dout``."""
-    p = cudnn_rnn.plan(dims)
-    x, hx, cx, weights, reserve = saved
-    dout = cupy.ascontiguousarray(dout)
-    segments = dims.segments
+    output buffer's cotangent ``dout``, each in its input's dtype."""
+    run = computed_as(dims)
+    p = cudnn_rnn.plan(run)
+    x, hx, cx, weights, reserve, computed = saved
+    out = out if computed is None else computed   # y as cuDNN computed it, for the bfloat16 computed in float32
+    dout = _as(dout, run.dtype)
+    segments = run.segments
     y, dy = _part(out, *segments[0], -1), _part(dout, *segments[0], -1)
     dhy = _part(dout, *segments[1], -1)
     dcy = None if segments[2] is None else _part(dout, *segments[2], -1)
-    dx = cupy.empty(x.shape, dtype=dims.dtype)
-    dhx = None if hx is None else cupy.empty(hx.shape, dtype=dims.dtype)
-    dcx = None if cx is None else cupy.empty(cx.shape, dtype=dims.dtype)
+    dx = cupy.empty(x.shape, dtype=run.dtype)
+    dhx = None if hx is None else cupy.empty(hx.shape, dtype=run.dtype)
+    dcx = None if cx is None else cupy.empty(cx.shape, dtype=run.dtype)
     cudnn_rnn.backward_data(p, lengths, y, dy, dx, hx, dhy, dhx, cx, dcy, dcx, weights, reserve)
     grads = [dx if needs[0] else None, dhx if needs[1] else None, dcx if needs[2] else None]
-    if not any(needs[3:]):
-        return tuple(grads) + (None,) * len(flat)
-    mem = cupy.cuda.alloc(p.weight_bytes)
-    mem.memset_async(0, p.weight_bytes, cupy.cuda.get_current_stream())
-    dweights = cupy.ndarray((p.weight_elements,), p.dtype, mem)
-    cudnn_rnn.backward_weights(p, lengths, x, hx, y, dweights, reserve)
-    return tuple(grads) + tuple(_unpack(p, dweights, needs[3:]))
+    if any(needs[3:]):
+        mem = cupy.cuda.alloc(p.weight_bytes)
+        mem.memset_async(0, p.weight_bytes, cupy.cuda.get_current_stream())
+        dweights = cupy.ndarray((p.weight_elements,), p.dtype, mem)
+        cudnn_rnn.backward_weights(p, lengths, x, hx, y, dweights, reserve)
+        grads += _unpack(p, dweights, needs[3:])
+    else:
+        grads += [None] * len(flat)
+    if run is not dims:
+        grads = [None if g is None else g.astype(dims.dtype) for g in grads]
+    return tuple(grads)
 
 
 KERNELS = {"rnn_forward": (rnn_forward, supports), "rnn_backward": rnn_backward}
