@@ -198,8 +198,10 @@ def test_supports_declines_what_cudnn_turns_down_and_raises_on_a_bug(monkeypatch
             raise CudnnError("cudnnSetRNNDescriptor_v8", status[dims])
         return "a plan"
     monkeypatch.setattr(cuda_rnn, "cupy", SimpleNamespace(ndarray=np.ndarray))
-    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(MODES=cuda_rnn.cudnn_rnn.MODES, plan=plan,
-                                                               available=lambda: True))
+    real = cuda_rnn.cudnn_rnn
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(MODES=real.MODES, plan=plan, available=lambda: True,
+                                                               algorithm=real.algorithm,
+                                                               ALGO_STANDARD=real.ALGO_STANDARD))
     monkeypatch.setattr(cuda_rnn, "_declined", set())
     f32 = np.dtype(np.float32)
     ok = RNNDims("lstm", 2, 3, 4, 5, 1, False, True, f32)
@@ -211,9 +213,12 @@ def test_supports_declines_what_cudnn_turns_down_and_raises_on_a_bug(monkeypatch
     refused = RNNDims("gru", 2, 3, 4, 5, 2, True, True, f32)
     status[refused] = 3000
     assert not cuda_rnn.supports(refused, x) and refused in cuda_rnn._declined
-    half = RNNDims("gru", 2, 3, 4, 5, 2, True, True, BFLOAT16)
+    half = RNNDims("gru", 2, 3, 4, 200, 2, True, True, BFLOAT16)   # past the persistent kernels: run in bfloat16
     status[half] = 2000
     assert not cuda_rnn.supports(half, x.astype(BFLOAT16))
+    small = RNNDims("gru", 2, 3, 4, 6, 2, True, True, BFLOAT16)   # planned (and computed) in float32
+    status[small] = 2000
+    assert cuda_rnn.computed_as(small).dtype == f32 and cuda_rnn.supports(small, x.astype(BFLOAT16))
     bug = RNNDims("gru", 2, 3, 4, 7, 2, True, True, f32)
     status[bug] = 2000
     with pytest.raises(CudnnError, match="CUDNN_STATUS_BAD_PARAM"):

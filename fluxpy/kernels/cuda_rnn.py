@@ -29,7 +29,6 @@ import dataclasses
 import numpy as np
 
 from ..backend import cupy
-from .cuda_arrays import contiguous
 from .cudnn import rnn as cudnn_rnn
 from .cudnn.errors import CudnnError
 from .halfs import BFLOAT16
@@ -76,7 +75,9 @@ def supports(dims, *arrays) -> bool:
 
 def _as(a, dtype):
     """``a`` C-contiguous in ``dtype`` (None stays None)."""
-    return None if a is None else contiguous(a, dtype)
+    if a is None:
+        return None
+    return cupy.ascontiguousarray(a if a.dtype == dtype else a.astype(dtype))
 
 
 def _part(buffer, start, stop, shape):
@@ -92,7 +93,7 @@ def _pack(p, flat):
     arrays = iter(flat)
     for offsets in p.offsets:
         for offset in offsets[:_PER_LAYER[p.dims.bias]]:   # W_ih, W_hh and b_ih; b_hh stays zero
-            a = contiguous(next(arrays), p.dtype)
+            a = _as(next(arrays), p.dtype)
             (mem + offset * size).copy_from_device_async(a.data, a.nbytes, stream)
     return cupy.ndarray((p.weight_elements,), p.dtype, mem)
 
