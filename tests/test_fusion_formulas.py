@@ -206,3 +206,31 @@ def test_a_remembered_kernel_cache_key_follows_a_closure_cell_that_changes():
     assert _key_of(act) == _func_key(act) != first
     assert slope == 0.2
     assert _key_of(A.gelu) == _func_key(A.gelu)
+
+
+def test_a_remembered_kernel_cache_key_holds_the_values_it_was_built_from():
+    # The memo compares a closure's values by identity; it must hold them, or a value computed afresh could take the
+    # memory (and id) of the one it replaced and pass for it.
+    import gc
+    import weakref
+
+    from fluxpy.kernels.elementwise import _func_key, _key_of
+
+    class Slope(float):   # a float that a weak reference can watch
+        pass
+
+    def make(slope):
+        def act(x):
+            return A.leakyrelu(x, a=slope)
+
+        def set_slope(value):
+            nonlocal slope
+            slope = value
+        return act, set_slope
+    act, set_slope = make(Slope(0.5))
+    first = _key_of(act)
+    watched = weakref.ref(act.__closure__[0].cell_contents)
+    set_slope(Slope(0.75))
+    gc.collect()
+    assert watched() is not None, "the memo let go of the value its key was built from"
+    assert _key_of(act) == _func_key(act) != first

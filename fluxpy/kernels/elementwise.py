@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -113,9 +114,10 @@ def _key_of(f):
     if not all(isinstance(v, _SCALARS) or v is f or (type(v) is types.FunctionType and v.__closure__ is None)
                for v in contents):
         return _func_key(f)
-    seen = (tuple(map(id, contents)), id(f.__defaults__), id(f.__kwdefaults__))
+    # the objects themselves, held, compared by identity: ids alone could be reused by new objects once these died
+    seen = (*contents, f.__defaults__, f.__kwdefaults__)
     hit = _keys.get(id(f))
-    if hit is not None and hit[0] is f and hit[1] == seen:
+    if hit is not None and hit[0] is f and len(hit[1]) == len(seen) and all(map(operator.is_, hit[1], seen)):
         return hit[2]
     key = _func_key(f)
     if len(_keys) >= 4096:   # lambdas made afresh each call would otherwise pile up
