@@ -4,6 +4,11 @@
 (``batchnorm_backward``) in plain NumPy calls instead of a dozen fluxpy ops. float32 and float64; the halves keep
 the composites.
 
+Large float32 batch norms in C order (``batchnorm_forward``, and the backward) take the per-channel sums from NumPy
+and make their full passes over memory through oneDNN (:func:`fluxpy.kernels.onednn.scale_shift` and
+:func:`~fluxpy.kernels.onednn.batchnorm_dx`: one pass each, on its threads, relu fused), where it is installed; the
+statistics are the same two-pass mean and biased variance as the composite's.
+
 >>> x = np.array([[1.0, 3.0], [0.0, 10.0]])
 >>> y, mean, rstd = layernorm_forward(x, None, None, 1, 0.0)
 >>> y, mean
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_backward",
-           "batchnorm_backward_supports"]
+from . import onednn
+
+__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_forward",
+           "batchnorm_forward_supports", "batchnorm_backward", "batchnorm_backward_supports"]
 
 _DTYPES = (np.float32, np.float64)
 
@@ -90,10 +97,95 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
     return all(type(s) is np.ndarray and s.dtype == x.dtype and s.shape == (rows,) for s in (mean, rstd))
 
 
+def _is_relu(act) -> bool:
+    from ..ops.activations import relu   # the ops import the kernel table, which imports this module
+    return act is relu
+
+
+def _onednn_takes(x, *arrays) -> bool:
+    """Large float32 C-order ``x`` (and ``arrays``) of two or more axes, with oneDNN there."""
+    return type(x) is np.ndarray and x.ndim >= 2 and onednn.takes_eltwise(x, *arrays)
+
+
+def _channels(a):
+    """``a`` as ``(N, C, S)``, its spatial axes one."""
+    return a.reshape(a.shape[0], a.shape[1], -1)
+
+
+def _channel_dots(a3, b3):
+    """``sum(a * b)`` per channel of ``(N, C, S)`` arrays, as dot products of length ``S`` (BLAS, no temporary)."""
+    return (a3[..., None, :] @ b3[..., :, None]).sum(axis=(0, 2, 3))
+
+
+def _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act) -> tuple:
+    """``(y, mean, invstd)`` of batch norm in training of a large float32 C-order ``x`` (``(N, C, ...)``), ``y``
+    through the activation ``act`` (None for none; relu fused), the running statistics (where given) updated in
+    place as :func:`fluxpy.ops.batchnorm.batchnorm` says: the mean, then the centred values written once (the
+    output's buffer) for the biased variance, then that buffer scaled and shifted in place.
+
+    >>> x = np.arange(1 << 16, dtype=np.float32).reshape(2, 2, -1)
+    >>> y, mean, invstd = batchnorm_forward(x, None, None, None, None, 0.1, 0.0, None)
+    >>> mean.tolist(), float(abs(y.mean()).round(3)), float(y.std().round(3))
+    ([16383.5, 49151.5], 0.0, 1.0)
+    """
+    from ..ops.batchnorm import _update_running   # the ops import the kernel table, which imports this module
+    x3 = _channels(x)
+    m = x3.shape[0] * x3.shape[2]
+    mean = (np.einsum("ncs->c", x3) / m).astype(np.float32)
+    y = onednn.scale_shift(x, np.ones_like(mean), -mean)   # x - mean
+    var = (_channel_dots(*(_channels(y),) * 2) / m).astype(np.float32)
+    invstd = 1 / np.sqrt(var + eps)
+    scale = invstd if gamma is None else _f32(gamma * invstd)
+    shift = np.zeros_like(mean) if beta is None else _f32(beta)
+    # oneDNN's relu turns NaN into 0: fused only where no value can be NaN (finite statistics mean a finite x)
+    fuse = _is_relu(act) and bool(np.isfinite(mean).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
+    onednn.scale_shift(y, scale, shift, fuse, out=y)
+    if act is not None and not fuse:
+        y = act(y)
+    _update_running(running_mean, running_var, mean, var, momentum, m)
+    return y, mean, invstd
+
+
+def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, momentum, eps, act) -> bool:
+    """oneDNN there, a float32 C-order NumPy ``x`` of at least :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE`
+    values, ``gamma`` and ``beta`` None or float32 NumPy arrays (smaller ones, other dtypes and layouts run the
+    composite)."""
+    return _onednn_takes(x) and all(p is None or (type(p) is np.ndarray and p.dtype == np.float32)
+                                    for p in (gamma, beta))
+
+
+def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
+    """:func:`batchnorm_backward` of large float32 C-order arrays: the per-channel sums ``sum(g)`` and
+    ``sum(g * x)`` of ``g`` (``dy`` times the activation's derivative), then ``dx`` in one oneDNN pass as
+    ``(x * p + g + q) * a``, the per-channel coefficients from the module docstring's formula in float64."""
+    if act is None:
+        g = dy
+    elif _is_relu(act):
+        g = onednn.relu_backward(dy, y)
+    else:
+        d = y_derivative(y)
+        g = dy * (d if d.dtype in (np.bool_, dy.dtype) else d.astype(dy.dtype))
+    g3, x3 = _channels(g), _channels(x)
+    m = x3.shape[0] * x3.shape[2]
+    dbeta = np.einsum("ncs->c", g3)
+    mean64, invstd64 = mean.astype(np.float64), invstd.astype(np.float64)
+    dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
+    k = invstd64 * dgamma / m
+    a = invstd64 if gamma is None else gamma * invstd64
+    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a))
+    return dx, dgamma.astype(np.float32), dbeta
+
+
 def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
     """``(dx, dgamma, dbeta)`` of batch norm over every axis but the channels' (axis 1), from the forward's
     per-channel ``mean`` and ``invstd``; ``dy`` first times ``y_derivative(y)`` where an activation's derivative is
     read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation)."""
+    if _onednn_takes(dy, x) and (act is None or onednn.takes_eltwise(y)):
+        return _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     axes = (0,) + tuple(range(2, x.ndim))
     m = x.size // x.shape[1]
@@ -125,5 +217,6 @@ def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y
 
 
 KERNELS = {"layernorm_forward": (layernorm_forward, supports),
+           "batchnorm_forward": (batchnorm_forward, batchnorm_forward_supports),
            "layernorm_backward": (layernorm_backward, backward_supports),
            "batchnorm_backward": (batchnorm_backward, batchnorm_backward_supports)}
