@@ -103,8 +103,9 @@ def _is_relu(act) -> bool:
 
 
 def _onednn_takes(x, *arrays) -> bool:
-    """Large float32 C-order ``x`` (and ``arrays``) of two or more axes, with oneDNN there."""
-    return type(x) is np.ndarray and x.ndim >= 2 and onednn.takes_eltwise(x, *arrays)
+    """Large float32 C-order ``x`` (and ``arrays``) with spatial axes, oneDNN there (without spatial axes NumPy's
+    sums over the rows of ``(N, C)`` are as fast)."""
+    return type(x) is np.ndarray and x.ndim >= 3 and onednn.takes_eltwise(x, *arrays)
 
 
 def _channels(a):
@@ -112,20 +113,35 @@ def _channels(a):
     return a.reshape(a.shape[0], a.shape[1], -1)
 
 
+def _channel_sums(a3):
+    """``sum(a)`` per channel of an ``(N, C, S)`` array in float64, the rows of length ``S`` summed in ``a``'s
+    dtype."""
+    return np.einsum("ncs->nc", a3).astype(np.float64).sum(axis=0)
+
+
 def _channel_dots(a3, b3):
-    """``sum(a * b)`` per channel of ``(N, C, S)`` arrays, as dot products of length ``S`` (BLAS, no temporary)."""
-    return (a3[..., None, :] @ b3[..., :, None]).sum(axis=(0, 2, 3))
+    """``sum(a * b)`` per channel of ``(N, C, S)`` arrays in float64, the products of a row of length ``S`` summed
+    in their dtype: as dot products (BLAS, no temporary) where the rows are long enough to pay for a call each."""
+    if a3.shape[2] < 64:
+        return np.einsum("ncs,ncs->nc", a3, b3).astype(np.float64).sum(axis=0)
+    return (a3[..., None, :] @ b3[..., :, None]).astype(np.float64).sum(axis=(0, 2, 3))
 
 
 def _f32(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+# The one-pass variance sum(x * x) / m - mean**2 loses float32 rounding of sum(x * x) times mean**2 / var: used where
+# that ratio is at most this (its error then within a few times the two-pass one's), else the values are centred first.
+_ONE_PASS_MAX_RATIO = 8.0
+
+
 def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act) -> tuple:
     """``(y, mean, invstd)`` of batch norm in training of a large float32 C-order ``x`` (``(N, C, ...)``), ``y``
     through the activation ``act`` (None for none; relu fused), the running statistics (where given) updated in
-    place as :func:`fluxpy.ops.batchnorm.batchnorm` says: the mean, then the centred values written once (the
-    output's buffer) for the biased variance, then that buffer scaled and shifted in place.
+    place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two reads of ``x`` for the sums of ``x`` and ``x * x``,
+    then one oneDNN pass ``y = x * scale + shift``; where the mean is large against the spread, the centred values
+    are written first (the output's buffer) for a two-pass variance, and then scaled and shifted in place.
 
     >>> x = np.arange(1 << 16, dtype=np.float32).reshape(2, 2, -1)
     >>> y, mean, invstd = batchnorm_forward(x, None, None, None, None, 0.1, 0.0, None)
@@ -135,15 +151,23 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
     from ..ops.batchnorm import _update_running   # the ops import the kernel table, which imports this module
     x3 = _channels(x)
     m = x3.shape[0] * x3.shape[2]
-    mean = (np.einsum("ncs->c", x3) / m).astype(np.float32)
-    y = onednn.scale_shift(x, np.ones_like(mean), -mean)   # x - mean
-    var = (_channel_dots(*(_channels(y),) * 2) / m).astype(np.float32)
+    mean64 = _channel_sums(x3) / m
+    mean = mean64.astype(np.float32)
+    var64 = _channel_dots(x3, x3) / m - mean64 * mean64
+    centred = None
+    if not (mean64 * mean64 <= _ONE_PASS_MAX_RATIO * var64).all():   # (NaN too) the two-pass variance
+        centred = onednn.scale_shift(x, np.ones_like(mean), -mean)
+        var64 = _channel_dots(*(_channels(centred),) * 2) / m
+    var = var64.astype(np.float32)
     invstd = 1 / np.sqrt(var + eps)
-    scale = invstd if gamma is None else _f32(gamma * invstd)
-    shift = np.zeros_like(mean) if beta is None else _f32(beta)
+    scale64 = invstd.astype(np.float64) * (1.0 if gamma is None else gamma)
+    shift64 = np.zeros_like(mean64) if beta is None else beta.astype(np.float64)
+    if centred is None:
+        shift64 = shift64 - mean64 * scale64
+    scale, shift = _f32(scale64), _f32(shift64)
     # oneDNN's relu turns NaN into 0: fused only where no value can be NaN (finite statistics mean a finite x)
-    fuse = _is_relu(act) and bool(np.isfinite(mean).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
-    onednn.scale_shift(y, scale, shift, fuse, out=y)
+    fuse = _is_relu(act) and bool(np.isfinite(var64).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
+    y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
     if act is not None and not fuse:
         y = act(y)
     _update_running(running_mean, running_var, mean, var, momentum, m)
@@ -151,9 +175,9 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
 
 
 def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, momentum, eps, act) -> bool:
-    """oneDNN there, a float32 C-order NumPy ``x`` of at least :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE`
-    values, ``gamma`` and ``beta`` None or float32 NumPy arrays (smaller ones, other dtypes and layouts run the
-    composite)."""
+    """oneDNN there, a float32 C-order NumPy ``x`` with spatial axes of at least
+    :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE` values, ``gamma`` and ``beta`` None or float32 NumPy arrays
+    (smaller ones, ``(N, C)``, other dtypes and layouts run the composite)."""
     return _onednn_takes(x) and all(p is None or (type(p) is np.ndarray and p.dtype == np.float32)
                                     for p in (gamma, beta))
 
@@ -171,13 +195,13 @@ def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
         g = dy * (d if d.dtype in (np.bool_, dy.dtype) else d.astype(dy.dtype))
     g3, x3 = _channels(g), _channels(x)
     m = x3.shape[0] * x3.shape[2]
-    dbeta = np.einsum("ncs->c", g3)
+    dbeta = _channel_sums(g3)
     mean64, invstd64 = mean.astype(np.float64), invstd.astype(np.float64)
     dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
     k = invstd64 * dgamma / m
     a = invstd64 if gamma is None else gamma * invstd64
     dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a))
-    return dx, dgamma.astype(np.float32), dbeta
+    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32)
 
 
 def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
