@@ -1,9 +1,10 @@
 """Batch norm and relu on the CPU through oneDNN's elementwise passes (fluxpy.kernels.cpu_norm's ``batchnorm_forward``
 and ``batchnorm_backward``, fluxpy.kernels.onednn's ``relu``, ``scale_shift``, ``batchnorm_dx``): equal to the NumPy
-kernels over shapes (no, one, two and three spatial axes), eps, affine or not, activations, training and inference
-(the running statistics included); gradients through the public BatchNorm layer equal float64 finite differences;
-NaN stays NaN; only large float32 C-order arrays go there; a failing call names oneDNN's status. Skipped where oneDNN
-is not installed (``pip install fluxpy[cpu]``)."""
+kernels over shapes (one, two and three spatial axes; ``(N, C)`` stays with NumPy), eps, affine or not, activations,
+training and inference through the layer (the running statistics included); the statistics as close to float64 as
+the NumPy path's; gradients through the public BatchNorm layer equal float64 finite differences; NaN stays NaN; only
+large float32 C-order arrays go there, and nothing without oneDNN; a failing call names oneDNN's status. Skipped where
+oneDNN is not installed (``pip install fluxpy[cpu]``)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -40,7 +41,7 @@ def _problem(seed, shape, affine, offset=3.0):
     return x, gamma, beta, dy
 
 
-shapes = st.tuples(st.integers(2, 6), st.integers(1, 5), st.lists(st.integers(1, 7), min_size=0, max_size=3)).map(
+shapes = st.tuples(st.integers(2, 6), st.integers(1, 5), st.lists(st.integers(1, 7), min_size=1, max_size=3)).map(
     lambda t: (t[0], t[1], *t[2]))
 
 
@@ -50,19 +51,19 @@ def test_training_forward_and_backward_equal_the_numpy_kernels(shape, eps, affin
     act = ACTS[act_name]
     x, gamma, beta, dy = _problem(seed, shape, affine)
     c = shape[1]
+    derivative = None if act is None else DERIVATIVES_FROM_OUTPUT[act].formula
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(onednn, "ELTWISE_MIN_SIZE", 1)
         assert find("batchnorm_forward", x, gamma, beta, None, None, 0.1, eps, act) is cpu_norm.batchnorm_forward
         stats = np.zeros(c, np.float32), np.ones(c, np.float32)
         y, mean, invstd = cpu_norm.batchnorm_forward(x, gamma, beta, *stats, 0.1, eps, act)
-        derivative = None if act is None else DERIVATIVES_FROM_OUTPUT[act].formula
         grads = cpu_norm.batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, derivative)
     with pytest.MonkeyPatch.context() as mp:
         _numpy_only(mp)
         want_stats = np.zeros(c, np.float32), np.ones(c, np.float32)
         want_y, want_mean, want_invstd = _forward_arrays(x, gamma, beta, *want_stats, 0.1, eps, act)
-        want_grads = cpu_norm.batchnorm_backward(dy, x, want_y, gamma, beta, want_mean, want_invstd, eps, act,
-                                                 derivative)
+        # the backward from the same forward values (a relu's kink is where rounding may put a value either side)
+        want_grads = cpu_norm.batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, derivative)
     assert y.dtype == mean.dtype == invstd.dtype == np.float32 and y.shape == x.shape
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-5)
@@ -71,11 +72,33 @@ def test_training_forward_and_backward_equal_the_numpy_kernels(shape, eps, affin
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # float32 rounding of sums over values offset from 0: what is left of the gradients where they nearly cancel
     # (with two values a channel dx is 0) grows with each channel's |mean| / std
-    offset = float((1 + np.abs(want_mean) * want_invstd).max())
+    offset = float((1 + np.abs(mean) * invstd).max())
     scale = float(np.abs(dy).max()) * offset * (1.0 if gamma is None else float(np.abs(gamma).max()))
     for got, want, size in zip(grads, want_grads, (1, x.size // c, x.size // c)):
         assert got.dtype == want.dtype == np.float32
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale * size * float(want_invstd.max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale * size * float(invstd.max()))
+
+
+@pytest.mark.parametrize("offset", [0.0, 2.0, 30.0])   # the one-pass variance, and the two-pass one (30)
+def test_the_statistics_are_as_close_to_float64_as_the_numpy_paths(offset):
+    x, _, _, _ = _problem(1, (16, 8, 24, 24), False, offset)
+    wide = x.astype(np.float64)
+    true_mean, true_var = wide.mean(axis=(0, 2, 3)), wide.var(axis=(0, 2, 3))
+    _, mean, invstd = cpu_norm.batchnorm_forward(x, None, None, None, None, 0.1, 0.0, None)
+    with pytest.MonkeyPatch.context() as mp:
+        _numpy_only(mp)
+        _, numpy_mean, numpy_invstd = _forward_arrays(x, None, None, None, None, 0.1, 0.0, None)
+    for got, numpy_got, true in ((mean, numpy_mean, true_mean), (invstd, numpy_invstd, 1 / np.sqrt(true_var))):
+        error = float(np.abs(got / true - 1).max())
+        assert error <= max(4 * float(np.abs(numpy_got / true - 1).max()), 2e-6)
+
+
+def test_without_onednn_the_numpy_kernels_run(monkeypatch):
+    x = np.ones((32, 16, 16, 16), np.float32)
+    monkeypatch.setattr(onednn, "library", lambda: None)
+    assert find("batchnorm_forward", x, None, None, None, None, 0.1, 1e-5, relu) is None
+    assert not onednn.takes_eltwise(x)
+    np.testing.assert_array_equal(relu(x - 1), np.maximum(x - 1, 0))
 
 
 @settings(deadline=None, max_examples=20)
@@ -100,7 +123,7 @@ def test_a_large_batch_goes_to_onednn_and_smaller_or_other_ones_do_not():
     c = np.ones(16, np.float32)
     assert find("batchnorm_forward", x, c, c, c, c, 0.1, 1e-5, relu) is cpu_norm.batchnorm_forward
     for other in (x.astype(np.float64), x.astype(np.float16), x[:, :, ::2], x.transpose(0, 2, 3, 1).copy()
-                  .transpose(0, 3, 1, 2), np.ones((2, 16, 4, 4), np.float32)):
+                  .transpose(0, 3, 1, 2), np.ones((2, 16, 4, 4), np.float32), np.ones((4096, 64), np.float32)):
         assert find("batchnorm_forward", other, None, None, None, None, 0.1, 1e-5, None) is None
     assert not cpu_norm.batchnorm_forward_supports(x, c.astype(np.float64), None, None, None, 0.1, 1e-5, None)
 
