@@ -126,6 +126,7 @@ def test_a_large_batch_goes_to_onednn_and_smaller_or_other_ones_do_not():
                   .transpose(0, 3, 1, 2), np.ones((2, 16, 4, 4), np.float32), np.ones((4096, 64), np.float32)):
         assert find("batchnorm_forward", other, None, None, None, None, 0.1, 1e-5, None) is None
     assert not cpu_norm.batchnorm_forward_supports(x, c.astype(np.float64), None, None, None, 0.1, 1e-5, None)
+    assert cpu_norm._is_relu(relu) and not cpu_norm._is_relu(tanh)   # relu is fused into the last pass
 
 
 def test_a_large_batch_gives_the_numpy_paths_results_and_running_statistics():

@@ -22,7 +22,7 @@ import numpy as np
 from . import onednn
 
 __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_forward",
-           "batchnorm_forward_supports", "batchnorm_backward", "batchnorm_backward_supports"]
+           "batchnorm_forward_supports", "batchnorm_backward", "batchnorm_backward_supports", "update_running"]
 
 _DTYPES = (np.float32, np.float64)
 
@@ -97,9 +97,27 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
     return all(type(s) is np.ndarray and s.dtype == x.dtype and s.shape == (rows,) for s in (mean, rstd))
 
 
+def update_running(running_mean, running_var, mean, var, momentum: float, m: int) -> None:
+    """``running = (1 - momentum) * running + momentum * batch`` in place, the variance unbiased (``var * m / (m -
+    1)``, ``var`` the biased variance of ``m`` values); nothing where ``running_mean`` is None. Arrays of any module
+    (the ops' composites use it too).
+
+    >>> rm, rv = np.zeros(2), np.ones(2)
+    >>> update_running(rm, rv, np.array([1.0, 2.0]), np.array([1.0, 1.0]), 0.5, 2)
+    >>> rm.tolist(), rv.tolist()
+    ([0.5, 1.0], [1.5, 1.5])
+    """
+    if running_mean is None:
+        return
+    running_mean *= 1 - momentum
+    running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
+    running_var *= 1 - momentum
+    running_var += (momentum * m / (m - 1) * var).astype(running_var.dtype, copy=False)
+
+
 def _is_relu(act) -> bool:
-    from ..ops.activations import relu   # the ops import the kernel table, which imports this module
-    return act is relu
+    """Whether ``act`` is fluxpy's relu primitive, known by its name (the kernels import no op)."""
+    return getattr(act, "name", None) == "relu"
 
 
 def _onednn_takes(x, *arrays) -> bool:
@@ -149,7 +167,6 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
     >>> float(abs(y.mean()).round(3)), float(y.std().round(3))
     (0.0, 1.0)
     """
-    from ..ops.batchnorm import _update_running   # the ops import the kernel table, which imports this module
     x3 = _channels(x)
     m = x3.shape[0] * x3.shape[2]
     mean64 = _channel_sums(x3) / m
@@ -171,7 +188,7 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
     y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
     if act is not None and not fuse:
         y = act(y)
-    _update_running(running_mean, running_var, mean, var, momentum, m)
+    update_running(running_mean, running_var, mean, var, momentum, m)
     return y, mean, invstd
 
 
