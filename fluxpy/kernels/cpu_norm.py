@@ -4,10 +4,11 @@
 (``batchnorm_backward``) in plain NumPy calls instead of a dozen fluxpy ops. float32 and float64; the halves keep
 the composites.
 
-Large float32 batch norms in C order (``batchnorm_forward``, and the backward) take the per-channel sums from NumPy
-and make their full passes over memory through oneDNN (:func:`fluxpy.kernels.onednn.scale_shift` and
-:func:`~fluxpy.kernels.onednn.batchnorm_dx`: one pass each, on its threads, relu fused), where it is installed; the
-statistics are the same two-pass mean and biased variance as the composite's.
+Large float32 batch norms in C order with spatial axes (``batchnorm_forward``, and the backward) take the
+per-channel sums from NumPy and make their passes that write memory through oneDNN
+(:func:`fluxpy.kernels.onednn.scale_shift` and :func:`~fluxpy.kernels.onednn.batchnorm_dx`: one pass each, on its
+threads, relu fused), where it is installed: the composite's mean and biased variance, the sums accumulated in
+float64 across rows.
 
 >>> x = np.array([[1.0, 3.0], [0.0, 10.0]])
 >>> y, mean, rstd = layernorm_forward(x, None, None, 1, 0.0)
