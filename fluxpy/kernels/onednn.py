@@ -11,7 +11,9 @@ layouts it runs fastest (channel-blocked), and each plain NCHW array NumPy holds
 as PyTorch does for its NCHW tensors. Errors raise naming oneDNN's status and the call.
 
 The same binding runs large float32 products (:func:`matmul`) and a float32 LSTM layer, forward and backward, as one
-call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`).
+call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`), and the
+elementwise passes of batch norm and relu (:func:`scale_shift`, :func:`batchnorm_dx`, :func:`relu`,
+:func:`relu_backward`: binary primitives with post-ops, for :mod:`fluxpy.kernels.cpu_norm` and the relu op).
 
 >>> import numpy as np
 >>> from fluxpy.ops.dims import ConvDims
@@ -619,14 +621,14 @@ def _run_pass(x, first, per_channel, post, operands, out=None):
 _ZERO = np.zeros(1, np.float32)
 
 
-def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``max(x, 0)`` of a float32 C-contiguous ``x`` (into ``out``, which may be ``x``, where given); NaN stays NaN.
+def relu(x: np.ndarray) -> np.ndarray:
+    """``max(x, 0)`` of a float32 C-contiguous ``x``; NaN stays NaN.
 
     >>> x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
     >>> bool(((relu(x) if library() else np.maximum(x, 0)) == np.maximum(x, 0)).all())
     True
     """
-    return _run_pass(x, "max", False, (("max", "full"),), (_ZERO, x), out)
+    return _run_pass(x, "max", False, (("max", "full"),), (_ZERO, x))
 
 
 def relu_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
