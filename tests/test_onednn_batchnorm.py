@@ -21,12 +21,6 @@ pytestmark = pytest.mark.skipif(onednn.library() is None, reason="oneDNN is not 
 ACTS = {"none": None, "relu": relu, "tanh": tanh}
 
 
-@pytest.fixture
-def small_arrays_too(monkeypatch):
-    """Every float32 array to oneDNN, so that hypothesis's small shapes exercise it."""
-    monkeypatch.setattr(onednn, "ELTWISE_MIN_SIZE", 1)
-
-
 def _numpy_only(mp):
     mp.setattr(onednn, "takes_eltwise", lambda *arrays: False)
 
