@@ -47,7 +47,7 @@ def test_training_forward_and_backward_equal_the_numpy_kernels(shape, eps, affin
     c = shape[1]
     derivative = None if act is None else DERIVATIVES_FROM_OUTPUT[act].formula
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(onednn, "ELTWISE_MIN_SIZE", 1)
+        mp.setattr(onednn, "ELTWISE_MIN_SIZE", 1)   # hypothesis's small shapes to oneDNN too
         assert find("batchnorm_forward", x, gamma, beta, None, None, 0.1, eps, act) is cpu_norm.batchnorm_forward
         stats = np.zeros(c, np.float32), np.ones(c, np.float32)
         y, mean, invstd = cpu_norm.batchnorm_forward(x, gamma, beta, *stats, 0.1, eps, act)
