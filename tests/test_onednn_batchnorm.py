@@ -205,6 +205,9 @@ def test_the_passes_equal_numpys_arithmetic():
         inplace = x.copy()
         assert onednn.scale_shift(inplace, p, q, out=inplace) is inplace
         np.testing.assert_allclose(inplace, x * p.reshape(c) + q.reshape(c), rtol=1e-6, atol=1e-6)
+        over_g = g.copy()
+        assert onednn.batchnorm_dx(x, p, over_g, q, a, into_g=True) is over_g
+        np.testing.assert_array_equal(over_g, onednn.batchnorm_dx(x, p, g, q, a))
 
 
 def test_a_failing_pass_names_the_status_and_the_function():

@@ -219,7 +219,7 @@ def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
     dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
     k = invstd64 * dgamma / m
     a = invstd64 if gamma is None else gamma * invstd64
-    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a))
+    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy)
     return dx, dgamma.astype(np.float32), dbeta.astype(np.float32)
 
 

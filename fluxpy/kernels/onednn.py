@@ -654,7 +654,10 @@ def scale_shift(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     return _run_pass(x, "mul", True, post, (scale, shift), out)
 
 
-def batchnorm_dx(x: np.ndarray, p: np.ndarray, g: np.ndarray, q: np.ndarray, a: np.ndarray) -> np.ndarray:
+def batchnorm_dx(x: np.ndarray, p: np.ndarray, g: np.ndarray, q: np.ndarray, a: np.ndarray,
+                 into_g: bool = False) -> np.ndarray:
     """``(x * p + g + q) * a``, batch norm's input gradient in one pass: ``x`` and ``g`` float32 C-contiguous
-    ``(N, C, ...)``, ``p``, ``q``, ``a`` one float32 value a channel."""
-    return _run_pass(x, "mul", True, (("add", "full"), ("add", "channel"), ("mul", "channel")), (p, g, q, a))
+    ``(N, C, ...)``, ``p``, ``q``, ``a`` one float32 value a channel; written over ``g`` with ``into_g`` (each value
+    is read before its place is written)."""
+    return _run_pass(x, "mul", True, (("add", "full"), ("add", "channel"), ("mul", "channel")), (p, g, q, a),
+                     g if into_g else None)
