@@ -4,6 +4,12 @@
 (``batchnorm_backward``) in plain NumPy calls instead of a dozen fluxpy ops. float32 and float64; the halves keep
 the composites.
 
+Large float32 batch norms in C order with spatial axes (``batchnorm_forward``, and the backward) take the
+per-channel sums from NumPy and make their passes that write memory through oneDNN
+(:func:`fluxpy.kernels.onednn.scale_shift` and :func:`~fluxpy.kernels.onednn.batchnorm_dx`: one pass each, on its
+threads, relu fused), where it is installed: the composite's mean and biased variance, the sums accumulated in
+float64 across rows.
+
 >>> x = np.array([[1.0, 3.0], [0.0, 10.0]])
 >>> y, mean, rstd = layernorm_forward(x, None, None, 1, 0.0)
 >>> y, mean
@@ -14,8 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_backward",
-           "batchnorm_backward_supports"]
+from . import onednn
+
+__all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_forward",
+           "batchnorm_forward_supports", "batchnorm_backward", "batchnorm_backward_supports", "update_running"]
 
 _DTYPES = (np.float32, np.float64)
 
@@ -90,10 +98,137 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
     return all(type(s) is np.ndarray and s.dtype == x.dtype and s.shape == (rows,) for s in (mean, rstd))
 
 
+def update_running(running_mean, running_var, mean, var, momentum: float, m: int) -> None:
+    """``running = (1 - momentum) * running + momentum * batch`` in place, the variance unbiased (``var * m / (m -
+    1)``, ``var`` the biased variance of ``m`` values); nothing where ``running_mean`` is None. Arrays of any module
+    (the ops' composites use it too).
+
+    >>> rm, rv = np.zeros(2), np.ones(2)
+    >>> update_running(rm, rv, np.array([1.0, 2.0]), np.array([1.0, 1.0]), 0.5, 2)
+    >>> rm.tolist(), rv.tolist()
+    ([0.5, 1.0], [1.5, 1.5])
+    """
+    if running_mean is None:
+        return
+    running_mean *= 1 - momentum
+    running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
+    running_var *= 1 - momentum
+    running_var += (momentum * m / (m - 1) * var).astype(running_var.dtype, copy=False)
+
+
+def _is_relu(act) -> bool:
+    """Whether ``act`` is fluxpy's relu primitive, known by its name (the kernels import no op)."""
+    return getattr(act, "name", None) == "relu"
+
+
+def _onednn_takes(x, *arrays) -> bool:
+    """Large float32 C-order ``x`` (and ``arrays``) with spatial axes, oneDNN there (without spatial axes NumPy's
+    sums over the rows of ``(N, C)`` are as fast)."""
+    return type(x) is np.ndarray and x.ndim >= 3 and onednn.takes_eltwise(x, *arrays)
+
+
+def _channels(a):
+    """``a`` as ``(N, C, S)``, its spatial axes one."""
+    return a.reshape(a.shape[0], a.shape[1], -1)
+
+
+def _channel_sums(a3):
+    """``sum(a)`` per channel of an ``(N, C, S)`` array in float64, the rows of length ``S`` summed in ``a``'s
+    dtype."""
+    return np.einsum("ncs->nc", a3).astype(np.float64).sum(axis=0)
+
+
+def _channel_dots(a3, b3):
+    """``sum(a * b)`` per channel of ``(N, C, S)`` arrays in float64, the products of a row of length ``S`` summed
+    in their dtype: as dot products (BLAS, no temporary) where the rows are long enough to pay for a call each."""
+    if a3.shape[2] < 64:
+        return np.einsum("ncs,ncs->nc", a3, b3).astype(np.float64).sum(axis=0)
+    return (a3[..., None, :] @ b3[..., :, None]).astype(np.float64).sum(axis=(0, 2, 3))
+
+
+def _f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+# The one-pass variance sum(x * x) / m - mean**2 loses float32 rounding of sum(x * x) times mean**2 / var: used where
+# that ratio is at most this (its error then within a few times the two-pass one's), else the values are centred first.
+_ONE_PASS_MAX_RATIO = 8.0
+
+
+def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act) -> tuple:
+    """``(y, mean, invstd)`` of batch norm in training of a large float32 C-order ``x`` (``(N, C, ...)``), ``y``
+    through the activation ``act`` (None for none; relu fused), the running statistics (where given) updated in
+    place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two reads of ``x`` for the sums of ``x`` and ``x * x``,
+    then one oneDNN pass ``y = x * scale + shift``; where the mean is large against the spread, the centred values
+    are written first (the output's buffer) for a two-pass variance, and then scaled and shifted in place.
+
+    >>> from fluxpy.ops.batchnorm import batchnorm
+    >>> x = np.arange(1 << 16, dtype=np.float32).reshape(2, 2, -1)
+    >>> y = batchnorm(x, eps=0.0)   # this kernel where oneDNN is installed, else the composite
+    >>> float(abs(y.mean()).round(3)), float(y.std().round(3))
+    (0.0, 1.0)
+    """
+    x3 = _channels(x)
+    m = x3.shape[0] * x3.shape[2]
+    mean64 = _channel_sums(x3) / m
+    mean = mean64.astype(np.float32)
+    var64 = _channel_dots(x3, x3) / m - mean64 * mean64
+    centred = None
+    if not (mean64 * mean64 <= _ONE_PASS_MAX_RATIO * var64).all():   # (NaN too) the two-pass variance
+        centred = onednn.scale_shift(x, np.ones_like(mean), -mean)
+        var64 = _channel_dots(*(_channels(centred),) * 2) / m
+    var = var64.astype(np.float32)
+    invstd = 1 / np.sqrt(var + eps)
+    scale64 = invstd.astype(np.float64) * (1.0 if gamma is None else gamma)
+    shift64 = np.zeros_like(mean64) if beta is None else beta.astype(np.float64)
+    if centred is None:
+        shift64 = shift64 - mean64 * scale64
+    scale, shift = _f32(scale64), _f32(shift64)
+    # oneDNN's relu turns NaN into 0: fused only where no value can be NaN (finite statistics mean a finite x)
+    fuse = _is_relu(act) and bool(np.isfinite(var64).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
+    y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
+    if act is not None and not fuse:
+        y = act(y)
+    update_running(running_mean, running_var, mean, var, momentum, m)
+    return y, mean, invstd
+
+
+def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, momentum, eps, act) -> bool:
+    """oneDNN there, a float32 C-order NumPy ``x`` with spatial axes of at least
+    :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE` values, ``gamma`` and ``beta`` None or float32 NumPy arrays
+    (smaller ones, ``(N, C)``, other dtypes and layouts run the composite)."""
+    return _onednn_takes(x) and all(p is None or (type(p) is np.ndarray and p.dtype == np.float32)
+                                    for p in (gamma, beta))
+
+
+def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
+    """:func:`batchnorm_backward` of large float32 C-order arrays: the per-channel sums ``sum(g)`` and
+    ``sum(g * x)`` of ``g`` (``dy`` times the activation's derivative), then ``dx`` in one oneDNN pass as
+    ``(x * p + g + q) * a``, the per-channel coefficients from the module docstring's formula in float64."""
+    if act is None:
+        g = dy
+    elif _is_relu(act):
+        g = onednn.relu_backward(dy, y)
+    else:
+        d = y_derivative(y)
+        g = dy * (d if d.dtype in (np.bool_, dy.dtype) else d.astype(dy.dtype))
+    g3, x3 = _channels(g), _channels(x)
+    m = x3.shape[0] * x3.shape[2]
+    dbeta = _channel_sums(g3)
+    mean64, invstd64 = mean.astype(np.float64), invstd.astype(np.float64)
+    dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
+    k = invstd64 * dgamma / m
+    a = invstd64 if gamma is None else gamma * invstd64
+    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy)
+    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32)
+
+
 def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
     """``(dx, dgamma, dbeta)`` of batch norm over every axis but the channels' (axis 1), from the forward's
     per-channel ``mean`` and ``invstd``; ``dy`` first times ``y_derivative(y)`` where an activation's derivative is
     read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation)."""
+    if _onednn_takes(dy, x) and (act is None or onednn.takes_eltwise(y)):
+        return _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     axes = (0,) + tuple(range(2, x.ndim))
     m = x.size // x.shape[1]
@@ -125,5 +260,6 @@ def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y
 
 
 KERNELS = {"layernorm_forward": (layernorm_forward, supports),
+           "batchnorm_forward": (batchnorm_forward, batchnorm_forward_supports),
            "layernorm_backward": (layernorm_backward, backward_supports),
            "batchnorm_backward": (batchnorm_backward, batchnorm_backward_supports)}

@@ -11,7 +11,9 @@ layouts it runs fastest (channel-blocked), and each plain NCHW array NumPy holds
 as PyTorch does for its NCHW tensors. Errors raise naming oneDNN's status and the call.
 
 The same binding runs large float32 products (:func:`matmul`) and a float32 LSTM layer, forward and backward, as one
-call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`).
+call each (:func:`lstm_forward`, :func:`lstm_backward`: the kernels of :mod:`fluxpy.kernels.cpu_rnn`), and the
+elementwise passes of batch norm and relu (:func:`scale_shift`, :func:`batchnorm_dx`, :func:`relu`,
+:func:`relu_backward`: binary primitives with post-ops, for :mod:`fluxpy.kernels.cpu_norm` and the relu op).
 
 >>> import numpy as np
 >>> from fluxpy.ops.dims import ConvDims
@@ -35,7 +37,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights", "takes_matmul", "matmul",
-           "MATMUL_MIN_FLOPS", "takes_lstm", "lstm_forward", "lstm_backward"]
+           "MATMUL_MIN_FLOPS", "takes_lstm", "lstm_forward", "lstm_backward", "ELTWISE_MIN_SIZE", "takes_eltwise",
+           "relu", "relu_backward", "scale_shift", "batchnorm_dx"]
 
 _STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
            4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
@@ -528,3 +531,133 @@ def lstm_backward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_ih: np.ndarra
         arrays.update(zip(_LSTM_BACKWARD_OUT, grads))
         problem.backward.run(arrays)
     return grads
+
+
+
+# Elementwise passes over float32 arrays in memory order, on oneDNN's threads where NumPy's ufuncs run on one: relu
+# each way and a per-channel ``x * scale + shift``, each one binary primitive with post-ops, the passes of batch
+# norm's CPU kernels (:mod:`fluxpy.kernels.cpu_norm`). Batch norm's own primitive is not used: on plain NCHW data its
+# kernel is slower than NumPy's statistics and these passes. relu is ``max(max(x, 0), x)``: oneDNN's max (and its
+# relu) gives its second operand where one is NaN, so the first max turns NaN into 0 and the second gives the NaN
+# back, as NumPy's ``maximum``.
+_BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "gt": 0x1FFF7}
+_RELU = 0x20
+_POST_OP_SRC1, _POST_OP_BASE = 2, 32768   # a post-op's operand: DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | SRC_1
+ELTWISE_MIN_SIZE = 1 << 16   # below this many values NumPy's pass costs less than a call into oneDNN
+
+
+def takes_eltwise(*arrays: np.ndarray) -> bool:
+    """Whether the elementwise passes here take these arrays: C-contiguous float32 NumPy arrays of at least
+    :data:`ELTWISE_MIN_SIZE` values, and oneDNN is there.
+
+    >>> takes_eltwise(np.ones(4, np.float32))
+    False
+    """
+    return (all(type(a) is np.ndarray and a.dtype == np.float32 and a.size >= ELTWISE_MIN_SIZE
+                and a.flags.c_contiguous for a in arrays)
+            and library() is not None)
+
+
+class _Pass:
+    """One binary primitive ``x <first> operand`` followed by post-ops, over float32 arrays of one shape (the
+    operands of shape ``operand``, one value a channel of ``(N, C, S)`` or one in all): a memory per execution
+    argument, whose data is set per call. ``post``: ``("add" | "mul" | "max", "channel" | "full")`` with the next
+    operand, or ``("relu",)`` (oneDNN's, which turns NaN into 0: for values known not to be NaN)."""
+
+    def __init__(self, lib, shape: tuple, first: str, operand: tuple, post: tuple) -> None:
+        self.lib = lib
+        full, small = _plain_md(lib, shape), _plain_md(lib, operand)
+        post_ops, attr = lib.handle("dnnl_post_ops_create"), lib.handle("dnnl_primitive_attr_create")
+        mds = {_ARG["src"]: full, _POST_OP_SRC1: small}
+        for index, (op, *kind) in enumerate(post):
+            if op == "relu":
+                lib.call("dnnl_post_ops_append_eltwise", post_ops, _RELU, ctypes.c_float(0.0), ctypes.c_float(0.0))
+                continue
+            md = full if kind[0] == "full" else small
+            lib.call("dnnl_post_ops_append_binary", post_ops, _BINARY[op], md)
+            mds[_POST_OP_BASE * (index + 1) | _POST_OP_SRC1] = md
+        mds[_ARG["dst"]] = full
+        lib.call("dnnl_primitive_attr_set_post_ops", attr, post_ops)
+        pd = lib.handle("dnnl_binary_primitive_desc_create", lib.engine, _BINARY[first], full, small, full, attr)
+        self.memories = {arg: lib.handle("dnnl_memory_create", md, lib.engine, ctypes.c_void_p(None))
+                         for arg, md in mds.items()}
+        self.primitive = lib.handle("dnnl_primitive_create", pd)
+        lib.call("dnnl_primitive_desc_destroy", pd)
+        lib.call("dnnl_primitive_attr_destroy", attr)
+        lib.call("dnnl_post_ops_destroy", post_ops)
+        for md in (full, small):
+            lib.call("dnnl_memory_desc_destroy", md)
+
+    def run(self, arrays: list) -> None:
+        """Run on ``arrays``: ``x``, the first operand, one per binary post-op, the output (in that order)."""
+        for memory, array in zip(self.memories.values(), arrays):
+            self.lib.call("dnnl_memory_set_data_handle", memory, ctypes.c_void_p(array.ctypes.data))
+        _execute(self.lib, self.primitive, list(self.memories.items()))
+        self.lib.call("dnnl_stream_wait", self.lib.stream)
+
+    def destroy(self) -> None:
+        for memory in self.memories.values():
+            self.lib.call("dnnl_memory_destroy", memory)
+        self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+def _run_pass(x, first, per_channel, post, operands, out=None):
+    """``out`` (new where None) of the :class:`_Pass` on ``x``: seen as ``(N, C, S)`` with ``per_channel`` operands,
+    else as flat with a scalar first operand."""
+    out = np.empty_like(x) if out is None else out
+    if per_channel:   # (N, C) where S is 1: oneDNN 3.2 broadcasts a post-op's (1, C, 1) operand wrongly over (N, C, 1)
+        spatial = x.size // (x.shape[0] * x.shape[1])
+        shape = (x.shape[0], x.shape[1]) + ((spatial,) if spatial > 1 else ())
+        operand = (1, shape[1]) + ((1,) if spatial > 1 else ())
+    else:
+        shape, operand = (x.size,), (1,)
+    lib = library()
+    with lib.lock:
+        _cached(lib, ("pass", shape, first, post), lambda: _Pass(lib, shape, first, operand, post)).run(
+            [x, *operands, out])
+    return out
+
+
+_ZERO = np.zeros(1, np.float32)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """``max(x, 0)`` of a float32 C-contiguous ``x``; NaN stays NaN.
+
+    >>> x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    >>> bool(((relu(x) if library() else np.maximum(x, 0)) == np.maximum(x, 0)).all())
+    True
+    """
+    return _run_pass(x, "max", False, (("max", "full"),), (_ZERO, x))
+
+
+def relu_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``dy * (y > 0)`` of float32 C-contiguous arrays of one shape, the gradient of relu from its output ``y``:
+    NumPy's result, NaN in ``dy`` and signed zeros included, but where ``y`` is NaN (oneDNN's compare counts it as
+    positive: ``dy`` passes where NumPy gives 0; that output made the loss NaN anyway)."""
+    return _run_pass(y, "gt", False, (("mul", "full"),), (_ZERO, dy))
+
+
+def scale_shift(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool = False,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """``x * scale + shift`` (then oneDNN's ``max(., 0)`` with ``relu``: only for values that are not NaN) of a
+    float32 C-contiguous ``x`` ``(N, C, ...)`` with one ``scale`` and ``shift`` value a channel (float32
+    C-contiguous), into ``out`` (which may be ``x``) where given.
+
+    >>> x = np.ones((2, 2, 1 << 14), np.float32)
+    >>> s, t = np.array([2, 3], np.float32), np.array([-1, -5], np.float32)
+    >>> y = scale_shift(x, s, t, relu=True) if library() else np.maximum(x * [[[2], [3]]] + [[[-1], [-5]]], 0)
+    >>> y[0, :, 0].tolist()
+    [1.0, 0.0]
+    """
+    post = (("add", "channel"),) + ((("relu",),) if relu else ())
+    return _run_pass(x, "mul", True, post, (scale, shift), out)
+
+
+def batchnorm_dx(x: np.ndarray, p: np.ndarray, g: np.ndarray, q: np.ndarray, a: np.ndarray,
+                 into_g: bool = False) -> np.ndarray:
+    """``(x * p + g + q) * a``, batch norm's input gradient in one pass: ``x`` and ``g`` float32 C-contiguous
+    ``(N, C, ...)``, ``p``, ``q``, ``a`` one float32 value a channel; written over ``g`` with ``into_g`` (each value
+    is read before its place is written)."""
+    return _run_pass(x, "mul", True, (("add", "full"), ("add", "channel"), ("mul", "channel")), (p, g, q, a),
+                     g if into_g else None)

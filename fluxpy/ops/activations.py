@@ -30,6 +30,7 @@ import numpy as np
 from ..autodiff import Primitive, Tracked, value_of
 from ..backend import Array
 from ..dual import Dual
+from ..kernels import onednn
 from ..layout import keep_layout, keeping_layout
 from .dropout import _uniform
 from .reduce import normalize_axis
@@ -81,12 +82,18 @@ def _relu_rule(x):
 
 
 def _masked(dy, y):
+    if onednn.takes_eltwise(dy, y) and dy.shape == y.shape:   # large float32: one pass on oneDNN's threads
+        return onednn.relu_backward(dy, y)
     return dy * (y > 0)
+
+
+def _relu_values(x):
+    return onednn.relu(x) if onednn.takes_eltwise(x) else np.maximum(x, 0)
 
 
 # A primitive rather than np.where(x > 0, x, 0): NumPy's where costs several times maximum on float32
 # activations, and the rule needs only the output.
-relu = Primitive("relu", _relu_rule, impl=keep_layout(lambda x: np.maximum(x, 0)), doc="""
+relu = Primitive("relu", _relu_rule, impl=keep_layout(_relu_values), doc="""
     The rectified linear unit, ``max(x, 0)``; its derivative at 0 is 0.
 
     >>> import numpy as np

@@ -47,6 +47,7 @@ import numpy as np
 from ..autodiff import Primitive, is_tracked, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find
+from ..kernels.cpu_norm import update_running as _update_running
 from ..kernels.halfs import is_half
 from ..journal import changing
 from .activations import identity
@@ -84,16 +85,6 @@ def _channel_shape(x):
 
 def _count(x):
     return x.size // x.shape[1]
-
-
-def _update_running(running_mean, running_var, mean, var, momentum, m):
-    """``running = (1 - momentum) * running + momentum * batch`` in place (the variance unbiased)."""
-    if running_mean is None:
-        return
-    running_mean *= 1 - momentum
-    running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
-    running_var *= 1 - momentum
-    running_var += (momentum * m / (m - 1) * var).astype(running_var.dtype, copy=False)
 
 
 def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act):
