@@ -163,6 +163,19 @@ def _execute(lib, primitive, args):
     lib.call("dnnl_primitive_execute", primitive, lib.stream, len(args), packed)
 
 
+def _run_reordered(lib, primitive, operands: dict, args: list) -> None:
+    """Reorder the input operands into the layouts the primitive chose, run it on ``args``, reorder its outputs
+    back into their plain arrays, and wait for the stream."""
+    for operand in operands.values():
+        if operand.into:
+            operand.run_reorder()
+    _execute(lib, primitive, args)
+    for operand in operands.values():
+        if not operand.into:
+            operand.run_reorder()
+    lib.call("dnnl_stream_wait", lib.stream)
+
+
 def _geometry(cdims):
     """oneDNN's ``(strides, dilates, padding_l, padding_r)`` of ``cdims`` (its dilation counts the gaps: d - 1)."""
     spatial = len(cdims.stride)
@@ -217,19 +230,11 @@ class _Problem:
         output reordered out."""
         for role, array in arrays.items():
             self.operands[role].bind(array)
-        args = []
-        for role, operand in self.operands.items():
-            if operand.into:
-                operand.run_reorder()
-            args.append((_ARG[role], operand.memory))
+        args = [(_ARG[role], operand.memory) for role, operand in self.operands.items()]
         if self.bias_memory is not None:
             self.lib.call("dnnl_memory_set_data_handle", self.bias_memory, ctypes.c_void_p(bias.ctypes.data))
             args.append((_ARG["bias" if self.kind == "forward" else "diff_bias"], self.bias_memory))
-        _execute(self.lib, self.primitive, args)
-        for operand in self.operands.values():
-            if not operand.into:
-                operand.run_reorder()
-        self.lib.call("dnnl_stream_wait", self.lib.stream)
+        _run_reordered(self.lib, self.primitive, self.operands, args)
 
     def destroy(self) -> None:
         for operand in self.operands.values():
@@ -400,14 +405,8 @@ class _LSTMStep:
     def run(self, arrays: dict) -> None:
         for role, array in arrays.items():
             self.operands[role].bind(array)
-        for operand in self.operands.values():
-            if operand.into:
-                operand.run_reorder()
-        _execute(self.lib, self.primitive, [(_LSTM_ARG[role], op.memory) for role, op in self.operands.items()])
-        for operand in self.operands.values():
-            if not operand.into:
-                operand.run_reorder()
-        self.lib.call("dnnl_stream_wait", self.lib.stream)
+        _run_reordered(self.lib, self.primitive, self.operands,
+                       [(_LSTM_ARG[role], op.memory) for role, op in self.operands.items()])
 
     def destroy(self) -> None:
         for operand in self.operands.values():
