@@ -215,3 +215,26 @@ def test_a_failing_pass_names_the_status_and_the_function():
     with pytest.raises(RuntimeError, match=r"oneDNN: dnnl_binary_primitive_desc_create failed with "
                                            r"dnnl_invalid_arguments"):
         onednn._Pass(lib, (4, 3), "mul", (1, 5), ())   # a per-channel operand of 5 channels for 3
+
+
+def test_relu_takes_the_onednn_passes_through_the_kernel_table_for_large_float32_arrays_only(monkeypatch):
+    big = np.random.default_rng(0).standard_normal((4, 16, 32, 32)).astype(np.float32)
+    assert find("relu_forward", big) is onednn.relu
+    assert find("relu_backward", big, big) is onednn.relu_backward
+    for other in (big.astype(np.float64), big[:, :, :2, :2].copy(), big.transpose(0, 2, 3, 1)):
+        assert find("relu_forward", other) is None
+    assert find("relu_backward", big, big[:1]) is None
+    calls = []
+    monkeypatch.setattr(onednn, "relu_backward", lambda dy, y: calls.append("backward") or dy * (y > 0))
+    from fluxpy import kernels
+    table = kernels.snapshot()
+    try:   # the op looks its kernels up by name, so a kernel registered anew is what it runs
+        kernels.register("relu_forward", "numpy", lambda x: calls.append("forward") or np.maximum(x, 0),
+                         onednn.takes_eltwise)
+        kernels.register("relu_backward", "numpy", onednn.relu_backward, onednn.takes_eltwise)
+        w = np.random.default_rng(1).standard_normal(big.shape).astype(np.float32)
+        (g,) = fluxpy.gradient(lambda x: (relu(x) * w).sum(), big)
+    finally:
+        kernels.restore(table)
+    assert calls == ["forward", "backward"]
+    np.testing.assert_array_equal(g, w * (big > 0))

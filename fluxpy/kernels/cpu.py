@@ -752,6 +752,9 @@ register("gather", "numpy", gather)
 register("check_indices", "numpy", check_indices)
 register("conv_bias_act_forward", "numpy", conv_bias_act_cpu, _conv_bias_act_cpu_supports)
 register("conv_bias_act_grads", "numpy", conv_bias_act_grads, _conv_bias_act_grads_supports)
+register("relu_forward", "numpy", onednn.relu, onednn.takes_eltwise)   # large float32 arrays; else np.maximum
+register("relu_backward", "numpy", onednn.relu_backward,
+         lambda dy, y: onednn.takes_eltwise(dy, y) and dy.shape == y.shape)
 from . import cpu_recurrent as _cpu_recurrent  # noqa: E402  (the recurrent cells' gates: lstm_gates_*, gru_gates_*)
 for _name, (_fn, _ok) in _cpu_recurrent.KERNELS.items():
     register(_name, "numpy", _fn, _ok)

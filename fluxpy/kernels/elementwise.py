@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
-import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,36 +94,6 @@ def _func_key(f, active=()):
             id(f.__globals__))
 
 
-_SCALARS = (int, float, complex, str, bytes, bool, type(None), np.number)
-_keys: dict = {}   # id(f) -> (f, the objects its key was built from, the key)
-
-
-def _key_of(f):
-    """:func:`_func_key` of ``f``, remembered for a plain function while its closure cells and defaults hold the
-    same objects (a kernel is looked up on every call: the walk over closures costs more than the launch). Only
-    where the cells hold numbers, strings, ``f`` itself or functions without cells of their own, so that nothing
-    the key was built from can change unseen; others are keyed afresh each time."""
-    if type(f) is not types.FunctionType:
-        return _func_key(f)
-    try:
-        contents = tuple(c.cell_contents for c in f.__closure__ or ())
-    except ValueError:   # an empty cell: _func_key raises as it should
-        return _func_key(f)
-    if not all(isinstance(v, _SCALARS) or v is f or (type(v) is types.FunctionType and v.__closure__ is None)
-               for v in contents):
-        return _func_key(f)
-    # the objects themselves, held, compared by identity: ids alone could be reused by new objects once these died
-    seen = (*contents, f.__defaults__, f.__kwdefaults__)
-    hit = _keys.get(id(f))
-    if hit is not None and hit[0] is f and len(hit[1]) == len(seen) and all(map(operator.is_, hit[1], seen)):
-        return hit[2]
-    key = _func_key(f)
-    if len(_keys) >= 4096:   # lambdas made afresh each call would otherwise pile up
-        _keys.clear()
-    _keys[id(f)] = (f, seen, key)
-    return key
-
-
 _kernels = {}
 _failed = {}
 _warned = set()
@@ -172,7 +140,7 @@ def _kernel(f, xs, wanted, dy_dtype):
     """``(kernel, grad_index, result_dtype)`` for this signature, or None when ``f`` cannot be fused."""
     dtypes = tuple(_dtype_tag(x) for x in xs)
     try:
-        fkey = _key_of(f)
+        fkey = _func_key(f)
         key = (fkey, dtypes, tuple(wanted), None if dy_dtype is None else np.dtype(dy_dtype))
         hash(key)
     except (TypeError, ValueError):   # unhashable closure values, empty cells

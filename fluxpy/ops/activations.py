@@ -30,7 +30,7 @@ import numpy as np
 from ..autodiff import Primitive, Tracked, value_of
 from ..backend import Array
 from ..dual import Dual
-from ..kernels import onednn
+from ..kernels import find
 from ..layout import keep_layout, keeping_layout
 from .dropout import _uniform
 from .reduce import normalize_axis
@@ -82,13 +82,13 @@ def _relu_rule(x):
 
 
 def _masked(dy, y):
-    if onednn.takes_eltwise(dy, y) and dy.shape == y.shape:   # large float32: one pass on oneDNN's threads
-        return onednn.relu_backward(dy, y)
-    return dy * (y > 0)
+    kernel = find("relu_backward", dy, y)   # the CPU's large float32 arrays: one pass on oneDNN's threads
+    return dy * (y > 0) if kernel is None else kernel(dy, y)
 
 
 def _relu_values(x):
-    return onednn.relu(x) if onednn.takes_eltwise(x) else np.maximum(x, 0)
+    kernel = find("relu_forward", x)
+    return np.maximum(x, 0) if kernel is None else kernel(x)
 
 
 # A primitive rather than np.where(x > 0, x, 0): NumPy's where costs several times maximum on float32
