@@ -25,10 +25,11 @@ bfloat16 data are read and written in their own 16 bits (eight to a 16-byte vect
 statistics, ``gamma``, ``beta``, the running statistics and ``dgamma``/``dbeta`` are float32, as cuDNN's.
 
 Channels-last data (:mod:`fluxpy.layout`) is an ``(M, C)`` matrix (``M = N * spatial``): ``bn_stats_cl`` and
-``bn_bwd_stats_cl`` sum columns (a block per (row split, chunk of up to 32 channels), a warp reading runs of
-adjacent channels; the chunk's last block adds the partials in a fixed order), ``bn_apply_cl`` and
-``bn_bwd_apply_cl`` run flat over the data, each element's channel its index modulo ``C``. ``y`` and ``dx`` keep
-``x``'s layout.
+``bn_bwd_stats_cl`` sum columns, each thread a 16-byte vector of adjacent channels of a row (a block per (row
+split, chunk of about 32 channels), four rows in flight a thread, the lanes' sums and then the chunk's
+partials added by trees in a fixed order); ``bn_apply_cl`` and ``bn_bwd_apply_cl`` run a grid-stride loop whose
+stride is a whole number of rows, so each thread keeps its channels' coefficients in registers. ``y`` and ``dx``
+keep ``x``'s layout.
 
 >>> sorted(n for n in _NAMES if not n.endswith("_cl"))
 ['bn_apply', 'bn_bwd_apply', 'bn_bwd_stats', 'bn_stats']
@@ -36,6 +37,8 @@ adjacent channels; the chunk's last block adds the partials in a fixed order), `
 ['bn_apply_cl', 'bn_bwd_apply_cl', 'bn_bwd_stats_cl', 'bn_stats_cl']
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -156,14 +159,27 @@ def _apply_launch(n, c, hw, vec, dtype, dev):
     return (n * c, chunks), (256,), 0, 0
 
 
-def _column_launch(m, c, dev):
-    """``(grid, block, CW, S)`` of the channels-last statistics kernels: CW channel lanes (at most 32) per block,
-    chunks of CW channels, S row splits per chunk (about four blocks per SM in all, each with a row at least)."""
-    cw = min(c, 32)
-    chunks = -(-c // cw)
-    s = int(max(1, min(m, -(-4 * _sm_count(dev) // chunks), 1024)))
-    s = -(-m // -(-m // s))
-    return (s, chunks), (_THREADS,), cw, s
+def _column_launch(m, c, vw, dev):
+    """``(grid, block, CV, S)`` of the channels-last statistics kernels: each thread sums ``vw`` adjacent channels,
+    CV (a power of two) such columns a block, chunks of ``CV * vw`` channels (about 32: narrow chunks mean more
+    blocks of fewer rows each, so the last block of a chunk has few partials to add), S row splits per chunk
+    (about four blocks per SM in all, each lane with four rows or more)."""
+    groups = -(-c // vw)
+    cv = min(max(1, 32 // vw), 1 << (groups - 1).bit_length())
+    chunks = -(-groups // cv)
+    lanes = _THREADS // cv
+    s = int(max(1, min(-(-4 * _sm_count(dev) // chunks), -(-m // (4 * lanes)), 1024)))
+    s = -(-m // -(-m // s))   # every block gets at least one row
+    return (s, chunks), (_THREADS,), cv, s
+
+
+def _apply_grid(total, c, width, dev):
+    """Blocks of the channels-last apply kernels: about 32 a SM (fewer for small arrays), a multiple of
+    ``c / gcd(c, threads * width)`` so the grid's stride is a whole number of rows (each thread meets the same
+    channels at every step)."""
+    unit = c // math.gcd(c, _THREADS * width)
+    want = max(1, min(-(-total // _THREADS), 32 * _sm_count(dev)))
+    return unit * max(1, want // unit)
 
 
 class _ChannelsLastPlan:
@@ -174,16 +190,18 @@ class _ChannelsLastPlan:
     def __init__(self, shape, dtype, vec, dev, act):
         c = shape[1]
         m = int(np.prod(shape, dtype=np.int64)) // c
-        grid, block, cw, s = _column_launch(m, c, dev)
+        vw = _VECTORS[dtype][1]
+        grid, block, cv, s = _column_launch(m, c, vw, dev)
         self.stats, self.apply = _fn("bn_stats_cl", dtype, act), _fn("bn_apply_cl", dtype, act)
         self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype, act), _fn("bn_bwd_apply_cl", dtype, act)
         self.red = (grid, block)
-        total = m * c // _VECTORS[dtype][1] if vec else m * c
-        self.app = ((max(1, min(-(-total // _THREADS), 32 * _sm_count(dev))),), (_THREADS,))
+        width = vw if vec else 1
+        total = m * c // width
+        self.app = ((_apply_grid(total, c, width, dev),), (_THREADS,))
         self.c = c
-        self.scalars = (np.int64(m), np.int64(c), np.int32(s), np.int32(cw))
-        self.app_scalars = (np.uint32(c), np.int32(vec), np.uint32(total))
-        part = cupy.empty((2, grid[1] * cw * s), param_dtype(dtype))
+        self.scalars = (np.int64(m), np.int64(c), np.int32(s), np.int32(cv), np.int32(vec))
+        self.app_scalars = (np.int64(c), np.int32(vec), np.int64(total))
+        part = cupy.empty((2, grid[1] * cv * vw * s), param_dtype(dtype))
         self.part = (part[0], part[1])
         self.counter = cupy.zeros(grid[1], dtype=cupy.int32)   # left at zero by the kernels
 
@@ -218,8 +236,8 @@ _plans: dict = {}
 def _plan(act, x, *others):
     n, c, hw = _geometry(x)
     cl = not x._c_contiguous
-    # channels-last data is read as one flat run of vectors: whole vectors in all, aligned
-    vec = _vec(x.size if cl else hw, x.dtype, x, *others)
+    # channels-last data is read a row (C values) at a time: whole vectors a row, aligned
+    vec = _vec(c if cl else hw, x.dtype, x, *others)
     dev = x.device.id
     key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl, act)
     return _cached(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act))

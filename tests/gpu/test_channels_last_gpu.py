@@ -87,11 +87,13 @@ def test_convolution_in_channels_last_matches_c_order_and_keeps_the_layout(dtype
 
 
 @pytest.mark.parametrize("dtype, shape, act", sweep(
-    DTYPES, [(8, 16, 10, 10), (4, 40, 7, 5), (2, 3, 33, 9), (64, 70, 2, 2), (5, 8, 6)], [None, fluxpy.relu]),
+    DTYPES, [(8, 16, 10, 10), (4, 40, 7, 5), (2, 3, 33, 9), (64, 70, 2, 2), (5, 8, 6), (6, 24, 5, 5),
+            (3, 520, 3, 3), (2, 7, 4, 4), (128, 16, 16, 16)], [None, fluxpy.relu]),
     ids=lambda v: "relu" if v is fluxpy.relu else "identity" if v is None else case_id(v))
 def test_batchnorm_in_channels_last_matches_c_order(dtype, shape, act):
     """fluxpy's column kernels: statistics, running statistics, y, dx, dgamma, dbeta as in C order, y and dx
-    channels-last (channel counts under, at and over a 32-channel chunk; a 3-d input)."""
+    channels-last (channel counts not a whole number of vectors, under, at and over a chunk of 32 vectors, many
+    row splits; a 3-d input)."""
     cp = cupy_module()
     rng = np.random.default_rng(2)
     c = shape[1]

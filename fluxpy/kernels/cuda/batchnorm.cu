@@ -24,10 +24,11 @@ __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
 }
 
 // True in the last block of a channel to arrive (an integer counter, reset by that block). That block then reads the
-// other blocks' partials: after a fence, and through volatile pointers (sum_partials, column_totals), as reduce.py
-// does. Plain loads may be served from this SM's L1, which can hold a stale copy of the line: the partials of
-// neighbouring channels share it, and an earlier last block on this SM read them (or a previous layer of the same
-// shape, which shares the buffers, wrote them).
+// other blocks' partials: after a fence, and through L2 (__ldcg: sum_partials, column_totals). Plain loads may be
+// served from this SM's L1, which can hold a stale copy of the line: the partials of neighbouring channels share
+// it, and an earlier last block on this SM read them (or a previous layer of the same shape, which shares the
+// buffers, wrote them). Volatile loads would do too, but they are issued one after another, where __ldcg loads
+// overlap.
 __device__ __forceinline__ bool last_block(int* counter, int S) {
     __shared__ bool last;
     __threadfence();
@@ -43,10 +44,10 @@ __device__ __forceinline__ bool last_block(int* counter, int S) {
 }
 
 // The S partials of a channel added in a fixed order by warp 0.
-__device__ __forceinline__ void sum_partials(const volatile ACC* p1, const volatile ACC* p2, int S, ACC& s1,
+__device__ __forceinline__ void sum_partials(const ACC* p1, const ACC* p2, int S, ACC& s1,
                                              ACC& s2) {
     s1 = 0; s2 = 0;
-    for (int i = threadIdx.x; i < S; i += 32) { s1 += p1[i]; s2 += p2[i]; }
+    for (int i = threadIdx.x; i < S; i += 32) { s1 += __ldcg(p1 + i); s2 += __ldcg(p2 + i); }
     for (int o = 16; o > 0; o >>= 1) {
         s1 += __shfl_down_sync(0xffffffff, s1, o);
         s2 += __shfl_down_sync(0xffffffff, s2, o);
@@ -261,123 +262,216 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
 }
 
 // ---- Channels-last (x is an (M, C) row-major matrix, M = N * spatial) ----------------------------------------
-// Block (s, chunk) sums rows [rlo, rhi) of channels [chunk * CW, chunk * CW + CW): thread t is row lane
-// r = t / CW (RL = blockDim.x / CW lanes) of channel lane k = t % CW, so a warp reads whole runs of adjacent
-// channels. The block's per-channel sums go to partial s of the chunk; the chunk's last block adds the S
-// partials in a fixed order (lane r takes s = r, r + RL, ..., then lane 0 adds the lanes in order).
-#define COL_SUMS(EXPR1, EXPR2)                                                                              \
-    if (valid)                                                                                              \
-        for (long long row = rlo + r; row < rhi; row += RL) {                                               \
-            const long long at = row * NC + c;                                                              \
-            ACC A_ = LOAD(a[at]), B_ = LOAD(b[at]); s1 += EXPR1; s2 += EXPR2;                                 \
-        }
-
+// Each thread owns VW adjacent channels (one 16-byte vector of a row where C is a multiple of VW and the arrays
+// are aligned, VW scalar loads otherwise): thread t is vector column k = t % CV of its chunk (CV, a power of two,
+// columns of VW channels: the chunk's CH = CV * VW channels) and row lane r = t / CV (RL = blockDim.x / CV lanes,
+// also a power of two). Block (s, chunk) sums rows [rlo, rhi), four rows in flight per lane; the lanes' sums are
+// added by a tree in shared memory (a fixed order), the block's sums go to partial s of the chunk, and the chunk's
+// last block adds the S partials the same way (lane r takes s = r, r + RL, ...), so results do not depend on timing.
 #define CL_SETUP                                                                                            \
-    __shared__ ACC sh[512];                                                                                 \
-    const int RL = blockDim.x / CW;                                                                         \
-    const int k = threadIdx.x % CW, r = threadIdx.x / CW;                                                   \
-    const long long c = (long long)blockIdx.y * CW + k;                                                     \
+    __shared__ ACC sh1[256 * VW];                                                                           \
+    __shared__ ACC sh2[256 * VW];                                                                           \
+    const int RL = blockDim.x / CV;                                                                         \
+    const int k = threadIdx.x % CV, r = threadIdx.x / CV;                                                   \
+    const long long c0 = ((long long)blockIdx.y * CV + k) * VW;                                             \
     const int s = blockIdx.x;                                                                               \
-    const long long rc = (M + S - 1) / S, rlo = s * rc, rhi = min(M, rlo + rc);                             \
-    const bool valid = c < NC && r < RL;
+    const long long rc = (M + S - 1) / S, rlo = s * rc, rhi = min(M, rlo + rc);
 
-// True in lane 0 of each channel of the chunk's last block, which then holds the channel's totals (t1, t2).
-__device__ __forceinline__ bool column_totals(ACC s1, ACC s2, ACC* sh, ACC* part1, ACC* part2, int* counter,
-                                              int s, int S, int CW, int RL, int k, int r, ACC& t1, ACC& t2) {
-    const bool lane = r < RL;
-    if (lane) { sh[threadIdx.x] = s1; sh[256 + threadIdx.x] = s2; }
-    __syncthreads();
-    if (r == 0) {
-        ACC a = 0, b = 0;
-        for (int i = 0; i < RL; ++i) { a += sh[i * CW + k]; b += sh[256 + i * CW + k]; }
-        part1[k * S + s] = a; part2[k * S + s] = b;
+// The VW values of channels c0 .. c0 + VW - 1 in row `row` of a (channels beyond C read as 0).
+__device__ __forceinline__ void load_row(const T* a, long long row, long long NC, long long c0, int vec, ACC* out) {
+    const T* p = a + row * NC + c0;
+    if (vec) {
+        VT v = *(const VT*)p;
+        const T* pv = (const T*)&v;
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) out[u] = LOAD(pv[u]);
+    } else {
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) out[u] = c0 + u < NC ? LOAD(p[u]) : (ACC)0;
     }
+}
+
+// Rows [rlo + r, rhi) step RL of channels c0 .. c0 + VW - 1: s1[U] += EXPR1, s2[U] += EXPR2 over (A_, B_), the
+// values of a and (TWO = 1) b or (TWO = 0) a again, U the channel's slot; four rows loaded before any is added.
+#define COL_SUMS(TWO, EXPR1, EXPR2)                                                                              \
+    {                                                                                                       \
+        long long row = rlo + r;                                                                            \
+        ACC va[4][VW], vb[TWO ? 4 : 1][VW];                                                                           \
+        for (; row + 3 * RL < rhi; row += 4 * RL) {                                                         \
+            _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                                 \
+                load_row(a, row + q * RL, NC, c0, vec, va[q]);                                              \
+                if (TWO) load_row(b, row + q * RL, NC, c0, vec, vb[q]);                                  \
+            }                                                                                               \
+            _Pragma("unroll") for (int q = 0; q < 4; ++q)                                                   \
+                _Pragma("unroll") for (int U = 0; U < VW; ++U) {                                            \
+                    const ACC A_ = va[q][U], B_ = TWO ? vb[q][U] : va[q][U];                             \
+                    s1[U] += EXPR1; s2[U] += EXPR2;                                                         \
+                }                                                                                           \
+        }                                                                                                   \
+        for (; row < rhi; row += RL) {                                                                      \
+            load_row(a, row, NC, c0, vec, va[0]);                                                           \
+            if (TWO) load_row(b, row, NC, c0, vec, vb[0]);                                               \
+            _Pragma("unroll") for (int U = 0; U < VW; ++U) {                                                \
+                const ACC A_ = va[0][U], B_ = TWO ? vb[0][U] : va[0][U];                                 \
+                s1[U] += EXPR1; s2[U] += EXPR2;                                                             \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+// The RL lanes' sums of each of the block's CH channels added by a tree (lane r's VW values at
+// sh[(r * CV + k) * VW + u]); the totals end in lane 0's slots.
+__device__ __forceinline__ void lane_tree(ACC* sh1, ACC* sh2, int RL, int CV, int k, int r) {
+    for (int h = RL >> 1; h > 0; h >>= 1) {
+        __syncthreads();
+        if (r < h) {
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                sh1[(r * CV + k) * VW + u] += sh1[((r + h) * CV + k) * VW + u];
+                sh2[(r * CV + k) * VW + u] += sh2[((r + h) * CV + k) * VW + u];
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// True in lane 0 of the chunk's last block, which then holds totals t1[u], t2[u] of channels c0 + u. part1/part2:
+// the chunk's S partials of CH channels each (partial s of channel j at s * CH + j).
+__device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC* sh1, ACC* sh2, ACC* part1,
+                                              ACC* part2, int* counter, int s, int S, int CV, int RL, int k, int r,
+                                              ACC* t1, ACC* t2) {
+    const int CH = CV * VW;
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+        sh1[(r * CV + k) * VW + u] = s1[u]; sh2[(r * CV + k) * VW + u] = s2[u];
+    }
+    lane_tree(sh1, sh2, RL, CV, k, r);
+    if (r == 0)
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            part1[(long long)s * CH + k * VW + u] = sh1[k * VW + u];
+            part2[(long long)s * CH + k * VW + u] = sh2[k * VW + u];
+        }
     if (!last_block(counter, S)) return false;
-    ACC a = 0, b = 0;
-    const volatile ACC* q1 = part1 + k * S;
-    const volatile ACC* q2 = part2 + k * S;
-    if (lane) for (int i = r; i < S; i += RL) { a += q1[i]; b += q2[i]; }
-    __syncthreads();
-    if (lane) { sh[threadIdx.x] = a; sh[256 + threadIdx.x] = b; }
-    __syncthreads();
+    ACC a[VW], b[VW];
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) { a[u] = 0; b[u] = 0; }
+    for (int i = r; i < S; i += RL)
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            a[u] += __ldcg(part1 + (long long)i * CH + k * VW + u);
+            b[u] += __ldcg(part2 + (long long)i * CH + k * VW + u);
+        }
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+        sh1[(r * CV + k) * VW + u] = a[u]; sh2[(r * CV + k) * VW + u] = b[u];
+    }
+    lane_tree(sh1, sh2, RL, CV, k, r);
     if (r != 0) return false;
-    t1 = 0; t2 = 0;
-    for (int i = 0; i < RL; ++i) { t1 += sh[i * CW + k]; t2 += sh[256 + i * CW + k]; }
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) { t1[u] = sh1[k * VW + u]; t2[u] = sh2[k * VW + u]; }
     return true;
 }
 
-extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CW,
+extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CV, int vec,
                                         ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
                                         ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
                                         ACC* running_mean, ACC* running_var, double momentum, double eps) {
     CL_SETUP
     const T* a = x; const T* b = x;
-    const ACC K = c < NC ? LOAD(x[c]) : (ACC)0;
-    ACC s1 = 0, s2 = 0;
-    COL_SUMS((A_ - K), (A_ - K) * (A_ - K))
-    ACC t1, t2;
-    const long long slot = (long long)blockIdx.y * CW * S;
-    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
-        && c < NC)
+    ACC Ks[VW], s1[VW], s2[VW];
+    load_row(x, 0, NC, c0, vec && c0 < NC, Ks);   // the shift: each channel's first value
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) { s1[u] = 0; s2[u] = 0; }
+    if (c0 < NC) COL_SUMS(0, (A_ - Ks[U]), (A_ - Ks[U]) * (A_ - Ks[U]))
+    ACC t1s[VW], t2s[VW];
+    const long long slot = (long long)blockIdx.y * CV * VW * S;
+    if (!column_totals(s1, s2, sh1, sh2, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CV, RL, k, r,
+                       t1s, t2s))
+        return;
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+        const long long c = c0 + u;
+        if (c >= NC) break;
+        const ACC t1 = t1s[u], t2 = t2s[u], K = Ks[u];
         STATS_FINISH(M)
+    }
 }
 
 extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                             const ACC* gamma, const ACC* beta, long long M, long long NC, int S,
-                                            int CW, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
+                                            int CV, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
                                             ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf) {
     CL_SETUP
     const T* a = dy; const T* b = x;
-    const ACC K = c < NC ? mean[c] : (ACC)0;
-    const ACC g0 = (gamma && c < NC) ? gamma[c] : (ACC)1, b0 = (beta && c < NC) ? beta[c] : (ACC)0;
-    const ACC inv0 = c < NC ? invstd[c] : (ACC)0;
-    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
-    ACC s1 = 0, s2 = 0;
-    COL_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
-    ACC t1, t2;
-    const long long slot = (long long)blockIdx.y * CW * S;
-    if (column_totals(s1, s2, sh, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CW, RL, k, r, t1, t2)
-        && c < NC)
+    ACC Ks[VW], scs[VW], sfs[VW], s1[VW], s2[VW];
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+        const long long c = c0 + u;
+        const bool in = c < NC;
+        const ACC g0 = (gamma && in) ? gamma[c] : (ACC)1, b0 = (beta && in) ? beta[c] : (ACC)0;
+        const ACC inv0 = in ? invstd[c] : (ACC)0;
+        Ks[u] = in ? mean[c] : (ACC)0;
+        scs[u] = g0 * inv0; sfs[u] = b0 - Ks[u] * g0 * inv0;
+        s1[u] = 0; s2[u] = 0;
+    }
+#define sc scs[U]
+#define sf sfs[U]
+    if (c0 < NC) COL_SUMS(1, MASKED(A_, B_), MASKED(A_, B_) * (B_ - Ks[U]))
+#undef sc
+#undef sf
+    ACC t1s[VW], t2s[VW];
+    const long long slot = (long long)blockIdx.y * CV * VW * S;
+    if (!column_totals(s1, s2, sh1, sh2, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CV, RL, k, r,
+                       t1s, t2s))
+        return;
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+        const long long c = c0 + u;
+        if (c >= NC) break;
+        const ACC t1 = t1s[u], t2 = t2s[u], K = Ks[u], sc = scs[u], sf = sfs[u];
         BWD_FINISH(M)
+    }
 }
 
-// The apply kernels on channels-last data: a grid-stride loop over vectors (or elements), each element's channel
-// its index modulo C.
-extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, unsigned NC, int vec,
-                                        unsigned total) {
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (vec) {
+// The apply kernels on channels-last data: a grid-stride loop whose stride is a whole number of rows (the launch
+// makes gridDim.x * blockDim.x * W a multiple of C, W = VW with vectors, else 1), so each thread meets the same
+// W channels at every step and keeps their coefficients in registers.
+#define APPLY_SETUP(W)                                                                                      \
+    const long long step = (long long)gridDim.x * blockDim.x;                                               \
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;                               \
+    const long long cbase = (first * (W)) % NC;
+
+extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, int vec,
+                                        long long total) {
+    if (vec) {
+        APPLY_SETUP(VW)
+        ACC sc[VW], sf[VW];
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) { sc[u] = scale[cbase + u]; sf[u] = shift[cbase + u]; }
+        for (long long i = first; i < total; i += step) {
             VT v = ((const VT*)x)[i];
             T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                const unsigned c = (i * VW + u) % NC;
-                p[u] = STORE(ACT(LOAD(p[u]) * scale[c] + shift[c]));
-            }
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc[u] + sf[u]));
             ((VT*)y)[i] = v;
-        } else {
-            const unsigned c = i % NC;
-            y[i] = STORE(ACT(LOAD(x[i]) * scale[c] + shift[c]));
         }
+    } else {
+        APPLY_SETUP(1)
+        const ACC sc = scale[cbase], sf = shift[cbase];
+        for (long long i = first; i < total; i += step) y[i] = STORE(ACT(LOAD(x[i]) * sc + sf));
     }
 }
 
 extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
-                                            const ACC* ck, unsigned NC, int vec, unsigned total, const ACC* csc,
+                                            const ACC* ck, long long NC, int vec, long long total, const ACC* csc,
                                             const ACC* csf) {
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        if (vec) {
+    if (vec) {
+        APPLY_SETUP(VW)
+        ACC a[VW], b[VW], kk[VW], scs[VW], sfs[VW];
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            a[u] = ca[cbase + u]; b[u] = cb[cbase + u]; kk[u] = ck[cbase + u];
+            scs[u] = csc[cbase + u]; sfs[u] = csf[cbase + u];
+        }
+        for (long long i = first; i < total; i += step) {
             VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
             const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                const unsigned c = (i * VW + u) % NC;
-                const ACC sc = csc[c], sf = csf[c], xv = LOAD(pv[u]);
-                po[u] = STORE(ca[c] * MASKED(LOAD(pg[u]), xv) + cb[c] * xv + ck[c]);
+                const ACC sc = scs[u], sf = sfs[u], xv = LOAD(pv[u]);
+                po[u] = STORE(a[u] * MASKED(LOAD(pg[u]), xv) + b[u] * xv + kk[u]);
             }
             ((VT*)dx)[i] = o;
-        } else {
-            const unsigned c = i % NC;
-            const ACC sc = csc[c], sf = csf[c], xv = LOAD(x[i]);
-            dx[i] = STORE(ca[c] * MASKED(LOAD(dy[i]), xv) + cb[c] * xv + ck[c]);
+        }
+    } else {
+        APPLY_SETUP(1)
+        const ACC a = ca[cbase], b = cb[cbase], kk = ck[cbase], sc = csc[cbase], sf = csf[cbase];
+        for (long long i = first; i < total; i += step) {
+            const ACC xv = LOAD(x[i]);
+            dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + kk);
         }
     }
 }
