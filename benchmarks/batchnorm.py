@@ -16,7 +16,13 @@ behind a spin kernel so only GPU time counts, ``wall us`` does not (what a host-
 counts the minimum traffic of the pair, 5 x the bytes of ``x`` (forward: read x, write y; backward: read x and
 dy, write dx), against a device-to-device copy of the same size measured in the same run (read + write).
 
-Run: ``PYTHONPATH=. python3 benchmarks/batchnorm.py [--reps N] [--json out.json]``
+``--layout channels_last --dtype bfloat16`` (or float16, float32) times the channels-last kernels instead: fluxpy's
+own kernels called directly and through the op, against PyTorch's ``F.batch_norm`` on the same channels-last
+tensor (cuDNN's legacy calls and the composite take C order only: their columns are blank). The shapes then are a
+VGG's and a ResNet's layers (``CL_SHAPES``).
+
+Run: ``PYTHONPATH=. python3 benchmarks/batchnorm.py [--reps N] [--layout c_order|channels_last] [--dtype float32]
+[--json out.json]``
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import numpy as np
 from elementwise import Timer
 
 SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (512, 32, 16, 16), (64, 64, 64, 64), (256, 256, 14, 14)]
+CL_SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (1024, 64, 32, 32), (1024, 128, 16, 16), (1024, 256, 8, 8),
+             (1024, 512, 4, 4), (256, 1024, 2, 2)]
 
 
 def fluxpy_pair(cp, x, g, b, rm, rv, dy):
@@ -73,8 +81,11 @@ def composite_pair(cp, x, g, b, rm, rv, dy):
 
 def torch_pair(torch, x, g, b, rm, rv, dy):
     import torch.nn.functional as F
-    x, g, b = (torch.from_dlpack(a).clone().requires_grad_(True) for a in (x, g, b))
-    rm, rv, dy = (torch.from_dlpack(a).clone() for a in (rm, rv, dy))
+    def tensor(a):   # through float32 (DLPack has no bfloat16 here), the layout kept
+        return torch.from_dlpack(a.astype("float32")).to(getattr(torch, str(a.dtype)))
+
+    x, g, b = (tensor(a).requires_grad_(True) for a in (x, g, b))
+    rm, rv, dy = (tensor(a) for a in (rm, rv, dy))
 
     def run():
         x.grad = g.grad = b.grad = None
@@ -90,11 +101,13 @@ def copy_us(cp, timer, nbytes):
     return timer(lambda: cp.copyto(dst, src), True)
 
 
-def measure(cp, torch, timer, shape):
+def measure(cp, torch, timer, shape, dtype="float32", channels_last=False):
+    from fluxpy.layout import to_channels_last
     rng = np.random.default_rng(0)
     c = shape[1]
-    x = cp.asarray(rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5)
-    dy = cp.asarray(rng.standard_normal(shape, dtype=np.float32))
+    layout = to_channels_last if channels_last else (lambda a: a)
+    x = layout(cp.asarray(rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5).astype(dtype))
+    dy = layout(cp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype))
     g = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     b = cp.asarray(rng.standard_normal(c, dtype=np.float32))
     rm, rv = cp.zeros(c, cp.float32), cp.ones(c, cp.float32)
@@ -102,11 +115,13 @@ def measure(cp, torch, timer, shape):
     from fluxpy.kernels.cudnn import batchnorm as cudnn_bn
     row = {"shape": list(shape), "mbytes": x.nbytes / 1e6}
     for name, impl in (("fluxpy", cuda_bn), ("cudnn", cudnn_bn)):   # each implementation alone
-        row[f"{name}_kernels_gpu_us"], row[f"{name}_kernels_wall_us"] = timer.both(
-            kernel_pair(impl, x, g, b, rm, rv, dy))
+        if name == "fluxpy" or not channels_last:
+            row[f"{name}_kernels_gpu_us"], row[f"{name}_kernels_wall_us"] = timer.both(
+                kernel_pair(impl, x, g, b, rm, rv, dy))
     row["fluxpy_gpu_us"], row["fluxpy_wall_us"] = timer.both(fluxpy_pair(cp, x, g, b, rm, rv, dy))
-    row["composite_gpu_us"], row["composite_wall_us"] = timer.both(composite_pair(cp, x, g, b, rm.copy(), rv.copy(),
-                                                                                 dy))
+    if not channels_last:
+        row["composite_gpu_us"], row["composite_wall_us"] = timer.both(
+            composite_pair(cp, x, g, b, rm.copy(), rv.copy(), dy))
     if torch is not None:
         row["torch_gpu_us"], row["torch_wall_us"] = timer.both(torch_pair(torch, x, g, b, rm, rv, dy))
     copy = copy_us(cp, timer, x.nbytes)
@@ -115,6 +130,10 @@ def measure(cp, torch, timer, shape):
     row["fluxpy_share_of_copy"] = row["fluxpy_gbs"] / row["copy_gbs"]
     row["fluxpy_us"], row["torch_us"] = row["fluxpy_gpu_us"], row.get("torch_gpu_us")   # what run.py compares
     return row
+
+
+def _us(row, key):
+    return f"{row[key]:.1f}" if key in row else "-"
 
 
 def print_table(rows):
@@ -126,13 +145,15 @@ def print_table(rows):
         ratio = f"{r['fluxpy_gpu_us'] / t:.2f}" if t else "-"
         print(f"| {tuple(r['shape'])} | {r['mbytes']:.0f} | {r['fluxpy_gpu_us']:.1f} | {t or 0:.1f} | {ratio} | "
               f"{r['fluxpy_wall_us']:.1f} | {r.get('torch_wall_us', 0):.1f} | {r['fluxpy_kernels_gpu_us']:.1f} | "
-              f"{r['cudnn_kernels_gpu_us']:.1f} | {r['composite_gpu_us']:.1f} | "
+              f"{_us(r, 'cudnn_kernels_gpu_us')} | {_us(r, 'composite_gpu_us')} | "
               f"{r['fluxpy_gbs']:.0f} | {r['fluxpy_share_of_copy']:.0%} |")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--layout", choices=("c_order", "channels_last"), default="c_order")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--json")
     args = p.parse_args()
     import cupy as cp
@@ -141,7 +162,10 @@ def main():
     except ImportError:
         torch = None
     timer = Timer(cp, args.reps)
-    rows = [measure(cp, torch, timer, s) for s in SHAPES]
+    dtype = np.dtype(args.dtype) if args.dtype != "bfloat16" else np.dtype(__import__("ml_dtypes").bfloat16)
+    cl = args.layout == "channels_last"
+    print(f"{args.dtype}, {args.layout}")
+    rows = [measure(cp, torch, timer, s, dtype, cl) for s in (CL_SHAPES if cl else SHAPES)]
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
