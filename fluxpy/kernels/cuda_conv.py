@@ -20,8 +20,10 @@ Convolutions of 1, 2 or 3 spatial axes take the same kernels: the binding tells 
 one with a unit axis and of a 3-d one with 5-d descriptors (:mod:`fluxpy.kernels.cudnn.geometry`); the bias
 gradient sums every axis but the channels'.
 
-The four convolution kernels are the graph module's own functions, registered as they are (no
-extra Python frame per call); each falls back per problem to the legacy call of
+The convolution kernels are the graph module's own functions (``conv_bias_act_forward`` registered as it is,
+no extra Python frame per call), the other three through :mod:`fluxpy.kernels.cuda_depthwise`, which keeps
+fluxpy's own kernels for the half-precision channels-last depthwise problems where they measure faster and
+passes every other call on. The graph path falls back per problem to the legacy call of
 :mod:`fluxpy.kernels.cudnn.legacy`, and ``conv_bias_act_forward`` composes conv, bias and relu
 itself where cuDNN refuses the fusion, so every kernel returns a result.
 
@@ -38,6 +40,7 @@ import numpy as np
 
 from ..backend import cupy
 from ..layout import keeping_layout, like_layout
+from . import cuda_depthwise
 from .cudnn import graph
 from .cudnn.geometry import ConvDimsLike
 from .halfs import BFLOAT16, is_half
@@ -112,9 +115,9 @@ def conv_bias_act_backward(dy: cupy.ndarray, y: cupy.ndarray, kind: str, cdims: 
 
 
 KERNELS = {
-    "conv_forward": graph.conv_forward,
-    "conv_backward_data": graph.conv_backward_data,
-    "conv_backward_filter": graph.conv_backward_filter,
+    "conv_forward": cuda_depthwise.conv_forward,
+    "conv_backward_data": cuda_depthwise.conv_backward_data,
+    "conv_backward_filter": cuda_depthwise.conv_backward_filter,
     "conv_bias_act_forward": graph.conv_bias_act_forward,
     "conv_bias_act_backward": conv_bias_act_backward,
 }
