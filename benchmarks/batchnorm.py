@@ -19,7 +19,7 @@ dy, write dx), against a device-to-device copy of the same size measured in the 
 ``--layout channels_last --dtype bfloat16`` (or float16, float32) times the channels-last kernels instead: fluxpy's
 own kernels called directly and through the op, against PyTorch's ``F.batch_norm`` on the same channels-last
 tensor (cuDNN's legacy calls and the composite take C order only: their columns are blank). The shapes then are a
-VGG's and a ResNet's layers (``CL_SHAPES``).
+VGG's, a ResNet's and a MobileNet's layers (``CL_SHAPES``).
 
 Run: ``PYTHONPATH=. python3 benchmarks/batchnorm.py [--reps N] [--layout c_order|channels_last] [--dtype float32]
 [--json out.json]``
@@ -34,7 +34,7 @@ from elementwise import Timer
 
 SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (512, 32, 16, 16), (64, 64, 64, 64), (256, 256, 14, 14)]
 CL_SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (1024, 64, 32, 32), (1024, 128, 16, 16), (1024, 256, 8, 8),
-             (1024, 512, 4, 4), (256, 1024, 2, 2)]
+             (1024, 512, 4, 4), (256, 32, 32, 32), (256, 128, 16, 16), (256, 256, 8, 8), (256, 1024, 2, 2)]
 
 
 def fluxpy_pair(cp, x, g, b, rm, rv, dy):

@@ -266,11 +266,12 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
 // are aligned, VW scalar loads otherwise): thread t is vector column k = t % CV of its chunk (CV, a power of two,
 // columns of VW channels: the chunk's CH = CV * VW channels) and row lane r = t / CV (RL = blockDim.x / CV lanes,
 // also a power of two). Block (s, chunk) sums rows [rlo, rhi), four rows in flight per lane; the lanes' sums are
-// added by a tree in shared memory (a fixed order), the block's sums go to partial s of the chunk, and the chunk's
-// last block adds the S partials the same way (lane r takes s = r, r + RL, ...), so results do not depend on timing.
+// added by shuffles within each warp and then warp by warp (a fixed order), the block's sums go to partial s of
+// the chunk, and the chunk's last block adds the S partials the same way (lane r takes s = r, r + RL, ...), so
+// results do not depend on timing.
 #define CL_SETUP                                                                                            \
-    __shared__ ACC sh1[256 * VW];                                                                           \
-    __shared__ ACC sh2[256 * VW];                                                                           \
+    __shared__ ACC sh1[8 * 32];                                                                             \
+    __shared__ ACC sh2[8 * 32];                                                                             \
     const int RL = blockDim.x / CV;                                                                         \
     const int k = threadIdx.x % CV, r = threadIdx.x / CV;                                                   \
     const long long c0 = ((long long)blockIdx.y * CV + k) * VW;                                             \
@@ -316,19 +317,27 @@ __device__ __forceinline__ void load_row(const T* a, long long row, long long NC
         }                                                                                                   \
     }
 
-// The RL lanes' sums of each of the block's CH channels added by a tree (lane r's VW values at
-// sh[(r * CV + k) * VW + u]); the totals end in lane 0's slots.
-__device__ __forceinline__ void lane_tree(ACC* sh1, ACC* sh2, int RL, int CV, int k, int r) {
-    for (int h = RL >> 1; h > 0; h >>= 1) {
-        __syncthreads();
-        if (r < h) {
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                sh1[(r * CV + k) * VW + u] += sh1[((r + h) * CV + k) * VW + u];
-                sh2[(r * CV + k) * VW + u] += sh2[((r + h) * CV + k) * VW + u];
-            }
+// The RL lanes' sums (a[u], b[u] of channels c0 + u) added in a fixed order: within each warp by shuffles (the
+// lanes of one column sit CV threads apart), then the warps' sums in order through shared memory (sh1, sh2: a
+// warp's CH = CV * VW values each). On return the threads of row lane 0 hold the block's totals in a and b.
+__device__ __forceinline__ void lane_sums(ACC* a, ACC* b, ACC* sh1, ACC* sh2, int CV, int k, int r) {
+    _Pragma("unroll") for (int u = 0; u < VW; ++u)
+        for (int o = 16; o >= CV; o >>= 1) {
+            a[u] += __shfl_down_sync(0xffffffff, a[u], o);
+            b[u] += __shfl_down_sync(0xffffffff, b[u], o);
         }
-    }
+    const int CH = CV * VW, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    __syncthreads();   // the shared arrays' last readers are done
+    if ((threadIdx.x & 31) < CV)
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            sh1[warp * CH + k * VW + u] = a[u]; sh2[warp * CH + k * VW + u] = b[u];
+        }
     __syncthreads();
+    if (r == 0)
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            a[u] = 0; b[u] = 0;
+            for (int w = 0; w < warps; ++w) { a[u] += sh1[w * CH + k * VW + u]; b[u] += sh2[w * CH + k * VW + u]; }
+        }
 }
 
 // True in lane 0 of the chunk's last block, which then holds totals t1[u], t2[u] of channels c0 + u. part1/part2:
@@ -337,30 +346,22 @@ __device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC*
                                               ACC* part2, int* counter, int s, int S, int CV, int RL, int k, int r,
                                               ACC* t1, ACC* t2) {
     const int CH = CV * VW;
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-        sh1[(r * CV + k) * VW + u] = s1[u]; sh2[(r * CV + k) * VW + u] = s2[u];
-    }
-    lane_tree(sh1, sh2, RL, CV, k, r);
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) { t1[u] = s1[u]; t2[u] = s2[u]; }
+    lane_sums(t1, t2, sh1, sh2, CV, k, r);
     if (r == 0)
         _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-            part1[(long long)s * CH + k * VW + u] = sh1[k * VW + u];
-            part2[(long long)s * CH + k * VW + u] = sh2[k * VW + u];
+            part1[(long long)s * CH + k * VW + u] = t1[u];
+            part2[(long long)s * CH + k * VW + u] = t2[u];
         }
     if (!last_block(counter, S)) return false;
-    ACC a[VW], b[VW];
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) { a[u] = 0; b[u] = 0; }
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) { t1[u] = 0; t2[u] = 0; }
     for (int i = r; i < S; i += RL)
         _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-            a[u] += __ldcg(part1 + (long long)i * CH + k * VW + u);
-            b[u] += __ldcg(part2 + (long long)i * CH + k * VW + u);
+            t1[u] += __ldcg(part1 + (long long)i * CH + k * VW + u);
+            t2[u] += __ldcg(part2 + (long long)i * CH + k * VW + u);
         }
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-        sh1[(r * CV + k) * VW + u] = a[u]; sh2[(r * CV + k) * VW + u] = b[u];
-    }
-    lane_tree(sh1, sh2, RL, CV, k, r);
-    if (r != 0) return false;
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) { t1[u] = sh1[k * VW + u]; t2[u] = sh2[k * VW + u]; }
-    return true;
+    lane_sums(t1, t2, sh1, sh2, CV, k, r);
+    return r == 0;
 }
 
 extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CV, int vec,
