@@ -341,11 +341,15 @@ __device__ __forceinline__ void lane_sums(ACC* a, ACC* b, ACC* sh1, ACC* sh2, in
 }
 
 // True in lane 0 of the chunk's last block, which then holds totals t1[u], t2[u] of channels c0 + u. part1/part2:
-// the chunk's S partials of CH channels each (partial s of channel j at s * CH + j).
+// every chunk's S partials of CH channels each (chunk blockIdx.y's partial s of channel j at (y * S + s) * CH + j);
+// counters: one per chunk.
 __device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC* sh1, ACC* sh2, ACC* part1,
-                                              ACC* part2, int* counter, int s, int S, int CV, int RL, int k, int r,
+                                              ACC* part2, int* counters, int s, int S, int CV, int RL, int k, int r,
                                               ACC* t1, ACC* t2) {
     const int CH = CV * VW;
+    const long long slot = (long long)blockIdx.y * CH * S;
+    part1 += slot; part2 += slot;
+    int* counter = counters + blockIdx.y;
     _Pragma("unroll") for (int u = 0; u < VW; ++u) { t1[u] = s1[u]; t2[u] = s2[u]; }
     lane_sums(t1, t2, sh1, sh2, CV, k, r);
     if (r == 0)
@@ -375,10 +379,7 @@ extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, in
     _Pragma("unroll") for (int u = 0; u < VW; ++u) { s1[u] = 0; s2[u] = 0; }
     if (c0 < NC) COL_SUMS(0, (A_ - Ks[U]), (A_ - Ks[U]) * (A_ - Ks[U]))
     ACC t1s[VW], t2s[VW];
-    const long long slot = (long long)blockIdx.y * CV * VW * S;
-    if (!column_totals(s1, s2, sh1, sh2, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CV, RL, k, r,
-                       t1s, t2s))
-        return;
+    if (!column_totals(s1, s2, sh1, sh2, part1, part2, counters, s, S, CV, RL, k, r, t1s, t2s)) return;
     _Pragma("unroll") for (int u = 0; u < VW; ++u) {
         const long long c = c0 + u;
         if (c >= NC) break;
@@ -409,10 +410,7 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
 #undef sc
 #undef sf
     ACC t1s[VW], t2s[VW];
-    const long long slot = (long long)blockIdx.y * CV * VW * S;
-    if (!column_totals(s1, s2, sh1, sh2, part1 + slot, part2 + slot, counters + blockIdx.y, s, S, CV, RL, k, r,
-                       t1s, t2s))
-        return;
+    if (!column_totals(s1, s2, sh1, sh2, part1, part2, counters, s, S, CV, RL, k, r, t1s, t2s)) return;
     _Pragma("unroll") for (int u = 0; u < VW; ++u) {
         const long long c = c0 + u;
         if (c >= NC) break;

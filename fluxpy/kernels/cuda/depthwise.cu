@@ -52,71 +52,65 @@ __device__ __forceinline__ void load_weights(const T* w, C* ws, int CH, int flip
     __syncthreads();
 }
 
-// y[n, oh, ow, c] = sum over taps of x[n, oh * sh - ph + kh * dh, ow * sw - pw + kw * dw, c] * w[c, tap].
-extern "C" __global__ void dw_forward(const T* x, const T* w, T* y, GEOMETRY, long long pixels) {
+// The loop of the two elementwise passes, a thread per (pixel of `out`, VW channels): DATA false, dw_forward,
+// out = y at the output pixels, reading in = x at oh * sh - ph + kh * dh (and the same along w); DATA true,
+// dw_backward_data, out = dx at the input pixels, gathering in = dy at every oh with ih = oh * sh - ph + kh * dh.
+template <bool DATA>
+__device__ __forceinline__ void taps_pass(const T* in, const T* w, T* out, GEOMETRY, long long pixels) {
     extern __shared__ unsigned char smem[];
     C* ws = (C*)smem;
     load_weights(w, ws, CH, flip);
     const int j = threadIdx.x * VW, c0 = blockIdx.y * blockDim.x * VW + j;
     if (c0 >= CH) return;
     const int width = blockDim.x * VW;
+    const int rows = DATA ? H : OH, cols = DATA ? W : OW;      // the grid of `out`
+    const int in_rows = DATA ? OH : H, in_cols = DATA ? OW : W;  // the grid of `in`
     for (long long p = (long long)blockIdx.x * blockDim.y + threadIdx.y; p < pixels;
          p += (long long)gridDim.x * blockDim.y) {
-        const int ow = (int)(p % OW);
-        const long long q = p / OW;
-        const int oh = (int)(q % OH);
-        const long long n = q / OH;
+        const int b = (int)(p % cols);
+        const long long q = p / cols;
+        const int a = (int)(q % rows);
+        const long long n = q / rows;
         C acc[VW], v[VW];
         _Pragma("unroll") for (int u = 0; u < VW; ++u) acc[u] = 0;
         _Pragma("unroll") for (int kh = 0; kh < KH; ++kh) {
-            const int ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) continue;
+            int i;
+            if (DATA) {
+                const int t = a + ph - kh * dh;
+                if (t < 0 || t % sh != 0) continue;
+                i = t / sh;
+            } else {
+                i = a * sh - ph + kh * dh;
+            }
+            if (i < 0 || i >= in_rows) continue;
             _Pragma("unroll") for (int kw = 0; kw < KW; ++kw) {
-                const int iw = ow * sw - pw + kw * dw;
-                if (iw < 0 || iw >= W) continue;
-                load_px(x, ((n * H + ih) * W + iw) * CH, c0, CH, v);
+                int m;
+                if (DATA) {
+                    const int t = b + pw - kw * dw;
+                    if (t < 0 || t % sw != 0) continue;
+                    m = t / sw;
+                } else {
+                    m = b * sw - pw + kw * dw;
+                }
+                if (m < 0 || m >= in_cols) continue;
+                load_px(in, ((n * in_rows + i) * in_cols + m) * CH, c0, CH, v);
                 const C* wt = ws + (kh * KW + kw) * width + j;
                 _Pragma("unroll") for (int u = 0; u < VW; ++u) acc[u] += v[u] * wt[u];
             }
         }
-        store_px(y, p * CH, c0, CH, acc);
+        store_px(out, p * CH, c0, CH, acc);
     }
 }
 
-// dx[n, ih, iw, c] = sum over taps with ih = oh * sh - ph + kh * dh (and the same along w) of dy[n, oh, ow, c] *
-// w[c, tap]: each input pixel gathers the outputs it reached.
+// y[n, oh, ow, c] = sum over taps of x[n, oh * sh - ph + kh * dh, ow * sw - pw + kw * dw, c] * w[c, tap].
+extern "C" __global__ void dw_forward(const T* x, const T* w, T* y, GEOMETRY, long long pixels) {
+    taps_pass<false>(x, w, y, H, W, CH, OH, OW, sh, sw, ph, pw, dh, dw, flip, pixels);
+}
+
+// dx[n, ih, iw, c] = sum over the taps and outputs with ih = oh * sh - ph + kh * dh (and the same along w) of
+// dy[n, oh, ow, c] * w[c, tap].
 extern "C" __global__ void dw_backward_data(const T* dy, const T* w, T* dx, GEOMETRY, long long pixels) {
-    extern __shared__ unsigned char smem[];
-    C* ws = (C*)smem;
-    load_weights(w, ws, CH, flip);
-    const int j = threadIdx.x * VW, c0 = blockIdx.y * blockDim.x * VW + j;
-    if (c0 >= CH) return;
-    const int width = blockDim.x * VW;
-    for (long long p = (long long)blockIdx.x * blockDim.y + threadIdx.y; p < pixels;
-         p += (long long)gridDim.x * blockDim.y) {
-        const int iw = (int)(p % W);
-        const long long q = p / W;
-        const int ih = (int)(q % H);
-        const long long n = q / H;
-        C acc[VW], v[VW];
-        _Pragma("unroll") for (int u = 0; u < VW; ++u) acc[u] = 0;
-        _Pragma("unroll") for (int kh = 0; kh < KH; ++kh) {
-            const int th = ih + ph - kh * dh;
-            if (th < 0 || th % sh != 0) continue;
-            const int oh = th / sh;
-            if (oh >= OH) continue;
-            _Pragma("unroll") for (int kw = 0; kw < KW; ++kw) {
-                const int tw = iw + pw - kw * dw;
-                if (tw < 0 || tw % sw != 0) continue;
-                const int ow = tw / sw;
-                if (ow >= OW) continue;
-                load_px(dy, ((n * OH + oh) * OW + ow) * CH, c0, CH, v);
-                const C* wt = ws + (kh * KW + kw) * width + j;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) acc[u] += v[u] * wt[u];
-            }
-        }
-        store_px(dx, p * CH, c0, CH, acc);
-    }
+    taps_pass<true>(dy, w, dx, H, W, CH, OH, OW, sh, sw, ph, pw, dh, dw, flip, pixels);
 }
 
 // The weight's gradient, first pass: block (s, chunk) sums dy * x over its share of the output pixels for every
