@@ -404,7 +404,7 @@ def _class_weights(yhat, weight):
     w = value_of(weight)
     if not hasattr(w, "shape"):
         w = np.asarray(w)
-    if tuple(w.shape) != (classes,) or np.dtype(w.dtype).kind not in "fiu":
+    if tuple(w.shape) != (classes,) or not (is_float_dtype(w.dtype) or np.dtype(w.dtype).kind in "iu"):
         raise ValueError(f"logitcrossentropy expects weight, a ({classes},) array of class weights (ŷ has {classes} "
                          f"classes on its last axis), got {_describe('weight', w)}")
     return get_array_module(v).asarray(w, dtype=v.dtype)

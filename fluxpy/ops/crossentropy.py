@@ -182,7 +182,8 @@ def _checked_arguments(yhat, labels, smoothing, weight, ignore_index):
     if weight is not None:
         weight = value_of(weight)
         weight = weight if hasattr(weight, "shape") else np.asarray(weight)
-        if tuple(getattr(weight, "shape", ())) != shape[1:] or np.dtype(weight.dtype).kind not in "fiu":
+        real = is_float_dtype(weight.dtype) or np.dtype(weight.dtype).kind in "iu"
+        if tuple(weight.shape) != shape[1:] or not real:
             raise ValueError(f"{name} expects weight, ({shape[1]},) class weights, got {_described(weight)}")
         weight = xp.asarray(weight, dtype=v.dtype)
     return xp.ascontiguousarray(labels), weight
