@@ -64,6 +64,7 @@ from .ops.activations import softplus
 from .ops.reduce import mean
 from .ops.reduce import sum as _sum
 from .ops.shape import reshape, transpose
+from .ops.crossentropy import logit_crossentropy_labels
 from .ops.softmax import logit_crossentropy_rows
 from .losses_more import (cosine_embedding_loss, ctc_loss, gaussian_nll_loss, hinge_embedding_loss,
                           margin_ranking_loss, multi_margin_loss, multilabel_soft_margin_loss, nll_loss,
@@ -273,29 +274,42 @@ def _crossentropy(yhat, y, agg, eps):
     return _aggregate(agg, -_sum(_xlogy(y, yhat + _eps(yhat, eps)), axis=-1))
 
 
-def _one_hot(labels, classes, dtype, checked):
-    """``(..., classes)`` one-hot rows of ``dtype``; rows of NaN for indices outside [0, classes) when unchecked."""
-    xp = get_array_module(labels)
-    unsigned = labels.astype(np.int64, copy=False).view(np.uint64)   # a negative index becomes a huge one
-    hot = unsigned[..., None] == xp.arange(classes, dtype=np.uint64)
-    y = hot.astype(dtype)
-    if not checked:   # no host sync to look at the indices: make a bad one poison its row instead (0/0 = NaN)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            y /= (unsigned < classes)[..., None]
-    return y
-
-
-def _labels_to_targets(yhat, labels):
-    labels = value_of(labels)
+def _check_labels(yhat, labels):
+    """Raise unless the class indices ``labels`` lie in ``[0, classes)``, under the value-check policy (unchecked, a
+    bad index makes its row of the loss NaN)."""
     classes = _shape(yhat)[-1]
     _check_not_empty("logitcrossentropy", yhat, True)
-    checked = _values_checked(labels)
-    if checked and labels.size:
+    if _values_checked(labels) and labels.size:
         lo, hi = int(labels.min()), int(labels.max())
         if lo < 0 or hi >= classes:
             raise ValueError(f"logitcrossentropy expects class indices in [0, {classes}) (ŷ has {classes} classes on "
                              f"its last axis), got values from {lo} to {hi} in {_describe('y', labels)}")
-    return _one_hot(labels, classes, value_of(yhat).dtype, checked)
+
+
+def _label_loss(yhat, labels, agg, alpha, weight, ignore_index):
+    """The loss against class indices, one fused op that never builds the one-hot targets; ``agg=mean`` with weights
+    or ignored examples is PyTorch's weighted mean."""
+    xp = get_array_module(labels)
+    kept = kept_labels = None
+    if ignore_index is not None:
+        ignore_index = _index("logitcrossentropy", "ignore_index", ignore_index)
+        kept = labels != ignore_index
+        kept_labels = xp.where(kept, labels, 0)   # the ignored examples' (any class: their rows are 0)
+    _check_labels(yhat, labels if kept is None else kept_labels)
+    shape = _shape(yhat)
+    if len(shape) == 2:
+        rows = logit_crossentropy_labels(yhat, labels, smoothing=alpha, weight=weight, ignore_index=ignore_index)
+    else:   # (..., C), or one example: one row per leading index
+        rows = logit_crossentropy_labels(reshape(yhat, (-1, shape[-1])), labels.reshape(-1), smoothing=alpha,
+                                         weight=weight, ignore_index=ignore_index)
+        rows = reshape(rows, shape[:-1])
+    if agg is mean and (weight is not None or kept is not None):
+        dtype = value_of(yhat).dtype
+        counted = weight[labels if kept is None else kept_labels] if weight is not None else dtype.type(1)
+        if kept is not None:
+            counted = counted * kept.astype(dtype)
+        return _sum(rows) / xp.broadcast_to(counted, labels.shape).sum()
+    return _aggregate(agg, rows)
 
 
 def _smoothed(y, alpha, classes):
@@ -309,8 +323,9 @@ def logitcrossentropy(yhat: Array, y: Array, *, agg: Callable = mean, label_smoo
     ``crossentropy(softmax(ŷ), y)`` computed stably from logits ``ŷ`` of shape ``(..., classes)``.
     ``y`` is either one-hot or soft targets of the same shape, in [0, 1] (PyTorch's
     ``cross_entropy`` with probability targets), or integer class indices of shape ``ŷ.shape[:-1]``
-    with values in ``[0, classes)`` (PyTorch's ``cross_entropy(logits, target)``; they are one-hot
-    encoded inside, so both forms run the same fused op). ``agg=mean`` by default.
+    with values in ``[0, classes)`` (PyTorch's ``cross_entropy(logits, target)``: one fused op,
+    :func:`fluxpy.ops.crossentropy.logit_crossentropy_labels`, that never builds one-hot targets). ``agg=mean`` by
+    default.
     ``label_smoothing=alpha`` in [0, 1) smooths the targets towards the uniform distribution first,
     ``y (1 - alpha) + alpha / classes``, as :func:`label_smoothing` and PyTorch's keyword.
 
@@ -344,30 +359,16 @@ got values from 0 to 3 in y of shape (2,) int64
     yhat, y = _classes_last(yhat, y, axis)
     shape = _shape(yhat)
     weight = _class_weights(yhat, weight)
-    labels = kept = None
     if _is_labels(yhat, y):
-        labels = value_of(y)
-        if ignore_index is not None:
-            kept = labels != _index("logitcrossentropy", "ignore_index", ignore_index)
-            labels = get_array_module(labels).where(kept, labels, 0)   # any class: the row is zeroed below
-        y = _labels_to_targets(yhat, labels)
-    elif ignore_index is not None:
+        return _label_loss(yhat, value_of(y), agg, label_smoothing, weight, ignore_index)
+    if ignore_index is not None:
         raise ValueError("logitcrossentropy: ignore_index applies to class-index targets, got targets of ŷ's shape "
                          f"{shape} (zero the rows to drop instead)")
-    else:
-        y = _check("logitcrossentropy", yhat, y, classes=True, targets=_TARGETS)
+    y = _check("logitcrossentropy", yhat, y, classes=True, targets=_TARGETS)
     y = _smoothed(y, label_smoothing, shape[-1])
-    if kept is not None:
-        y = y * kept[..., None].astype(y.dtype)
     if weight is not None:
         y = y * weight
-    rows = _rows(yhat, y, shape)
-    if labels is not None and agg is mean and (weight is not None or kept is not None):
-        counted = weight[labels] if weight is not None else value_of(y).dtype.type(1)
-        if kept is not None:
-            counted = counted * kept.astype(value_of(y).dtype)
-        return _sum(rows) / get_array_module(labels).broadcast_to(counted, labels.shape).sum()
-    return _aggregate(agg, rows)
+    return _aggregate(agg, _rows(yhat, y, shape))
 
 
 def _classes_last(yhat, y, axis):
@@ -403,7 +404,7 @@ def _class_weights(yhat, weight):
     w = value_of(weight)
     if not hasattr(w, "shape"):
         w = np.asarray(w)
-    if tuple(w.shape) != (classes,) or np.dtype(w.dtype).kind not in "fiu":
+    if tuple(w.shape) != (classes,) or not (is_float_dtype(w.dtype) or np.dtype(w.dtype).kind in "iu"):
         raise ValueError(f"logitcrossentropy expects weight, a ({classes},) array of class weights (ŷ has {classes} "
                          f"classes on its last axis), got {_describe('weight', w)}")
     return get_array_module(v).asarray(w, dtype=v.dtype)

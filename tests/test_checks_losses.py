@@ -262,6 +262,7 @@ def test_class_indices_checked_before_any_kernel(monkeypatch):
     def boom(*args, **kw):
         raise AssertionError("a kernel ran")
     monkeypatch.setattr(L, "logit_crossentropy_rows", boom)
+    monkeypatch.setattr(L, "logit_crossentropy_labels", boom)
     with pytest.raises(ValueError, match="class indices in"):
         L.logitcrossentropy(np.zeros((3, 3)), np.array([0, 1, 5]))
     with pytest.raises(ValueError, match="expects y in"):

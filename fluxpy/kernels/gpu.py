@@ -18,7 +18,7 @@ module                  kernels
 ``cuda_conv``           ``conv_forward``, ``conv_backward_data``, ``conv_backward_filter``,
                         ``conv_bias_act_forward``, ``conv_bias_act_backward`` (cuDNN)
 ``cuda_pool``           ``maxpool_*``, ``meanpool_*``
-``cuda_softmax``        ``logit_crossentropy_rows`` and its backward
+``cuda_softmax``        ``logit_crossentropy_rows``, ``logit_crossentropy_labels`` and their backwards
 ``cuda_norm``           ``batchnorm_forward``, ``batchnorm_backward`` (cuDNN)
 ``cublas``              ``matmul`` (our cuBLAS binding: capturable)
 ``cublaslt``            ``dense_forward``, ``dense_backward_weight`` (cuBLASLt with fused epilogues: capturable)

@@ -44,3 +44,73 @@ extern "C" __global__ void ce_rows_backward(const T* dl, long long dl_stride, co
     ACC lse = log(s) + m, g = LOAD(dl[row * dl_stride]);
     for (long long j = lane; j < c; j += 32) dx[row * c + j] = STORE(g * (exp(LOAD(a[j]) - lse) * ty - LOAD(t[j])));
 }
+
+// Class-index targets (logit_crossentropy_labels, fluxpy/ops/crossentropy.py): row n's targets are
+// y[j] = h * [j == t] + u * w[j], never stored. labels holds int32 (label_bytes 4) or int64 (8) indices; weight is
+// null without class weights (w = 1); hard = 1 - a and uniform = a / C for the label smoothing a. A row whose label is
+// ignore (when has_ignore) has no target (h = u = 0, t = -1); a label outside [0, c) makes its row NaN (no host check
+// reads the labels) and reads no logit (t = -1).
+__device__ void label_target(const void* labels, int label_bytes, long long row, long long c, const T* weight,
+                             ACC hard, ACC uniform, long long ignore, int has_ignore, long long* t, ACC* h, ACC* u) {
+    long long k = label_bytes == 8 ? ((const long long*)labels)[row] : (long long)((const int*)labels)[row];
+    *t = -1; *h = 0; *u = 0;
+    if (has_ignore && k == ignore) return;
+    if (k < 0 || k >= c) { *h = *u = (ACC)nan(""); return; }
+    *t = k; *h = hard * (weight ? LOAD(weight[k]) : (ACC)1); *u = uniform;
+}
+// Per row: m = max(a), s = sum(exp(a - m)); with smoothing (spread) also sw = sum(w) and swa = sum(w * a). The whole
+// warp shares a row, so spread is the same on every lane.
+__device__ void label_row_stats(const T* a, const T* weight, long long c, int lane, bool spread, ACC* m, ACC* s,
+                                ACC* sw, ACC* swa) {
+    ACC mx = LOAD(a[lane < c ? lane : 0]);
+    for (long long j = lane; j < c; j += 32) mx = max(mx, LOAD(a[j]));
+    mx = warp_max(mx);
+    ACC se = 0, sumw = 0, sumwa = 0;
+    for (long long j = lane; j < c; j += 32) {
+        ACC v = LOAD(a[j]);
+        se += exp(v - mx);
+        if (spread) {
+            ACC w = weight ? LOAD(weight[j]) : (ACC)1;
+            sumw += w;
+            if (w != 0) sumwa += w * v;   // a class of weight 0 adds nothing, even a masked (-inf) logit
+        }
+    }
+    *m = mx; *s = warp_sum(se); *sw = warp_sum(sumw); *swa = warp_sum(sumwa);
+}
+// l = h * (lse - a[t]) + u * (sum(w) * lse - sum(w * a)): a term with no target mass adds nothing (an ignored row: 0).
+extern "C" __global__ void ce_labels_forward(const T* yhat, const void* labels, int label_bytes, const T* weight,
+                                             ACC hard, ACC uniform, long long ignore, int has_ignore, T* out,
+                                             long long n, long long c) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const T* a = yhat + row * c;
+    long long t;
+    ACC h, u, m, s, sw, swa;
+    label_target(labels, label_bytes, row, c, weight, hard, uniform, ignore, has_ignore, &t, &h, &u);
+    label_row_stats(a, weight, c, lane, u != 0, &m, &s, &sw, &swa);
+    if (lane != 0) return;
+    ACC lse = log(s) + m, l = 0;
+    if (h != 0) l += h * (lse - (t >= 0 ? LOAD(a[t]) : (ACC)0));
+    if (u != 0) l += u * (sw * lse - swa);
+    out[row] = STORE(l);
+}
+// dx[j] = dl * (softmax(a)[j] * (h + u * sum(w)) - h * [j == t] - u * w[j]); dl as in ce_rows_backward.
+extern "C" __global__ void ce_labels_backward(const T* dl, long long dl_stride, const T* yhat, const void* labels,
+                                              int label_bytes, const T* weight, ACC hard, ACC uniform,
+                                              long long ignore, int has_ignore, T* dx, long long n, long long c) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const T* a = yhat + row * c;
+    long long t;
+    ACC h, u, m, s, sw, swa;
+    label_target(labels, label_bytes, row, c, weight, hard, uniform, ignore, has_ignore, &t, &h, &u);
+    label_row_stats(a, weight, c, lane, u != 0, &m, &s, &sw, &swa);
+    ACC lse = log(s) + m, g = LOAD(dl[row * dl_stride]), mass = h + (u != 0 ? u * sw : (ACC)0);
+    for (long long j = lane; j < c; j += 32) {
+        ACC y = j == t ? h : (ACC)0;
+        if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
+        dx[row * c + j] = STORE(g * (exp(LOAD(a[j]) - lse) * mass - y));
+    }
+}
