@@ -37,7 +37,7 @@ from ..dual import Dual
 from ..kernels import find
 from ..kernels.elementwise import why_not_compiled
 from . import activations, basic
-from .activations import DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
+from .activations import DERIVATIVES_FROM_INPUT, DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
 from .fused import fused_op
 from .shape import unbroadcast
 
@@ -75,6 +75,9 @@ def _derivative(act):
     rule = DERIVATIVES_FROM_OUTPUT.get(func)
     if rule is not None and rule.valid(**params):
         return (functools.partial(rule.formula, **params) if params else rule.formula), True
+    formula = None if params else DERIVATIVES_FROM_INPUT.get(func)
+    if formula is not None:
+        return formula, False
 
     def input_derivative(z):
         d = act(Dual(z, (1,)))
