@@ -335,6 +335,7 @@ class Primitive:
             impl = (lambda *a, **k: rule((False,) * len(a), *a, **k)[0]) if needs_mask else \
                 (lambda *a, **k: rule(*a, **k)[0])
         self.impl = impl
+        self._read = None   # (name, the mutation check's words for an array this op read)
         self.__doc__ = doc
         self.__wrapped__ = impl
 
@@ -378,14 +379,21 @@ class Primitive:
                 vals.append(a)
                 parents.append(None)
                 if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES):
-                    watch.add(a, f"an array `{self.name}` read")
+                    watch.add(a, self._read_message())
         if watch is not None and kw:
-            watch.add(list(kw.values()), f"an array `{self.name}` read")
+            watch.add(list(kw.values()), self._read_message())
         if self.needs_mask:
-            y, back = self.rule(tuple(p is not None for p in parents), *vals, **kw)
+            y, back = self.rule(tuple([p is not None for p in parents]), *vals, **kw)
         else:
             y, back = self.rule(*vals, **kw)
         return Tracked(y, top, Node(tuple(parents), back))
+
+    def _read_message(self):
+        """How the mutation check names an array this op read (made once, not at every call)."""
+        message = self._read
+        if message is None or message[0] != self.name:
+            message = self._read = (self.name, f"an array `{self.name}` read")
+        return message[1]
 
 
 def _primitive_named(module: str, name: str) -> Primitive:
@@ -462,6 +470,8 @@ class _Boxes:
         self.cache = {}
 
     def box(self, x):
+        if type(x) is np.ndarray:   # the common leaf, decided without the general checks below
+            return self._box(x, x) if is_float_dtype(x.dtype) else x
         v = value_of(x)
         if is_float_array(v):
             return self._box(x, x)

@@ -29,7 +29,7 @@ __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes"
 def _normalize_shape(shape):
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))
 
 
 def _reshape_rule(x, shape):
