@@ -77,6 +77,8 @@ def _describe_input(x):
 def _is_foreign(x):
     """Whether ``x`` is another library's array (a torch tensor, a JAX array...): it has a shape, but is neither a
     NumPy or CuPy array (or scalar) nor a Tracked one."""
+    if type(x) is np.ndarray:   # the common case, decided without the general checks below
+        return False
     x = value_of(x)
     return hasattr(x, "shape") and not (is_array(x) or isinstance(x, np.generic))
 
