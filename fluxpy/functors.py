@@ -78,7 +78,9 @@ def children(x: Any) -> list[tuple[Any, Any]] | None:
     >>> children((5, 6))
     [(0, 5), (1, 6)]
     """
-    kind = _kinds.get(type(x)) or _classify(x)
+    kind = _kinds.get(type(x))
+    if kind is None:   # not `or`: a layer declaring no children has the kind (), which is false
+        kind = _classify(x)
     if kind is _SEQ:
         return list(enumerate(x))
     if kind is _DICT:
@@ -197,7 +199,9 @@ def _fmap(f, x, cache):
     if hit is not None:
         return hit[1]
     cls = type(x)
-    kind = _kinds.get(cls) or _classify(x)
+    kind = _kinds.get(cls)
+    if kind is None:
+        kind = _classify(x)
     if kind is _LEAF:
         y = f(x)
         if cls is np.ndarray or is_array(x):
