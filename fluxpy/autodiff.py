@@ -378,10 +378,12 @@ class Primitive:
             else:
                 vals.append(a)
                 parents.append(None)
-                if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES):
+                if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES) and not _is_shape(a):
                     watch.add(a, self._read_message())
         if watch is not None and kw:
-            watch.add(list(kw.values()), self._read_message())
+            for v in kw.values():
+                if (watch.devices or type(v) in _WATCHED_TYPES) and not _is_shape(v):
+                    watch.add(v, self._read_message())
         if self.needs_mask:
             y, back = self.rule(tuple([p is not None for p in parents]), *vals, **kw)
         else:
@@ -394,6 +396,11 @@ class Primitive:
         if message is None or message[0] != self.name:
             message = self._read = (self.name, f"an array `{self.name}` read")
         return message[1]
+
+
+def _is_shape(a):
+    """Whether ``a`` is a tuple of Python ints (a shape, axes): nothing in it for the mutation check to watch."""
+    return type(a) is tuple and all([type(i) is int for i in a])
 
 
 def _primitive_named(module: str, name: str) -> Primitive:

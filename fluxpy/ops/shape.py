@@ -62,7 +62,7 @@ def reshape(x: Array, shape: int | Sequence[int]) -> Array:
 
 
 def _transpose_rule(x, axes):
-    inverse = tuple(np.argsort(axes))
+    inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))   # axes is a permutation: its inverse
 
     def transpose_pullback(dy):
         return (_transpose(dy, inverse),)
