@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
+from .backend import Array, DeviceArray, get_array_module, is_array, is_float_array, is_float_dtype
 from .backward import SliceCotangent, backprop
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
@@ -477,7 +477,7 @@ class _Boxes:
         self.cache = {}
 
     def box(self, x):
-        if type(x) is np.ndarray:   # the common leaf, decided without the general checks below
+        if type(x) is np.ndarray or type(x) is DeviceArray:   # the common leaves, without the general checks below
             return self._box(x, x) if is_float_dtype(x.dtype) else x
         v = value_of(x)
         if is_float_array(v):
