@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..autodiff import Primitive
+from ..autodiff import Primitive, Tracked
 from ..backend import Array
 from ..dual import Dual
 from ..kernels import find
@@ -173,7 +173,8 @@ def _bias_act_rule(needs, x, b, act):
     need_b = needs[1] and bshape is not None
     derivative, from_output = derivative_from_saved(act)
     if from_output or b is None:
-        y = _bias_act(x, b, act)
+        # the op itself where the values are tracked (a derivative of a derivative), else its forward straight away
+        y = _bias_act(x, b, act) if type(x) is Tracked or type(b) is Tracked else _bias_act_impl(x, b, act)
         saved = y if from_output else x
     else:
         y, saved = bias_act_preactivation(x, b, act)

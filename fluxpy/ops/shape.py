@@ -33,11 +33,11 @@ def _normalize_shape(shape):
 
 
 def _reshape_rule(x, shape):
-    xshape = x.shape
+    xshape = tuple(x.shape)
 
     def reshape_pullback(dy):
-        return (reshape(dy, xshape),)
-    return reshape(x, shape), reshape_pullback
+        return (_reshape(dy, xshape),)
+    return _reshape(x, shape), reshape_pullback
 
 
 def _reshape_impl(x, shape):
