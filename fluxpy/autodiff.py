@@ -335,7 +335,7 @@ class Primitive:
             impl = (lambda *a, **k: rule((False,) * len(a), *a, **k)[0]) if needs_mask else \
                 (lambda *a, **k: rule(*a, **k)[0])
         self.impl = impl
-        self._read = None   # (name, the mutation check's words for an array this op read)
+        self._read = f"an array `{name}` read"   # how the mutation check names an array this op read
         self.__doc__ = doc
         self.__wrapped__ = impl
 
@@ -379,23 +379,16 @@ class Primitive:
                 vals.append(a)
                 parents.append(None)
                 if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES) and not _is_shape(a):
-                    watch.add(a, self._read_message())
+                    watch.add(a, self._read)
         if watch is not None and kw:
             for v in kw.values():
                 if (watch.devices or type(v) in _WATCHED_TYPES) and not _is_shape(v):
-                    watch.add(v, self._read_message())
+                    watch.add(v, self._read)
         if self.needs_mask:
             y, back = self.rule(tuple([p is not None for p in parents]), *vals, **kw)
         else:
             y, back = self.rule(*vals, **kw)
         return Tracked(y, top, Node(tuple(parents), back))
-
-    def _read_message(self):
-        """How the mutation check names an array this op read (made once, not at every call)."""
-        message = self._read
-        if message is None or message[0] != self.name:
-            message = self._read = (self.name, f"an array `{self.name}` read")
-        return message[1]
 
 
 def _is_shape(a):

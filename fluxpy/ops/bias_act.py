@@ -117,6 +117,14 @@ def why_not_fused(act: Callable) -> str | None:
     >>> why_not_fused(rrelu)
     'it draws random numbers at every call'
     """
+    try:
+        return _why_not_fused(act)
+    except TypeError:   # an unhashable callable
+        return _why_not_fused.__wrapped__(act)
+
+
+@functools.lru_cache(maxsize=256)
+def _why_not_fused(act):
     if getattr(_split(act)[0], "draws_random", False):
         return "it draws random numbers at every call"
     reason = why_not_compiled(act)
