@@ -245,6 +245,11 @@ def fmapstructure(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
 
 
 def _fmapstructure(f, x):
+    kind = _kinds.get(type(x))
+    if kind is _LEAF:
+        return f(x)
+    if type(kind) is tuple:   # a layer with declared children (most layers): children's work without the pairs
+        return {n: _fmapstructure(f, getattr(x, n)) for n in kind}
     kids = children(x)
     if kids is None:
         return f(x)
