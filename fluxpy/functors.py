@@ -221,11 +221,8 @@ def _fmap(f, x, cache):
         cache[key] = (x, y)
         return y
     kids = children(x)
-    if kids is None:
-        y = f(x)
-        if type(x) is np.ndarray or is_array(x):
-            cache[key] = (x, y)  # keep x alive so its id is not reused
-        return y
+    if kids is None:   # an object without public fields: a leaf (not an array, so not cached)
+        return f(x)
     y = rebuild(x, [(k, _fmap(f, v, cache)) for k, v in kids])
     cache[key] = (x, y)
     return y
