@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Array, get_array_module, is_array, is_float_array, is_float_dtype
+from .backend import Array, DeviceArray, get_array_module, is_array, is_float_array, is_float_dtype
 from .backward import SliceCotangent, backprop
 from .collector import paused_while_recording
 from .functors import fmap, fmapstructure
@@ -335,6 +335,7 @@ class Primitive:
             impl = (lambda *a, **k: rule((False,) * len(a), *a, **k)[0]) if needs_mask else \
                 (lambda *a, **k: rule(*a, **k)[0])
         self.impl = impl
+        self._read = f"an array `{name}` read"   # how the mutation check names an array this op read
         self.__doc__ = doc
         self.__wrapped__ = impl
 
@@ -377,15 +378,22 @@ class Primitive:
             else:
                 vals.append(a)
                 parents.append(None)
-                if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES):
-                    watch.add(a, f"an array `{self.name}` read")
+                if watch is not None and (watch.devices or type(a) in _WATCHED_TYPES) and not _is_shape(a):
+                    watch.add(a, self._read)
         if watch is not None and kw:
-            watch.add(list(kw.values()), f"an array `{self.name}` read")
+            for v in kw.values():
+                if (watch.devices or type(v) in _WATCHED_TYPES) and not _is_shape(v):
+                    watch.add(v, self._read)
         if self.needs_mask:
-            y, back = self.rule(tuple(p is not None for p in parents), *vals, **kw)
+            y, back = self.rule(tuple([p is not None for p in parents]), *vals, **kw)
         else:
             y, back = self.rule(*vals, **kw)
         return Tracked(y, top, Node(tuple(parents), back))
+
+
+def _is_shape(a):
+    """Whether ``a`` is a tuple of Python ints (a shape, axes): nothing in it for the mutation check to watch."""
+    return type(a) is tuple and all([type(i) is int for i in a])
 
 
 def _primitive_named(module: str, name: str) -> Primitive:
@@ -462,6 +470,8 @@ class _Boxes:
         self.cache = {}
 
     def box(self, x):
+        if type(x) is np.ndarray or type(x) is DeviceArray:   # the common leaves, without the general checks below
+            return self._box(x, x) if is_float_dtype(x.dtype) else x
         v = value_of(x)
         if is_float_array(v):
             return self._box(x, x)

@@ -63,18 +63,37 @@ def get_array_module(*xs: Any) -> ModuleType:
     >>> get_array_module(np.zeros(2), 3.0).__name__
     'numpy'
     """
-    found = None
+    found = _OTHER
     for x in xs:
-        x = _unwrap(x)
-        if isinstance(x, np.ndarray):
-            if found == "gpu":
-                raise TypeError(_mixed_message(xs))
-            found = "cpu"
-        elif cupy is not None and isinstance(x, cupy.ndarray):
-            if found == "cpu":
-                raise TypeError(_mixed_message(xs))
-            found = "gpu"
-    return cupy if found == "gpu" else np
+        kind = _kinds.get(type(x)) or _kind_of(type(x))
+        while kind is _TRACKED:
+            x = x.value
+            kind = _kinds.get(type(x)) or _kind_of(type(x))
+        if kind is _OTHER:
+            continue
+        if found is not _OTHER and kind is not found:
+            raise TypeError(_mixed_message(xs))
+        found = kind
+    return cupy if found is _GPU else np
+
+
+# What each type is to get_array_module, found once per type (every op asks it of every argument): a NumPy
+# array, a CuPy array, a Tracked value (looked through), or anything else.
+_CPU, _GPU, _TRACKED, _OTHER = "cpu", "gpu", "tracked", "other"
+_kinds: dict[type, str] = {}
+
+
+def _kind_of(t: type) -> str:
+    if getattr(t, "__fluxpy_tracked__", False):
+        kind = _TRACKED
+    elif issubclass(t, np.ndarray):
+        kind = _CPU
+    elif cupy is not None and issubclass(t, cupy.ndarray):
+        kind = _GPU
+    else:
+        kind = _OTHER
+    _kinds[t] = kind
+    return kind
 
 
 def _mixed_message(xs):

@@ -33,18 +33,19 @@ def toposort(root: Any) -> list:
     ['z', 'y', 'x']
     """
     order, visited, stack = [], set(), [(root, False)]
+    push, seen, see = stack.append, visited.__contains__, visited.add
     while stack:
         node, expanded = stack.pop()
         if expanded:
             order.append(node)
             continue
-        if id(node) in visited:
+        if seen(id(node)):
             continue
-        visited.add(id(node))
-        stack.append((node, True))
+        see(id(node))
+        push((node, True))
         for p in node.parents:
-            if p is not None and id(p) not in visited:
-                stack.append((p, False))
+            if p is not None and not seen(id(p)):
+                push((p, False))
     order.reverse()
     return order
 
@@ -131,18 +132,24 @@ def backprop(root: Any, seed: Any, release: bool = True, hooks: dict | None = No
     for i, node in enumerate(order):
         if release:
             order[i] = None
-        if users is not None and id(node) in users:   # nothing uses it (the root): final now
-            _run_hooks(id(node), hooks, users, grads)
-        g = _whole(grads.pop(id(node), None))
-        owned.discard(id(node))
+        key = id(node)
+        if users is not None and key in users:   # nothing uses it (the root): final now
+            _run_hooks(key, hooks, users, grads)
+        g = grads.pop(key, None)
+        if type(g) is SliceCotangent:
+            g = g.dense()
+        if owned:
+            owned.discard(key)
         if g is None:
             if users is not None:
                 _used(node.parents, hooks, users, grads)
             continue
-        if node.pullback is None:
-            leaves[id(node)] = g
+        back = node.pullback
+        if back is None:
+            leaves[key] = g
             continue
-        back = node.pullback if wrap is None else wrap(node.pullback)
+        if wrap is not None:
+            back = wrap(back)
         parents, cotangents = node.parents, back(g)
         if release:
             node.pullback, node.parents = _used_pullback, ()

@@ -78,7 +78,9 @@ def children(x: Any) -> list[tuple[Any, Any]] | None:
     >>> children((5, 6))
     [(0, 5), (1, 6)]
     """
-    kind = _kinds.get(type(x)) or _classify(x)
+    kind = _kinds.get(type(x))
+    if kind is None:   # not `or`: a layer declaring no children has the kind (), which is false
+        kind = _classify(x)
     if kind is _SEQ:
         return list(enumerate(x))
     if kind is _DICT:
@@ -188,14 +190,41 @@ def fmap(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
     >>> fmap(lambda v: v * 10, {"a": 1, "b": (2, 3)})
     {'a': 10, 'b': (20, 30)}
     """
-    cache = {} if cache is None else cache
+    return _fmap(f, x, {} if cache is None else cache)
+
+
+def _fmap(f, x, cache):
     key = id(x)
-    if key in cache:
-        return cache[key][1]
+    hit = cache.get(key)
+    if hit is not None:
+        return hit[1]
+    cls = type(x)
+    kind = _kinds.get(cls)
+    if kind is None:
+        kind = _classify(x)
+    if kind is _LEAF:
+        y = f(x)
+        if cls is np.ndarray or is_array(x):
+            cache[key] = (x, y)  # keep x alive so its id is not reused
+        return y
+    if type(kind) is tuple and _plain_types.get(cls):
+        # a layer with declared children that copies plainly (most layers): rebuild's work without its generality
+        values = [_fmap(f, getattr(x, n), cache) for n in kind]
+        y = object.__new__(cls)
+        y.__dict__.update(x.__dict__)
+        for n, v in zip(kind, values):
+            object.__setattr__(y, n, v)
+        cache[key] = (x, y)
+        return y
+    if cls is tuple:
+        y = tuple([_fmap(f, v, cache) for v in x])
+        cache[key] = (x, y)
+        return y
     kids = children(x)
-    y = f(x) if kids is None else rebuild(x, [(k, fmap(f, v, cache=cache)) for k, v in kids])
-    if kids is not None or is_array(x):
-        cache[key] = (x, y)  # keep x alive so its id is not reused
+    if kids is None:   # an object without public fields: a leaf (not an array, so not cached)
+        return f(x)
+    y = rebuild(x, [(k, _fmap(f, v, cache)) for k, v in kids])
+    cache[key] = (x, y)
     return y
 
 
@@ -209,15 +238,22 @@ def fmapstructure(f: Callable, x: Any, *, cache: dict | None = None) -> Any:
     >>> fmapstructure(lambda v: v if isinstance(v, np.ndarray) else None, Lin())
     {'w': array([1., 1.]), 'act': None}
     """
-    cache = {} if cache is None else cache
+    return _fmapstructure(f, x)
+
+
+def _fmapstructure(f, x):
+    kind = _kinds.get(type(x))
+    if kind is _LEAF:
+        return f(x)
+    if type(kind) is tuple:   # a layer with declared children (most layers): children's work without the pairs
+        return {n: _fmapstructure(f, getattr(x, n)) for n in kind}
     kids = children(x)
     if kids is None:
         return f(x)
-    mapped = [(k, fmapstructure(f, v, cache=cache)) for k, v in kids]
     if isinstance(x, (tuple, list)):
-        return type(x)(v for _, v in mapped) if not hasattr(type(x), "_make") else type(x)._make(
-            v for _, v in mapped)
-    return dict(mapped)
+        values = [_fmapstructure(f, v) for _, v in kids]
+        return type(x)._make(values) if hasattr(type(x), "_make") else type(x)(values)
+    return {k: _fmapstructure(f, v) for k, v in kids}
 
 
 def modules(model: Any) -> list[Any]:

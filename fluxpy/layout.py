@@ -171,6 +171,8 @@ def keeping_layout(fn: Callable, *args: Any, **kw: Any) -> Any:
     >>> keeping_layout(np.add, np.ones(2), 1.0)
     array([2., 2.])
     """
+    if not any([type(a) is DeviceArray for a in args]):   # no GPU array: nothing to keep (the common CPU call)
+        return fn(*args, **kw)
     ndim = 0
     for a in args:
         if type(a) is DeviceArray:

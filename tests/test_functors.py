@@ -77,3 +77,32 @@ def test_gradient_of_a_layer_tree():
     assert g["norm"]["running"] is None and g["norm"]["eps"] is None and g["act"] is None
     assert g["layers"][1] == [{"weight": None, "bias": None, "running": None, "eps": None}]  # mirrors the tree
     assert g["norm"]["weight"].dtype == np.float32
+
+
+def test_fmap_and_fmapstructure_over_every_kind_of_node():
+    """The walks' shortcuts (declared children, a layer declaring none, plain tuples) give what the general path
+    gives: copies with the leaves mapped, shared nodes shared, gradients shaped as dicts of the declared fields."""
+    from collections import namedtuple
+    from fluxpy.functors import fmapstructure
+
+    @layer(children=())
+    class Fixed:
+        def __init__(self):
+            self.k = 3
+
+    @layer(children=("w", "b"))
+    class Lin:
+        def __init__(self, rng):
+            self.w, self.b, self.note = rng.standard_normal(2), rng.standard_normal(1), "kept"
+
+    Pair = namedtuple("Pair", "a c")
+    rng = np.random.default_rng(7)
+    lin, fixed = Lin(rng), Fixed()
+    tree = {"t": (lin, fixed, lin), "p": Pair(np.arange(2.0), [lin.w])}
+    out = fmap(lambda v: v * 2 if isinstance(v, np.ndarray) else v, tree)
+    a, f2, a2 = out["t"]
+    assert a is a2 and a is not lin and a.note == "kept" and f2 is not fixed and f2.k == 3
+    np.testing.assert_array_equal(a.w, lin.w * 2)
+    assert out["p"].c[0] is a.w and type(out["p"]) is Pair
+    shaped = fmapstructure(lambda v: v.shape if isinstance(v, np.ndarray) else None, tree)
+    assert shaped == {"t": ({"w": (2,), "b": (1,)}, {}, {"w": (2,), "b": (1,)}), "p": Pair((2,), [(2,)])}

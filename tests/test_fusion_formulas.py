@@ -165,6 +165,21 @@ def test_the_numpy_derivative_from_the_output_matches_dual_numbers():
                                    err_msg=_name(act))
 
 
+def test_the_derivatives_from_the_input_match_dual_numbers():
+    """The closed forms of DERIVATIVES_FROM_INPUT (what bias_act's pullback reads for gelu and swish) against the
+    dual numbers of the activation's definition, in float64 and float32, and as what derivative_from_saved gives."""
+    from fluxpy.dual import derivative
+    assert A.DERIVATIVES_FROM_INPUT, "no derivative from the input to check"
+    for i, (act, formula) in enumerate(A.DERIVATIVES_FROM_INPUT.items()):
+        assert derivative_from_saved(act) == (formula, False)
+        x = _inputs(20 + i)
+        np.testing.assert_allclose(formula(x), derivative(act, x), rtol=1e-12, atol=1e-14, err_msg=_name(act))
+        x32 = x.astype(np.float32)
+        got = formula(x32)
+        assert got.dtype == np.float32, _name(act)
+        np.testing.assert_allclose(got, derivative(act, x32), rtol=1e-5, atol=1e-6, err_msg=_name(act))
+
+
 def test_a_negative_slope_is_differentiated_from_the_input():
     """leakyrelu with a < 0 gives outputs whose sign does not tell the branch: its derivative is not taken from
     the output."""

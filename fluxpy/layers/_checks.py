@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import is_array, is_float_array, is_float_dtype
+from ..backend import DeviceArray, is_array, is_float_array, is_float_dtype
 from ..kernels.halfs import is_half
 from ..ops.activations import identity
 
@@ -77,6 +77,8 @@ def _describe_input(x):
 def _is_foreign(x):
     """Whether ``x`` is another library's array (a torch tensor, a JAX array...): it has a shape, but is neither a
     NumPy or CuPy array (or scalar) nor a Tracked one."""
+    if type(x) is np.ndarray or type(x) is DeviceArray:   # the common cases, without the general checks below
+        return False
     x = value_of(x)
     return hasattr(x, "shape") and not (is_array(x) or isinstance(x, np.generic))
 

@@ -504,4 +504,29 @@ DERIVATIVES_FROM_OUTPUT = {
     hardsigmoid: OutputDerivative(lambda y: np.where((y > 0) & (y < 1), 1 / 6, 0.0)),
 }
 """Activation -> :class:`OutputDerivative`, for the activations whose derivative is a function of their output.
-Every other traceable activation is differentiated from its input (dual numbers)."""
+Every other traceable activation is differentiated from its input: by its formula in
+:data:`DERIVATIVES_FROM_INPUT`, else by dual numbers."""
+
+
+def _gelu_derivative(x):
+    # d/dx x/2 (1 + t), t = tanh(l (x + a x^3)): (1 + t)/2 + (1 - t^2) x (l/2) (1 + 3 a x^2)
+    x2 = x * x
+    t = np.tanh(_GELU_LAMBDA * (x + _GELU_ALPHA * (x2 * x)))
+    return 0.5 + 0.5 * t + (1 - t * t) * (x * (0.5 * _GELU_LAMBDA + 1.5 * _GELU_LAMBDA * _GELU_ALPHA * x2))
+
+
+def _swish_derivative(x):
+    # d/dx x s(x) = s + x s (1 - s)
+    s = sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+DERIVATIVES_FROM_INPUT = {gelu: _gelu_derivative, swish: _swish_derivative}
+"""Activation (without keywords) -> its derivative as a function of its input, with NumPy ufuncs (arrays, Tracked
+values, the GPU tracer's symbols), for the activations differentiated from their input that a model uses most: the
+same value as the dual numbers give, in a few array operations instead of the dual numbers' dozens.
+
+>>> import numpy as np
+>>> DERIVATIVES_FROM_INPUT[swish](np.array([0.0]))
+array([0.5])
+"""

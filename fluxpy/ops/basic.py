@@ -16,7 +16,7 @@ import operator
 
 import numpy as np
 
-from ..autodiff import Primitive, value_of
+from ..autodiff import Primitive, Tracked, value_of
 from ..backend import Array, get_array_module
 from ..kernels.halfs import BFLOAT16
 from ..layout import keep_layout, keeping_layout
@@ -69,7 +69,7 @@ def _binary(name, fn, grads, saves="aby"):
     keep_a, keep_b, keep_y = ("a" in saves), ("b" in saves), ("y" in saves)
 
     def rule(needs, a, b):
-        y = prim(a, b)
+        y = prim(a, b) if type(a) is Tracked or type(b) is Tracked else prim.impl(a, b)   # impl: what prim would call
         sa, sb = _shape(a), _shape(b)
         ka, kb, ky = (a if keep_a else None), (b if keep_b else None), (y if keep_y else None)
 
@@ -115,7 +115,7 @@ def _unary(name, ufunc, deriv, saves="xy"):
     keep_x, keep_y = ("x" in saves), ("y" in saves)
 
     def rule(x):
-        y = prim(x)
+        y = prim(x) if type(x) is Tracked else prim.impl(x)   # impl: what prim would call on a plain value
         kx, ky = (x if keep_x else None), (y if keep_y else None)
 
         def pullback(dy):

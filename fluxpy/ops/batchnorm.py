@@ -71,6 +71,8 @@ def check_eps(op: str, eps: Any) -> None:
     ...
     ValueError: layernorm expects eps to be a finite number >= 0, got -1e-05
     """
+    if type(eps) is float and 0 <= eps < math.inf:   # the common case, decided without the checks below
+        return
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
         raise ValueError(f"{op} expects eps to be a finite number >= 0, got {eps!r}")
 
@@ -87,6 +89,12 @@ def _count(x):
     return x.size // x.shape[1]
 
 
+def _channel_mean(x, axes, m):
+    """``x.mean(axes)`` (``m`` values each): for NumPy, its sum divided by ``m``, the same numbers without the
+    Python layer of ``ndarray.mean``."""
+    return x.sum(axis=axes) / m if type(x) is np.ndarray else x.mean(axis=axes)
+
+
 def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act):
     """The forward on plain arrays of any module: ``(y, mean, invstd)``, the running statistics updated."""
     if is_half(x.dtype):   # computed in float32; y rounded once to x's dtype, the statistics stay float32
@@ -94,10 +102,10 @@ def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, ac
                                           eps, act)
         return y.astype(x.dtype), mean, invstd
     xp = get_array_module(x)
-    shape = _channel_shape(x)
-    mean = x.mean(axis=_axes(x))
+    shape, axes, m = _channel_shape(x), _axes(x), _count(x)
+    mean = _channel_mean(x, axes, m)
     xc = x - mean.reshape(shape)
-    var = (xc * xc).mean(axis=_axes(x))
+    var = _channel_mean(xc * xc, axes, m)
     invstd = 1 / xp.sqrt(var + eps)
     y = xc * invstd.reshape(shape)
     if gamma is not None:
@@ -106,7 +114,7 @@ def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, ac
         y += beta.reshape(shape)
     if act is not None:
         y = act(y)
-    _update_running(running_mean, running_var, mean, var, momentum, _count(x))
+    _update_running(running_mean, running_var, mean, var, momentum, m)
     return y, mean, invstd
 
 

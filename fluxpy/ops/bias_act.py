@@ -31,13 +31,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..autodiff import Primitive
+from ..autodiff import Primitive, Tracked
 from ..backend import Array
 from ..dual import Dual
 from ..kernels import find
 from ..kernels.elementwise import why_not_compiled
 from . import activations, basic
-from .activations import DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
+from .activations import DERIVATIVES_FROM_INPUT, DERIVATIVES_FROM_OUTPUT, identity, relu, tanh  # noqa: F401 (relu: the examples)
 from .fused import fused_op
 from .shape import unbroadcast
 
@@ -75,6 +75,9 @@ def _derivative(act):
     rule = DERIVATIVES_FROM_OUTPUT.get(func)
     if rule is not None and rule.valid(**params):
         return (functools.partial(rule.formula, **params) if params else rule.formula), True
+    formula = None if params else DERIVATIVES_FROM_INPUT.get(func)
+    if formula is not None:
+        return formula, False
 
     def input_derivative(z):
         d = act(Dual(z, (1,)))
@@ -114,6 +117,14 @@ def why_not_fused(act: Callable) -> str | None:
     >>> why_not_fused(rrelu)
     'it draws random numbers at every call'
     """
+    try:
+        return _why_not_fused(act)
+    except TypeError:   # an unhashable callable
+        return _why_not_fused.__wrapped__(act)
+
+
+@functools.lru_cache(maxsize=256)
+def _why_not_fused(act):
     if getattr(_split(act)[0], "draws_random", False):
         return "it draws random numbers at every call"
     reason = why_not_compiled(act)
@@ -170,7 +181,8 @@ def _bias_act_rule(needs, x, b, act):
     need_b = needs[1] and bshape is not None
     derivative, from_output = derivative_from_saved(act)
     if from_output or b is None:
-        y = _bias_act(x, b, act)
+        # the op itself where the values are tracked (a derivative of a derivative), else its forward straight away
+        y = _bias_act(x, b, act) if type(x) is Tracked or type(b) is Tracked else _bias_act_impl(x, b, act)
         saved = y if from_output else x
     else:
         y, saved = bias_act_preactivation(x, b, act)

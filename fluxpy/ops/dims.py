@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -427,8 +427,12 @@ def _pool_spatial(op, x, size):
     return n
 
 
+@lru_cache(maxsize=256)
 def _regular_windows(n_out, kernel, stride):
-    return np.arange(n_out)[:, None] * stride + np.arange(kernel)[None, :]
+    """Made once per window geometry (a pooling asks for it several times a call, every step); read-only."""
+    windows = np.arange(n_out)[:, None] * stride + np.arange(kernel)[None, :]
+    windows.setflags(write=False)
+    return windows
 
 
 def _adaptive_bins(size, n_out):

@@ -205,7 +205,10 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
         raise ValueError(f"layernorm: residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
     for name, p in (("gamma", gamma), ("beta", beta), ("bias", bias)):
-        if p is not None and tuple(p.shape) != tuple(x.shape[x.ndim - len(p.shape):]):   # else x's trailing shape
+        if p is None:
+            continue
+        pshape, shape = tuple(p.shape), tuple(x.shape)
+        if pshape != shape[len(shape) - len(pshape):]:   # else x's trailing shape
             try:
                 ok = np.broadcast_shapes(tuple(x.shape), tuple(p.shape)) == tuple(x.shape)
             except ValueError:
@@ -217,7 +220,7 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta, bias=bias)
-    gamma, beta, bias = (_in_compute_type(p, x) for p in (gamma, beta, bias))
+    gamma, beta, bias = _in_compute_type(gamma, x), _in_compute_type(beta, x), _in_compute_type(bias, x)
     k = _trailing(dims, x.ndim)
     if k and _one_tape_level(x, gamma, beta, residual, bias) and \
             find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps, value_of(residual),
@@ -249,6 +252,8 @@ def _summed(x, residual, bias):
 
 def _trailing(dims, ndim):
     """``k`` where ``dims`` are the last ``k`` axes (None: all), else 0."""
+    if dims == (ndim - 1,):   # the last axis alone (dims come sorted from normalize_axis)
+        return 1
     dims = tuple(range(ndim)) if dims is None else tuple(sorted(dims))
     return len(dims) if dims == tuple(range(ndim - len(dims), ndim)) else 0
 
@@ -256,8 +261,13 @@ def _trailing(dims, ndim):
 def _one_tape_level(*args):
     """No argument is a Tracked of a Tracked, and the Tracked ones share one tape: the fused layer norm's rule
     sees plain arrays (a nested gradient runs the composite, whose statistics the outer tape follows)."""
-    levels = {a.level for a in args if is_tracked(a)}
-    return len(levels) <= 1 and not any(is_tracked(a) and is_tracked(a.value) for a in args)
+    level = None
+    for a in args:
+        if is_tracked(a):
+            if is_tracked(a.value) or level not in (None, a.level):
+                return False
+            level = a.level
+    return True
 
 
 def _layernorm_rows_impl(x, gamma, beta, residual, bias, k, eps):

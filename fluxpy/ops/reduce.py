@@ -34,6 +34,8 @@ def check_half_mix(op: str, **arrays: Array) -> None:
     TypeError: maxpool_backward expects its arrays in one half type (float16 or bfloat16, each also with float32 or \
 float64), got dy float16, x bfloat16
     """
+    if len({a.dtype for a in arrays.values() if a is not None and is_half(a.dtype)}) < 2:
+        return
     dtypes = {name: np.dtype(a.dtype) for name, a in arrays.items() if a is not None}
     if len({d for d in dtypes.values() if is_half(d)}) > 1:
         got = ", ".join(f"{name} {d.name}" for name, d in dtypes.items())
@@ -49,6 +51,8 @@ def normalize_axis(axis: int | tuple[int, ...] | None, ndim: int, op: str = "red
     """
     if axis is None:
         return None
+    if type(axis) is int and -ndim <= axis < ndim:   # the common case, decided without the loop below
+        return (axis % ndim,)
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     out = []
     for a in axes:

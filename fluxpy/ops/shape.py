@@ -29,15 +29,15 @@ __all__ = ["reshape", "transpose", "broadcast_to", "unbroadcast", "reduced_axes"
 def _normalize_shape(shape):
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
-    return tuple(int(s) for s in shape)
+    return tuple(map(int, shape))
 
 
 def _reshape_rule(x, shape):
-    xshape = x.shape
+    xshape = tuple(x.shape)
 
     def reshape_pullback(dy):
-        return (reshape(dy, xshape),)
-    return reshape(x, shape), reshape_pullback
+        return (_reshape(dy, xshape),)
+    return _reshape(x, shape), reshape_pullback
 
 
 def _reshape_impl(x, shape):
@@ -62,7 +62,7 @@ def reshape(x: Array, shape: int | Sequence[int]) -> Array:
 
 
 def _transpose_rule(x, axes):
-    inverse = tuple(np.argsort(axes))
+    inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))   # axes is a permutation: its inverse
 
     def transpose_pullback(dy):
         return (_transpose(dy, inverse),)

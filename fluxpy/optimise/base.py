@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..backend import Array
-from ..capturing import refuse
+from ..capturing import capturing, refuse
 from ..kernels.halfs import is_half
-from .formula import Formula, advance, evaluate, initial, initial_counters
+from .formula import Formula, Hyper, advance, evaluate, initial, initial_counters
 
 __all__ = ["Rule", "formula_of", "flatten", "build", "check_rule"]
 
@@ -101,13 +101,13 @@ class Rule:
         f = formula_of(self)
         if f is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither formula nor apply")
-        if f.counters:
+        if f.counters and capturing():   # the message made only where it is raised
             refuse(f"{self!r} stepping with host-side counters (beta^t, a step count) inside a CUDA graph capture: "
                    "no fused kernel takes these arrays, and the graph would freeze the counters")
         values = flatten(self.layout(), state, {})
         arrays = [values[n] for n in f.state]
         counters = tuple(values[n] for n in f.counter_names)
-        hyper = self.hyper()
+        hyper = hyper_of(self)
         step = evaluate(f, hyper, arrays, counters, x, dx, self.prepare(x, dx) if f.inputs else None)
         values.update(zip(f.counter_names, advance(f, hyper, counters)))
         return build(self.layout(), values), step
@@ -160,6 +160,24 @@ def formula_of(rule: Rule) -> Formula | None:
     if "_formula" not in kept:
         kept["_formula"] = rule.formula()
     return kept["_formula"]
+
+
+def hyper_of(rule: Rule) -> dict:
+    """``rule.hyper()``, made once per frozen rule object (its fields cannot change) and afresh for any other; the
+    dict is shared: read it, never change it.
+
+    >>> from fluxpy.optimise import Adam
+    >>> rule = Adam(0.1); hyper_of(rule) is hyper_of(rule), hyper_of(rule) == rule.hyper()
+    (True, True)
+    """
+    params = getattr(type(rule), "__dataclass_params__", None)
+    kept = getattr(rule, "__dict__", None)
+    if kept is None or params is None or not params.frozen:
+        return rule.hyper()
+    hyper = kept.get("_hyper")
+    if hyper is None:
+        hyper = kept["_hyper"] = Hyper(rule.hyper())
+    return hyper
 
 
 def flatten(layout: Any, state: Any, out: dict) -> dict:

@@ -55,7 +55,7 @@ class Formula:
     init: tuple = ()    # (name, expression of the hyperparameters): each counter's first value, and a state
     #                     array's where it does not start at zero
 
-    @property
+    @functools.cached_property
     def counter_names(self) -> tuple:
         return tuple(name for name, _ in self.counters)
 
@@ -93,10 +93,28 @@ def _numbers_of(formula: Formula, hyper: tuple, counters: tuple, dtype) -> dict:
     return values if dtype is None else {k: dtype.type(v) for k, v in values.items()}
 
 
+class Hyper(dict):
+    """A rule's hyperparameters by name (as ``rule.hyper()``) that no one changes, with the key of
+    :func:`_numbers_of`'s cache made once (``key``) rather than at every parameter's step.
+
+    >>> Hyper({"eta": 0.1}).key
+    (('eta', <class 'float'>, 0.1),)
+    """
+    __slots__ = ("key",)
+
+    def __init__(self, values: dict) -> None:
+        super().__init__(values)
+        self.key = _hyper_key(self)
+
+
+def _hyper_key(hyper):
+    return tuple([(k, type(v), v) for k, v in hyper.items()])
+
+
 def _step_numbers(formula, hyper, counters, dtype=None):
     try:
-        return _numbers_of(formula, tuple((k, type(v), v) for k, v in hyper.items()),
-                           tuple((type(c), c) for c in counters), dtype)
+        return _numbers_of(formula, hyper.key if type(hyper) is Hyper else _hyper_key(hyper),
+                           tuple([(type(c), c) for c in counters]), dtype)
     except TypeError:   # an unhashable hyperparameter: computed afresh
         values = numbers(formula, hyper, counters)
         return values if dtype is None else {k: dtype.type(v) for k, v in values.items()}
@@ -113,13 +131,18 @@ def advance(formula: Formula, hyper: dict, counters: tuple) -> tuple:
     return tuple(eval(_code(expr), dict(values)) for _, expr in formula.counters)
 
 
+@functools.cache
+def _functions(xp) -> dict:
+    """The array functions a formula's body may call, from the array module ``xp``. Read-only."""
+    return {"sqrt": xp.sqrt, "abs": xp.abs, "sign": xp.sign, "maximum": xp.maximum, "minimum": xp.minimum,
+            "clip": xp.clip, "where": xp.where}
+
+
 def evaluate(formula: Formula, hyper: dict, arrays: list, counters: tuple, x: Array, dx: Array,
              inputs: dict | None = None) -> Array | None:
     """One step of ``formula`` on arrays: the state ``arrays`` updated in place, the step returned (None where an
     ``("if", c)`` item stops it); ``x`` and ``dx`` unchanged."""
-    xp = get_array_module(x)
-    space = {"sqrt": xp.sqrt, "abs": xp.abs, "sign": xp.sign, "maximum": xp.maximum, "minimum": xp.minimum,
-             "clip": xp.clip, "where": xp.where}
+    space = dict(_functions(get_array_module(x)))
     space.update(_step_numbers(formula, hyper, counters, x.dtype))
     space.update(zip(formula.state, arrays))
     space.update(inputs or {})
