@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights", "takes_matmul", "matmul",
            "MATMUL_MIN_FLOPS", "takes_lstm", "lstm_forward", "lstm_backward", "ELTWISE_MIN_SIZE", "takes_eltwise",
-           "relu", "relu_backward", "scale_shift", "batchnorm_dx"]
+           "relu", "relu_backward", "scale_shift", "scale_shift_relu6", "relu6_backward", "batchnorm_dx"]
 
 _STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
            4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
@@ -539,8 +539,8 @@ def lstm_backward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_ih: np.ndarra
 # kernel is slower than NumPy's statistics and these passes. relu is ``max(max(x, 0), x)``: oneDNN's max (and its
 # relu) gives its second operand where one is NaN, so the first max turns NaN into 0 and the second gives the NaN
 # back, as NumPy's ``maximum``.
-_BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "gt": 0x1FFF7}
-_RELU = 0x20
+_BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3, "sub": 0x1FFF5, "gt": 0x1FFF7}
+_ELTWISE = {"relu": 0x20, "linear": 0x26, "clip": 0x2E}   # relu(x, a = 0), linear a x + b, clip min(max(x, a), b)
 _POST_OP_SRC1, _POST_OP_BASE = 2, 32768   # a post-op's operand: DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | SRC_1
 ELTWISE_MIN_SIZE = 1 << 16   # below this many values NumPy's pass costs less than a call into oneDNN
 
@@ -560,8 +560,9 @@ def takes_eltwise(*arrays: np.ndarray) -> bool:
 class _Pass:
     """One binary primitive ``x <first> operand`` followed by post-ops, over float32 arrays of one shape (the
     operands of shape ``operand``, one value a channel of ``(N, C, S)`` or one in all): a memory per execution
-    argument, whose data is set per call. ``post``: ``("add" | "mul" | "max", "channel" | "full")`` with the next
-    operand, or ``("relu",)`` (oneDNN's, which turns NaN into 0: for values known not to be NaN)."""
+    argument, whose data is set per call. ``post``: ``(<a binary op>, "channel" | "full")`` with the next operand
+    (``"channel"``: of shape ``operand``), or an elementwise ``("relu" | "linear" | "clip", a, b)`` (oneDNN's relu
+    and clip turn NaN into a number: for values known not to be NaN)."""
 
     def __init__(self, lib, shape: tuple, first: str, operand: tuple, post: tuple) -> None:
         self.lib = lib
@@ -569,8 +570,8 @@ class _Pass:
         post_ops, attr = lib.handle("dnnl_post_ops_create"), lib.handle("dnnl_primitive_attr_create")
         mds = {_ARG["src"]: full, _POST_OP_SRC1: small}
         for index, (op, *kind) in enumerate(post):
-            if op == "relu":
-                lib.call("dnnl_post_ops_append_eltwise", post_ops, _RELU, ctypes.c_float(0.0), ctypes.c_float(0.0))
+            if op in _ELTWISE:
+                lib.call("dnnl_post_ops_append_eltwise", post_ops, _ELTWISE[op], *map(ctypes.c_float, kind))
                 continue
             md = full if kind[0] == "full" else small
             lib.call("dnnl_post_ops_append_binary", post_ops, _BINARY[op], md)
@@ -649,8 +650,38 @@ def scale_shift(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     >>> y[0, :, 0].tolist()
     [1.0, 0.0]
     """
-    post = (("add", "channel"),) + ((("relu",),) if relu else ())
+    post = (("add", "channel"),) + ((("relu", 0.0, 0.0),) if relu else ())
     return _run_pass(x, "mul", True, post, (scale, shift), out)
+
+
+def scale_shift_relu6(x: np.ndarray, scale: np.ndarray, shift: np.ndarray,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """``min(max(x * scale + shift, 0), 6)`` as :func:`scale_shift` (only for values that are not NaN).
+
+    >>> x = np.ones((2, 2, 1 << 14), np.float32)
+    >>> s, t = np.array([2, 9], np.float32), np.array([1, 0], np.float32)
+    >>> y = scale_shift_relu6(x, s, t) if library() else np.minimum(x * [[[2], [9]]] + [[[1], [0]]], 6)
+    >>> y[0, :, 0].tolist()
+    [3.0, 6.0]
+    """
+    return _run_pass(x, "mul", True, (("add", "channel"), ("clip", 0.0, 6.0)), (scale, shift), out)
+
+
+_SIX = np.full(1, 6, np.float32)
+
+
+def relu6_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``dy * ((y > 0) & (y < 6))`` of float32 C-contiguous arrays of one shape without NaN in ``y``, the gradient
+    of relu6 from its output, as ``dy * (min(y, 6 - y) > 0)`` in one pass: ``6 - y`` is exact where it is the
+    smaller (``y`` at least 3), so the mask is NumPy's exactly.
+
+    >>> y = np.linspace(-1, 7, 1 << 16, dtype=np.float32)
+    >>> want = (y > 0) & (y < 6)
+    >>> bool(((relu6_backward(np.ones_like(y), y) if library() else want) == want).all())
+    True
+    """
+    post = (("linear", -1.0, 0.0), ("min", "full"), ("gt", "channel"), ("mul", "full"))
+    return _run_pass(y, "sub", False, post, (_SIX, y, _ZERO, dy))
 
 
 def batchnorm_dx(x: np.ndarray, p: np.ndarray, g: np.ndarray, q: np.ndarray, a: np.ndarray,
