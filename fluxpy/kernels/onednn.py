@@ -129,15 +129,16 @@ def _any_md(lib, shape):
 
 class _Operand:
     """One plain NumPy array of a primitive: its memory (the array's data, set per call) and, where the primitive
-    runs another layout, a library-owned buffer in that layout and the reorder between the two."""
+    runs another layout, a library-owned buffer in that layout (``size`` bytes) and the reorder between the two."""
 
     def __init__(self, lib, plain_md, chosen_md, into: bool) -> None:
         self.lib, self.into = lib, into
         self.plain = lib.handle("dnnl_memory_create", plain_md, lib.engine, ctypes.c_void_p(None))
-        self.memory, self.reorder = self.plain, None
+        self.memory, self.reorder, self.size, self.own, self.filled = self.plain, None, 0, None, False
         if not lib.dll.dnnl_memory_desc_equal(plain_md, ctypes.c_void_p(chosen_md)):
             chosen = ctypes.c_void_p(chosen_md)
             self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, _ALLOCATE)
+            self.size = lib.dll.dnnl_memory_desc_get_size(chosen)
             src, dst = (plain_md, chosen) if into else (chosen, plain_md)
             pd = lib.handle("dnnl_reorder_primitive_desc_create", src, lib.engine, dst, lib.engine, None)
             self.reorder = lib.handle("dnnl_primitive_create", pd)
@@ -146,8 +147,18 @@ class _Operand:
     def bind(self, array: np.ndarray) -> None:
         self.lib.call("dnnl_memory_set_data_handle", self.plain, ctypes.c_void_p(array.ctypes.data))
 
+    def hold(self, buffer: np.ndarray | None = None, filled: bool = False) -> None:
+        """Keep the reordered copy in ``buffer`` (64-byte aligned, ``size`` bytes; None: a buffer of the operand's
+        own) for this call; ``filled``: it holds this call's array reordered already, so the reorder is skipped.
+        Once called, it must be called on every run (the library's buffer is given up)."""
+        if buffer is None:
+            self.own = _aligned_bytes(self.size) if self.own is None else self.own
+            buffer = self.own
+        self.lib.call("dnnl_memory_set_data_handle", self.memory, ctypes.c_void_p(buffer.ctypes.data))
+        self.filled = filled
+
     def run_reorder(self) -> None:
-        if self.reorder is not None:
+        if self.reorder is not None and not self.filled:
             ends = (self.plain, self.memory) if self.into else (self.memory, self.plain)
             _execute(self.lib, self.reorder, ((_ARG["src"], ends[0]), (_ARG["dst"], ends[1])))
 
@@ -195,7 +206,7 @@ class _Problem:
     operands; the forward's descriptor is the hint the backward ones need."""
 
     def __init__(self, lib, kind: str, cdims, bias: bool) -> None:
-        self.lib, self.kind = lib, kind
+        self.lib, self.kind, self.cdims, self.bias = lib, kind, cdims, bias
         shapes = {"src": tuple(cdims.x_shape), "weights": _weight_shape(cdims), "dst": tuple(cdims.y_shape)}
         plain = {role: _plain_md(lib, shape) for role, shape in shapes.items()}
         chosen = {role: _any_md(lib, shape) for role, shape in shapes.items()}
@@ -213,9 +224,11 @@ class _Problem:
             pd = lib.handle("dnnl_convolution_backward_weights_primitive_desc_create", lib.engine, _DIRECT,
                             chosen["src"], chosen["weights"], bias_md, chosen["dst"], *geometry, hint, None)
             roles = (("src", "src", True), ("diff_dst", "dst", True), ("diff_weights", "weights", False))
-        self.operands = {role: _Operand(lib, plain[shape_of],
-                                        lib.dll.dnnl_primitive_desc_query_md(pd, _QUERY[role], 0), into)
+        query = lib.dll.dnnl_primitive_desc_query_md
+        self.operands = {role: _Operand(lib, plain[shape_of], query(pd, _QUERY[role], 0), into)
                          for role, shape_of, into in roles}
+        self.src_as_forward = bool(lib.dll.dnnl_memory_desc_equal(ctypes.c_void_p(query(hint, _QUERY["src"], 0)),
+                                                                  ctypes.c_void_p(query(pd, _QUERY["src"], 0))))
         self.bias_memory = lib.handle("dnnl_memory_create", bias_md, lib.engine, ctypes.c_void_p(None)) if bias \
             else None
         self.primitive = lib.handle("dnnl_primitive_create", pd)
@@ -225,16 +238,32 @@ class _Problem:
         for md in (*plain.values(), *chosen.values(), *([bias_md] if bias_md is not None else [])):
             lib.call("dnnl_memory_desc_destroy", md)
 
-    def run(self, arrays: dict, bias: np.ndarray | None = None) -> None:
+    def run(self, arrays: dict, bias: np.ndarray | None = None, x: np.ndarray | None = None) -> None:
         """Run on ``arrays`` (role -> plain C-contiguous float32 array): inputs reordered in, the primitive, the
-        output reordered out."""
+        output reordered out. ``x``: the caller's input array (see :meth:`_hold_src`)."""
         for role, array in arrays.items():
             self.operands[role].bind(array)
+        src = self.operands.get("src")
+        if src is not None and src.reorder is not None:
+            self._hold_src(src, x)
         args = [(_ARG[role], operand.memory) for role, operand in self.operands.items()]
         if self.bias_memory is not None:
             self.lib.call("dnnl_memory_set_data_handle", self.bias_memory, ctypes.c_void_p(bias.ctypes.data))
             args.append((_ARG["bias" if self.kind == "forward" else "diff_bias"], self.bias_memory))
         _run_reordered(self.lib, self.primitive, self.operands, args)
+
+    def _hold_src(self, src, x) -> None:
+        """The forward reorders the input ``x`` into a buffer of its own kept beside ``x`` (while ``x`` lives); the
+        weights' gradient of the same input reads that copy instead of reordering ``x`` again, where the forward's
+        layout is its own."""
+        key = (self.cdims, self.bias)
+        if self.kind == "forward" and x is not None:
+            buffer = _aligned_bytes(src.size)
+            src.hold(buffer)
+            _BLOCKED_INPUTS.keep(x, key, buffer)
+        else:
+            buffer = _BLOCKED_INPUTS.get(x, key) if x is not None and self.src_as_forward else None
+            src.hold(buffer, filled=buffer is not None)
 
     def destroy(self) -> None:
         for operand in self.operands.values():
@@ -242,6 +271,29 @@ class _Problem:
         if self.bias_memory is not None:
             self.lib.call("dnnl_memory_destroy", self.bias_memory)
         self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+class _Beside:
+    """Values kept beside live NumPy arrays: :meth:`get` finds a value only for the very array and key it was kept
+    with, and it is dropped when that array is freed."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+    def keep(self, array: np.ndarray, key, value) -> None:
+        where = (id(array), key)
+        entry = self.entries.get(where)
+        fresh = entry is None or entry[0]() is not array
+        self.entries[where] = (weakref.ref(array), value)
+        if fresh:   # one finaliser an array and key, however often it is kept again
+            weakref.finalize(array, self.entries.pop, where, None)
+
+    def get(self, array: np.ndarray, key):
+        entry = self.entries.get((id(array), key))
+        return entry[1] if entry is not None and entry[0]() is array else None
+
+
+_BLOCKED_INPUTS = _Beside()   # a convolution's input -> its copy in the forward's layout, by (ConvDims, bias)
 
 
 def _cached(lib, key, make):
@@ -257,11 +309,11 @@ def _cached(lib, key, make):
     return problem
 
 
-def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None) -> None:
+def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None, x: np.ndarray | None = None) -> None:
     lib = library()
     with lib.lock:
         _cached(lib, (kind, cdims, bias is not None), lambda: _Problem(lib, kind, cdims, bias is not None)).run(
-            arrays, bias)
+            arrays, bias, x)
 
 
 def _c(a):
@@ -331,7 +383,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any, b: np.ndarray | None 
     """The cross-correlation of float32 ``x`` with ``w`` (already flipped for a true convolution), plus ``b``
     where given: ``cdims.y_shape``."""
     y = np.empty(cdims.y_shape, np.float32)
-    _run("forward", cdims, {"src": _c(x), "weights": _c(w), "dst": y}, None if b is None else _c(b))
+    _run("forward", cdims, {"src": _c(x), "weights": _c(w), "dst": y}, None if b is None else _c(b), x)
     return y
 
 
@@ -347,7 +399,7 @@ def conv_backward_weights(x: np.ndarray, dy: np.ndarray, cdims: Any, need_bias: 
     with ``need_bias``, the bias (None otherwise)."""
     dw = np.empty(cdims.w_shape, np.float32)
     db = np.empty(cdims.y_shape[1], np.float32) if need_bias else None
-    _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db)
+    _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db, x)
     return dw, db
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .onednn import _ARG, _FORWARD_TRAINING, _Dims, _cached, _execute, _plain_md, library
+from .onednn import _ARG, _FORWARD_TRAINING, _Beside, _cached, _Dims, _execute, _plain_md, library
 
 __all__ = ["takes", "maxpool_forward", "maxpool_backward", "meanpool_forward", "meanpool_backward"]
 
@@ -123,21 +123,16 @@ def _c(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-# The workspace of each output of maxpool_forward still alive: id(y) -> (weak y, weak x, pdims, workspace).
-_WORKSPACES: dict = {}
+_WORKSPACES = _Beside()   # a max pool's output -> (its input, weakly; the workspace), by PoolDims
 
 
 def _keep(y, x, pdims, workspace):
-    key = id(y)
-    _WORKSPACES[key] = (weakref.ref(y), weakref.ref(x), pdims, workspace)
-    weakref.finalize(y, _WORKSPACES.pop, key, None)
+    _WORKSPACES.keep(y, pdims, (weakref.ref(x), workspace))
 
 
 def _kept(y, x, pdims):
-    entry = _WORKSPACES.get(id(y))
-    if entry is None or entry[0]() is not y or entry[1]() is not x or entry[2] != pdims:
-        return None
-    return entry[3]
+    entry = _WORKSPACES.get(y, pdims)
+    return entry[1] if entry is not None and entry[0]() is x else None
 
 
 def _forward_with_workspace(x, pdims):
