@@ -46,9 +46,8 @@ _CPU, _F32, _FORMAT_ANY, _FORWARD_TRAINING, _DIRECT = 1, 3, 1, 64, 1
 _QUERY = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133, "diff_dst": 134}
 _ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "diff_src": 129, "diff_dst": 145, "diff_weights": 161,
         "diff_bias": 169}
-_ALLOCATE = ctypes.c_void_p(2**64 - 1)   # DNNL_MEMORY_ALLOCATE: the library owns the buffer
 _Dims = ctypes.c_int64 * 12
-_PROBLEMS_KEPT = 64
+_PROBLEMS_KEPT = 512   # a network's problems, each way (MobileNet's 27 convolutions make 81): no rebuild a step
 
 
 class _Arg(ctypes.Structure):
@@ -129,15 +128,16 @@ def _any_md(lib, shape):
 
 class _Operand:
     """One plain NumPy array of a primitive: its memory (the array's data, set per call) and, where the primitive
-    runs another layout, a library-owned buffer in that layout (``size`` bytes) and the reorder between the two."""
+    runs another layout, a memory in that layout (``size`` bytes, a buffer given per call: :meth:`hold`) and the
+    reorder between the two."""
 
     def __init__(self, lib, plain_md, chosen_md, into: bool) -> None:
         self.lib, self.into = lib, into
         self.plain = lib.handle("dnnl_memory_create", plain_md, lib.engine, ctypes.c_void_p(None))
-        self.memory, self.reorder, self.size, self.own, self.filled = self.plain, None, 0, None, False
+        self.memory, self.reorder, self.size, self.buffer, self.filled = self.plain, None, 0, None, False
         if not lib.dll.dnnl_memory_desc_equal(plain_md, ctypes.c_void_p(chosen_md)):
             chosen = ctypes.c_void_p(chosen_md)
-            self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, _ALLOCATE)
+            self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, ctypes.c_void_p(None))
             self.size = lib.dll.dnnl_memory_desc_get_size(chosen)
             src, dst = (plain_md, chosen) if into else (chosen, plain_md)
             pd = lib.handle("dnnl_reorder_primitive_desc_create", src, lib.engine, dst, lib.engine, None)
@@ -148,14 +148,15 @@ class _Operand:
         self.lib.call("dnnl_memory_set_data_handle", self.plain, ctypes.c_void_p(array.ctypes.data))
 
     def hold(self, buffer: np.ndarray | None = None, filled: bool = False) -> None:
-        """Keep the reordered copy in ``buffer`` (64-byte aligned, ``size`` bytes; None: a buffer of the operand's
-        own) for this call; ``filled``: it holds this call's array reordered already, so the reorder is skipped.
-        Once called, it must be called on every run (the library's buffer is given up)."""
-        if buffer is None:
-            self.own = _aligned_bytes(self.size) if self.own is None else self.own
-            buffer = self.own
-        self.lib.call("dnnl_memory_set_data_handle", self.memory, ctypes.c_void_p(buffer.ctypes.data))
+        """Keep this call's reordered copy in ``buffer`` (64-byte aligned, ``size`` bytes; None: a new one):
+        the buffers live only as long as a call needs them, so that a cached problem holds no memory of the size
+        of its arrays. ``filled``: ``buffer`` holds this call's array reordered already (the reorder is skipped)."""
+        self.buffer = _aligned_bytes(self.size) if buffer is None else buffer
+        self.lib.call("dnnl_memory_set_data_handle", self.memory, ctypes.c_void_p(self.buffer.ctypes.data))
         self.filled = filled
+
+    def release(self) -> None:
+        self.buffer, self.filled = None, False
 
     def run_reorder(self) -> None:
         if self.reorder is not None and not self.filled:
@@ -175,16 +176,24 @@ def _execute(lib, primitive, args):
 
 
 def _run_reordered(lib, primitive, operands: dict, args: list) -> None:
-    """Reorder the input operands into the layouts the primitive chose, run it on ``args``, reorder its outputs
-    back into their plain arrays, and wait for the stream."""
-    for operand in operands.values():
-        if operand.into:
-            operand.run_reorder()
-    _execute(lib, primitive, args)
-    for operand in operands.values():
-        if not operand.into:
-            operand.run_reorder()
-    lib.call("dnnl_stream_wait", lib.stream)
+    """Reorder the input operands into the layouts the primitive chose (into buffers of this call, unless one was
+    given: :meth:`_Operand.hold`), run it on ``args``, reorder its outputs back into their plain arrays, and wait
+    for the stream."""
+    try:
+        for operand in operands.values():
+            if operand.reorder is not None and operand.buffer is None:
+                operand.hold()
+        for operand in operands.values():
+            if operand.into:
+                operand.run_reorder()
+        _execute(lib, primitive, args)
+        for operand in operands.values():
+            if not operand.into:
+                operand.run_reorder()
+        lib.call("dnnl_stream_wait", lib.stream)
+    finally:
+        for operand in operands.values():
+            operand.release()
 
 
 def _geometry(cdims):
@@ -261,9 +270,10 @@ class _Problem:
             buffer = _aligned_bytes(src.size)
             src.hold(buffer)
             _BLOCKED_INPUTS.keep(x, key, buffer)
-        else:
-            buffer = _BLOCKED_INPUTS.get(x, key) if x is not None and self.src_as_forward else None
-            src.hold(buffer, filled=buffer is not None)
+        elif x is not None and self.src_as_forward:
+            buffer = _BLOCKED_INPUTS.get(x, key)
+            if buffer is not None:
+                src.hold(buffer, filled=True)
 
     def destroy(self) -> None:
         for operand in self.operands.values():
