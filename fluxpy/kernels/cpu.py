@@ -532,7 +532,7 @@ def maxpool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -
     array([[0., 1.],
            [0., 0.]])
     """
-    if onednn_pool.takes(x, pdims) and dy.dtype == y.dtype == np.float32:
+    if onednn_pool.takes(x, pdims) and type(dy) is type(y) is np.ndarray and dy.dtype == y.dtype == np.float32:
         dx = onednn_pool.maxpool_backward(dy, x, y, pdims)
         if dx is not None:
             return dx
