@@ -3,7 +3,8 @@
 A step is forward, backward and an Adam update of one of issue 42's networks (``--model``): the MNIST reference
 net (``reference``: ``Conv(3x3, 1=>16, relu, pad 1), MaxPool 2, Conv(16=>32), MaxPool 2, Conv(32=>32), MaxPool 2,
 flatten, Dense(288=>10)``) or ``lenet5`` at batch 128 on 28x28 images, ``resnet20`` (CIFAR, 3x32x32) at batch 32,
-or the ``lstm`` classifier (``lstm_classifier(32, 128)``, sequences of 100 steps) at batch 64, with
+or the ``lstm`` classifier (``lstm_classifier(32, 128)``, sequences of 100 steps) at batch 64 (and, beyond the
+issue's four, ``mobilenet``: ``mobilenet_cifar()``, depthwise convolutions, at batch 32), with
 logitcrossentropy. Both frameworks start from the same weights (``zoo.torch_twin``: fluxpy's Conv is a true
 convolution, so PyTorch gets the flipped kernels) and the same batch; the first losses are printed as a check that
 both compute the same thing. Each framework runs in a Python process of its own (two OpenMP runtimes in one process
@@ -14,7 +15,7 @@ With ``--profile``, the step is then profiled by op on both sides (in this one p
 pullback (:func:`fluxpy.profile`, exclusive times) and PyTorch's self CPU time per aten op (``torch.profiler``), the
 ``--top`` busiest of each.
 
-Run: ``python benchmarks/cpu_step.py [--model reference|lenet5|resnet20|lstm] [--batch N] [--repeat 30]
+Run: ``python benchmarks/cpu_step.py [--model reference|lenet5|resnet20|lstm|mobilenet] [--batch N] [--repeat 30]
 [--threads N] [--profile] [--top 12]``
 """
 from __future__ import annotations
@@ -36,13 +37,14 @@ import fluxpy  # noqa: E402
 from fluxpy.data import onehotbatch  # noqa: E402
 from fluxpy.losses import logitcrossentropy  # noqa: E402
 from fluxpy.optimise import Adam, setup, update  # noqa: E402
-from fluxpy.models import lstm_classifier, resnet20  # noqa: E402
+from fluxpy.models import lstm_classifier, mobilenet_cifar, resnet20  # noqa: E402
 from models import lenet5, reference_net  # noqa: E402
 
 # --model -> (builder, one example's shape, default batch)
 MODELS = {"reference": (reference_net, (1, 28, 28), 128), "lenet5": (lenet5, (1, 28, 28), 128),
           "resnet20": (lambda rng: resnet20(rng=rng), (3, 32, 32), 32),
-          "lstm": (lambda rng: lstm_classifier(32, 128, rng=rng), (100, 32), 64)}
+          "lstm": (lambda rng: lstm_classifier(32, 128, rng=rng), (100, 32), 64),
+          "mobilenet": (lambda rng: mobilenet_cifar(rng=rng), (3, 32, 32), 32)}
 
 
 def fluxpy_step(model, opt_state, x, y):

@@ -123,3 +123,70 @@ def test_small_or_other_products_stay_with_numpy():
     assert not onednn.takes_matmul(big.astype(np.float64), big.astype(np.float64))
     assert not onednn.takes_matmul(big[:, ::2], big[::2])   # no unit stride: NumPy copies such operands itself
     assert not onednn.takes_matmul(np.ones((2, 256, 256), np.float32), big)
+
+
+def _src_holds(monkeypatch):
+    """The ``filled`` flag of every reordered operand's buffer from now on (True: the forward's copy of an input,
+    read instead of a reorder)."""
+    calls = []
+    hold = onednn._Operand.hold
+    monkeypatch.setattr(onednn._Operand, "hold", lambda self, buffer=None, filled=False: (
+        calls.append(filled), hold(self, buffer, filled))[1])
+    return calls
+
+
+@settings(deadline=None, max_examples=30)
+@given(conv_problems(max_batch=3), st.integers(0, 2**16))
+def test_the_weights_gradient_reads_the_forwards_copy_of_its_input(problem, seed):
+    """After a forward, the weights' gradient of the same input array reads the forward's reordered copy: the same
+    gradient as from a fresh array of the same values (reordered again), and as NumPy's."""
+    x, w, cdims, dy, _ = _case(problem, seed)
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _src_holds(mp)
+        cpu.conv_forward(x, w, cdims)
+        reused = cpu.conv_backward_filter(x, dy, cdims)
+        problems = onednn.library().problems
+        copied = problems[("forward", cdims, False)].operands["src"].reorder is not None
+        shared = problems[("backward_weights", cdims, False)].src_as_forward
+        assert calls.count(True) == (copied and shared)
+        again = cpu.conv_backward_filter(x.copy(), dy, cdims)
+        assert calls.count(True) == (copied and shared)
+    np.testing.assert_array_equal(reused, again)
+    with pytest.MonkeyPatch.context() as mp:
+        _numpy_kernels(mp)
+        want = cpu.conv_backward_filter(x, dy, cdims)
+    np.testing.assert_allclose(reused, want, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_the_forwards_copy_lives_as_long_as_its_input_and_only_for_its_dims(monkeypatch):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 32, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
+    cdims = conv_dims(x, w, pad=1, groups=32)   # depthwise: oneDNN's blocked layout
+    other = conv_dims(x, w, pad=2, groups=32)
+    calls = _src_holds(monkeypatch)
+    onednn.conv_forward(x, w, cdims)
+    assert onednn._BLOCKED_INPUTS.get(x, (cdims, False)) is not None
+    assert onednn._BLOCKED_INPUTS.get(x, (other, False)) is None
+    assert onednn._BLOCKED_INPUTS.get(x, (cdims, True)) is None   # a forward with a bias: another problem
+    onednn.conv_backward_weights(x, np.ones(other.y_shape, np.float32), other)
+    assert True not in calls
+    onednn.conv_backward_weights(x, np.ones(cdims.y_shape, np.float32), cdims)
+    assert calls.count(True) == 1
+    for _ in range(3):   # kept again: still one entry
+        onednn.conv_forward(x, w, cdims)
+    keys = [k for k in onednn._BLOCKED_INPUTS.entries if k[0] == id(x)]
+    assert len(keys) == 1
+    del x
+    assert keys[0] not in onednn._BLOCKED_INPUTS.entries
+
+
+def test_values_kept_beside_an_array_are_found_for_it_alone_and_dropped_with_it():
+    beside = onednn._Beside()
+    a, b = np.ones(3), np.ones(3)
+    beside.keep(a, "k", 1)
+    beside.keep(a, "k", 2)
+    beside.keep(a, "j", 3)
+    assert (beside.get(a, "k"), beside.get(a, "j"), beside.get(b, "k"), beside.get(a, "x")) == (2, 3, None, None)
+    del a
+    assert beside.entries == {}

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 import fluxpy
 from fluxpy.kernels import cpu_norm, find, onednn
 from fluxpy.layers import BatchNorm, testmode, trainmode
-from fluxpy.ops.activations import DERIVATIVES_FROM_OUTPUT, relu, tanh
+from fluxpy.ops.activations import DERIVATIVES_FROM_OUTPUT, relu, relu6, tanh
 from fluxpy.ops.batchnorm import _forward_arrays, batchnorm
 
 pytestmark = pytest.mark.skipif(onednn.library() is None, reason="oneDNN is not installed (pip install fluxpy[cpu])")
 
-ACTS = {"none": None, "relu": relu, "tanh": tanh}
+ACTS = {"none": None, "relu": relu, "tanh": tanh, "relu6": relu6}
 
 
 def _numpy_only(mp):
@@ -139,16 +139,19 @@ def test_a_large_batch_gives_the_numpy_paths_results_and_running_statistics():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
-def test_gradients_through_the_layer_equal_float64_finite_differences():
+@pytest.mark.parametrize("act,spread", [(relu, 1.0), (relu6, 4.0)])   # relu6: outputs past 6 too
+def test_gradients_through_the_layer_equal_float64_finite_differences(act, spread):
     rng = np.random.default_rng(3)
     x, _, _, w = _problem(11, (8, 4, 48, 48), False)
-    bn = trainmode(BatchNorm(4, relu))
-    bn.gamma[:] = rng.uniform(0.5, 1.5, 4)
-    bn.beta[:] = rng.standard_normal(4)
+    bn = trainmode(BatchNorm(4, act))
+    bn.gamma[:] = spread * rng.uniform(0.5, 1.5, 4)
+    bn.beta[:] = spread * rng.standard_normal(4)
     assert onednn.takes_eltwise(x)
     gx, gm = fluxpy.gradient(lambda x, m: (m(x) * w).sum(), x, bn)
+    if act is relu6:
+        assert (bn(x) == 6).any() and (bn(x) == 0).any()
 
-    wide = trainmode(BatchNorm(4, relu, track_stats=False))
+    wide = trainmode(BatchNorm(4, act, track_stats=False))
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     g64, b64 = bn.gamma.astype(np.float64), bn.beta.astype(np.float64)
 
@@ -156,7 +159,7 @@ def test_gradients_through_the_layer_equal_float64_finite_differences():
         wide.gamma, wide.beta = g64 + t * vg, b64 + t * vb
         return float((wide(x64 + t * vx) * w64).sum())
     h = 1e-3
-    for _ in range(3):   # directional derivatives along random unit directions (few values cross relu's kink)
+    for _ in range(3):   # directional derivatives along random unit directions (few values cross a kink)
         v = rng.standard_normal(x.shape), rng.standard_normal(4), rng.standard_normal(4)
         norm = np.sqrt(sum(float((a * a).sum()) for a in v))
         v = tuple(a / norm for a in v)
@@ -170,6 +173,53 @@ def test_nan_stays_nan_through_the_fused_relu():
     x[3, 1, 5, 5] = np.nan
     y, mean, _ = cpu_norm.batchnorm_forward(x, gamma, beta, None, None, 0.1, 1e-5, relu)
     assert np.isnan(mean[1]) and np.isnan(y[:, 1]).all() and not np.isnan(y[:, [0, 2, 3]]).any()
+
+
+def test_nan_stays_nan_through_batch_norm_with_relu6_each_way():
+    """A NaN channel is not fused (oneDNN's clip would turn NaN into a number): relu6 and its derivative run in
+    NumPy there, with NumPy's results."""
+    x, gamma, beta, dy = _problem(6, (32, 4, 32, 32), True)
+    x[3, 1, 5, 5] = np.nan
+    y, mean, invstd = cpu_norm.batchnorm_forward(x, gamma, beta, None, None, 0.1, 1e-5, relu6)
+    assert np.isnan(y[:, 1]).all() and not np.isnan(y[:, [0, 2, 3]]).any()
+    derivative = DERIVATIVES_FROM_OUTPUT[relu6].formula
+    got = cpu_norm.batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, 1e-5, relu6, derivative)
+    with pytest.MonkeyPatch.context() as mp:
+        _numpy_only(mp)
+        want = cpu_norm.batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, 1e-5, relu6, derivative)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.sampled_from([(1 << 16,), (64, 32, 33), (3, 1 << 15)]), st.integers(0, 2**16))
+def test_relu6_passes_equal_numpys_at_the_kinks_and_signed_zeros(shape, seed):
+    rng = np.random.default_rng(seed)
+    y = (rng.standard_normal(shape) * 4 + 3).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    six, zero = np.float32(6), np.float32(0)
+    kinks = [0.0, -0.0, 6.0, np.nextafter(six, zero), np.nextafter(six, 2 * six), np.nextafter(zero, six),
+             np.nextafter(zero, -six), 3.0, np.nextafter(np.float32(3), zero), 1e-30, 12.0, 13.0, -np.inf, np.inf]
+    y.reshape(-1)[rng.choice(y.size, len(kinks), replace=False)] = kinks
+    want = dy * ((y > 0) & (y < 6))
+    got = onednn.relu6_backward(dy, y)
+    np.testing.assert_array_equal(got, want)
+    assert (np.signbit(got) == np.signbit(want)).all()
+    c = shape[1] if len(shape) > 1 else 1
+    x3 = y.reshape(shape[0] if len(shape) > 1 else 1, c, -1)
+    x3 = np.where(np.isfinite(x3), x3, 1).astype(np.float32)
+    p, q = (rng.standard_normal(c).astype(np.float32) for _ in range(2))
+    z = onednn.scale_shift(x3, p, q)
+    np.testing.assert_array_equal(onednn.scale_shift_relu6(x3, p, q), relu6(z))
+
+
+def test_the_fused_relu6_is_known_by_its_names():
+    assert cpu_norm._is_relu6(relu6) and not cpu_norm._is_relu6(relu) and not cpu_norm._is_relu(relu6)
+
+    def relu6_(x):   # another function of the name
+        return x
+    relu6_.__name__ = "relu6"
+    assert not cpu_norm._is_relu6(relu6_)
 
 
 @pytest.mark.parametrize("shape", [(1 << 16,), (64, 32, 33), (3, 1 << 15)])

@@ -10,7 +10,8 @@ the kernel first. The pools take 2-d dims (:mod:`fluxpy.ops.pool` runs 1-d and 3
 - ``col2im`` is its adjoint: it adds columns back into the padded input, one strided slice per
   kernel offset ``(r, s)`` (``R*S`` vectorised adds, which also handle overlapping windows).
 - Pools with small kernels loop over the ``R*S`` kernel offsets too; large ones (global,
-  adaptive) gather their windows once.
+  adaptive) gather their windows once. float32 pools run oneDNN's one-pass primitives where it is installed
+  (:mod:`fluxpy.kernels.onednn_pool`), with NumPy's results.
 
 Every function here takes plain NumPy arrays and a dims object from :mod:`fluxpy.ops.dims`;
 they are registered with :func:`fluxpy.kernels.register` under ``"numpy"``, float16 and bfloat16 computed in
@@ -37,7 +38,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..backend import is_float_dtype
 from ..options import options
-from . import BadIndex, onednn, register
+from . import BadIndex, onednn, onednn_pool, register
 from .cpu_heap import keep_freed_memory
 from .halfs import is_half
 
@@ -454,6 +455,9 @@ def maxpool_forward(x: np.ndarray, pdims: Any, empty: Any = None) -> np.ndarray:
     >>> maxpool_forward(x, PoolDims.from_array(x, 1, pad=(1, 0, 0, 0)))[0, 0].tolist()   # row 0: padding only
     [[-3.4028234663852886e+38, -3.4028234663852886e+38], [1.0, 2.0], [3.0, 4.0]]
     """
+    y = onednn_pool.maxpool_forward(x, pdims) if onednn_pool.takes(x, pdims) else None
+    if y is not None:   # float32 without NaN: oneDNN's one pass (see onednn_pool)
+        return y
     xp = pad_input(x, pdims.pad, _lowest(x.dtype))
     if not _loops(pdims):
         y = _gathered_windows(xp, pdims).max(axis=-1)
@@ -528,6 +532,10 @@ def maxpool_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, pdims: Any) -
     array([[0., 1.],
            [0., 0.]])
     """
+    if onednn_pool.takes(x, pdims) and type(dy) is type(y) is np.ndarray and dy.dtype == y.dtype == np.float32:
+        dx = onednn_pool.maxpool_backward(dy, x, y, pdims)
+        if dx is not None:
+            return dx
     dxp = np.zeros(x.shape[:2] + tuple(pdims.padded_hw), dtype=np.result_type(dy.dtype, x.dtype))
     if not _loops(pdims):
         np.add.at(dxp, _padded_positions(maxpool_argmax(x, pdims), pdims), dy)
@@ -575,6 +583,9 @@ def meanpool_forward(x: np.ndarray, pdims: Any) -> np.ndarray:
            [1. ]])
     """
     _check_regular(pdims)
+    y = onednn_pool.meanpool_forward(x, pdims) if onednn_pool.takes(x, pdims) else None
+    if y is not None:
+        return y
     xp = pad_input(x, pdims.pad)
     dtype = np.result_type(x.dtype, np.float32)
     if not _loops(pdims):
@@ -595,6 +606,9 @@ def meanpool_backward(dy: np.ndarray, pdims: Any) -> np.ndarray:
            [0.25, 0.25]])
     """
     _check_regular(pdims)
+    dx = onednn_pool.meanpool_backward(dy, pdims) if onednn_pool.takes(dy, pdims) else None
+    if dx is not None:
+        return dx
     share = dy * (1.0 / (pdims.kernel[0] * pdims.kernel[1]))
     dxp = np.zeros(tuple(pdims.x_shape[:2]) + tuple(pdims.padded_hw), dtype=share.dtype)
     if not _loops(pdims):

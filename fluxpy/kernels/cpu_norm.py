@@ -7,8 +7,8 @@ the composites.
 Large float32 batch norms in C order with spatial axes (``batchnorm_forward``, and the backward) take the
 per-channel sums from NumPy and make their passes that write memory through oneDNN
 (:func:`fluxpy.kernels.onednn.scale_shift` and :func:`~fluxpy.kernels.onednn.batchnorm_dx`: one pass each, on its
-threads, relu fused), where it is installed: the composite's mean and biased variance, the sums accumulated in
-float64 across rows.
+threads, relu and relu6 fused, each way), where it is installed: the composite's mean and biased variance, the sums
+accumulated in float64 across rows.
 
 >>> x = np.array([[1.0, 3.0], [0.0, 10.0]])
 >>> y, mean, rstd = layernorm_forward(x, None, None, 1, 0.0)
@@ -121,6 +121,11 @@ def _is_relu(act) -> bool:
     return getattr(act, "name", None) == "relu"
 
 
+def _is_relu6(act) -> bool:
+    """Whether ``act`` is fluxpy's relu6 (``fluxpy.ops.activations.relu6``), known by its names."""
+    return getattr(act, "__name__", None) == "relu6" and getattr(act, "__module__", None) == "fluxpy.ops.activations"
+
+
 def _onednn_takes(x, *arrays) -> bool:
     """Large float32 C-order ``x`` (and ``arrays``) with spatial axes, oneDNN there (without spatial axes NumPy's
     sums over the rows of ``(N, C)`` are as fast)."""
@@ -157,10 +162,11 @@ _ONE_PASS_MAX_RATIO = 8.0
 
 def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act) -> tuple:
     """``(y, mean, invstd)`` of batch norm in training of a large float32 C-order ``x`` (``(N, C, ...)``), ``y``
-    through the activation ``act`` (None for none; relu fused), the running statistics (where given) updated in
-    place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two reads of ``x`` for the sums of ``x`` and ``x * x``,
-    then one oneDNN pass ``y = x * scale + shift``; where the mean is large against the spread, the centred values
-    are written first (the output's buffer) for a two-pass variance, and then scaled and shifted in place.
+    through the activation ``act`` (None for none; relu and relu6 fused), the running statistics (where given)
+    updated in place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two reads of ``x`` for the sums of ``x`` and
+    ``x * x``, then one oneDNN pass ``y = x * scale + shift``; where the mean is large against the spread, the
+    centred values are written first (the output's buffer) for a two-pass variance, and then scaled and shifted in
+    place.
 
     >>> from fluxpy.ops.batchnorm import batchnorm
     >>> x = np.arange(1 << 16, dtype=np.float32).reshape(2, 2, -1)
@@ -184,9 +190,14 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
     if centred is None:
         shift64 = shift64 - mean64 * scale64
     scale, shift = _f32(scale64), _f32(shift64)
-    # oneDNN's relu turns NaN into 0: fused only where no value can be NaN (finite statistics mean a finite x)
-    fuse = _is_relu(act) and bool(np.isfinite(var64).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
-    y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
+    # oneDNN's relu and clip turn NaN into numbers: fused only where no value can be NaN (finite statistics mean a
+    # finite x)
+    finite = bool(np.isfinite(var64).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
+    fuse = finite and (_is_relu(act) or _is_relu6(act))
+    if fuse and _is_relu6(act):
+        y = onednn.scale_shift_relu6(x if centred is None else centred, scale, shift, out=centred)
+    else:
+        y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
     if act is not None and not fuse:
         y = act(y)
     update_running(running_mean, running_var, mean, var, momentum, m)
@@ -209,6 +220,8 @@ def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
         g = dy
     elif _is_relu(act):
         g = onednn.relu_backward(dy, y)
+    elif _is_relu6(act) and not np.isnan(y.max()):   # its one pass takes no NaN
+        g = onednn.relu6_backward(dy, y)
     else:
         d = y_derivative(y)
         g = dy * (d if d.dtype in (np.bool_, dy.dtype) else d.astype(dy.dtype))

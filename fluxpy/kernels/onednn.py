@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["library", "takes", "conv_forward", "conv_backward_data", "conv_backward_weights", "takes_matmul", "matmul",
            "MATMUL_MIN_FLOPS", "takes_lstm", "lstm_forward", "lstm_backward", "ELTWISE_MIN_SIZE", "takes_eltwise",
-           "relu", "relu_backward", "scale_shift", "batchnorm_dx"]
+           "relu", "relu_backward", "scale_shift", "scale_shift_relu6", "relu6_backward", "batchnorm_dx"]
 
 _STATUS = {1: "dnnl_out_of_memory", 2: "dnnl_invalid_arguments", 3: "dnnl_unimplemented",
            4: "dnnl_last_impl_reached", 5: "dnnl_runtime_error", 6: "dnnl_not_required"}
@@ -46,9 +46,8 @@ _CPU, _F32, _FORMAT_ANY, _FORWARD_TRAINING, _DIRECT = 1, 3, 1, 64, 1
 _QUERY = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133, "diff_dst": 134}
 _ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "diff_src": 129, "diff_dst": 145, "diff_weights": 161,
         "diff_bias": 169}
-_ALLOCATE = ctypes.c_void_p(2**64 - 1)   # DNNL_MEMORY_ALLOCATE: the library owns the buffer
 _Dims = ctypes.c_int64 * 12
-_PROBLEMS_KEPT = 64
+_PROBLEMS_KEPT = 512   # a network's problems, each way (MobileNet's 27 convolutions make 81): no rebuild a step
 
 
 class _Arg(ctypes.Structure):
@@ -129,15 +128,17 @@ def _any_md(lib, shape):
 
 class _Operand:
     """One plain NumPy array of a primitive: its memory (the array's data, set per call) and, where the primitive
-    runs another layout, a library-owned buffer in that layout and the reorder between the two."""
+    runs another layout, a memory in that layout (``size`` bytes, a buffer given per call: :meth:`hold`) and the
+    reorder between the two."""
 
     def __init__(self, lib, plain_md, chosen_md, into: bool) -> None:
         self.lib, self.into = lib, into
         self.plain = lib.handle("dnnl_memory_create", plain_md, lib.engine, ctypes.c_void_p(None))
-        self.memory, self.reorder = self.plain, None
+        self.memory, self.reorder, self.size, self.buffer, self.filled = self.plain, None, 0, None, False
         if not lib.dll.dnnl_memory_desc_equal(plain_md, ctypes.c_void_p(chosen_md)):
             chosen = ctypes.c_void_p(chosen_md)
-            self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, _ALLOCATE)
+            self.memory = lib.handle("dnnl_memory_create", chosen, lib.engine, ctypes.c_void_p(None))
+            self.size = lib.dll.dnnl_memory_desc_get_size(chosen)
             src, dst = (plain_md, chosen) if into else (chosen, plain_md)
             pd = lib.handle("dnnl_reorder_primitive_desc_create", src, lib.engine, dst, lib.engine, None)
             self.reorder = lib.handle("dnnl_primitive_create", pd)
@@ -146,8 +147,19 @@ class _Operand:
     def bind(self, array: np.ndarray) -> None:
         self.lib.call("dnnl_memory_set_data_handle", self.plain, ctypes.c_void_p(array.ctypes.data))
 
+    def hold(self, buffer: np.ndarray | None = None, filled: bool = False) -> None:
+        """Keep this call's reordered copy in ``buffer`` (64-byte aligned, ``size`` bytes; None: a new one):
+        the buffers live only as long as a call needs them, so that a cached problem holds no memory of the size
+        of its arrays. ``filled``: ``buffer`` holds this call's array reordered already (the reorder is skipped)."""
+        self.buffer = _aligned_bytes(self.size) if buffer is None else buffer
+        self.lib.call("dnnl_memory_set_data_handle", self.memory, ctypes.c_void_p(self.buffer.ctypes.data))
+        self.filled = filled
+
+    def release(self) -> None:
+        self.buffer, self.filled = None, False
+
     def run_reorder(self) -> None:
-        if self.reorder is not None:
+        if self.reorder is not None and not self.filled:
             ends = (self.plain, self.memory) if self.into else (self.memory, self.plain)
             _execute(self.lib, self.reorder, ((_ARG["src"], ends[0]), (_ARG["dst"], ends[1])))
 
@@ -164,16 +176,24 @@ def _execute(lib, primitive, args):
 
 
 def _run_reordered(lib, primitive, operands: dict, args: list) -> None:
-    """Reorder the input operands into the layouts the primitive chose, run it on ``args``, reorder its outputs
-    back into their plain arrays, and wait for the stream."""
-    for operand in operands.values():
-        if operand.into:
-            operand.run_reorder()
-    _execute(lib, primitive, args)
-    for operand in operands.values():
-        if not operand.into:
-            operand.run_reorder()
-    lib.call("dnnl_stream_wait", lib.stream)
+    """Reorder the input operands into the layouts the primitive chose (into buffers of this call, unless one was
+    given: :meth:`_Operand.hold`), run it on ``args``, reorder its outputs back into their plain arrays, and wait
+    for the stream."""
+    try:
+        for operand in operands.values():
+            if operand.reorder is not None and operand.buffer is None:
+                operand.hold()
+        for operand in operands.values():
+            if operand.into:
+                operand.run_reorder()
+        _execute(lib, primitive, args)
+        for operand in operands.values():
+            if not operand.into:
+                operand.run_reorder()
+        lib.call("dnnl_stream_wait", lib.stream)
+    finally:
+        for operand in operands.values():
+            operand.release()
 
 
 def _geometry(cdims):
@@ -195,7 +215,7 @@ class _Problem:
     operands; the forward's descriptor is the hint the backward ones need."""
 
     def __init__(self, lib, kind: str, cdims, bias: bool) -> None:
-        self.lib, self.kind = lib, kind
+        self.lib, self.kind, self.cdims, self.bias = lib, kind, cdims, bias
         shapes = {"src": tuple(cdims.x_shape), "weights": _weight_shape(cdims), "dst": tuple(cdims.y_shape)}
         plain = {role: _plain_md(lib, shape) for role, shape in shapes.items()}
         chosen = {role: _any_md(lib, shape) for role, shape in shapes.items()}
@@ -213,9 +233,11 @@ class _Problem:
             pd = lib.handle("dnnl_convolution_backward_weights_primitive_desc_create", lib.engine, _DIRECT,
                             chosen["src"], chosen["weights"], bias_md, chosen["dst"], *geometry, hint, None)
             roles = (("src", "src", True), ("diff_dst", "dst", True), ("diff_weights", "weights", False))
-        self.operands = {role: _Operand(lib, plain[shape_of],
-                                        lib.dll.dnnl_primitive_desc_query_md(pd, _QUERY[role], 0), into)
+        query = lib.dll.dnnl_primitive_desc_query_md
+        self.operands = {role: _Operand(lib, plain[shape_of], query(pd, _QUERY[role], 0), into)
                          for role, shape_of, into in roles}
+        self.src_as_forward = bool(lib.dll.dnnl_memory_desc_equal(ctypes.c_void_p(query(hint, _QUERY["src"], 0)),
+                                                                  ctypes.c_void_p(query(pd, _QUERY["src"], 0))))
         self.bias_memory = lib.handle("dnnl_memory_create", bias_md, lib.engine, ctypes.c_void_p(None)) if bias \
             else None
         self.primitive = lib.handle("dnnl_primitive_create", pd)
@@ -225,16 +247,33 @@ class _Problem:
         for md in (*plain.values(), *chosen.values(), *([bias_md] if bias_md is not None else [])):
             lib.call("dnnl_memory_desc_destroy", md)
 
-    def run(self, arrays: dict, bias: np.ndarray | None = None) -> None:
+    def run(self, arrays: dict, bias: np.ndarray | None = None, x: np.ndarray | None = None) -> None:
         """Run on ``arrays`` (role -> plain C-contiguous float32 array): inputs reordered in, the primitive, the
-        output reordered out."""
+        output reordered out. ``x``: the caller's input array (see :meth:`_hold_src`)."""
         for role, array in arrays.items():
             self.operands[role].bind(array)
+        src = self.operands.get("src")
+        if src is not None and src.reorder is not None:
+            self._hold_src(src, x)
         args = [(_ARG[role], operand.memory) for role, operand in self.operands.items()]
         if self.bias_memory is not None:
             self.lib.call("dnnl_memory_set_data_handle", self.bias_memory, ctypes.c_void_p(bias.ctypes.data))
             args.append((_ARG["bias" if self.kind == "forward" else "diff_bias"], self.bias_memory))
         _run_reordered(self.lib, self.primitive, self.operands, args)
+
+    def _hold_src(self, src, x) -> None:
+        """The forward reorders the input ``x`` into a buffer of its own kept beside ``x`` (while ``x`` lives); the
+        weights' gradient of the same input reads that copy instead of reordering ``x`` again, where the forward's
+        layout is its own."""
+        key = (self.cdims, self.bias)
+        if self.kind == "forward" and x is not None:
+            buffer = _aligned_bytes(src.size)
+            src.hold(buffer)
+            _BLOCKED_INPUTS.keep(x, key, buffer)
+        elif x is not None and self.src_as_forward:
+            buffer = _BLOCKED_INPUTS.get(x, key)
+            if buffer is not None:
+                src.hold(buffer, filled=True)
 
     def destroy(self) -> None:
         for operand in self.operands.values():
@@ -242,6 +281,29 @@ class _Problem:
         if self.bias_memory is not None:
             self.lib.call("dnnl_memory_destroy", self.bias_memory)
         self.lib.call("dnnl_primitive_destroy", self.primitive)
+
+
+class _Beside:
+    """Values kept beside live NumPy arrays: :meth:`get` finds a value only for the very array and key it was kept
+    with, and it is dropped when that array is freed."""
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+    def keep(self, array: np.ndarray, key, value) -> None:
+        where = (id(array), key)
+        entry = self.entries.get(where)
+        fresh = entry is None or entry[0]() is not array
+        self.entries[where] = (weakref.ref(array), value)
+        if fresh:   # one finaliser an array and key, however often it is kept again
+            weakref.finalize(array, self.entries.pop, where, None)
+
+    def get(self, array: np.ndarray, key):
+        entry = self.entries.get((id(array), key))
+        return entry[1] if entry is not None and entry[0]() is array else None
+
+
+_BLOCKED_INPUTS = _Beside()   # a convolution's input -> its copy in the forward's layout, by (ConvDims, bias)
 
 
 def _cached(lib, key, make):
@@ -257,11 +319,11 @@ def _cached(lib, key, make):
     return problem
 
 
-def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None) -> None:
+def _run(kind: str, cdims, arrays: dict, bias: np.ndarray | None = None, x: np.ndarray | None = None) -> None:
     lib = library()
     with lib.lock:
         _cached(lib, (kind, cdims, bias is not None), lambda: _Problem(lib, kind, cdims, bias is not None)).run(
-            arrays, bias)
+            arrays, bias, x)
 
 
 def _c(a):
@@ -331,7 +393,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, cdims: Any, b: np.ndarray | None 
     """The cross-correlation of float32 ``x`` with ``w`` (already flipped for a true convolution), plus ``b``
     where given: ``cdims.y_shape``."""
     y = np.empty(cdims.y_shape, np.float32)
-    _run("forward", cdims, {"src": _c(x), "weights": _c(w), "dst": y}, None if b is None else _c(b))
+    _run("forward", cdims, {"src": _c(x), "weights": _c(w), "dst": y}, None if b is None else _c(b), x)
     return y
 
 
@@ -347,7 +409,7 @@ def conv_backward_weights(x: np.ndarray, dy: np.ndarray, cdims: Any, need_bias: 
     with ``need_bias``, the bias (None otherwise)."""
     dw = np.empty(cdims.w_shape, np.float32)
     db = np.empty(cdims.y_shape[1], np.float32) if need_bias else None
-    _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db)
+    _run("backward_weights", cdims, {"src": _c(x), "diff_dst": _c(dy), "diff_weights": dw}, db, x)
     return dw, db
 
 
@@ -539,8 +601,8 @@ def lstm_backward(x: np.ndarray, h0: np.ndarray, c0: np.ndarray, w_ih: np.ndarra
 # kernel is slower than NumPy's statistics and these passes. relu is ``max(max(x, 0), x)``: oneDNN's max (and its
 # relu) gives its second operand where one is NaN, so the first max turns NaN into 0 and the second gives the NaN
 # back, as NumPy's ``maximum``.
-_BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "gt": 0x1FFF7}
-_RELU = 0x20
+_BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3, "sub": 0x1FFF5, "gt": 0x1FFF7}
+_ELTWISE = {"relu": 0x20, "linear": 0x26, "clip": 0x2E}   # relu(x, a = 0), linear a x + b, clip min(max(x, a), b)
 _POST_OP_SRC1, _POST_OP_BASE = 2, 32768   # a post-op's operand: DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | SRC_1
 ELTWISE_MIN_SIZE = 1 << 16   # below this many values NumPy's pass costs less than a call into oneDNN
 
@@ -560,8 +622,9 @@ def takes_eltwise(*arrays: np.ndarray) -> bool:
 class _Pass:
     """One binary primitive ``x <first> operand`` followed by post-ops, over float32 arrays of one shape (the
     operands of shape ``operand``, one value a channel of ``(N, C, S)`` or one in all): a memory per execution
-    argument, whose data is set per call. ``post``: ``("add" | "mul" | "max", "channel" | "full")`` with the next
-    operand, or ``("relu",)`` (oneDNN's, which turns NaN into 0: for values known not to be NaN)."""
+    argument, whose data is set per call. ``post``: ``(<a binary op>, "channel" | "full")`` with the next operand
+    (``"channel"``: of shape ``operand``), or an elementwise ``("relu" | "linear" | "clip", a, b)`` (oneDNN's relu
+    and clip turn NaN into a number: for values known not to be NaN)."""
 
     def __init__(self, lib, shape: tuple, first: str, operand: tuple, post: tuple) -> None:
         self.lib = lib
@@ -569,8 +632,8 @@ class _Pass:
         post_ops, attr = lib.handle("dnnl_post_ops_create"), lib.handle("dnnl_primitive_attr_create")
         mds = {_ARG["src"]: full, _POST_OP_SRC1: small}
         for index, (op, *kind) in enumerate(post):
-            if op == "relu":
-                lib.call("dnnl_post_ops_append_eltwise", post_ops, _RELU, ctypes.c_float(0.0), ctypes.c_float(0.0))
+            if op in _ELTWISE:
+                lib.call("dnnl_post_ops_append_eltwise", post_ops, _ELTWISE[op], *map(ctypes.c_float, kind))
                 continue
             md = full if kind[0] == "full" else small
             lib.call("dnnl_post_ops_append_binary", post_ops, _BINARY[op], md)
@@ -649,8 +712,38 @@ def scale_shift(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     >>> y[0, :, 0].tolist()
     [1.0, 0.0]
     """
-    post = (("add", "channel"),) + ((("relu",),) if relu else ())
+    post = (("add", "channel"),) + ((("relu", 0.0, 0.0),) if relu else ())
     return _run_pass(x, "mul", True, post, (scale, shift), out)
+
+
+def scale_shift_relu6(x: np.ndarray, scale: np.ndarray, shift: np.ndarray,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """``min(max(x * scale + shift, 0), 6)`` as :func:`scale_shift` (only for values that are not NaN).
+
+    >>> x = np.ones((2, 2, 1 << 14), np.float32)
+    >>> s, t = np.array([2, 9], np.float32), np.array([1, 0], np.float32)
+    >>> y = scale_shift_relu6(x, s, t) if library() else np.minimum(x * [[[2], [9]]] + [[[1], [0]]], 6)
+    >>> y[0, :, 0].tolist()
+    [3.0, 6.0]
+    """
+    return _run_pass(x, "mul", True, (("add", "channel"), ("clip", 0.0, 6.0)), (scale, shift), out)
+
+
+_SIX = np.full(1, 6, np.float32)
+
+
+def relu6_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``dy * ((y > 0) & (y < 6))`` of float32 C-contiguous arrays of one shape without NaN in ``y``, the gradient
+    of relu6 from its output, as ``dy * (min(y, 6 - y) > 0)`` in one pass: ``6 - y`` is exact where it is the
+    smaller (``y`` at least 3), so the mask is NumPy's exactly.
+
+    >>> y = np.linspace(-1, 7, 1 << 16, dtype=np.float32)
+    >>> want = (y > 0) & (y < 6)
+    >>> bool(((relu6_backward(np.ones_like(y), y) if library() else want) == want).all())
+    True
+    """
+    post = (("linear", -1.0, 0.0), ("min", "full"), ("gt", "channel"), ("mul", "full"))
+    return _run_pass(y, "sub", False, post, (_SIX, y, _ZERO, dy))
 
 
 def batchnorm_dx(x: np.ndarray, p: np.ndarray, g: np.ndarray, q: np.ndarray, a: np.ndarray,
