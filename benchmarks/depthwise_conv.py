@@ -6,7 +6,7 @@ not count), of fluxpy's kernels (:mod:`fluxpy.kernels.cuda_depthwise`, called di
 plan as fluxpy would otherwise run it (:mod:`fluxpy.kernels.cudnn.graph`, chosen by its own timing), and of
 PyTorch's ``conv2d`` and its two gradients on channels-last tensors (``cudnn.benchmark`` on).
 
-Run (GPU): ``PYTHONPATH=. python3 benchmarks/depthwise.py [--reps 30]``
+Run (GPU): ``PYTHONPATH=. python3 benchmarks/depthwise_conv.py [--reps 30]``
 """
 from __future__ import annotations
 
