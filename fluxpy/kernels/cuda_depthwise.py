@@ -2,8 +2,9 @@
 
 A depthwise convolution (``groups`` = input channels = output channels, one filter a channel) is a few
 multiply-adds per value: memory-bound. cuDNN has fast engines for it in float16 but none in bfloat16 (its
-bfloat16 plans run 10-20 times slower than its float16 ones on the same problem), and its float16 backward data at
-stride 2 is slow too. These kernels read 16-byte vectors of eight adjacent channels of a pixel (``cuda/depthwise.cu``):
+bfloat16 plans are several times slower than its float16 ones on the same problem: BENCHMARKS.md, depthwise), and
+its float16 backward data at stride 2 is slow too. These kernels read 16-byte vectors of eight adjacent channels
+of a pixel (``cuda/depthwise.cu``):
 
 - ``dw_forward`` and ``dw_backward_data``: a thread per (pixel, eight channels), the block's weights in shared
   memory (flipped there for true convolution), the taps unrolled (the kernel size is a compile-time define);
