@@ -14,11 +14,11 @@ array([5., 5.])
 """
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
 from .backend import get_array_module
+from .kernels import cuda_halves
 from .layout import keeping_layout
 
 __all__ = ["backprop", "toposort", "SliceCotangent", "accumulate"]
@@ -96,7 +96,7 @@ def accumulate(grads: dict, owned: set, k: int, gp: Any) -> None:
             owned.add(k)
         prev[gp.index] += gp.values
         return
-    grads[k] = keeping_layout(operator.add, prev, _whole(gp))
+    grads[k] = keeping_layout(cuda_halves.plain_add, prev, _whole(gp))
     owned.add(k)             # a new array: later slices may go into it in place
 
 
