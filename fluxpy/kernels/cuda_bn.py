@@ -163,22 +163,26 @@ def _column_launch(m, c, vw, dev):
     """``(grid, block, CV, S)`` of the channels-last statistics kernels: each thread sums ``vw`` adjacent channels,
     CV (a power of two) such columns a block, chunks of ``CV * vw`` channels (about 32: narrow chunks mean more
     blocks of fewer rows each, so the last block of a chunk has few partials to add), S row splits per chunk
-    (about four blocks per SM in all, each lane with four rows or more)."""
+    (about two blocks per SM in all, each lane with eight rows or more: a block's fixed cost, its reductions and
+    its partial, is then spread over enough loads, and more, shorter blocks measured slower; each split whole
+    passes of four rows a lane, as the kernel rounds it)."""
     groups = -(-c // vw)
     cv = min(max(1, 32 // vw), 1 << (groups - 1).bit_length())
     chunks = -(-groups // cv)
     lanes = _THREADS // cv
-    s = int(max(1, min(-(-4 * _sm_count(dev) // chunks), -(-m // (4 * lanes)), 1024)))
-    s = -(-m // -(-m // s))   # every block gets at least one row
+    per_block = max(-(-m * chunks // (2 * _sm_count(dev))), 8 * lanes)
+    per_block = -(-per_block // (4 * lanes)) * (4 * lanes)
+    s = max(1, min(-(-m // per_block), 1024))
     return (s, chunks), (_THREADS,), cv, s
 
 
 def _apply_grid(total, c, width, dev):
-    """Blocks of the channels-last apply kernels: about 32 a SM (fewer for small arrays), a multiple of
-    ``c / gcd(c, threads * width)`` so the grid's stride is a whole number of rows (each thread meets the same
+    """Blocks of the channels-last apply kernels: about 32 a SM (fewer for small arrays: each thread four items or
+    more, so that loading its channels' coefficients, up to five arrays' worth, is paid over several), a multiple
+    of ``c / gcd(c, threads * width)`` so the grid's stride is a whole number of rows (each thread meets the same
     channels at every step)."""
     unit = c // math.gcd(c, _THREADS * width)
-    want = max(1, min(-(-total // _THREADS), 32 * _sm_count(dev)))
+    want = max(1, min(-(-total // (_THREADS * 4)), 32 * _sm_count(dev)))
     return unit * max(1, want // unit)
 
 

@@ -276,7 +276,8 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
     const int k = threadIdx.x % CV, r = threadIdx.x / CV;                                                   \
     const long long c0 = ((long long)blockIdx.y * CV + k) * VW;                                             \
     const int s = blockIdx.x;                                                                               \
-    const long long rc = (M + S - 1) / S, rlo = s * rc, rhi = min(M, rlo + rc);
+    const long long q4 = 4LL * RL;   /* a split's rows: whole passes of four rows a lane (no row-at-a-time tail) */ \
+    const long long rc = ((M + S - 1) / S + q4 - 1) / q4 * q4, rlo = s * rc, rhi = min(M, rlo + rc);
 
 // The VW values of channels c0 .. c0 + VW - 1 in row `row` of a (channels beyond C read as 0).
 __device__ __forceinline__ void load_row(const T* a, long long row, long long NC, long long c0, int vec, ACC* out) {
