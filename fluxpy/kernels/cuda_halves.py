@@ -1,15 +1,19 @@
-"""Conversions between float32, float16 and bfloat16, and sums of two half-precision arrays, for dense CuPy arrays,
-each in one vectorised kernel (``cuda/cast.cu``, ``cuda/add.cu``): eight items a thread, read and written as whole
-16- or 32-byte vectors.
+"""Conversions between float32, float16 and bfloat16, sums of two half-precision arrays, and half-precision
+activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays, each in one
+vectorised kernel (``cuda/cast.cu``, ``cuda/add.cu``, ``cuda/bias_act.cu``): eight items a thread, read and
+written as whole 16- or 32-byte vectors.
 
-CuPy converts and adds halves an item at a time through its generic kernels, far from the memory's speed. Mixed
-precision converts every parameter to the half type and every gradient back each step, and residual connections
-and the backward walk add half-precision arrays of activation size, so these are a training step's kernels.
+CuPy's elementwise kernels (its own and those fluxpy generates through it) move halves an item at a time, far from
+the memory's speed. Mixed precision converts every parameter to the half type and every gradient back each step,
+residual connections and the backward walk add half-precision arrays of activation size, and every Dense or
+residual block with an activation runs one forward and one backward, so these are a training step's kernels.
+An activation is computed in float32 from the loaded values and rounded once, as the traced kernels do, so the
+results are theirs.
 Conversions round to nearest even (NumPy's and ml_dtypes'), keep NaN a NaN, and turn values past a half's range
 into infinities, as ``astype`` does; a sum is computed in float32 (exact for two halves) and rounded once.
 
->>> supports_cast(None, "float32"), supports_add(None, None)
-(False, False)
+>>> supports_cast(None, "float32"), supports_add(None, None), supports_bias_act(None, None)
+(False, False, False)
 """
 from __future__ import annotations
 
@@ -23,9 +27,11 @@ from ..layout import is_channels_last
 from . import compiler
 from .halfs import BFLOAT16, HALVES, dtype_defines
 
-__all__ = ["supports_cast", "cast", "supports_add", "add", "plain_add", "SOURCE_VARIANTS"]
+__all__ = ["supports_cast", "cast", "supports_add", "add", "plain_add", "supports_bias_act", "bias_act", "act_grad",
+           "SOURCE_VARIANTS"]
 
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
+_NULL = np.uint64(0)   # an absent array argument
 _THREADS = 256
 
 
@@ -33,9 +39,26 @@ def _cast_defines(src, dst) -> dict:
     return {"SRC_DTYPE": dtype_defines(src)["FX_DTYPE"], "DST_DTYPE": dtype_defines(dst)["FX_DTYPE"]}
 
 
-def SOURCE_VARIANTS():
+_act_defines_cache: dict = {}
+
+
+def _act_defines(f, dtype, name) -> dict:
+    """``cuda/bias_act.cu``'s defines: the half type's and ``name`` (``FX_ACT`` or ``FX_DERIV``) as ``f`` in C."""
+    from .trace import activation_c   # here: the tracer imports the tape, which imports this module (plain_add)
+    key = (f, np.dtype(dtype), name)
+    try:
+        hit = _act_defines_cache.get(key)
+    except TypeError:   # an unhashable function: built each call
+        return {**dtype_defines(dtype), f"{name}(v)": activation_c(f, dtype, "v")}
+    if hit is None:
+        hit = _act_defines_cache[key] = {**dtype_defines(dtype), f"{name}(v)": activation_c(f, dtype, "v")}
+    return hit
+
+
+def SOURCE_VARIANTS(activations=()):
     """``(source, defines)`` of every kernel launched here: a conversion for each ordered pair of distinct dtypes,
-    a sum for each half type.
+    a sum for each half type, and the first of ``activations`` (the exported ones, which the kernel-source test
+    gives) forward and as a derivative, for each half type.
 
     >>> len(list(SOURCE_VARIANTS()))
     8
@@ -46,6 +69,9 @@ def SOURCE_VARIANTS():
                 yield "cast.cu", _cast_defines(src, dst)
     for dtype in HALVES:
         yield "add.cu", dtype_defines(dtype)
+        for act in activations[:1]:
+            yield "bias_act.cu", _act_defines(act, dtype, "FX_ACT")
+            yield "bias_act.cu", _act_defines(act, dtype, "FX_DERIV")
 
 
 def _dense(x) -> bool:
@@ -102,3 +128,57 @@ def plain_add(a, b):
     array([2., 2.])
     """
     return add(a, b) if supports_add(a, b) else operator.add(a, b)
+
+
+def _period(x, b) -> int | None:
+    """How ``b`` repeats along ``x``'s memory: 0 for none or an array of ``x``'s shape and layout, ``C`` for a
+    vector along the last axis of C-order data or the channels of channels-last data (a multiple of 8), None for
+    anything else."""
+    if b is None or (b.shape == x.shape and b.strides == x.strides):
+        return 0
+    if not b._c_contiguous or x.ndim == 0:
+        return None
+    lead = tuple(d for d in b.shape if d != 1)
+    if x._c_contiguous:
+        c = x.shape[-1]
+        ok = b.shape[-1:] == (c,) and lead == (c,)
+    else:   # channels-last: the channel axis is the one adjacent in memory
+        c = x.shape[1]
+        ok = x.ndim >= 3 and len(b.shape) >= x.ndim - 1 and b.shape[-(x.ndim - 1)] == c and lead == (c,)
+    return c if ok and c % 8 == 0 else None
+
+
+def supports_bias_act(x: Any, b: Any) -> bool:
+    """Whether :func:`bias_act` computes ``act(x + b)``: a non-empty half-precision CuPy ``x``, C-contiguous or
+    channels-last, 16-byte aligned, with ``b`` None, an array like ``x`` (shape, layout), or a bias vector of its
+    channels (the last axis of C-order data, the channel axis of channels-last data; a multiple of 8 of them),
+    of ``x``'s dtype, contiguous and aligned."""
+    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in HALVES or x.size == 0 or x.data.ptr % 16:
+        return False
+    if not _dense(x):
+        return False
+    if b is None:
+        return True
+    if type(b) is not cupy.ndarray or b.dtype != x.dtype or b.data.ptr % 16 or b.device.id != x.device.id:
+        return False
+    return _period(x, b) is not None
+
+
+def bias_act(x, b, act, preactivation: bool = False):
+    """``(act(x + b), x + b or None)`` in ``x``'s layout (where :func:`supports_bias_act` says so; ``b`` None adds
+    nothing); the pre-activation is returned with ``preactivation``."""
+    y = cupy.empty_like(x)
+    z = cupy.empty_like(x) if preactivation else None
+    kernel = compiler.function("bias_act.cu", "bias_act_vec8", _act_defines(act, x.dtype, "FX_ACT"))
+    compiler.launch(kernel, _blocks(x.size, x.device.id), _THREADS,
+                    (x, _NULL if b is None else b, y, _NULL if z is None else z, np.int64(x.size),
+                     np.int64(_period(x, b))))
+    return y, z
+
+
+def act_grad(dy, s, derivative):
+    """``dy * derivative(s)`` in ``dy``'s layout, for ``dy`` and ``s`` that :func:`supports_add` takes."""
+    dz = cupy.empty_like(dy)
+    kernel = compiler.function("bias_act.cu", "act_grad_vec8", _act_defines(derivative, dy.dtype, "FX_DERIV"))
+    compiler.launch(kernel, _blocks(dy.size, dy.device.id), _THREADS, (dy, s, dz, np.int64(dy.size)))
+    return dz

@@ -43,7 +43,7 @@ import numpy as np
 from ..backend import Array, cupy, reduced_axes
 from ..layout import is_channels_last, keeping_layout
 from ..dual import cotangents
-from . import halfs
+from . import cuda_halves, halfs
 from .trace import _COMPUTE, _HALF_IO, _NUMBER, Sym, Untraceable, activation_c, trace_source
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
@@ -267,6 +267,8 @@ def _act_fn(act, has_bias):
 
 def bias_act_forward(x: Array, b: Array | None, act: Callable) -> Array:
     """The bias and activation ``act(x + b)`` in one kernel (``b`` broadcast): the ``bias_act`` kernel for CuPy."""
+    if cuda_halves.supports_bias_act(x, b) and fuses(act, derivative=False):   # vectors, not CuPy's items
+        return cuda_halves.bias_act(x, b, act)[0]
     fn = _act_fn(act, b is not None)
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
 
@@ -308,6 +310,8 @@ def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Ar
         act_c = activation_c(act, x.dtype, "z_c")
         return _scalar_kernel("fluxpy_bias_act_preactivation", ("x", "b"), ("y", "z"),
                               f"z_c = x_c + b_c; y_c = {act_c};", x.dtype)
+    if cuda_halves.supports_bias_act(x, b):   # vectors, not CuPy's items
+        return cuda_halves.bias_act(x, b, act, preactivation=True)
     k = _cached(_preactivation_kernels, (act, x.dtype), make)
     return keeping_layout(k, x, b)
 
@@ -410,7 +414,10 @@ def bias_act_backward(derivative: Callable | None, saved: Array, dy: Array, bsha
             return dx, db
         if not need_x:
             return None, mapreduce(dy, axes, map=mp, y=saved).reshape(bshape)
-    dz = keeping_layout(_dz_kernel(derivative, saved.dtype), dy, saved)
+    if cuda_halves.supports_add(dy, saved):   # vectors, not CuPy's items
+        dz = cuda_halves.act_grad(dy, saved, derivative)
+    else:
+        dz = keeping_layout(_dz_kernel(derivative, saved.dtype), dy, saved)
     db = None
     if need_b:
         db = mapreduce(dz, axes).reshape(bshape) if axes else dz.reshape(bshape)

@@ -124,3 +124,69 @@ def test_half_gradient_sums_in_the_backward_walk():
     g = fluxpy.gradient(lambda x: fluxpy.ops.sum(fluxpy.ops.astype(x * 3 + x * x + x, np.float32)), x)[0]
     want = (3 + 2 * cp.asnumpy(x).astype(np.float64) + 1)
     np.testing.assert_allclose(cp.asnumpy(g).astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+def _acts():
+    from fluxpy.ops import activations as A
+    return {"relu": A.relu, "gelu": A.gelu, "swish": A.swish, "tanh": np.tanh, "sigmoid": A.sigmoid}
+
+
+BIASES = ["none", "same", "rows", "channels_last"]
+
+
+def _bias_case(cp, rng, kind, dtype):
+    """``(x, b)`` of one bias kind: none, of x's shape, a vector along the last axis, or along channels-last
+    channels."""
+    def draw(shape):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
+    if kind == "none":
+        return draw((37, 29)), None
+    if kind == "same":
+        return draw((5, 3, 41)), draw((5, 3, 41))
+    if kind == "rows":
+        return draw((33, 48)), draw((48,))
+    x = to_channels_last(draw((3, 24, 5, 7)))
+    return x, draw((1, 24, 1, 1))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("kind", BIASES)
+@pytest.mark.parametrize("name", sorted(_acts()))
+def test_bias_act_equals_the_traced_kernels(dtype, kind, name):
+    cp = cupy_module()
+    from fluxpy.kernels import elementwise
+    act = _acts()[name]
+    x, b = _bias_case(cp, np.random.default_rng(len(name) + len(kind)), kind, dtype)
+    assert cuda_halves.supports_bias_act(x, b)
+    y, z = cuda_halves.bias_act(x, b, act, preactivation=True)
+    fn = elementwise._act_fn(act, b is not None)
+    want_y = elementwise.fused_forward(fn, x) if b is None else elementwise.fused_forward(fn, x, b)
+    want_z = x if b is None else elementwise.fused_forward(lambda p, q: p + q, x, b)
+    assert y.strides == x.strides and z.strides == x.strides
+    np.testing.assert_array_equal(_bits(cp.asnumpy(y)), _bits(cp.asnumpy(want_y)), err_msg=f"{name} {kind} y")
+    np.testing.assert_array_equal(_bits(cp.asnumpy(z)), _bits(cp.asnumpy(want_z)), err_msg=f"{name} {kind} z")
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("name", sorted(_acts()))
+def test_act_grad_equals_the_traced_kernel(dtype, name):
+    cp = cupy_module()
+    from fluxpy.kernels import elementwise
+    from fluxpy.ops.bias_act import derivative_from_saved
+    derivative = derivative_from_saved(_acts()[name])[0]
+    rng = np.random.default_rng(9)
+    dy, s = (cp.asarray(rng.standard_normal((3, 1001)).astype(np.float32).astype(dtype)) for _ in range(2))
+    got = cuda_halves.act_grad(dy, s, derivative)
+    want = elementwise._dz_kernel(derivative, s.dtype)(dy, s)
+    np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)), err_msg=name)
+
+
+def test_bias_act_refuses_what_it_does_not_take():
+    cp = cupy_module()
+    x = cp.ones((4, 12), BFLOAT16)
+    assert not cuda_halves.supports_bias_act(x, cp.ones(12, BFLOAT16))             # 12 channels: not whole vectors
+    assert not cuda_halves.supports_bias_act(x.astype(np.float32), None)          # float32: CuPy's kernels do
+    assert not cuda_halves.supports_bias_act(x, cp.ones((4, 1), BFLOAT16))          # a column, not a row bias
+    assert not cuda_halves.supports_bias_act(cp.ones((4, 16), BFLOAT16), cp.ones(16, np.float16))   # dtypes differ
+    nchw = cp.ones((2, 16, 3, 3), BFLOAT16)
+    assert not cuda_halves.supports_bias_act(nchw, cp.ones((1, 16, 1, 1), BFLOAT16))   # NCHW channels: not a period
