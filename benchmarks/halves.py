@@ -84,10 +84,10 @@ def _act_rows(cp, torch, timer, rng, names):
                                             dtype)
         tx = torch.from_dlpack(x.astype(np.float32)).to(torch.bfloat16)
         tb = torch.from_dlpack(b.astype(np.float32)).to(torch.bfloat16)
-        rows = {"bias + gelu": (lambda: cuda_halves.bias_act(x, b, gelu, preactivation=True),
+        rows = {"bias + gelu": (lambda: cuda_halves.bias_act(x, b, elementwise._act_text(gelu, dtype), preactivation=True),
                                 lambda: elementwise.keeping_layout(traced, x, b),
                                 lambda: torch.nn.functional.gelu(tx + tb, approximate="tanh"), 4),
-                "gelu derivative * dy": (lambda: cuda_halves.act_grad(dy, x, derivative),
+                "gelu derivative * dy": (lambda: cuda_halves.act_grad(dy, x, elementwise._act_text(derivative, dtype)),
                                          lambda: elementwise._dz_kernel(derivative, dtype)(dy, x),
                                          lambda: torch.ops.aten.gelu_backward(tx, tx, approximate="tanh"), 3)}
         for op, (ours_fn, traced_fn, torch_fn, passes) in rows.items():

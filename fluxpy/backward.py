@@ -14,11 +14,11 @@ array([5., 5.])
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
 from .backend import get_array_module
-from .kernels import cuda_halves
 from .layout import keeping_layout
 
 __all__ = ["backprop", "toposort", "SliceCotangent", "accumulate"]
@@ -73,6 +73,19 @@ class SliceCotangent:
         return out
 
 
+_sum: list = [operator.add]   # how the walk adds two cotangents (fluxpy's GPU kernels set theirs)
+
+
+def set_cotangent_sum(add: Callable | None) -> None:
+    """Add two cotangents with ``add(a, b)`` in the backward walk (None: ``operator.add``, the default). fluxpy's GPU
+    kernels (:mod:`fluxpy.kernels.gpu`) set one that sums half-precision CuPy arrays in one vectorised kernel.
+
+    >>> set_cotangent_sum(None); _sum[0] is operator.add
+    True
+    """
+    _sum[0] = operator.add if add is None else add
+
+
 def accumulate(grads: dict, owned: set, k: int, gp: Any) -> None:
     """Add the cotangent ``gp`` to ``grads[k]``. ``owned`` holds the keys whose buffer the walk made itself (a
     slice cotangent may be added into it in place); any other array is copied before it is written.
@@ -96,7 +109,7 @@ def accumulate(grads: dict, owned: set, k: int, gp: Any) -> None:
             owned.add(k)
         prev[gp.index] += gp.values
         return
-    grads[k] = keeping_layout(cuda_halves.plain_add, prev, _whole(gp))
+    grads[k] = keeping_layout(_sum[0], prev, _whole(gp))
     owned.add(k)             # a new array: later slices may go into it in place
 
 

@@ -28,7 +28,7 @@ from . import compiler
 from .halfs import BFLOAT16, HALVES, dtype_defines
 
 __all__ = ["supports_cast", "cast", "supports_add", "add", "plain_add", "supports_bias_act", "bias_act", "act_grad",
-           "SOURCE_VARIANTS"]
+           "act_defines", "SOURCE_VARIANTS"]
 
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 _NULL = np.uint64(0)   # an absent array argument
@@ -39,26 +39,20 @@ def _cast_defines(src, dst) -> dict:
     return {"SRC_DTYPE": dtype_defines(src)["FX_DTYPE"], "DST_DTYPE": dtype_defines(dst)["FX_DTYPE"]}
 
 
-_act_defines_cache: dict = {}
+def act_defines(act_c: str, dtype, name: str) -> dict:
+    """``cuda/bias_act.cu``'s defines: the half type's, and ``name`` (``FX_ACT`` for :func:`bias_act`,
+    ``FX_DERIV`` for :func:`act_grad`) as the C expression ``act_c`` of ``v`` (``activation_c(f, dtype, "v")``).
+
+    >>> act_defines("(v)", BFLOAT16, "FX_ACT")
+    {'FX_DTYPE': 2, 'FX_ACT(v)': '(v)'}
+    """
+    return {**dtype_defines(dtype), f"{name}(v)": act_c}
 
 
-def _act_defines(f, dtype, name) -> dict:
-    """``cuda/bias_act.cu``'s defines: the half type's and ``name`` (``FX_ACT`` or ``FX_DERIV``) as ``f`` in C."""
-    from .trace import activation_c   # here: the tracer imports the tape, which imports this module (plain_add)
-    key = (f, np.dtype(dtype), name)
-    try:
-        hit = _act_defines_cache.get(key)
-    except TypeError:   # an unhashable function: built each call
-        return {**dtype_defines(dtype), f"{name}(v)": activation_c(f, dtype, "v")}
-    if hit is None:
-        hit = _act_defines_cache[key] = {**dtype_defines(dtype), f"{name}(v)": activation_c(f, dtype, "v")}
-    return hit
-
-
-def SOURCE_VARIANTS(activations=()):
-    """``(source, defines)`` of every kernel launched here: a conversion for each ordered pair of distinct dtypes,
-    a sum for each half type, and the first of ``activations`` (the exported ones, which the kernel-source test
-    gives) forward and as a derivative, for each half type.
+def SOURCE_VARIANTS():
+    """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
+    distinct dtypes, a sum for each half type (``cuda/bias_act.cu``'s variants, which depend on the activation, are
+    listed by :mod:`fluxpy.kernels.elementwise`, which traces them).
 
     >>> len(list(SOURCE_VARIANTS()))
     8
@@ -69,9 +63,6 @@ def SOURCE_VARIANTS(activations=()):
                 yield "cast.cu", _cast_defines(src, dst)
     for dtype in HALVES:
         yield "add.cu", dtype_defines(dtype)
-        for act in activations[:1]:
-            yield "bias_act.cu", _act_defines(act, dtype, "FX_ACT")
-            yield "bias_act.cu", _act_defines(act, dtype, "FX_DERIV")
 
 
 def _dense(x) -> bool:
@@ -164,21 +155,23 @@ def supports_bias_act(x: Any, b: Any) -> bool:
     return _period(x, b) is not None
 
 
-def bias_act(x, b, act, preactivation: bool = False):
+def bias_act(x, b, act_c: str, preactivation: bool = False):
     """``(act(x + b), x + b or None)`` in ``x``'s layout (where :func:`supports_bias_act` says so; ``b`` None adds
-    nothing); the pre-activation is returned with ``preactivation``."""
+    nothing), ``act_c`` the activation as a C expression of ``v``; the pre-activation is returned with
+    ``preactivation``."""
     y = cupy.empty_like(x)
     z = cupy.empty_like(x) if preactivation else None
-    kernel = compiler.function("bias_act.cu", "bias_act_vec8", _act_defines(act, x.dtype, "FX_ACT"))
+    kernel = compiler.function("bias_act.cu", "bias_act_vec8", act_defines(act_c, x.dtype, "FX_ACT"))
     compiler.launch(kernel, _blocks(x.size, x.device.id), _THREADS,
                     (x, _NULL if b is None else b, y, _NULL if z is None else z, np.int64(x.size),
                      np.int64(_period(x, b))))
     return y, z
 
 
-def act_grad(dy, s, derivative):
-    """``dy * derivative(s)`` in ``dy``'s layout, for ``dy`` and ``s`` that :func:`supports_add` takes."""
+def act_grad(dy, s, derivative_c: str):
+    """``dy * derivative(s)`` in ``dy``'s layout, for ``dy`` and ``s`` that :func:`supports_add` takes,
+    ``derivative_c`` the derivative as a C expression of ``v``."""
     dz = cupy.empty_like(dy)
-    kernel = compiler.function("bias_act.cu", "act_grad_vec8", _act_defines(derivative, dy.dtype, "FX_DERIV"))
+    kernel = compiler.function("bias_act.cu", "act_grad_vec8", act_defines(derivative_c, dy.dtype, "FX_DERIV"))
     compiler.launch(kernel, _blocks(dy.size, dy.device.id), _THREADS, (dy, s, dz, np.int64(dy.size)))
     return dz

@@ -53,6 +53,12 @@ def _fits(*arrays):
         type(a) is cupy.ndarray and a.dtype == first.dtype and a.flags.c_contiguous for a in arrays)
 
 
+def _vec(yhat):
+    """Whether the label kernels read ``yhat``'s rows as 16-byte vectors: whole vectors a row, aligned (the
+    gradient they write is a new, aligned array)."""
+    return np.int32(yhat.shape[1] % (16 // yhat.itemsize) == 0 and yhat.data.ptr % 16 == 0)
+
+
 def _blocks(n):
     rows_per_block = _THREADS // 32
     return ((n + rows_per_block - 1) // rows_per_block,)
@@ -102,7 +108,7 @@ def logit_crossentropy_labels(yhat: Array, labels: Array, weight: Array | None, 
     if n:
         _function("ce_labels_forward", yhat.dtype)(
             _blocks(n), (_THREADS,), (yhat, *_targets(yhat, labels, weight, smoothing, ignore), out, np.int64(n),
-                                      np.int64(c)))
+                                      np.int64(c), _vec(yhat)))
     return out
 
 
@@ -116,7 +122,7 @@ def logit_crossentropy_labels_backward(dl: Array, yhat: Array, labels: Array, we
         dl_stride = np.int64(dl.strides[0] // dl.itemsize)
         _function("ce_labels_backward", yhat.dtype)(
             _blocks(n), (_THREADS,), (dl, dl_stride, yhat, *_targets(yhat, labels, weight, smoothing, ignore), dx,
-                                      np.int64(n), np.int64(c)))
+                                      np.int64(n), np.int64(c), _vec(yhat)))
     return dx
 
 

@@ -268,7 +268,7 @@ def _act_fn(act, has_bias):
 def bias_act_forward(x: Array, b: Array | None, act: Callable) -> Array:
     """The bias and activation ``act(x + b)`` in one kernel (``b`` broadcast): the ``bias_act`` kernel for CuPy."""
     if cuda_halves.supports_bias_act(x, b) and fuses(act, derivative=False):   # vectors, not CuPy's items
-        return cuda_halves.bias_act(x, b, act)[0]
+        return cuda_halves.bias_act(x, b, _act_text(act, x.dtype))[0]
     fn = _act_fn(act, b is not None)
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
 
@@ -301,6 +301,12 @@ def _cached(table: dict, key: Any, make: Callable) -> Any:
 
 
 _preactivation_kernels: dict = {}
+_act_texts: dict = {}
+
+
+def _act_text(f: Callable, dtype: Any) -> str:
+    """``f`` as a C expression of ``v`` in ``dtype``'s compute type (cached)."""
+    return _cached(_act_texts, (f, np.dtype(dtype)), lambda: activation_c(f, dtype, "v"))
 
 
 def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Array]:
@@ -311,7 +317,7 @@ def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Ar
         return _scalar_kernel("fluxpy_bias_act_preactivation", ("x", "b"), ("y", "z"),
                               f"z_c = x_c + b_c; y_c = {act_c};", x.dtype)
     if cuda_halves.supports_bias_act(x, b):   # vectors, not CuPy's items
-        return cuda_halves.bias_act(x, b, act, preactivation=True)
+        return cuda_halves.bias_act(x, b, _act_text(act, x.dtype), preactivation=True)
     k = _cached(_preactivation_kernels, (act, x.dtype), make)
     return keeping_layout(k, x, b)
 
@@ -415,7 +421,7 @@ def bias_act_backward(derivative: Callable | None, saved: Array, dy: Array, bsha
         if not need_x:
             return None, mapreduce(dy, axes, map=mp, y=saved).reshape(bshape)
     if cuda_halves.supports_add(dy, saved):   # vectors, not CuPy's items
-        dz = cuda_halves.act_grad(dy, saved, derivative)
+        dz = cuda_halves.act_grad(dy, saved, _act_text(derivative, saved.dtype))
     else:
         dz = keeping_layout(_dz_kernel(derivative, saved.dtype), dy, saved)
     db = None
@@ -424,15 +430,21 @@ def bias_act_backward(derivative: Callable | None, saved: Array, dy: Array, bsha
     return (dz if need_x else None), db
 
 
-def SOURCE_VARIANTS(derivatives=()):
+def SOURCE_VARIANTS(derivatives=(), activations=()):
     """``(source, defines)`` of the ``cuda/`` kernels this module launches: the map+reduce of each activation
     derivative (``derivatives``: the functions ``fluxpy.ops.bias_act`` passes, which the kernel-source test gives)
     that :func:`bias_act_backward` passes to ``mapreduce``, in float32 and float64 (the halves compute in float32)
-    and, for the first, every dtype.
+    and, for the first, every dtype; and the half-precision ``cuda/bias_act.cu`` kernels of
+    :mod:`fluxpy.kernels.cuda_halves` for the first of ``activations`` and the first derivative.
 
     >>> list(SOURCE_VARIANTS())
     []
     """
+    for dtype in halfs.HALVES:
+        for act in activations[:1]:
+            yield "bias_act.cu", cuda_halves.act_defines(_act_text(act, dtype), dtype, "FX_ACT")
+        for d in derivatives[:1]:
+            yield "bias_act.cu", cuda_halves.act_defines(_act_text(d, dtype), dtype, "FX_DERIV")
     from .reduce import variants
     for i, d in enumerate(derivatives):
         for dtype in halfs.KERNEL_DTYPES if i == 0 else (np.dtype(np.float32), np.dtype(np.float64)):

@@ -27,6 +27,7 @@ module                  kernels
 ``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
 ``cuda_rnn``            ``rnn_forward``, ``rnn_backward``: a whole RNN, LSTM or GRU (cuDNN's RNN calls)
 ``cuda_arrays``         ``stack``, ``concatenate`` while a CUDA-graph capture is under way (a copy per array)
+``cuda_halves``         the backward walk's sum of two half-precision cotangents (``set_cotangent_sum``)
 ``philox``              ``default_rng``: the generator of :func:`fluxpy.random.rng_for` for CuPy arrays
 ======================  =====================================================================
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 from . import _KERNELS, _backend_lock, _settle, restore
 from . import register as register_kernel
 from ..backend import cupy
+from ..backward import set_cotangent_sum
 
 __all__ = ["register", "unregister", "is_registered"]
 
@@ -66,6 +68,8 @@ def register() -> bool:
                 for name, entry in module.KERNELS.items():
                     fn, supports = entry if isinstance(entry, tuple) else (entry, None)
                     register_kernel(name, "cupy", fn, supports)
+            from .cuda_halves import plain_add
+            set_cotangent_sum(plain_add)   # the backward walk's sums of halves, vectorised
             _before.append(table)
         _settle("cupy")
     return True
@@ -82,6 +86,7 @@ def unregister() -> None:
     with _backend_lock:
         if _before:
             restore(_before.pop())
+            set_cotangent_sum(None)
         _settle("cupy")
 
 

@@ -181,3 +181,21 @@ def test_second_derivatives_on_the_gpu_match_the_cpu():
                                                ignore_index=kw["ignore_index"])
         return fluxpy.gradient(lambda z: (fluxpy.gradient(f, z)[0] * vv).sum(), xp.asarray(logits))[0]
     np.testing.assert_allclose(cp.asnumpy(hvp(cp)), hvp(np), rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=case_id)
+def test_rows_of_whole_vectors_are_read_as_vectors_and_agree(dtype):
+    cp = cupy_module()
+    from fluxpy.kernels import cuda_softmax as K
+    width = 16 // dtype.itemsize
+    logits, labels, keywords = _problem((9, 40 * width), np.int64, OPTIONS["all"])
+    x = cp.asarray(logits.astype(dtype))
+    assert K._vec(x) and not K._vec(x[:, 1:]) and not K._vec(cp.asarray(logits[:, :-1].astype(dtype)))
+    cot = np.random.default_rng(2).standard_normal(())
+    value_cpu, (g_cpu,) = _run(np, dtype, logits, labels, keywords, "mean", cot)
+    value_gpu, (g_gpu,) = _run(cp, dtype, logits, labels, keywords, "mean", cot)
+    rtol = TOLERANCES[dtype]
+    g_cpu = np.asarray(g_cpu, np.float64)
+    np.testing.assert_allclose(float(value_gpu), float(value_cpu), rtol=rtol, atol=rtol * 1e-2)
+    np.testing.assert_allclose(cp.asnumpy(g_gpu).astype(np.float64), g_cpu, rtol=rtol,
+                               atol=rtol * max(np.abs(g_cpu).max(), 1e-300))

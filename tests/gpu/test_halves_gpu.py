@@ -158,7 +158,7 @@ def test_bias_act_equals_the_traced_kernels(dtype, kind, name):
     act = _acts()[name]
     x, b = _bias_case(cp, np.random.default_rng(len(name) + len(kind)), kind, dtype)
     assert cuda_halves.supports_bias_act(x, b)
-    y, z = cuda_halves.bias_act(x, b, act, preactivation=True)
+    y, z = cuda_halves.bias_act(x, b, elementwise._act_text(act, dtype), preactivation=True)
     fn = elementwise._act_fn(act, b is not None)
     want_y = elementwise.fused_forward(fn, x) if b is None else elementwise.fused_forward(fn, x, b)
     want_z = x if b is None else elementwise.fused_forward(lambda p, q: p + q, x, b)
@@ -176,7 +176,7 @@ def test_act_grad_equals_the_traced_kernel(dtype, name):
     derivative = derivative_from_saved(_acts()[name])[0]
     rng = np.random.default_rng(9)
     dy, s = (cp.asarray(rng.standard_normal((3, 1001)).astype(np.float32).astype(dtype)) for _ in range(2))
-    got = cuda_halves.act_grad(dy, s, derivative)
+    got = cuda_halves.act_grad(dy, s, elementwise._act_text(derivative, dtype))
     want = elementwise._dz_kernel(derivative, s.dtype)(dy, s)
     np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)), err_msg=name)
 

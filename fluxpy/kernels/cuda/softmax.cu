@@ -58,29 +58,51 @@ __device__ void label_target(const void* labels, int label_bytes, long long row,
     if (k < 0 || k >= c) { *h = *u = (ACC)nan(""); return; }
     *t = k; *h = hard * (weight ? LOAD(weight[k]) : (ACC)1); *u = uniform;
 }
+// A row read as 16-byte vectors (VT, VW items) where vec (its items a whole number of vectors, the rows aligned).
+#if FX_DTYPE == 4
+#define VT double2
+#define VW 2
+#elif FX_DTYPE == 3
+#define VT float4
+#define VW 4
+#else
+#define VT uint4
+#define VW 8
+#endif
+// EACH(a, j, v, BODY): BODY for every item v = LOAD(a[j]) of the row this lane reads (lane, lane + 32, ... in
+// items, or in whole vectors with vec).
+#define EACH(a, j, v, BODY)                                                                                     \
+    if (vec) {                                                                                                  \
+        for (long long jv = lane; jv < c / VW; jv += 32) {                                                     \
+            const VT q_ = ((const VT*)(a))[jv];                                                                 \
+            const T* p_ = (const T*)&q_;                                                                        \
+            _Pragma("unroll") for (int u_ = 0; u_ < VW; ++u_) { const long long j = jv * VW + u_;              \
+                                                                const ACC v = LOAD(p_[u_]); BODY } }            \
+    } else {                                                                                                    \
+        for (long long j = lane; j < c; j += 32) { const ACC v = LOAD((a)[j]); BODY }                          \
+    }
 // Per row: m = max(a), s = sum(exp(a - m)); with smoothing (spread) also sw = sum(w) and swa = sum(w * a). The whole
 // warp shares a row, so spread is the same on every lane.
-__device__ void label_row_stats(const T* a, const T* weight, long long c, int lane, bool spread, ACC* m, ACC* s,
-                                ACC* sw, ACC* swa) {
+__device__ void label_row_stats(const T* a, const T* weight, long long c, int lane, bool spread, int vec, ACC* m,
+                                ACC* s, ACC* sw, ACC* swa) {
     ACC mx = LOAD(a[lane < c ? lane : 0]);
-    for (long long j = lane; j < c; j += 32) mx = max(mx, LOAD(a[j]));
+    EACH(a, j, v, mx = max(mx, v);)
     mx = warp_max(mx);
     ACC se = 0, sumw = 0, sumwa = 0;
-    for (long long j = lane; j < c; j += 32) {
-        ACC v = LOAD(a[j]);
+    EACH(a, j, v, {
         se += exp(v - mx);
         if (spread) {
             ACC w = weight ? LOAD(weight[j]) : (ACC)1;
             sumw += w;
             if (w != 0) sumwa += w * v;   // a class of weight 0 adds nothing, even a masked (-inf) logit
         }
-    }
+    })
     *m = mx; *s = warp_sum(se); *sw = warp_sum(sumw); *swa = warp_sum(sumwa);
 }
 // l = h * (lse - a[t]) + u * (sum(w) * lse - sum(w * a)): a term with no target mass adds nothing (an ignored row: 0).
 extern "C" __global__ void ce_labels_forward(const T* yhat, const void* labels, int label_bytes, const T* weight,
                                              ACC hard, ACC uniform, long long ignore, int has_ignore, T* out,
-                                             long long n, long long c) {
+                                             long long n, long long c, int vec) {
     long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= n) return;
@@ -88,7 +110,7 @@ extern "C" __global__ void ce_labels_forward(const T* yhat, const void* labels, 
     long long t;
     ACC h, u, m, s, sw, swa;
     label_target(labels, label_bytes, row, c, weight, hard, uniform, ignore, has_ignore, &t, &h, &u);
-    label_row_stats(a, weight, c, lane, u != 0, &m, &s, &sw, &swa);
+    label_row_stats(a, weight, c, lane, u != 0, vec, &m, &s, &sw, &swa);
     if (lane != 0) return;
     ACC lse = log(s) + m, l = 0;
     if (h != 0) l += h * (lse - (t >= 0 ? LOAD(a[t]) : (ACC)0));
@@ -98,7 +120,8 @@ extern "C" __global__ void ce_labels_forward(const T* yhat, const void* labels, 
 // dx[j] = dl * (softmax(a)[j] * (h + u * sum(w)) - h * [j == t] - u * w[j]); dl as in ce_rows_backward.
 extern "C" __global__ void ce_labels_backward(const T* dl, long long dl_stride, const T* yhat, const void* labels,
                                               int label_bytes, const T* weight, ACC hard, ACC uniform,
-                                              long long ignore, int has_ignore, T* dx, long long n, long long c) {
+                                              long long ignore, int has_ignore, T* dx, long long n, long long c,
+                                              int vec) {
     long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= n) return;
@@ -106,11 +129,28 @@ extern "C" __global__ void ce_labels_backward(const T* dl, long long dl_stride, 
     long long t;
     ACC h, u, m, s, sw, swa;
     label_target(labels, label_bytes, row, c, weight, hard, uniform, ignore, has_ignore, &t, &h, &u);
-    label_row_stats(a, weight, c, lane, u != 0, &m, &s, &sw, &swa);
+    label_row_stats(a, weight, c, lane, u != 0, vec, &m, &s, &sw, &swa);
     ACC lse = log(s) + m, g = LOAD(dl[row * dl_stride]), mass = h + (u != 0 ? u * sw : (ACC)0);
-    for (long long j = lane; j < c; j += 32) {
-        ACC y = j == t ? h : (ACC)0;
-        if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
-        dx[row * c + j] = STORE(g * (exp(LOAD(a[j]) - lse) * mass - y));
+    T* d = dx + row * c;
+    if (vec) {
+        for (long long jv = lane; jv < c / VW; jv += 32) {
+            const VT q = ((const VT*)a)[jv];
+            const T* p = (const T*)&q;
+            VT o;
+            T* po = (T*)&o;
+            _Pragma("unroll") for (int u_ = 0; u_ < VW; ++u_) {
+                const long long j = jv * VW + u_;
+                ACC y = j == t ? h : (ACC)0;
+                if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
+                po[u_] = STORE(g * (exp(LOAD(p[u_]) - lse) * mass - y));
+            }
+            ((VT*)d)[jv] = o;
+        }
+    } else {
+        for (long long j = lane; j < c; j += 32) {
+            ACC y = j == t ? h : (ACC)0;
+            if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
+            d[j] = STORE(g * (exp(LOAD(a[j]) - lse) * mass - y));
+        }
     }
 }
