@@ -24,6 +24,7 @@ import itertools
 import operator
 import pickle
 import sys
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -470,8 +471,11 @@ class _Boxes:
         self.cache = {}
 
     def box(self, x):
-        if type(x) is np.ndarray or type(x) is DeviceArray:   # the common leaves, without the general checks below
+        kind = type(x)
+        if kind is np.ndarray or kind is DeviceArray:   # the common leaves, without the general checks below
             return self._box(x, x) if is_float_dtype(x.dtype) else x
+        if kind in _PLAIN_LEAVES:   # a model's numbers, names and functions: nothing to box, no foreign array
+            return x
         v = value_of(x)
         if is_float_array(v):
             return self._box(x, x)
@@ -488,12 +492,12 @@ class _Boxes:
         return fmap(self.box, x, cache=self.cache)
 
     def _box(self, x, v):
-        key = id(x)
-        if key not in self.by_leaf:
-            self.by_leaf[key] = (x, Tracked(v, self.level))
+        entry = self.by_leaf.get(id(x))
+        if entry is None:
+            entry = self.by_leaf[id(x)] = (x, Tracked(v, self.level))
             if self.watch is not None and (self.watch.devices or type(v) is np.ndarray):
                 self.watch.add(v, "an array among the function's arguments")
-        return self.by_leaf[key][1]
+        return entry[1]
 
     def grad_of(self, x, leaf_grads):
         entry = self.by_leaf.get(id(x))
@@ -511,6 +515,10 @@ class _Boxes:
         if not getattr(getattr(g, "flags", None), "writeable", True) or 0 in g.strides:
             g = g.copy()  # broadcast views are read-only; users expect to own their gradients
         return g
+
+
+_PLAIN_LEAVES = frozenset({int, float, bool, str, type(None), types.FunctionType, types.BuiltinFunctionType,
+                           Primitive})   # leaves a model holds that are never arrays (box returns them as they are)
 
 
 def _box_args(args, level, who="gradient", watch=None):

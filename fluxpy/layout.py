@@ -137,6 +137,8 @@ def like_layout(a: Any, ref: Any) -> Any:
     """
     if is_channels_last(ref):
         return a if is_channels_last(a) else to_channels_last(a)
+    if type(a) is DeviceArray and a._c_contiguous and a.ndim:   # what ascontiguousarray gives back as it is
+        return a
     return to_contiguous(a)
 
 

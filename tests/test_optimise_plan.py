@@ -2,6 +2,7 @@
 and step import no private name of it), and the formulas' translation into C."""
 import ast
 import copy
+import importlib
 import inspect
 from pathlib import Path
 
@@ -104,3 +105,119 @@ def test_no_rule_is_known_by_its_type_in_the_machinery():
     for module in (multi, update):
         source = inspect.getsource(module)
         assert "type(rule)" not in source and "isinstance(rule, Adam" not in source
+
+
+def _random_tree(rng, depth, shared):
+    """A model tree of layers with declared fields, plain objects, dicts, lists and tuples; some arrays tied (the
+    same array twice), some integer arrays, numbers and functions among the leaves."""
+    from fluxpy.functors import layer
+
+    @layer(children=("w", "inner", "act"), trainable=("w", "inner"))
+    class Declared:
+        pass
+
+    class Plain:
+        pass
+    roll = rng.integers(0, 8) if depth else 7
+    if roll == 7:
+        pick = rng.integers(0, 5)
+        if pick == 0 and shared:
+            return shared[rng.integers(0, len(shared))]
+        if pick == 1:
+            return np.arange(3)
+        if pick == 2:
+            return 0.5 if rng.integers(0, 2) else abs
+        a = rng.standard_normal(tuple(rng.integers(1, 4, size=rng.integers(1, 3))))
+        shared.append(a)
+        return a
+    kids = [_random_tree(rng, depth - 1, shared) for _ in range(rng.integers(1, 4))]
+    if roll in (0, 1):
+        node = Declared()
+        node.w, node.inner, node.act = kids[0], kids[-1], abs
+        return node
+    if roll == 2:
+        node = Plain()
+        for i, k in enumerate(kids):
+            setattr(node, f"f{i}", k)
+        return node
+    if roll in (3, 4):
+        return {f"k{i}": k for i, k in enumerate(kids)}
+    return kids if roll == 5 else tuple(kids)
+
+
+def _grad_like(rng, model):
+    """A gradient tree of ``model``'s shape (fluxpy.gradient's), some subtrees None."""
+    from fluxpy.functors import fmapstructure
+    grad = fmapstructure(lambda a: a * 2.0 if isinstance(a, np.ndarray) and a.dtype.kind == "f" else None, model)
+
+    def holes(g):
+        if isinstance(g, dict):
+            return {k: None if rng.random() < 0.15 else holes(v) for k, v in g.items()}
+        if isinstance(g, (list, tuple)):
+            return type(g)(None if rng.random() < 0.15 else holes(v) for v in g)
+        return g
+    return holes(grad)
+
+
+def _corrupt(rng, tree):
+    """``tree`` (a state or gradient tree) with one node changed: a key added or removed, a list shortened, a dict
+    turned into a list, a leaf replaced; or unchanged."""
+    nodes = []
+
+    def collect(t):
+        if isinstance(t, (dict, list)):
+            nodes.append(t)
+            for v in (t.values() if isinstance(t, dict) else t):
+                collect(v)
+    collect(tree)
+    if not nodes:
+        return tree
+    node = nodes[rng.integers(0, len(nodes))]
+    how = rng.integers(0, 4)
+    if isinstance(node, dict):
+        if how == 0:
+            node["extra"] = None
+        elif how == 1 and node:
+            node.pop(next(iter(node)))
+        elif how == 2 and node:
+            node[next(iter(node))] = [1, 2]
+    elif how == 0 and node:
+        node.pop()
+    elif how == 1 and node:
+        node[0] = {"x": None}
+    return tree
+
+
+def _outcome(state, model, grad, fast, monkeypatch):
+    U = importlib.import_module("fluxpy.optimise.update")
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(U, "_walk_common", lambda *args: False)
+        try:
+            return [(id(leaf), id(x), None if dx is None else id(dx), path)
+                    for leaf, x, dx, path in U._plan(state, model, grad, "update")]
+        except (ValueError, TypeError) as err:
+            return type(err), str(err)
+
+
+def test_the_walk_of_usual_nodes_plans_and_refuses_as_the_full_walk(monkeypatch):
+    """update's walk decides the usual nodes by quick comparisons: on random trees (layers, objects, dicts, lists,
+    tuples, tied and integer arrays, holes in the gradient) and random corruptions of the state or the gradient,
+    it makes the same plan, or raises the same error, as the walk that checks every node in full."""
+    rng = np.random.default_rng(38)
+    checked = refused = 0
+    for _ in range(300):
+        model = _random_tree(rng, 3, [])
+        state = O.setup(O.Adam(), model)
+        grad = _grad_like(rng, model)
+        if rng.random() < 0.5:
+            if rng.random() < 0.5:
+                state = _corrupt(rng, copy.copy(state) if not isinstance(state, O.Leaf) else state)
+            else:
+                grad = _corrupt(rng, grad)
+        for g in (grad, importlib.import_module("fluxpy.optimise.update")._ALL):
+            fast = _outcome(state, model, g, True, monkeypatch)
+            assert fast == _outcome(state, model, g, False, monkeypatch)
+            checked += 1
+            refused += type(fast) is tuple
+    assert refused > 10 and checked - refused > 100

@@ -189,10 +189,11 @@ def _apply_grid(total, c, width, dev):
 class _ChannelsLastPlan:
     """:class:`_Plan` for channels-last data: the statistics kernels read ``x`` as an ``(M, C)`` matrix."""
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
-                 "counter", "c")
+                 "counter", "c", "pdt")
 
     def __init__(self, shape, dtype, vec, dev, act):
         c = shape[1]
+        self.pdt = param_dtype(dtype)
         m = int(np.prod(shape, dtype=np.int64)) // c
         vw = _VECTORS[dtype][1]
         grid, block, cv, s = _column_launch(m, c, vw, dev)
@@ -212,13 +213,14 @@ class _ChannelsLastPlan:
 
 class _Plan:
     """Everything about one problem that does not change from call to call: the kernels, the launch shapes,
-    the scalar arguments, and the scratch buffers (partials, counters), kept per (shape, dtype, alignment,
-    device, stream) so a call only allocates its outputs and launches."""
+    the scalar arguments, the scratch buffers (partials, counters) and the statistics' dtype, kept per (shape,
+    dtype, alignment, device, stream) so a call only allocates its outputs and launches."""
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
-                 "counter", "c")
+                 "counter", "c", "pdt")
 
     def __init__(self, shape, dtype, vec, dev, act):
         n, c = shape[0], shape[1]
+        self.pdt = param_dtype(dtype)
         hw = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
         s, threads, row_vec = _reduce_launch(n, c, hw, vec, dtype, dev)
         self.stats, self.apply = _fn("bn_stats", dtype, act), _fn("bn_apply", dtype, act)
@@ -259,7 +261,7 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     statistics (or None) are moved in place."""
     p = _plan(act, x)
     y = cupy.empty_like(x)   # in x's layout
-    stats = cupy.empty((4, p.c), param_dtype(x.dtype))   # mean, invstd, scale, shift
+    stats = cupy.empty((4, p.c), p.pdt)   # mean, invstd, scale, shift
     mean, invstd, scale, shift = stats
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
                      _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
@@ -274,7 +276,7 @@ def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
     p = _plan(act, x, dy)
     dx = cupy.empty_like(x)
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
-    out = cupy.empty((7, p.c), param_dtype(x.dtype))
+    out = cupy.empty((7, p.c), p.pdt)
     dgamma, dbeta, a, b, k, sc, sf = out
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
                          a, b, k, sc, sf))

@@ -409,26 +409,85 @@ def _pointer(a):
     return np.uint64(0) if a is None else a
 
 
+def _call_key(direction, x, rows, length, fused):
+    """What one problem's launches are kept under: the rows, the dtype, the device, the planner's switches."""
+    return (direction, rows, length, x.dtype, fused, cupy.cuda.runtime.getDevice(), x.device.id,
+            layernorm_plan.tuning(x.dtype))
+
+
+class _ForwardCall:
+    """The forward's launch for one problem, all but its arrays and ``eps``: the kernel, the grid, the block, the
+    dynamic shared memory, the rows as the kernel takes them, the statistics' dtype."""
+    __slots__ = ("fn", "blocks", "threads", "shared", "rows", "cdt")
+
+    def __init__(self, x, rows, length, fused):
+        fn, plan = _forward_kernel(x.dtype, length, fused)
+        blocks = -(-rows // plan.rpb)
+        shared = plan.stages * staged_bytes(length, x.dtype, fused)
+        _allow_shared(fn, shared)
+        if shared or plan.prefetch:   # as many blocks as the GPU holds at once, each visiting rows grid-stride
+            key = (x.dtype, length, x.device.id, fused, "forward", plan)
+            processors = compiler.device(x.device.id).processors
+            blocks = min(blocks, _blocks_per_sm(key, fn, plan.threads, shared) * processors)
+        self.fn, self.blocks, self.threads, self.shared = fn, blocks, plan.threads, shared
+        self.rows, self.cdt = np.int64(rows), compute_dtype(x.dtype)
+
+
+def _kept(table, key, make):
+    """``table[key]``, made by ``make()`` the first time. A problem's launches are kept in the table of the kernels
+    they launch (``_forward_kernels``, ``_backward_kernels``), so that a table replaced (as tests replace it) takes
+    them along."""
+    found = table.get(key)
+    if found is None:
+        found = table[key] = make()
+    return found
+
+
 def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=None):
     """``(y, mean, rstd)``: ``y`` of ``x``'s shape and dtype; ``mean``, ``rstd`` one per row in the compute type.
     With ``residual`` (like ``x``) and/or ``bias`` (the normalised shape, compute type) the rows normalised are
     those of ``x + residual + bias``, summed on the fly (the sum is never stored)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
-    x, gamma, beta, residual, bias = (_readable(a) for a in (x, gamma, beta, residual, bias))
-    fn, plan = _forward_kernel(x.dtype, length, fused)
+    x, gamma, beta = _readable(x), _readable(gamma), _readable(beta)
+    if fused:
+        residual, bias = _readable(residual), _readable(bias)
+    call = _kept(_forward_kernels, _call_key("forward", x, rows, length, fused),
+                 lambda: _ForwardCall(x, rows, length, fused))
     y = cupy.empty_like(x)
-    stats = cupy.empty((2, rows), compute_dtype(x.dtype))
-    blocks = -(-rows // plan.rpb)
-    shared = plan.stages * staged_bytes(length, x.dtype, fused)
-    _allow_shared(fn, shared)
-    if shared or plan.prefetch:   # as many blocks as the GPU holds at once, each visiting rows grid-stride
-        key = (x.dtype, length, x.device.id, fused, "forward", plan)
-        blocks = min(blocks, _blocks_per_sm(key, fn, plan.threads, shared) * compiler.device(x.device.id).processors)
-    compiler.launch(fn, blocks, plan.threads, (x, _pointer(gamma), _pointer(beta), y, stats[0], stats[1],
-                                               np.int64(rows), np.float64(eps), _pointer(residual), _pointer(bias)),
-                    shared)
-    return y, stats[0], stats[1]
+    mean, rstd = cupy.empty((2, rows), call.cdt)
+    compiler.launch(call.fn, call.blocks, call.threads, (x, _pointer(gamma), _pointer(beta), y, mean, rstd, call.rows,
+                                                         np.float64(eps), _pointer(residual), _pointer(bias)),
+                    call.shared)
+    return y, mean, rstd
+
+
+class _BackwardCall:
+    """The backward's launches for one problem, all but their arrays: the plan and kernels, the dx kernel's grid
+    and shared memory, the columns' plan of the split backward, the scalars."""
+    __slots__ = ("plan", "fn", "cols", "params", "cdt", "shared", "grid", "blocks", "rows", "columns", "chunk",
+                 "param_blocks", "param_grid")
+
+    def __init__(self, x, rows, length, fused):
+        plan, fn, cols, params = _backward_kernels_of(x.dtype, length, fused)
+        shared = backward_shared_bytes(plan, length, x.dtype, fused)
+        _allow_shared(fn, shared)
+        if plan.kernel == "ln_bwdc":   # partial rows: one a cluster, as many clusters as the GPU holds at once
+            blocks = int(min(rows, _active_clusters(fn, plan.cluster, plan.tpr, shared,
+                                                    (x.dtype, length, x.device.id, fused))))
+            grid = blocks * plan.cluster
+        else:   # as many blocks as the GPU holds at once, each visiting rows grid-stride
+            per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, plan.threads, shared)
+                      if plan.kernel in ("ln_bwd1", "ln_dx1", "ln_bwds", "ln_bwdr") else 2)
+            blocks = grid = int(min(-(-rows // plan.rpb), per_sm * compiler.device(x.device.id).processors))
+        self.plan, self.fn, self.cols, self.params = plan, fn, cols, params
+        self.cdt, self.shared, self.grid, self.blocks, self.rows = compute_dtype(x.dtype), shared, grid, blocks, \
+            np.int64(rows)
+        self.columns = column_plan(length, x.dtype, rows) if plan.splits else None   # the column sums apart
+        self.chunk = None if self.columns is None else np.int64(self.columns.chunk)
+        # ln_params adds one partial row a block of the dx kernel, or a chunk of rows of the split backward's
+        self.param_blocks = np.int64(blocks if self.columns is None else self.columns.chunks)
+        self.param_grid = -(-length // 32)
 
 
 def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = True, residual=None, bias=None):
@@ -436,39 +495,32 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     with ``residual``/``bias``, ``dx`` is the cotangent of the sum ``x + residual + bias`` (recomputed, not read)."""
     rows, length = _rows(x, k)
     fused = residual is not None or bias is not None
-    dy, x, gamma, residual, bias = (_readable(a) for a in (dy, x, gamma, residual, bias))
+    dy, x, gamma = _readable(dy), _readable(x), _readable(gamma)
+    if fused:
+        residual, bias = _readable(residual), _readable(bias)
     mean, rstd = c_contiguous(mean), c_contiguous(rstd)   # read a value at a time: any start will do
-    plan, fn, cols, params = _backward_kernels_of(x.dtype, length, fused)
-    cdt = compute_dtype(x.dtype)
-    shared = backward_shared_bytes(plan, length, x.dtype, fused)
-    _allow_shared(fn, shared)
-    if plan.kernel == "ln_bwdc":   # partial rows: one a cluster, as many clusters as the GPU holds at once
-        blocks = int(min(rows, _active_clusters(fn, plan.cluster, plan.tpr, shared,
-                                                (x.dtype, length, x.device.id, fused))))
-        grid = blocks * plan.cluster
-    else:   # as many blocks as the GPU holds at once, each visiting rows grid-stride
-        per_sm = (_blocks_per_sm((x.dtype, length, x.device.id, fused, plan), fn, plan.threads, shared)
-                  if plan.kernel in ("ln_bwd1", "ln_dx1", "ln_bwds", "ln_bwdr") else 2)
-        blocks = grid = int(min(-(-rows // plan.rpb), per_sm * compiler.device(x.device.id).processors))
+    call = _kept(_backward_kernels, _call_key("backward", x, rows, length, fused),
+                 lambda: _BackwardCall(x, rows, length, fused))
+    plan, cdt = call.plan, call.cdt
     dx = cupy.empty_like(x)
-    parts = cupy.empty((2, blocks, length), cdt) if need_params and not plan.splits else None
-    pg, pb = (None, None) if parts is None else parts
+    pg = pb = None
+    if need_params and not plan.splits:
+        pg, pb = cupy.empty((2, call.blocks, length), cdt)
     res_arg, bias_arg = _pointer(residual), _pointer(bias)
-    compiler.launch(fn, grid, plan.threads, (dy, x, _pointer(gamma), mean, rstd, dx, _pointer(pg), _pointer(pb),
-                                             np.int64(rows), np.int32(parts is not None), res_arg, bias_arg), shared)
+    compiler.launch(call.fn, call.grid, plan.threads, (dy, x, _pointer(gamma), mean, rstd, dx, _pointer(pg),
+                                                       _pointer(pb), call.rows, np.int32(pg is not None), res_arg,
+                                                       bias_arg), call.shared)
     if not need_params:
         return dx, None, None
-    if plan.splits:   # the column sums apart: one partial row a chunk of rows
-        columns = column_plan(length, x.dtype, rows)
-        blocks = columns.chunks
-        parts = cupy.empty((2, blocks, length), cdt)
-        compiler.launch(cols, (columns.tiles, blocks), 32 * layernorm_plan.COLUMN_WARPS,
-                        (dy, x, mean, rstd, parts[0], parts[1], np.int64(rows), np.int64(columns.chunk), res_arg,
-                         bias_arg))
-    out = cupy.empty((2, length), cdt)
-    compiler.launch(params, -(-length // 32), 512, (parts[0], parts[1], np.int64(blocks), out[0], out[1]))
+    columns = call.columns
+    if columns is not None:   # the column sums apart: one partial row a chunk of rows
+        pg, pb = cupy.empty((2, columns.chunks, length), cdt)
+        compiler.launch(call.cols, (columns.tiles, columns.chunks), 32 * layernorm_plan.COLUMN_WARPS,
+                        (dy, x, mean, rstd, pg, pb, call.rows, call.chunk, res_arg, bias_arg))
+    dgamma, dbeta = cupy.empty((2, length), cdt)
+    compiler.launch(call.params, call.param_grid, 512, (pg, pb, call.param_blocks, dgamma, dbeta))
     shape = x.shape[x.ndim - k:]
-    return dx, out[0].reshape(shape), out[1].reshape(shape)
+    return dx, dgamma.reshape(shape), dbeta.reshape(shape)
 
 
 KERNELS = {"layernorm_forward": (layernorm_forward, supports),

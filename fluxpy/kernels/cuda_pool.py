@@ -142,13 +142,35 @@ def _compute(dtype):
     return compute_dtype(dtype).type
 
 
-def _launch(name, dtype, total, args, layout):
-    """``name`` over ``total`` threads; ``layout`` (from :func:`_layout`) picks the C-order or channels-last
-    kernel and gives its channel count."""
-    channels_last, channels = layout
-    if total:
-        _function(name, dtype, channels_last)(((total + _THREADS - 1) // _THREADS,), (_THREADS,),
-                                              args + (np.int32(channels),))
+class _Call:
+    """One kernel's launch for one problem, all but its arrays: the kernel, the grid and the scalar arguments
+    that follow the arrays (the channel count last), the storage dtype and layout the arrays are given in, and
+    ``zero``: whether the output is zeroed first (a backward whose windows do not cover the image)."""
+    __slots__ = ("st", "layout", "fn", "grid", "tail", "zero")
+
+    def __init__(self, name, st, layout, total, scalars, zero=False):
+        self.st, self.layout, self.zero = st, layout, zero
+        self.fn = _function(name, st, layout[0]) if total else None
+        self.grid = ((total + _THREADS - 1) // _THREADS,)
+        self.tail = scalars + (np.int32(layout[1]),)
+
+    def launch(self, arrays):
+        """The kernel over its threads (none where there are none), on ``arrays`` then the scalars."""
+        if self.fn is not None:
+            self.fn(self.grid, (_THREADS,), arrays + self.tail)
+
+
+_calls: dict = {}
+
+
+def _call(key, make):
+    """The :class:`_Call` kept under ``key`` (the op, its dims, dtypes and layout, and the device), made by
+    ``make()`` on the first call of a problem: a repeated call is a lookup, its allocations and the launch."""
+    key += (cupy.cuda.runtime.getDevice(),)
+    found = _calls.get(key)
+    if found is None:
+        found = _calls[key] = make()
+    return found
 
 
 def _layout(a, pdims):
@@ -167,50 +189,83 @@ def _new(shape, st, layout):
     return empty_channels_last(shape, st, cupy) if layout[0] else cupy.empty(shape, dtype=st)
 
 
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+_result_types: dict = {}
+
+
+def _result_type(a, b):
+    """``np.result_type(a, b)`` of two dtypes, kept (asked at every backward call)."""
+    found = _result_types.get((a, b))
+    if found is None:
+        found = _result_types[(a, b)] = np.result_type(a, b)
+    return found
+
+
+def _maxpool_forward_call(pdims, dtype, layout):
+    st = _storage(dtype)
+    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
+    total = _size(pdims.y_shape)
+    empty = _compute(st)(lowest_finite(dtype))   # exact in the compute type, and after STORE in T
+    return _Call("maxpool_fwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, empty))
+
+
 def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """The max over each window of ``x`` (CuPy), as :func:`fluxpy.kernels.cpu.maxpool_forward`; the halves are
     read and written as they are (compared in float32). Channels-last ``x`` gives channels-last ``y``."""
-    st = _storage(x.dtype)
     layout = _layout(x, pdims)
+    call = _call(("maxpool_fwd", pdims, x.dtype, layout), lambda: _maxpool_forward_call(pdims, x.dtype, layout))
+    st = call.st
     xc = _operand(x, st, layout)
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     y = _new(pdims.y_shape, st, layout)
-    empty = _compute(st)(lowest_finite(x.dtype))   # exact in the compute type, and after STORE in T
-    _launch("maxpool_fwd", st, y.size, (xc, y, np.int64(y.size), h, w, p, q, hs, he, ws, we, empty), layout)
+    call.launch((xc, y))
     return y if st == x.dtype else y.astype(x.dtype)
+
+
+def _maxpool_backward_call(pdims, out, layout):
+    st = _storage(out)
+    h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
+    disjoint, covered = _tiling(pdims)
+    if disjoint:   # a thread per window (see pool.cu)
+        total = _size(pdims.y_shape)
+        return _Call("maxpool_bwd_tiles", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we),
+                     zero=not covered)
+    total = _size(pdims.x_shape)
+    return _Call("maxpool_bwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, plo, phi, qlo, qhi))
 
 
 def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """Each ``dy`` to the first maximum of its window, as :func:`fluxpy.kernels.cpu.maxpool_backward` (summed in
     float32 for the halves, rounded once); ``dx`` in ``x``'s layout."""
-    out = np.result_type(dy.dtype, x.dtype)
-    st = _storage(out)
     layout = _layout(x, pdims)
-    h, w, p, q, (hs, he, ws, we, plo, phi, qlo, qhi) = _geometry(pdims)
+    out = _result_type(dy.dtype, x.dtype)
+    call = _call(("maxpool_bwd", pdims, out, layout), lambda: _maxpool_backward_call(pdims, out, layout))
+    st = call.st
     dx = _new(pdims.x_shape, st, layout)
-    dy, x, y = (_operand(a, st, layout) for a in (dy, x, y))
-    disjoint, covered = _tiling(pdims)
-    if disjoint:   # a thread per window (see pool.cu)
-        if not covered:
-            dx.fill(0)
-        _launch("maxpool_bwd_tiles", st, y.size, (dy, x, y, dx, np.int64(y.size), h, w, p, q, hs, he, ws, we),
-                layout)
-    else:
-        _launch("maxpool_bwd", st, dx.size, (dy, x, y, dx, np.int64(dx.size), h, w, p, q,
-                                             hs, he, ws, we, plo, phi, qlo, qhi), layout)
+    dy, x, y = _operand(dy, st, layout), _operand(x, st, layout), _operand(y, st, layout)
+    if call.zero:
+        dx.fill(0)
+    call.launch((dy, x, y, dx))
     return dx if st == out else dx.astype(out)
 
 
 def maxpool_gather(dx: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """``dx`` read at each window's first maximum, as :func:`fluxpy.kernels.cpu.maxpool_gather`."""
-    st = _storage(np.result_type(dx.dtype, x.dtype))
     layout = _layout(x, pdims)
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
+    common = _result_type(dx.dtype, x.dtype)
+
+    def make():
+        h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
+        total = _size(pdims.y_shape)
+        return _Call("maxpool_gather", _storage(common), layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we))
+    call = _call(("maxpool_gather", pdims, common, layout), make)
+    st = call.st
     out = _new(pdims.y_shape, st, layout)
     dtype = dx.dtype
-    dx, x, y = (_operand(a, st, layout) for a in (dx, x, y))
-    _launch("maxpool_gather", st, out.size, (dx, x, y, out, np.int64(out.size), h, w, p, q, hs, he, ws, we),
-            layout)
+    dx, x, y = _operand(dx, st, layout), _operand(x, st, layout), _operand(y, st, layout)
+    call.launch((dx, x, y, out))
     return out if out.dtype == dtype else out.astype(dtype)
 
 
@@ -219,31 +274,43 @@ def _check_regular(pdims):
         raise ValueError("meanpool kernels take regular PoolDims; adaptive means are averaging matrices")
 
 
+def _meanpool_forward_call(pdims, dtype, layout):
+    st = _storage(dtype)
+    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
+    total = _size(pdims.y_shape)
+    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
+    return _Call("meanpool_fwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, inv))
+
+
 def meanpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """The mean of each window, zero padding counted, as :func:`fluxpy.kernels.cpu.meanpool_forward`: floats keep
     their dtype (the halves summed in float32, rounded once), integers give float32."""
     _check_regular(pdims)
-    st = _storage(x.dtype)
     layout = _layout(x, pdims)
-    h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
+    call = _call(("meanpool_fwd", pdims, x.dtype, layout), lambda: _meanpool_forward_call(pdims, x.dtype, layout))
+    st = call.st
     y = _new(pdims.y_shape, st, layout)
-    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_fwd", st, y.size,
-            (_operand(x, st, layout), y, np.int64(y.size), h, w, p, q, hs, he, ws, we, inv), layout)
+    call.launch((_operand(x, st, layout), y))
     return y
+
+
+def _meanpool_backward_call(pdims, dtype, layout):
+    st = _storage(dtype)
+    h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
+    total = _size(pdims.x_shape)
+    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
+    return _Call("meanpool_bwd", st, layout, total, (np.int64(total), h, w, p, q, plo, phi, qlo, qhi, inv))
 
 
 def meanpool_backward(dy: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
     """``dy / (R*S)`` spread over each window, as :func:`fluxpy.kernels.cpu.meanpool_backward`; ``dx`` in
     ``dy``'s layout."""
     _check_regular(pdims)
-    st = _storage(dy.dtype)
     layout = _layout(dy, pdims)
-    h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
+    call = _call(("meanpool_bwd", pdims, dy.dtype, layout), lambda: _meanpool_backward_call(pdims, dy.dtype, layout))
+    st = call.st
     dx = _new(pdims.x_shape, st, layout)
-    inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    _launch("meanpool_bwd", st, dx.size,
-            (_operand(dy, st, layout), dx, np.int64(dx.size), h, w, p, q, plo, phi, qlo, qhi, inv), layout)
+    call.launch((_operand(dy, st, layout), dx))
     return dx if st == dy.dtype else dx.astype(dy.dtype)
 
 

@@ -50,6 +50,16 @@ def _shape(a):
     return tuple(getattr(a, "shape", ()))
 
 
+def _broadcasts_to(shape, target):
+    """Whether an array of ``shape`` broadcasts to ``target`` unchanged (``np.broadcast_shapes(target, shape) ==
+    target``, without NumPy's machinery: asked at every call).
+
+    >>> _broadcasts_to((3, 1), (2, 3, 4)), _broadcasts_to((4,), (2, 1)), _broadcasts_to((2, 3, 4), (3, 4))
+    (True, False, False)
+    """
+    return len(shape) <= len(target) and all(d == 1 or d == t for d, t in zip(reversed(shape), reversed(target)))
+
+
 def _add_bias(x, b):
     return x if b is None else x + b
 
@@ -218,13 +228,8 @@ def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = ide
         b = None
     if act is None:
         act = identity
-    if b is not None:
-        try:
-            full = np.broadcast_shapes(_shape(x), _shape(b))
-        except ValueError:
-            full = None
-        if full != _shape(x):
-            raise ValueError(f"bias_act: the bias of shape {_shape(b)} must broadcast to x of shape {_shape(x)}")
+    if b is not None and not _broadcasts_to(_shape(b), _shape(x)):
+        raise ValueError(f"bias_act: the bias of shape {_shape(b)} must broadcast to x of shape {_shape(x)}")
     if getattr(_split(act)[0], "draws_random", False):   # rrelu: a derivative cannot be recomputed by a new draw
         return act(x if b is None else x + b)
     return _bias_act(x, b, act)

@@ -198,8 +198,8 @@ def build(layout: Any, values: dict) -> Any:
     """
     if isinstance(layout, str):
         return values[layout]
-    if isinstance(layout, tuple):
-        return tuple(build(part, values) for part in layout)
+    if isinstance(layout, tuple):   # the names among the parts read in place (a step rebuilds every leaf's state)
+        return tuple([values[part] if type(part) is str else build(part, values) for part in layout])
     return None
 
 

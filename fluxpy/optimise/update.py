@@ -50,7 +50,7 @@ class Leaf:
         self.rule = rule
         self.state = state
         self.frozen = frozen
-        self._fits = None  # (id, type, shape, dtype) of the array that update last found the state fits
+        self._fits = None  # (array, shape, dtype) that update last found the state fits
         self._steps = None  # the _Steps of the last update whose plan began at this leaf (a cache)
         self._counters = None  # the device copy of the rule's counters that its kernels read (see multi.Group)
 
@@ -385,6 +385,50 @@ def _walk(st, x, g, path, plan, seen, who):
     if type(st) is Leaf:
         _plan_leaf(st, x, g, path, plan, seen, who)
         return
+    if _walk_common(st, x, g, path, plan, seen, who):
+        return
+    _walk_checked(st, x, g, path, plan, seen, who)
+
+
+def _walk_common(st, x, g, path, plan, seen, who):
+    """The walk below a node whose state and gradient fit the model node in the usual way (a layer or dict with
+    a dict of state and of gradient for its fields; a tuple or list with ones of its length), with the same
+    checks as :func:`_walk_checked` made by C-level comparisons, and the children without state or gradient
+    skipped without a call. False (having looked at nothing below) for any other node: the full walk checks it
+    and says what is wrong."""
+    everywhere = g is _ALL
+    if type(st) is dict:
+        if isinstance(x, (tuple, list)):
+            return False
+        kids = children(x)
+        if kids is None or len(st) != len(kids):
+            return False
+        try:
+            states = [st[k] for k, _ in kids]   # with the lengths equal: the state has exactly the node's fields
+        except KeyError:
+            return False
+        if not everywhere and (type(g) is not dict or len(g) > len(kids) or not g.keys() <= st.keys()):
+            return False
+        for (k, v), s in zip(kids, states):
+            if s is not None:
+                gk = g if everywhere else g.get(k)
+                if gk is not None:
+                    _walk(s, v, gk, path + (k,), plan, seen, who)
+        return True
+    if (type(st) is list or type(st) is tuple) and (type(x) is tuple or type(x) is list) and len(st) == len(x):
+        if not everywhere and not ((type(g) is tuple or type(g) is list) and len(g) == len(x)):
+            return False
+        for k, (v, s) in enumerate(zip(x, st)):
+            if s is not None:
+                gk = g if everywhere else g[k]
+                if gk is not None:
+                    _walk(s, v, gk, path + (k,), plan, seen, who)
+        return True
+    return False
+
+
+def _walk_checked(st, x, g, path, plan, seen, who):
+    """The walk below a node with every check spelled out, raising the error that names what does not fit."""
     if not isinstance(st, (dict, list, tuple)):
         _bad_state(st, x, path, who)
     kids = children(x)
@@ -446,7 +490,7 @@ def _bad_state(st, x, path, who):
 
 
 def _plan_leaf(leaf, x, g, path, plan, seen, who):
-    if not is_array(x):
+    if type(x) is not np.ndarray and not is_array(x):
         raise ValueError(f"{who}: the state tree has an array at {_path(path)} but the model has {_describe(x)}; "
                          "was the state set up for another model?")
     first = seen.get(id(leaf))
@@ -519,15 +563,15 @@ def _master_like_dtype(dtype):
 
 
 def _check_leaf_state(leaf, x, path, who):
-    key = (id(x), type(x), x.shape, x.dtype)
-    if leaf._fits == key:  # the array the state was found to fit last time (rules keep their arrays' shapes)
-        return
+    fits = leaf._fits
+    if fits is not None and fits[0] is x and fits[1] == x.shape and fits[2] == x.dtype:
+        return   # the array the state was found to fit last time (rules keep their arrays' shapes)
     for a in _state_arrays(leaf.state, []):
         if type(a) is not type(x) or a.shape != x.shape or a.dtype != _master_like_dtype(x.dtype):
             raise ValueError(f"{who}: the optimiser state at {_path(path)} holds a {_array_text(a)}, but the model has "
                              f"a {_array_text(x)} there; was the state set up for another model, or the model moved or "
                              "converted after setup? Call setup(rule, model) again for the model as it is now")
-    leaf._fits = key
+    leaf._fits = (x, x.shape, x.dtype)
 
 
 def _leaves(tree):
