@@ -29,7 +29,8 @@ import numpy as np
 from ..backend import cupy
 from . import compiler
 
-__all__ = ["Problem", "padded", "why_not", "problem_of", "forward", "backward", "shared_bytes", "SOURCE_VARIANTS"]
+__all__ = ["Problem", "padded", "why_not", "problem_of", "forward", "backward", "shared_bytes", "stats",
+           "SOURCE_VARIANTS"]
 
 SOURCE = "flash_attention.cu"
 BLOCK = 64          # queries and keys per tile (BR, BC in the source)
@@ -38,6 +39,16 @@ MAX_HEAD = 128
 _PADS = (32, 64, 128)
 _GRID_LIMIT = 65535   # the grid's y (heads) and z (batch) extents
 _ROWS_PER_BLOCK = THREADS // 32   # flash_row_dot: a warp per row
+_calls = {"forward": 0, "backward": 0}
+
+
+def stats() -> dict:
+    """How many forward and backward calls ran the kernels (what tests check to know the fused path ran).
+
+    >>> sorted(stats())
+    ['backward', 'forward']
+    """
+    return dict(_calls)
 
 
 class Problem(NamedTuple):
@@ -184,6 +195,7 @@ def forward(p: Problem, q, k, v, bias) -> tuple:
     >>> forward.__name__   # needs a GPU: tests/gpu/test_flash_attention_gpu.py runs it
     'forward'
     """
+    _calls["forward"] += 1
     y = cupy.empty((p.n, p.lq, p.heads * p.dv), dtype=np.float32)
     lse = cupy.empty((p.n, p.heads, p.lq), dtype=np.float32)
     vec = np.int32(_vectors(p.dqk, p.dv, q, k, v))
@@ -200,6 +212,7 @@ def backward(p: Problem, q, k, v, bias, y, lse, dy, need_q: bool = True, need_kv
     >>> backward.__name__   # needs a GPU: tests/gpu/test_flash_attention_gpu.py runs it
     'backward'
     """
+    _calls["backward"] += 1
     if dy.strides[2] != 4 and dy.shape[2] > 1:
         dy = cupy.ascontiguousarray(dy)
     delta = cupy.empty((p.n, p.heads, p.lq), dtype=np.float32)
