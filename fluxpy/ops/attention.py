@@ -266,8 +266,9 @@ def _flash_attention(q, k, v, mask, nheads, bias, causal, p):
         reason = f"float32 flash attention has no dropout (got p = {p}): the composite draws it"
     elif is_tracked(bias):
         reason = "float32 flash attention computes no gradient of bias: the composite does"
-    elif bias is not None and value_of(bias).dtype != np.float32:
-        reason = f"float32 flash attention takes a float32 bias, got {value_of(bias).dtype}"
+    elif bias is not None and getattr(value_of(bias), "dtype", None) != np.float32:
+        reason = (f"float32 flash attention takes a float32 bias, got "
+                  f"{getattr(value_of(bias), 'dtype', type(value_of(bias)).__name__)}")
     else:
         reason = flash_kernels.problem_of(vq, value_of(k), value_of(v), nheads, causal, None)
     if isinstance(reason, str):
