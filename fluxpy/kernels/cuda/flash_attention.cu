@@ -8,7 +8,8 @@
 // (N, heads, Lq). bias (null for none) is float32 broadcasting to (N, heads, Lq, Lk) by its four element strides
 // (0 along a broadcast axis); a boolean mask arrives as such a bias (0 or -inf). causal: key j is seen by query i
 // when j <= i (aligned at the top left). A query whose every key is masked gets y = NaN and lse = NaN; its masked
-// logits pass no gradient (as the composite's where), so its NaN reaches dv only, as the composite's.
+// logits pass no gradient (as the composite's where), so its NaN reaches dv only, as the composite's (all of dv of
+// its batch and head; under causal only the keys of the blocks up to its diagonal, which the kernels visit).
 //
 // Tiles: BR = 64 queries by BC = 64 keys per step, 256 threads as a 16 x 16 grid (ty, tx); a thread owns the score
 // micro-tile of rows ty + 16a and columns tx + 16b (a, b < 4), and of an output accumulator the rows ty + 16a and
