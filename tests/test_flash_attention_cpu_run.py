@@ -70,7 +70,7 @@ def on_cpu(build, monkeypatch):
     """cuda_flash's host code with NumPy for CuPy and the CPU build of each (DQK, DV) variant for its launches."""
     libraries = {}
 
-    def function(name, kernel, defines={}, options=()):
+    def function(name, kernel, defines, options=()):
         assert name == cuda_flash.SOURCE
         key = (defines["DQK"], defines["DV"])
         if key not in libraries:
