@@ -28,7 +28,7 @@ constexpr int LDK = DQK + 4, LDV = DV + 4, LDP = BC + 16;
 constexpr int CQ = DQK / 16, CV = DV / 16;   // accumulator columns per thread
 // Blocks per SM the register allocation aims at (ptxas: up to 128 registers a thread for two), as many as spill
 // nothing for sm_90 (tests/test_kernel_sources.py checks).
-constexpr int ROW_BLOCKS = DQK + DV <= 160 ? 2 : 1;   // flash_forward, flash_backward_q
+constexpr int ROW_BLOCKS = DQK + DV <= 160 || DQK + DV == 256 ? 2 : 1;   // flash_forward, flash_backward_q
 constexpr int KV_BLOCKS = DQK + DV <= 128 ? 2 : 1;    // flash_backward_kv
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
