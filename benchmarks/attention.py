@@ -8,7 +8,8 @@ output cotangent ``dy``, on the same inputs on both sides (standard normal, roun
 - fluxpy: ``q``, ``k``, ``v`` and ``dy`` ``(N, L, heads * d)`` (the layout a projection gives),
   ``fluxpy.pullback`` of ``dot_product_attention(q, k, v, nheads=heads, causal=causal, need_scores=False)[0]``,
   then the pullback of ``dy`` (no scores asked for, as PyTorch's SDPA: in half precision on the GPU fluxpy runs
-  cuDNN's fused kernels, in float32 its composite);
+  cuDNN's fused kernels, in float32 its own flash kernels, ``fluxpy.kernels.cuda_flash``; the row's ``fluxpy_path``
+  says "fused", or why the composite ran);
 - PyTorch: the same ``(N, L, heads * d)`` tensors viewed as ``(N, heads, L, d)`` (as its ``MultiheadAttention``
   does), ``scaled_dot_product_attention(q, k, v, is_causal=causal)`` (PyTorch picks its kernel: flash, cuDNN or
   memory-efficient), then ``torch.autograd.grad`` of ``dy``.
@@ -255,13 +256,16 @@ def run_case(torch, shape: Shape, dtype: str, a) -> list[dict]:
                             [g.float().cpu().numpy() for g in theirs()])
     except Exception as err:   # reported in the rows: the timing below says which side fails
         print(f"{shape.label} {dtype}: no comparison ({first_line(err)})", flush=True)
+    path = fluxpy.ops.attention.fused_reason() or "fused"
+    if path != "fused":
+        print(f"{shape.label} {dtype}: fluxpy ran the composite ({path})", flush=True)
     builders = dict(eager=dict(fluxpy=lambda: ours, torch=lambda: theirs),
                     captured=dict(fluxpy=lambda: fluxpy_graph(ours, a.warmup),
                                   torch=lambda: torch_graph(torch, theirs, a.warmup)))
     rows = []
     for mode in MODES:
         row = dict(benchmark="attention", shape=shape.label, causal=shape.causal, dtype=dtype, mode=mode,
-                   max_rel_diff=diff)
+                   max_rel_diff=diff, fluxpy_path=path)
         for side in ("fluxpy", "torch"):
             try:
                 run = builders[mode][side]()

@@ -15,9 +15,11 @@ rounded to the half type before they weigh ``v`` (PyTorch's autocast): ``y`` and
 ``dropout`` None or a probability, float16 and bfloat16 CuPy inputs run cuDNN's fused attention
 (:mod:`fluxpy.kernels.cudnn.attention`): one kernel forward and one backward, the scores never stored, ``causal`` as
 the kernel's own mask, a boolean mask and ``bias`` as one additive bias of the half type (its gradient from the same
-kernel), dropout drawn by the kernel from fluxpy's GPU generator. Where cuDNN declines a
-problem (:func:`fused_reason` says why), in float32, on the CPU and while a derivative of a derivative is recorded
-(the fused backward is not itself differentiable) the composite runs.
+kernel), dropout drawn by the kernel from fluxpy's GPU generator. Float32 CuPy inputs run fluxpy's own flash kernels
+(:mod:`fluxpy.kernels.cuda_flash`, exact float32 arithmetic, no TF32): one kernel forward, three backward, ``causal``
+and a boolean mask and ``bias`` as there, but no dropout and no gradient of ``bias`` (either runs the composite).
+Where the fused kernels decline a problem (:func:`fused_reason` says why), on the CPU and while a derivative of a
+derivative is recorded (the fused backward is not itself differentiable) the composite runs.
 
 >>> import numpy as np
 >>> q = np.ones((2, 3, 4))
@@ -39,6 +41,7 @@ import numpy as np
 
 from ..autodiff import Primitive, gradient_depth, is_tracked, value_of
 from ..backend import Array, get_array_module, is_array
+from ..kernels import cuda_flash as flash_kernels
 from ..kernels.cudnn import attention as fused_kernels
 from ..kernels.halfs import is_half
 from ..random import rng_for
@@ -178,7 +181,8 @@ _last_reason = [""]
 
 def fused_reason() -> str:
     """Why the last call of :func:`dot_product_attention` with ``need_scores=False`` ran the composite instead of
-    cuDNN's fused kernels ("" where it ran them).
+    the fused kernels, cuDNN's for float16 and bfloat16 and fluxpy's flash kernels for float32 ("" where it ran
+    them).
 
     >>> import numpy as np
     >>> _ = dot_product_attention(np.ones((1, 2, 8)), np.ones((1, 2, 8)), np.ones((1, 2, 8)), need_scores=False)
@@ -195,11 +199,14 @@ def _leading(a):
 
 
 def _fused_attention(q, k, v, mask, nheads, bias, causal, p):
-    """``y`` through cuDNN's fused kernels, or None (the reason in :func:`fused_reason`) where they cannot run."""
+    """``y`` through cuDNN's fused kernels (fluxpy's flash kernels in float32), or None (the reason in
+    :func:`fused_reason`) where they cannot run."""
     vq, vk, vv = value_of(q), value_of(k), value_of(v)
     if gradient_depth() > 1 or any(is_tracked(a) and is_tracked(a.value) for a in (q, k, v, bias)):
         _last_reason[0] = "a derivative of a derivative is being recorded: the fused backward is not differentiable"
         return None
+    if vq.dtype == np.float32:
+        return _flash_attention(q, k, v, mask, nheads, bias, causal, p)
     lq, lk = vq.shape[1], vk.shape[1]
     shape4 = None
     if mask is not None or bias is not None:
@@ -250,6 +257,63 @@ def _fused_impl(q, k, v, bias, seed, offset, *, problem):
 
 
 _fused = Primitive("fused_attention", _fused_rule, needs_mask=True, impl=_fused_impl)
+
+
+def _flash_attention(q, k, v, mask, nheads, bias, causal, p):
+    """``y`` through fluxpy's float32 flash kernels, or None (the reason in :func:`fused_reason`)."""
+    vq = value_of(q)
+    if p:
+        reason = f"float32 flash attention has no dropout (got p = {p}): the composite draws it"
+    elif is_tracked(bias):
+        reason = "float32 flash attention computes no gradient of bias: the composite does"
+    elif bias is not None and getattr(value_of(bias), "dtype", None) != np.float32:
+        reason = (f"float32 flash attention takes a float32 bias, got "
+                  f"{getattr(value_of(bias), 'dtype', type(value_of(bias)).__name__)}")
+    else:
+        reason = flash_kernels.problem_of(vq, value_of(k), value_of(v), nheads, causal, None)
+    if isinstance(reason, str):
+        _last_reason[0] = reason
+        return None
+    _last_reason[0] = ""
+    total = _additive_bias(get_array_module(vq), mask, bias, (vq.shape[0], nheads, vq.shape[1], value_of(k).shape[1]))
+    return _flash(q, k, v, total, problem=reason._replace(bias=total is not None))
+
+
+def _additive_bias(xp, mask, bias, shape4):
+    """``bias`` plus the boolean ``mask`` as 0 / -inf, float32, as a broadcast view of the scores' shape (the kernels
+    read it by its strides, 0 along a broadcast axis); None for neither."""
+    total = None
+    if bias is not None:
+        b = value_of(bias)
+        total = b.reshape((1,) * (4 - b.ndim) + b.shape)
+    if mask is not None:
+        m = value_of(mask)
+        additive = xp.where(m.reshape((1,) * (4 - m.ndim) + m.shape), np.float32(0), np.float32(-np.inf))
+        additive = additive.astype(np.float32, copy=False)
+        total = additive if total is None else total + additive
+    return None if total is None else xp.broadcast_to(total, shape4)
+
+
+def _flash_rule(needs, q, k, v, bias, *, problem):
+    y, lse = flash_kernels.forward(problem, q, k, v, bias)
+
+    def flash_attention_pullback(dy):
+        if is_tracked(dy):
+            raise NotImplementedError("dot_product_attention: the pullback of the float32 flash attention is being "
+                                      "differentiated (its backward kernels are not themselves differentiable); "
+                                      "take the derivative inside the outer gradient (the composite then runs) or "
+                                      "pass need_scores=True")
+        dq, dk, dv = flash_kernels.backward(problem, q, k, v, bias, y, lse, dy.astype(np.float32, copy=False),
+                                            need_q=needs[0], need_kv=needs[1] or needs[2])
+        return dq, dk if needs[1] else None, dv if needs[2] else None, None
+    return y, flash_attention_pullback
+
+
+def _flash_impl(q, k, v, bias, *, problem):
+    return flash_kernels.forward(problem, q, k, v, bias)[0]
+
+
+_flash = Primitive("flash_attention", _flash_rule, needs_mask=True, impl=_flash_impl)
 
 
 def _check_bias(bias, scores):
