@@ -181,7 +181,7 @@ def test_any_layout_of_the_output_cotangent(layout):
     if layout == "broadcast_row":
         w = cp.broadcast_to(w[0, 0], w.shape)
     elif layout == "broadcast_all":
-        w = cp.broadcast_to(cp.float32(0.5), w.shape)
+        w = cp.broadcast_to(cp.asarray(0.5, dtype=cp.float32), w.shape)
     else:
         w = cp.asfortranarray(w)
     _compare(_flash(q, k, v, w, heads), _reference(q, k, v, w, heads), f"cotangent {layout}")
