@@ -1,7 +1,7 @@
 """Conversions between float32, float16 and bfloat16, sums of two half-precision arrays, and half-precision
 activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays, each in one
-vectorised kernel (``cuda/cast.cu``, ``cuda/add.cu``, ``cuda/bias_act.cu``): eight items a thread, read and
-written as whole 16- or 32-byte vectors.
+vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape "bias" is the
+sum): eight items a thread, read and written as whole 16- or 32-byte vectors.
 
 CuPy's elementwise kernels (its own and those fluxpy generates through it) move halves an item at a time, far from
 the memory's speed. Mixed precision converts every parameter to the half type and every gradient back each step,
@@ -28,7 +28,7 @@ from . import compiler
 from .halfs import BFLOAT16, HALVES, dtype_defines
 
 __all__ = ["supports_cast", "cast", "supports_add", "add", "plain_add", "supports_bias_act", "bias_act", "act_grad",
-           "act_defines", "SOURCE_VARIANTS"]
+           "act_defines", "KERNELS", "SOURCE_VARIANTS"]
 
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 _NULL = np.uint64(0)   # an absent array argument
@@ -49,10 +49,13 @@ def act_defines(act_c: str, dtype, name: str) -> dict:
     return {**dtype_defines(dtype), f"{name}(v)": act_c}
 
 
+_IDENTITY = "(v)"   # the sum: bias_act.cu's activation left out
+
+
 def SOURCE_VARIANTS():
     """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
-    distinct dtypes, a sum for each half type (``cuda/bias_act.cu``'s variants, which depend on the activation, are
-    listed by :mod:`fluxpy.kernels.elementwise`, which traces them).
+    distinct dtypes, a sum for each half type (``cuda/bias_act.cu``'s variants with an activation, which the tracer
+    writes, are listed by :mod:`fluxpy.kernels.elementwise`).
 
     >>> len(list(SOURCE_VARIANTS()))
     8
@@ -62,7 +65,7 @@ def SOURCE_VARIANTS():
             if src != dst:
                 yield "cast.cu", _cast_defines(src, dst)
     for dtype in HALVES:
-        yield "add.cu", dtype_defines(dtype)
+        yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_ACT")
 
 
 def _dense(x) -> bool:
@@ -105,11 +108,9 @@ def supports_add(a: Any, b: Any) -> bool:
 
 
 def add(a, b):
-    """``a + b`` in ``a``'s layout (where :func:`supports_add` says so)."""
-    y = cupy.empty_like(a)
-    kernel = compiler.function("add.cu", "add_vec8", dtype_defines(a.dtype))
-    compiler.launch(kernel, _blocks(a.size, a.device.id), _THREADS, (a, b, y, np.int64(a.size)))
-    return y
+    """``a + b`` in ``a``'s layout (where :func:`supports_add` says so): :func:`bias_act` with no activation and
+    ``b`` as the same-shape bias."""
+    return bias_act(a, b, _IDENTITY)[0]
 
 
 def plain_add(a, b):
@@ -119,6 +120,11 @@ def plain_add(a, b):
     array([2., 2.])
     """
     return add(a, b) if supports_add(a, b) else operator.add(a, b)
+
+
+# name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays (the ops' astype and add; the backward
+# walk, below the kernel table, is given plain_add by gpu.register)
+KERNELS = {"astype": (cast, supports_cast), "add": (add, supports_add)}
 
 
 def _period(x, b) -> int | None:

@@ -27,7 +27,8 @@ module                  kernels
 ``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
 ``cuda_rnn``            ``rnn_forward``, ``rnn_backward``: a whole RNN, LSTM or GRU (cuDNN's RNN calls)
 ``cuda_arrays``         ``stack``, ``concatenate`` while a CUDA-graph capture is under way (a copy per array)
-``cuda_halves``         the backward walk's sum of two half-precision cotangents (``set_cotangent_sum``)
+``cuda_halves``         ``astype`` and ``add`` of halves (vectorised), and the backward walk's sum of two
+                        half-precision cotangents (``set_cotangent_sum``)
 ``philox``              ``default_rng``: the generator of :func:`fluxpy.random.rng_for` for CuPy arrays
 ======================  =====================================================================
 
@@ -47,10 +48,10 @@ _before: list = []   # the table as it was before register(), while registered
 
 
 def _modules():
-    from . import (cublas, cublaslt, cuda_arrays, cuda_conv, cuda_layernorm, cuda_norm, cuda_optimise, cuda_pool,
-                   cuda_recurrent, cuda_rnn, cuda_scatter, cuda_softmax, elementwise, philox, reduce)
+    from . import (cublas, cublaslt, cuda_arrays, cuda_conv, cuda_halves, cuda_layernorm, cuda_norm, cuda_optimise,
+                   cuda_pool, cuda_recurrent, cuda_rnn, cuda_scatter, cuda_softmax, elementwise, philox, reduce)
     return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cublaslt,
-            cuda_scatter, cuda_layernorm, cuda_recurrent, cuda_rnn, cuda_arrays, philox)
+            cuda_scatter, cuda_layernorm, cuda_recurrent, cuda_rnn, cuda_arrays, cuda_halves, philox)
 
 
 def register() -> bool:

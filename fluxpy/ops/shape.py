@@ -16,7 +16,7 @@ import numpy as np
 
 from ..autodiff import Primitive, SliceCotangent, is_tracked, value_of
 from ..backend import Array, get_array_module, reduced_axes
-from ..kernels import cuda_halves, find, lookup
+from ..kernels import find, lookup
 from ..kernels.halfs import is_half
 from ..layout import MEMORY_FORMATS, is_channels_last, to_channels_last, to_contiguous
 from .scatter import _scatter
@@ -348,9 +348,8 @@ def _astype_rule(x, dtype):
 
 
 def _astype_impl(x, dtype):
-    if x.dtype != dtype and cuda_halves.supports_cast(x, dtype):   # CuPy converts halves an item at a time
-        return cuda_halves.cast(x, dtype)
-    return x.astype(dtype, copy=False)
+    kernel = find("astype", x, dtype) if x.dtype != dtype else None   # the GPU's halves: CuPy's go an item at a time
+    return x.astype(dtype, copy=False) if kernel is None else kernel(x, dtype)
 
 
 _astype = Primitive("astype", _astype_rule, impl=_astype_impl)

@@ -7,6 +7,7 @@ import pytest
 
 import fluxpy
 from devices import cupy_module
+from fluxpy import kernels
 from fluxpy.kernels import cuda_halves
 from fluxpy.kernels.halfs import BFLOAT16
 from fluxpy.layout import is_channels_last, to_channels_last
@@ -67,6 +68,10 @@ def test_unsupported_inputs_are_left_to_cupy():
     assert not cuda_halves.supports_cast(x, np.float64)             # not a dtype the kernel converts
     assert not cuda_halves.supports_cast(x, np.float32)             # nothing to convert
     assert not cuda_halves.supports_cast(np.ones(4, np.float32), BFLOAT16)
+    assert kernels.find("astype", x, BFLOAT16) is cuda_halves.cast              # the table holds it for the op
+    assert kernels.find("astype", x[1:], BFLOAT16) is None
+    h = x.astype(BFLOAT16)
+    assert kernels.find("add", h, h) is cuda_halves.add and kernels.find("add", x, x) is None
     y = fluxpy.ops.astype(x[1:], BFLOAT16)                   # the op still converts them (through CuPy)
     np.testing.assert_array_equal(cp.asnumpy(y).astype(np.float32), np.arange(1, 40, dtype=np.float32))
 

@@ -2,7 +2,8 @@
 // float32 from the loaded values and rounded once, as fluxpy's traced elementwise kernels do:
 // bias_act_vec8: y = act(x + b), and z = x + b (the pre-activation) where z is given; b none (null), of x's shape
 //   (period 0), or a vector repeated every `period` items (a bias along the last axis of C-order data or the
-//   channels of channels-last data; period a multiple of 8). FX_ACT(v): the activation, an expression in C.
+//   channels of channels-last data; period a multiple of 8). FX_ACT(v): the activation, an expression in C; the
+//   identity with a same-shape b is the sum of two arrays (the sum in float32, exact for two halves, rounded once).
 // act_grad_vec8: dz = dy * d(s), FX_DERIV(v) the derivative as a function of the saved s (output or
 //   pre-activation).
 // The last n % 8 items go one a thread.

@@ -26,10 +26,11 @@
 constexpr int BR = 64, BC = 64, THREADS = 256;
 constexpr int LDK = DQK + 4, LDV = DV + 4, LDP = BC + 16;
 constexpr int CQ = DQK / 16, CV = DV / 16;   // accumulator columns per thread
-// Blocks per SM the register allocation aims at (ptxas: up to 128 registers a thread for two), as many as spill
-// nothing for sm_90 (tests/test_kernel_sources.py checks).
-constexpr int ROW_BLOCKS = DQK + DV <= 160 || DQK + DV == 256 ? 2 : 1;   // flash_forward, flash_backward_q
-constexpr int KV_BLOCKS = DQK + DV <= 128 ? 2 : 1;    // flash_backward_kv
+// Blocks per SM the register allocation aims at (ptxas: up to 128 registers a thread for two), two only where no
+// release of ptxas 13 spills (tests/test_kernel_sources.py checks; at the edge of 128 registers releases differ).
+constexpr int FWD_BLOCKS = (DQK + DV <= 128 && DQK <= DV) || (DQK == 128 && DV == 128) ? 2 : 1;   // flash_forward
+constexpr int Q_BLOCKS = DQK + DV <= 128 && DQK >= DV ? 2 : 1;     // flash_backward_q
+constexpr int KV_BLOCKS = DQK + DV <= 128 ? 2 : 1;                 // flash_backward_kv
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float not_a_number() { return __int_as_float(0x7fffffff); }
@@ -148,7 +149,7 @@ __device__ __forceinline__ float logit(float dot, int i, int j, int lq, int lk, 
 
 // One block per (query block, head, batch): y and lse of BR queries, over the key blocks in order. The query blocks
 // run last first (under a causal mask they have the most keys).
-extern "C" __global__ void __launch_bounds__(THREADS, ROW_BLOCKS) flash_forward(
+extern "C" __global__ void __launch_bounds__(THREADS, FWD_BLOCKS) flash_forward(
         const float* q, long long sqn, long long sql, const float* k, long long skn, long long skl,
         const float* v, long long svn, long long svl, const float* bias, long long sbn, long long sbh,
         long long sbq, long long sbk, float* y, float* lse, int lq, int lk, int heads, int dqk, int dv,
@@ -331,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_
 }
 
 // One block per (query block, head, batch): dq of BR queries, over the key blocks they see, in order.
-extern "C" __global__ void __launch_bounds__(THREADS, ROW_BLOCKS) flash_backward_q(
+extern "C" __global__ void __launch_bounds__(THREADS, Q_BLOCKS) flash_backward_q(
         const float* q, long long sqn, long long sql, const float* k, long long skn, long long skl,
         const float* v, long long svn, long long svl, const float* bias, long long sbn, long long sbh,
         long long sbq, long long sbk, const float* dy, long long sdn, long long sdl, const float* lse,

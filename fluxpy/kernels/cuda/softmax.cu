@@ -118,6 +118,12 @@ extern "C" __global__ void ce_labels_forward(const T* yhat, const void* labels, 
     out[row] = STORE(l);
 }
 // dx[j] = dl * (softmax(a)[j] * (h + u * sum(w)) - h * [j == t] - u * w[j]); dl as in ce_rows_backward.
+__device__ __forceinline__ ACC label_grad(long long j, ACC v, long long t, ACC h, ACC u, const T* weight, ACC g,
+                                          ACC lse, ACC mass) {   // dx[j] of the logit v = a[j]
+    ACC y = j == t ? h : (ACC)0;
+    if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
+    return g * (exp(v - lse) * mass - y);
+}
 extern "C" __global__ void ce_labels_backward(const T* dl, long long dl_stride, const T* yhat, const void* labels,
                                               int label_bytes, const T* weight, ACC hard, ACC uniform,
                                               long long ignore, int has_ignore, T* dx, long long n, long long c,
@@ -138,19 +144,12 @@ extern "C" __global__ void ce_labels_backward(const T* dl, long long dl_stride, 
             const T* p = (const T*)&q;
             VT o;
             T* po = (T*)&o;
-            _Pragma("unroll") for (int u_ = 0; u_ < VW; ++u_) {
-                const long long j = jv * VW + u_;
-                ACC y = j == t ? h : (ACC)0;
-                if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
-                po[u_] = STORE(g * (exp(LOAD(p[u_]) - lse) * mass - y));
-            }
+            _Pragma("unroll") for (int u_ = 0; u_ < VW; ++u_)
+                po[u_] = STORE(label_grad(jv * VW + u_, LOAD(p[u_]), t, h, u, weight, g, lse, mass));
             ((VT*)d)[jv] = o;
         }
     } else {
-        for (long long j = lane; j < c; j += 32) {
-            ACC y = j == t ? h : (ACC)0;
-            if (u != 0) y += u * (weight ? LOAD(weight[j]) : (ACC)1);
-            d[j] = STORE(g * (exp(LOAD(a[j]) - lse) * mass - y));
-        }
+        for (long long j = lane; j < c; j += 32)
+            d[j] = STORE(label_grad(j, LOAD(a[j]), t, h, u, weight, g, lse, mass));
     }
 }
