@@ -44,10 +44,11 @@ Modes (:data:`FLUXPY_MODES`, :data:`TORCH_MODES`):
 
 Every mode is built and warmed up (``--warmup`` steps; a fluxpy captured mode first runs its ``TrainStep`` warm-up
 and capture), then the modes' timed rounds take turns. On the GPU each PyTorch mode runs in a process of its own
-(this script again, ``--modes`` naming it, the row handed back through a ``--json`` file), after the fluxpy modes of
-the case: PyTorch's two graph modes and its eager modes in one process stop at a device-side assert in ``nll_loss``
-(labels out of range) that none of them raises alone, and a process apiece also gives each mode its own caching
-allocator and cuDNN autotuning, as a user's run has. Within a process: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
+(this script again, ``--modes`` naming it alone, the row handed back through a ``--json`` file), after the fluxpy
+modes of the case, also where ``--modes`` names several: PyTorch's two graph modes and its eager modes in one process
+stop at a device-side assert in ``nll_loss`` (labels out of range) that none of them raises alone, its two graph modes
+of the ViT at an illegal memory access, and a process apiece also gives each mode its own caching allocator and cuDNN
+autotuning, as a user's run has. Within a process: ``--rounds`` rounds (3 at least) of ``--steps`` steps back to
 back, each round timed by wall clock from a synchronised start to a synchronised end; per-step time = round time /
 steps; reported: the median and the range (lowest-highest) over rounds, in us. A mode that raises while it is built
 or timed is recorded with its error's first line and left out of the rest of the case. ``--json`` (and ``--out``) is
@@ -517,7 +518,7 @@ def run_case(torch, name: str, batch: int, a) -> dict:
     counts = parameter_counts(torch, model, a.sides)
     reset_case(torch, a.device)
     modes = skipped_modes(a.sides, a.device, a.compile, a.modes)
-    apart = a.device == "gpu" and not a.modes   # the case's own process: PyTorch's modes each in a child
+    apart = a.device == "gpu" and len(a.modes) != 1   # PyTorch's modes each in a child (which names one)
     if apart:
         pending = {m: dict(skipped="apart") for m in TORCH_MODES if m not in modes}
         modes.update(pending)
