@@ -13,7 +13,10 @@ ones from ``fluxpy.models`` but for the GPT:
 - ``lstm``: ``lstm_classifier(32, 128)`` on sequences of 100 steps, batch 64, Adam;
 - ``gpt``: a GPT-style decoder (``zoo_nets.GPT``: token and learned position embeddings, ``--gpt-layers`` pre-norm
   ``TransformerEncoderLayer`` blocks with a causal mask (gelu_erf, 4 x width hidden), a final LayerNorm, an untied
-  head), 1,024 tokens, width 768, 12 heads, vocabulary 8,192, batch 8, AdamW; next-token loss.
+  head), 1,024 tokens, width 768, 12 heads, vocabulary 8,192, batch 8, AdamW; next-token loss;
+- ``unet``, ``gru``, ``mlp``: layers no issue named (``zoo_nets.unet_cifar``: GroupNorm, swish, ConvTranspose,
+  Upsample, batch 128; ``gru_classifier``, 100 steps, batch 64; ``mlp_mnist``: gelu_erf, LayerNorm, Dropout,
+  batch 512, AdamW).
 
 PyTorch runs the same network with the same weights (:func:`torch_twin`: the fluxpy model's arrays copied; fluxpy's
 ``Conv`` and ``DepthwiseConv`` are true convolutions, so their kernels are flipped; attention is PyTorch's

@@ -25,10 +25,11 @@ import numpy as np
 
 from fluxpy import models as zoo_models
 from fluxpy.functors import layer
-from fluxpy.layers import (LSTM, BatchNorm, Chain, Conv, Dense, DimensionMismatch, Embedding, LayerNorm,
-                           TransformerEncoderLayer, truncated_normal)
+from fluxpy.layers import (GRU, LSTM, BatchNorm, Chain, Conv, ConvTranspose, Dense, DimensionMismatch, Dropout,
+                           Embedding, GlobalMeanPool, GroupNorm, LayerNorm, MaxPool, TransformerEncoderLayer, Upsample,
+                           flatten, truncated_normal)
 from fluxpy.models import EncoderBlock, PatchEmbedding, last_step, token_mean
-from fluxpy.ops.activations import gelu, gelu_erf, identity, relu, relu6
+from fluxpy.ops.activations import gelu, gelu_erf, identity, relu, relu6, swish
 from fluxpy.random import as_rng
 from models import _same_op, _torch_pad, reference_net, resnet_twin
 
@@ -109,7 +110,44 @@ class GPT:
         return f"GPT(vocab={s.vocab}, length={s.length}, width={s.width}, nheads={s.nheads}, layers={s.layers})"
 
 
-def nets(gpt: GPTSize = GPT_SIZE) -> dict:
+def unet_cifar(rng=None) -> Chain:
+    """A small encoder-decoder classifier of the layers diffusion and segmentation nets are made of: 3x3
+    convolutions with ``GroupNorm`` and swish, max pools down, a ``ConvTranspose`` (stride 2) and a nearest
+    ``Upsample`` back up, a global mean and a ``Dense`` head, for 3x32x32 images.
+
+    >>> unet_cifar(rng=0)[6]
+    ConvTranspose((2, 2), 64 => 32, stride=2)
+    """
+    rng = as_rng(rng, "unet_cifar")
+    return Chain(Conv((3, 3), 3, 32, pad=1, rng=rng), GroupNorm(32, 8, swish), MaxPool(2),
+                 Conv((3, 3), 32, 64, pad=1, rng=rng), GroupNorm(64, 8, swish), MaxPool(2),
+                 ConvTranspose((2, 2), 64, 32, stride=2, rng=rng), GroupNorm(32, 8, swish), Upsample(2),
+                 Conv((3, 3), 32, 16, swish, pad=1, rng=rng), GlobalMeanPool(), flatten, Dense(16, 10, rng=rng))
+
+
+def gru_classifier(in_features: int = 32, hidden: int = 128, rng=None) -> Chain:
+    """``Chain(GRU(in_features => hidden), last_step, Dense(hidden => 10))`` for ``(N, T, in_features)`` sequences.
+
+    >>> gru_classifier(8, 16, rng=0)[0]
+    GRU(8 => 16)
+    """
+    rng = as_rng(rng, "gru_classifier")
+    return Chain(GRU(in_features, hidden, rng=rng), last_step, Dense(hidden, 10, rng=rng))
+
+
+def mlp_mnist(dropout: float = 0.1, rng=None) -> Chain:
+    """A wide MLP on 28x28 images: two ``Dense(gelu_erf)`` layers of 1,024, each followed by ``LayerNorm``, the
+    first by ``Dropout(dropout)``, and a ``Dense`` head.
+
+    >>> len(mlp_mnist(rng=0))
+    7
+    """
+    rng = as_rng(rng, "mlp_mnist")
+    return Chain(flatten, Dense(784, 1024, gelu_erf, rng=rng), LayerNorm(1024), Dropout(dropout),
+                 Dense(1024, 1024, gelu_erf, rng=rng), LayerNorm(1024), Dense(1024, 10, rng=rng))
+
+
+def nets(gpt: GPTSize = GPT_SIZE, dropout: float = 0.1) -> dict:
     """The zoo's networks by name, the GPT of size ``gpt``:
 
     - ``mnist``: the Flux model-zoo MNIST conv net (``models.reference_net``), 1x28x28, batch 128, Adam;
@@ -119,10 +157,14 @@ def nets(gpt: GPTSize = GPT_SIZE) -> dict:
       smoothing 0.2, PyTorch's half type float16;
     - ``vit``: ``vit_cifar()`` (4x4 patches: 64 tokens, width 192, 4 blocks of 3 heads), batch 256, AdamW;
     - ``lstm``: ``lstm_classifier(32, 128)`` on sequences of 100 steps, batch 64, Adam;
-    - ``gpt``: :class:`GPT` (1,024 tokens, width 768, 12 heads, 4 blocks, vocabulary 8,192), batch 8, AdamW.
+    - ``gpt``: :class:`GPT` (1,024 tokens, width 768, 12 heads, 4 blocks, vocabulary 8,192), batch 8, AdamW;
+
+    and three of layers no issue named, to keep the rest of fluxpy honest: ``unet`` (:func:`unet_cifar`: GroupNorm,
+    swish, ConvTranspose, Upsample), batch 128, Adam; ``gru`` (:func:`gru_classifier`, sequences of 100 steps),
+    batch 64, Adam; ``mlp`` (:func:`mlp_mnist`, gelu_erf, LayerNorm, ``Dropout(dropout)``), batch 512, AdamW.
 
     >>> list(nets()), nets(GPTSize(layers=2))["gpt"].batches
-    (['mnist', 'resnet20', 'mobilenet', 'vgg', 'vit', 'lstm', 'gpt'], (8,))
+    (['mnist', 'resnet20', 'mobilenet', 'vgg', 'vit', 'lstm', 'gpt', 'unet', 'gru', 'mlp'], (8,))
     """
     return {
         "mnist": Net(reference_net, (1, 28, 28), (128,)),
@@ -134,6 +176,9 @@ def nets(gpt: GPTSize = GPT_SIZE) -> dict:
         "lstm": Net(lambda rng: zoo_models.lstm_classifier(32, 128, rng=rng), (100, 32), (64,)),
         "gpt": Net(lambda rng: GPT(gpt, rng=rng), (gpt.length,), (8,), optimiser="adamw", lr=3e-4,
                    classes=gpt.vocab, tokens=True),
+        "unet": Net(lambda rng: unet_cifar(rng=rng), (3, 32, 32), (128,)),
+        "gru": Net(lambda rng: gru_classifier(32, 128, rng=rng), (100, 32), (64,)),
+        "mlp": Net(lambda rng: mlp_mnist(dropout, rng=rng), (1, 28, 28), (512,), optimiser="adamw"),
     }
 
 
@@ -161,10 +206,11 @@ def torch_twin(torch, model):
     """The same network and weights in PyTorch (an ``nn.Module`` on the CPU; move it yourself).
 
     Handles the zoo's layers: Chain, Conv / CrossCor / DepthwiseConv (groups; a ``Conv``'s kernel flipped for
-    PyTorch's cross-correlation), BatchNorm, Dense and LayerNorm with identity, relu, relu6 or gelu (the tanh form,
-    ``nn.GELU(approximate="tanh")``), ``PatchEmbedding``, ``EncoderBlock`` (attention by
-    ``scaled_dot_product_attention``), ``token_mean``, ``LSTM`` (``nn.LSTM``: fluxpy's one bias is ``b_ih``,
-    ``b_hh`` is zero), ``last_step`` and :class:`GPT` (``nn.Embedding``, ``nn.TransformerEncoderLayer(norm_first=True,
+    PyTorch's cross-correlation), ``ConvTranspose`` (flipped too), BatchNorm, GroupNorm, Dense and LayerNorm with
+    identity, relu, relu6, gelu (the tanh form, ``nn.GELU(approximate="tanh")``), gelu_erf or swish,
+    ``PatchEmbedding``, ``EncoderBlock`` (attention by ``scaled_dot_product_attention``), ``token_mean``, ``LSTM``
+    and ``GRU`` (``nn.LSTM``, ``nn.GRU``: fluxpy's one bias is ``b_ih``, ``b_hh`` is zero), nearest ``Upsample``,
+    ``Dropout``, ``last_step`` and :class:`GPT` (``nn.Embedding``, ``nn.TransformerEncoderLayer(norm_first=True,
     batch_first=True, activation="gelu")`` blocks called with PyTorch's causal mask and ``is_causal=True``; its
     packed ``in_proj_weight`` is fluxpy's q, k and v projections stacked); the rest (pools, ``flatten``, residual
     blocks) as :func:`models.resnet_twin` writes them.
@@ -182,7 +228,8 @@ def torch_twin(torch, model):
 
     def with_act(module, act):
         for op, make in ((identity, None), (relu, lambda: nn.ReLU(inplace=True)),
-                         (relu6, lambda: nn.ReLU6(inplace=True)), (gelu, lambda: nn.GELU(approximate="tanh"))):
+                         (relu6, lambda: nn.ReLU6(inplace=True)), (gelu, lambda: nn.GELU(approximate="tanh")),
+                         (gelu_erf, nn.GELU), (swish, lambda: nn.SiLU(inplace=True))):
             if _same_op(act, op):
                 return module if make is None else nn.Sequential(module, make())
         raise TypeError(f"torch_twin: no PyTorch twin for the activation {act!r}")
@@ -193,6 +240,18 @@ def torch_twin(torch, model):
                       dilation=layer.dilation, groups=layer.groups, bias=layer.bias is not None)
         w = layer.weight if layer.flipped else layer.weight[:, :, ::-1, ::-1]
         return copy_into(m, weight=w, **({} if layer.bias is None else dict(bias=layer.bias)))
+
+    def conv_transpose(layer):
+        c, k, r, s = layer.weight.shape   # (in, out / groups, *kernel); fluxpy's a true convolution's: flipped
+        m = nn.ConvTranspose2d(c, k * layer.groups, (r, s), stride=layer.stride, padding=_torch_pad(layer.pad),
+                               output_padding=layer.output_padding, groups=layer.groups,
+                               bias=layer.bias is not None, dilation=layer.dilation)
+        return copy_into(m, weight=layer.weight[:, :, ::-1, ::-1],
+                         **({} if layer.bias is None else dict(bias=layer.bias)))
+
+    def groupnorm(layer):
+        m = nn.GroupNorm(layer.groups, layer.channels, eps=layer.eps, affine=layer.gamma is not None)
+        return copy_into(m, **({} if layer.gamma is None else dict(weight=layer.gamma, bias=layer.beta)))
 
     def batchnorm(layer):
         m = nn.BatchNorm2d(layer.channels, eps=layer.eps, momentum=layer.momentum)
@@ -294,13 +353,14 @@ def torch_twin(torch, model):
             super().__init__()
             cell = layer.cell
             hidden, n_in = cell.weight_hh.shape[1], cell.weight_ih.shape[1]
-            self.lstm = nn.LSTM(n_in, hidden, batch_first=True, bias=cell.bias is not None)
-            copy_into(self.lstm, weight_ih_l0=cell.weight_ih, weight_hh_l0=cell.weight_hh)
-            if cell.bias is not None:
-                copy_into(self.lstm, bias_ih_l0=cell.bias, bias_hh_l0=np.zeros_like(cell.bias))
+            kind = nn.GRU if isinstance(layer, GRU) else nn.LSTM
+            self.rnn = kind(n_in, hidden, batch_first=True, bias=cell.bias is not None)
+            copy_into(self.rnn, weight_ih_l0=cell.weight_ih, weight_hh_l0=cell.weight_hh)
+            if cell.bias is not None:   # PyTorch's second bias zero (a GRU's n gate: Flux's has none)
+                copy_into(self.rnn, bias_ih_l0=cell.bias, bias_hh_l0=np.zeros_like(cell.bias))
 
         def forward(self, x):
-            return self.lstm(x)[0]
+            return self.rnn(x)[0]
 
     def convert(layer):
         if isinstance(layer, Chain):
@@ -319,8 +379,16 @@ def torch_twin(torch, model):
             return Encoder(layer)
         if isinstance(layer, GPT):
             return Decoder(layer)
-        if isinstance(layer, LSTM):
+        if isinstance(layer, (LSTM, GRU)):
             return Recurrent(layer)
+        if isinstance(layer, ConvTranspose):
+            return with_act(conv_transpose(layer), layer.act)
+        if isinstance(layer, GroupNorm):
+            return with_act(groupnorm(layer), layer.act)
+        if isinstance(layer, Upsample) and layer.mode == "nearest" and layer.size is None:
+            return nn.Upsample(scale_factor=layer.scale, mode="nearest")
+        if isinstance(layer, Dropout) and layer.dims is None:
+            return nn.Dropout(layer.p)
         if layer is token_mean:
             return Lambda(lambda x: x.mean(dim=1))
         if layer is last_step:
