@@ -66,16 +66,29 @@ def _merged(a):
     return sizes, strides
 
 
+# A tile's two axes must fill an eighth of it at least: a permutation of short axes (a sum over 2x2 blocks moves
+# them first) would launch a tile for every few elements, where CuPy's copy reads them well enough.
+_SHORTEST = TILE // 8
+
+
 def _transpose_plan(a):
     """``(sizes, strides, axis)`` of ``a``'s merged axes (:func:`_merged`) where ``cuda/transpose.cu`` copies it: the
-    axis of element stride 1 (``axis``) is not the last, and the others number at most :data:`_OUTER`; else None
-    (CuPy's copy runs: it reads rows whose elements are adjacent well enough)."""
+    axis of element stride 1 (``axis``) is not the last, both are :data:`_SHORTEST` long at least, no axis is
+    broadcast (stride 0), and the others number at most :data:`_OUTER`; else None (CuPy's copy runs: it reads rows
+    whose elements are adjacent well enough).
+
+    >>> import numpy as np
+    >>> _transpose_plan(np.zeros((64, 32), np.float32).T)
+    ([32, 64], [1, 32], 0)
+    >>> _transpose_plan(np.zeros((4, 2, 2, 4), np.float32).transpose(1, 3, 0, 2)) is None   # short axes
+    True
+    """
     if a.itemsize not in _WORDS or any(st % a.itemsize for st in a.strides):
         return None
     sizes, strides = _merged(a)
     ones = [i for i in range(len(sizes) - 1) if strides[i] == 1]
     if len(sizes) < 2 or len(ones) != 1 or len(sizes) - 2 > _OUTER or sizes[ones[0]] > TILE * 65535 \
-            or a.size // sizes[-1] >= 2**32:
+            or a.size // sizes[-1] >= 2**32 or min(sizes[ones[0]], sizes[-1]) < _SHORTEST or 0 in strides:
         return None   # (the grid's y: the tiles along the axis; z: the outer index, 32 bits)
     return sizes, strides, ones[0]
 
