@@ -370,8 +370,7 @@ class GroupNorm:
         _require_norm_input(self, x, self.channels, self.gamma)
         if math.prod(x.shape[2:]) * (self.channels // self.groups) < 2:
             _fail(self, "more than 1 value per group (x.size // (N * groups))", x)
-        y = groupnorm(x, self.groups, self.gamma, self.beta, self.eps)
-        return y if self.act is identity else bias_act(y, None, self.act)
+        return groupnorm(x, self.groups, self.gamma, self.beta, self.eps, self.act)
 
     def __repr__(self):
         opts = (f", eps={self.eps}" if self.eps != 1e-5 else "") + (", affine=False" if self.gamma is None else "")

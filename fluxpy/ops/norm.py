@@ -21,6 +21,7 @@ array([[-1., -1.],
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,7 +29,9 @@ from ..autodiff import Primitive, is_tracked, value_of
 from ..kernels import find
 from ..backend import Array, get_array_module
 from ..kernels.halfs import compute_dtype, is_half
+from .activations import identity
 from .basic import sqrt
+from .bias_act import bias_act
 from .batchnorm import batchnorm, check_eps
 from .fused import fused_op
 from .reduce import check_half_mix
@@ -333,13 +336,15 @@ def _channel_affine(name, x, xhat, gamma, beta):
 
 
 def groupnorm(x: Array, groups: int, gamma: Array | None = None, beta: Array | None = None,
-              eps: float = 1e-5) -> Array:
+              eps: float = 1e-5, act: Callable | None = None) -> Array:
     """Group norm: the ``C`` channels of each sample split into ``groups`` groups of ``C // groups`` consecutive
-    channels, each group normalised over its channels and spatial axes, then ``* gamma + beta`` per channel.
+    channels, each group normalised over its channels and spatial axes, then ``* gamma + beta`` per channel, then
+    the activation ``act`` (None for none).
 
     ``x`` is ``(N, C, ...)`` with ``C`` divisible by ``groups``; ``gamma`` and ``beta`` are ``(C,)`` or None. Flux's
     ``GroupNorm`` and PyTorch's ``group_norm`` (biased variance). ``groups == C`` is instance norm, ``groups == 1``
-    layer norm over ``(C, ...)``.
+    layer norm over ``(C, ...)``. On the GPU one fused op each way (:mod:`fluxpy.kernels.cuda_groupnorm`, the
+    activation inside), where the arguments are plain or of one tape level; the composite otherwise.
 
     >>> import numpy as np
     >>> x = np.array([[1.0, 3.0, 0.0, 10.0]])
@@ -351,11 +356,37 @@ def groupnorm(x: Array, groups: int, gamma: Array | None = None, beta: Array | N
     c = x.shape[1]
     if not (isinstance(groups, (int, np.integer)) and not isinstance(groups, bool) and groups >= 1 and c % groups == 0):
         raise ValueError(f"groupnorm expects groups to be a positive int dividing x.shape[1] == {c}, got {groups!r}")
-    grouped = reshape(x, (x.shape[0], int(groups), c // int(groups)) + tuple(x.shape[2:]))
+    groups = int(groups)
+    grouped = reshape(x, (x.shape[0], groups, c // groups) + tuple(x.shape[2:]))
     axes = tuple(range(2, grouped.ndim))
     _require_values("groupnorm", grouped, axes, "per group (x.size // (x.shape[0] * groups))")
+    act = None if act is identity else act
+    if _one_tape_level(x, gamma, beta) and find("groupnorm_forward", value_of(x), value_of(gamma), value_of(beta),
+                                                groups, eps, act) is not None:
+        return _groupnorm_fused(x, gamma, beta, groups, eps, act)
     xhat = reshape(normalise(grouped, axes, eps), tuple(x.shape))
-    return _channel_affine("groupnorm", x, xhat, gamma, beta)
+    y = _channel_affine("groupnorm", x, xhat, gamma, beta)
+    return y if act is None else bias_act(y, None, act)
+
+
+def _groupnorm_fused_impl(x, gamma, beta, groups, eps, act):
+    return find("groupnorm_forward", x, gamma, beta, groups, eps, act)(x, gamma, beta, groups, eps, act)[0]
+
+
+def _groupnorm_fused_rule(needs, x, gamma, beta, groups, eps, act):
+    y, mean, rstd = find("groupnorm_forward", x, gamma, beta, groups, eps, act)(x, gamma, beta, groups, eps, act)
+
+    def groupnorm_pullback(dy):
+        dy = dy if dy.dtype == x.dtype else dy.astype(x.dtype)
+        args = (dy, x, gamma, beta, mean, rstd, groups, act, needs[1] or needs[2])
+        dx, dgamma, dbeta = find("groupnorm_backward", *args)(*args)
+        return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
+                None, None, None)
+    return y, groupnorm_pullback
+
+
+_groupnorm_fused = Primitive("groupnorm_fused", _groupnorm_fused_rule, impl=_groupnorm_fused_impl,
+                             needs_mask=True)
 
 
 def instancenorm(x: Array, gamma: Array | None = None, beta: Array | None = None, eps: float = 1e-5) -> Array:
