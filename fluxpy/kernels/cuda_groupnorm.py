@@ -3,12 +3,13 @@ an activation fused into both directions, deterministic.
 
 The composite (a reshape, :func:`fluxpy.ops.norm.normalise`, the per-channel affine through broadcasting, the
 activation) runs a dozen elementwise kernels and reductions each way, several of them in float32 on half data.
-Here each (sample, group) is one contiguous run of C-contiguous data: ``gn_stats`` reduces each run in a block,
-``gn_apply`` writes ``act((x - mean) * rstd * gamma + beta)``; the backward sums ``dz = dy * act'`` and
-``dz * xhat`` per (sample, channel) (``gn_bwd_channels``), makes each group's coefficients and the parameters'
-gradients from those sums in a fixed order (``gn_bwd_finish``), and writes ``dx`` (``gn_bwd_apply``). The
-pre-activation is recomputed from ``x`` (neither it nor ``y`` is kept). Channels-last data is copied to C order first
-(the transposes, :func:`fluxpy.kernels.cuda_arrays.c_contiguous`) and the results are given back in its layout.
+Here ``gn_stats`` reduces each (sample, group) in a block, ``gn_apply`` writes ``act((x - mean) * rstd * gamma +
+beta)``; the backward sums ``dz = dy * act'`` and ``dz * xhat`` per (sample, channel) (``gn_bwd_channels`` for C
+order, a block a channel; ``gn_bwd_groups_cl`` for channels-last, a block a group), makes each group's coefficients
+and the parameters' gradients from those sums in a fixed order (``gn_bwd_finish``), and writes ``dx``
+(``gn_bwd_apply``). The pre-activation is recomputed from ``x`` (neither it nor ``y`` is kept). Channels-last data
+whose groups' channels do not divide the block is copied to C order first
+(:func:`fluxpy.kernels.cuda_arrays.c_contiguous`) and the results are given back in its layout.
 float16 and bfloat16 compute in float32 with float32 ``gamma``, ``beta``, statistics and parameter gradients.
 
 >>> sorted(KERNELS)
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
-from ..layout import like_layout
+from ..layout import is_channels_last, like_layout
 from . import compiler
 from .cuda_arrays import c_contiguous
 from .elementwise import _cached, fuses
@@ -94,36 +95,50 @@ def _p(a):
     return _NULL if a is None else a
 
 
+def _native(x, groups):
+    """Whether ``x`` runs in its own layout: C order, or channels-last with a group's channels dividing the block
+    (each thread of ``gn_bwd_groups_cl`` then meets one channel); else it is copied to C order around the kernels."""
+    return x._c_contiguous or (is_channels_last(x) and _THREADS % (x.shape[1] // groups) == 0)
+
+
 def forward(x, gamma, beta, groups, eps, act=None):
     """``(y, mean, rstd)``: ``y = act(groupnorm(x) * gamma + beta)`` in ``x``'s layout, the statistics ``(N *
     groups,)`` in the compute dtype."""
-    xc = c_contiguous(x)
+    xc = x if _native(x, groups) else c_contiguous(x)
+    cl = np.int32(not xc._c_contiguous)
     n, c, s, cg = _geometry(xc, groups)
     runs, dev = n * groups, xc.device.id
     pdt = compute_dtype(x.dtype)
     stats = cupy.empty((2, runs), pdt)
     mean, rstd = stats[0], stats[1]
-    _fn("gn_stats", x.dtype, act)(_grid(runs, dev), (_THREADS,),
-                                   (xc, np.int64(runs), np.int64(cg * s), pdt.type(eps), mean, rstd))
-    y = cupy.empty_like(xc)
+    _fn("gn_stats", x.dtype, act)(_grid(runs, dev), (_THREADS,), (xc, np.int64(runs), np.int64(s), np.int64(c),
+                                                                   np.int64(cg), cl, pdt.type(eps), mean, rstd))
+    y = cupy.empty_like(xc)   # in xc's layout
     total = xc.size
     _fn("gn_apply", x.dtype, act)(_grid(-(-total // _THREADS), dev), (_THREADS,),
                                    (xc, _p(gamma), _p(beta), mean, rstd, y, np.int64(total), np.int64(s),
-                                    np.int64(c), np.int64(cg)))
+                                    np.int64(c), np.int64(cg), cl))
     return like_layout(y, x), mean, rstd
 
 
 def backward(dy, x, gamma, beta, mean, rstd, groups, act=None, need_params=True):
     """``(dx, dgamma, dbeta)`` of :func:`forward` (``dx`` in ``x``'s layout; the last two None without
     ``need_params`` or without ``gamma``)."""
-    xc, dyc = c_contiguous(x), c_contiguous(like_layout(dy, x))
+    xc = x if _native(x, groups) else c_contiguous(x)
+    dyc = like_layout(dy, xc)
+    cl = np.int32(not xc._c_contiguous)
     n, c, s, cg = _geometry(xc, groups)
     dev, pdt = xc.device.id, compute_dtype(x.dtype)
     part = cupy.empty((2, n * c), pdt)   # sum(dz), sum(dz * xhat) per (sample, channel)
     dbeta_part, dgamma_part = part[0], part[1]
-    _fn("gn_bwd_channels", x.dtype, act)(_grid(n * c, dev), (_THREADS,),
-                                          (dyc, xc, _p(gamma), _p(beta), mean, rstd, dbeta_part, dgamma_part,
-                                           np.int64(n * c), np.int64(s), np.int64(c), np.int64(cg)))
+    sums_args = (dyc, xc, _p(gamma), _p(beta), mean, rstd, dbeta_part, dgamma_part)
+    if cl:
+        _fn("gn_bwd_groups_cl", x.dtype, act)(_grid(n * groups, dev), (_THREADS,),
+                                               (*sums_args, np.int64(n * groups), np.int64(s), np.int64(c),
+                                                np.int64(cg)))
+    else:
+        _fn("gn_bwd_channels", x.dtype, act)(_grid(n * c, dev), (_THREADS,),
+                                              (*sums_args, np.int64(n * c), np.int64(s), np.int64(c), np.int64(cg)))
     params = need_params and gamma is not None
     coef = cupy.empty((2, n * groups), pdt)
     grads = cupy.empty((2, c), pdt) if params else None
@@ -137,7 +152,7 @@ def backward(dy, x, gamma, beta, mean, rstd, groups, act=None, need_params=True)
     total = xc.size
     _fn("gn_bwd_apply", x.dtype, act)(_grid(-(-total // _THREADS), dev), (_THREADS,),
                                        (dyc, xc, _p(gamma), _p(beta), mean, rstd, coef[0], coef[1], dx,
-                                        np.int64(total), np.int64(s), np.int64(c), np.int64(cg)))
+                                        np.int64(total), np.int64(s), np.int64(c), np.int64(cg), cl))
     if grads is None:
         return like_layout(dx, x), None, None
     return like_layout(dx, x), grads[0], grads[1]

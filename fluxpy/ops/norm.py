@@ -408,4 +408,8 @@ def instancenorm(x: Array, gamma: Array | None = None, beta: Array | None = None
     if not axes:
         raise ValueError(f"instancenorm expects x of shape (N, C, S1, ...) with a spatial axis, got {tuple(x.shape)}")
     _require_values("instancenorm", x, axes, "per instance and channel (spatial size)")
+    c = int(x.shape[1])   # group norm of one channel a group: its kernels where they apply
+    if _one_tape_level(x, gamma, beta) and find("groupnorm_forward", value_of(x), value_of(gamma), value_of(beta), c,
+                                                eps, None) is not None:
+        return _groupnorm_fused(x, gamma, beta, c, eps, None)
     return _channel_affine("instancenorm", x, normalise(x, axes, eps), gamma, beta)

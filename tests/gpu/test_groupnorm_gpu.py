@@ -11,7 +11,7 @@ from fluxpy.backend import capture_graph
 from fluxpy.kernels import find
 from fluxpy.layout import is_channels_last, to_channels_last
 from fluxpy.ops.activations import gelu, identity, relu, swish, tanh
-from fluxpy.ops.norm import groupnorm
+from fluxpy.ops.norm import groupnorm, instancenorm
 from test_half_conv_matmul import BF16
 
 pytestmark = pytest.mark.gpu
@@ -117,3 +117,26 @@ def test_deterministic_and_captured():
     cp.cuda.get_current_stream().synchronize()
     for a, c in zip(out, run()):
         assert cp.array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_instance_norm_takes_the_kernels(dtype, affine):
+    cp = cupy_module()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 10, 6, 9)) * 2 - 1
+    dy = rng.standard_normal(x.shape)
+    gamma, beta = (rng.standard_normal(10) + 1, rng.standard_normal(10)) if affine else (None, None)
+    xh = x.astype(np.float32).astype(dtype).astype(np.float64)
+    dyh = dy.astype(np.float32).astype(dtype).astype(np.float64)
+
+    def f(x, *p):
+        return (instancenorm(x, *p) * (dyh if isinstance(x, np.ndarray) else gdy)).sum()
+    params = () if gamma is None else (gamma, beta)
+    want = (np.asarray(instancenorm(xh, *params)), *fluxpy.gradient(f, xh, *params))
+    gx, gdy = _device(x, dtype), _device(dy, dtype)
+    gparams = tuple(cp.asarray(p.astype(np.float32)) for p in params)
+    assert find("groupnorm_forward", gx, *(gparams or (None, None)), 10, 1e-5, None) is not None
+    got = (instancenorm(gx, *gparams), *fluxpy.gradient(f, gx, *gparams))
+    for g, w, what in zip(got, want, ("y", "dx", "dgamma", "dbeta")):
+        _check(g, w, dtype, what)
