@@ -17,10 +17,12 @@ import numbers
 
 import numpy as np
 
-from ..autodiff import value_of
-from ..backend import Array
+from ..autodiff import Primitive, value_of
+from ..backend import Array, get_array_module
+from ..kernels import find
 from .constants import device_constant
 from .linalg import matmul
+from .norm import _one_tape_level
 from .shape import broadcast_to, reshape, transpose
 
 __all__ = ["upsample_nearest", "upsample_linear", "upsample_bilinear", "upsample_trilinear", "pixel_shuffle",
@@ -112,10 +114,32 @@ def upsample_nearest(x: Array, scale: int | tuple[int, ...] | None = 2, *,
                              f"{tuple(x.shape[2:])} along each axis, got {out}")
         return _resampled(x, out, ratios, ("upsample_nearest",), lambda n_in, n_out, r: nearest_weights(n_in, n_out, r))
     s = tuple(o // n for o, n in zip(out, x.shape[2:]))
+    if _one_tape_level(x) and find("upsample_nearest", value_of(x), s) is not None:
+        return _nearest_repeat(x, s)
     lead, spatial = tuple(x.shape[:2]), tuple(x.shape[2:])
     spread = lead + tuple(d for n in spatial for d in (n, 1))
     wide = lead + tuple(d for n, k in zip(spatial, s) for d in (n, k))
     return reshape(broadcast_to(reshape(x, spread), wide), lead + tuple(n * k for n, k in zip(spatial, s)))
+
+
+def _nearest_repeat_impl(x, scales):
+    return find("upsample_nearest", x, scales)(x, scales)
+
+
+def _nearest_repeat_rule(x, scales):
+    y = _nearest_repeat_impl(x, scales)
+
+    def upsample_nearest_pullback(dy):
+        dy = dy if dy.dtype == x.dtype else dy.astype(x.dtype)
+        args = (dy, tuple(x.shape), scales, x)
+        if find("upsample_nearest_backward", *args) is None:   # a broadcast or permuted cotangent: C order first
+            args = (get_array_module(dy).ascontiguousarray(dy),) + args[1:]
+        return find("upsample_nearest_backward", *args)(*args), None
+    return y, upsample_nearest_pullback
+
+
+# Whole scales on the GPU: one gather forward, one fixed-order block sum backward (fluxpy.kernels.cuda_upsample).
+_nearest_repeat = Primitive("upsample_nearest", _nearest_repeat_rule, impl=_nearest_repeat_impl)
 
 
 def nearest_weights(n_in: int, n_out: int, ratio: float | None = None) -> np.ndarray:
