@@ -1,8 +1,8 @@
 """Mixed precision: a float32 model run in bfloat16 or float16, with float32 master weights: :func:`mixed_precision`.
 
 ``mixed_precision(model, dtype)`` wraps a float32 model in a :class:`MixedPrecision` layer. Called on a batch, it
-casts the batch and the model's weights to ``dtype`` (one differentiable cast per array, so the gradients come
-back to the float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
+casts the batch and the model's weights to ``dtype`` (differentiable casts, so the gradients come back to the
+float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
 every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
 is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cell's state) and outputs (tuples, as
 attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
@@ -22,8 +22,10 @@ engines are NHWC, so C-order halves pay a transpose inside every convolution (``
 Why a wrapper around the model and not an optimiser wrapper (as Optimisers.jl's ``MixedPrecision`` rule) or a
 global switch (PyTorch's ``autocast``): the wrapper is a plain layer, so nothing else in fluxpy needs to know about
 it: the optimiser is any rule, the model is saved as its float32 self, and which parts run in the half type is
-visible in the model's printout. The cost is a cast of every weight per step (one small kernel each, captured
-with the rest of the step in a CUDA graph).
+visible in the model's printout. The cost is a cast of every weight per step and of every gradient back: on the
+GPU all the weights in one launch and all the gradients in one (``cuda/cast_many.cu``, the float16 loss scale
+divided out in the same launch; :func:`cast_reason` says why a call cast one array at a time instead), captured with
+the rest of the step in a CUDA graph.
 
 float16 has a narrow range: small gradients underflow to zero. The loss scale multiplies the gradient that
 flows back into the half-precision model and divides the weights' gradients by it again in float32. For float16

@@ -1,7 +1,10 @@
-"""Conversions between float32, float16 and bfloat16, sums of two half-precision arrays, and half-precision
+"""Conversions between float32, float16 and bfloat16 (of one array, or of many in one launch: a model's weights to the
+half type and their gradients back, ``cuda/cast_many.cu``), sums of two half-precision arrays, and half-precision
 activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays, each in one
 vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape "bias" is the
-sum): eight items a thread, read and written as whole 16- or 32-byte vectors.
+sum): eight items a thread, read and written as whole 16- or 32-byte vectors. The many-array conversion takes an
+item a thread (its arrays are small, it changes layouts on the way, and one launch in place of two per weight is
+its point: on small networks these launches, not the bytes, are the cost).
 
 CuPy's elementwise kernels (its own and those fluxpy generates through it) move halves an item at a time, far from
 the memory's speed. Mixed precision converts every parameter to the half type and every gradient back each step,
@@ -162,22 +165,31 @@ def _channels_last_view(flat, shape):
     return flat.reshape((shape[0], *shape[2:], shape[1])).transpose((0, nd - 1, *range(1, nd - 1)))
 
 
-def _kind(x, channels_last) -> int:
-    """How ``cast_many.cu`` maps an item of its result to one of ``x`` (dense): 0 the same order, 1 C order to
-    channels-last, 2 channels-last to C order."""
+def _transposed(x) -> bool:
+    """Whether ``x`` is a transposed C-order matrix (as a matmul's gradient can be)."""
+    return x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
+
+
+def _mapping(x, channels_last) -> tuple:
+    """``(kind, channels, spatial)``: how ``cast_many.cu`` maps an item of the result to one of ``x`` (dense, or a
+    transposed matrix): kind 0 the same order, 1 C order to channels-last, 2 channels-last to C order (a transposed
+    matrix is the channels-last ``(1, rows, columns)``: columns of C-order rows)."""
+    if _transposed(x):
+        return 2, x.shape[0], x.shape[1]
     if x.ndim < 3 or channels_last == is_channels_last(x):
-        return 0
-    return 1 if channels_last else 2
+        return 0, 0, 0
+    return (1 if channels_last else 2), x.shape[1], x.size // (x.shape[0] * x.shape[1])
 
 
 def cast_many(x, xs, dtype, channels_last, scale=None) -> list:
     """The arrays ``xs`` (where :func:`supports_cast_many` says so) converted to ``dtype`` and divided by ``scale``
     where it is given, in one launch per :data:`CAP` arrays: the result ``k`` channels-last where
     ``channels_last[k]`` (an array of 3 or more axes), else in C order, all of them views into one new buffer
-    (disjoint, each 256-byte aligned). An array neither C-contiguous nor channels-last is copied to C order first.
-    Each item is what ``xs[k].astype(dtype) / scale`` holds, bit for bit."""
+    (disjoint, each 256-byte aligned). An array neither C-contiguous, channels-last nor a transposed matrix is copied
+    to C order first. Each item is what ``xs[k].astype(dtype) / scale`` holds, bit for bit."""
     dtype = np.dtype(dtype)
-    sources = [a if a.flags.c_contiguous or is_channels_last(a) else cupy.ascontiguousarray(a) for a in xs]
+    sources = [a if a.flags.c_contiguous or is_channels_last(a) or _transposed(a) else cupy.ascontiguousarray(a)
+               for a in xs]
     starts = [0]
     for a in sources:
         starts.append(starts[-1] + -(-a.size // _ALIGN) * _ALIGN)
@@ -188,7 +200,7 @@ def cast_many(x, xs, dtype, channels_last, scale=None) -> list:
         last = bool(last) and a.ndim >= 3
         out.append(_channels_last_view(flat, a.shape) if last else flat.reshape(a.shape))
         if a.size:
-            entries.append((a, flat, _kind(a, last)))
+            entries.append((a, flat, _mapping(a, last)))
     if entries:
         kernel = compiler.function("cast_many.cu", "cast_many", _many_defines(x.dtype, dtype))
         _launch_many(kernel, entries, scale)
@@ -201,17 +213,16 @@ def _address(a) -> int:
 
 
 def _launch_many(kernel, entries, scale) -> None:
-    """``cast_many.cu`` over ``entries`` (source, destination, kind), :data:`CAP` a launch, the table by value."""
+    """``cast_many.cu`` over ``entries`` (source, destination, :func:`_mapping`), :data:`CAP` a launch, the table by
+    value."""
     at = scale if type(scale) is cupy.ndarray else _NULL
     value = np.float32(0.0 if scale is None or type(scale) is cupy.ndarray else scale)
     for lo in range(0, len(entries), CAP):
         part = entries[lo:lo + CAP]
         table = np.zeros(6 * CAP + 1, np.int64)
-        for k, (a, flat, kind) in enumerate(part):
+        for k, (a, flat, (kind, channels, spatial)) in enumerate(part):
             table[k], table[CAP + k] = _address(a), _address(flat)
-            if kind:
-                table[3 * CAP + 1 + k], table[4 * CAP + 1 + k] = a.shape[1], a.size // (a.shape[0] * a.shape[1])
-                table[5 * CAP + 1 + k] = kind
+            table[3 * CAP + 1 + k], table[4 * CAP + 1 + k], table[5 * CAP + 1 + k] = channels, spatial, kind
         np.cumsum([a.size for a, _, _ in part], out=table[2 * CAP + 1:2 * CAP + 1 + len(part)])
         total = int(table[2 * CAP + len(part)])
         blocks = min(-(-total // (_THREADS * _ITEMS)), _MAX_BLOCKS)

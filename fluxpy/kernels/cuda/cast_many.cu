@@ -2,7 +2,7 @@
 // cast_many: a model's weights to the half type, their gradients back to float32), each to a layout of its own:
 //   kind 0  the same memory order as the source (C order or channels-last, item for item),
 //   kind 1  C order (N, C, *spatial) to channels-last: the destination holds (N, *spatial, C),
-//   kind 2  channels-last to C order.
+//   kind 2  channels-last to C order (also a transposed matrix, read as the channels-last (1, rows, columns)).
 // SRC_DTYPE and DST_DTYPE as cast.cu; CAP arrays a launch at most, ITEMS items a thread in a block's chunk.
 // Each destination item is read from its source item and divided by the scale where one is given (a float16 loss
 // scale taken off the gradients: *scale_at where it is not null, else scale where it is not 0), as dividing the
