@@ -565,8 +565,9 @@ _to_halves = Primitive("to_halves", _to_halves_rule, impl=_to_halves_impl, needs
 ``(*weights, dtype, memory, scale)`` -> a tuple of the weights' half copies (:func:`_pick` takes them apart): the
 casts of :meth:`MixedPrecision._caster` on the GPU (4-d weights channels-last under ``memory="channels_last"``), all
 in one launch where the ``astype_many`` kernel takes them; the pullback (of :class:`_Pieces`) turns the half
-cotangents to float32 in the weights' layouts and divides them by ``scale`` (None: not), in one launch where the
-kernel takes them, else one array at a time; a weight whose copy got no cotangent gets none.""")
+cotangents to float32 and divides them by ``scale`` (None: not), in one launch in the weights' own layouts where the
+kernel takes them, else one array at a time as :func:`_to_float32`; a weight whose copy got no cotangent, or that
+needs no gradient, gets none.""")
 
 
 def _pick_rule(halves, i):

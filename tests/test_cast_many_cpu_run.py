@@ -6,10 +6,12 @@ past float16's range and subnormals, every layout mapping (C order to channels-l
 transposed matrices to C order), strided sources, empty arrays, more arrays than one launch's table holds, a static
 and a dynamic loss scale; and
 MixedPrecision's batched casts (``fluxpy.precision._to_halves``) through it against the per-array casts, forward and
-gradients (tests/test_precision_cast_many.py's checks). halfs.cuh's two float16 PTX conversions are the host
+gradients (tests/test_precision_cast_many.py's checks), and a MixedPrecision model's loss and gradients (its GPU casts
+on NumPy). halfs.cuh's two float16 PTX conversions are the host
 compiler's ``_Float16`` here (tests/cuda_on_cpu/cast_many.cpp); bfloat16 runs halfs.cuh's own bit form; the GPU's
 instructions are tests/gpu/test_halves_gpu.py's. Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
+import copy
 import ctypes
 import shutil
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fluxpy
 from fluxpy import precision
 from fluxpy.kernels import compiler, cuda_halves
 from fluxpy.layout import is_channels_last, to_channels_last
@@ -160,3 +163,31 @@ def test_mixed_precisions_batched_casts_through_the_kernel_equal_the_per_array_c
     assert launches or not any(size for shape, _ in spec for size in [int(np.prod(shape))]), "the kernel never ran"
     assert len(launches) <= 3, f"{len(launches)} launches: more than one for each forward (a plain one and a " \
         "recorded one) and one for the backward"
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_a_mixed_precision_model_through_the_kernel_equals_it_through_the_per_array_casts(launches, monkeypatch,
+                                                                                         dtype):
+    monkeypatch.setattr(precision, "gpu_device", lambda x: 0)   # the GPU's casts (no rounding back), on NumPy
+    real = precision.find
+    monkeypatch.setattr(precision, "find", lambda name, *args: cuda_halves.cast_many if name == "astype_many"
+                        else real(name, *args))
+    rng = np.random.default_rng(11)
+    base = fluxpy.Chain(fluxpy.Conv((3, 3), 2, 4, fluxpy.relu, rng=rng), fluxpy.flatten,
+                        fluxpy.Dense(4 * 4 * 4, 3, rng=rng))
+    x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
+
+    def run(batched):
+        kw = {"loss_scale": precision.DynamicLossScale(init=2.0 ** 6)} if dtype == np.float16 else {}
+        m = precision.mixed_precision(copy.deepcopy(base), dtype, **kw)
+        with monkeypatch.context() as patch:
+            if not batched:
+                patch.setattr(precision, "_why_not_batched", lambda *a: "per-array casts asked for by the test")
+            launches.clear()
+            loss, (g,) = fluxpy.withgradient(lambda m: (m(x) ** 2).sum(), m)
+            return loss, fluxpy.trainables(g), len(launches), precision.cast_reason()
+    got, want = run(True), run(False)
+    assert got[2:] == (2, "") and want[2] == 0
+    assert got[0] == want[0]
+    for i, (a, b) in enumerate(zip(got[1], want[1])):
+        assert_same(a, b, f"gradient {i}", layout=False)
