@@ -23,13 +23,15 @@ struct Arrays {
   long long kind[CAP];       // 0, 1 or 2, as above
 };
 
-__device__ __forceinline__ long long source_index(long long j, long long kind, long long c, long long s) {
+// I: the index type, 32-bit where the array's items fit (a 64-bit division costs many instructions).
+template <typename I>
+__device__ __forceinline__ I source_index(I j, long long kind, I c, I s) {
   if (kind == 1) {           // j walks (N, *spatial, C): read (N, C, *spatial)
-    const long long ch = j % c, rest = j / c;
+    const I ch = j % c, rest = j / c;
     return ((rest / s) * c + ch) * s + rest % s;
   }
   if (kind == 2) {           // j walks (N, C, *spatial): read (N, *spatial, C)
-    const long long px = j % s, rest = j / s;
+    const I px = j % s, rest = j / s;
     return ((rest / c) * s + px) * c + rest % c;
   }
   return j;
@@ -52,7 +54,10 @@ extern "C" __global__ void cast_many(const Arrays t, const int count, const floa
     for (long long e = first + threadIdx.x; e < last; e += blockDim.x) {
       while (e >= end) { ++k; begin = end; end = t.start[k + 1]; }
       const long long j = e - begin;
-      float v = SLOAD(((const ST*)t.src[k])[source_index(j, t.kind[k], t.channels[k], t.spatial[k])]);
+      const long long i = end - begin <= 0xffffffffLL
+          ? (long long)source_index<unsigned>((unsigned)j, t.kind[k], (unsigned)t.channels[k], (unsigned)t.spatial[k])
+          : source_index<long long>(j, t.kind[k], t.channels[k], t.spatial[k]);
+      float v = SLOAD(((const ST*)t.src[k])[i]);
       if (scaled) v = v / divisor;
       ((DT*)t.dst[k])[j] = DSTORE(v);
     }
