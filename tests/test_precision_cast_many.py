@@ -1,9 +1,10 @@
 """MixedPrecision's batched casts (``fluxpy.precision._to_halves``, taken apart by ``_pick``) on NumPy, where no
 ``astype_many`` kernel is registered: the weights' half copies, their layouts and the float32 gradients that come back
-(divided by a static or dynamic loss scale, in the weights' own layouts) equal the per-array casts' (``_to_half`` after ``_unscaled_backward``, what
-a MixedPrecision on the GPU runs without the kernel) bit for bit, for drawn sets of weights of every rank (4-d ones in
-C order and channels-last), both half types and both memory formats, with weights used twice and weights unused (no
-gradient). The same checks with the kernel run on the CPU: tests/test_cast_many_cpu_run.py (the helpers here)."""
+(divided by a static or dynamic loss scale) equal the per-array casts' (``_to_half`` after ``_unscaled_backward``,
+what a MixedPrecision on the GPU runs without the kernel) bit for bit, for drawn sets of weights of every rank (4-d
+ones in C order and channels-last), both half types and both memory formats, with weights used twice and weights
+unused (no gradient). The same checks with the kernel run on the CPU (the gradients then in their weights' layouts):
+tests/test_cast_many_cpu_run.py (the helpers here)."""
 import warnings
 
 import numpy as np
