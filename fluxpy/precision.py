@@ -1,8 +1,8 @@
 """Mixed precision: a float32 model run in bfloat16 or float16, with float32 master weights: :func:`mixed_precision`.
 
 ``mixed_precision(model, dtype)`` wraps a float32 model in a :class:`MixedPrecision` layer. Called on a batch, it
-casts the batch and the model's weights to ``dtype`` (one differentiable cast per array, so the gradients come
-back to the float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
+casts the batch and the model's weights to ``dtype`` (differentiable casts, so the gradients come back to the
+float32 weights in float32), runs the model in ``dtype`` (convolutions and matmuls on tensor cores,
 every fused kernel computing in float32 and storing the half type) and returns the output in float32, so the loss
 is computed in float32. Several inputs (``Bilinear``'s ``x, z``, a recurrent cell's state) and outputs (tuples, as
 attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each float array among them. The weights
@@ -22,8 +22,10 @@ engines are NHWC, so C-order halves pay a transpose inside every convolution (``
 Why a wrapper around the model and not an optimiser wrapper (as Optimisers.jl's ``MixedPrecision`` rule) or a
 global switch (PyTorch's ``autocast``): the wrapper is a plain layer, so nothing else in fluxpy needs to know about
 it: the optimiser is any rule, the model is saved as its float32 self, and which parts run in the half type is
-visible in the model's printout. The cost is a cast of every weight per step (one small kernel each, captured
-with the rest of the step in a CUDA graph).
+visible in the model's printout. The cost is a cast of every weight per step and of every gradient back: on the
+GPU all the weights in one launch and all the gradients in one (``cuda/cast_many.cu``, the float16 loss scale
+divided out in the same launch; :func:`cast_reason` says why a call cast one array at a time instead), captured with
+the rest of the step in a CUDA graph.
 
 float16 has a narrow range: small gradients underflow to zero. The loss scale multiplies the gradient that
 flows back into the half-precision model and divides the weights' gradients by it again in float32. For float16
@@ -52,18 +54,19 @@ from typing import Any
 
 import numpy as np
 
-from .autodiff import Primitive, value_of
+from .autodiff import Primitive, gradient_depth, value_of
 from .backend import Array, copy_into, get_array_module, gpu_device, is_float_dtype, to_cpu
 from .capturing import capturing, refuse
 from .kernels import find
 from .functors import children, layer, rebuild, trainable_keys
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
-from .layout import MEMORY_FORMATS
+from .layout import MEMORY_FORMATS, is_channels_last
 from .ops.shape import as_memory_format, astype
 from .optimise import Plan
 
-__all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16"]
+__all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16",
+           "cast_reason"]
 
 # layers whose parameters and statistics stay float32
 KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)
@@ -287,8 +290,7 @@ class MixedPrecision:
         if isinstance(scale, DynamicLossScale):
             scale = scale.array(get_array_module(value_of(first)))
         to_half = self._caster(first)
-        unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
-        half = _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled)
+        half = self._half_model(first, to_half, scale)
         cast = (lambda a: to_half(a) if _floating(a) else a)   # every float input (tuples too), keywords included
         y = half(*_map_outputs(xs, cast), **{name: _map_outputs(v, cast) for name, v in kw.items()})
 
@@ -296,6 +298,20 @@ class MixedPrecision:
             out = astype(to_half(a), np.float32)
             return out if scale is None else _scaled_backward(out, scale)   # the cotangent into the model, scaled
         return _map_outputs(y, lambda a: to_float32(a) if _floating(a) else a)
+
+    def _half_model(self, x, to_half, scale):
+        """The model with its weights in the half type, their gradients coming back to the float32 weights
+        (divided by ``scale`` where it is given): on the GPU all in one launch each way where the batched cast takes
+        them (:func:`cast_reason` says why not), else one differentiable cast per weight."""
+        unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
+        weights = _cast_leaves(self.model)
+        reason = _why_not_batched(x, weights, self.dtype, self.memory)
+        _last_reason[0] = reason
+        if reason:
+            return _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled)
+        halves = _to_halves(*weights, dtype=self.dtype, memory=self.memory, scale=scale)
+        index = iter(range(len(weights)))
+        return _map_floats(self.model, lambda w: _pick(halves, next(index)), unscaled)
 
     def _caster(self, x):
         """The differentiable cast to the half type: on the GPU to ``dtype``; on the CPU, where NumPy has no
@@ -399,6 +415,16 @@ def _map_outputs(v, fn):
     return fn(v)
 
 
+def _cast_leaves(model):
+    """The arrays :func:`_map_floats` applies its ``fn`` to, in its order."""
+    if isinstance(model, KEEP_FLOAT32):
+        return []
+    kids = children(model)
+    if kids is None:
+        return [model] if _floating(model) and model.dtype not in HALVES else []
+    return [a for _, v in kids for a in _cast_leaves(v)]
+
+
 def _float_leaves(model):
     if isinstance(model, KEEP_FLOAT32):
         return []
@@ -416,9 +442,138 @@ def _scale_rule(x, scale):
 
 def _unscale_rule(x, scale):
     def unscaled_pullback(dy):
-        return (dy / (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype)),)
+        return (_divided(dy, scale),)
     return x, unscaled_pullback
+
+
+def _divided(dy, scale):
+    """``dy`` divided by the loss scale (a number, or a 0-d float32 array on dy's device) in ``dy``'s dtype."""
+    return dy / (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype))
 
 
 _scaled_backward = Primitive("scaled_backward", _scale_rule, impl=lambda x, scale: x)
 _unscaled_backward = Primitive("unscaled_backward", _unscale_rule, impl=lambda x, scale: x)
+
+
+# -- every weight to the half type in one launch, every gradient back in one -------------------------------------
+
+_last_reason = [""]
+
+
+def cast_reason() -> str:
+    """Why the last :class:`MixedPrecision` call cast its weights one array at a time (a launch each way for each)
+    instead of all of them in one launch each way ("" where it did the latter: CuPy float32 weights, as a model on
+    the GPU has them).
+
+    >>> import numpy as np
+    >>> from fluxpy.layers import Dense
+    >>> _ = mixed_precision(Dense(2, 2))(np.ones((1, 2), np.float32))
+    >>> cast_reason()[:37]
+    'on the CPU the casts round each array'
+    """
+    return _last_reason[0]
+
+
+def _why_not_batched(x, weights, dtype, memory) -> str:
+    """Why :func:`_to_halves` is not used for ``weights`` ("" where it is)."""
+    if gpu_device(value_of(x)) is None:
+        return "on the CPU the casts round each array to the half type and back to float32 (NumPy has no bfloat16 " \
+               "arithmetic of its own)"
+    if not weights:
+        return "the model has no weight outside its normalisation layers to cast"
+    if gradient_depth() > 1:
+        return "a derivative of a derivative is being recorded: each weight's cast is recorded to be differentiated"
+    values = [value_of(w) for w in weights]
+    if find("astype_many", values[0], values, dtype, _half_layouts(values, memory)) is None:
+        kinds = sorted({f"{type(v).__module__.split('.')[0]} {getattr(v, 'dtype', type(v).__name__)}" for v in values})
+        return f"the batched cast takes float32 CuPy arrays on one device; the weights are {', '.join(kinds)}"
+    return ""
+
+
+def _half_layouts(weights, memory) -> list:
+    """Which half copies are channels-last: 4-d weights under ``memory="channels_last"``, and channels-last ones."""
+    return [(memory == "channels_last" and w.ndim == 4) or is_channels_last(w) for w in weights]
+
+
+def _to_half(w, dtype, memory):
+    """One weight's half copy as :meth:`MixedPrecision._caster` makes it on the GPU."""
+    half = astype(w, dtype)
+    return as_memory_format(half, "channels_last") if memory == "channels_last" and len(w.shape) == 4 else half
+
+
+def _to_float32(dy, w, memory, scale):
+    """The gradient of ``w`` from its half copy's cotangent ``dy``, as :func:`_to_half`'s pullbacks give it (and
+    :func:`_unscale_rule`'s, where ``scale`` is given)."""
+    if memory == "channels_last" and len(w.shape) == 4:
+        dy = as_memory_format(dy, "channels_last" if is_channels_last(value_of(w)) else "contiguous")
+    g = astype(dy, w.dtype)
+    return g if scale is None else _divided(g, scale)
+
+
+class _Pieces:
+    """The cotangent of :func:`_to_halves`'s tuple: ``parts``, ``{index: cotangent}`` of the items picked (by
+    :func:`_pick`) that got one. The backward walk adds two cotangents of one value with ``+``, this type's union
+    (the cotangents of one index added), made in place in the left one: the walk owns both, each made new by a
+    pullback.
+
+    >>> import numpy as np
+    >>> sorted((_Pieces({0: np.ones(1)}) + _Pieces({2: np.ones(1)}) + _Pieces({0: np.ones(1)})).parts.items())
+    [(0, array([2.])), (2, array([1.]))]
+    """
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: dict) -> None:
+        self.parts = parts
+
+    def __add__(self, other: _Pieces) -> _Pieces:
+        parts = self.parts
+        for i, g in other.parts.items():
+            parts[i] = g if i not in parts else parts[i] + g
+        return self
+
+
+def _to_halves_rule(needs, *weights, dtype, memory, scale):
+    values = [value_of(w) for w in weights]
+    layouts = _half_layouts(values, memory)
+    kernel = find("astype_many", values[0], values, dtype, layouts)
+    halves = tuple(kernel(values[0], values, dtype, layouts)) if kernel is not None else \
+        tuple(_to_half(w, dtype, memory) for w in weights)
+
+    def to_halves_pullback(pieces):
+        grads = [None] * len(weights)
+        wanted = {i: dy for i, dy in pieces.parts.items() if needs[i]}
+        batch = [i for i, dy in wanted.items() if type(dy) is type(values[i]) and dy.dtype == dtype
+                 and dy.shape == values[i].shape]
+        if batch:
+            dys, back = [wanted[i] for i in batch], [is_channels_last(values[i]) for i in batch]
+            kernel = find("astype_many", dys[0], dys, np.float32, back, scale)
+            if kernel is not None:
+                for i, g in zip(batch, kernel(dys[0], dys, np.float32, back, scale)):
+                    grads[i] = g
+        for i, dy in wanted.items():
+            if grads[i] is None:
+                grads[i] = _to_float32(dy, weights[i], memory, scale)
+        return tuple(grads)
+    return halves, to_halves_pullback
+
+
+def _to_halves_impl(*weights, dtype, memory, scale):
+    return _to_halves_rule((False,) * len(weights), *weights, dtype=dtype, memory=memory, scale=scale)[0]
+
+
+_to_halves = Primitive("to_halves", _to_halves_rule, impl=_to_halves_impl, needs_mask=True, doc="""\
+``(*weights, dtype, memory, scale)`` -> a tuple of the weights' half copies (:func:`_pick` takes them apart): the
+casts of :meth:`MixedPrecision._caster` on the GPU (4-d weights channels-last under ``memory="channels_last"``), all
+in one launch where the ``astype_many`` kernel takes them; the pullback (of :class:`_Pieces`) turns the half
+cotangents to float32 and divides them by ``scale`` (None: not), in one launch in the weights' own layouts where the
+kernel takes them, else one array at a time as :func:`_to_float32`; a weight whose copy got no cotangent, or that
+needs no gradient, gets none.""")
+
+
+def _pick_rule(halves, i):
+    def pick_pullback(dy):
+        return _Pieces({i: dy}), None
+    return halves[i], pick_pullback
+
+
+_pick = Primitive("pick", _pick_rule, impl=lambda halves, i: halves[i])

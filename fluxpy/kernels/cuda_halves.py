@@ -1,7 +1,10 @@
-"""Conversions between float32, float16 and bfloat16, sums of two half-precision arrays, and half-precision
+"""Conversions between float32, float16 and bfloat16 (of one array, or of many in one launch: a model's weights to the
+half type and their gradients back, ``cuda/cast_many.cu``), sums of two half-precision arrays, and half-precision
 activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays, each in one
 vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape "bias" is the
-sum): eight items a thread, read and written as whole 16- or 32-byte vectors.
+sum): eight items a thread, read and written as whole 16- or 32-byte vectors. The many-array conversion takes an
+item a thread (its arrays are small, it changes layouts on the way, and one launch in place of two per weight is
+its point: on small networks these launches, not the bytes, are the cost).
 
 CuPy's elementwise kernels (its own and those fluxpy generates through it) move halves an item at a time, far from
 the memory's speed. Mixed precision converts every parameter to the half type and every gradient back each step,
@@ -27,8 +30,8 @@ from ..layout import is_channels_last
 from . import compiler
 from .halfs import BFLOAT16, HALVES, dtype_defines
 
-__all__ = ["supports_cast", "cast", "supports_add", "add", "plain_add", "supports_bias_act", "bias_act", "act_grad",
-           "act_defines", "KERNELS", "SOURCE_VARIANTS"]
+__all__ = ["supports_cast", "cast", "supports_cast_many", "cast_many", "supports_add", "add", "plain_add",
+           "supports_bias_act", "bias_act", "act_grad", "act_defines", "KERNELS", "SOURCE_VARIANTS"]
 
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 _NULL = np.uint64(0)   # an absent array argument
@@ -55,10 +58,11 @@ _IDENTITY = "(v)"   # the sum: bias_act.cu's activation left out
 def SOURCE_VARIANTS():
     """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
     distinct dtypes, a sum for each half type (``cuda/bias_act.cu``'s variants with an activation, which the tracer
-    writes, are listed by :mod:`fluxpy.kernels.elementwise`).
+    writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays from float32 to each half
+    type and back.
 
     >>> len(list(SOURCE_VARIANTS()))
-    8
+    12
     """
     for src in _DTYPES:
         for dst in _DTYPES:
@@ -66,6 +70,8 @@ def SOURCE_VARIANTS():
                 yield "cast.cu", _cast_defines(src, dst)
     for dtype in HALVES:
         yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_ACT")
+    for src, dst in _PAIRS:
+        yield "cast_many.cu", _many_defines(src, dst)
 
 
 def _dense(x) -> bool:
@@ -122,9 +128,112 @@ def plain_add(a, b):
     return add(a, b) if supports_add(a, b) else operator.add(a, b)
 
 
+# -- many arrays a launch: a model's weights to the half type and their gradients back (cuda/cast_many.cu) ---------
+
+CAP = 64             # arrays a launch at most: the table of pointers, offsets and layouts stays inside CUDA's
+                     # classic 4 KiB of kernel parameters (6 * CAP + 1 int64)
+_ITEMS = 4           # items a thread in a block's chunk of the concatenated index space
+_MAX_BLOCKS = 65535  # more items than that many chunks: the blocks stride over them
+_ALIGN = 128         # each result starts a multiple of this many items into the shared buffer (256 bytes of halves)
+_PAIRS = tuple((a, b) for h in HALVES for a, b in ((np.dtype(np.float32), h), (h, np.dtype(np.float32))))
+
+
+def _many_defines(src, dst) -> dict:
+    return {**_cast_defines(src, dst), "CAP": CAP, "ITEMS": _ITEMS}
+
+
+def supports_cast_many(x: Any, xs: Any, dtype: Any, channels_last: Any, scale: Any = None) -> bool:
+    """Whether :func:`cast_many` converts the arrays ``xs`` (``x`` is ``xs[0]``, for :func:`fluxpy.kernels.find`)
+    to ``dtype``: a non-empty list of CuPy arrays on one device, all float32 going to float16 or bfloat16 or all of
+    one half type going to float32, ``channels_last`` a bool for each, ``scale`` None, a positive number or a
+    float32 CuPy array of one element."""
+    if cupy is None or type(x) is not cupy.ndarray or not xs or len(channels_last) != len(xs):
+        return False
+    src, dtype = x.dtype, np.dtype(dtype)
+    if (src, dtype) not in _PAIRS:
+        return False
+    if not all(type(a) is cupy.ndarray and a.dtype == src and a.device.id == x.device.id for a in xs):
+        return False
+    if type(scale) is cupy.ndarray:
+        return scale.dtype == np.float32 and scale.size == 1 and scale.device.id == x.device.id
+    return scale is None or (isinstance(scale, float) and scale > 0)
+
+
+def _channels_last_view(flat, shape):
+    """``flat`` (``prod(shape)`` items) as the channels-last array of ``shape`` ``(N, C, *spatial)``."""
+    nd = len(shape)
+    return flat.reshape((shape[0], *shape[2:], shape[1])).transpose((0, nd - 1, *range(1, nd - 1)))
+
+
+def _transposed(x) -> bool:
+    """Whether ``x`` is a transposed C-order matrix (as a matmul's gradient can be)."""
+    return x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous
+
+
+def _mapping(x, channels_last) -> tuple:
+    """``(kind, channels, spatial)``: how ``cast_many.cu`` maps an item of the result to one of ``x`` (dense, or a
+    transposed matrix): kind 0 the same order, 1 C order to channels-last, 2 channels-last to C order (a transposed
+    matrix is the channels-last ``(1, rows, columns)``: columns of C-order rows)."""
+    if _transposed(x):
+        return 2, x.shape[0], x.shape[1]
+    if x.ndim < 3 or channels_last == is_channels_last(x):
+        return 0, 0, 0
+    return (1 if channels_last else 2), x.shape[1], x.size // (x.shape[0] * x.shape[1])
+
+
+def cast_many(x, xs, dtype, channels_last, scale=None) -> list:
+    """The arrays ``xs`` (where :func:`supports_cast_many` says so) converted to ``dtype`` and divided by ``scale``
+    where it is given, in one launch per :data:`CAP` arrays: the result ``k`` channels-last where
+    ``channels_last[k]`` (an array of 3 or more axes), else in C order, all of them views into one new buffer
+    (disjoint, each 256-byte aligned). An array neither C-contiguous, channels-last nor a transposed matrix is copied
+    to C order first. Each item is what ``xs[k].astype(dtype) / scale`` holds, bit for bit."""
+    dtype = np.dtype(dtype)
+    sources = [a if a.flags.c_contiguous or is_channels_last(a) or _transposed(a) else cupy.ascontiguousarray(a)
+               for a in xs]
+    starts = [0]
+    for a in sources:
+        starts.append(starts[-1] + -(-a.size // _ALIGN) * _ALIGN)
+    buffer = cupy.empty(max(starts[-1], 1), dtype)
+    out, entries = [], []
+    for a, last, begin in zip(sources, channels_last, starts):
+        flat = buffer[begin:begin + a.size]
+        last = bool(last) and a.ndim >= 3
+        out.append(_channels_last_view(flat, a.shape) if last else flat.reshape(a.shape))
+        if a.size:
+            entries.append((a, flat, _mapping(a, last)))
+    if entries:
+        kernel = compiler.function("cast_many.cu", "cast_many", _many_defines(x.dtype, dtype))
+        _launch_many(kernel, entries, scale)
+    return out
+
+
+def _address(a) -> int:
+    """The device address of ``a``'s first item."""
+    return a.data.ptr
+
+
+def _launch_many(kernel, entries, scale) -> None:
+    """``cast_many.cu`` over ``entries`` (source, destination, :func:`_mapping`), :data:`CAP` a launch, the table by
+    value."""
+    at = scale if type(scale) is cupy.ndarray else _NULL
+    value = np.float32(0.0 if scale is None or type(scale) is cupy.ndarray else scale)
+    for lo in range(0, len(entries), CAP):
+        part = entries[lo:lo + CAP]
+        table = np.zeros(6 * CAP + 1, np.int64)
+        for k, (a, flat, (kind, channels, spatial)) in enumerate(part):
+            table[k], table[CAP + k] = _address(a), _address(flat)
+            table[3 * CAP + 1 + k], table[4 * CAP + 1 + k], table[5 * CAP + 1 + k] = channels, spatial, kind
+        np.cumsum([a.size for a, _, _ in part], out=table[2 * CAP + 1:2 * CAP + 1 + len(part)])
+        total = int(table[2 * CAP + len(part)])
+        blocks = min(-(-total // (_THREADS * _ITEMS)), _MAX_BLOCKS)
+        view = table.view(np.dtype([("t", np.int64, (table.size,))]))
+        compiler.launch(kernel, blocks, _THREADS, (view, np.int32(len(part)), at, value))
+
+
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays (the ops' astype and add; the backward
 # walk, below the kernel table, is given plain_add by gpu.register)
-KERNELS = {"astype": (cast, supports_cast), "add": (add, supports_add)}
+KERNELS = {"astype": (cast, supports_cast), "add": (add, supports_add),
+           "astype_many": (cast_many, supports_cast_many)}
 
 
 def _period(x, b) -> int | None:

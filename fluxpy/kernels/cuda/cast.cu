@@ -1,29 +1,7 @@
 // A dense array converted between float32 and the halves (fluxpy/kernels/cuda_halves.py): eight items a thread,
 // read and written as whole vectors (16 bytes of halves, 32 of float32), a grid-stride loop; the last n % 8 items
 // one a thread. SRC_DTYPE and DST_DTYPE: halfs.cuh's codes (1 float16, 2 bfloat16, 3 float32).
-#include "halfs.cuh"
-
-#if SRC_DTYPE == 3
-#define ST float
-#define SLOAD(v) (v)
-#elif SRC_DTYPE == 1
-#define ST unsigned short
-#define SLOAD(v) fx_load_f16(v)
-#else
-#define ST unsigned short
-#define SLOAD(v) fx_load_bf16(v)
-#endif
-
-#if DST_DTYPE == 3
-#define DT float
-#define DSTORE(v) (v)
-#elif DST_DTYPE == 1
-#define DT unsigned short
-#define DSTORE(v) fx_store_f16(v)
-#else
-#define DT unsigned short
-#define DSTORE(v) fx_store_bf16(v)
-#endif
+#include "cast.cuh"
 
 struct __align__(8 * sizeof(ST)) SrcVec { ST v[8]; };
 struct __align__(8 * sizeof(DT)) DstVec { DT v[8]; };
