@@ -25,6 +25,7 @@ module                  kernels
 ``cuda_scatter``        ``scatter``, ``gather`` (``cupyx.scatter_add``/``_max``/``_min``, indexing)
 ``cuda_layernorm``      ``layernorm_forward``, ``layernorm_backward`` (a row per warp or block, in registers)
 ``cuda_groupnorm``      ``groupnorm_forward``, ``groupnorm_backward`` (a block per (sample, group); activation fused)
+``cuda_rmsnorm``        ``rmsnorm_forward``, ``rmsnorm_backward`` (a block a row; fixed-order column sums)
 ``cuda_upsample``       ``upsample_nearest`` and its backward (whole scales: a gather, a fixed-order block sum)
 ``cuda_recurrent``      ``lstm_gates_forward``/``_backward``, ``gru_gates_forward``/``_backward``
 ``cuda_rnn``            ``rnn_forward``, ``rnn_backward``: a whole RNN, LSTM or GRU (cuDNN's RNN calls)
@@ -51,11 +52,11 @@ _before: list = []   # the table as it was before register(), while registered
 
 def _modules():
     from . import (cublas, cublaslt, cuda_arrays, cuda_conv, cuda_groupnorm, cuda_halves, cuda_layernorm, cuda_norm,
-                   cuda_optimise, cuda_pool, cuda_recurrent, cuda_rnn, cuda_scatter, cuda_softmax, cuda_upsample,
-                   elementwise, philox, reduce)
+                   cuda_optimise, cuda_pool, cuda_recurrent, cuda_rmsnorm, cuda_rnn, cuda_scatter, cuda_softmax,
+                   cuda_upsample, elementwise, philox, reduce)
     return (elementwise, cuda_optimise, reduce, cuda_conv, cuda_pool, cuda_softmax, cuda_norm, cublas, cublaslt,
-            cuda_scatter, cuda_layernorm, cuda_groupnorm, cuda_upsample, cuda_recurrent, cuda_rnn, cuda_arrays,
-            cuda_halves, philox)
+            cuda_scatter, cuda_layernorm, cuda_groupnorm, cuda_rmsnorm, cuda_upsample, cuda_recurrent, cuda_rnn,
+            cuda_arrays, cuda_halves, philox)
 
 
 def register() -> bool:

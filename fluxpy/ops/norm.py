@@ -369,6 +369,28 @@ def groupnorm(x: Array, groups: int, gamma: Array | None = None, beta: Array | N
     return y if act is None else bias_act(y, None, act)
 
 
+def _rmsnorm_rows_impl(x, gamma, k, eps):
+    return find("rmsnorm_forward", x, gamma, k, eps)(x, gamma, k, eps)[0]
+
+
+def _rmsnorm_rows_rule(needs, x, gamma, k, eps):
+    y, rstd = find("rmsnorm_forward", x, gamma, k, eps)(x, gamma, k, eps)
+
+    def rmsnorm_pullback(dy):
+        dy = dy if dy.dtype == x.dtype else dy.astype(x.dtype)
+        args = (dy, x, gamma, rstd, k, needs[1])
+        if find("rmsnorm_backward", *args) is None:   # a broadcast or permuted cotangent: C order first
+            args = (get_array_module(dy).ascontiguousarray(dy),) + args[1:]
+        dx, dgamma = find("rmsnorm_backward", *args)(*args)
+        return (dx if needs[0] else None), (dgamma if needs[1] else None), None, None
+    return y, rmsnorm_pullback
+
+
+# ``x * rsqrt(mean(x**2 over the last k axes) + eps) * gamma`` on the GPU (fluxpy.kernels.cuda_rmsnorm), for
+# RMSNorm: where ``find("rmsnorm_forward", ...)`` takes the plain arguments and they are of one tape level.
+rmsnorm_rows = Primitive("rmsnorm_rows", _rmsnorm_rows_rule, impl=_rmsnorm_rows_impl, needs_mask=True)
+
+
 def _groupnorm_fused_impl(x, gamma, beta, groups, eps, act):
     return find("groupnorm_forward", x, gamma, beta, groups, eps, act)(x, gamma, beta, groups, eps, act)[0]
 
