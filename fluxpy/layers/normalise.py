@@ -18,15 +18,12 @@ from ..ops.activations import identity
 from ..ops.bias_act import bias_act
 from ..ops.dropout import alpha_dropout, dropout
 from ..ops.basic import sqrt
-from ..kernels import find
-from ..kernels.halfs import is_half
 from ..journal import changing
 from ..ops.batchnorm import batchnorm
 from ..ops.bias_act import why_not_fused
-from ..ops.reduce import mean
 from ..ops.shape import astype, reshape
 from ..broadcast import broadcast
-from ..ops.norm import _one_tape_level, batchnorm_infer, groupnorm, instancenorm, layernorm, rmsnorm_rows
+from ..ops.norm import batchnorm_infer, groupnorm, instancenorm, layernorm, rmsnorm
 from ._checks import (Array, _activation, _fail, _is_int, _number, _positive_int, _require_float, _require_norm_dtype)
 from .init import ones32, zeros32
 from .show import _act_part
@@ -316,15 +313,7 @@ class RMSNorm:
         else:
             _require_float(self, x)
         eps = _dtype_eps(x.dtype) if self.eps is None else self.eps
-        if _one_tape_level(x, self.gamma) and \
-                find("rmsnorm_forward", value_of(x), value_of(self.gamma), k, eps) is not None:
-            return rmsnorm_rows(x, self.gamma, k, eps)   # one kernel each way on the GPU
-        # half precision would overflow in x**2 (float16's largest is 65504): the statistics are float32
-        xf = astype(x, np.float32) if is_half(x.dtype) else x
-        y = xf / sqrt(mean(xf * xf, tuple(range(-k, 0)), keepdims=True) + eps)
-        if self.gamma is not None:
-            y = y * (astype(self.gamma, y.dtype) if self.gamma.dtype != y.dtype else self.gamma)
-        return astype(y, x.dtype) if y.dtype != x.dtype else y
+        return rmsnorm(x, self.gamma, k, eps)
 
     def __repr__(self):
         shape = self.shape[0] if len(self.shape) == 1 else self.shape

@@ -37,7 +37,7 @@ from .conv import conv, conv_backward_data, conv_backward_filter, conv_bias_act,
 from .batchnorm import batchnorm
 from .dims import AdaptivePoolDims, ConvDims, PoolDims
 from .dropout import dropout, dropout_mask
-from .norm import batchnorm_infer, batchnorm_train, groupnorm, instancenorm, layernorm, normalise
+from .norm import batchnorm_infer, batchnorm_train, groupnorm, instancenorm, layernorm, normalise, rmsnorm
 from .pool import (adaptive_maxpool, adaptive_meanpool, global_maxpool, global_meanpool, lpnormpool, maxpool,
                    maxpool_backward, meanpool, meanpool_backward)
 from .recurrent import gru_gates, lstm_gates
@@ -60,7 +60,7 @@ __all__ = ["add", "subtract", "multiply", "divide", "power", "negative", "exp", 
            "bias_act", "dense", "conv", "conv_transpose", "conv_bias_act",
            "conv_backward_data", "conv_backward_filter", "ConvDims", "PoolDims", "AdaptivePoolDims", "dropout",
            "dropout_mask", "normalise", "batchnorm", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm",
-           "instancenorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
+           "instancenorm", "rmsnorm", "maxpool", "meanpool", "global_maxpool", "global_meanpool", "adaptive_maxpool",
            "adaptive_meanpool", "maxpool_backward", "meanpool_backward", "upsample_nearest", "upsample_bilinear",
            "bilinear_weights", "pixel_shuffle", "softmax", "logsoftmax", "lstm_gates", "gru_gates", "threshold",
            "channel_shuffle", "cosine_similarity", "pairwise_distance", "unfold", "fold", "lpnormpool"]

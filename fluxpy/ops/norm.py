@@ -40,7 +40,7 @@ from .reduce import sum as _sum
 from .reduce import normalize_axis
 from .shape import astype, reshape
 
-__all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm", "instancenorm"]
+__all__ = ["normalise", "batchnorm_train", "batchnorm_infer", "layernorm", "groupnorm", "instancenorm", "rmsnorm"]
 
 
 def _moments(x, axes):
@@ -386,9 +386,27 @@ def _rmsnorm_rows_rule(needs, x, gamma, k, eps):
     return y, rmsnorm_pullback
 
 
-# ``x * rsqrt(mean(x**2 over the last k axes) + eps) * gamma`` on the GPU (fluxpy.kernels.cuda_rmsnorm), for
-# RMSNorm: where ``find("rmsnorm_forward", ...)`` takes the plain arguments and they are of one tape level.
-rmsnorm_rows = Primitive("rmsnorm_rows", _rmsnorm_rows_rule, impl=_rmsnorm_rows_impl, needs_mask=True)
+# One kernel each way on the GPU (fluxpy.kernels.cuda_rmsnorm).
+_rmsnorm_rows = Primitive("rmsnorm_rows", _rmsnorm_rows_rule, impl=_rmsnorm_rows_impl, needs_mask=True)
+
+
+def rmsnorm(x: Array, gamma: Array | None = None, k: int = 1, eps: float = 1e-6) -> Array:
+    """RMS norm over the last ``k`` axes: ``x / sqrt(mean(x**2) + eps) * gamma`` (``gamma`` of those axes' shape, or
+    None). Half-precision ``x`` is normalised in float32 (``x**2`` would overflow float16) and returned in its own
+    dtype. On the GPU one fused op each way (:mod:`fluxpy.kernels.cuda_rmsnorm`) where the arguments are plain or of
+    one tape level; the composite otherwise. The op of :class:`fluxpy.layers.RMSNorm`.
+
+    >>> import numpy as np
+    >>> rmsnorm(np.array([[3.0, 4.0]]), eps=0.0).round(4)
+    array([[0.8485, 1.1314]])
+    """
+    if _one_tape_level(x, gamma) and find("rmsnorm_forward", value_of(x), value_of(gamma), k, eps) is not None:
+        return _rmsnorm_rows(x, gamma, k, eps)
+    xf = astype(x, np.float32) if is_half(x.dtype) else x
+    y = xf / sqrt(_mean(xf * xf, tuple(range(-k, 0)), keepdims=True) + eps)
+    if gamma is not None:
+        y = y * (astype(gamma, y.dtype) if gamma.dtype != y.dtype else gamma)
+    return astype(y, x.dtype) if y.dtype != x.dtype else y
 
 
 def _groupnorm_fused_impl(x, gamma, beta, groups, eps, act):
