@@ -6,12 +6,14 @@ SpectralNorm's singular vectors. A step that runs out of device (or host) memory
 layer or in the backward pass, would leave them moved by a step that never happened. So those writes go through
 :func:`changing`, which, while a step runs in :func:`undone_on_out_of_memory`, keeps each array's old values
 first (a copy of a few per-channel vectors); an out-of-memory error puts them back and raises
-:class:`StepOutOfMemory`, naming the step. A writer that can keep the old values at no cost (batch norm's GPU
-statistics kernel writes them into its own output as it moves the running statistics, which spares a copy launch
-per array and step) is named by ``changing(..., writer_keeps=True)``: it asks :func:`awaits` and hands the old
-values over with :func:`kept`, or has them copied with :func:`keep_copies`. The optimiser has changed nothing by then: the update runs after the
+:class:`StepOutOfMemory`, naming the step. The optimiser has changed nothing by then: the update runs after the
 gradient (its device state is made in the warm-up steps), and nothing of the failed step's tape stays referenced.
 :func:`changing` also tells the mutation check (:func:`fluxpy.mutation.wrote`) that the write is fluxpy's own.
+
+A writer that can keep the old values at no cost is named by ``changing(..., writer_keeps=True)``: it asks
+:func:`awaits` and hands the old values over with :func:`kept` (batch norm's GPU statistics kernel writes them into
+its own output as it moves the running statistics, which spares a copy launch per array and step), or has them
+copied with :func:`keep_copies`.
 
 >>> import numpy as np
 >>> running = np.zeros(3)
