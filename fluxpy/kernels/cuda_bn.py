@@ -46,6 +46,7 @@ from ..backend import cupy
 from ..journal import awaits, kept
 from ..layout import is_channels_last, like_layout
 from . import compiler
+from .cuda_arrays import row_addresses
 from .halfs import HALVES, KERNEL_DTYPES, compute_dtype, dtype_defines
 from .elementwise import _cached, fuses
 from .trace import activation_c
@@ -190,12 +191,11 @@ def _apply_grid(total, c, width, dev):
 class _ChannelsLastPlan:
     """:class:`_Plan` for channels-last data: the statistics kernels read ``x`` as an ``(M, C)`` matrix."""
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
-                 "counter", "c", "pdt", "row_bytes")
+                 "counter", "c", "pdt")
 
     def __init__(self, shape, dtype, vec, dev, act):
         c = shape[1]
         self.pdt = param_dtype(dtype)
-        self.row_bytes = c * self.pdt.itemsize   # a row of the per-channel outputs
         m = int(np.prod(shape, dtype=np.int64)) // c
         vw = _VECTORS[dtype][1]
         grid, block, cv, s = _column_launch(m, c, vw, dev)
@@ -218,12 +218,11 @@ class _Plan:
     the scalar arguments, the scratch buffers (partials, counters) and the statistics' dtype, kept per (shape,
     dtype, alignment, device, stream) so a call only allocates its outputs and launches."""
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
-                 "counter", "c", "pdt", "row_bytes")
+                 "counter", "c", "pdt")
 
     def __init__(self, shape, dtype, vec, dev, act):
         n, c = shape[0], shape[1]
         self.pdt = param_dtype(dtype)
-        self.row_bytes = c * self.pdt.itemsize   # a row of the per-channel outputs
         hw = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
         s, threads, row_vec = _reduce_launch(n, c, hw, vec, dtype, dev)
         self.stats, self.apply = _fn("bn_stats", dtype, act), _fn("bn_apply", dtype, act)
@@ -259,13 +258,6 @@ def _p(a):
     return _NULL if a is None else a
 
 
-def _rows(a, row_bytes: int, n: int) -> list:
-    """The device addresses of the first ``n`` rows of the C-order matrix ``a`` (rows of ``row_bytes``): kernel
-    arguments for the rows of one allocation, without an array object each."""
-    base = a.data.ptr
-    return [np.uint64(base + i * row_bytes) for i in range(n)]
-
-
 def _output_like(x):
     """A new array of ``x``'s shape, dtype and layout (``empty`` for C order: the same array, less host time)."""
     return cupy.empty(x.shape, x.dtype) if x._c_contiguous else cupy.empty_like(x)
@@ -280,9 +272,9 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     keep = awaits(running_mean, running_var)
     # mean, invstd, scale, shift and, for the journal, the running mean and variance before this call
     stats = cupy.empty((6 if keep else 4, p.c), p.pdt)
-    mean, invstd, scale, shift, old = _rows(stats, p.row_bytes, 5)
+    mean, invstd, scale, shift, *old = row_addresses(stats)
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
-                     _p(running_mean), _p(running_var), old if keep else _NULL, np.float64(momentum),
+                     _p(running_mean), _p(running_var), old[0] if keep else _NULL, np.float64(momentum),
                      np.float64(eps)))
     p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
     if keep:
@@ -298,7 +290,7 @@ def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
     dx = _output_like(x)
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
     out = cupy.empty((7, p.c), p.pdt)
-    dgamma, dbeta, a, b, k, sc, sf = _rows(out, p.row_bytes, 7)
+    dgamma, dbeta, a, b, k, sc, sf = row_addresses(out)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
                          a, b, k, sc, sf))
     p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf))
