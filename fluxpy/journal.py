@@ -81,9 +81,14 @@ def changing(*arrays: Any, writer_keeps: bool = False) -> Iterator[None]:
     finally:
         if writer_keeps and journal is not None:
             for a in arrays:
-                if awaits(a):
+                if _awaited(journal, a):
                     del journal[id(a)]
     wrote(*arrays)
+
+
+def _awaited(journal: dict, a: Any) -> bool:
+    entry = journal.get(id(a))
+    return entry is not None and entry[1] is _AWAITED
 
 
 def awaits(*arrays: Any) -> bool:
@@ -95,12 +100,10 @@ def awaits(*arrays: Any) -> bool:
     (False, False)
     """
     journal = _journal.get()
-    if journal is None:
-        return False
-    for a in arrays:
-        entry = journal.get(id(a)) if a is not None else None
-        if entry is not None and entry[1] is _AWAITED:
-            return True
+    if journal is not None:
+        for a in arrays:
+            if a is not None and _awaited(journal, a):
+                return True
     return False
 
 
@@ -123,9 +126,10 @@ def kept(old: Any, *arrays: Any) -> None:
     (array([0., 0.]), array([1., 1.]))
     """
     journal = _journal.get()
-    for i, a in enumerate(arrays):
-        if awaits(a):
-            journal[id(a)] = (a, old, i)
+    if journal is not None:
+        for i, a in enumerate(arrays):
+            if a is not None and _awaited(journal, a):
+                journal[id(a)] = (a, old, i)
 
 
 def keep_copies(*arrays: Any) -> None:
@@ -136,9 +140,10 @@ def keep_copies(*arrays: Any) -> None:
     >>> keep_copies(np.ones(2), None)   # outside a step: nothing to keep
     """
     journal = _journal.get()
-    for a in arrays:
-        if awaits(a):
-            journal[id(a)] = (a, a.copy(), ...)
+    if journal is not None:
+        for a in arrays:
+            if a is not None and _awaited(journal, a):
+                journal[id(a)] = (a, a.copy(), ...)
 
 
 def undone_on_out_of_memory(who: str, f: Callable, *args: Any) -> Any:
