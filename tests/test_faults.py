@@ -133,3 +133,40 @@ def test_other_errors_pass_through_and_the_journal_keeps_nothing_after_a_step():
     with journal.changing(model[1].running_mean):   # outside a step: nothing is kept, nothing put back
         model[1].running_mean[...] += 1
     np.testing.assert_array_equal(model[1].running_mean, running + 1)
+
+
+def test_a_batchnorm_called_twice_in_a_failed_step_is_put_back_to_before_the_first_call():
+    bn = BatchNorm(3)
+    model = Chain(Dense(4, 3, rng=0), bn, bn, _fault, Dense(3, 2, rng=1))   # the same layer twice: two writes
+    step = TrainStep(_loss, model, setup(Adam(1e-2), model))
+    step(*_batch(0))
+    before = _arrays(model)
+    FAULT["where"] = "backward"
+    try:
+        with pytest.raises(StepOutOfMemory):
+            step(*_batch(1))
+    finally:
+        FAULT["where"] = None
+    _assert_same(_arrays(model), before)
+
+
+def test_a_writer_that_keeps_the_old_values_itself_has_them_put_back():
+    from fluxpy import journal
+    running = np.arange(3.0)
+
+    def step(raise_before_write):
+        with journal.changing(running, writer_keeps=True):
+            assert journal.awaits(running)
+            if raise_before_write:   # nothing written, nothing kept: nothing to put back
+                raise MemoryError("out of memory (before the write)")
+            old = running[None].copy()   # a kernel's own buffer, holding what it overwrites
+            journal.kept(old, running)
+            running[...] = -1.0
+            assert not journal.awaits(running)
+        raise MemoryError("out of memory (after the write)")
+
+    for before_write in (True, False):
+        with pytest.raises(StepOutOfMemory):
+            journal.undone_on_out_of_memory("a step", step, before_write)
+        np.testing.assert_array_equal(running, np.arange(3.0))
+    assert not journal.awaits(running)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..journal import keep_copies
 from . import onednn
 
 __all__ = ["layernorm_forward", "layernorm_backward", "supports", "backward_supports", "batchnorm_forward",
@@ -101,7 +102,7 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
 def update_running(running_mean, running_var, mean, var, momentum: float, m: int) -> None:
     """``running = (1 - momentum) * running + momentum * batch`` in place, the variance unbiased (``var * m / (m -
     1)``, ``var`` the biased variance of ``m`` values); nothing where ``running_mean`` is None. Arrays of any module
-    (the ops' composites use it too).
+    (the ops' composites use it too). A step's journal waiting for their old values gets copies first.
 
     >>> rm, rv = np.zeros(2), np.ones(2)
     >>> update_running(rm, rv, np.array([1.0, 2.0]), np.array([1.0, 1.0]), 0.5, 2)
@@ -110,6 +111,7 @@ def update_running(running_mean, running_var, mean, var, momentum: float, m: int
     """
     if running_mean is None:
         return
+    keep_copies(running_mean, running_var)   # for a step's journal, where it waits for them (fluxpy.journal)
     running_mean *= 1 - momentum
     running_mean += (momentum * mean).astype(running_mean.dtype, copy=False)
     running_var *= 1 - momentum

@@ -13,7 +13,8 @@ import numpy as np
 from ..backend import cupy
 from . import compiler
 
-__all__ = ["contiguous", "c_contiguous", "stack", "concatenate", "KERNELS", "SOURCE_VARIANTS"]
+__all__ = ["contiguous", "c_contiguous", "row_addresses", "stack", "concatenate", "KERNELS",
+           "SOURCE_VARIANTS"]
 
 
 def contiguous(a, dtype):
@@ -21,6 +22,17 @@ def contiguous(a, dtype):
     if a.dtype != dtype:
         a = a.astype(dtype)
     return c_contiguous(a)
+
+
+def row_addresses(a) -> list:
+    """The device addresses of ``a[0], a[1], ...`` (a C-order array, CuPy) as kernel arguments: the rows of one
+    allocation handed to a kernel without an array object each (a view costs more host time than the address).
+
+    >>> row_addresses.__name__
+    'row_addresses'
+    """
+    base, step = a.data.ptr, a.strides[0]
+    return [np.uint64(base + i * step) for i in range(a.shape[0])]
 
 
 # A permuted view (NHWC of NCHW memory: the axis whose elements are adjacent in memory is not the last) is copied in

@@ -43,8 +43,10 @@ import math
 import numpy as np
 
 from ..backend import cupy
+from ..journal import awaits, kept
 from ..layout import is_channels_last, like_layout
 from . import compiler
+from .cuda_arrays import row_addresses
 from .halfs import HALVES, KERNEL_DTYPES, compute_dtype, dtype_defines
 from .elementwise import _cached, fuses
 from .trace import activation_c
@@ -256,17 +258,28 @@ def _p(a):
     return _NULL if a is None else a
 
 
+def _output_like(x):
+    """A new array of ``x``'s shape, dtype and layout (``empty`` for C order: the same array, less host time)."""
+    return cupy.empty(x.shape, x.dtype) if x._c_contiguous else cupy.empty_like(x)
+
+
 def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, act=None):
     """``(y, mean, invstd)`` in two launches (``y`` through the activation ``act``, None for none); the running
-    statistics (or None) are moved in place."""
+    statistics (or None) are moved in place, their old values kept for a step's journal where it waits for them
+    (:func:`fluxpy.journal.awaits`)."""
     p = _plan(act, x)
-    y = cupy.empty_like(x)   # in x's layout
-    stats = cupy.empty((4, p.c), p.pdt)   # mean, invstd, scale, shift
-    mean, invstd, scale, shift = stats
+    y = _output_like(x)
+    keep = awaits(running_mean, running_var)
+    # mean, invstd, scale, shift and, for the journal, the running mean and variance before this call
+    stats = cupy.empty((6 if keep else 4, p.c), p.pdt)
+    mean, invstd, scale, shift, *old = row_addresses(stats)
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
-                     _p(running_mean), _p(running_var), np.float64(momentum), np.float64(eps)))
+                     _p(running_mean), _p(running_var), old[0] if keep else _NULL, np.float64(momentum),
+                     np.float64(eps)))
     p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
-    return y, mean, invstd
+    if keep:
+        kept(stats[4:], running_mean, running_var)
+    return y, stats[0], stats[1]
 
 
 def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
@@ -274,11 +287,11 @@ def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
     derivative at the forward's pre-activation (recomputed from ``x``, so ``y`` is not needed)."""
     dy = like_layout(dy, x)
     p = _plan(act, x, dy)
-    dx = cupy.empty_like(x)
+    dx = _output_like(x)
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
     out = cupy.empty((7, p.c), p.pdt)
-    dgamma, dbeta, a, b, k, sc, sf = out
+    dgamma, dbeta, a, b, k, sc, sf = row_addresses(out)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
                          a, b, k, sc, sf))
     p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf))
-    return dx, dgamma, dbeta
+    return dx, out[0], out[1]

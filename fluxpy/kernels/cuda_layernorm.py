@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backend import cupy
 from . import compiler, layernorm_plan
-from .cuda_arrays import c_contiguous
+from .cuda_arrays import c_contiguous, row_addresses
 from .halfs import BFLOAT16, KERNEL_DTYPES, compute_dtype, dtype_defines
 from .layernorm_plan import (SM90, BackwardPlan, ForwardPlan, Limits, backward_plan, backward_shared_bytes,
                              blocks_an_sm, column_plan, column_vector, forward_forms, forward_plan, fused_fits,
@@ -503,9 +503,11 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
                  lambda: _BackwardCall(x, rows, length, fused))
     plan, cdt = call.plan, call.cdt
     dx = cupy.empty_like(x)
-    pg = pb = None
+    # the partial sums of dgamma and dbeta (one allocation, its two halves passed by address), then dgamma, dbeta
+    partials = pg = pb = None
     if need_params and not plan.splits:
-        pg, pb = cupy.empty((2, call.blocks, length), cdt)
+        partials = cupy.empty((2, call.blocks, length), cdt)
+        pg, pb = row_addresses(partials)
     res_arg, bias_arg = _pointer(residual), _pointer(bias)
     compiler.launch(call.fn, call.grid, plan.threads, (dy, x, _pointer(gamma), mean, rstd, dx, _pointer(pg),
                                                        _pointer(pb), call.rows, np.int32(pg is not None), res_arg,
@@ -514,13 +516,14 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
         return dx, None, None
     columns = call.columns
     if columns is not None:   # the column sums apart: one partial row a chunk of rows
-        pg, pb = cupy.empty((2, columns.chunks, length), cdt)
+        partials = cupy.empty((2, columns.chunks, length), cdt)
+        pg, pb = row_addresses(partials)
         compiler.launch(call.cols, (columns.tiles, columns.chunks), 32 * layernorm_plan.COLUMN_WARPS,
                         (dy, x, mean, rstd, pg, pb, call.rows, call.chunk, res_arg, bias_arg))
-    dgamma, dbeta = cupy.empty((2, length), cdt)
-    compiler.launch(call.params, call.param_grid, 512, (pg, pb, call.param_blocks, dgamma, dbeta))
     shape = x.shape[x.ndim - k:]
-    return dx, dgamma.reshape(shape), dbeta.reshape(shape)
+    params = cupy.empty((2, *shape), cdt)   # dgamma, dbeta
+    compiler.launch(call.params, call.param_grid, 512, (pg, pb, call.param_blocks, *row_addresses(params)))
+    return dx, params[0], params[1]
 
 
 KERNELS = {"layernorm_forward": (layernorm_forward, supports),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy
+from ..journal import keep_copies
 from ..layout import like_layout
 from . import compiler, cuda_bn
 from .cudnn import batchnorm as bn
@@ -84,6 +85,7 @@ def _pick(direction, act, x, ours_ok, cudnn_ok, candidates):
 
 
 def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+    keep_copies(running_mean, running_var)   # cuDNN's call keeps no old values for a step's journal: copies
     y, mean, invstd = bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps)
     if act is not None:   # cuDNN's legacy batch norm fuses no activation on NCHW data
         y = fused_forward(act, y)

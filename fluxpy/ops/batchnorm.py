@@ -257,5 +257,7 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
         raise ValueError(f"batchnorm expects momentum to be a number in [0, 1], got {momentum!r}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("batchnorm expects both running_mean and running_var, or neither")
-    with changing(value_of(running_mean), value_of(running_var)):   # the running statistics, in place
+    # the running statistics, in place; their writer (the kernel, or update_running) keeps the old values for the
+    # step's journal, a GPU kernel in its own output
+    with changing(running_mean, running_var, writer_keeps=True):
         return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act)

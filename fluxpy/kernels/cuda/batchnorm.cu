@@ -93,7 +93,8 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
     }
 
 // From a channel's totals t1 = sum(x - K), t2 = sum((x - K)^2) over its M values: the statistics, the scale and
-// shift of the apply kernel, and the running statistics moved (the variance unbiased).
+// shift of the apply kernel, and the running statistics moved (the variance unbiased), their old values first
+// written to old_running (mean, then var, NC values each) where it is given (a training step's journal).
 #define STATS_FINISH(M_)                                                                                    \
     {                                                                                                       \
         const long long count = (M_);                                                                       \
@@ -107,6 +108,7 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         mean_out[c] = mu; invstd_out[c] = inv;                                                              \
         scale[c] = g * inv; shift[c] = bb - mu * g * inv;                                                   \
         if (running_mean) {                                                                                 \
+            if (old_running) { old_running[c] = running_mean[c]; old_running[NC + c] = running_var[c]; }    \
             double unbiased = (double)var * (double)count / (double)(count - 1);                            \
             running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);     \
             running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);          \
@@ -116,7 +118,8 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
 extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long long HW, int S, int vec,
                                      ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
                                      ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
-                                     ACC* running_mean, ACC* running_var, double momentum, double eps) {
+                                     ACC* running_mean, ACC* running_var, ACC* old_running, double momentum,
+                                     double eps) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
@@ -372,7 +375,8 @@ __device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC*
 extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CV, int vec,
                                         ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
                                         ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
-                                        ACC* running_mean, ACC* running_var, double momentum, double eps) {
+                                        ACC* running_mean, ACC* running_var, ACC* old_running, double momentum,
+                                        double eps) {
     CL_SETUP
     const T* a = x; const T* b = x;
     ACC Ks[VW], s1[VW], s2[VW];
