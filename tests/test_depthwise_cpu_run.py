@@ -69,7 +69,10 @@ def _launch(fn, grid, block, args, shared_mem=0):
     assert shared_mem <= 48 * 1024, f"{shared_mem} bytes of dynamic shared memory without opting in"
     values = [_argument(a) for a in args]
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    assert fn.library.emu_launch(fn.kernel.encode(), *grid[:3], *block[:2], pointers) == 0, fn.kernel
+    sizes = (ctypes.c_int * len(values))(*[ctypes.sizeof(v) for v in values])
+    done = fn.library.emu_launch(fn.kernel.encode(), *grid[:3], *block[:2], pointers, sizes, len(values))
+    assert done != 2, f"{fn.kernel}: arguments of {list(sizes)} bytes do not fit its parameters"
+    assert done == 0, f"no kernel {fn.kernel} in the build"
 
 
 def _nan_filled(shape, dtype):
@@ -209,6 +212,19 @@ def test_the_weights_gradient_adds_many_shares_in_order(on_cpu):
     # dw_filter_total's block adds four of them
     rng = np.random.default_rng(5)
     _run(rng, (2, 256, 16, 16), (3, 3), F16, (dw.Tile(1), dw.Tile(1, khb=3, per_sm=4)), pad=1)
+
+
+def test_every_forward_tile_gives_the_same_bits(on_cpu):
+    # each output's taps are added in (kh, kw) order whatever the width of its segment
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 16, 5, 19)).astype(np.float32).astype(BF16)
+    w = rng.standard_normal((16, 1, 3, 3)).astype(np.float32).astype(BF16)
+    cd = ConvDims.from_shapes(x.shape, w.shape, pad=1, groups=16)
+    tiles = dw.candidates("forward", cd)
+    ys = [dw.forward(to_channels_last(x), w, cd, tile=t).view(np.uint16) for t in tiles]
+    assert [t.wb for t in tiles] == [1, 2, 4, 8]
+    for t, y in zip(tiles, ys):
+        assert np.array_equal(y, ys[0]), t
 
 
 def test_columns_only_past_the_last_output_do_not_reach_the_sums(on_cpu):

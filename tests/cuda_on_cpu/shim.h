@@ -46,6 +46,12 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 // Runs kernel k over the grid, its arguments given as cuLaunchKernel's are: an array of pointers to each value.
 template <typename... P, size_t... I>
 void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) { k(*reinterpret_cast<P*>(a[I])...); }
+// Whether a launch's arguments, `sizes` (bytes of each of `n`), fit kernel k's parameters: as many, each as wide.
+template <typename... P>
+bool arguments_fit(void (*)(P...), const int* sizes, int n) {
+    const int widths[] = {(int)sizeof(P)...};
+    return n == (int)sizeof...(P) && std::equal(widths, widths + n, sizes);
+}
 // The blocks run one after another on the same threads (made once a launch), a barrier between blocks.
 template <typename... P>
 void run(void (*k)(P...), dim3 grid, dim3 block, void** a) {
