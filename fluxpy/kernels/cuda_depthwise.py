@@ -126,8 +126,7 @@ def plan(direction: str, cdims, processors: int | None = None) -> Tile:
         khb = max(t.khb for t in tiles)
         return max((t for t in tiles if t.khb == khb and t.per_sm == _PER_SM[0]), key=lambda t: t.wb)
     n, c, oh, ow = cdims.y_shape
-    ct, _ = _block(c)
-    threads_per_segment = ct * -(-c // (ct * _vw(c)))
+    threads_per_segment = _block(c)[0] * _chunks(c)
     enough = _FORWARD_THREADS_PER_SM * (processors or _processors())
     return max((t for t in tiles if t.wb == 1 or n * oh * -(-ow // t.wb) * threads_per_segment >= enough),
                key=lambda t: t.wb)
