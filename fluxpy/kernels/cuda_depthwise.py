@@ -48,7 +48,7 @@ _WIDTHS = (1, 2, 4, 8)      # the segments' candidate widths, wb
 _PER_SM = (2, 4)            # the weight's gradient: candidate blocks a SM of its first pass
 _FORWARD_THREADS_PER_SM = 512   # the forward's rule: the widest segment that leaves this many threads a SM
 _FORWARD_PER_SM = 8         # the forward's grid: at most this many blocks a SM, each thread looping over segments
-_TOTAL_BLOCK = (32, 8)      # dw_filter_total: 32 columns of the partials, 8 rows of them adding in turn
+_TOTAL_BLOCK = (32, 32)     # dw_filter_total: 32 columns of the partials, 32 rows of them adding in turn
 
 
 @dataclass(frozen=True)

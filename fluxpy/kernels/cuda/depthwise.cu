@@ -230,17 +230,17 @@ dw_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __r
     }
 }
 
-// Second pass: dw[c, tap] = the S partials of (tap, c) added in a fixed order, rounded once. Block (32, 8):
+// Second pass: dw[c, tap] = the S partials of (tap, c) added in a fixed order, rounded once. Block (32, R):
 // column i = blockIdx.x * 32 + threadIdx.x of a partial's TAPS * CH values; thread row ty adds partials ty,
-// ty + 8, ... in order, then row 0 adds the rows' sums in order.
-extern "C" __global__ void dw_filter_total(const float* __restrict__ part, T* __restrict__ dwt, int S, int CH,
-                                           int flip) {
+// ty + R, ... in order (a few at a time in flight), then row 0 adds the rows' sums in order.
+extern "C" __global__ void __launch_bounds__(1024)
+dw_filter_total(const float* __restrict__ part, T* __restrict__ dwt, int S, int CH, int flip) {
     extern __shared__ float4 shared4[];
     float* rows = (float*)shared4;   // blockDim.y x blockDim.x
     const int i = blockIdx.x * blockDim.x + threadIdx.x, n = TAPS * CH;
     float s = 0;
     if (i < n)
-        for (int k = threadIdx.y; k < S; k += blockDim.y) s += part[(long long)k * n + i];
+        _Pragma("unroll 4") for (int k = threadIdx.y; k < S; k += blockDim.y) s += part[(long long)k * n + i];
     rows[threadIdx.y * blockDim.x + threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y != 0 || i >= n) return;
