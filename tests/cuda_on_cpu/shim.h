@@ -1,5 +1,5 @@
-// Just enough of CUDA to run a kernel source on the CPU, for tests without a GPU (tests/test_flash_attention_cpu_run.py):
-// a std::thread per CUDA thread, std::barrier for __syncthreads and for each warp's shuffles, one block at a time
+// Just enough of CUDA to run a kernel source on the CPU, for tests without a GPU (tests/test_*_cpu_run.py): a
+// std::thread per CUDA thread, std::barrier for __syncthreads and for each warp's shuffles, one block at a time
 // (shared memory is one static array, filled with NaN bits before each block so that a read of an unwritten element
 // shows). Floating point is the host's: FMAs are fused where the source calls fmaf, expf and logf are the C library's.
 #include <algorithm>
@@ -16,6 +16,7 @@ thread_local dim3 threadIdx;
 dim3 blockIdx, gridDim, blockDim;
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 #define __global__
 #define __device__
@@ -25,13 +26,17 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 using std::max;
 using std::min;
 inline float __int_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline float __uint_as_float(unsigned x) { return __int_as_float(x); }
+inline unsigned __float_as_uint(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
 alignas(16) float4 shared4[232448 / 16];   // the most an sm_90 block can have
 std::barrier<>* block_barrier;
 std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 float warp_slots[32][32];
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+// A thread's place in its block as CUDA counts warps: x fastest, then y, then z.
+inline int linear_thread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int w = linear_thread() / 32, lane = linear_thread() % 32;
     warp_slots[w][lane] = v;
     warp_barriers[w]->arrive_and_wait();
     const float r = warp_slots[w][lane ^ o];
@@ -41,22 +46,42 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 // Runs kernel k over the grid, its arguments given as cuLaunchKernel's are: an array of pointers to each value.
 template <typename... P, size_t... I>
 void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) { k(*reinterpret_cast<P*>(a[I])...); }
+// Whether a launch's arguments, `sizes` (bytes of each of `n`), fit kernel k's parameters: as many, each as wide.
+template <typename... P>
+bool arguments_fit(void (*)(P...), const int* sizes, int n) {
+    const int widths[] = {(int)sizeof(P)...};
+    return n == (int)sizeof...(P) && std::equal(widths, widths + n, sizes);
+}
+// The blocks run one after another on the same threads (made once a launch), a barrier between blocks.
+template <typename... P>
+void run(void (*k)(P...), dim3 grid, dim3 block, void** a) {
+    gridDim = grid;
+    blockDim = block;
+    const int threads = block.x * block.y * block.z;
+    const long blocks = (long)grid.x * grid.y * grid.z;
+    std::barrier<> bar(threads), between(threads);
+    block_barrier = &bar;
+    warp_barriers.clear();
+    for (int w = 0; w * 32 < threads; w++)
+        warp_barriers.emplace_back(new std::barrier<>(std::min(32, threads - w * 32)));
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; t++)
+        ts.emplace_back([=, &between] {
+            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+            for (long b = 0; b < blocks; b++) {
+                if (t == 0) {
+                    blockIdx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                                (unsigned)(b / ((long)grid.x * grid.y))};
+                    std::memset(shared4, 0xff, sizeof(shared4));
+                }
+                between.arrive_and_wait();
+                call_with(k, a, std::index_sequence_for<P...>{});
+                between.arrive_and_wait();
+            }
+        });
+    for (auto& t : ts) t.join();
+}
 template <typename... P>
 void run(void (*k)(P...), int gx, int gy, int gz, int threads, void** a) {
-    gridDim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
-    blockDim = {(unsigned)threads, 1, 1};
-    for (int z = 0; z < gz; z++)
-        for (int y = 0; y < gy; y++)
-            for (int x = 0; x < gx; x++) {
-                blockIdx = {(unsigned)x, (unsigned)y, (unsigned)z};
-                std::memset(shared4, 0xff, sizeof(shared4));
-                std::barrier<> bar(threads);
-                block_barrier = &bar;
-                warp_barriers.clear();
-                for (int w = 0; w < threads / 32; w++) warp_barriers.emplace_back(new std::barrier<>(32));
-                std::vector<std::thread> ts;
-                for (int t = 0; t < threads; t++)
-                    ts.emplace_back([=] { threadIdx = {(unsigned)t, 0, 0}; call_with(k, a, std::index_sequence_for<P...>{}); });
-                for (auto& t : ts) t.join();
-            }
+    run(k, dim3{(unsigned)gx, (unsigned)gy, (unsigned)gz}, dim3{(unsigned)threads, 1, 1}, a);
 }

@@ -2,8 +2,9 @@
 
 The kernels are called directly (so the comparison does not depend on which implementation the per-problem timing
 keeps) over channel counts with and without whole 16-byte vectors, kernel sizes, strides, asymmetric padding,
-dilation, true convolution and cross-correlation, in float16 and bfloat16; then through the conv op in a captured
-step, and the dispatch's refusals (float32, C order, grouped but not depthwise).
+dilation, true convolution and cross-correlation, in float16 and bfloat16, with the rule's tiles and with every
+candidate tile (the forward's bit for bit alike); then through the conv op in a captured step, and the dispatch's
+refusals (float32, C order, grouped but not depthwise).
 """
 import numpy as np
 import pytest
@@ -72,6 +73,31 @@ def test_kernels_match_the_cpu_path_in_float64(dtype, case, flipped):
     _close(dwt.get(), dw_ref, dtype, y_ref.size // shape[1], "dw")
 
 
+TILED = [CASES[i] for i in (0, 1, 2, 4, 6)]   # 3x3 at strides 1 and 2, single channels, 5x5, 1x3
+
+
+@pytest.mark.parametrize("dtype, case", sweep([np.float16, BF16], TILED),
+                         ids=lambda v: str(v) if not isinstance(v, tuple) else "x".join(map(str, v[0])))
+def test_every_candidate_tile_matches_the_cpu_path_and_the_forwards_agree_bit_for_bit(dtype, case):
+    from fluxpy.kernels import cuda_depthwise as dw
+    cp = cupy_module()
+    shape, kernel, stride, pad, dilation = case
+    rng = np.random.default_rng(11)
+    x, w = _draw(rng, shape, dtype), _draw(rng, (shape[1], 1, *kernel), dtype)
+    opts = dict(stride=stride, pad=pad, dilation=dilation, groups=shape[1])
+    cd = ConvDims.from_shapes(x.shape, w.shape, **opts)
+    dy = _draw(rng, cd.y_shape, dtype)
+    y_ref, back = fluxpy.pullback(lambda x, w: conv(x, w, **opts), *(a.astype(np.float64) for a in (x, w)))
+    dw_ref = back(dy.astype(np.float64))[1]
+    xg, dyg, wg = to_channels_last(cp.asarray(x)), to_channels_last(cp.asarray(dy)), cp.asarray(w)
+    forwards = [dw.forward(xg, wg, cd, tile=t).get() for t in dw.candidates("forward", cd)]
+    for t, y in zip(dw.candidates("forward", cd), forwards):
+        _close(y, y_ref, dtype, kernel[0] * kernel[1], f"y {t}")
+        assert np.array_equal(y.view(np.uint16), forwards[0].view(np.uint16)), f"{t}: each output's taps in order"
+    for t in dw.candidates("filter", cd):
+        _close(dw.backward_filter(xg, dyg, cd, tile=t).get(), dw_ref, dtype, y_ref.size // shape[1], f"dw {t}")
+
+
 def test_the_sums_of_the_weights_gradient_are_deterministic():
     from fluxpy.kernels import cuda_depthwise as dw
     cp = cupy_module()
@@ -79,9 +105,10 @@ def test_the_sums_of_the_weights_gradient_are_deterministic():
     x = to_channels_last(cp.asarray(_draw(rng, (64, 32, 16, 16), np.float16)))
     dy = to_channels_last(cp.asarray(_draw(rng, (64, 32, 16, 16), np.float16)))
     cd = ConvDims.from_shapes(x.shape, (32, 1, 3, 3), pad=1, groups=32)
-    first = dw.backward_filter(x, dy, cd).get()
-    for _ in range(3):
-        assert np.array_equal(dw.backward_filter(x, dy, cd).get(), first)
+    for tile in dw.candidates("filter", cd):
+        first = dw.backward_filter(x, dy, cd, tile=tile).get()
+        for _ in range(3):
+            assert np.array_equal(dw.backward_filter(x, dy, cd, tile=tile).get(), first), tile
 
 
 def test_the_dispatch_takes_only_channels_last_half_depthwise_problems():
