@@ -20,6 +20,23 @@ def to_device(x, xp, dtype=None):
     return x
 
 
+def half_to_device(a, dtype):
+    """A float64 NumPy array rounded to ``dtype`` (float64 kept as it is; bfloat16 through float32) on the GPU."""
+    from test_half_conv_matmul import BF16
+    cp = cupy_module()
+    a = a.astype(np.float32).astype(dtype) if np.dtype(dtype) != np.float64 else a
+    return cp.asarray(a.view(np.uint16)).view(BF16) if np.dtype(dtype) == BF16 else cp.asarray(a)
+
+
+def to_host64(a):
+    """A CuPy array (or a Tracked one) as a float64 NumPy array (bfloat16 through float32)."""
+    import fluxpy
+    from test_half_conv_matmul import BF16
+    cp = cupy_module()
+    a = fluxpy.value_of(a)
+    return cp.asnumpy(a.astype(cp.float32) if a.dtype == BF16 else a).astype(np.float64)
+
+
 def assert_matches_cpu(gpu, cpu, rtol=1e-6, atol=0.0):
     """``gpu`` is a CuPy array of ``cpu``'s shape whose values match ``cpu``'s (compared in float64)."""
     cp = cupy_module()

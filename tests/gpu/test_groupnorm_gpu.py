@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from devices import cupy_module
+from devices import cupy_module, half_to_device, to_host64
 from fluxpy.backend import capture_graph
 from fluxpy.kernels import find
 from fluxpy.layout import is_channels_last, to_channels_last
@@ -19,18 +19,6 @@ pytestmark = pytest.mark.gpu
 TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 2e-5, np.dtype(np.float16): 4e-3, BF16: 3e-2}
 
 
-def _device(a, dtype):
-    cp = cupy_module()
-    a = a.astype(np.float32).astype(dtype) if np.dtype(dtype) != np.float64 else a
-    return cp.asarray(a.view(np.uint16)).view(BF16) if np.dtype(dtype) == BF16 else cp.asarray(a)
-
-
-def _host(a):
-    cp = cupy_module()
-    a = fluxpy.value_of(a)
-    return cp.asnumpy(a.astype(cp.float32) if a.dtype == BF16 else a).astype(np.float64)
-
-
 def _reference(x, dy, gamma, beta, groups, act):
     """y, dx, dgamma, dbeta of the CPU composite in float64."""
     def f(x, gamma, beta):
@@ -41,7 +29,7 @@ def _reference(x, dy, gamma, beta, groups, act):
 
 
 def _check(got, want, dtype, what):
-    err = np.abs(_host(got) - want).max()
+    err = np.abs(to_host64(got) - want).max()
     bound = TOL[np.dtype(dtype)] * (np.abs(want).max() + 1)
     assert err <= bound, f"{what}: max error {err:.3g} above {bound:.3g}"
 
@@ -66,7 +54,7 @@ def test_the_kernels_equal_the_composite(dtype, shape, groups, act, layout):
     dyh = dy.astype(np.float32).astype(dtype).astype(np.float64) if np.dtype(dtype) != np.float64 else dy
     want = _reference(xh, dyh, gamma, beta, groups, act)
     pdt = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-    gx, gdy = _device(x, dtype), _device(dy, dtype)
+    gx, gdy = half_to_device(x, dtype), half_to_device(dy, dtype)
     if layout == "channels_last":
         gx, gdy = to_channels_last(gx), to_channels_last(gdy)
     cp = cupy_module()
@@ -88,7 +76,7 @@ def test_without_the_affine_and_the_layer(dtype):
     xh = x.astype(np.float32).astype(dtype).astype(np.float64)
     dyh = dy.astype(np.float32).astype(dtype).astype(np.float64)
     y_ref, dx_ref, _, _ = _reference(xh, dyh, None, None, 4, swish)
-    gx, gdy = _device(x, dtype), _device(dy, dtype)
+    gx, gdy = half_to_device(x, dtype), half_to_device(dy, dtype)
     y = groupnorm(gx, 4, None, None, 1e-5, swish)
     dx, = fluxpy.gradient(lambda x: (groupnorm(x, 4, None, None, 1e-5, swish) * gdy).sum(), gx)
     _check(y, y_ref, dtype, "y")
@@ -96,7 +84,7 @@ def test_without_the_affine_and_the_layer(dtype):
     layer = fluxpy.gpu(fluxpy.GroupNorm(12, 4, swish))
     (grads,) = fluxpy.gradient(lambda m: (m(gx) * gdy).sum(), layer)
     _check(layer(gx), y_ref, dtype, "the layer's y")
-    assert grads["gamma"].shape == (12,) and np.isfinite(_host(grads["beta"])).all()
+    assert grads["gamma"].shape == (12,) and np.isfinite(to_host64(grads["beta"])).all()
 
 
 def test_deterministic_and_captured():
@@ -134,7 +122,7 @@ def test_instance_norm_takes_the_kernels(dtype, affine):
         return lambda x, *p: (instancenorm(x, *p) * w).sum()
     params = () if gamma is None else (gamma, beta)
     want = (np.asarray(instancenorm(xh, *params)), *fluxpy.gradient(loss(dyh), xh, *params))
-    gx, gdy = _device(x, dtype), _device(dy, dtype)
+    gx, gdy = half_to_device(x, dtype), half_to_device(dy, dtype)
     gparams = tuple(cp.asarray(p.astype(np.float32)) for p in params)
     assert find("groupnorm_forward", gx, *(gparams or (None, None)), 10, 1e-5, None) is not None
     got = (instancenorm(gx, *gparams), *fluxpy.gradient(loss(gdy), gx, *gparams))

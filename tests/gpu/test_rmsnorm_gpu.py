@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from devices import cupy_module
+from devices import cupy_module, half_to_device, to_host64
 from fluxpy.backend import capture_graph
 from fluxpy.kernels import find
 from test_half_conv_matmul import BF16
@@ -16,20 +16,8 @@ TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 2e-5, np.dtype(np.floa
 CASES = [((4, 7), 1), ((3, 5, 768), 1), ((2, 4, 6), 2), ((1, 5000), 1), ((9, 1), 1), ((300, 64), 1)]
 
 
-def _device(a, dtype):
-    cp = cupy_module()
-    a = a.astype(np.float32).astype(dtype) if np.dtype(dtype) != np.float64 else a
-    return cp.asarray(a.view(np.uint16)).view(BF16) if np.dtype(dtype) == BF16 else cp.asarray(a)
-
-
-def _host(a):
-    cp = cupy_module()
-    a = fluxpy.value_of(a)
-    return cp.asnumpy(a.astype(cp.float32) if a.dtype == BF16 else a).astype(np.float64)
-
-
 def _check(got, want, dtype, what):
-    err = np.abs(_host(got) - want).max()
+    err = np.abs(to_host64(got) - want).max()
     bound = TOL[np.dtype(dtype)] * (np.abs(want).max() + 1)
     assert err <= bound, f"{what}: max error {err:.3g} above {bound:.3g}"
 
@@ -46,11 +34,11 @@ def test_the_kernels_equal_the_composite(dtype, shape, k, affine):
     if affine:
         layer.gamma = (rng.standard_normal(norm_shape) + 1).astype(pdt)
     host = fluxpy.f64(layer)
-    xh, wh = _host(_device(x, dtype)), _host(_device(w, dtype))
+    xh, wh = to_host64(half_to_device(x, dtype)), to_host64(half_to_device(w, dtype))
     want_y = np.asarray(host(xh))
     want = fluxpy.gradient(lambda m, x: (m(x) * wh).sum(), host, xh)
     gl = fluxpy.gpu(layer)
-    gx, gw = _device(x, dtype), _device(w, dtype)
+    gx, gw = half_to_device(x, dtype), half_to_device(w, dtype)
     assert find("rmsnorm_forward", gx, gl.gamma, k, 1e-5) is not None
     y = gl(gx)
     assert y.dtype == gx.dtype and y.shape == gx.shape

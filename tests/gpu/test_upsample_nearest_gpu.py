@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fluxpy
-from devices import cupy_module
+from devices import cupy_module, half_to_device, to_host64
 from fluxpy.backend import capture_graph
 from fluxpy.kernels import find
 from fluxpy.layout import is_channels_last, to_channels_last
@@ -19,18 +19,6 @@ CASES = [((2, 3, 5), (3,)), ((2, 3, 4, 5), (2, 2)), ((3, 2, 3, 4), (1, 3)), ((1,
          ((4, 16, 8, 8), (2, 2))]
 
 
-def _device(a, dtype):
-    cp = cupy_module()
-    a = a.astype(np.float32).astype(dtype) if np.dtype(dtype) != np.float64 else a
-    return cp.asarray(a.view(np.uint16)).view(BF16) if np.dtype(dtype) == BF16 else cp.asarray(a)
-
-
-def _host(a):
-    cp = cupy_module()
-    a = fluxpy.value_of(a)
-    return cp.asnumpy(a.astype(cp.float32) if a.dtype == BF16 else a).astype(np.float64)
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16, BF16], ids=str)
 @pytest.mark.parametrize("shape,scales", CASES, ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
@@ -41,20 +29,20 @@ def test_the_kernels_equal_the_composite(dtype, shape, scales, layout):
     x = rng.standard_normal(shape)
     out = tuple(shape[:2]) + tuple(n * s for n, s in zip(shape[2:], scales))
     w = rng.standard_normal(out)
-    xh = _host(_device(x, dtype))
-    wh = _host(_device(w, dtype))
+    xh = to_host64(half_to_device(x, dtype))
+    wh = to_host64(half_to_device(w, dtype))
     want_y = upsample_nearest(xh, scales)
     want_g, = fluxpy.gradient(lambda x: (upsample_nearest(x, scales) * wh).sum(), xh)
-    gx, gw = _device(x, dtype), _device(w, dtype)
+    gx, gw = half_to_device(x, dtype), half_to_device(w, dtype)
     if layout == "channels_last":
         gx = to_channels_last(gx)
     assert find("upsample_nearest", gx, scales) is not None
     y = upsample_nearest(gx, scales)
     assert y.shape == out and y.dtype == gx.dtype and is_channels_last(y) == (layout == "channels_last")
-    np.testing.assert_array_equal(_host(y), want_y)
+    np.testing.assert_array_equal(to_host64(y), want_y)
     g, = fluxpy.gradient(lambda x: (upsample_nearest(x, scales) * gw).sum(), gx)
     assert g.dtype == gx.dtype and g.shape == gx.shape
-    err = np.abs(_host(g) - want_g).max()
+    err = np.abs(to_host64(g) - want_g).max()
     assert err <= TOL[np.dtype(dtype)] * (np.abs(want_g).max() + 1), err
 
 

@@ -17,23 +17,12 @@
 //   thread per channel sums dgamma and dbeta over the samples in order (no atomics: deterministic).
 // gn_bwd_apply: dx = rstd * (dz * gamma - a - xhat * b), a = mean over the group of dz * gamma, b of dz * gamma * xhat.
 #include "halfs.cuh"
+#include "block_sum.cuh"
 
 #define ACT(v) FX_ACT(v)
 #define ACT_GRAD(v) FX_ACT_GRAD(v)
 
 constexpr int THREADS = 256;
-
-// The block's sum of v (every thread gets it), in a fixed order: warp shuffles, then warp 0 over the warps' sums.
-__device__ __forceinline__ C block_sum(C v, C* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();   // shared may still be read by a previous call
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = lane < (blockDim.x >> 5) ? shared[lane] : (C)0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 __device__ __forceinline__ C gamma_of(const C* gamma, long long c) { return gamma ? gamma[c] : (C)1; }
 __device__ __forceinline__ C beta_of(const C* beta, long long c) { return beta ? beta[c] : (C)0; }

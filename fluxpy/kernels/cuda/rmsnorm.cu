@@ -9,19 +9,9 @@
 //   `partial`, where gamma is given.
 // rms_gamma: a thread per column sums the blocks' partials in order (deterministic).
 #include "halfs.cuh"
+#include "block_sum.cuh"
 
 constexpr int THREADS = 256;
-
-__device__ __forceinline__ C block_sum(C v, C* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();   // shared may still be read by a previous call
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    v = lane < (blockDim.x >> 5) ? shared[lane] : (C)0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS) rms_forward(const T* x, const C* gamma, T* y, C* rstd,
                                                                    long long rows, long long d, C eps) {
