@@ -400,6 +400,14 @@ def rmsnorm(x: Array, gamma: Array | None = None, k: int = 1, eps: float = 1e-6)
     >>> rmsnorm(np.array([[3.0, 4.0]]), eps=0.0).round(4)
     array([[0.8485, 1.1314]])
     """
+    ndim = len(x.shape)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= ndim:
+        raise ValueError(f"rmsnorm expects k, the normalised trailing axes, an int in 1..{ndim} (x of shape "
+                         f"{tuple(x.shape)}), got {k!r}")
+    if gamma is not None and tuple(gamma.shape) != tuple(x.shape[ndim - k:]):
+        raise ValueError(f"rmsnorm expects gamma of shape {tuple(x.shape[ndim - k:])} (x's last {k} axes), got "
+                         f"{tuple(gamma.shape)}")
+    check_eps("rmsnorm", eps)
     if _one_tape_level(x, gamma) and find("rmsnorm_forward", value_of(x), value_of(gamma), k, eps) is not None:
         return _rmsnorm_rows(x, gamma, k, eps)
     xf = astype(x, np.float32) if is_half(x.dtype) else x
