@@ -275,7 +275,7 @@ def test_the_gpt_is_one_model_on_both_sides_and_a_fluxpy_step_runs():
     for a, b in (ours, theirs):
         np.testing.assert_array_equal(a[:, :-1], b[:, :-1])
         assert np.abs(a[:, -1] - b[:, -1]).max() > 0
-    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-4)   # float32 sums in two orders over random sizes
 
     step, first = zoo.fluxpy_side(net, model, x, labels, "fluxpy eager", "cpu")   # has run 1 + warm-up steps
     ours = [first] + [float(step()) for _ in range(2)]
