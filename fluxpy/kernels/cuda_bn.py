@@ -8,16 +8,17 @@ Training forward:
    writes one partial. The last block
    of a channel to finish (an integer counter, reset by that block) adds the ``S`` partials in a fixed
    order, so the result does not depend on timing (no float atomics), and writes ``mean``, ``invstd``,
-   the per-channel ``scale = gamma * invstd`` and ``shift = beta - mean * scale``, and moves the running
-   statistics (the variance unbiased).
-2. ``bn_apply``: ``y = x * scale[c] + shift[c]``, a block per (row, chunk): no division per element.
+   the per-channel ``scale = gamma * invstd`` and ``bias = beta``, and moves the running statistics (the
+   variance unbiased).
+2. ``bn_apply``: ``y = (x - mean[c]) * scale[c] + bias[c]``, a block per (row, chunk): no division per element;
+   written as PyTorch's is, so a value equal to its channel's mean (a constant channel) gives exactly ``beta``.
 
 Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and its last block writes
 ``dbeta``, ``dgamma = invstd * sum(dy (x - mean))`` and the coefficients of ``dx = a[c] dy + b[c] x + k[c]``;
 ``bn_bwd_apply`` writes ``dx``.
 
 An activation ``act`` (any scalar function the elementwise tracer compiles, None for none) is fused into both
-directions: the apply kernel writes ``act(x * scale + shift)``, and the backward multiplies ``dy`` by ``act'`` at
+directions: the apply kernel writes ``act((x - mean) * scale + bias)``, and the backward multiplies ``dy`` by ``act'`` at
 that pre-activation, recomputed from ``x`` (so neither it nor ``y`` is kept). Its formula and derivative reach the
 source as the defines ``FX_ACT(v)`` and ``FX_ACT_GRAD(v)`` (:func:`fluxpy.kernels.trace.activation_c`): one
 compiled variant per (dtype, activation). Accumulation is in float32 for float32 data, float64 for float64. float16 and
@@ -114,7 +115,7 @@ def supports(x, *params, act=None) -> bool:
 
 
 def param_dtype(dtype) -> np.dtype:
-    """The dtype of the scale, shift, running and saved statistics for data of ``dtype``: float32 for the halves
+    """The dtype of the scale, bias, running and saved statistics for data of ``dtype``: float32 for the halves
     (cuDNN's rule), the data's own otherwise.
 
     >>> param_dtype(np.float16), param_dtype(np.float64)
@@ -270,13 +271,13 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     p = _plan(act, x)
     y = _output_like(x)
     keep = awaits(running_mean, running_var)
-    # mean, invstd, scale, shift and, for the journal, the running mean and variance before this call
+    # mean, invstd, scale, bias and, for the journal, the running mean and variance before this call
     stats = cupy.empty((6 if keep else 4, p.c), p.pdt)
-    mean, invstd, scale, shift, *old = row_addresses(stats)
-    p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, shift,
+    mean, invstd, scale, bias, *old = row_addresses(stats)
+    p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, bias,
                      _p(running_mean), _p(running_var), old[0] if keep else _NULL, np.float64(momentum),
                      np.float64(eps)))
-    p.apply(*p.app, (x, y, scale, shift, *p.app_scalars))
+    p.apply(*p.app, (x, y, mean, scale, bias, *p.app_scalars))
     if keep:
         kept(stats[4:], running_mean, running_var)
     return y, stats[0], stats[1]
@@ -288,10 +289,10 @@ def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
     dy = like_layout(dy, x)
     p = _plan(act, x, dy)
     dx = _output_like(x)
-    # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, shift
+    # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, bias
     out = cupy.empty((7, p.c), p.pdt)
     dgamma, dbeta, a, b, k, sc, sf = row_addresses(out)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
                          a, b, k, sc, sf))
-    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf))
+    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf, mean))
     return dx, out[0], out[1]

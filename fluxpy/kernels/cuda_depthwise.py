@@ -15,12 +15,13 @@ of a pixel (``cuda/depthwise.cu``):
   lanes added by a warp butterfly and then warp by warp, and the shares added in a fixed order by the second kernel
   (deterministic, float32 accumulation, rounded once).
 
-The tile (:class:`Tile`: ``wb``, and for the weight's gradient ``khb`` and the blocks a SM) is picked by
-:func:`plan`'s rule from the problem and the GPU's SM count; :func:`candidates` lists the settings the kernels
-compile for, which :func:`forward` and :func:`backward_filter` take as ``tile=`` (``benchmarks/depthwise_conv.py
---sweep`` times them all). :func:`conv_forward`, :func:`conv_backward_data` and :func:`conv_backward_filter` run
-the kernels where :func:`supports` holds and, per problem, where they measured faster than cuDNN's plan on the first
-call (timed on the GPU alone); cuDNN's graph path otherwise (:mod:`fluxpy.kernels.cudnn.graph`).
+The tile (:class:`Tile`: ``wb``, and for the weight's gradient ``khb`` and the blocks a SM) is a compile-time
+setting; :func:`candidates` lists those the kernels take for a problem. :func:`conv_forward`,
+:func:`conv_backward_data` and :func:`conv_backward_filter` (the kernel table's entries) pick by measurement: on a
+problem's first call they time each tile of the shortlist and cuDNN's graph plan (:mod:`fluxpy.kernels.cudnn.graph`)
+on the GPU alone and keep the fastest, where :func:`supports` holds; the best tile depends on the stride, the
+image's width and the channels in ways no simple rule caught (``benchmarks/depthwise_conv.py --sweep`` times them
+all). :func:`forward` and :func:`backward_filter` called directly take ``tile=``, or :func:`plan`'s rule.
 
 >>> sorted(KERNEL_NAMES)
 ['dw_backward_data', 'dw_backward_filter', 'dw_filter_total', 'dw_forward']
@@ -304,40 +305,52 @@ def backward_filter(x, dy, cdims, tile: Tile | None = None):
     return dw
 
 
-_choices: dict = {}
+_choices: dict = {}   # (direction, cdims, dtype, device) -> a tile, OURS (backward data) or CUDNN
+OURS, CUDNN = "ours", "cudnn"
 
 
-def _ours(direction, a, w, cdims, ours, theirs) -> bool:
-    """Whether this problem runs on fluxpy's kernels: they take it, and (timed on the first call, GPU time
-    alone) they were faster than cuDNN's path."""
+def _shortlist(direction, cdims) -> list:
+    """What is timed of fluxpy's kernels: every forward tile; the weight's gradient's at the first blocks-a-SM
+    setting (the second measured no faster by more than 1% on any layer of the sweep); the backward data's one
+    kernel (OURS)."""
+    if direction == "data":
+        return [OURS]
+    tiles = candidates(direction, cdims)
+    return tiles if direction == "forward" else [t for t in tiles if t.per_sm == _PER_SM[0]]
+
+
+def _choice(direction, a, w, cdims, ours, theirs):
+    """What runs this problem: CUDNN where the kernels do not take it; else, timed on its first call (GPU time
+    alone), the fastest of :func:`_shortlist`'s entries (``ours(entry)`` runs one) and cuDNN's plan
+    (``theirs()``)."""
     if not supports(a, w, cdims):
-        return False
+        return CUDNN
 
     def timed():
-        return compiler.time_ms(ours, hide_host=True) < compiler.time_ms(theirs, hide_host=True)
+        runs = [(entry, lambda entry=entry: ours(entry)) for entry in _shortlist(direction, cdims)]
+        times = {entry: compiler.time_ms(run, hide_host=True) for entry, run in runs + [(CUDNN, theirs)]}
+        return min(times, key=times.get)
     return _cached(_choices, (direction, cdims, a.dtype, a.device.id), timed)
 
 
 def conv_forward(x, w, cdims):
-    """The kernel table's ``conv_forward`` for CuPy arrays: :func:`forward` where it is kept, cuDNN's otherwise."""
-    if _ours("forward", x, w, cdims, lambda: forward(x, w, cdims), lambda: graph.conv_forward(x, w, cdims)):
-        return forward(x, w, cdims)
-    return graph.conv_forward(x, w, cdims)
+    """The kernel table's ``conv_forward`` for CuPy arrays: :func:`forward` at the tile kept, or cuDNN's plan."""
+    tile = _choice("forward", x, w, cdims, lambda t: forward(x, w, cdims, t), lambda: graph.conv_forward(x, w, cdims))
+    return graph.conv_forward(x, w, cdims) if tile == CUDNN else forward(x, w, cdims, tile)
 
 
 def conv_backward_data(dy, w, cdims):
     """The kernel table's ``conv_backward_data``: :func:`backward_data` where it is kept, cuDNN's otherwise."""
-    if _ours("data", dy, w, cdims, lambda: backward_data(dy, w, cdims),
-             lambda: graph.conv_backward_data(dy, w, cdims)):
-        return backward_data(dy, w, cdims)
-    return graph.conv_backward_data(dy, w, cdims)
+    kept = _choice("data", dy, w, cdims, lambda _: backward_data(dy, w, cdims),
+                   lambda: graph.conv_backward_data(dy, w, cdims))
+    return graph.conv_backward_data(dy, w, cdims) if kept == CUDNN else backward_data(dy, w, cdims)
 
 
 def conv_backward_filter(x, dy, cdims):
-    """The kernel table's ``conv_backward_filter``: :func:`backward_filter` where it is kept (both arrays
-    channels-last), cuDNN's otherwise."""
-    both = dy.dtype == x.dtype and supports(dy, None, cdims)
-    if both and _ours("filter", x, None, cdims, lambda: backward_filter(x, dy, cdims),
-                      lambda: graph.conv_backward_filter(x, dy, cdims)):
-        return backward_filter(x, dy, cdims)
-    return graph.conv_backward_filter(x, dy, cdims)
+    """The kernel table's ``conv_backward_filter``: :func:`backward_filter` at the tile kept (both arrays
+    channels-last, of one dtype), or cuDNN's plan."""
+    tile = CUDNN
+    if dy.dtype == x.dtype and supports(dy, None, cdims):
+        tile = _choice("filter", x, None, cdims, lambda t: backward_filter(x, dy, cdims, t),
+                       lambda: graph.conv_backward_filter(x, dy, cdims))
+    return graph.conv_backward_filter(x, dy, cdims) if tile == CUDNN else backward_filter(x, dy, cdims, tile)

@@ -183,3 +183,40 @@ def test_own_kernels_read_every_partial_fresh_across_layers_that_share_a_plan(la
             err = np.abs(cp.asnumpy(got).astype(np.float64) - want)
             assert (err <= 1e-4 * scale).all(), (
                 f"layer {layer} {layout} {name}: error {err.max():.3g} at channel {int(err.argmax())}")
+
+
+@pytest.mark.parametrize("layout", ["c_order", "channels_last"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, "bfloat16"])
+def test_own_kernels_give_a_constant_channel_exactly_beta_and_relus_derivative_there(layout, dtype):
+    """A channel whose values all equal its mean (a dead channel: a conv of zero inputs) normalises to exactly
+    beta, as (x - mean) * scale + beta gives it (PyTorch's form): relu of it is exactly relu(beta), and the
+    backward takes relu's derivative at that exact value, as the float64 reference does. At beta = 0 the channel
+    passes no gradient (relu'(0) = 0): dbeta, dgamma and dx of it are exactly zero; a value a rounding away from
+    zero (x * scale + shift) would pass the whole channel's dy or none, by the rounding's sign."""
+    cp = cupy_module()
+    from fluxpy.kernels import cuda_bn
+    from fluxpy.layout import to_channels_last
+    from test_half_conv_matmul import BF16
+    from devices import half_to_device, to_host64
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(11)
+    shape = (16, 24, 8, 8)
+    x = rng.standard_normal(shape)
+    x[:, 3] = 0.3721                    # constant, beta 0: no gradient
+    x[:, 5] = -1.25                     # constant, beta 0.5: y exactly 0.5
+    g = rng.standard_normal(shape[1]) + 2.0
+    b = rng.standard_normal(shape[1])
+    b[3], b[5] = 0.0, 0.5
+    dy = rng.standard_normal(shape)
+    xg, dyg = half_to_device(x, dt), half_to_device(dy, dt)
+    if layout == "channels_last":
+        xg, dyg = to_channels_last(xg), to_channels_last(dyg)
+    pdt = cuda_bn.param_dtype(dt)
+    gg, bg = cp.asarray(g, pdt), cp.asarray(b, pdt)
+    y, mean, invstd = cuda_bn.forward_training(xg, gg, bg, None, None, 0.1, 1e-5, act=fluxpy.relu)
+    dx, dgamma, dbeta = cuda_bn.backward(dyg, xg, gg, bg, mean, invstd, 1e-5, act=fluxpy.relu)
+    y, dx = to_host64(y), to_host64(dx)
+    dgamma, dbeta = cp.asnumpy(dgamma), cp.asnumpy(dbeta)
+    assert (y[:, 3] == 0).all() and (y[:, 5] == 0.5).all(), (np.abs(y[:, 3]).max(), np.abs(y[:, 5] - 0.5).max())
+    assert dbeta[3] == 0 and dgamma[3] == 0 and (dx[:, 3] == 0).all(), (dbeta[3], dgamma[3], np.abs(dx[:, 3]).max())
+    assert dbeta[5] != 0 and np.isfinite(dx).all()

@@ -93,10 +93,14 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
     }
 
 // From a channel's totals t1 = sum(x - K), t2 = sum((x - K)^2) over its M values: the statistics, the scale and
-// shift of the apply kernel, and the running statistics moved (the variance unbiased), their old values first
+// bias of the apply kernel (PRE), and the running statistics moved (the variance unbiased), their old values first
 // written to old_running (mean, then var, NC values each) where it is given (a training step's journal).
 #define STATS_FINISH(M_)                                                                                    \
     {                                                                                                       \
+        /* every load before any store: the compiler cannot tell the outputs from the inputs, so a load after */ \
+        /* a store would wait for it */                                                                     \
+        const ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;                              \
+        const ACC rm0 = running_mean ? running_mean[c] : (ACC)0, rv0 = running_mean ? running_var[c] : (ACC)0; \
         const long long count = (M_);                                                                       \
         ACC m = (ACC)count;                                                                                 \
         ACC dm = t1 / m;                                                                                    \
@@ -104,20 +108,19 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         if (var < (ACC)0) var = 0;                                                                          \
         ACC mu = K + dm;                                                                                    \
         ACC inv = (ACC)1 / sqrt(var + (ACC)eps);                                                            \
-        ACC g = gamma ? gamma[c] : (ACC)1, bb = beta ? beta[c] : (ACC)0;                                    \
         mean_out[c] = mu; invstd_out[c] = inv;                                                              \
-        scale[c] = g * inv; shift[c] = bb - mu * g * inv;                                                   \
+        scale[c] = g * inv; bias[c] = bb;                                                                   \
         if (running_mean) {                                                                                 \
-            if (old_running) { old_running[c] = running_mean[c]; old_running[NC + c] = running_var[c]; }    \
+            if (old_running) { old_running[c] = rm0; old_running[NC + c] = rv0; }                           \
             double unbiased = (double)var * (double)count / (double)(count - 1);                            \
-            running_mean[c] = (ACC)((1 - momentum) * (double)running_mean[c] + momentum * (double)mu);     \
-            running_var[c] = (ACC)((1 - momentum) * (double)running_var[c] + momentum * unbiased);          \
+            running_mean[c] = (ACC)((1 - momentum) * (double)rm0 + momentum * (double)mu);                  \
+            running_var[c] = (ACC)((1 - momentum) * (double)rv0 + momentum * unbiased);                     \
         }                                                                                                   \
     }
 
 extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long long HW, int S, int vec,
                                      ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
-                                     ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
+                                     ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* bias,
                                      ACC* running_mean, ACC* running_var, ACC* old_running, double momentum,
                                      double eps) {
     __shared__ ACC sh[64];
@@ -133,31 +136,36 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long 
         STATS_FINISH(N * HW)
 }
 
-// y = x * scale[c] + shift[c]: a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a
-// grid-stride loop over the whole tensor with 32-bit index arithmetic.
+// The normalised value before the activation, (x - mean) * scale + bias (scale = gamma * invstd, bias = beta), from
+// the channel's mu, sc and sf in scope: written as PyTorch's is, so that a value equal to its channel's mean (a
+// constant channel) gives exactly beta, and the activation's derivative is taken there, as the exact value's is.
+#define PRE(xv) (((xv) - mu) * sc + sf)
 #define ACT(v) FX_ACT(v)
 
-extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, long long HW,
-                                     int vec, int flat, unsigned total) {
+// y = act(PRE(x)): a block per (row, chunk), row = n * NC + c; or, for short rows (flat), a grid-stride loop over
+// the whole tensor with 32-bit index arithmetic.
+
+extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* mean, const ACC* scale, const ACC* bias, long long NC,
+                                     long long HW, int vec, int flat, unsigned total) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
-            const ACC sc = scale[c], sf = shift[c];
+            const ACC mu = mean[c], sc = scale[c], sf = bias[c];
             if (vec) {
                 VT v = ((const VT*)x)[i];
                 T* p = (T*)&v;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(PRE(LOAD(p[u]))));
                 ((VT*)y)[i] = v;
             } else {
-                y[i] = STORE(ACT(LOAD(x[i]) * sc + sf));
+                y[i] = STORE(ACT(PRE(LOAD(x[i]))));
             }
         }
         return;
     }
     const long long row = blockIdx.x;
     const long long c = row % NC;
-    const ACC sc = scale[c], sf = shift[c];
+    const ACC mu = mean[c], sc = scale[c], sf = bias[c];
     const long long base = row * HW;
     if (vec) {
         const VT* xv = (const VT*)(x + base);
@@ -166,19 +174,27 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* scale, const AC
              j += (long long)gridDim.y * blockDim.x) {
             VT v = xv[j];
             T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc + sf));
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(PRE(LOAD(p[u]))));
             yv[j] = v;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            y[base + j] = STORE(ACT(LOAD(x[base + j]) * sc + sf));
+            y[base + j] = STORE(ACT(PRE(LOAD(x[base + j]))));
     }
 }
 
-// dy times the activation's derivative at the forward's pre-activation, x * scale + shift, recomputed from x with
-// the forward's own scale and shift (the same expressions, so the same rounding).
-#define MASKED(g, xv) ((g) * FX_ACT_GRAD((xv) * sc + sf))
+// The forward's coefficients of channel c as the backward recomputes them (PRE's mu, sc, sf): the same
+// expressions as the forward's, so the same rounding.
+__device__ __forceinline__ void forward_coefs(const ACC* mean, const ACC* invstd, const ACC* gamma,
+                                              const ACC* beta, long long c, ACC& mu, ACC& sc, ACC& sf) {
+    const ACC g0 = gamma ? gamma[c] : (ACC)1, b0 = beta ? beta[c] : (ACC)0, inv0 = invstd[c];
+    mu = mean[c];
+    sc = g0 * inv0; sf = b0;
+}
+
+// dy times the activation's derivative at the forward's pre-activation, recomputed from x (PRE).
+#define MASKED(g, xv) ((g) * FX_ACT_GRAD(PRE(xv)))
 
 // From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' = dy act'):
 // dbeta, dgamma and the coefficients of dx = a dy' + b x + k.
@@ -203,9 +219,9 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
     const int s = blockIdx.x;
     const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
     const T* a = dy; const T* b = x;
-    const ACC K = mean[c];
-    const ACC g0 = gamma ? gamma[c] : (ACC)1, b0 = beta ? beta[c] : (ACC)0, inv0 = invstd[c];
-    const ACC sc = g0 * inv0, sf = b0 - K * g0 * inv0;
+    ACC mu, sc, sf;
+    forward_coefs(mean, invstd, gamma, beta, c, mu, sc, sf);
+    const ACC K = mu;
     ACC s1 = 0, s2 = 0;
     ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
     ACC t1, t2;
@@ -216,12 +232,12 @@ extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean
 // dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
                                          long long NC, long long HW, int vec, int flat, unsigned total,
-                                         const ACC* csc, const ACC* csf) {
+                                         const ACC* csc, const ACC* csf, const ACC* mean) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
-            const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
+            const ACC a = ca[c], b = cb[c], k = ck[c], mu = mean[c], sc = csc[c], sf = csf[c];
             if (vec) {
                 VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
                 const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
@@ -239,7 +255,7 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
     }
     const long long row = blockIdx.x;
     const long long c = row % NC;
-    const ACC a = ca[c], b = cb[c], k = ck[c], sc = csc[c], sf = csf[c];
+    const ACC a = ca[c], b = cb[c], k = ck[c], mu = mean[c], sc = csc[c], sf = csf[c];
     const long long base = row * HW;
     if (vec) {
         const VT* gv = (const VT*)(dy + base);
@@ -344,7 +360,8 @@ __device__ __forceinline__ void lane_sums(ACC* a, ACC* b, ACC* sh1, ACC* sh2, in
         }
 }
 
-// True in lane 0 of the chunk's last block, which then holds totals t1[u], t2[u] of channels c0 + u. part1/part2:
+// True in every thread of the chunk's last block, whose row lane 0 then holds totals t1[u], t2[u] of channels
+// c0 + u. part1/part2:
 // every chunk's S partials of CH channels each (chunk blockIdx.y's partial s of channel j at (y * S + s) * CH + j);
 // counters: one per chunk.
 __device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC* sh1, ACC* sh2, ACC* part1,
@@ -369,12 +386,29 @@ __device__ __forceinline__ bool column_totals(const ACC* s1, const ACC* s2, ACC*
             t2[u] += __ldcg(part2 + (long long)i * CH + k * VW + u);
         }
     lane_sums(t1, t2, sh1, sh2, CV, k, r);
-    return r == 0;
+    return true;
+}
+
+// In the chunk's last block: row lane 0's totals (t1s, t2s of channels c0 + u) handed out one channel a thread
+// through shared memory, so that the channels' finishes (loads, a division, stores) run side by side rather than
+// VW after another in one thread. True in thread j < CH (a chunk has CH = CV * VW <= 32 channels, as the launch
+// makes it) where its channel c = chunk * CH + j exists; t1, t2 are then that channel's totals.
+__device__ __forceinline__ bool one_channel_a_thread(const ACC* t1s, const ACC* t2s, int CV, int k, int r,
+                                                     long long NC, ACC& t1, ACC& t2, long long& c) {
+    __shared__ ACC fin1[32], fin2[32];
+    if (r == 0)
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) { fin1[k * VW + u] = t1s[u]; fin2[k * VW + u] = t2s[u]; }
+    __syncthreads();
+    const int CH = CV * VW;
+    c = (long long)blockIdx.y * CH + threadIdx.x;
+    if ((int)threadIdx.x >= CH || c >= NC) return false;
+    t1 = fin1[threadIdx.x]; t2 = fin2[threadIdx.x];
+    return true;
 }
 
 extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, int S, int CV, int vec,
                                         ACC* part1, ACC* part2, int* counters, const ACC* gamma, const ACC* beta,
-                                        ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* shift,
+                                        ACC* mean_out, ACC* invstd_out, ACC* scale, ACC* bias,
                                         ACC* running_mean, ACC* running_var, ACC* old_running, double momentum,
                                         double eps) {
     CL_SETUP
@@ -383,14 +417,12 @@ extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, in
     load_row(x, 0, NC, c0, vec && c0 < NC, Ks);   // the shift: each channel's first value
     _Pragma("unroll") for (int u = 0; u < VW; ++u) { s1[u] = 0; s2[u] = 0; }
     if (c0 < NC) COL_SUMS(0, (A_ - Ks[U]), (A_ - Ks[U]) * (A_ - Ks[U]))
-    ACC t1s[VW], t2s[VW];
+    ACC t1s[VW], t2s[VW], t1, t2;
+    long long c;
     if (!column_totals(s1, s2, sh1, sh2, part1, part2, counters, s, S, CV, RL, k, r, t1s, t2s)) return;
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-        const long long c = c0 + u;
-        if (c >= NC) break;
-        const ACC t1 = t1s[u], t2 = t2s[u], K = Ks[u];
-        STATS_FINISH(M)
-    }
+    if (!one_channel_a_thread(t1s, t2s, CV, k, r, NC, t1, t2, c)) return;
+    const ACC K = LOAD(x[c]);   // the shift, as the sums took it: the channel's first value
+    STATS_FINISH(M)
 }
 
 extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
@@ -401,27 +433,23 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
     const T* a = dy; const T* b = x;
     ACC Ks[VW], scs[VW], sfs[VW], s1[VW], s2[VW];
     _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-        const long long c = c0 + u;
-        const bool in = c < NC;
-        const ACC g0 = (gamma && in) ? gamma[c] : (ACC)1, b0 = (beta && in) ? beta[c] : (ACC)0;
-        const ACC inv0 = in ? invstd[c] : (ACC)0;
-        Ks[u] = in ? mean[c] : (ACC)0;
-        scs[u] = g0 * inv0; sfs[u] = b0 - Ks[u] * g0 * inv0;
-        s1[u] = 0; s2[u] = 0;
+        Ks[u] = 0; scs[u] = 0; sfs[u] = 0; s1[u] = 0; s2[u] = 0;
+        if (c0 + u < NC) forward_coefs(mean, invstd, gamma, beta, c0 + u, Ks[u], scs[u], sfs[u]);
     }
+#define mu Ks[U]
 #define sc scs[U]
 #define sf sfs[U]
-    if (c0 < NC) COL_SUMS(1, MASKED(A_, B_), MASKED(A_, B_) * (B_ - Ks[U]))
+    if (c0 < NC) COL_SUMS(1, MASKED(A_, B_), MASKED(A_, B_) * (B_ - mu))
+#undef mu
 #undef sc
 #undef sf
-    ACC t1s[VW], t2s[VW];
+    ACC t1s[VW], t2s[VW], t1, t2, mu, sc, sf;
+    long long c;
     if (!column_totals(s1, s2, sh1, sh2, part1, part2, counters, s, S, CV, RL, k, r, t1s, t2s)) return;
-    _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-        const long long c = c0 + u;
-        if (c >= NC) break;
-        const ACC t1 = t1s[u], t2 = t2s[u], K = Ks[u], sc = scs[u], sf = sfs[u];
-        BWD_FINISH(M)
-    }
+    if (!one_channel_a_thread(t1s, t2s, CV, k, r, NC, t1, t2, c)) return;
+    forward_coefs(mean, invstd, gamma, beta, c, mu, sc, sf);
+    const ACC K = mu;
+    BWD_FINISH(M)
 }
 
 // The apply kernels on channels-last data: a grid-stride loop whose stride is a whole number of rows (the launch
@@ -432,47 +460,53 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;                               \
     const long long cbase = (first * (W)) % NC;
 
-extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* scale, const ACC* shift, long long NC, int vec,
-                                        long long total) {
+extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* mean, const ACC* scale, const ACC* bias,
+                                        long long NC, int vec, long long total) {
     if (vec) {
         APPLY_SETUP(VW)
-        ACC sc[VW], sf[VW];
-        _Pragma("unroll") for (int u = 0; u < VW; ++u) { sc[u] = scale[cbase + u]; sf[u] = shift[cbase + u]; }
+        ACC mus[VW], scs[VW], sfs[VW];
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+            mus[u] = mean[cbase + u]; scs[u] = scale[cbase + u]; sfs[u] = bias[cbase + u];
+        }
         for (long long i = first; i < total; i += step) {
             VT v = ((const VT*)x)[i];
             T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(LOAD(p[u]) * sc[u] + sf[u]));
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                const ACC mu = mus[u], sc = scs[u], sf = sfs[u];
+                p[u] = STORE(ACT(PRE(LOAD(p[u]))));
+            }
             ((VT*)y)[i] = v;
         }
     } else {
         APPLY_SETUP(1)
-        const ACC sc = scale[cbase], sf = shift[cbase];
-        for (long long i = first; i < total; i += step) y[i] = STORE(ACT(LOAD(x[i]) * sc + sf));
+        const ACC mu = mean[cbase], sc = scale[cbase], sf = bias[cbase];
+        for (long long i = first; i < total; i += step) y[i] = STORE(ACT(PRE(LOAD(x[i]))));
     }
 }
 
 extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
                                             const ACC* ck, long long NC, int vec, long long total, const ACC* csc,
-                                            const ACC* csf) {
+                                            const ACC* csf, const ACC* mean) {
     if (vec) {
         APPLY_SETUP(VW)
-        ACC a[VW], b[VW], kk[VW], scs[VW], sfs[VW];
+        ACC a[VW], b[VW], kk[VW], mus[VW], scs[VW], sfs[VW];
         _Pragma("unroll") for (int u = 0; u < VW; ++u) {
             a[u] = ca[cbase + u]; b[u] = cb[cbase + u]; kk[u] = ck[cbase + u];
-            scs[u] = csc[cbase + u]; sfs[u] = csf[cbase + u];
+            mus[u] = mean[cbase + u]; scs[u] = csc[cbase + u]; sfs[u] = csf[cbase + u];
         }
         for (long long i = first; i < total; i += step) {
             VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
             const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                const ACC sc = scs[u], sf = sfs[u], xv = LOAD(pv[u]);
+                const ACC mu = mus[u], sc = scs[u], sf = sfs[u], xv = LOAD(pv[u]);
                 po[u] = STORE(a[u] * MASKED(LOAD(pg[u]), xv) + b[u] * xv + kk[u]);
             }
             ((VT*)dx)[i] = o;
         }
     } else {
         APPLY_SETUP(1)
-        const ACC a = ca[cbase], b = cb[cbase], kk = ck[cbase], sc = csc[cbase], sf = csf[cbase];
+        const ACC a = ca[cbase], b = cb[cbase], kk = ck[cbase], mu = mean[cbase], sc = csc[cbase],
+                  sf = csf[cbase];
         for (long long i = first; i < total; i += step) {
             const ACC xv = LOAD(x[i]);
             dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + kk);
