@@ -7,9 +7,8 @@ transposed matrices to C order), strided sources, empty arrays, more arrays than
 and a dynamic loss scale; and
 MixedPrecision's batched casts (``fluxpy.precision._to_halves``) through it against the per-array casts, forward and
 gradients (tests/test_precision_cast_many.py's checks), and a MixedPrecision model's loss and gradients (its GPU casts
-on NumPy). halfs.cuh's two float16 PTX conversions are the host
-compiler's ``_Float16`` here (tests/cuda_on_cpu/cast_many.cpp); bfloat16 runs halfs.cuh's own bit form; the GPU's
-instructions are tests/gpu/test_halves_gpu.py's. Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
+on NumPy). The source is tests/kernel_on_cpu.py's (halfs.cuh's float16 PTX as the host compiler's ``_Float16``).
+Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
 import copy
 import ctypes
@@ -27,12 +26,11 @@ import fluxpy
 from fluxpy import precision
 from fluxpy.kernels import compiler, cuda_halves
 from fluxpy.layout import is_channels_last, to_channels_last
+from kernel_on_cpu import source_for_cpu
 from test_precision_cast_many import HALF_DTYPES, SHAPES, assert_same, check, draw, specs, weights_of
 
 SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
 _GXX = ["g++", "-std=c++20", "-O1", "-fPIC", "-Wno-unknown-pragmas", "-pthread", "-I", str(SHIM)]
-_PTX = {'asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));': "f = fx_cpu_f16_to_f32(h);",
-        'asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));': "h = fx_cpu_f32_to_f16(f);"}
 F32 = np.dtype(np.float32)
 
 
@@ -47,11 +45,7 @@ def build(tmp_path_factory):
     done = subprocess.run(_GXX + ["-o", str(folder / "probe"), str(probe)], capture_output=True, text=True)
     if done.returncode:
         pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h with _Float16: {done.stderr[-300:]}")
-    text = compiler.source("cast_many.cu")
-    for ptx, call in _PTX.items():
-        assert text.count(ptx) == 1, f"halfs.cuh no longer holds {ptx!r}: update this test's stand-ins"
-        text = text.replace(ptx, call)
-    (folder / "cast_many.cu").write_text(text)
+    (folder / "cast_many.cu").write_text(source_for_cpu("cast_many.cu"))
     return folder
 
 

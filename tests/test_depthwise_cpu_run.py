@@ -1,11 +1,11 @@
 """fluxpy's depthwise kernels (``fluxpy/kernels/cuda/depthwise.cu``) run on the CPU, without a GPU: the source as
 NVRTC gets it, compiled by g++ with ``tests/cuda_on_cpu/shim.h`` (a thread per CUDA thread, barriers for
-``__syncthreads`` and the warp shuffles, one block at a time) and that folder's ``halfs.cuh`` (the same conversions
-in C++), launched by ``fluxpy.kernels.cuda_depthwise``'s own host code (its CuPy calls given NumPy, its launches the
+``__syncthreads`` and the warp shuffles, one block at a time), its float16 conversions the host's (tests/kernel_on_cpu.py),
+launched by ``fluxpy.kernels.cuda_depthwise``'s own host code (its CuPy calls given NumPy, its launches the
 compiled library's), against a float64 NumPy reference. Every candidate segment width ``wb`` at strides 1 and 2 with
 row tails, both halves, kernels of 1x3 to 7x7, dilation, strides above the kernel's reach, single channels and
 several channel chunks. It checks the kernels' indexing, tails and sums; registers, speed and the GPU's own
-arithmetic are ``tests/gpu/test_depthwise_gpu.py``'s. Skips where g++ lacks C++20's ``<barrier>``.
+arithmetic are ``tests/gpu/test_depthwise_gpu.py``'s. Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
 import ctypes
 import hashlib
@@ -22,6 +22,7 @@ from fluxpy.kernels import compiler
 from fluxpy.kernels import cuda_depthwise as dw
 from fluxpy.layout import is_channels_last, to_channels_last
 from fluxpy.ops.dims import ConvDims
+from kernel_on_cpu import source_for_cpu
 
 SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -33,16 +34,16 @@ PROCESSORS = 16   # the SMs the host code plans for: several blocks, and shares 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A folder holding the raw kernel source (its ``halfs.cuh`` is then the shim's) and shim.h precompiled;
-    skips where g++ cannot build the shim."""
+    """A folder holding the kernel source for the CPU and shim.h precompiled; skips where g++ cannot build the
+    shim."""
     folder = tmp_path_factory.mktemp("depthwise_on_cpu")
     if shutil.which("g++") is None:
         pytest.skip("no g++ to build the kernels for the CPU")
     header = subprocess.run(_GXX + ["-I", str(SHIM), "-x", "c++-header", str(SHIM / "shim.h"), "-o",
                                     str(folder / "shim.h.gch")], capture_output=True, text=True)
     if header.returncode:
-        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h (C++20 <barrier>): {header.stderr[-300:]}")
-    (folder / SOURCE).write_text((compiler.SOURCE_DIR / SOURCE).read_text())
+        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h (C++20 <barrier>, _Float16): {header.stderr[-300:]}")
+    (folder / SOURCE).write_text(source_for_cpu(SOURCE))
     shutil.copy(SHIM / "depthwise.cpp", folder / "depthwise.cpp")   # beside shim.h.gch, which g++ then takes
     return folder
 

@@ -1,4 +1,4 @@
-// fluxpy/kernels/cuda/depthwise.cu on the CPU (shim.h, and this folder's halfs.cuh): emu_launch runs the kernels
+// fluxpy/kernels/cuda/depthwise.cu on the CPU (shim.h; the source from tests/kernel_on_cpu.py): emu_launch runs the kernels
 // its defines compile (depthwise.cu's header says which) by name, its arguments `a` (`sizes`: the bytes of each of
 // `n`) checked against the kernel's parameters; 2 where they do not fit, 1 where no kernel has the name.
 #include "shim.h"

@@ -26,6 +26,15 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 using std::max;
 using std::min;
 inline float __int_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
+// Stand-ins for halfs.cuh's float16 PTX conversions (tests/kernel_on_cpu.py puts them in its place): the host
+// compiler's _Float16, IEEE, round to nearest even.
+inline float fx_cpu_f16_to_f32(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
+inline unsigned short fx_cpu_f32_to_f16(float f) {
+    const _Float16 v = (_Float16)f;
+    unsigned short h;
+    std::memcpy(&h, &v, 2);
+    return h;
+}
 inline float __uint_as_float(unsigned x) { return __int_as_float(x); }
 inline unsigned __float_as_uint(float f) { unsigned x; std::memcpy(&x, &f, 4); return x; }
 alignas(16) float4 shared4[232448 / 16];   // the most an sm_90 block can have
