@@ -18,9 +18,9 @@ Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and 
 ``bn_bwd_apply`` writes ``dx``.
 
 An activation ``act`` (any scalar function the elementwise tracer compiles, None for none) is fused into both
-directions: the apply kernel writes ``act((x - mean) * scale + bias)``, and the backward multiplies ``dy`` by ``act'`` at
-that pre-activation, recomputed from ``x`` (so neither it nor ``y`` is kept). Its formula and derivative reach the
-source as the defines ``FX_ACT(v)`` and ``FX_ACT_GRAD(v)`` (:func:`fluxpy.kernels.trace.activation_c`): one
+directions: the apply kernel writes ``act((x - mean) * scale + bias)``, and the backward multiplies ``dy`` by
+``act'`` at that pre-activation, recomputed from ``x`` (so neither it nor ``y`` is kept). Its formula and derivative
+reach the source as the defines ``FX_ACT(v)`` and ``FX_ACT_GRAD(v)`` (:func:`fluxpy.kernels.trace.activation_c`): one
 compiled variant per (dtype, activation). Accumulation is in float32 for float32 data, float64 for float64. float16 and
 bfloat16 data are read and written in their own 16 bits (eight to a 16-byte vector) and computed in float32; their
 statistics, ``gamma``, ``beta``, the running statistics and ``dgamma``/``dbeta`` are float32, as cuDNN's.
