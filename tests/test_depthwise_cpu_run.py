@@ -256,3 +256,66 @@ def test_the_rule_picks_a_candidate_no_wider_than_the_row():
             tile = dw.plan(direction, cd, processors=sms)
             assert tile in dw.candidates(direction, cd), (direction, cd, tile)
             assert tile.wb == 1 or tile.wb <= cd.y_shape[3]
+
+
+class _OnDevice(np.ndarray):
+    """A NumPy array standing in for a CuPy one where the host code asks for its device or CuPy's layout flag."""
+    device = types.SimpleNamespace(id=0)
+
+    @property
+    def _c_contiguous(self):
+        return self.flags.c_contiguous
+
+
+@pytest.mark.parametrize("fastest", ["tile", "cudnn"])
+def test_the_kernel_table_keeps_whichever_timed_fastest_and_times_a_problem_once(on_cpu, monkeypatch, fastest):
+    """conv_forward and conv_backward_filter time every tile of the shortlist and cuDNN's plan on a problem's first
+    call (GPU time stood in for by a script: one tile made the fastest, or cuDNN's plan), keep the fastest and run
+    it, and time nothing on the next call; the results at the kept tile match the reference."""
+    monkeypatch.setattr(dw.cupy, "ndarray", _OnDevice)
+    monkeypatch.setattr(dw, "_choices", {})
+    rng = np.random.default_rng(7)
+    shape, c = (2, 16, 6, 13), 16
+    x = rng.standard_normal(shape).astype(np.float32).astype(BF16)
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32).astype(BF16).view(_OnDevice)
+    cd = ConvDims.from_shapes(x.shape, w.shape, groups=c, pad=1)
+    dy = rng.standard_normal(cd.y_shape).astype(np.float32).astype(BF16)
+    want = _reference(*(a.astype(np.float64) for a in (x, w, dy)), cd)
+    xl, dyl = to_channels_last(x).view(_OnDevice), to_channels_last(dy).view(_OnDevice)
+    ran, timed = [], []
+
+    def spied(real):
+        def spy(a, b, cdims, tile=None):
+            ran.append(tile)
+            return real(a, b, cdims, tile)
+        return spy
+    for name in ("forward", "backward_filter"):
+        monkeypatch.setattr(dw, name, spied(getattr(dw, name)))
+
+    def cudnn(*args):
+        ran.append(dw.CUDNN)
+        return dw.forward(xl, w, cd) if len(args) == 3 and args[1] is w else dw.backward_filter(xl, dyl, cd)
+    monkeypatch.setattr(dw.graph, "conv_forward", cudnn)
+    monkeypatch.setattr(dw.graph, "conv_backward_filter", cudnn)
+    for direction, call in (("forward", lambda: dw.conv_forward(xl, w, cd)),
+                            ("filter", lambda: dw.conv_backward_filter(xl, dyl, cd))):
+        shortlist = dw._shortlist(direction, cd)
+        kept = dw.CUDNN if fastest == "cudnn" else shortlist[len(shortlist) // 2]
+
+        def time_ms(run, reps=5, failures=(), hide_host=False, _kept=kept):
+            ran.clear()
+            run()
+            timed.append(ran[0])
+            return 1.0 if ran[0] == _kept else 2.0
+        monkeypatch.setattr(dw.compiler, "time_ms", time_ms)
+        timed.clear()
+        out = call()
+        assert timed == shortlist + [dw.CUDNN], f"{direction}: timed {timed}"
+        assert dw._choices[(direction, cd, xl.dtype, 0)] == kept
+        ran.clear()
+        timed.clear()
+        again = call()
+        assert timed == [] and ran[0] == kept, (direction, timed, ran)
+        ref = want[0] if direction == "forward" else want[2]
+        for got in (out, again):
+            _close(got, ref, BF16, 9 if direction == "forward" else dy.size // c, f"{direction} kept {kept}")
