@@ -48,7 +48,7 @@ from ..journal import awaits, kept
 from ..layout import is_channels_last, like_layout
 from . import compiler
 from .cuda_arrays import row_addresses
-from .halfs import HALVES, KERNEL_DTYPES, compute_dtype, dtype_defines
+from .halfs import KERNEL_DTYPES, VECTORS, compute_dtype, dtype_defines
 from .elementwise import _cached, fuses
 from .trace import activation_c
 
@@ -59,8 +59,6 @@ _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply", "bn_stats_cl",
 _THREADS = 256
 
 
-_VECTORS = {dt: ("uint4", 16 // dt.itemsize) for dt in HALVES}   # 16-byte vectors: VT, VW (in elements)
-_VECTORS.update({np.dtype(np.float32): ("float4", 4), np.dtype(np.float64): ("double2", 2)})
 
 
 def _identity(v):
@@ -74,7 +72,7 @@ def _defines(dtype, act=None):
     """``cuda/batchnorm.cu``'s defines: the dtype's (halfs.cuh), its 16-byte vector (``VT`` of ``VW`` elements),
     and the activation's formula and derivative (``act`` None: the identity), kept per (dtype, activation)."""
     def make():
-        vt, vw = _VECTORS[np.dtype(dtype)]
+        vt, vw = VECTORS[np.dtype(dtype)]
         f = _identity if act is None else act
         return {**dtype_defines(dtype), "VT": vt, "VW": vw, "FX_ACT(v)": activation_c(f, dtype, "v"),
                 "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True)}
@@ -106,7 +104,7 @@ def supports(x, *params, act=None) -> bool:
     that the elementwise tracer compiles."""
     if act is not None and not fuses(act):
         return False
-    if type(x) is not cupy.ndarray or x.dtype not in _VECTORS or not 2 <= x.ndim <= 5:
+    if type(x) is not cupy.ndarray or x.dtype not in VECTORS or not 2 <= x.ndim <= 5:
         return False
     if not x._c_contiguous and not (is_channels_last(x) and x.size < 2**32):
         return False
@@ -136,7 +134,7 @@ def _sm_count(dev):
 def _vec(hw, dtype, *arrays):
     """Whether rows can be read as vectors: whole vectors per row, 16-byte aligned inputs (CuPy allocates
     outputs aligned)."""
-    return int(hw % _VECTORS[dtype][1] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
+    return int(hw % VECTORS[dtype][1] == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
 
 
 def _reduce_launch(n, c, hw, vec, dtype, dev):
@@ -144,7 +142,7 @@ def _reduce_launch(n, c, hw, vec, dtype, dev):
     whether rows are read as vectors (rows of at least 64 vectors; shorter rows are read flat)."""
     s = int(max(1, min(n, -(-4 * _sm_count(dev) // c), 1024)))
     s = -(-n // -(-n // s))   # every block gets at least one row
-    width = hw // _VECTORS[dtype][1]
+    width = hw // VECTORS[dtype][1]
     if not vec or width < 64:
         return s, 256, 0
     return s, (256 if width >= 256 else 1 << (width - 1).bit_length()), 1
@@ -153,7 +151,7 @@ def _reduce_launch(n, c, hw, vec, dtype, dev):
 def _apply_launch(n, c, hw, vec, dtype, dev):
     """``(grid, block, flat, total)``: a block per row chunk for rows of 256 vectors or more, else a flat
     grid-stride loop (32-bit indices, so only below 2**32 items)."""
-    vw = _VECTORS[dtype][1]
+    vw = VECTORS[dtype][1]
     width = hw // vw if vec else hw
     total = n * c * hw // vw if vec else n * c * hw
     if width < 256 and total < 2**32:
@@ -198,7 +196,7 @@ class _ChannelsLastPlan:
         c = shape[1]
         self.pdt = param_dtype(dtype)
         m = int(np.prod(shape, dtype=np.int64)) // c
-        vw = _VECTORS[dtype][1]
+        vw = VECTORS[dtype][1]
         grid, block, cv, s = _column_launch(m, c, vw, dev)
         self.stats, self.apply = _fn("bn_stats_cl", dtype, act), _fn("bn_apply_cl", dtype, act)
         self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype, act), _fn("bn_bwd_apply_cl", dtype, act)

@@ -20,8 +20,10 @@ where a thread takes one channel of one pixel and the results keep that layout):
 
 Windows are given by per-axis start/end arrays, so regular and adaptive pools share the kernels. The kernels pool
 2-d images; :mod:`fluxpy.ops.pool` runs 1-d and 3-d pools as 2-d ones on reshaped views (``pool_stages``). float16 and
-bfloat16 are read and written in their own 16 bits and computed in float32 (sums rounded once; max exact); every
-pooled value is its own load, so there are no vector loads to widen. The module imports without CuPy (the kernels
+bfloat16 are read and written in their own 16 bits and computed in float32 (sums rounded once; max exact). Max
+pooling's forward and disjoint-window backward on channels-last data whose pixels are whole 16-byte vectors (the
+channels a multiple of 8 in the halves, of 4 in float32) take a thread per (window, vector of channels), every load
+and store one vector (``maxpool_fwd_vec``, ``maxpool_bwd_tiles_vec``). The module imports without CuPy (the kernels
 are compiled on first use).
 
 >>> sorted(KERNELS)
@@ -38,7 +40,7 @@ from ..layout import empty_channels_last, is_channels_last, to_channels_last
 from .cpu import lowest_finite
 from .cuda_arrays import contiguous
 from . import compiler
-from .halfs import KERNEL_DTYPES, compute_dtype, dtype_defines
+from .halfs import KERNEL_DTYPES, VECTORS, compute_dtype, dtype_defines
 
 __all__ = ["KERNELS", "maxpool_forward", "maxpool_backward", "maxpool_gather", "meanpool_forward",
            "meanpool_backward", "SOURCE_VARIANTS"]
@@ -65,24 +67,40 @@ _windows = {}
 _THREADS = 256
 
 
-def _defines(dtype, channels_last):
-    """``cuda/pool.cu``'s defines: the dtype's (halfs.cuh) and ``CL``, 1 for channels-last memory."""
-    return {**dtype_defines(dtype), "CL": int(channels_last)}
+_VECTOR_KERNELS = ("maxpool_fwd", "maxpool_bwd_tiles")   # those with a form by 16-byte vectors (name + "_vec")
+
+
+def _defines(dtype, channels_last, vectors=False):
+    """``cuda/pool.cu``'s defines: the dtype's (halfs.cuh), ``CL`` (1 for channels-last memory) and, for the forms
+    by vectors (channels-last only), the dtype's 16-byte vector ``VT`` of ``VW`` elements."""
+    defines = {**dtype_defines(dtype), "CL": int(channels_last)}
+    if vectors:
+        defines["VT"], defines["VW"] = VECTORS[np.dtype(dtype)]
+    return defines
 
 
 def SOURCE_VARIANTS():
-    """``(source, defines)`` of every variant the kernels launch: each dtype, in either layout.
+    """``(source, defines)`` of every variant the kernels launch: each dtype, in either layout, and channels-last
+    by vectors.
 
     >>> len(list(SOURCE_VARIANTS()))
-    8
+    12
     """
     for dtype in KERNEL_DTYPES:
         for channels_last in (False, True):
             yield "pool.cu", _defines(dtype, channels_last)
+        yield "pool.cu", _defines(dtype, True, vectors=True)
 
 
-def _function(name, dtype, channels_last=False):
-    return compiler.function("pool.cu", name, _defines(dtype, channels_last))
+def _function(name, dtype, channels_last=False, vectors=False):
+    return compiler.function("pool.cu", name + ("_vec" if vectors else ""), _defines(dtype, channels_last, vectors))
+
+
+def _vector_width(name, st, layout) -> int:
+    """The channels a thread of kernel ``name`` takes as one 16-byte vector: the vector's width where the kernel
+    has a form by vectors and the data is channels-last in whole vectors a pixel, else 1 (a channel a thread)."""
+    vw = VECTORS[np.dtype(st)][1]
+    return vw if name in _VECTOR_KERNELS and layout[0] and layout[1] % vw == 0 else 1
 
 
 def _axis_windows(rows, pad_before, size):
@@ -143,21 +161,37 @@ def _compute(dtype):
 
 
 class _Call:
-    """One kernel's launch for one problem, all but its arrays: the kernel, the grid and the scalar arguments
-    that follow the arrays (the channel count last), the storage dtype and layout the arrays are given in, and
-    ``zero``: whether the output is zeroed first (a backward whose windows do not cover the image)."""
-    __slots__ = ("st", "layout", "fn", "grid", "tail", "zero")
+    """One kernel's launch for one problem, all but its arrays: the kernel (and its form by vectors, where it has
+    one and the channels come in whole vectors), the grids and the scalar arguments around the arrays (the thread
+    count first, the channel count last: both in vectors for that form), the storage dtype and layout the arrays
+    are given in, and ``zero``: whether the output is zeroed first (a backward whose windows do not cover the
+    image)."""
+    __slots__ = ("st", "layout", "fn", "grid", "tail", "vec", "zero")
 
     def __init__(self, name, st, layout, total, scalars, zero=False):
         self.st, self.layout, self.zero = st, layout, zero
         self.fn = _function(name, st, layout[0]) if total else None
         self.grid = ((total + _THREADS - 1) // _THREADS,)
-        self.tail = scalars + (np.int32(layout[1]),)
+        self.tail = (np.int64(total),) + scalars + (np.int32(layout[1]),)
+        vw = _vector_width(name, st, layout)
+        self.vec = None
+        if total and vw > 1:
+            self.vec = (_function(name, st, True, vectors=True), ((total // vw + _THREADS - 1) // _THREADS,),
+                        (np.int64(total // vw),) + scalars + (np.int32(layout[1] // vw),))
 
     def launch(self, arrays):
-        """The kernel over its threads (none where there are none), on ``arrays`` then the scalars."""
-        if self.fn is not None:
+        """The kernel over its threads (none where there are none), on ``arrays`` then the scalars: by vectors
+        where it has that form and every array is 16-byte aligned."""
+        if self.vec is not None and all(_address(a) % 16 == 0 for a in arrays):
+            fn, grid, tail = self.vec
+            fn(grid, (_THREADS,), arrays + tail)
+        elif self.fn is not None:
             self.fn(self.grid, (_THREADS,), arrays + self.tail)
+
+
+def _address(a) -> int:
+    """The device address of CuPy array ``a``'s first element."""
+    return a.data.ptr
 
 
 _calls: dict = {}
@@ -209,7 +243,7 @@ def _maxpool_forward_call(pdims, dtype, layout):
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     total = _size(pdims.y_shape)
     empty = _compute(st)(lowest_finite(dtype))   # exact in the compute type, and after STORE in T
-    return _Call("maxpool_fwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, empty))
+    return _Call("maxpool_fwd", st, layout, total, (h, w, p, q, hs, he, ws, we, empty))
 
 
 def maxpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
@@ -230,10 +264,10 @@ def _maxpool_backward_call(pdims, out, layout):
     disjoint, covered = _tiling(pdims)
     if disjoint:   # a thread per window (see pool.cu)
         total = _size(pdims.y_shape)
-        return _Call("maxpool_bwd_tiles", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we),
+        return _Call("maxpool_bwd_tiles", st, layout, total, (h, w, p, q, hs, he, ws, we),
                      zero=not covered)
     total = _size(pdims.x_shape)
-    return _Call("maxpool_bwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, plo, phi, qlo, qhi))
+    return _Call("maxpool_bwd", st, layout, total, (h, w, p, q, hs, he, ws, we, plo, phi, qlo, qhi))
 
 
 def maxpool_backward(dy: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
@@ -259,7 +293,7 @@ def maxpool_gather(dx: cupy.ndarray, x: cupy.ndarray, y: cupy.ndarray, pdims: Po
     def make():
         h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
         total = _size(pdims.y_shape)
-        return _Call("maxpool_gather", _storage(common), layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we))
+        return _Call("maxpool_gather", _storage(common), layout, total, (h, w, p, q, hs, he, ws, we))
     call = _call(("maxpool_gather", pdims, common, layout), make)
     st = call.st
     out = _new(pdims.y_shape, st, layout)
@@ -279,7 +313,7 @@ def _meanpool_forward_call(pdims, dtype, layout):
     h, w, p, q, (hs, he, ws, we, *_r) = _geometry(pdims)
     total = _size(pdims.y_shape)
     inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    return _Call("meanpool_fwd", st, layout, total, (np.int64(total), h, w, p, q, hs, he, ws, we, inv))
+    return _Call("meanpool_fwd", st, layout, total, (h, w, p, q, hs, he, ws, we, inv))
 
 
 def meanpool_forward(x: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:
@@ -299,7 +333,7 @@ def _meanpool_backward_call(pdims, dtype, layout):
     h, w, p, q, (_hs, _he, _ws, _we, plo, phi, qlo, qhi) = _geometry(pdims)
     total = _size(pdims.x_shape)
     inv = _compute(st)(1.0 / (pdims.kernel[0] * pdims.kernel[1]))
-    return _Call("meanpool_bwd", st, layout, total, (np.int64(total), h, w, p, q, plo, phi, qlo, qhi, inv))
+    return _Call("meanpool_bwd", st, layout, total, (h, w, p, q, plo, phi, qlo, qhi, inv))
 
 
 def meanpool_backward(dy: cupy.ndarray, pdims: PoolDimsLike) -> cupy.ndarray:

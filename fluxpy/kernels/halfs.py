@@ -64,6 +64,11 @@ def dtype_defines(dtype: Any) -> dict:
     return {"FX_DTYPE": _DTYPE_CODE[dtype]}
 
 
+VECTORS = {np.dtype(np.float16): ("uint4", 8), BFLOAT16: ("uint4", 8), np.dtype(np.float32): ("float4", 4),
+           np.dtype(np.float64): ("double2", 2)}
+"""Each kernel dtype's 16-byte vector type, as a kernel source names it (``VT``), and its width in elements (``VW``)."""
+
+
 def compute_dtype(dtype: Any) -> np.dtype:
     """The dtype a kernel computes ``dtype`` in: float32 for the halves and float32, float64 for float64."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)

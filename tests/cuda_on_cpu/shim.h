@@ -17,6 +17,7 @@ dim3 blockIdx, gridDim, blockDim;
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 #define __global__
 #define __device__

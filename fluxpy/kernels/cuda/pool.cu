@@ -97,6 +97,78 @@ extern "C" __global__ void maxpool_bwd_tiles(const T* dy, const T* x, const T* y
         for (int w = w0; w < w1; ++w) dxc[(h * W + w) * PS] = (h * W + w == at) ? g : zero;
 }
 
+#if defined(VW)
+// Channels-last data whose pixels are whole 16-byte vectors (VT of VW channels; cuda_pool._vector_width): a thread
+// per (window, VW adjacent channels), CC counting vectors, so every load and store is one vector (the scalar forms
+// above move two bytes a thread in the halves, and pay their index arithmetic per channel). The same comparisons,
+// channel by channel.
+union Vec { VT vt; T v[VW]; };
+
+extern "C" __global__ void maxpool_fwd_vec(const VT* x, VT* y, IDX total, int H, int W, int P, int Q,
+                                           const int* hs, const int* he, const int* ws, const int* we, C empty,
+                                           int CC) {
+    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    OUT_POS
+    const VT* xc = x + xoff;
+    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
+    Vec out;
+    if (h0 >= h1 || w0 >= w1) {
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) out.v[u] = STORE(empty);
+        y[i] = out.vt;
+        return;
+    }
+    Vec a;
+    a.vt = xc[(h0 * W + w0) * PS];
+    C m[VW];
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) m[u] = LOAD(a.v[u]);
+    for (int h = h0; h < h1; ++h)
+        for (int w = w0; w < w1; ++w) {
+            a.vt = xc[(h * W + w) * PS];
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                const C v = LOAD(a.v[u]);
+                if (v > m[u] || (v != v && m[u] == m[u])) m[u] = v;
+            }
+        }
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) out.v[u] = STORE(m[u]);
+    y[i] = out.vt;
+}
+
+// maxpool_bwd_tiles by vectors: each channel's first maximum found in one pass over the window (first_max's test,
+// channel by channel), then the window written a vector a pixel.
+extern "C" __global__ void maxpool_bwd_tiles_vec(const VT* dy, const VT* x, const VT* y, VT* dx, IDX total, int H,
+                                                 int W, int P, int Q, const int* hs, const int* he, const int* ws,
+                                                 const int* we, int CC) {
+    IDX i = blockIdx.x * (IDX)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    OUT_POS
+    int h0 = max(hs[p], 0), h1 = min(he[p], H), w0 = max(ws[q], 0), w1 = min(we[q], W);
+    const VT* xc = x + xoff;
+    Vec yv, gv, a;
+    yv.vt = y[i];
+    gv.vt = dy[i];
+    int at[VW];
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) at[u] = -1;
+    for (int h = h0; h < h1; ++h)
+        for (int w = w0; w < w1; ++w) {
+            a.vt = xc[(h * W + w) * PS];
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) {
+                const C v = LOAD(a.v[u]), m = LOAD(yv.v[u]);
+                if (at[u] < 0 && (v == m || (m != m && v != v))) at[u] = h * W + w;
+            }
+        }
+    T g[VW];
+    const T zero = STORE((C)0);
+    _Pragma("unroll") for (int u = 0; u < VW; ++u) g[u] = STORE(LOAD(gv.v[u]) + (C)0);   // -0 as +0 (see above)
+    VT* dxc = dx + xoff;
+    for (int h = h0; h < h1; ++h)
+        for (int w = w0; w < w1; ++w) {
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) a.v[u] = (h * W + w == at[u]) ? g[u] : zero;
+            dxc[(h * W + w) * PS] = a.vt;
+        }
+}
+#endif
+
 extern "C" __global__ void maxpool_gather(const T* dx, const T* x, const T* y, T* out, IDX total, int H, int W,
                                           int P, int Q, const int* hs, const int* he, const int* ws, const int* we,
                                           int CC) {
