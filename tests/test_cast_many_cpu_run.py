@@ -12,10 +12,7 @@ Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
 import copy
 import ctypes
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,27 +23,15 @@ import fluxpy
 from fluxpy import precision
 from fluxpy.kernels import compiler, cuda_halves
 from fluxpy.layout import is_channels_last, to_channels_last
-from kernel_on_cpu import source_for_cpu
+from kernel_on_cpu import build_folder, library
 from test_precision_cast_many import HALF_DTYPES, SHAPES, assert_same, check, draw, specs, weights_of
 
-SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
-_GXX = ["g++", "-std=c++20", "-O1", "-fPIC", "-Wno-unknown-pragmas", "-pthread", "-I", str(SHIM)]
 F32 = np.dtype(np.float32)
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A folder holding the kernel source, its float16 PTX replaced; skips where g++ cannot build the shim."""
-    folder = tmp_path_factory.mktemp("cast_many_on_cpu")
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ to build the kernel for the CPU")
-    probe = folder / "probe.cpp"
-    probe.write_text('#include "shim.h"\n_Float16 h;\nint main() { return 0; }\n')
-    done = subprocess.run(_GXX + ["-o", str(folder / "probe"), str(probe)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h with _Float16: {done.stderr[-300:]}")
-    (folder / "cast_many.cu").write_text(source_for_cpu("cast_many.cu"))
-    return folder
+    return build_folder(tmp_path_factory, "cast_many.cu", "cast_many.cpp")
 
 
 def _argument(a):
@@ -71,11 +56,7 @@ def launches(build, monkeypatch):
         assert (name, kernel) == ("cast_many.cu", "cast_many")
         key = tuple(sorted(defines.items()))
         if key not in libraries:
-            out = build / ("cast_many_" + "_".join(f"{k}{v}" for k, v in key) + ".so")
-            flags = [o for o in compiler.compile_options(defines) if o.startswith("-D")]
-            subprocess.run(_GXX + ["-shared", *flags, f'-DCAST_SOURCE="{build / "cast_many.cu"}"', "-o", str(out),
-                                   str(SHIM / "cast_many.cpp")], check=True)
-            libraries[key] = ctypes.CDLL(str(out))
+            libraries[key] = library(build, "cast_many.cu", "cast_many.cpp", defines)
         return libraries[key]
 
     def launch(library, grid, block, args, shared_mem=0):

@@ -8,11 +8,7 @@ several channel chunks. It checks the kernels' indexing, tails and sums; registe
 arithmetic are ``tests/gpu/test_depthwise_gpu.py``'s. Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
 import ctypes
-import hashlib
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -22,30 +18,17 @@ from fluxpy.kernels import compiler
 from fluxpy.kernels import cuda_depthwise as dw
 from fluxpy.layout import is_channels_last, to_channels_last
 from fluxpy.ops.dims import ConvDims
-from kernel_on_cpu import source_for_cpu
+from kernel_on_cpu import build_folder, library
 
-SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 SOURCE = "depthwise.cu"
-_GXX = ["g++", "-std=c++20", "-O1", "-fPIC", "-Wno-unknown-pragmas", "-pthread"]
 PROCESSORS = 16   # the SMs the host code plans for: several blocks, and shares of the weight's gradient
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A folder holding the kernel source for the CPU and shim.h precompiled; skips where g++ cannot build the
-    shim."""
-    folder = tmp_path_factory.mktemp("depthwise_on_cpu")
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ to build the kernels for the CPU")
-    header = subprocess.run(_GXX + ["-I", str(SHIM), "-x", "c++-header", str(SHIM / "shim.h"), "-o",
-                                    str(folder / "shim.h.gch")], capture_output=True, text=True)
-    if header.returncode:
-        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h (C++20 <barrier>, _Float16): {header.stderr[-300:]}")
-    (folder / SOURCE).write_text(source_for_cpu(SOURCE))
-    shutil.copy(SHIM / "depthwise.cpp", folder / "depthwise.cpp")   # beside shim.h.gch, which g++ then takes
-    return folder
+    return build_folder(tmp_path_factory, SOURCE, "depthwise.cpp")
 
 
 class _Function:
@@ -90,13 +73,7 @@ def on_cpu(build, monkeypatch):
         assert name == SOURCE
         key = tuple(sorted(defines.items()))
         if key not in libraries:
-            out = build / f"dw_{hashlib.sha1(repr(key).encode()).hexdigest()[:12]}.so"
-            flags = [f"-D{k}={v}" for k, v in key]
-            if not out.exists():
-                subprocess.run(_GXX + ["-Winvalid-pch", "-I", str(SHIM), "-shared", *flags,
-                                       f'-DDEPTHWISE_SOURCE="{build / SOURCE}"', "-o", str(out),
-                                       str(build / "depthwise.cpp")], check=True)
-            libraries[key] = ctypes.CDLL(str(out))
+            libraries[key] = library(build, SOURCE, "depthwise.cpp", defines)
         return _Function(libraries[key], kernel)
 
     standin = types.SimpleNamespace(ndarray=np.ndarray, empty=_nan_filled)

@@ -7,10 +7,7 @@ kernels' indexing, tails, masks, broadcast strides and NaN rules; registers, spe
 ``tests/gpu/test_flash_attention_gpu.py``'s. Skips where g++ lacks C++20's ``<barrier>``.
 """
 import ctypes
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,25 +15,14 @@ import pytest
 import fluxpy
 from fluxpy.kernels import compiler, cuda_flash
 from fluxpy.ops.attention import dot_product_attention, fused_reason
+from kernel_on_cpu import build_folder, library
 
-SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
 TOLERANCE = 3e-5   # as tests/gpu/test_flash_attention_gpu.py
-_GXX = ["g++", "-std=c++20", "-O1", "-fPIC", "-Wno-unknown-pragmas", "-pthread", "-I", str(SHIM)]
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A folder holding the kernel source; skips where g++ cannot build the shim."""
-    folder = tmp_path_factory.mktemp("flash_on_cpu")
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ to build the kernels for the CPU")
-    probe = folder / "probe.cpp"
-    probe.write_text('#include "shim.h"\nint main() { return 0; }\n')
-    done = subprocess.run(_GXX + ["-o", str(folder / "probe"), str(probe)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h (C++20 <barrier>): {done.stderr[-300:]}")
-    (folder / cuda_flash.SOURCE).write_text(compiler.source(cuda_flash.SOURCE))
-    return folder
+    return build_folder(tmp_path_factory, cuda_flash.SOURCE, "flash_attention.cpp")
 
 
 class _Function:
@@ -74,12 +60,7 @@ def on_cpu(build, monkeypatch):
         assert name == cuda_flash.SOURCE
         key = (defines["DQK"], defines["DV"])
         if key not in libraries:
-            out = build / f"flash_{key[0]}_{key[1]}.so"
-            if not out.exists():
-                subprocess.run(_GXX + ["-shared", f"-DDQK={key[0]}", f"-DDV={key[1]}",
-                                       f'-DFLASH_SOURCE="{build / cuda_flash.SOURCE}"', "-o", str(out),
-                                       str(SHIM / "flash_attention.cpp")], check=True)
-            libraries[key] = ctypes.CDLL(str(out))
+            libraries[key] = library(build, cuda_flash.SOURCE, "flash_attention.cpp", defines)
         return _Function(libraries[key], kernel)
 
     standin = types.SimpleNamespace(ndarray=np.ndarray, empty=np.empty, ascontiguousarray=np.ascontiguousarray)

@@ -7,11 +7,7 @@ ties (the first maximum takes the gradient) and NaN, in float16, bfloat16, float
 are ``tests/gpu/test_pool_tiles_gpu.py``'s. Skips where g++ lacks C++20's ``<barrier>`` or ``_Float16``.
 """
 import ctypes
-import hashlib
-import shutil
-import subprocess
 import types
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -21,26 +17,14 @@ from fluxpy.kernels import compiler, cpu, cuda_pool
 from fluxpy.layout import is_channels_last, to_channels_last
 from fluxpy.ops.dims import PoolDims
 from fluxpy.ops.pool import maxpool, maxpool_backward
-from kernel_on_cpu import source_for_cpu
+from kernel_on_cpu import build_folder, library
 
-SHIM = Path(__file__).resolve().parent / "cuda_on_cpu"
-_GXX = ["g++", "-std=c++20", "-O1", "-fPIC", "-Wno-unknown-pragmas", "-pthread"]
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """A folder holding the kernel source for the CPU and shim.h precompiled; skips where g++ cannot build it."""
-    folder = tmp_path_factory.mktemp("pool_on_cpu")
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ to build the kernels for the CPU")
-    header = subprocess.run(_GXX + ["-I", str(SHIM), "-x", "c++-header", str(SHIM / "shim.h"), "-o",
-                                    str(folder / "shim.h.gch")], capture_output=True, text=True)
-    if header.returncode:
-        pytest.skip(f"g++ cannot build tests/cuda_on_cpu/shim.h (C++20 <barrier>, _Float16): {header.stderr[-300:]}")
-    (folder / "pool.cu").write_text(source_for_cpu("pool.cu"))
-    shutil.copy(SHIM / "pool.cpp", folder / "pool.cpp")   # beside shim.h.gch, which g++ then takes
-    return folder
+    return build_folder(tmp_path_factory, "pool.cu", "pool.cpp")
 
 
 _SCALARS = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.float32: ctypes.c_float,
@@ -81,12 +65,7 @@ def launched(build, monkeypatch):
         assert name == "pool.cu"
         key = tuple(sorted(defines.items()))
         if key not in libraries:
-            out = build / f"pool_{hashlib.sha1(repr(key).encode()).hexdigest()[:12]}.so"
-            if not out.exists():
-                subprocess.run(_GXX + ["-Winvalid-pch", "-I", str(SHIM), "-shared", *[f"-D{k}={v}" for k, v in key],
-                                       f'-DPOOL_SOURCE="{build / "pool.cu"}"', "-o", str(out),
-                                       str(build / "pool.cpp")], check=True)
-            libraries[key] = ctypes.CDLL(str(out))
+            libraries[key] = library(build, "pool.cu", "pool.cpp", defines)
         return _Kernel(libraries[key], kernel, counts)
 
     standin = types.SimpleNamespace(ndarray=np.ndarray, asarray=np.asarray,

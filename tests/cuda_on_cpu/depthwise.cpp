@@ -2,7 +2,7 @@
 // its defines compile (depthwise.cu's header says which) by name, its arguments `a` (`sizes`: the bytes of each of
 // `n`) checked against the kernel's parameters; 2 where they do not fit, 1 where no kernel has the name.
 #include "shim.h"
-#include DEPTHWISE_SOURCE
+#include KERNEL_SOURCE
 template <typename K>
 int launch(K k, dim3 grid, dim3 block, void** a, const int* sizes, int n) {
     if (!arguments_fit(k, sizes, n)) return 2;

@@ -1,6 +1,6 @@
 // fluxpy/kernels/cuda/flash_attention.cu on the CPU (shim.h): emu_launch runs one of its kernels by name.
 #include "shim.h"
-#include FLASH_SOURCE
+#include KERNEL_SOURCE
 extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int threads, void** a) {
     const std::string n(name);
     if (n == "flash_forward") run(flash_forward, gx, gy, gz, threads, a);

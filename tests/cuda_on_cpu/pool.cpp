@@ -2,7 +2,7 @@
 // kernel named, its arguments `a` (`sizes`: the bytes of each of `n`) checked against the kernel's parameters; 2
 // where they do not fit, 1 where no kernel has the name.
 #include "shim.h"
-#include POOL_SOURCE
+#include KERNEL_SOURCE
 template <typename K>
 int launch(K k, int gx, int bx, void** a, const int* sizes, int n) {
     if (!arguments_fit(k, sizes, n)) return 2;
