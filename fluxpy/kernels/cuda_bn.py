@@ -59,8 +59,6 @@ _NAMES = ("bn_stats", "bn_apply", "bn_bwd_stats", "bn_bwd_apply", "bn_stats_cl",
 _THREADS = 256
 
 
-
-
 def _identity(v):
     return v
 
