@@ -351,7 +351,7 @@ def fake_library(patch, dtypes=(), out_align=512):
     patch.setattr(cublaslt, "_address", lambda x: x.__array_interface__["data"][0])
     patch.setattr(cublaslt, "_load", lambda: fake)
     patch.setattr(cublaslt, "_devices", {})
-    patch.setattr(cublaslt, "_memo", __import__("threading").local())
+    patch.setattr(cublaslt, "_problems", {})
     patch.setattr(cublaslt, "_declined", {})
     patch.setattr(cublaslt, "_counts", __import__("collections").Counter())
     for code, dtype in dtypes:

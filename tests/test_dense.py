@@ -121,7 +121,12 @@ def test_a_call_plans_once(fused, monkeypatch):
     assert planned == [("gelu", False)]   # asked twice (dense, then the primitive), planned once
     fluxpy.gradient(lambda w: dense(x, w, b, gelu).sum(), w)
     assert planned == [("gelu", False), ("gelu", True)]
-    assert cublaslt._memo.forward is None and cublaslt._memo.weight is None   # nothing held after the calls
+    dense(x, w, b, gelu)
+    fluxpy.gradient(lambda w: dense(x, w, b, gelu).sum(), w)
+    assert planned == [("gelu", False), ("gelu", True)]   # the same problems again: nothing planned
+    x2 = fused(*_case(rng, (5,), 8, 16, True))[0]
+    dense(x2, w, b, gelu)
+    assert planned[2:] == [("gelu", False)]   # another batch: planned once more
 
 
 def test_gradients_of_only_some_arguments(fused):

@@ -182,6 +182,10 @@ def _run_kernel(a, b):
         fake.register(out)
         return out
 
+    def pointer_of_registered(x):   # an operand read where it lies (or promoted) reaches cuBLAS only so
+        fake.register(x)
+        return x.__array_interface__["data"][0]
+
     def empty(shape, dtype):
         out = np.empty(shape, dtype)
         fake.register(out)
@@ -191,8 +195,9 @@ def _run_kernel(a, b):
         patch.setattr(cublas, "cupy", types.SimpleNamespace(**{**vars(_FAKE_CUPY), "empty": empty}))
         patch.setattr(cublas, "_load", lambda: fake)
         patch.setattr(cublas, "_handle", lambda lib, dtype: 0)
-        patch.setattr(cublas, "_pointer", lambda x: x.__array_interface__["data"][0])
+        patch.setattr(cublas, "_pointer", pointer_of_registered)
         patch.setattr(cublas, "_laid_out", laid_out_and_registered)
+        patch.setattr(cublas, "_problems", {})   # the calls bound to this stand-in only
         assert cublas.matmul_supports(a, b)
         got = cublas.matmul(a, b)
     plan = cublas._plan(*(x.astype(np.result_type(a.dtype, b.dtype), copy=False) for x in (a, b)))

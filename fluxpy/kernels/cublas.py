@@ -239,6 +239,35 @@ def _plan(a, b):
     return None if va is None or vb is None else plan_matmul(va[0], va[1], vb[0], vb[1])
 
 
+class _Problem:
+    """One product as planned once for its operands' shapes, strides and dtypes: the result's ``shape``, the
+    ``plan`` (None: cuBLAS cannot take it), whether an operand must be copied first (``laid_out``) and, from the
+    first call on, ``run(handle, pa, pb, pc)``, the cuBLAS call with every argument but the pointers bound."""
+    __slots__ = ("shape", "plan", "laid_out", "run")
+
+    def __init__(self, a, b):
+        self.shape = matmul_shape(a.shape, b.shape)
+        self.plan = None if self.shape is None else _plan(a, b)
+        self.laid_out = self.plan is not None and self.plan.kind in ("gemm", "strided") and (
+            self.plan.a.copy is not None or self.plan.b.copy is not None)
+        self.run = None
+
+
+_problems: dict = {}   # (shapes, strides, dtypes of a and b) -> _Problem
+_PROBLEMS_KEPT = 4096  # past this many, the table starts again (a model has a few dozen)
+
+
+def _problem(a, b) -> _Problem:
+    """The :class:`_Problem` of ``a @ b``: a repeated product costs this lookup, not a new plan."""
+    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype)
+    found = _problems.get(key)
+    if found is None:
+        if len(_problems) >= _PROBLEMS_KEPT:
+            _problems.clear()
+        found = _problems[key] = _Problem(a, b)
+    return found
+
+
 def matmul_supports(a, b) -> bool:
     """The products :func:`matmul` computes (see the module docstring); others run as ``a @ b``.
 
@@ -248,11 +277,14 @@ def matmul_supports(a, b) -> bool:
     """
     if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
         return False
-    if a.dtype not in _SCALARS or b.dtype not in _SCALARS or matmul_shape(a.shape, b.shape) is None:
+    if a.dtype not in _SCALARS or b.dtype not in _SCALARS:
+        return False
+    problem = _problem(a, b)
+    if problem.shape is None:
         return False
     if a.dtype != b.dtype:   # float32 with float64 (the op refuses a half with another dtype)
         return not (is_half(a.dtype) or is_half(b.dtype))
-    return is_half(a.dtype) or _plan(a, b) is not None
+    return is_half(a.dtype) or problem.plan is not None
 
 
 def _laid_out(x, side, operand, batch_shape):
@@ -295,8 +327,8 @@ def matmul(a, b):
     if a.dtype != b.dtype:   # float32 with float64: NumPy's promotion
         dtype = np.result_type(a.dtype, b.dtype)
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
-    shape = matmul_shape(a.shape, b.shape)
-    plan = _plan(a, b)
+    problem = _problem(a, b)
+    shape, plan = problem.shape, problem.plan
     if plan is None:   # sizes beyond cuBLAS's 32-bit ints: CuPy's own call, which a capture refuses
         refuse(f"matmul: {tuple(a.shape)} @ {tuple(b.shape)} {a.dtype} exceeds cuBLAS's 32-bit sizes: it runs as "
                f"CuPy's own product")
@@ -308,8 +340,10 @@ def matmul(a, b):
     if plan.kind == "zeros":
         return cupy.zeros(shape, dtype=a.dtype)
     c = cupy.empty(plan.shape, dtype=a.dtype)
-    _gemm(plan, _laid_out(a, "a", plan.a, plan.batch_shape), _laid_out(b, "b", plan.b, plan.batch_shape), c)
-    return c.reshape(shape)
+    if problem.laid_out:
+        a, b = _laid_out(a, "a", plan.a, plan.batch_shape), _laid_out(b, "b", plan.b, plan.batch_shape)
+    _gemm(problem, a, b, c)   # an operand read where it lies needs only its address (a 1-d one too)
+    return c if plan.shape == shape else c.reshape(shape)
 
 
 def _pointer(x) -> int:
@@ -317,30 +351,41 @@ def _pointer(x) -> int:
     return x.data.ptr
 
 
-def _gemm(plan, a, b, c):
-    """Run ``plan`` on the laid-out operands, writing ``c``: cuBLAS's first operand is ``b`` (see the module)."""
-    lib, dtype, g = _load(), c.dtype, plan.call()
-    one, zero = _SCALARS[dtype]
-    h = _handle(lib, dtype)
-    head = (h, g.transa, g.transb, g.m, g.n, g.k, ctypes.byref(one))
-    pa, pb, pc = _pointer(a), _pointer(b), _pointer(c)   # a, b, c stay referenced until the call is queued
+def _gemm(problem, a, b, c):
+    """Run ``problem``'s plan on the laid-out operands, writing ``c``: cuBLAS's first operand is ``b`` (see the
+    module). ``a``, ``b``, ``c`` stay referenced until the call is queued."""
+    if problem.run is None:
+        problem.run = _bound_call(problem.plan, c.dtype)
+    run, name = problem.run
+    status = run(_handle(_load(), c.dtype), _pointer(a), _pointer(b), _pointer(c))
+    if status != 0:
+        _check(status, name, f"{problem.plan.shape} {c.dtype} ({problem.plan.kind}, {problem.plan.call()})")
+
+
+def _bound_call(plan, dtype):
+    """``(run, name)``: ``run(handle, pa, pb, pc)`` makes ``plan``'s cuBLAS call (named ``name``) on those
+    pointers, every other argument bound once."""
+    lib, g = _load(), plan.call()
+    one, zero = (ctypes.byref(s) for s in _SCALARS[dtype])   # the scalars live as long as the module
+    head = (g.transa, g.transb, g.m, g.n, g.k, one)
     if dtype in _GEMM_EX_TYPES:
         t = _GEMM_EX_TYPES[dtype]
         if plan.kind == "gemm":
-            name, status = "cublasGemmEx", lib.cublasGemmEx(
-                *head, pb, t, g.lda, pa, t, g.ldb, ctypes.byref(zero), pc, t, g.ldc, _COMPUTE_32F, _GEMM_DEFAULT)
-        else:
-            name, status = "cublasGemmStridedBatchedEx", lib.cublasGemmStridedBatchedEx(
-                *head, pb, t, g.lda, g.stride_a, pa, t, g.ldb, g.stride_b, ctypes.byref(zero), pc, t, g.ldc, g.stride_c,
-                g.batch, _COMPUTE_32F, _GEMM_DEFAULT)
-    elif plan.kind == "gemm":
+            fn = lib.cublasGemmEx
+            return (lambda h, pa, pb, pc: fn(h, *head, pb, t, g.lda, pa, t, g.ldb, zero, pc, t, g.ldc, _COMPUTE_32F,
+                                             _GEMM_DEFAULT)), "cublasGemmEx"
+        fn = lib.cublasGemmStridedBatchedEx
+        return (lambda h, pa, pb, pc: fn(h, *head, pb, t, g.lda, g.stride_a, pa, t, g.ldb, g.stride_b, zero, pc, t,
+                                         g.ldc, g.stride_c, g.batch, _COMPUTE_32F, _GEMM_DEFAULT)), \
+            "cublasGemmStridedBatchedEx"
+    if plan.kind == "gemm":
         name = _GEMM[dtype][0]
-        status = getattr(lib, name)(*head, pb, g.lda, pa, g.ldb, ctypes.byref(zero), pc, g.ldc)
-    else:
-        name = _GEMM[dtype][1]
-        status = getattr(lib, name)(*head, pb, g.lda, g.stride_a, pa, g.ldb, g.stride_b, ctypes.byref(zero), pc,
-                                    g.ldc, g.stride_c, g.batch)
-    _check(status, name, lambda: f"{plan.shape} {dtype} ({plan.kind}, {g})")
+        fn = getattr(lib, name)
+        return (lambda h, pa, pb, pc: fn(h, *head, pb, g.lda, pa, g.ldb, zero, pc, g.ldc)), name
+    name = _GEMM[dtype][1]
+    fn = getattr(lib, name)
+    return (lambda h, pa, pb, pc: fn(h, *head, pb, g.lda, g.stride_a, pa, g.ldb, g.stride_b, zero, pc, g.ldc,
+                                     g.stride_c, g.batch)), name
 
 
 KERNELS = {"matmul": (matmul, matmul_supports)}

@@ -506,7 +506,7 @@ def clear_cache() -> None:
     >>> clear_cache(); stats()
     {}
     """
-    _memo.forward = _memo.weight = None
+    _problems.clear()
     with _lock:
         for dev in _devices.values():
             for built in dev.plans.values():
@@ -593,31 +593,43 @@ def _run(built: _Built, a, b, d, bias=0, aux=0):
 # The kernels
 
 
-_memo = threading.local()   # .forward, .weight: (args, plan, built, tf32) of the last supports call of this thread
+_problems: dict = {}   # (kind, device, TF32, what the planner reads of its arguments) -> (plan or reason, built)
+_PROBLEMS_KEPT = 4096  # past this many, the table starts again (a model has a few dozen)
 
 
-def _same(a, b):
-    return a is b if hasattr(a, "shape") or hasattr(b, "shape") else a == b
+def _forward_key(x, w, b, act, save):
+    """What :func:`forward_plan` reads of its arguments: shapes, strides, dtypes, the addresses' alignment classes
+    (:func:`_alignment`), the activation and ``save``."""
+    bias = None if b is None else (b.shape, b.strides, b.dtype, _alignment(_address(b)))
+    return (x.shape, x.strides, x.dtype, _alignment(_address(x)), w.shape, w.strides, w.dtype,
+            _alignment(_address(w)), bias, act, save)
+
+
+def _weight_key(dz, x, need_db):
+    """What :func:`weight_plan` reads of its arguments (see :func:`_forward_key`)."""
+    return (dz.shape, dz.strides, dz.dtype, _alignment(_address(dz)), x.shape, x.strides, x.dtype,
+            _alignment(_address(x)), need_db)
+
+
+_KEYS = {"forward": _forward_key, "weight": _weight_key}
 
 
 def _decided(kind, planner, args):
-    """``(plan or reason, built or None)`` of ``planner(*args)``. The ``supports`` call that precedes each kernel
-    call (twice, for an op that asks before it records) leaves its decision here, and the kernel takes it, so a
-    call plans once: the arrays are compared by identity, and held only from the supports call to the kernel's."""
-    tf32 = bool(options.allow_tf32)
-    last = getattr(_memo, kind, None)
-    if last is not None and last[3] == tf32 and len(last[0]) == len(args) and all(map(_same, last[0], args)):
-        return last[1], last[2]
-    plan = planner(*args)
-    built = None if isinstance(plan, str) else _built(plan)
-    setattr(_memo, kind, (args, plan, built, tf32) if built is not None else None)
-    return plan, built
+    """``(plan or reason, built or None)`` of ``planner(*args)``, planned once per problem: a repeated call (the
+    ``supports`` call and the kernel's, each step's) costs a key and a lookup."""
+    key = (kind, cupy.cuda.runtime.getDevice(), bool(options.allow_tf32)) + _KEYS[kind](*args)
+    found = _problems.get(key)
+    if found is None:
+        plan = planner(*args)
+        if len(_problems) >= _PROBLEMS_KEPT:
+            _problems.clear()
+        found = _problems[key] = (plan, None if isinstance(plan, str) else _built(plan))
+    return found
 
 
 def _taken(kind, planner, args):
-    """The decision for a kernel call (see :func:`_decided`), no longer remembered after it."""
+    """The decision for a kernel call (see :func:`_decided`)."""
     plan, built = _decided(kind, planner, args)
-    setattr(_memo, kind, None)
     if isinstance(plan, str):
         raise ValueError(f"{plan} (a call its supports function declines)")
     return plan, built
