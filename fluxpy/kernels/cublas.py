@@ -358,8 +358,7 @@ def _gemm(problem, a, b, c):
         problem.run = _bound_call(problem.plan, c.dtype)
     run, name = problem.run
     status = run(_handle(_load(), c.dtype), _pointer(a), _pointer(b), _pointer(c))
-    if status != 0:
-        _check(status, name, f"{problem.plan.shape} {c.dtype} ({problem.plan.kind}, {problem.plan.call()})")
+    _check(status, name, lambda: f"{problem.plan.shape} {c.dtype} ({problem.plan.kind}, {problem.plan.call()})")
 
 
 def _bound_call(plan, dtype):
