@@ -44,6 +44,8 @@ CASES = {
     "maxpool": (lambda rng: fluxpy.MaxPool(3, stride=1, pad=1), lambda nn: nn.MaxPool2d(3, 1, 1), (2, 8, 8, 8)),
     "meanpool": (lambda rng: fluxpy.MeanPool(3, stride=1, pad=1), lambda nn: nn.AvgPool2d(3, 1, 1), (2, 8, 8, 8)),
     "gelu": (lambda rng: fluxpy.gelu, lambda nn: nn.GELU(approximate="tanh"), (4, 32)),
+    "matmul": (lambda rng: _MatMul((rng.standard_normal((32, 32)) / 6).astype(np.float32)),
+               lambda nn: _TorchMatMul(nn), (4, 32)),
     "attention": (lambda rng: _SelfAttention(fluxpy.MultiHeadAttention(32, 4, rng=rng)),
                   lambda nn: _TorchSelfAttention(nn.MultiheadAttention(32, 4, bias=False, batch_first=True)),
                   (2, 8, 32)),
@@ -54,6 +56,29 @@ PLACES = [("tape", ("fluxpy/autodiff.py", "fluxpy/backward.py", "fluxpy/derivati
           ("kernel dispatch", ("fluxpy/kernels/__init__.py", "fluxpy/ops/fused.py")),
           ("kernels", ("fluxpy/kernels/",)), ("ops and checks", ("fluxpy/ops/", "fluxpy/")),
           ("array library", ("numpy", "cupy"))]   # their Python files and their C functions
+
+
+class _MatMul:
+    """``x @ w``: a product alone (no bias, no activation) as a layer of the chain."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, x):
+        return x @ self.w
+
+
+def _TorchMatMul(nn):
+    import torch
+
+    class MatMul(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(32, 32) / 6)
+
+        def forward(self, x):
+            return x @ self.w
+    return MatMul()
 
 
 class _SelfAttention:
