@@ -172,6 +172,13 @@ _FAKE_CUPY = types.SimpleNamespace(ndarray=np.ndarray, empty=np.empty, zeros=np.
 def _run_kernel(a, b):
     """``a @ b`` through the kernel (``matmul_supports``, then ``matmul``: plan, layout, copies, the ctypes call) with
     NumPy arrays standing for CuPy's and :class:`FakeCublas` for the library; the plan and the stand-in too."""
+    ((plan, got),), fake = _run_kernels([(a, b)])
+    return plan, got, fake
+
+
+def _run_kernels(pairs):
+    """Each ``a @ b`` of ``pairs`` in turn through the kernel (see :func:`_run_kernel`), one stand-in library and one
+    table of planned problems for them all: ``([(plan, result), ...], stand-in)``."""
     fake, seen = FakeCublas(), []
     laid_out = cublas._laid_out
 
@@ -191,6 +198,7 @@ def _run_kernel(a, b):
         fake.register(out)
         seen.append(out)
         return out
+    results = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cublas, "cupy", types.SimpleNamespace(**{**vars(_FAKE_CUPY), "empty": empty}))
         patch.setattr(cublas, "_load", lambda: fake)
@@ -198,18 +206,43 @@ def _run_kernel(a, b):
         patch.setattr(cublas, "_pointer", pointer_of_registered)
         patch.setattr(cublas, "_laid_out", laid_out_and_registered)
         patch.setattr(cublas, "_problems", {})   # the calls bound to this stand-in only
-        assert cublas.matmul_supports(a, b)
-        got = cublas.matmul(a, b)
-    plan = cublas._plan(*(x.astype(np.result_type(a.dtype, b.dtype), copy=False) for x in (a, b)))
-    half = a.dtype in (np.float16, BFLOAT16)
-    if plan.kind in ("empty", "zeros"):
-        assert fake.calls == []
-    else:
-        name = "GemmEx" if half else {np.float32: "Sgemm", np.float64: "Dgemm"}[got.dtype.type]
-        if plan.kind == "strided":
-            name = "GemmStridedBatchedEx" if half else name + "StridedBatched"
-        assert fake.calls == [name] and seen and np.shares_memory(got, seen[-1])   # the result is the one written
-    return plan, got, fake
+        for a, b in pairs:
+            calls_before = len(fake.calls)
+            assert cublas.matmul_supports(a, b)
+            got = cublas.matmul(a, b)
+            plan = _reference_plan(*(x.astype(np.result_type(a.dtype, b.dtype), copy=False) for x in (a, b)))
+            half = a.dtype in (np.float16, BFLOAT16)
+            if plan.kind in ("empty", "zeros"):
+                assert len(fake.calls) == calls_before
+            else:
+                name = "GemmEx" if half else {np.float32: "Sgemm", np.float64: "Dgemm"}[got.dtype.type]
+                if plan.kind == "strided":
+                    name = "GemmStridedBatchedEx" if half else name + "StridedBatched"
+                assert fake.calls[calls_before:] == [name] and seen and np.shares_memory(got, seen[-1])
+            results.append((plan, got))
+    return results, fake
+
+
+def _reference_plan(a, b):
+    """The plan of ``a @ b`` as this test makes it (the planner itself, not the kernel's table of problems)."""
+    va, vb = cublas._matrix_view(a, "a"), cublas._matrix_view(b, "b")
+    return plan_matmul(va[0], va[1], vb[0], vb[1])
+
+
+def test_a_problem_is_planned_once_and_each_layout_of_it_apart():
+    rng = np.random.default_rng(5)
+    a, w = rng.standard_normal((6, 4)), rng.standard_normal((5, 4))
+    column_major = np.asfortranarray(w.T)   # w.T as a copy: the same layout as the view w.T, another array
+    pairs = [(a, w.T), (a + 1, w.T), (a, column_major), (a, np.ascontiguousarray(w.T)), (a[:3], w.T), (a, w.T)]
+    planned = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cublas, "plan_matmul", lambda *args: planned.append(args) or plan_matmul(*args))
+        results, _ = _run_kernels(pairs)
+    # (6, 4) @ w.T planned once for its three calls and the column-major copy; C-ordered w.T and 3 rows apart
+    assert len(planned) == 3
+    assert [plan.b.transposed for plan, _ in results] == [True, True, True, False, True, True]
+    for (a_, b_), (_, got) in zip(pairs, results):
+        np.testing.assert_allclose(got, a_ @ b_, rtol=1e-12)
 
 
 @given(data=st.data(), dtype=st.sampled_from(DTYPES))
