@@ -441,6 +441,43 @@ def test_outputs_less_aligned_than_planned_get_a_plan_of_their_own():
     np.testing.assert_allclose(y, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
 
 
+def _at_offset(a, offset, align=256):
+    """A copy of ``a`` whose first element lies ``offset`` bytes past an ``align``-byte boundary."""
+    buf = np.empty(a.nbytes + 2 * align, np.uint8)
+    start = -buf.ctypes.data % align + offset
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def test_a_problem_is_planned_once_and_other_alignments_and_layouts_apart():
+    rng = np.random.default_rng(12)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
+    planned = []
+    original = cublaslt.forward_plan
+    with pytest.MonkeyPatch.context() as patch:
+        fake = fake_library(patch)
+        patch.setattr(cublaslt, "forward_plan", lambda *a: planned.append(1) or original(*a))
+        views = {offset: _at_offset(x, offset) for offset in (0, 16, 4)}
+        fake.register(w, *views.values())
+        for _ in range(2):   # each problem twice: planned on its first call only
+            for offset in (0, 16):
+                assert cublaslt.dense_forward_supports(views[offset], w, None, "relu", False)
+                y, _ = cublaslt.dense_forward(views[offset], w, None, "relu", False)
+                np.testing.assert_allclose(y, np.maximum(x @ w.T, 0), rtol=1e-5, atol=1e-5)
+        assert len(planned) == 2   # 256- and 16-byte aligned rows: two alignment classes, two plans
+        # 4 bytes past a boundary: not the 16-byte class's plan but its own decision, declined
+        assert not cublaslt.dense_forward_supports(views[4], w, None, "relu", False)
+        with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
+            cublaslt.dense_forward(views[4], w, None, "relu", False)
+        # the same shape with other strides (a transposed copy's view) is another problem: declined, not reused
+        column_major = np.asfortranarray(x)
+        fake.register(column_major)
+        assert not cublaslt.dense_forward_supports(column_major, w, None, "relu", False)
+        assert len(planned) == 4
+    assert len(fake.calls) == 4
+
+
 def test_a_declined_call_to_the_kernel_itself_raises_the_reason():
     x, w = np.ones((8, 5), np.float32), np.ones((8, 5), np.float32)
     with pytest.MonkeyPatch.context() as patch:

@@ -254,6 +254,17 @@ def test_every_layout_and_broadcast_runs_as_one_call_giving_numpys_product(data,
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=TOL[dtype], atol=TOL[dtype] * (1 + plan.k))
 
 
+@given(data=st.data(), dtype=st.sampled_from(DTYPES))
+def test_products_sharing_one_table_of_problems_each_give_numpys_product(data, dtype):
+    pairs = [data.draw(products(dtype)) for _ in range(3)]
+    pairs += pairs[::-1]   # each problem again, after the others: planned then, reused now
+    results, _ = _run_kernels(pairs)
+    for (a, b), (_, got) in zip(pairs, results):
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        assert got.shape == want.shape and got.dtype == dtype
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=TOL[dtype], atol=TOL[dtype] * 5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_one_dimensional_operands_as_numpy_promotes_them(dtype):
     rng = np.random.default_rng(0)
