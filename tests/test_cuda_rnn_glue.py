@@ -4,6 +4,7 @@ is a zero state or a result not written; the backward weights' call reads what t
 the reserve space; weight gradients are added into a zeroed space). What this checks: the packing of fluxpy's
 arrays at the plan's offsets, the output buffer's parts, which arrays go to which call, the needs mask, the
 gradients' order and shapes. cuDNN itself runs in tests/gpu/test_cudnn_rnn_gpu.py."""
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -223,3 +224,62 @@ def test_supports_declines_what_cudnn_turns_down_and_raises_on_a_bug(monkeypatch
     status[bug] = 2000
     with pytest.raises(CudnnError, match="CUDNN_STATUS_BAD_PARAM"):
         cuda_rnn.supports(bug, x)
+
+
+@pytest.mark.parametrize("faster", ["half", "float32"])
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_a_half_problem_runs_as_the_faster_of_its_two_timed_forms(monkeypatch, faster, half):
+    """A half problem's first call outside a capture times its forward and backward in its own type and in float32
+    (on its own inputs) and keeps the faster; later calls run that without timing again; a backward runs as its
+    forward ran even where the choice changed in between; a first call inside a capture runs the rule, untimed."""
+    from fluxpy.kernels.halfs import BFLOAT16
+    dtype = BFLOAT16 if half == "bfloat16" else np.dtype(np.float16)
+    dims = RNNDims("gru", 4, 5, 3, 6, 1, False, True, dtype)
+    capturing = [False]
+    ran = []
+    monkeypatch.setattr(cuda_rnn, "cupy", SimpleNamespace(cuda=SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(is_capturing=lambda: capturing[0]))))
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(plan=lambda d: "a plan",
+                                                               algorithm=cuda_rnn.cudnn_rnn.algorithm,
+                                                               ALGO_STANDARD=cuda_rnn.cudnn_rnn.ALGO_STANDARD))
+    monkeypatch.setattr(cuda_rnn, "_timed", {})
+    monkeypatch.setattr(cuda_rnn, "_forward", lambda d, run, *a: ran.append(("forward", run.dtype)) or ("out", (run,)))
+    monkeypatch.setattr(cuda_rnn, "_backward", lambda d, lengths, saved, *a: ran.append(("backward", saved[0].dtype)))
+    wanted = dtype if faster == "half" else np.dtype(np.float32)
+
+    def time_ms(run, hide_host):   # each candidate's step ran here; the wanted one measured faster (the half
+        run()                      # type by more than the margin)
+        return 1.0 if ran[-1] == ("backward", wanted) else 1.0 / cuda_rnn._HALF_MARGIN ** 2
+    monkeypatch.setattr(cuda_rnn.compiler, "time_ms", time_ms)
+    capturing[0] = True
+    cuda_rnn.rnn_forward(dims, None, None, None, None, [], True)
+    rule = cuda_rnn.computed_as(dims).dtype
+    assert ran == [("forward", rule)] and not cuda_rnn._timed, "timed inside a capture"
+    capturing[0] = False
+    ran.clear()
+    _, saved = cuda_rnn.rnn_forward(dims, None, None, None, None, [], True)
+    f32 = np.dtype(np.float32)
+    assert set(ran[:-1]) == {("forward", dtype), ("backward", dtype), ("forward", f32), ("backward", f32)}
+    assert ran[-1] == ("forward", wanted) and cuda_rnn.computed_as(dims).dtype == wanted
+    ran.clear()
+    cuda_rnn.rnn_forward(dims, None, None, None, None, [], True)
+    assert ran == [("forward", wanted)], "timed a second time"
+    other = f32 if wanted == dtype else dtype
+    cuda_rnn._timed[dims] = dataclasses.replace(dims, dtype=other)
+    ran.clear()
+    cuda_rnn.rnn_backward(dims, None, saved, None, None, None, [], None, None, [True] * 3)
+    assert ran == [("backward", wanted)], "the backward ran otherwise than its forward"
+
+
+def test_a_half_problem_runs_in_float32_unless_its_own_type_wins_by_the_margin(monkeypatch):
+    """A half type timed faster than float32 but within the margin is not taken: float32 runs."""
+    dims = RNNDims("lstm", 4, 5, 3, 6, 1, False, True, np.dtype(np.float16))
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(plan=lambda d: "a plan"))
+    monkeypatch.setattr(cuda_rnn, "_timed", {})
+    monkeypatch.setattr(cuda_rnn, "_forward", lambda d, run, *a: ("out", (run,)))
+    monkeypatch.setattr(cuda_rnn, "_backward", lambda *a: None)
+    for half_ms, want in ((0.99, np.float32), (0.5, np.float16)):
+        times = iter([1.0, half_ms])   # float32 first, then the half type
+        monkeypatch.setattr(cuda_rnn.compiler, "time_ms", lambda run, hide_host: next(times))
+        cuda_rnn._time_choice(dims, None, None, None, None, [])
+        assert cuda_rnn.computed_as(dims).dtype == want

@@ -14,10 +14,12 @@ pool, so a step that runs these is capturable.
 bfloat16 where the library has the calls; a problem whose plan cuDNN turns down with a NOT_SUPPORTED status
 (bfloat16 on a library without it, say: also a BAD_PARAM there) is remembered and runs the composite.
 
-A bfloat16 problem small enough for cuDNN's persistent kernels in float32 (:func:`computed_as`) is computed in
-float32: its inputs and weights converted on the way in, the outputs and gradients back to bfloat16 on the way out
-(cuDNN's bfloat16 RNN kernels ran such a network's step slower than its float32 ones; a half-precision layer must not
-be slower than a float32 one). Larger bfloat16 problems run in bfloat16 on the tensor cores.
+A float16 or bfloat16 problem is computed either in its own type or in float32 (its inputs and weights converted on
+the way in, the outputs and gradients back on the way out), as timed on its first call outside a CUDA-graph capture
+(:func:`computed_as`): a half-precision layer must not be slower than a float32 one, and cuDNN's half kernels are
+not always faster (its bfloat16 RNNs have no persistent kernels; its float16 persistent kernels ran a small GRU
+slower than the float32 ones). Until a problem is timed (a first call inside a capture), the rule stands in:
+float32 for a bfloat16 problem whose float32 twin takes the persistent kernels.
 
 >>> sorted(KERNELS)
 ['rnn_backward', 'rnn_forward']
@@ -29,9 +31,10 @@ import dataclasses
 import numpy as np
 
 from ..backend import cupy
+from . import compiler
 from .cudnn import rnn as cudnn_rnn
 from .cudnn.errors import CudnnError
-from .halfs import BFLOAT16
+from .halfs import BFLOAT16, HALVES
 
 __all__ = ["rnn_forward", "rnn_backward", "supports", "KERNELS"]
 
@@ -40,19 +43,56 @@ _declined: set = set()   # problems whose plan cuDNN turned down as not supporte
 _PER_LAYER = {True: 3, False: 2}   # fluxpy's arrays per layer and direction: W_ih, W_hh (and its one bias)
 
 
+_timed: dict = {}   # half problem -> the problem cuDNN runs for it (itself or its float32 twin), as timed
+
+
 def computed_as(dims):
-    """The problem cuDNN runs for ``dims``: a bfloat16 one in float32 where the float32 problem takes the persistent
-    kernels (:func:`~fluxpy.kernels.cudnn.rnn.algorithm`), every other as it is.
+    """The problem cuDNN runs for ``dims``: a float32 or float64 one as it is; a half one as timed on its first call
+    (:func:`_time_choice`), or before that by the rule: in float32 for a bfloat16 problem whose float32 twin takes
+    the persistent kernels (:func:`~fluxpy.kernels.cudnn.rnn.algorithm`), else as it is.
 
     >>> from fluxpy.ops.rnn import RNNDims
     >>> small = RNNDims("lstm", 64, 100, 32, 128, 1, False, True, BFLOAT16)
     >>> computed_as(small).dtype, computed_as(dataclasses.replace(small, hidden=512)).dtype
     (dtype('float32'), dtype(bfloat16))
     """
-    if dims.dtype != BFLOAT16:
+    if dims.dtype not in HALVES:
         return dims
-    wide = dataclasses.replace(dims, dtype=np.dtype(np.float32))
-    return wide if cudnn_rnn.algorithm(wide) != cudnn_rnn.ALGO_STANDARD else dims
+    chosen = _timed.get(dims)
+    if chosen is not None:
+        return chosen
+    wide = _wide(dims)
+    return wide if dims.dtype == BFLOAT16 and cudnn_rnn.algorithm(wide) != cudnn_rnn.ALGO_STANDARD else dims
+
+
+def _wide(dims):
+    return dataclasses.replace(dims, dtype=np.dtype(np.float32))
+
+
+_HALF_MARGIN = 0.9   # the half type's time at most this fraction of float32's (see _time_choice)
+
+
+def _time_choice(dims, lengths, x, h0, c0, flat):
+    """Time a half problem's forward and backward (GPU time, on the call's own inputs, the weights' gradients
+    included) in its own type and in float32, and keep in :data:`_timed` the half type where it took at most
+    :data:`_HALF_MARGIN` of float32's time, float32 otherwise (also where cuDNN turns the half plan down). The
+    margin: float32 is the more accurate, and a near tie timed alone went either way from run to run (a small
+    float16 GRU: 0.49 against 0.50 ms) while inside the network's captured step the half kernels ran 7% slower."""
+    candidates = [_wide(dims)]
+    try:
+        cudnn_rnn.plan(dims)
+        candidates.append(dims)
+    except CudnnError as err:
+        if not (err.status // 1000 == 3 or err.status // 1000 == 2):
+            raise
+    needs = [True] * (3 + len(flat))
+
+    def step(run):
+        out, saved = _forward(dims, run, lengths, x, h0, c0, flat, True)
+        _backward(dims, lengths, saved, flat, out, out, needs)
+    times = [compiler.time_ms(lambda run=run: step(run), hide_host=True) for run in candidates]
+    half_wins = len(times) == 2 and times[1] <= _HALF_MARGIN * times[0]
+    _timed[dims] = candidates[1] if half_wins else candidates[0]
 
 
 def supports(dims, *arrays) -> bool:
@@ -113,8 +153,14 @@ def _unpack(p, dweights, needs):
 
 def rnn_forward(dims, lengths, x, h0, c0, flat, training):
     """``(out, saved)``: the output buffer (in ``dims.dtype``) and, with ``training``, what :func:`rnn_backward`
-    reads."""
-    run = computed_as(dims)
+    reads. A half problem's first call outside a capture times how to compute it (:func:`_time_choice`)."""
+    if dims.dtype in HALVES and dims not in _timed and not cupy.cuda.get_current_stream().is_capturing():
+        _time_choice(dims, lengths, x, h0, c0, flat)
+    return _forward(dims, computed_as(dims), lengths, x, h0, c0, flat, training)
+
+
+def _forward(dims, run, lengths, x, h0, c0, flat, training):
+    """:func:`rnn_forward` computing ``dims`` as the problem ``run``."""
     p = cudnn_rnn.plan(run)
     x, hx, cx = (_as(a, run.dtype) for a in (x, h0, c0))
     weights = _pack(p, flat)
@@ -124,17 +170,21 @@ def rnn_forward(dims, lengths, x, h0, c0, flat, training):
     hy = _part(out, *segments[1], -1)
     cy = None if segments[2] is None else _part(out, *segments[2], -1)
     reserve = cudnn_rnn.forward(p, lengths, x, hx, cx, weights, y, hy, cy, training)
-    if run is dims:
-        return out, ((x, hx, cx, weights, reserve, None) if training else None)
-    return out.astype(dims.dtype), ((x, hx, cx, weights, reserve, out) if training else None)
+    if run.dtype == dims.dtype:
+        return out, ((run, x, hx, cx, weights, reserve, None) if training else None)
+    return out.astype(dims.dtype), ((run, x, hx, cx, weights, reserve, out) if training else None)
 
 
 def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
     """The gradients of ``(x, h0, c0, *flat)`` (None where ``needs`` says none or the input is None) from the
     output buffer's cotangent ``dout``, each in its input's dtype."""
-    run = computed_as(dims)
+    return _backward(dims, lengths, saved, flat, out, dout, needs)
+
+
+def _backward(dims, lengths, saved, flat, out, dout, needs):
+    """:func:`rnn_backward` for the forward that computed ``dims`` as the problem ``saved[0]``."""
+    run, x, hx, cx, weights, reserve, computed = saved
     p = cudnn_rnn.plan(run)
-    x, hx, cx, weights, reserve, computed = saved
     out = out if computed is None else computed   # y as cuDNN computed it, for the bfloat16 computed in float32
     dout = _as(dout, run.dtype)
     segments = run.segments
@@ -154,7 +204,7 @@ def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
         grads += _unpack(p, dweights, needs[3:])
     else:
         grads += [None] * len(flat)
-    if run is not dims:
+    if run.dtype != dims.dtype:
         grads = [None if g is None else g.astype(dims.dtype) for g in grads]
     return tuple(grads)
 
