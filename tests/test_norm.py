@@ -383,3 +383,24 @@ def test_the_cpu_layernorm_kernel_in_float32_equals_float64(rows, length, affine
         np.testing.assert_allclose(ours, exact, rtol=2e-5, atol=2e-5)
     half = f32[0].astype(np.float16)
     assert not cpu_norm.supports(half, None, None, 2, 1e-5)   # the halves run the composite
+
+
+def test_layernorm_checks_kept_per_problem_still_refuse_every_bad_call():
+    """A problem whose checks passed is not checked again, but a call of another shape, dtype or eps is, and a bad
+    call raises every time (nothing is kept from it)."""
+    from fluxpy.ops import norm
+    rng = np.random.default_rng(0)
+    x, g = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    norm._checked.clear()
+    good = layernorm(x, g, None)
+    assert len(norm._checked) == 1
+    np.testing.assert_allclose(layernorm(x, g, None), good)
+    assert len(norm._checked) == 1
+    for _ in range(2):
+        with pytest.raises(ValueError, match="gamma of shape \\(3,\\)"):
+            layernorm(x, g[:3], None)
+        with pytest.raises(ValueError, match="residual"):
+            layernorm(x, g, None, residual=x[:, :2])
+        with pytest.raises(ValueError, match="more than 1 value"):
+            layernorm(x[:, :1], g[:1], None)
+    assert len(norm._checked) == 1

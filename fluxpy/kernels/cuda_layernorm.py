@@ -354,12 +354,30 @@ def _rows(x, k):
     return x.size // max(length, 1), length
 
 
+def _kind(a):
+    return None if a is None else (type(a), a.shape, a.dtype)
+
+
+# What the checks of shapes, dtypes and array types answer, kept per problem (a repeated call pays a key and a
+# lookup)
+_forward_answers: dict = {}
+_backward_answers: dict = {}
+
+
 def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
     """CuPy float16/bfloat16/float32/float64 ``x`` normalised over its last ``k`` axes, ``gamma``/``beta``/``bias``
     None or arrays of those axes' shape in the compute type, ``residual`` None or like ``x``, rows the forward takes
     (:func:`~fluxpy.kernels.layernorm_plan.fused_fits` with a residual or bias). Any strides: an array that is not
-    C-contiguous and 16-byte aligned is copied so first (:func:`_readable`)."""
-    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in KERNEL_DTYPES:
+    C-contiguous and 16-byte aligned is copied so first (:func:`_readable`). Answered once per problem."""
+    if cupy is None or type(x) is not cupy.ndarray:
+        return False
+    key = (x.shape, x.dtype, k, _kind(gamma), _kind(beta), _kind(residual), _kind(bias),
+           layernorm_plan.tuning(x.dtype))
+    return _kept(_forward_answers, key, lambda: _supports(x, gamma, beta, k, residual, bias))
+
+
+def _supports(x, gamma, beta, k, residual, bias) -> bool:
+    if x.dtype not in KERNEL_DTYPES:
         return False
     if not 1 <= k <= x.ndim or x.size == 0:
         return False
@@ -379,9 +397,16 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
 def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=None, bias=None):
     """The calls :func:`layernorm_backward` takes: ``x``, ``gamma``, ``residual`` and ``bias`` as the forward takes
     them, ``dy`` like ``x`` (any strides), ``mean`` and ``rstd`` one value a row in the compute type, rows a
-    backward kernel takes (:func:`backward_fits`)."""
-    if not (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape
-            and supports(x, gamma, None, k, 0.0, residual, bias)):
+    backward kernel takes (:func:`backward_fits`). Answered once per problem."""
+    if not (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape):
+        return False
+    key = (x.shape, x.dtype, k, _kind(x), _kind(gamma), _kind(mean), _kind(rstd), _kind(residual), _kind(bias),
+           layernorm_plan.tuning(x.dtype), x.device.id)   # backward_fits asks the GPU's limits
+    return _kept(_backward_answers, key, lambda: _backward_supports(x, gamma, mean, rstd, k, residual, bias))
+
+
+def _backward_supports(x, gamma, mean, rstd, k, residual, bias) -> bool:
+    if not supports(x, gamma, None, k, 0.0, residual, bias):
         return False
     rows, length = _rows(x, k)
     return all(type(s) is cupy.ndarray and s.dtype == compute_dtype(x.dtype) and s.size == rows
@@ -434,9 +459,9 @@ class _ForwardCall:
 
 
 def _kept(table, key, make):
-    """``table[key]``, made by ``make()`` the first time. A problem's launches are kept in the table of the kernels
-    they launch (``_forward_kernels``, ``_backward_kernels``), so that a table replaced (as tests replace it) takes
-    them along."""
+    """``table[key]``, made by ``make()`` the first time: a problem's checks' answer, or its launches (kept in the
+    table of the kernels they launch, ``_forward_kernels``, ``_backward_kernels``, so that a table replaced, as tests
+    replace it, takes them along)."""
     found = table.get(key)
     if found is None:
         found = table[key] = make()
@@ -454,7 +479,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
         residual, bias = _readable(residual), _readable(bias)
     call = _kept(_forward_kernels, _call_key("forward", x, rows, length, fused),
                  lambda: _ForwardCall(x, rows, length, fused))
-    y = cupy.empty_like(x)
+    y = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)
     mean, rstd = cupy.empty((2, rows), call.cdt)
     compiler.launch(call.fn, call.blocks, call.threads, (x, _pointer(gamma), _pointer(beta), y, mean, rstd, call.rows,
                                                          np.float64(eps), _pointer(residual), _pointer(bias)),
@@ -502,7 +527,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     call = _kept(_backward_kernels, _call_key("backward", x, rows, length, fused),
                  lambda: _BackwardCall(x, rows, length, fused))
     plan, cdt = call.plan, call.cdt
-    dx = cupy.empty_like(x)
+    dx = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)
     # the partial sums of dgamma and dbeta (one allocation, its two halves passed by address), then dgamma, dbeta
     partials = pg = pb = None
     if need_params and not plan.splits:

@@ -5,7 +5,9 @@ launches each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, flo
 halves both keep the statistics and parameters in float32; bfloat16 runs fluxpy's kernels only. Where both take a
 problem (shape, dtype, device), the first call times the GPU time of each direction of both on the call's own arrays
 (the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times.
-The ``supports`` predicates accept what either takes; other calls run the op's composite.
+The ``supports`` predicates accept what either takes; other calls run the op's composite. Which implementations
+take a problem is answered once per problem (shape, strides, dtype, device, the parameters' kinds, the activation):
+a repeated call pays a key and a lookup.
 
 An activation (``act``, None for none) is fused into fluxpy's kernels (its formula compiled in,
 :mod:`fluxpy.kernels.cuda_bn`); cuDNN's calls fuse none, so around them it is one elementwise kernel each way (the
@@ -50,18 +52,40 @@ def _cudnn_fits(x, *params):
     return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params) and bn.available()
 
 
+_answers: dict = {}   # problem -> (fluxpy's kernels take it, cuDNN's calls take it)
+
+
+def _kind(a):
+    return None if a is None else (type(a), a.shape, a.dtype)
+
+
+def _takers(direction, x, params, act, y=None, y_derivative=None) -> tuple:
+    """``(ours, cudnn)``: whether fluxpy's kernels and cuDNN's calls take the problem (answered once per problem)."""
+    if type(x) is not cupy.ndarray:
+        return False, False
+    key = (direction, x.shape, x.strides, x.dtype, x.device.id, act, y_derivative, type(y),
+           tuple(_kind(p) for p in params))
+    found = _answers.get(key)
+    if found is None:
+        ours = cuda_bn.supports(x, *params, act=act)
+        if direction == "forward":
+            theirs = _cudnn_fits(x, *params) and (act is None or fuses(act))
+        else:
+            theirs = _cudnn_backward_fits(x, y, *params, act, y_derivative)
+        found = _answers[key] = (ours, theirs)
+    return found
+
+
 def forward_supports(x, gamma, beta, running_mean, running_var, momentum=None, eps=None, act=None):
     """The calls one of the implementations takes (an activation the elementwise tracer compiles, or None)."""
-    params = (gamma, beta, running_mean, running_var)
-    return cuda_bn.supports(x, *params, act=act) or (_cudnn_fits(x, *params) and (act is None or fuses(act)))
+    return any(_takers("forward", x, (gamma, beta, running_mean, running_var), act))
 
 
 def backward_supports(dy, x, y, gamma, beta, mean, invstd, eps=None, act=None, y_derivative=None):
     """The calls one of the implementations takes: ``dy`` like ``x``, the statistics saved by the forward."""
     if type(dy) is not cupy.ndarray or dy.dtype != x.dtype or dy.shape != x.shape:
         return False
-    return cuda_bn.supports(x, gamma, beta, mean, invstd, act=act) or _cudnn_backward_fits(x, y, gamma, beta, mean,
-                                                                                            invstd, act, y_derivative)
+    return any(_takers("backward", x, (gamma, beta, mean, invstd), act, y, y_derivative))
 
 
 def _cudnn_backward_fits(x, y, gamma, beta, mean, invstd, act, y_derivative):
@@ -101,8 +125,8 @@ def _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative):
 def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
     """``(y, mean, invstd)`` (``y`` through the activation ``act``, None for none), the running statistics updated
     in place, by the kernel kept for this problem."""
-    params = (gamma, beta, running_mean, running_var)
-    name = _pick("forward", act, x, cuda_bn.supports(x, *params, act=act), _cudnn_fits(x, *params), lambda: {
+    ours, cudnn = _takers("forward", x, (gamma, beta, running_mean, running_var), act)
+    name = _pick("forward", act, x, ours, cudnn, lambda: {
         "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps, act),
         "cudnn": lambda: _cudnn_forward(x, gamma, beta, None, None, momentum, eps, act)})
     impl = cuda_bn.forward_training if name == "fluxpy" else _cudnn_forward
@@ -113,10 +137,9 @@ def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivati
     """``(dx, dgamma, dbeta)`` by the kernel kept for this problem: ``dy`` first multiplied by the derivative of
     the activation ``act`` (fluxpy's kernels recompute it from ``x``; cuDNN's path takes ``y_derivative`` of the
     kept output ``y``)."""
-    params = (gamma, beta, mean, invstd)
     dy = like_layout(dy, x)
-    cudnn_ok = _cudnn_backward_fits(x, y, *params, act, y_derivative)
-    name = _pick("backward", act, x, cuda_bn.supports(x, *params, act=act), cudnn_ok, lambda: {
+    ours, cudnn = _takers("backward", x, (gamma, beta, mean, invstd), act, y, y_derivative)
+    name = _pick("backward", act, x, ours, cudnn, lambda: {
         "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act),
         "cudnn": lambda: _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative)})
     if name == "fluxpy":

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..autodiff import Primitive, is_tracked, value_of
-from ..kernels import find
+from ..kernels import find, lookup
 from ..backend import Array, get_array_module
 from ..kernels.halfs import compute_dtype, is_half
 from .activations import identity
@@ -204,6 +204,36 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     >>> layernorm(np.array([[1.0, 2.0]]), residual=np.array([[0.0, 1.0]]), bias=np.array([1.0, 0.0]), eps=0.0)
     array([[-1.,  1.]])
     """
+    key = (axes, eps, _kind(x), _kind(gamma), _kind(beta), _kind(residual), _kind(bias))
+    try:
+        k = _checked.get(key)
+    except TypeError:   # axes given as a list: checked every call
+        key, k = None, None
+    if k is None:
+        k = _layernorm_checks(x, gamma, beta, axes, eps, residual, bias)
+        if key is not None:
+            _checked[key] = k
+    gamma, beta, bias = _in_compute_type(gamma, x), _in_compute_type(beta, x), _in_compute_type(bias, x)
+    if k and _one_tape_level(x, gamma, beta, residual, bias) and \
+            find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps, value_of(residual),
+                 value_of(bias)) is not None:
+        return _layernorm_rows(x, gamma, beta, residual, bias, k, eps)
+    summed = _summed(x, residual, bias)
+    y = _affine(normalise(summed, axes, eps), gamma, beta, None)
+    return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+
+
+# (axes, eps, each array's type, shape and dtype) -> the k of _trailing, for the calls whose checks passed: they read
+# shapes and dtypes alone, so a repeated problem pays a key and a lookup
+_checked: dict = {}
+
+
+def _kind(a):
+    return None if a is None else (type(value_of(a)), tuple(a.shape), a.dtype)
+
+
+def _layernorm_checks(x, gamma, beta, axes, eps, residual, bias):
+    """:func:`layernorm`'s checks of its arguments (raising, naming the op); the ``k`` of :func:`_trailing`."""
     if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
         raise ValueError(f"layernorm: residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got "
                          f"{tuple(residual.shape)} {residual.dtype}")
@@ -223,15 +253,7 @@ def layernorm(x: Array, gamma: Array | None = None, beta: Array | None = None,
     dims = normalize_axis(axes, x.ndim, "layernorm")
     _require_values("layernorm", x, tuple(range(x.ndim)) if dims is None else dims, f"along axes {axes!r}")
     check_half_mix("layernorm", x=x, gamma=gamma, beta=beta, bias=bias)
-    gamma, beta, bias = _in_compute_type(gamma, x), _in_compute_type(beta, x), _in_compute_type(bias, x)
-    k = _trailing(dims, x.ndim)
-    if k and _one_tape_level(x, gamma, beta, residual, bias) and \
-            find("layernorm_forward", value_of(x), value_of(gamma), value_of(beta), k, eps, value_of(residual),
-                 value_of(bias)) is not None:
-        return _layernorm_rows(x, gamma, beta, residual, bias, k, eps)
-    summed = _summed(x, residual, bias)
-    y = _affine(normalise(summed, axes, eps), gamma, beta, None)
-    return astype(y, x.dtype) if is_half(x.dtype) and y.dtype != x.dtype else y
+    return _trailing(dims, x.ndim)
 
 
 def _in_compute_type(p, x):
@@ -273,14 +295,12 @@ def _one_tape_level(*args):
     return True
 
 
-def _layernorm_rows_impl(x, gamma, beta, residual, bias, k, eps):
-    args = (x, gamma, beta, k, eps, residual, bias)
-    return find("layernorm_forward", *args)(*args)[0]
+def _layernorm_rows_impl(x, gamma, beta, residual, bias, k, eps):   # layernorm found the kernel takes the call
+    return lookup("layernorm_forward", x)(x, gamma, beta, k, eps, residual, bias)[0]
 
 
 def _layernorm_rows_rule(needs, x, gamma, beta, residual, bias, k, eps):
-    args = (x, gamma, beta, k, eps, residual, bias)
-    y, mean, rstd = find("layernorm_forward", *args)(*args)
+    y, mean, rstd = lookup("layernorm_forward", x)(x, gamma, beta, k, eps, residual, bias)
 
     def layernorm_pullback(dy):
         ds, dgamma, dbeta = layernorm_backward(dy, x, gamma, mean, rstd, k, needs[1] or needs[2], residual, bias)
