@@ -23,7 +23,7 @@ from ..functors import layer
 from ..layers import Chain, CrossCor, Dense, DimensionMismatch, LayerNorm, MultiHeadAttention
 from ..ops.activations import gelu
 from ..ops.reduce import mean
-from ..ops.shape import reshape, transpose
+from ..ops.shape import as_memory_format, reshape, transpose
 from ..random import RNG, as_rng
 
 __all__ = ["vit_cifar", "PatchEmbedding", "EncoderBlock", "token_mean"]
@@ -64,9 +64,11 @@ got (2, 3, 8, 8) float32
             dtype = getattr(x, "dtype", "")
             raise DimensionMismatch(f"{self!r} expects x of shape (N, {self.conv.in_channels}, {self.image[0]}, "
                                     f"{self.image[1]}), got {shape} {dtype}")
-        y = self.conv(x)                                      # (N, width, h, w)
+        # (N, width, h, w) stored as (N, h, w, width): a copy only where the conv wrote C order (float32); the tokens
+        # (N, h w, width) are then a C-order view, so the residual stream and every layer on it read whole rows (from
+        # a strided view each layer norm would copy its input, forward and backward)
+        y = as_memory_format(self.conv(x), "channels_last")
         n, width, h, w = y.shape
-        # (N, h, w, width) first: a view where y is channels-last (mixed precision), so the reshape copies nothing.
         tokens = reshape(transpose(y, (0, 2, 3, 1)), (n, h * w, width))
         return tokens + self.position
 

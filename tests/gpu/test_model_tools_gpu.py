@@ -44,3 +44,19 @@ def test_ema_on_the_gpu_matches_the_cpu():
     assert_matches_cpu(ema_gpu.shadow[0], ema_cpu.shadow[0], rtol=1e-6)
     ema_gpu.copy_to(gpu_model)
     assert_matches_cpu(gpu_model.weight, ema_cpu.shadow[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vit_patch_embedding_tokens_are_c_order_on_the_gpu(dtype):
+    """The ViT's tokens (the residual stream) are C order whichever layout the patch conv wrote (C order in
+    float32, channels-last under mixed precision), not a strided view that every layer norm would copy, and equal
+    the CPU's."""
+    from fluxpy import models
+    cp = cupy_module()
+    embed = models.PatchEmbedding(4, 3, 16, image=(8, 12), rng=0)
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 12)).astype(np.float32)
+    model = embed if dtype == "float32" else fluxpy.mixed_precision(embed, dtype)
+    tokens = fluxpy.gpu(model)(cp.asarray(x))
+    assert tokens.flags.c_contiguous, (tokens.shape, tokens.strides)
+    want = model(x)
+    assert_matches_cpu(tokens, want, rtol=1e-5 if dtype == "float32" else 2e-2, atol=1e-5 if dtype == "float32" else 2e-2)
