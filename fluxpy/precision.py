@@ -9,7 +9,10 @@ attention's ``(y, scores)`` or a cell's ``(h, state)``) are cast alike, each flo
 the optimiser sees, and its state, stay the float32 ones: ``setup``, ``train``, ``update``, ``TrainStep``, saving
 and loading work on the wrapper as on the model, and the update lands on the float32 "master" weights.
 Normalisation layers (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm) keep their parameters and statistics
-in float32 and take the half activations as they come. On the CPU (NumPy has no bfloat16 arithmetic of its own) the
+in float32 and take the half activations as they come. So do the whole-sequence recurrent layers (RNN, LSTM, GRU):
+cuDNN computes each of their problems in the half type or in float32, whichever it measured faster
+(:mod:`fluxpy.kernels.cuda_rnn`), and where float32 wins the float32 weights go in as they are (no cast there and
+back each way). On the CPU (NumPy has no bfloat16 arithmetic of its own) the
 casts round to the half type and come back to float32: the values are the half type's, the arithmetic float32's.
 
 On the GPU the half copies of 4-d arrays (convolution weights, an image batch) are made in channels-last memory
@@ -61,6 +64,7 @@ from .kernels import find
 from .functors import children, layer, rebuild, trainable_keys
 from .kernels.halfs import BFLOAT16, HALVES
 from .layers.normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
+from .layers.recurrent import GRU, LSTM, RNN
 from .layout import MEMORY_FORMATS, is_channels_last
 from .ops.shape import as_memory_format, astype
 from .optimise import Plan
@@ -68,8 +72,10 @@ from .optimise import Plan
 __all__ = ["MixedPrecision", "DynamicLossScale", "LossScaleUnderflow", "mixed_precision", "f16", "bf16",
            "cast_reason"]
 
-# layers whose parameters and statistics stay float32
+# layers whose parameters and statistics stay float32 (they take half inputs), in f16/bf16 copies and under
+# MixedPrecision; under MixedPrecision the whole-sequence recurrent layers' weights too (MIXED_KEEPS)
 KEEP_FLOAT32 = (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)
+MIXED_KEEPS = KEEP_FLOAT32 + (RNN, LSTM, GRU)
 
 
 class LossScaleUnderflow(FloatingPointError):
@@ -304,14 +310,15 @@ class MixedPrecision:
         (divided by ``scale`` where it is given): on the GPU all in one launch each way where the batched cast takes
         them (:func:`cast_reason` says why not), else one differentiable cast per weight."""
         unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
-        weights = _cast_leaves(self.model)
+        weights = _cast_leaves(self.model, MIXED_KEEPS)
         reason = _why_not_batched(x, weights, self.dtype, self.memory)
         _last_reason[0] = reason
         if reason:
-            return _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled)
+            return _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled,
+                               MIXED_KEEPS)
         halves = _to_halves(*weights, dtype=self.dtype, memory=self.memory, scale=scale)
         index = iter(range(len(weights)))
-        return _map_floats(self.model, lambda w: _pick(halves, next(index)), unscaled)
+        return _map_floats(self.model, lambda w: _pick(halves, next(index)), unscaled, MIXED_KEEPS)
 
     def _caster(self, x):
         """The differentiable cast to the half type: on the GPU to ``dtype``; on the CPU, where NumPy has no
@@ -384,20 +391,27 @@ def _floating(v):
     return dtype is not None and is_float_dtype(dtype)
 
 
-def _map_floats(model: Any, fn: Callable, kept: Callable | None = None) -> Any:
-    """``model`` rebuilt with ``fn`` applied to each float array (or tracked value) outside normalisation
-    layers. Those keep their float32 arrays, the model's own (so their running statistics update in place);
-    ``kept``, where given, is applied to their trainable parameters (the loss scale's unscaling of their gradients)."""
-    if isinstance(model, KEEP_FLOAT32):
-        if kept is None:
-            return model
-        names = trainable_keys(model)
-        return rebuild(model, [(k, kept(v) if _floating(v) and (names is None or k in names) else v)
-                               for k, v in children(model)])
+def _map_floats(model: Any, fn: Callable, kept: Callable | None = None, keep: tuple = KEEP_FLOAT32) -> Any:
+    """``model`` rebuilt with ``fn`` applied to each float array (or tracked value) outside the layers of ``keep``
+    (:data:`KEEP_FLOAT32`, or :data:`MIXED_KEEPS`). Those keep their float32 arrays, the model's own (so their
+    running statistics update in place); ``kept``, where given, is applied to their trainable parameters (the loss
+    scale's unscaling of their gradients), those of their sublayers too (a recurrent layer's cells)."""
+    if isinstance(model, keep):
+        return model if kept is None else _map_trainable(model, kept)
     kids = children(model)
     if kids is None:
         return fn(model) if _floating(model) and model.dtype not in HALVES else model
-    return rebuild(model, [(k, _map_floats(v, fn, kept)) for k, v in kids])
+    return rebuild(model, [(k, _map_floats(v, fn, kept, keep)) for k, v in kids])
+
+
+def _map_trainable(model: Any, fn: Callable) -> Any:
+    """``model`` rebuilt with ``fn`` applied to each trainable float array in it, at any depth."""
+    kids = children(model)
+    if kids is None:
+        return fn(model) if _floating(model) else model
+    names = trainable_keys(model)
+    return rebuild(model, [(k, v if _floating(v) and names is not None and k not in names else _map_trainable(v, fn))
+                           for k, v in kids])
 
 
 def _leaves(v):
@@ -415,14 +429,14 @@ def _map_outputs(v, fn):
     return fn(v)
 
 
-def _cast_leaves(model):
-    """The arrays :func:`_map_floats` applies its ``fn`` to, in its order."""
-    if isinstance(model, KEEP_FLOAT32):
+def _cast_leaves(model, keep=KEEP_FLOAT32):
+    """The arrays :func:`_map_floats` applies its ``fn`` to (with the same ``keep``), in its order."""
+    if isinstance(model, keep):
         return []
     kids = children(model)
     if kids is None:
         return [model] if _floating(model) and model.dtype not in HALVES else []
-    return [a for _, v in kids for a in _cast_leaves(v)]
+    return [a for _, v in kids for a in _cast_leaves(v, keep)]
 
 
 def _float_leaves(model):
@@ -480,7 +494,7 @@ def _why_not_batched(x, weights, dtype, memory) -> str:
         return "on the CPU the casts round each array to the half type and back to float32 (NumPy has no bfloat16 " \
                "arithmetic of its own)"
     if not weights:
-        return "the model has no weight outside its normalisation layers to cast"
+        return "the model has no weight outside its float32 layers (normalisation, recurrent) to cast"
     if gradient_depth() > 1:
         return "a derivative of a derivative is being recorded: each weight's cast is recorded to be differentiated"
     values = [value_of(w) for w in weights]

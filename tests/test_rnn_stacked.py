@@ -363,3 +363,34 @@ def test_an_unbatched_sequence_through_a_stacked_layer_is_a_batch_of_one(kind):
         assert a.shape == (4, 4)
         np.testing.assert_allclose(a, b[:, 0], rtol=1e-12)
     check_grad(lambda x, h0: layer(x, (h0, c0) if kind == "lstm" else h0), x, h0, rng=rng)
+
+
+@pytest.mark.parametrize("make, call", [
+    (lambda: GRU(3, 4, rng=0), {}),                                          # one op
+    (lambda: LSTM(3, 4, num_layers=2, bidirectional=True, rng=1), {}),       # one op, stacked
+    (lambda: GRU(3, 4, rng=2), {"lengths": [5, 2]}),                         # the step loop
+    (lambda: RNN(3, 4, rng=3), {"return_state": True}),
+])
+def test_float32_weights_take_a_half_input_as_the_half_layer_would(make, call):
+    """A whole-sequence layer with float32 weights (MixedPrecision's masters) takes a float16 input and its
+    states: the output in float16, equal to the layer converted to float16 on that input, and the weights'
+    gradients in float32, equal to the float16 layer's converted."""
+    layer = make()
+    half = fluxpy.f16(layer)
+    x = np.random.default_rng(4).standard_normal((2, 5, 3)).astype(np.float16)
+    out, want = layer(x, **call), half(x, **call)
+    flat = (lambda v: [a for item in v for a in flat(item)] if isinstance(v, tuple) else [v])
+    for a, b in zip(flat(out), flat(want)):
+        assert a.dtype == np.float16
+        np.testing.assert_array_equal(a, b)
+
+    def loss(m):
+        y = m(x, **call)
+        y = y[0] if isinstance(y, tuple) else y
+        return (y.astype(np.float32) ** 2).sum()
+    (g,), (gh,) = fluxpy.gradient(loss, layer), fluxpy.gradient(loss, half)
+    pairs = list(zip(fluxpy.trainables(g), fluxpy.trainables(gh)))
+    assert pairs
+    for a, b in pairs:
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b.astype(np.float32), rtol=1e-3, atol=1e-3)

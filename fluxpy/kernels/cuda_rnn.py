@@ -11,8 +11,10 @@ parameters' gradients (views, no copy). Copies and memsets are stream-ordered an
 pool, so a step that runs these is capturable.
 
 ``supports`` takes the cells cuDNN has (LSTM, Flux's GRU, RNN with tanh or relu) in float32, float64, float16 and
-bfloat16 where the library has the calls; a problem whose plan cuDNN turns down with a NOT_SUPPORTED status
-(bfloat16 on a library without it, say: also a BAD_PARAM there) is remembered and runs the composite.
+bfloat16 where the library has the calls (a half problem's weights in its type or in float32, mixed precision's
+master weights: converted in the packing only where the problem is computed in the half type); a problem whose
+plan cuDNN turns down with a NOT_SUPPORTED status (bfloat16 on a library without it, say: also a BAD_PARAM there)
+is remembered and runs the composite.
 
 A float16 or bfloat16 problem is computed either in its own type or in float32 (its inputs and weights converted on
 the way in, the outputs and gradients back on the way out), as timed on its first call outside a CUDA-graph capture
@@ -99,7 +101,8 @@ def supports(dims, *arrays) -> bool:
     """Whether cuDNN runs this problem: its cell and dtype, CuPy arrays of that dtype, a plan cuDNN builds."""
     if dims.mode not in cudnn_rnn.MODES or dims.dtype not in _DTYPES or dims.batch < 1 or dims in _declined:
         return False
-    if not all(type(a) is cupy.ndarray and a.dtype == dims.dtype for a in arrays) or not cudnn_rnn.available():
+    wide = np.dtype(np.float32) if dims.dtype in HALVES else dims.dtype   # the op checked which array is which
+    if not all(type(a) is cupy.ndarray and a.dtype in (dims.dtype, wide) for a in arrays) or not cudnn_rnn.available():
         return False
     try:
         cudnn_rnn.plan(computed_as(dims))
@@ -177,7 +180,8 @@ def _forward(dims, run, lengths, x, h0, c0, flat, training):
 
 def rnn_backward(dims, lengths, saved, x, h0, c0, flat, out, dout, needs):
     """The gradients of ``(x, h0, c0, *flat)`` (None where ``needs`` says none or the input is None) from the
-    output buffer's cotangent ``dout``, each in its input's dtype."""
+    output buffer's cotangent ``dout``, each in its input's dtype (the states' and ``x``'s ``dims.dtype``, each
+    weight's its own)."""
     return _backward(dims, lengths, saved, flat, out, dout, needs)
 
 
@@ -204,9 +208,8 @@ def _backward(dims, lengths, saved, flat, out, dout, needs):
         grads += _unpack(p, dweights, needs[3:])
     else:
         grads += [None] * len(flat)
-    if run.dtype != dims.dtype:
-        grads = [None if g is None else g.astype(dims.dtype) for g in grads]
-    return tuple(grads)
+    dtypes = [dims.dtype] * 3 + [a.dtype for a in flat]
+    return tuple(g if g is None or g.dtype == d else g.astype(d) for g, d in zip(grads, dtypes))
 
 
 KERNELS = {"rnn_forward": (rnn_forward, supports), "rnn_backward": rnn_backward}

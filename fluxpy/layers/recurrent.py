@@ -52,15 +52,16 @@ from typing import Any
 import numpy as np
 
 from ..autodiff import value_of
-from ..backend import get_array_module
-from ..functors import layer
+from ..backend import get_array_module, is_float_dtype
+from ..functors import children, layer, rebuild
+from ..kernels.halfs import is_half
 from ..ops.activations import sigmoid
 from ..ops.basic import tanh, where
 from ..ops.bias_act import bias_act
 from ..ops.linalg import matmul
 from ..ops.recurrent import gru_gates, lstm_gates
 from ..ops.rnn import rnn
-from ..ops.shape import broadcast_to, getitem, reshape, stack, transpose
+from ..ops.shape import astype, broadcast_to, getitem, reshape, stack, transpose
 from ..random import as_rng
 from ..sequences import sequence_mask
 from ._checks import (Array, DimensionMismatch, _activation, _describe_input, _fail, _initialised, _positive_int,
@@ -90,10 +91,11 @@ def _check_step(cell, x, state):
     _check_state(cell, cell, x.shape[0], state)
 
 
-def _check_state(who, cell, batch, state):
+def _check_state(who, cell, batch, state, dtype=None):
     """The state arrays of ``(batch, hidden)`` or ``(hidden,)`` and of the parameters' dtype (a float64 state is
-    never silently promoted into a float32 cell's step), one state for the whole batch (Flux's); an LSTM's a pair
-    ``(h, c)``; None: zeros. ``who``: the cell, or the layer that runs it, named by the errors."""
+    never silently promoted into a float32 cell's step; ``dtype`` where the input's is another, see
+    :func:`_data_dtype`), one state for the whole batch (Flux's); an LSTM's a pair ``(h, c)``; None: zeros.
+    ``who``: the cell, or the layer that runs it, named by the errors."""
     if isinstance(cell, LSTMCell):
         if state is not None and (not isinstance(state, tuple) or len(state) != 2):
             raise DimensionMismatch(f"{who!r} expects its state as a pair (h, c), got {_describe_input(state)}")
@@ -107,7 +109,25 @@ def _check_state(who, cell, batch, state):
         if tuple(getattr(s, "shape", ())) not in ((batch, hidden), (hidden,)):
             _fail(who, f"a state of shape (batch, hidden) = ({batch}, {hidden}) or (hidden,) = ({hidden},)", s,
                   name)
-        _require_dtype(who, s, cell.weight_hh.dtype, name)
+        _require_dtype(who, s, cell.weight_hh.dtype if dtype is None else dtype, name)
+
+
+def _data_dtype(cell, x):
+    """The dtype a whole-sequence layer takes its input and states in: its weights', or a half type where they are
+    float32 (:class:`fluxpy.MixedPrecision` keeps a recurrent layer's weights float32, the master weights, and the op
+    takes them with half inputs)."""
+    w = np.dtype(cell.weight_ih.dtype)
+    dtype = getattr(x, "dtype", None)
+    return np.dtype(dtype) if w == np.float32 and dtype is not None and is_half(dtype) else w
+
+
+def _in_dtype(layer_, dtype):
+    """``layer_`` with its float arrays cast to ``dtype`` (differentiable casts: the gradients reach the float32
+    weights), for the step loop of a layer whose float32 weights meet a half input."""
+    kids = children(layer_)
+    if kids is None:
+        return astype(layer_, dtype) if is_float_dtype(getattr(layer_, "dtype", None)) else layer_
+    return rebuild(layer_, [(k, _in_dtype(v, dtype)) for k, v in kids])
 
 
 def _unbatched(cell, step):
@@ -368,14 +388,15 @@ def _kept(layer_, inside, new, old):
     return where(inside, new, old)
 
 
-def _check_sequence(layer_, cell, x, state):
+def _check_sequence(layer_, cell, x, state, dtype=None):
     """The checks of :func:`_check_step` for a whole sequence ``x`` ``(N, T, in)`` or ``(T, in)`` and its initial
-    state, before the first step, naming the layer (not the cell, nor one step's shape)."""
+    state, before the first step, naming the layer (not the cell, nor one step's shape); ``dtype``: theirs, where
+    not the weights' (:func:`_data_dtype`)."""
     n_in = cell.weight_ih.shape[1]
     if x.shape[-1] != n_in:
         _fail(layer_, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in})", x)
-    _require_dtype(layer_, x, cell.weight_ih.dtype)
-    _check_state(layer_, cell, x.shape[0] if len(x.shape) == 3 else 1, state)
+    _require_dtype(layer_, x, cell.weight_ih.dtype if dtype is None else dtype)
+    _check_state(layer_, cell, x.shape[0] if len(x.shape) == 3 else 1, state, dtype)
 
 
 class _Recurrent:
@@ -415,7 +436,9 @@ class _Stacked(_Recurrent):
         if self.stacked:
             return _run_stacked(self, x, state, lengths, return_state)
         if lengths is not None or not hasattr(x, "shape") or len(x.shape) != 3:
-            return _Recurrent.__call__(self, x, state, lengths=lengths, return_state=return_state)
+            dtype = _data_dtype(self.cell, x)   # the step loop's cells in a half input's type, where it is one
+            run = self if dtype == self.cell.weight_ih.dtype else _in_dtype(self, dtype)
+            return _Recurrent.__call__(run, x, state, lengths=lengths, return_state=return_state)
         return _run_whole(self, x, state, return_state)
 
 
@@ -452,7 +475,7 @@ def _run_whole(layer_, x, state, return_state):
     cell = layer_.cell
     if x.shape[1] < 1:
         _fail(layer_, "at least one time step", x)
-    _check_sequence(layer_, cell, x, state)
+    _check_sequence(layer_, cell, x, state, _data_dtype(cell, x))
     n, hidden = x.shape[0], cell.weight_hh.shape[1]
     lstm = isinstance(cell, LSTMCell)
     h0, c0 = (state if state is not None else (None, None)) if lstm else (state, None)
@@ -475,7 +498,8 @@ def _run_stacked(layer_, x, state, lengths, return_state):
                          f"sequences through a bidirectional or stacked layer are not supported yet)")
     if not hasattr(x, "shape") or len(x.shape) not in (2, 3) or x.shape[-2] < 1 or x.shape[-1] != n_in:
         _fail(layer_, f"x of shape (N, T, {n_in}) (batch first) or (T, {n_in}), T >= 1", x)
-    _require_dtype(layer_, x, cell.weight_ih.dtype)
+    dtype = _data_dtype(cell, x)
+    _require_dtype(layer_, x, dtype)
     lstm = isinstance(cell, LSTMCell)
     if lstm and state is not None and (not isinstance(state, tuple) or len(state) != 2):
         raise DimensionMismatch(f"{layer_!r} expects its state as a pair (h, c), got {_describe_input(state)}")
@@ -488,7 +512,7 @@ def _run_stacked(layer_, x, state, lengths, return_state):
             if tuple(getattr(s, "shape", ())) != shape:
                 _fail(layer_, f"a state of shape (num_layers * directions, {'' if unbatched else 'N, '}hidden) = "
                               f"{shape}", s, name)
-            _require_dtype(layer_, s, cell.weight_hh.dtype, name)
+            _require_dtype(layer_, s, dtype, name)
     if unbatched:
         x = reshape(x, (1,) + tuple(x.shape))
         h0, c0 = (None if s is None else reshape(s, (layers, 1, hidden)) for s in (h0, c0))

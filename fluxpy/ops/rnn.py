@@ -11,7 +11,9 @@ candidate is ``tanh(W_in x + b_n + r (W_hn h))``, PyTorch's with ``b_hn = 0``). 
 the last step to the first; each layer's input above the first is the concatenation of the directions' outputs.
 Returns ``(y, h_n, c_n)``: ``y`` ``(N, T, D H)`` (directions concatenated on the feature axis, PyTorch's layout),
 ``h_n`` and ``c_n`` ``(L D, N, H)`` (``c_n`` None but for an LSTM); ``h0``, ``c0`` of that shape, or None
-(zeros).
+(zeros). The weights are in ``x``'s dtype, or float32 for a float16 or bfloat16 ``x`` (mixed precision's master
+weights: cuDNN converts them only where it computes the problem in the half type; the composite casts them);
+their gradients come back in their own dtype.
 
 Where the kernel table has ``rnn_forward`` for the arrays (CuPy: cuDNN's ``cudnnRNNForward`` and its two backward
 calls, :mod:`fluxpy.kernels.cuda_rnn`; NumPy in float32 and float64: :mod:`fluxpy.kernels.cpu_rnn`) the whole
@@ -40,15 +42,16 @@ import numpy as np
 from ..autodiff import Primitive, Tracked, gradient, value_of
 from ..backend import Array, get_array_module
 from ..kernels import find, lookup
+from ..kernels.halfs import is_half
 from .activations import relu
 from .basic import tanh
 from .bias_act import bias_act
 from .constants import device_constant
 from .linalg import matmul
 from .recurrent import gru_gates, lstm_gates
-from .shape import concatenate, getitem, reshape, stack, transpose
+from .shape import astype, concatenate, getitem, reshape, stack, transpose
 
-__all__ = ["rnn", "RNNDims"]
+__all__ = ["rnn", "RNNDims", "weight_dtypes"]
 
 _GATES = {"rnn": 1, "lstm": 4, "gru": 3}
 
@@ -117,6 +120,15 @@ def _mode(mode, act):
     return "rnn_relu" if act is relu else "rnn"
 
 
+def weight_dtypes(dtype) -> tuple:
+    """The dtypes :func:`rnn` takes weights in for data of ``dtype``: its own, and float32 for the halves.
+
+    >>> weight_dtypes(np.dtype(np.float16))
+    (dtype('float16'), dtype('float32'))
+    """
+    return (dtype, np.dtype(np.float32)) if is_half(dtype) else (dtype,)
+
+
 def _check(dims, x, weights, h0, c0):
     """Every shape and dtype against ``dims``, naming the op, expected against got, before any work."""
     want = dims.num_layers * dims.directions
@@ -128,9 +140,10 @@ def _check(dims, x, weights, h0, c0):
             raise ValueError(f"rnn expects weights[{k}] as (w_ih, w_hh, bias), bias None for all or for none, "
                              f"got {len(triple)} items")
         for name, a, shape in zip(("w_ih", "w_hh", "bias"), triple, dims.weight_shapes(k)):
-            if tuple(a.shape) != shape or np.dtype(a.dtype) != dims.dtype:
-                raise ValueError(f"rnn expects weights[{k}].{name} of shape {shape} and dtype {dims.dtype} "
-                                 f"(x {tuple(x.shape)}, mode {dims.mode}), got {tuple(a.shape)} {np.dtype(a.dtype)}")
+            if tuple(a.shape) != shape or np.dtype(a.dtype) not in weight_dtypes(dims.dtype):
+                raise ValueError(f"rnn expects weights[{k}].{name} of shape {shape} and dtype "
+                                 f"{' or '.join(str(d) for d in weight_dtypes(dims.dtype))} (x {tuple(x.shape)} "
+                                 f"{dims.dtype}, mode {dims.mode}), got {tuple(a.shape)} {np.dtype(a.dtype)}")
     for name, s in (("h0", h0), ("c0", c0)):
         if s is not None and (tuple(s.shape) != dims.state_shape or np.dtype(s.dtype) != dims.dtype):
             raise ValueError(f"rnn expects {name} of shape (num_layers * directions, N, hidden) = "
@@ -251,6 +264,8 @@ def _direction(dims, act, x, w_ih, w_hh, bias, h, c, reverse):
 
 
 def _composite(dims, act, x, weights, h0, c0):
+    weights = [tuple(a if a is None or a.dtype == dims.dtype else astype(a, dims.dtype) for a in triple)
+               for triple in weights]   # float32 master weights of a half x: cast, differentiably
     xp = get_array_module(value_of(x))
     zero = xp.zeros((dims.batch, dims.hidden), dtype=dims.dtype)
     hs, cs, k = [], [], 0
