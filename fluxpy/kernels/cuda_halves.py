@@ -1,13 +1,15 @@
 """Conversions between float32, float16 and bfloat16 (of one array, or of many in one launch: a model's weights to the
-half type and their gradients back, ``cuda/cast_many.cu``), sums of two half-precision arrays, and half-precision
-activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays, each in one
-vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape "bias" is the
-sum): eight items a thread, read and written as whole 16- or 32-byte vectors. The many-array conversion takes an
-item a thread (its arrays are small, it changes layouts on the way, and one launch in place of two per weight is
-its point: on small networks these launches, not the bytes, are the cost).
+half type and their gradients back, ``cuda/cast_many.cu``), sums of two arrays (halves or float32: residual
+connections and the backward walk's cotangent sums) and the activation derivative's product of two, and
+half-precision activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays,
+each in one vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape
+"bias" is the sum): eight items a thread, read and written as whole 16- or 32-byte vectors. The many-array
+conversion takes an item a thread (its arrays are small, it changes layouts on the way, and one launch in place of
+two per weight is its point: on small networks these launches, not the bytes, are the cost).
 
 CuPy's elementwise kernels (its own and those fluxpy generates through it) move halves an item at a time, far from
-the memory's speed. Mixed precision converts every parameter to the half type and every gradient back each step,
+the memory's speed (and float32 at about half of it: a (256, 64, 192) float32 sum at 2.2 TB/s on an H200).
+Mixed precision converts every parameter to the half type and every gradient back each step,
 residual connections and the backward walk add half-precision arrays of activation size, and every Dense or
 residual block with an activation runs one forward and one backward, so these are a training step's kernels.
 An activation is computed in float32 from the loaded values and rounded once, as the traced kernels do, so the
@@ -36,6 +38,7 @@ __all__ = ["supports_cast", "cast", "supports_cast_many", "cast_many", "supports
 _DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 _NULL = np.uint64(0)   # an absent array argument
 _THREADS = 256
+_SUMMED = HALVES + (np.dtype(np.float32),)   # what add and act_grad take: eight items a thread, 16 or 32 bytes
 
 
 def _cast_defines(src, dst) -> dict:
@@ -57,18 +60,18 @@ _IDENTITY = "(v)"   # the sum: bias_act.cu's activation left out
 
 def SOURCE_VARIANTS():
     """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
-    distinct dtypes, a sum for each half type (``cuda/bias_act.cu``'s variants with an activation, which the tracer
-    writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays from float32 to each half
-    type and back.
+    distinct dtypes, a sum for each half type and float32 (``cuda/bias_act.cu``'s variants with an activation, which
+    the tracer writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays from float32 to
+    each half type and back.
 
     >>> len(list(SOURCE_VARIANTS()))
-    12
+    13
     """
     for src in _DTYPES:
         for dst in _DTYPES:
             if src != dst:
                 yield "cast.cu", _cast_defines(src, dst)
-    for dtype in HALVES:
+    for dtype in _SUMMED:
         yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_ACT")
     for src, dst in _PAIRS:
         yield "cast_many.cu", _many_defines(src, dst)
@@ -103,12 +106,14 @@ def cast(x, dtype):
     return y
 
 
+
 def supports_add(a: Any, b: Any) -> bool:
-    """Whether :func:`add` sums ``a`` and ``b``: non-empty CuPy arrays of one half type, shape and dense layout
-    (C-contiguous or channels-last, the same strides), 16-byte aligned, on one device."""
+    """Whether :func:`add` sums ``a`` and ``b`` (and :func:`act_grad` multiplies them): non-empty CuPy arrays of one
+    dtype (float16, bfloat16 or float32), shape and dense layout (C-contiguous or channels-last, the same strides),
+    16-byte aligned, on one device."""
     if cupy is None or type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
         return False
-    return (a.dtype == b.dtype and a.dtype in HALVES and a.shape == b.shape and a.strides == b.strides
+    return (a.dtype == b.dtype and a.dtype in _SUMMED and a.shape == b.shape and a.strides == b.strides
             and a.size > 0 and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0 and a.device.id == b.device.id
             and _dense(a))
 

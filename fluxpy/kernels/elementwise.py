@@ -434,14 +434,14 @@ def SOURCE_VARIANTS(derivatives=(), activations=()):
     """``(source, defines)`` of the ``cuda/`` kernels this module launches: the map+reduce of each activation
     derivative (``derivatives``: the functions ``fluxpy.ops.bias_act`` passes, which the kernel-source test gives)
     that :func:`bias_act_backward` passes to ``mapreduce``, in float32 and float64 (the halves compute in float32)
-    and, for the first, every dtype; and the half-precision ``cuda/bias_act.cu`` kernels of
-    :mod:`fluxpy.kernels.cuda_halves` for the first of ``activations`` and the first derivative.
+    and, for the first, every dtype; and the ``cuda/bias_act.cu`` kernels of :mod:`fluxpy.kernels.cuda_halves`
+    for the first of ``activations`` (the halves) and the first derivative (the halves and float32).
 
     >>> list(SOURCE_VARIANTS())
     []
     """
-    for dtype in halfs.HALVES:
-        for act in activations[:1]:
+    for dtype in halfs.HALVES + (np.dtype(np.float32),):   # act_grad_vec8 takes float32 too
+        for act in activations[:1] if dtype in halfs.HALVES else ():
             yield "bias_act.cu", cuda_halves.act_defines(_act_text(act, dtype), dtype, "FX_ACT")
         for d in derivatives[:1]:
             yield "bias_act.cu", cuda_halves.act_defines(_act_text(d, dtype), dtype, "FX_DERIV")

@@ -101,7 +101,7 @@ def _pow_grads(a, b, y, dy, needs):
 
 
 def _add(a, b):
-    kernel = find("add", a, b)   # the GPU's halves: CuPy adds them an item at a time
+    kernel = find("add", a, b)   # the GPU's halves and float32: CuPy adds them an item at a time
     return operator.add(a, b) if kernel is None else kernel(a, b)
 
 

@@ -88,7 +88,7 @@ def test_astype_gradient_through_the_kernel():
 HALVES = [np.dtype(np.float16), BFLOAT16]
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("dtype", HALVES + [np.dtype(np.float32)], ids=str)
 @pytest.mark.parametrize("n", [1, 9, 4099, 1 << 17])
 def test_add_equals_the_host_bit_for_bit(dtype, n):
     cp = cupy_module()
@@ -117,7 +117,7 @@ def test_add_keeps_channels_last_and_leaves_the_rest_to_cupy():
     assert not cuda_halves.supports_add(a, c)                          # layouts differ
     assert not cuda_halves.supports_add(a, b[:1])                      # shapes differ (broadcast)
     assert not cuda_halves.supports_add(a, b.astype(np.float16))       # dtypes differ
-    assert not cuda_halves.supports_add(a.astype(np.float32), b.astype(np.float32))
+    assert not cuda_halves.supports_add(a.astype(np.float64), b.astype(np.float64))   # float64: CuPy's
     np.testing.assert_array_equal(cp.asnumpy(cuda_halves.plain_add(a, c)).astype(np.float32),
                                   want.astype(np.float32))
 
@@ -172,7 +172,7 @@ def test_bias_act_equals_the_traced_kernels(dtype, kind, name):
     np.testing.assert_array_equal(_bits(cp.asnumpy(z)), _bits(cp.asnumpy(want_z)), err_msg=f"{name} {kind} z")
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("dtype", HALVES + [np.dtype(np.float32)], ids=str)
 @pytest.mark.parametrize("name", sorted(_acts()))
 def test_act_grad_equals_the_traced_kernel(dtype, name):
     cp = cupy_module()

@@ -1,5 +1,6 @@
-// Half-precision activations, eight items a thread as 16-byte vectors (fluxpy/kernels/cuda_halves.py), computed in
-// float32 from the loaded values and rounded once, as fluxpy's traced elementwise kernels do:
+// Activations, eight items a thread as 16-byte vectors of halves (two of float32: the sum of two float32 arrays and
+// the derivative's product take this path too; fluxpy/kernels/cuda_halves.py), computed in float32 from the loaded
+// values and rounded once, as fluxpy's traced elementwise kernels do:
 // bias_act_vec8: y = act(x + b), and z = x + b (the pre-activation) where z is given; b none (null), of x's shape
 //   (period 0), or a vector repeated every `period` items (a bias along the last axis of C-order data or the
 //   channels of channels-last data; period a multiple of 8). FX_ACT(v): the activation, an expression in C; the
