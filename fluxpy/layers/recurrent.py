@@ -118,7 +118,8 @@ def _data_dtype(cell, x):
     takes them with half inputs)."""
     w = np.dtype(cell.weight_ih.dtype)
     dtype = getattr(x, "dtype", None)
-    return np.dtype(dtype) if w == np.float32 and dtype is not None and is_half(dtype) else w
+    half = isinstance(dtype, np.dtype) and is_half(dtype)   # a foreign array's dtype: the dtype check names it
+    return dtype if w == np.float32 and half else w
 
 
 def _in_dtype(layer_, dtype):
