@@ -283,3 +283,28 @@ def test_a_half_problem_runs_in_float32_unless_its_own_type_wins_by_the_margin(m
         monkeypatch.setattr(cuda_rnn.compiler, "time_ms", lambda run, hide_host: next(times))
         cuda_rnn._time_choice(dims, None, None, None, None, [])
         assert cuda_rnn.computed_as(dims).dtype == want
+
+
+def test_a_half_plan_cudnn_turns_down_runs_in_float32_and_a_bug_raises(monkeypatch):
+    """Timing a half problem whose half plan cuDNN refuses as NOT_SUPPORTED keeps float32 (only float32 timed);
+    another status is a bug and raises."""
+    from fluxpy.kernels.cudnn.errors import CudnnError
+    dims = RNNDims("gru", 4, 5, 3, 6, 1, False, True, np.dtype(np.float16))
+    status = [3000]
+
+    def plan(d):
+        if d.dtype == np.float16:
+            raise CudnnError("cudnnSetRNNDescriptor_v8", status[0])
+        return "a plan"
+    timed = []
+    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(plan=plan))
+    monkeypatch.setattr(cuda_rnn, "_timed", {})
+    monkeypatch.setattr(cuda_rnn, "_forward", lambda d, run, *a: timed.append(run.dtype) or ("out", (run,)))
+    monkeypatch.setattr(cuda_rnn, "_backward", lambda *a: None)
+    monkeypatch.setattr(cuda_rnn.compiler, "time_ms", lambda run, hide_host: run() or 1.0)
+    cuda_rnn._time_choice(dims, None, None, None, None, [])
+    assert cuda_rnn.computed_as(dims).dtype == np.float32 and timed == [np.dtype(np.float32)]
+    status[0] = 2000   # BAD_PARAM for float16: not a refusal this library makes of the data type
+    cuda_rnn._timed.clear()
+    with pytest.raises(CudnnError):
+        cuda_rnn._time_choice(dims, None, None, None, None, [])

@@ -85,7 +85,7 @@ def _time_choice(dims, lengths, x, h0, c0, flat):
         cudnn_rnn.plan(dims)
         candidates.append(dims)
     except CudnnError as err:
-        if not (err.status // 1000 == 3 or err.status // 1000 == 2):
+        if not _turned_down(err, dims):
             raise
     needs = [True] * (3 + len(flat))
 
@@ -107,13 +107,18 @@ def supports(dims, *arrays) -> bool:
     try:
         cudnn_rnn.plan(computed_as(dims))
     except CudnnError as err:
-        # NOT_SUPPORTED and its family: the composite runs (for bfloat16 also BAD_PARAM, what a library without
-        # bfloat16 RNNs may say of the data type); anything else is a bug and raises
-        if not (err.status // 1000 == 3 or (dims.dtype == BFLOAT16 and err.status // 1000 == 2)):
+        if not _turned_down(err, dims):
             raise
         _declined.add(dims)
         return False
     return True
+
+
+def _turned_down(err, dims) -> bool:
+    """Whether cuDNN's ``err`` planning ``dims`` says it does not take the problem: NOT_SUPPORTED and its family
+    (for bfloat16 also BAD_PARAM, what a library without bfloat16 RNNs may say of the data type); anything else is
+    a bug, to be raised."""
+    return err.status // 1000 == 3 or (dims.dtype == BFLOAT16 and err.status // 1000 == 2)
 
 
 def _as(a, dtype):
