@@ -210,6 +210,23 @@ def test_matmul_drawn(m, k, n, batch, seed):
     check_grad(lambda a, b: a @ b, a, b, rng=rng)
 
 
+@given(m=st.integers(2, 4), k=st.integers(2, 4), n=st.integers(2, 4), batch=shapes(0, 2, max_side=3), seed=seeds,
+       transposed=st.sampled_from(["a", "b", "both"]))
+def test_matmul_of_transposed_operands_gives_gradients_in_their_layout(m, k, n, batch, seed, transposed):
+    """``x @ w.T`` (a weight used transposed): w's gradient reaches w in C order, equal to finite differences."""
+    rng = np.random.default_rng(seed)
+    lead = batch if transposed == "b" else ()
+    a_t, b_t = transposed in ("a", "both"), transposed in ("b", "both")
+    a = array(rng, (k, m) if a_t else lead + (m, k))
+    b = array(rng, (n, k) if b_t else (k, n))
+
+    def f(a, b):
+        return ops.matmul(ops.transpose(a) if a_t else a, ops.transpose(b) if b_t else b)
+    ga, gb = fluxpy.gradient(lambda a, b: (f(a, b) * np.arange(1.0, 1.0 + m * n).reshape(m, n)).sum(), a, b)
+    assert ga.flags.c_contiguous and gb.flags.c_contiguous
+    check_grad(f, a, b, rng=rng)
+
+
 def test_dot_matches_matmul():
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal(4)

@@ -1,15 +1,23 @@
 """The Dense layer's op, ``dense(x, weight, bias, act) = act(x @ weight.T + bias)``, with the bias and activation
 fused into the matrix product where a kernel can.
 
-It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite). For ``identity``, ``relu``
-and ``gelu`` (the tanh approximation) the kernel table's ``dense_forward`` computes the product, the bias and the
-activation as one op (on the GPU one cuBLASLt call, :mod:`fluxpy.kernels.cublaslt`; on the CPU NumPy,
-:mod:`fluxpy.kernels.cpu_dense`: one tape node instead of four), and for gelu in a gradient also keeps the
-pre-activation, which the derivative reads. The pullback is then ``dz = dy * act'(saved)`` (one elementwise
-pass, :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
+It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite), and runs as one tape node
+where the kernel table's ``dense_forward`` takes the product (on the GPU cuBLASLt, :mod:`fluxpy.kernels.cublaslt`;
+on the CPU NumPy, :mod:`fluxpy.kernels.cpu_dense`: one node instead of four):
+
+- ``identity``, ``relu`` and ``gelu`` (the tanh approximation) are the kernel's epilogues: the product, the bias
+  and the activation are one call, and for gelu in a gradient it also keeps the pre-activation, which the
+  derivative reads;
+- every other activation (``gelu_erf``, swish, tanh, ...) runs after the bare product as one ``bias_act`` pass
+  (the bias added there), which keeps the output or the pre-activation as its derivative needs
+  (:func:`~fluxpy.ops.bias_act.derivative_from_saved`).
+
+The pullback is then ``dz = dy * act'(saved)`` (one elementwise pass,
+:func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
 ``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums the bias gradient as it forms the
-weight gradient. Everything else (``gelu_erf``, swish, the halves on the CPU and float64 on the GPU, layouts or
-alignments the kernel declines, a nested gradient) runs the composite. Leading axes of ``x`` are rows.
+weight gradient, in the weight's own layout. The composite runs for what the kernels decline (the halves on the
+CPU and float64 on the GPU, layouts or alignments, an activation that draws random numbers, a nested gradient).
+Leading axes of ``x`` are rows.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -28,7 +36,7 @@ from ..autodiff import Primitive, Tracked
 from ..backend import Array
 from ..kernels import find
 from .activations import gelu, identity, relu
-from .bias_act import bias_act, bias_act_backward, derivative_from_saved
+from .bias_act import _bias_act_impl, _split, bias_act, bias_act_backward, bias_act_preactivation, derivative_from_saved
 from .fused import fused_op
 from .linalg import matmul
 from .reduce import sum as sum_
@@ -72,27 +80,51 @@ dense_backward_weight = fused_op("dense_backward_weight", _weight_grads, doc="""
     """)
 
 
-def _forward_kernel(x, weight, bias, name, save):
-    return find("dense_forward", x, weight, bias, name, save) if name is not None else None
+def _forward_kernel(x, weight, bias, act, save):
+    """``(kernel, epilogue, kernel's bias)`` for the product of a call, or None where no kernel takes it: ``act``
+    itself as the epilogue where the kernel has it, else the bare product (``bias_act`` adds the bias and the
+    activation after it)."""
+    name = epilogue_name(act)
+    if name is not None:
+        kernel = find("dense_forward", x, weight, bias, name, save)
+        return None if kernel is None else (kernel, name, bias)
+    if getattr(_split(act)[0], "draws_random", False):   # rrelu: its derivative cannot be recomputed by a new draw
+        return None
+    kernel = find("dense_forward", x, weight, None, "identity", False)
+    return None if kernel is None else (kernel, "identity", None)
 
 
 def _dense_impl(x, weight, bias, act):
-    kernel = _forward_kernel(x, weight, bias, epilogue_name(act), False)
-    if kernel is None:
+    found = _forward_kernel(x, weight, bias, act, False)
+    if found is None:
         return _composite(x, weight, bias, act)
-    return kernel(x, weight, bias, epilogue_name(act), False)[0]
+    kernel, name, kernel_bias = found
+    y = kernel(x, weight, kernel_bias, name, False)[0]
+    return y if epilogue_name(act) is not None else _bias_act_impl(y, bias, act)
+
+
+def _forward_saving(x, weight, bias, act):
+    """``(y, saved)``: the output and what the activation's derivative reads (the output or the
+    pre-activation)."""
+    derivative, from_output = derivative_from_saved(act)
+    name = epilogue_name(act)
+    found = _forward_kernel(x, weight, bias, act, name == "gelu")   # gelu's derivative reads the pre-activation
+    if found is None:
+        raise RuntimeError(f"dense: the fused kernel declined a call that dense() had planned for it ({act!r}, "
+                           f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)})")
+    kernel, kernel_name, kernel_bias = found
+    y, aux = kernel(x, weight, kernel_bias, kernel_name, name == "gelu")
+    if name is not None:
+        return y, (y if from_output else aux)
+    if from_output or bias is None:
+        out = _bias_act_impl(y, bias, act)
+        return out, (out if from_output else y)
+    return bias_act_preactivation(y, bias, act)
 
 
 def _dense_rule(needs, x, weight, bias, act):
-    name = epilogue_name(act)
-    save = name == "gelu"   # gelu's derivative reads the pre-activation; relu's the output
-    kernel = _forward_kernel(x, weight, bias, name, save)
-    if kernel is None:
-        raise RuntimeError(f"dense: the fused kernel declined a call that dense() had planned for it ({name}, "
-                           f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)})")
-    y, aux = kernel(x, weight, bias, name, save)
-    derivative, from_output = derivative_from_saved(act)
-    saved = y if from_output else aux
+    y, saved = _forward_saving(x, weight, bias, act)
+    derivative, _ = derivative_from_saved(act)
     out, inp = weight.shape
     need_b = needs[2] and bias is not None
 
@@ -125,12 +157,9 @@ def _plain(args):
 
 
 def _fused(x, weight, bias, act) -> bool:
-    """Whether the fused kernel takes this call (gelu's pre-activation saved where a gradient is being taken)."""
-    name = epilogue_name(act)
-    if name is None:
-        return False
+    """Whether a kernel takes this call's product (gelu's pre-activation saved where a gradient is being taken)."""
     values, level = _plain((x, weight, bias))
-    return values is not None and _forward_kernel(*values, name, level > 0 and name == "gelu") is not None
+    return values is not None and _forward_kernel(*values, act, level > 0 and epilogue_name(act) == "gelu") is not None
 
 
 def dense(x: Array, weight: Array, bias: Array | bool | None = None, act: Callable | None = identity) -> Array:

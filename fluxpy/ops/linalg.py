@@ -61,15 +61,35 @@ def _matmul_rule(needs, a, b):
         a2, b2, dy2 = _as_matrices(a, b, dy)
         da = db = None
         if needs[0]:
-            da = reshape(unbroadcast(_matmul(dy2, swapaxes(b2, -1, -2)), a2.shape), a.shape)
+            if a2.ndim == 2 and b2.ndim == 2 and _transposed(a):   # (b dy^T)^T: da laid out as a is
+                da = swapaxes(_matmul(b2, swapaxes(dy2, -1, -2)), -1, -2)
+            else:
+                da = reshape(unbroadcast(_matmul(dy2, swapaxes(b2, -1, -2)), a2.shape), a.shape)
         if needs[1]:
-            if b2.ndim == 2 and a2.ndim > 2:   # a batch against one matrix: one product over the stacked rows
+            if b2.ndim == 2 and a2.ndim >= 2:   # the batch's rows stacked against one matrix: one product
                 rows = reshape(a2, (-1, a2.shape[-1]))
-                db = reshape(_matmul(swapaxes(rows, -1, -2), reshape(dy2, (-1, dy2.shape[-1]))), b.shape)
+                dy_rows = reshape(dy2, (-1, dy2.shape[-1]))
+                if _transposed(b):   # (dy^T rows)^T: db laid out as b is (a weight used as w.T)
+                    db = swapaxes(_matmul(swapaxes(dy_rows, -1, -2), rows), -1, -2)
+                else:
+                    db = reshape(_matmul(swapaxes(rows, -1, -2), dy_rows), b.shape)
             else:
                 db = reshape(unbroadcast(_matmul(swapaxes(a2, -1, -2), dy2), b2.shape), b.shape)
         return da, db
     return y, matmul_pullback
+
+
+def _transposed(a) -> bool:
+    """Whether ``a`` is a 2-D array in Fortran order only (the transpose of a C-order one, as ``w.T``): its
+    cotangent is formed as the transpose of a C-order product, the same product's cost, so that it reaches the
+    C-order array behind it in that array's layout (no copy where the optimiser steps it).
+
+    >>> import numpy as np
+    >>> _transposed(np.ones((3, 2)).T), _transposed(np.ones((3, 2))), _transposed(np.ones((3, 1)).T)
+    (True, False, False)
+    """
+    flags = getattr(a, "flags", None)
+    return a.ndim == 2 and flags is not None and flags.f_contiguous and not flags.c_contiguous
 
 
 _matmul = Primitive("matmul", _matmul_rule, impl=_matmul_impl, needs_mask=True)
