@@ -287,7 +287,8 @@ def test_the_kernel_table_keeps_whichever_timed_fastest_and_times_a_problem_once
         monkeypatch.setattr(dw.compiler, "time_ms", time_ms)
         timed.clear()
         out = call()
-        assert timed == shortlist + [dw.CUDNN], f"{direction}: timed {timed}"
+        n = len(shortlist) + 1   # each by GPU time, then back to back the one near the fastest
+        assert timed[:n] == shortlist + [dw.CUDNN] and set(timed[n:]) == {kept}, f"{direction}: timed {timed}"
         assert dw._choices[(direction, cd, xl.dtype, 0)] == kept
         ran.clear()
         timed.clear()

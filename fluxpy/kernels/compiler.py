@@ -19,7 +19,8 @@ True
 - :func:`time_ms` is the one GPU timer behind every choice made by timing (cuDNN plans, batch-norm and scatter
   candidates): one warm-up call, then back-to-back calls between CUDA events on an idle stream, so host time
   between launches counts as it does in a training step (``hide_host=True`` queues the calls behind a spin kernel
-  instead, so only GPU time counts); ``inf`` where the call raises one of ``failures``.
+  instead, so only GPU time counts); ``inf`` where the call raises one of ``failures``. :func:`timed_choice` times
+  implementations of one problem both ways and keeps, of those near the fastest GPU time, the fastest back to back.
 
 CI compiles every source for sm_90 without a GPU (``tests/test_kernel_sources.py``, NVRTC from its pip wheel)
 through :func:`compile_options` and :func:`source`, the same text and options the GPU path uses. A kernel module
@@ -40,7 +41,7 @@ import numpy as np
 from ..backend import cupy
 
 __all__ = ["SOURCE_DIR", "STANDARD", "source", "compile_options", "module", "function", "launch", "device",
-           "DeviceProperties", "time_ms", "clear_cache", "SOURCE_VARIANTS"]
+           "DeviceProperties", "time_ms", "Timed", "timed_choice", "clear_cache", "SOURCE_VARIANTS"]
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 """The folder that holds every ``.cu`` and ``.cuh`` file (package data)."""
@@ -199,6 +200,40 @@ def time_ms(run: Callable[[], Any], reps: int = 5, failures: tuple = (), hide_ho
         return cupy.cuda.get_elapsed_time(start, end) / reps
     except failures:
         return float("inf")
+
+
+_GPU_MARGIN = 1.1   # timed_choice: how much more GPU time than the fastest an implementation may take
+
+
+@dataclass(frozen=True)
+class Timed:
+    """The implementations of one problem as :func:`timed_choice` measured them: the one ``kept``, each one's
+    milliseconds by GPU time alone, and back to back (host and GPU together, as an eager step pays them) for those
+    near the fastest GPU time.
+
+    >>> Timed("ours", {"cudnn": 0.010, "ours": 0.0105}, {"cudnn": 0.05, "ours": 0.03}).kept
+    'ours'
+    """
+    kept: Any
+    gpu_ms: Mapping
+    wall_ms: Mapping
+
+
+def timed_choice(runs: Mapping[Any, Callable[[], Any]], failures: tuple = ()) -> Timed:
+    """Time each of ``runs`` (``{name: run}``, every run computing the same problem) by GPU time alone and back to
+    back (the best of three rounds of ten calls: the host's pace drifts), and keep, of those within 10% of the
+    fastest GPU time, the fastest back to back: a captured step pays the GPU time alone, an eager step the host's
+    calls too, and one choice for both keeps a captured step equal to the eager one, bit for bit.
+    Not inside a capture: the timing reads the clock on the host.
+
+    >>> timed_choice.__name__
+    'timed_choice'
+    """
+    gpu = {name: time_ms(run, failures=failures, hide_host=True) for name, run in runs.items()}
+    fastest = min(gpu.values())
+    wall = {name: min(time_ms(run, reps=10, failures=failures) for _ in range(3))
+            for name, run in runs.items() if gpu[name] <= fastest * _GPU_MARGIN}
+    return Timed(min(wall, key=wall.get), gpu, wall)
 
 
 def clear_cache() -> None:

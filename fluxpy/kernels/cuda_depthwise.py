@@ -320,16 +320,16 @@ def _shortlist(direction, cdims) -> list:
 
 
 def _choice(direction, a, w, cdims, ours, theirs):
-    """What runs this problem: CUDNN where the kernels do not take it; else, timed on its first call (GPU time
-    alone), the fastest of :func:`_shortlist`'s entries (``ours(entry)`` runs one) and cuDNN's plan
-    (``theirs()``)."""
+    """What runs this problem: CUDNN where the kernels do not take it; else, timed on its first call, one of
+    :func:`_shortlist`'s entries (``ours(entry)`` runs one) and cuDNN's plan (``theirs()``): of those near the
+    fastest GPU time, the fastest back to back (:func:`fluxpy.kernels.compiler.timed_choice`)."""
     if not supports(a, w, cdims):
         return CUDNN
 
     def timed():
-        runs = [(entry, lambda entry=entry: ours(entry)) for entry in _shortlist(direction, cdims)]
-        times = {entry: compiler.time_ms(run, hide_host=True) for entry, run in runs + [(CUDNN, theirs)]}
-        return min(times, key=times.get)
+        runs = {entry: (lambda entry=entry: ours(entry)) for entry in _shortlist(direction, cdims)}
+        runs[CUDNN] = theirs
+        return compiler.timed_choice(runs).kept
     return _cached(_choices, (direction, cdims, a.dtype, a.device.id), timed)
 
 

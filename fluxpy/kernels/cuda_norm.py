@@ -3,8 +3,10 @@
 Two implementations: fluxpy's own kernels (:mod:`fluxpy.kernels.cuda_bn`, float16/bfloat16/float32/float64, two
 launches each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, float16/float32/float64). For the
 halves both keep the statistics and parameters in float32; bfloat16 runs fluxpy's kernels only. Where both take a
-problem (shape, dtype, device), the first call times the GPU time of each direction of both on the call's own arrays
-(the running statistics left out) and keeps the faster; :func:`choices` shows what was kept and the times.
+problem (shape, dtype, device), the first call times each direction of both on the call's own arrays (the running
+statistics left out), by GPU time and back to back, and keeps one (:func:`fluxpy.kernels.compiler.timed_choice`:
+the faster back to back of those near the fastest GPU time; cuDNN's path pays more calls, the copies a step's
+journal keeps and the activation's own kernel); :func:`choices` shows what was kept and the times.
 The ``supports`` predicates accept what either takes; other calls run the op's composite. Which implementations
 take a problem is answered once per problem (shape, strides, dtype, device, the parameters' kinds, the activation):
 a repeated call pays a key and a lookup.
@@ -31,12 +33,12 @@ from .elementwise import _cached, bias_act_backward, fuses, fused_forward
 __all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "choices"]
 
 _DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-_choices: dict = {}   # (direction, shape, dtype, device, act) -> (name, {name: us})
+_choices: dict = {}   # (direction, shape, dtype, device, act) -> compiler.Timed
 
 
 def choices() -> dict:
-    """``{(direction, shape, dtype[, activation]): (kept, {implementation: microseconds})}`` for the problems timed
-    so far.
+    """``{(direction, shape, dtype[, activation]): compiler.Timed}`` for the problems timed so far: the
+    implementation kept and the milliseconds of each, by GPU time and back to back.
 
     >>> isinstance(choices(), dict)
     True
@@ -96,16 +98,13 @@ def _cudnn_backward_fits(x, y, gamma, beta, mean, invstd, act, y_derivative):
 
 
 def _pick(direction, act, x, ours_ok, cudnn_ok, candidates):
-    """The implementation to run: the only one that fits, or the faster one timed on first use (per activation)."""
+    """The implementation to run: the only one that fits, or the one kept on first use (per activation)."""
     if not cudnn_ok:
         return "fluxpy"
     if not ours_ok:
         return "cudnn"
-
-    def timed():
-        times = {name: compiler.time_ms(run, hide_host=True) * 1000.0 for name, run in candidates().items()}
-        return min(times, key=times.get), times
-    return _cached(_choices, (direction, x.shape, x.dtype, x.device.id, act), timed)[0]
+    return _cached(_choices, (direction, x.shape, x.dtype, x.device.id, act),
+                   lambda: compiler.timed_choice(candidates())).kept
 
 
 def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
