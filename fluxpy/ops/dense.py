@@ -15,7 +15,8 @@ on the CPU NumPy, :mod:`fluxpy.kernels.cpu_dense`: one node instead of four):
 The pullback is then ``dz = dy * act'(saved)`` (one elementwise pass,
 :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
 ``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums the bias gradient as it forms the
-weight gradient, in the weight's own layout. The composite runs for what the kernels decline (the halves on the
+weight gradient, in the weight's own layout (where ``bias_act`` added the bias, its backward pass sums the bias
+gradient as it forms ``dz``, as the composite's does). The composite runs for what the kernels decline (the halves on the
 CPU and float64 on the GPU, layouts or alignments, an activation that draws random numbers, a nested gradient).
 Leading axes of ``x`` are rows.
 
@@ -127,14 +128,21 @@ def _dense_rule(needs, x, weight, bias, act):
     derivative, _ = derivative_from_saved(act)
     out, inp = weight.shape
     need_b = needs[2] and bias is not None
+    # where bias_act added the bias, its pass sums the bias gradient too; else the weight's product does
+    db_by_product = epilogue_name(act) is not None
 
     def dense_pullback(dy):
-        dz = dy if derivative is None else bias_act_backward(derivative, saved, dy, None, True, False)[0]
+        db = None
+        if derivative is None:
+            dz = dy
+        else:
+            dz, db = bias_act_backward(derivative, saved, dy, (out,), True, need_b and not db_by_product)
         rows = reshape(dz, (-1, out))
         dx = reshape(matmul(rows, weight), x.shape) if needs[0] else None
-        dw = db = None
-        if needs[1] or need_b:
-            dw, db = dense_backward_weight(rows, reshape(x, (-1, inp)), need_b)
+        dw = None
+        if needs[1] or (need_b and db_by_product):
+            dw, db_product = dense_backward_weight(rows, reshape(x, (-1, inp)), need_b and db_by_product)
+            db = db if db is not None else db_product
         return dx, (dw if needs[1] else None), db, None
     return y, dense_pullback
 
