@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backend import cupy
 from . import compiler, layernorm_plan
+from .answers import answered, kind
 from .cuda_arrays import c_contiguous, row_addresses
 from .halfs import BFLOAT16, KERNEL_DTYPES, compute_dtype, dtype_defines
 from .layernorm_plan import (SM90, BackwardPlan, ForwardPlan, Limits, backward_plan, backward_shared_bytes,
@@ -354,10 +355,6 @@ def _rows(x, k):
     return x.size // max(length, 1), length
 
 
-def _kind(a):
-    return None if a is None else (type(a), a.shape, a.dtype)
-
-
 # What the checks of shapes, dtypes and array types answer, kept per problem (a repeated call pays a key and a
 # lookup)
 _forward_answers: dict = {}
@@ -371,9 +368,9 @@ def supports(x, gamma, beta, k, eps, residual=None, bias=None) -> bool:
     C-contiguous and 16-byte aligned is copied so first (:func:`_readable`). Answered once per problem."""
     if cupy is None or type(x) is not cupy.ndarray:
         return False
-    key = (x.shape, x.dtype, k, _kind(gamma), _kind(beta), _kind(residual), _kind(bias),
+    key = (x.shape, x.dtype, k, kind(gamma), kind(beta), kind(residual), kind(bias),
            layernorm_plan.tuning(x.dtype))
-    return _kept(_forward_answers, key, lambda: _supports(x, gamma, beta, k, residual, bias))
+    return answered(_forward_answers, key, lambda: _supports(x, gamma, beta, k, residual, bias))
 
 
 def _supports(x, gamma, beta, k, residual, bias) -> bool:
@@ -400,9 +397,9 @@ def backward_supports(dy, x, gamma, mean, rstd, k, need_params=True, residual=No
     backward kernel takes (:func:`backward_fits`). Answered once per problem."""
     if not (type(dy) is cupy.ndarray and dy.dtype == x.dtype and dy.shape == x.shape):
         return False
-    key = (x.shape, x.dtype, k, _kind(x), _kind(gamma), _kind(mean), _kind(rstd), _kind(residual), _kind(bias),
+    key = (x.shape, x.dtype, k, kind(x), kind(gamma), kind(mean), kind(rstd), kind(residual), kind(bias),
            layernorm_plan.tuning(x.dtype), x.device.id)   # backward_fits asks the GPU's limits
-    return _kept(_backward_answers, key, lambda: _backward_supports(x, gamma, mean, rstd, k, residual, bias))
+    return answered(_backward_answers, key, lambda: _backward_supports(x, gamma, mean, rstd, k, residual, bias))
 
 
 def _backward_supports(x, gamma, mean, rstd, k, residual, bias) -> bool:
@@ -458,16 +455,6 @@ class _ForwardCall:
         self.rows, self.cdt = np.int64(rows), compute_dtype(x.dtype)
 
 
-def _kept(table, key, make):
-    """``table[key]``, made by ``make()`` the first time: a problem's checks' answer, or its launches (kept in the
-    table of the kernels they launch, ``_forward_kernels``, ``_backward_kernels``, so that a table replaced, as tests
-    replace it, takes them along)."""
-    found = table.get(key)
-    if found is None:
-        found = table[key] = make()
-    return found
-
-
 def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=None):
     """``(y, mean, rstd)``: ``y`` of ``x``'s shape and dtype; ``mean``, ``rstd`` one per row in the compute type.
     With ``residual`` (like ``x``) and/or ``bias`` (the normalised shape, compute type) the rows normalised are
@@ -477,7 +464,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     x, gamma, beta = _readable(x), _readable(gamma), _readable(beta)
     if fused:
         residual, bias = _readable(residual), _readable(bias)
-    call = _kept(_forward_kernels, _call_key("forward", x, rows, length, fused),
+    call = answered(_forward_kernels, _call_key("forward", x, rows, length, fused),
                  lambda: _ForwardCall(x, rows, length, fused))
     y = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)
     mean, rstd = cupy.empty((2, rows), call.cdt)
@@ -524,7 +511,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
     if fused:
         residual, bias = _readable(residual), _readable(bias)
     mean, rstd = c_contiguous(mean), c_contiguous(rstd)   # read a value at a time: any start will do
-    call = _kept(_backward_kernels, _call_key("backward", x, rows, length, fused),
+    call = answered(_backward_kernels, _call_key("backward", x, rows, length, fused),
                  lambda: _BackwardCall(x, rows, length, fused))
     plan, cdt = call.plan, call.cdt
     dx = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)

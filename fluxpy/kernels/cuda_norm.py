@@ -27,6 +27,7 @@ from ..backend import cupy
 from ..journal import keep_copies
 from ..layout import like_layout
 from . import compiler, cuda_bn
+from .answers import answered, kind
 from .cudnn import batchnorm as bn
 from .elementwise import _cached, bias_act_backward, fuses, fused_forward
 
@@ -57,25 +58,19 @@ def _cudnn_fits(x, *params):
 _answers: dict = {}   # problem -> (fluxpy's kernels take it, cuDNN's calls take it)
 
 
-def _kind(a):
-    return None if a is None else (type(a), a.shape, a.dtype)
-
-
 def _takers(direction, x, params, act, y=None, y_derivative=None) -> tuple:
     """``(ours, cudnn)``: whether fluxpy's kernels and cuDNN's calls take the problem (answered once per problem)."""
     if type(x) is not cupy.ndarray:
         return False, False
     key = (direction, x.shape, x.strides, x.dtype, x.device.id, act, y_derivative, type(y),
-           tuple(_kind(p) for p in params))
-    found = _answers.get(key)
-    if found is None:
+           tuple(kind(p) for p in params))
+
+    def check():
         ours = cuda_bn.supports(x, *params, act=act)
         if direction == "forward":
-            theirs = _cudnn_fits(x, *params) and (act is None or fuses(act))
-        else:
-            theirs = _cudnn_backward_fits(x, y, *params, act, y_derivative)
-        found = _answers[key] = (ours, theirs)
-    return found
+            return ours, _cudnn_fits(x, *params) and (act is None or fuses(act))
+        return ours, _cudnn_backward_fits(x, y, *params, act, y_derivative)
+    return answered(_answers, key, check)
 
 
 def forward_supports(x, gamma, beta, running_mean, running_var, momentum=None, eps=None, act=None):
