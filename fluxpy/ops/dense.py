@@ -16,8 +16,9 @@ The pullback is then ``dz = dy * act'(saved)`` (one elementwise pass,
 :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
 ``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums the bias gradient as it forms the
 weight gradient, in the weight's own layout (where ``bias_act`` added the bias, its backward pass sums the bias
-gradient as it forms ``dz``, as the composite's does). The composite runs for what the kernels decline (the halves on the
-CPU and float64 on the GPU, layouts or alignments, an activation that draws random numbers, a nested gradient).
+gradient as it forms ``dz``, as the composite's does). The composite runs for what the kernels decline (the halves
+on the CPU and float64 on the GPU, layouts or alignments, an activation that draws random numbers, a nested
+gradient).
 Leading axes of ``x`` are rows.
 
 >>> import numpy as np
