@@ -171,16 +171,21 @@ def test_an_activation_that_draws_runs_the_composite(fused):
     assert y.shape == (4, 8) and cublaslt.stats() == {}
 
 
-def test_declined_layouts_run_the_composite(fused):
+def test_declined_epilogues_run_the_bare_product_in_one_node(fused):
     rng = np.random.default_rng(7)
     x, w, b = fused(*_case(rng, (4,), 5, 8, True))   # 5 float64 in features: 40 bytes, not a multiple of 16
-    np.testing.assert_array_equal(dense(x, w, b, relu), _composite(x, w, b, relu))
+    np.testing.assert_array_equal(dense(x, w, b, relu), _composite(x, w, b, relu))   # matmul's product
+    assert cublaslt.stats() == {}
     x, w, b = fused(*_case(rng, (4,), 8, 6, True))   # gelu saves its pre-activation: out must be divisible by 8
     y = dense(x, w, b, gelu)   # inference saves nothing: fused
     assert cublaslt.stats()["dense_forward"] == 1
-    g = fluxpy.gradient(lambda w: (dense(x, w, b, gelu) * y).sum(), w)[0]
-    assert cublaslt.stats()["dense_forward"] == 1   # in a gradient it ran the composite
+    with fluxpy.profile(gpu=False, print_table=False) as prof:
+        g = fluxpy.gradient(lambda w: (dense(x, w, b, gelu) * y).sum(), w)[0]
+    assert cublaslt.stats()["dense_forward"] == 2   # in a gradient, the bare product, then gelu by bias_act
+    names = {r.name for r in prof.rows()}
+    assert "dense" in names and not names & {"bias_act", "transpose", "matmul"}, names
     np.testing.assert_allclose(g, fluxpy.gradient(lambda w: (_composite(x, w, b, gelu) * y).sum(), w)[0], rtol=1e-12)
+    assert g.flags.c_contiguous
 
 
 def test_the_dense_layer_calls_the_op(fused):

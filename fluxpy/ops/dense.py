@@ -1,25 +1,24 @@
-"""The Dense layer's op, ``dense(x, weight, bias, act) = act(x @ weight.T + bias)``, with the bias and activation
-fused into the matrix product where a kernel can.
+"""The Dense layer's op, ``dense(x, weight, bias, act) = act(x @ weight.T + bias)``, one tape node with the bias and
+activation fused into the matrix product where a kernel can.
 
-It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite), and runs as one tape node
-where the kernel table's ``dense_forward`` takes the product (on the GPU cuBLASLt, :mod:`fluxpy.kernels.cublaslt`;
-on the CPU NumPy, :mod:`fluxpy.kernels.cpu_dense`: one node instead of four):
+It means exactly ``bias_act(matmul(x, transpose(weight)), bias, act)`` (the composite), and runs as one node (not
+four) whatever computes the product:
 
-- ``identity``, ``relu`` and ``gelu`` (the tanh approximation) are the kernel's epilogues: the product, the bias
-  and the activation are one call, and for gelu in a gradient it also keeps the pre-activation, which the
-  derivative reads;
-- every other activation (``gelu_erf``, swish, tanh, ...) runs after the bare product as one ``bias_act`` pass
-  (the bias added there), which keeps the output or the pre-activation as its derivative needs
-  (:func:`~fluxpy.ops.bias_act.derivative_from_saved`).
+- ``identity``, ``relu`` and ``gelu`` (the tanh approximation) are the epilogues of the kernel table's
+  ``dense_forward`` (on the GPU cuBLASLt, :mod:`fluxpy.kernels.cublaslt`; on the CPU NumPy,
+  :mod:`fluxpy.kernels.cpu_dense`): the product, the bias and the activation are one call, and for gelu in a
+  gradient it also keeps the pre-activation, which the derivative reads;
+- every other activation (``gelu_erf``, swish, tanh, ...), and a call whose epilogue the kernel declines (an
+  alignment, a layout, float64 on the GPU, the halves on the CPU), runs the bare product (that kernel's, or
+  ``matmul``'s where it declines that too) and then one ``bias_act`` pass (the bias added there), which keeps the
+  output or the pre-activation as the derivative needs (:func:`~fluxpy.ops.bias_act.derivative_from_saved`).
 
 The pullback is then ``dz = dy * act'(saved)`` (one elementwise pass,
 :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
 ``(dweight, dbias) = dense_backward_weight(dz, x)``, one cuBLASLt call that sums the bias gradient as it forms the
-weight gradient, in the weight's own layout (where ``bias_act`` added the bias, its backward pass sums the bias
-gradient as it forms ``dz``, as the composite's does). The composite runs for what the kernels decline (the halves
-on the CPU and float64 on the GPU, layouts or alignments, an activation that draws random numbers, a nested
-gradient).
-Leading axes of ``x`` are rows.
+weight gradient, in the weight's own layout (where ``bias_act`` added the bias and its backward pass runs, that
+pass sums the bias gradient as it forms ``dz``, as the composite's does). The composite itself runs for a nested
+gradient and for an activation that draws random numbers. Leading axes of ``x`` are rows.
 
 >>> import numpy as np
 >>> from fluxpy import gradient
@@ -42,7 +41,7 @@ from .bias_act import _bias_act_impl, _split, bias_act, bias_act_backward, bias_
 from .fused import fused_op
 from .linalg import matmul
 from .reduce import sum as sum_
-from .shape import reshape, transpose
+from .shape import astype, reshape, transpose
 
 __all__ = ["dense", "dense_backward_weight", "epilogue_name"]
 
@@ -82,67 +81,63 @@ dense_backward_weight = fused_op("dense_backward_weight", _weight_grads, doc="""
     """)
 
 
-def _forward_kernel(x, weight, bias, act, save):
-    """``(kernel, epilogue, kernel's bias)`` for the product of a call, or None where no kernel takes it: ``act``
-    itself as the epilogue where the kernel has it, else the bare product (``bias_act`` adds the bias and the
-    activation after it)."""
+def _product(x, weight, bias, act, save):
+    """``(y, aux, done)``: the call's product by the first that takes it: the kernel table's ``dense_forward`` with
+    ``act`` as its epilogue (``done``: the bias and activation applied; ``aux`` gelu's pre-activation where
+    ``save``), else the bare product by that kernel or by ``matmul`` (``done`` false: the bias and the activation
+    are still to apply)."""
     name = epilogue_name(act)
     if name is not None:
         kernel = find("dense_forward", x, weight, bias, name, save)
-        return None if kernel is None else (kernel, name, bias)
-    if getattr(_split(act)[0], "draws_random", False):   # rrelu: its derivative cannot be recomputed by a new draw
-        return None
+        if kernel is not None:
+            y, aux = kernel(x, weight, bias, name, save)
+            return y, aux, True
     kernel = find("dense_forward", x, weight, None, "identity", False)
-    return None if kernel is None else (kernel, "identity", None)
+    z = kernel(x, weight, None, "identity", False)[0] if kernel is not None else matmul(x, transpose(weight))
+    return z, None, False
 
 
 def _dense_impl(x, weight, bias, act):
-    found = _forward_kernel(x, weight, bias, act, False)
-    if found is None:
-        return _composite(x, weight, bias, act)
-    kernel, name, kernel_bias = found
-    y = kernel(x, weight, kernel_bias, name, False)[0]
-    return y if epilogue_name(act) is not None else _bias_act_impl(y, bias, act)
+    y, _, done = _product(x, weight, bias, act, False)
+    return y if done else _bias_act_impl(y, bias, act)
 
 
 def _forward_saving(x, weight, bias, act):
-    """``(y, saved)``: the output and what the activation's derivative reads (the output or the
-    pre-activation)."""
-    derivative, from_output = derivative_from_saved(act)
-    name = epilogue_name(act)
-    found = _forward_kernel(x, weight, bias, act, name == "gelu")   # gelu's derivative reads the pre-activation
-    if found is None:
-        raise RuntimeError(f"dense: the fused kernel declined a call that dense() had planned for it ({act!r}, "
-                           f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)})")
-    kernel, kernel_name, kernel_bias = found
-    y, aux = kernel(x, weight, kernel_bias, kernel_name, name == "gelu")
-    if name is not None:
-        return y, (y if from_output else aux)
+    """``(y, saved, done)``: the output, what the activation's derivative reads (the output or the pre-activation),
+    and whether the product's kernel applied the bias and the activation."""
+    _, from_output = derivative_from_saved(act)
+    y, aux, done = _product(x, weight, bias, act, epilogue_name(act) == "gelu")   # gelu's derivative reads z
+    if done:
+        return y, (y if from_output else aux), True
     if from_output or bias is None:
         out = _bias_act_impl(y, bias, act)
-        return out, (out if from_output else y)
-    return bias_act_preactivation(y, bias, act)
+        return out, (out if from_output else y), False
+    out, z = bias_act_preactivation(y, bias, act)
+    return out, z, False
 
 
 def _dense_rule(needs, x, weight, bias, act):
-    y, saved = _forward_saving(x, weight, bias, act)
+    y, saved, done = _forward_saving(x, weight, bias, act)
     derivative, _ = derivative_from_saved(act)
     out, inp = weight.shape
     need_b = needs[2] and bias is not None
-    # where bias_act added the bias, its pass sums the bias gradient too; else the weight's product does
-    db_by_product = epilogue_name(act) is not None
+    # where bias_act added the bias and its backward pass runs, that pass sums the bias gradient; else the weight's
+    # product does (cuBLASLt's epilogue, or the composite's sum)
+    db_in_pass = not done and derivative is not None
 
     def dense_pullback(dy):
+        if dy.dtype != y.dtype:   # a wider cotangent (a float32 loss of half logits): the product is in y's dtype
+            dy = astype(dy, y.dtype)
         db = None
         if derivative is None:
             dz = dy
         else:
-            dz, db = bias_act_backward(derivative, saved, dy, (out,), True, need_b and not db_by_product)
+            dz, db = bias_act_backward(derivative, saved, dy, (out,), True, need_b and db_in_pass)
         rows = reshape(dz, (-1, out))
         dx = reshape(matmul(rows, weight), x.shape) if needs[0] else None
         dw = None
-        if needs[1] or (need_b and db_by_product):
-            dw, db_product = dense_backward_weight(rows, reshape(x, (-1, inp)), need_b and db_by_product)
+        if needs[1] or (need_b and not db_in_pass):
+            dw, db_product = dense_backward_weight(rows, reshape(x, (-1, inp)), need_b and not db_in_pass)
             db = db if db is not None else db_product
         return dx, (dw if needs[1] else None), db, None
     return y, dense_pullback
@@ -165,10 +160,10 @@ def _plain(args):
     return values, level
 
 
-def _fused(x, weight, bias, act) -> bool:
-    """Whether a kernel takes this call's product (gelu's pre-activation saved where a gradient is being taken)."""
-    values, level = _plain((x, weight, bias))
-    return values is not None and _forward_kernel(*values, act, level > 0 and epilogue_name(act) == "gelu") is not None
+def _one_node(x, weight, bias, act) -> bool:
+    """Whether the call runs as the one ``dense`` node: arrays at one tape level (not a nested gradient) and an
+    activation that draws no random numbers (rrelu's derivative cannot be recomputed by a new draw)."""
+    return _plain((x, weight, bias))[0] is not None and not getattr(_split(act)[0], "draws_random", False)
 
 
 def dense(x: Array, weight: Array, bias: Array | bool | None = None, act: Callable | None = identity) -> Array:
@@ -190,7 +185,7 @@ def dense(x: Array, weight: Array, bias: Array | bool | None = None, act: Callab
     if act is None:
         act = identity
     _check(x, weight, bias)
-    if _fused(x, weight, bias, act):
+    if _one_node(x, weight, bias, act):
         return _dense(x, weight, bias, act)
     return _composite(x, weight, bias, act)
 
