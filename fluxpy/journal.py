@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .backend import DeviceArray, cupy
+from .backend import copy_of
 from .capturing import capturing
 from .mutation import wrote
 
@@ -144,18 +144,7 @@ def keep_copies(*arrays: Any) -> None:
     if journal is not None:
         for a in arrays:
             if a is not None and _awaited(journal, a):
-                journal[id(a)] = (a, _copy(a), ...)
-
-
-def _copy(a: Any) -> Any:
-    """A copy of ``a``: for a C-order CuPy array one device-to-device copy queued on the current stream (CuPy's
-    ``copy`` launches a kernel, several times the host's cost of a queued copy for these few values)."""
-    if type(a) is not DeviceArray or not a.flags.c_contiguous:
-        return a.copy()
-    out = cupy.empty(a.shape, a.dtype)
-    cupy.cuda.runtime.memcpyAsync(out.data.ptr, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice,
-                                  cupy.cuda.get_current_stream().ptr)
-    return out
+                journal[id(a)] = (a, copy_of(a), ...)
 
 
 def undone_on_out_of_memory(who: str, f: Callable, *args: Any) -> Any:
