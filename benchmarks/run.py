@@ -9,7 +9,8 @@ step (``resnet_step.py``: ResNet-20 at batch 128 and 512, ResNet-18 at 64x64 bat
 on; its rows are labelled ``model, batch, tf32 off|on``), the reductions
 (``reduce.py``), cuDNN convolutions (``conv.py``, and ``conv_half``: the same in bfloat16 and float16), the LSTM and
 GRU layers against cuDNN's (``recurrent.py``), fused elementwise kernels (``elementwise.py``),
-the tape's host overhead (``overhead.py``), the model zoo's networks, each side's best mode (``zoo.py``),
+the tape's host overhead (``overhead.py``), the model zoo's networks, each side's best mode (``zoo.py``), their
+eager steps against PyTorch's over several processes (``eager.py``),
 attention forward and backward against PyTorch's SDPA (``attention.py``) and Dense layers with cuBLASLt epilogues
 (``dense.py``). Each
 writes JSON; this script prints each one's own table, then a summary markdown table (benchmark, case, fluxpy,
@@ -50,6 +51,7 @@ BENCHMARKS = {
     "overhead": ["--json", "{json}"],
     "data_parallel": ["--json", "{json}"],   # only where 2 GPUs or more exist (main skips it otherwise)
     "zoo": ["--json", "{json}"],
+    "eager": ["--json", "{json}"],
     "attention": ["--json", "{json}"],
     "dense": ["--json", "{json}"],
 }
@@ -64,6 +66,7 @@ QUICK_FLAGS = {"batchnorm": ["--reps", "20"], "train_step": ["--steps", "20", "-
                "elementwise": ["--reps", "20"], "overhead": ["--chain", "100", "--repeat", "10"],
                "data_parallel": ["--steps", "10", "--warmup", "5", "--repeats", "3"],
                "zoo": ["--steps", "5", "--rounds", "3", "--warmup", "3", "--compile", "off"],
+               "eager": ["--processes", "2", "--rounds", "3", "--steps", "4"],
                "attention": ["--calls", "20", "--rounds", "3"], "dense": ["--reps", "5", "--rounds", "3"]}
 SCRIPTS = {"conv_half": "conv", "conv_half_channels_last": "conv"}   # a benchmark that runs another one's script with other arguments
 LABEL_KEYS = ("model", "batch", "case", "layer", "name", "row", "op", "shape", "axes", "dtype", "length")
@@ -191,6 +194,10 @@ TABLES = {
         ("fluxpy best us", "fluxpy best us", "us"), ("PyTorch best", "torch best", "text"),
         ("PyTorch best us", "torch best us", "us"), ("best / best", ("fluxpy best us", "torch best us"), "ratio"),
         ("fluxpy half / float32", ("fluxpy half us", "fluxpy float32 us"), "ratio"), ("failed", "failed", "text")]),
+    "eager": dict(columns=[
+        ("model", "model", "text"), ("batch", "batch", "text"), ("processes", "processes", "text"),
+        ("fluxpy eager us", "fluxpy", "us"), ("PyTorch eager us", "torch", "us"),
+        ("fluxpy / PyTorch", "ratio", "ratio")]),
     "attention": dict(columns=[
         ("shape (N, heads, L, d)", "shape", "text"), ("dtype", "dtype", "text"), ("mode", "mode", "text"),
         ("fluxpy us", "fluxpy_us", "us"), ("PyTorch us", "torch_us", "us"),
