@@ -5,9 +5,9 @@ launches each way) and cuDNN's calls (:mod:`fluxpy.kernels.cudnn.batchnorm`, flo
 halves both keep the statistics and parameters in float32; bfloat16 runs fluxpy's kernels only. Where both take a
 problem (shape, dtype, device), the first call times each direction of both on the call's own arrays (the running
 statistics left out), by GPU time and back to back, and keeps one (:func:`fluxpy.kernels.compiler.timed_choice`:
-the faster back to back of those near the fastest GPU time; in an eager step cuDNN's path also pays the
-activation's own kernel and the copies a step's journal keeps, which the timing leaves out); :func:`choices` shows
-what was kept and the times.
+the faster back to back of those near the fastest GPU time, cuDNN's path with its activation's own kernel; in an
+eager step it also pays the copies a step's journal keeps, which the timing leaves out); :func:`choices` shows what
+was kept and the times.
 The ``supports`` predicates accept what either takes; other calls run the op's composite. Which implementations
 take a problem is answered once per problem (shape, strides, dtype, device, the parameters' kinds, the activation):
 a repeated call pays a key and a lookup.
