@@ -5,7 +5,7 @@ ResNet-20 step took 10.7 to 19.2 ms over five processes of one tree with the sam
 zoo), so the ratio of one process carries up to 1.5x of noise. Here each case runs in ``--processes`` children, one
 after another; a child builds the zoo's network (``zoo_nets``) and times fluxpy's eager step
 (``TrainStep(capture=False)``, float32, the zoo's loss and optimiser) and PyTorch's eager step on its twin
-alternately, ``--rounds`` rounds of ``--steps`` steps after ``--warmup`` steps each, a sync closing every round.
+as ``zoo.py`` does: ``--warmup`` steps each, then ``--rounds`` rounds in turn of ``--steps`` steps between syncs.
 A child's figures are its medians over rounds; a row is the median over the children and their range, for each
 side and for the ratio fluxpy / PyTorch (below 1: fluxpy faster), each child's ratio taken within that child.
 
@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -34,7 +33,7 @@ DEFAULT_CASES = "mnist:128,resnet20:128,mobilenet:256,vgg:1024,vit:256,lstm:64,g
 
 def measure(name: str, batch: int, device: str, steps: int, rounds: int, warmup: int) -> dict:
     """``{"fluxpy": [us a step, a round each], "torch": [...]}``: both eager steps of one case in this process,
-    their rounds alternating."""
+    their rounds alternating (:func:`zoo.timed_modes`, the zoo's own timing)."""
     import torch
     if device == "gpu":
         torch.backends.cudnn.benchmark = True   # as zoo.py runs PyTorch
@@ -46,18 +45,10 @@ def measure(name: str, batch: int, device: str, steps: int, rounds: int, warmup:
         sides = {"fluxpy": (zoo.fluxpy_side(net, model, x, labels, "fluxpy eager", device)[0], zoo.fluxpy_sync(device)),
                  "torch": (zoo.torch_side(torch, net, model, x, labels, "torch eager", device)[0],
                            torch.cuda.synchronize if device == "gpu" else (lambda: None))}
-        times = {side: [] for side in sides}
-        for _ in range(rounds):
-            for side, (step, sync) in sides.items():
-                for _ in range(warmup):
-                    step()
-                sync()
-                start = time.perf_counter()
-                for _ in range(steps):
-                    step()
-                sync()
-                times[side].append((time.perf_counter() - start) / steps * 1e6)
-    return times
+        times, errors = zoo.timed_modes(sides, steps, rounds, warmup)
+    if errors:
+        raise RuntimeError(f"eager: {name}:{batch}: " + "; ".join(f"{side} {err}" for side, err in errors.items()))
+    return {side: [t * 1e6 for t in per_step] for side, per_step in times.items()}
 
 
 def summarise(children: list[dict]) -> dict:

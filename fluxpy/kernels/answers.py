@@ -1,7 +1,10 @@
-"""Answers kept per problem: what a kernel module's checks (or plans) answered for one problem, so that a repeated
-call pays a key and a lookup. A problem's key is made of what the checks read: shapes, strides, dtypes, array types
-(:func:`kind`), options. A table is emptied when it reaches :data:`KEPT` problems (a model has a few dozen; a
-program that makes new shapes without end does not grow it without end).
+"""Answers kept per problem, the kernels' one memo: what a kernel module's checks answered for one problem, or what
+it built or timed for it (a plan, a compiled kernel, a timed choice), so that a repeated call pays a key and a
+lookup. A problem's key is made of what the checks read: shapes, strides, dtypes, array types (:func:`kind`),
+options, activations. A table of checks' answers is emptied when it reaches :data:`KEPT` problems (a model has a
+few dozen; a program that makes new shapes without end does not grow it without end); a table whose entries a
+captured CUDA graph holds or that cannot be made again inside a capture (plans with their buffers, timed choices)
+never forgets (``kept=None``).
 
 >>> table = {}
 >>> answered(table, ("forward", (2, 3)), lambda: "taken"), answered(table, ("forward", (2, 3)), lambda: "again")
@@ -33,17 +36,22 @@ def kind(a: Any) -> tuple | None:
     return type(a), getattr(a, "shape", None), getattr(a, "dtype", None)
 
 
-def answered(table: dict, key: Hashable, make: Callable[[], Any]) -> Any:
-    """``table[key]``, made by ``make()`` the first time (``make`` must not return None); the table is emptied first
-    when it holds :data:`KEPT` answers.
+def answered(table: dict, key: Hashable, make: Callable[[], Any], kept: int | None = KEPT) -> Any:
+    """``table[key]``, made by ``make()`` the first time (``make`` must not return None); a key that cannot be
+    hashed (an unhashable function in it) is made at every call and kept nowhere. The table is emptied first when
+    it holds ``kept`` answers; ``kept=None`` for a table that must never forget (a choice timed on the GPU, which
+    cannot be timed again inside a capture; compiled kernels).
 
     >>> t = {}
-    >>> answered(t, "k", lambda: 3)
-    3
+    >>> answered(t, "k", lambda: 3), answered(t, ["a list"], lambda: 4), t
+    (3, 4, {'k': 3})
     """
-    found = table.get(key)
+    try:
+        found = table.get(key)
+    except TypeError:
+        return make()
     if found is None:
-        if len(table) >= KEPT:
+        if kept is not None and len(table) >= kept:
             table.clear()
         found = table[key] = make()
     return found

@@ -49,7 +49,8 @@ from ..layout import is_channels_last, like_layout
 from . import compiler
 from .cuda_arrays import row_addresses
 from .halfs import KERNEL_DTYPES, VECTORS, compute_dtype, dtype_defines
-from .elementwise import _cached, fuses
+from .answers import answered
+from .elementwise import fuses
 from .trace import activation_c
 
 __all__ = ["supports", "param_dtype", "forward_training", "backward", "SOURCE_VARIANTS"]
@@ -74,7 +75,7 @@ def _defines(dtype, act=None):
         f = _identity if act is None else act
         return {**dtype_defines(dtype), "VT": vt, "VW": vw, "FX_ACT(v)": activation_c(f, dtype, "v"),
                 "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True)}
-    return _cached(_variants, (np.dtype(dtype), act), make)
+    return answered(_variants, (np.dtype(dtype), act), make, kept=None)
 
 
 def SOURCE_VARIANTS(activations=()):
@@ -245,7 +246,8 @@ def _plan(act, x, *others):
     vec = _vec(c if cl else hw, x.dtype, x, *others)
     dev = x.device.id
     key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl, act)
-    return _cached(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act))
+    return answered(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act),
+                    kept=None)
 
 
 _NULL = np.uint64(0)

@@ -36,7 +36,7 @@ from ..backend import cupy
 from ..layout import is_channels_last
 from . import compiler
 from .cudnn import graph
-from .elementwise import _cached
+from .answers import answered
 from .halfs import HALVES, dtype_defines
 
 __all__ = ["Tile", "supports", "candidates", "plan", "forward", "backward_data", "backward_filter",
@@ -330,7 +330,7 @@ def _choice(direction, a, w, cdims, ours, theirs):
         runs = {entry: (lambda entry=entry: ours(entry)) for entry in _shortlist(direction, cdims)}
         runs[CUDNN] = theirs
         return compiler.timed_choice(runs).kept
-    return _cached(_choices, (direction, cdims, a.dtype, a.device.id), timed)
+    return answered(_choices, (direction, cdims, a.dtype, a.device.id), timed, kept=None)
 
 
 def conv_forward(x, w, cdims):

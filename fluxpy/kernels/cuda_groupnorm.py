@@ -23,7 +23,8 @@ from ..backend import cupy
 from ..layout import is_channels_last, like_layout
 from . import compiler
 from .cuda_arrays import c_contiguous
-from .elementwise import _cached, fuses
+from .answers import answered
+from .elementwise import fuses
 from .halfs import KERNEL_DTYPES, compute_dtype, dtype_defines
 from .trace import activation_c
 
@@ -46,7 +47,7 @@ def _defines(dtype, act=None):
         f = _identity if act is None else act
         return {**dtype_defines(dtype), "FX_ACT(v)": activation_c(f, dtype, "v"),
                 "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True)}
-    return _cached(_variants, (np.dtype(dtype), act), make)
+    return answered(_variants, (np.dtype(dtype), act), make, kept=None)
 
 
 def SOURCE_VARIANTS(activations=()):

@@ -465,7 +465,7 @@ def layernorm_forward(x, gamma, beta, k: int, eps: float, residual=None, bias=No
     if fused:
         residual, bias = _readable(residual), _readable(bias)
     call = answered(_forward_kernels, _call_key("forward", x, rows, length, fused),
-                 lambda: _ForwardCall(x, rows, length, fused))
+                    lambda: _ForwardCall(x, rows, length, fused), kept=None)
     y = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)
     mean, rstd = cupy.empty((2, rows), call.cdt)
     compiler.launch(call.fn, call.blocks, call.threads, (x, _pointer(gamma), _pointer(beta), y, mean, rstd, call.rows,
@@ -512,7 +512,7 @@ def layernorm_backward(dy, x, gamma, mean, rstd, k: int, need_params: bool = Tru
         residual, bias = _readable(residual), _readable(bias)
     mean, rstd = c_contiguous(mean), c_contiguous(rstd)   # read a value at a time: any start will do
     call = answered(_backward_kernels, _call_key("backward", x, rows, length, fused),
-                 lambda: _BackwardCall(x, rows, length, fused))
+                    lambda: _BackwardCall(x, rows, length, fused), kept=None)
     plan, cdt = call.plan, call.cdt
     dx = cupy.empty(x.shape, x.dtype)   # x is C-contiguous here (_readable)
     # the partial sums of dgamma and dbeta (one allocation, its two halves passed by address), then dgamma, dbeta

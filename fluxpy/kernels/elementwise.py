@@ -44,6 +44,7 @@ from ..backend import Array, cupy, reduced_axes
 from ..layout import is_channels_last, keeping_layout
 from ..dual import cotangents
 from . import cuda_halves, halfs
+from .answers import answered
 from .trace import _COMPUTE, _HALF_IO, _NUMBER, Sym, Untraceable, activation_c, trace_source
 
 __all__ = ["Sym", "Untraceable", "FusionFallbackWarning", "trace_source", "fused_forward", "fused_pullback",
@@ -289,24 +290,13 @@ def _scalar_kernel(name: str, ins: Sequence[str], outs: Sequence[str], body: str
     return _with_halves(k, dtype) if dtype in _HALF_IO else k
 
 
-def _cached(table: dict, key: Any, make: Callable) -> Any:
-    """``table[key]``, made by ``make()`` the first time (not kept where ``key`` cannot be hashed)."""
-    try:
-        hit = table.get(key)
-    except TypeError:   # an unhashable function: built each call
-        return make()
-    if hit is None:
-        hit = table[key] = make()
-    return hit
-
-
 _preactivation_kernels: dict = {}
 _act_texts: dict = {}
 
 
 def _act_text(f: Callable, dtype: Any) -> str:
     """``f`` as a C expression of ``v`` in ``dtype``'s compute type (cached)."""
-    return _cached(_act_texts, (f, np.dtype(dtype)), lambda: activation_c(f, dtype, "v"))
+    return answered(_act_texts, (f, np.dtype(dtype)), lambda: activation_c(f, dtype, "v"), kept=None)
 
 
 def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Array]:
@@ -318,7 +308,7 @@ def bias_act_preactivation(x: Array, b: Array, act: Callable) -> tuple[Array, Ar
                               f"z_c = x_c + b_c; y_c = {act_c};", x.dtype)
     if cuda_halves.supports_bias_act(x, b):   # vectors, not CuPy's items
         return cuda_halves.bias_act(x, b, _act_text(act, x.dtype), preactivation=True)
-    k = _cached(_preactivation_kernels, (act, x.dtype), make)
+    k = answered(_preactivation_kernels, (act, x.dtype), make, kept=None)
     return keeping_layout(k, x, b)
 
 
@@ -360,7 +350,7 @@ def why_not_compiled(f: Callable, derivative: bool = True) -> str | None:
         except Untraceable as err:
             return (str(err),)
         return (None,)
-    return _cached(_reasons, (f, derivative), make)[0]
+    return answered(_reasons, (f, derivative), make, kept=None)[0]
 
 
 _maps: dict = {}
@@ -375,14 +365,14 @@ def derivative_map(derivative: Callable, dtype: Any) -> str:
     >>> print(derivative_map(lambda y: 1 - y * y, np.float32))
     (x) * ([](const float x0) -> float { float t0 = x0 * x0; float t1 = ((float)1) - t0; return t1; }(y))
     """
-    return _cached(_maps, (derivative, np.dtype(dtype)),
-                   lambda: f"(x) * {activation_c(derivative, dtype, 'y')}")
+    return answered(_maps, (derivative, np.dtype(dtype)), lambda: f"(x) * {activation_c(derivative, dtype, 'y')}",
+                    kept=None)
 
 
 def _dz_kernel(derivative, dtype):
-    return _cached(_dz_kernels, (derivative, dtype), lambda: _scalar_kernel(
+    return answered(_dz_kernels, (derivative, dtype), lambda: _scalar_kernel(
         "fluxpy_bias_act_dz", ("dy", "s"), ("dz",), f"dz_c = dy_c * {activation_c(derivative, dtype, 's_c')};",
-        dtype))
+        dtype), kept=None)
 
 
 def bias_act_backward_supports(derivative: Callable | None, saved: Any, dy: Any, *_: Any) -> bool:

@@ -64,6 +64,12 @@ def _add_bias(x, b):
     return x if b is None else x + b
 
 
+def _draws_random(act) -> bool:
+    """Whether ``act`` draws random numbers at every call (rrelu): its derivative cannot be recomputed by a new draw,
+    so it is applied op by op on the tape, never in a fused node."""
+    return getattr(_split(act)[0], "draws_random", False)
+
+
 def _bias_act_impl(x, b, act):
     kernel = find("bias_act", x, b, act)
     return kernel(x, b, act) if kernel is not None else act(_add_bias(x, b))
@@ -135,7 +141,7 @@ def why_not_fused(act: Callable) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _why_not_fused(act):
-    if getattr(_split(act)[0], "draws_random", False):
+    if _draws_random(act):
         return "it draws random numbers at every call"
     reason = why_not_compiled(act)
     if reason is None:
@@ -230,6 +236,6 @@ def bias_act(x: Array, b: Array | bool | None = None, act: Callable | None = ide
         act = identity
     if b is not None and not _broadcasts_to(_shape(b), _shape(x)):
         raise ValueError(f"bias_act: the bias of shape {_shape(b)} must broadcast to x of shape {_shape(x)}")
-    if getattr(_split(act)[0], "draws_random", False):   # rrelu: a derivative cannot be recomputed by a new draw
+    if _draws_random(act):
         return act(x if b is None else x + b)
     return _bias_act(x, b, act)

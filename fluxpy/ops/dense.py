@@ -37,7 +37,8 @@ from ..autodiff import Primitive, Tracked
 from ..backend import Array
 from ..kernels import find
 from .activations import gelu, identity, relu
-from .bias_act import _bias_act_impl, _split, bias_act, bias_act_backward, bias_act_preactivation, derivative_from_saved
+from .bias_act import (_bias_act_impl, _draws_random, bias_act, bias_act_backward, bias_act_preactivation,
+                       derivative_from_saved)
 from .fused import fused_op
 from .linalg import matmul
 from .reduce import sum as sum_
@@ -102,10 +103,9 @@ def _dense_impl(x, weight, bias, act):
     return y if done else _bias_act_impl(y, bias, act)
 
 
-def _forward_saving(x, weight, bias, act):
-    """``(y, saved, done)``: the output, what the activation's derivative reads (the output or the pre-activation),
-    and whether the product's kernel applied the bias and the activation."""
-    _, from_output = derivative_from_saved(act)
+def _forward_saving(x, weight, bias, act, from_output):
+    """``(y, saved, done)``: the output, what the activation's derivative reads (the output where ``from_output``,
+    else the pre-activation), and whether the product's kernel applied the bias and the activation."""
     y, aux, done = _product(x, weight, bias, act, epilogue_name(act) == "gelu")   # gelu's derivative reads z
     if done:
         return y, (y if from_output else aux), True
@@ -117,8 +117,8 @@ def _forward_saving(x, weight, bias, act):
 
 
 def _dense_rule(needs, x, weight, bias, act):
-    y, saved, done = _forward_saving(x, weight, bias, act)
-    derivative, _ = derivative_from_saved(act)
+    derivative, from_output = derivative_from_saved(act)
+    y, saved, done = _forward_saving(x, weight, bias, act, from_output)
     out, inp = weight.shape
     need_b = needs[2] and bias is not None
     # where bias_act added the bias and its backward pass runs, that pass sums the bias gradient; else the weight's
@@ -163,7 +163,7 @@ def _plain(args):
 def _one_node(x, weight, bias, act) -> bool:
     """Whether the call runs as the one ``dense`` node: arrays at one tape level (not a nested gradient) and an
     activation that draws no random numbers (rrelu's derivative cannot be recomputed by a new draw)."""
-    return _plain((x, weight, bias))[0] is not None and not getattr(_split(act)[0], "draws_random", False)
+    return _plain((x, weight, bias))[0] is not None and not _draws_random(act)
 
 
 def dense(x: Array, weight: Array, bias: Array | bool | None = None, act: Callable | None = identity) -> Array:
