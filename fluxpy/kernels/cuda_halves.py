@@ -1,7 +1,7 @@
 """Conversions between float32, float16 and bfloat16 (of one array, or of many in one launch: a model's weights to the
 half type and their gradients back, ``cuda/cast_many.cu``), sums of two arrays (halves or float32: residual
 connections and the backward walk's cotangent sums) and the activation derivative's product of two, and
-half-precision activations with a bias (forward, and the derivative's product backward), for dense CuPy arrays,
+activations with a bias, halves and float32 (forward, and the derivative's product backward), for dense CuPy arrays,
 each in one vectorised kernel (``cuda/cast.cu``, ``cuda/bias_act.cu``, whose identity activation with a same-shape
 "bias" is the sum): eight items a thread, read and written as whole 16- or 32-byte vectors. The many-array
 conversion takes an item a thread (its arrays are small, it changes layouts on the way, and one launch in place of
@@ -60,12 +60,12 @@ _IDENTITY = "(v)"   # the sum: bias_act.cu's activation left out
 
 def SOURCE_VARIANTS():
     """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
-    distinct dtypes, a sum for each half type and float32 (``cuda/bias_act.cu``'s variants with an activation, which
-    the tracer writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays from float32 to
-    each half type and back.
+    distinct dtypes, a sum and a product for each half type and float32 (``cuda/bias_act.cu``'s variants with an
+    activation, which the tracer writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays
+    from float32 to each half type and back.
 
     >>> len(list(SOURCE_VARIANTS()))
-    13
+    16
     """
     for src in _DTYPES:
         for dst in _DTYPES:
@@ -73,6 +73,7 @@ def SOURCE_VARIANTS():
                 yield "cast.cu", _cast_defines(src, dst)
     for dtype in _SUMMED:
         yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_ACT")
+        yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_DERIV")
     for src, dst in _PAIRS:
         yield "cast_many.cu", _many_defines(src, dst)
 
@@ -122,6 +123,12 @@ def add(a, b):
     """``a + b`` in ``a``'s layout (where :func:`supports_add` says so): :func:`bias_act` with no activation and
     ``b`` as the same-shape bias."""
     return bias_act(a, b, _IDENTITY)[0]
+
+
+def multiply(a, b):
+    """``a * b`` in ``a``'s layout (where :func:`supports_add` says so): :func:`act_grad` with the identity, one
+    vectorised pass (the ``dropout_backward`` kernel: the cotangent times the kept mask)."""
+    return act_grad(a, b, _IDENTITY)
 
 
 def plain_add(a, b):
@@ -238,7 +245,7 @@ def _launch_many(kernel, entries, scale) -> None:
 # name -> (kernel, supports): what fluxpy.kernels.gpu registers for CuPy arrays (the ops' astype and add; the backward
 # walk, below the kernel table, is given plain_add by gpu.register)
 KERNELS = {"astype": (cast, supports_cast), "add": (add, supports_add),
-           "astype_many": (cast_many, supports_cast_many)}
+           "astype_many": (cast_many, supports_cast_many), "dropout_backward": (multiply, supports_add)}
 
 
 def _period(x, b) -> int | None:
@@ -260,11 +267,12 @@ def _period(x, b) -> int | None:
 
 
 def supports_bias_act(x: Any, b: Any) -> bool:
-    """Whether :func:`bias_act` computes ``act(x + b)``: a non-empty half-precision CuPy ``x``, C-contiguous or
-    channels-last, 16-byte aligned, with ``b`` None, an array like ``x`` (shape, layout), or a bias vector of its
-    channels (the last axis of C-order data, the channel axis of channels-last data; a multiple of 8 of them),
-    of ``x``'s dtype, contiguous and aligned."""
-    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in HALVES or x.size == 0 or x.data.ptr % 16:
+    """Whether :func:`bias_act` computes ``act(x + b)``: a non-empty float16, bfloat16 or float32 CuPy ``x``,
+    C-contiguous or channels-last, 16-byte aligned, with ``b`` None, an array like ``x`` (shape, layout), or a bias
+    vector of its channels (the last axis of C-order data, the channel axis of channels-last data; a multiple of 8
+    of them), of ``x``'s dtype, contiguous and aligned. (float32 too: a launch of this kernel costs the host less
+    than CuPy's elementwise kernel, which computes the same expression.)"""
+    if cupy is None or type(x) is not cupy.ndarray or x.dtype not in _SUMMED or x.size == 0 or x.data.ptr % 16:
         return False
     if not _dense(x):
         return False

@@ -30,7 +30,7 @@ from ..layout import like_layout
 from . import compiler, cuda_bn
 from .answers import answered, kind
 from .cudnn import batchnorm as bn
-from .elementwise import bias_act_backward, fuses, fused_forward
+from .elementwise import bias_act_backward, bias_act_forward, fuses
 
 __all__ = ["batchnorm_forward", "batchnorm_backward", "KERNELS", "choices"]
 
@@ -107,7 +107,7 @@ def _cudnn_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act
     keep_copies(running_mean, running_var)   # cuDNN's call keeps no old values for a step's journal: copies
     y, mean, invstd = bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps)
     if act is not None:   # cuDNN's legacy batch norm fuses no activation on NCHW data
-        y = fused_forward(act, y)
+        y = bias_act_forward(y, None, act)
     return y, mean, invstd
 
 

@@ -268,7 +268,7 @@ def _act_fn(act, has_bias):
 
 def bias_act_forward(x: Array, b: Array | None, act: Callable) -> Array:
     """The bias and activation ``act(x + b)`` in one kernel (``b`` broadcast): the ``bias_act`` kernel for CuPy."""
-    if cuda_halves.supports_bias_act(x, b) and fuses(act, derivative=False):   # vectors, not CuPy's items
+    if cuda_halves.supports_bias_act(x, b) and fuses(act, derivative=False):   # vectors, not CuPy's elementwise
         return cuda_halves.bias_act(x, b, _act_text(act, x.dtype))[0]
     fn = _act_fn(act, b is not None)
     return fused_forward(fn, x) if b is None else fused_forward(fn, x, b)
@@ -425,13 +425,13 @@ def SOURCE_VARIANTS(derivatives=(), activations=()):
     derivative (``derivatives``: the functions ``fluxpy.ops.bias_act`` passes, which the kernel-source test gives)
     that :func:`bias_act_backward` passes to ``mapreduce``, in float32 and float64 (the halves compute in float32)
     and, for the first, every dtype; and the ``cuda/bias_act.cu`` kernels of :mod:`fluxpy.kernels.cuda_halves`
-    for the first of ``activations`` (the halves) and the first derivative (the halves and float32).
+    for the first of ``activations`` and the first derivative (the halves and float32).
 
     >>> list(SOURCE_VARIANTS())
     []
     """
-    for dtype in halfs.HALVES + (np.dtype(np.float32),):   # act_grad_vec8 takes float32 too
-        for act in activations[:1] if dtype in halfs.HALVES else ():
+    for dtype in halfs.HALVES + (np.dtype(np.float32),):
+        for act in activations[:1]:
             yield "bias_act.cu", cuda_halves.act_defines(_act_text(act, dtype), dtype, "FX_ACT")
         for d in derivatives[:1]:
             yield "bias_act.cu", cuda_halves.act_defines(_act_text(d, dtype), dtype, "FX_DERIV")

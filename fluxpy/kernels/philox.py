@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 
 from ..backend import cupy
+from ..layout import is_channels_last
 from . import compiler
+from .halfs import KERNEL_DTYPES, dtype_defines
 
-__all__ = ["philox4x32_10", "uniform_numpy", "PhiloxGenerator", "PER_COUNTER", "SOURCE_VARIANTS"]
+__all__ = ["philox4x32_10", "uniform_numpy", "PhiloxGenerator", "PER_COUNTER", "SOURCE_VARIANTS", "dropout",
+           "dropout_supports"]
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -72,16 +75,20 @@ def uniform_numpy(key: tuple[int, int], offset: int, n: int, dtype: Any) -> np.n
 
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_NULL = np.uint64(0)   # no mask wanted
 
 
 def SOURCE_VARIANTS():
-    """``(source, defines)`` of every variant the generator launches: ``cuda/philox.cu`` for float32 and float64.
+    """``(source, defines)`` of every variant the generator launches: ``cuda/philox.cu`` for float32 and float64,
+    ``cuda/dropout.cu`` for each dtype the kernels store.
 
-    >>> list(SOURCE_VARIANTS())
-    [('philox.cu', {'FX_REAL': 'float'}), ('philox.cu', {'FX_REAL': 'double'})]
+    >>> [source for source, _ in SOURCE_VARIANTS()]
+    ['philox.cu', 'philox.cu', 'dropout.cu', 'dropout.cu', 'dropout.cu', 'dropout.cu']
     """
     for dtype in PER_COUNTER:
         yield "philox.cu", {"FX_REAL": _CTYPES[dtype]}
+    for dtype in KERNEL_DTYPES:
+        yield "dropout.cu", dtype_defines(dtype)
 
 
 def _kernels(dtype):
@@ -134,6 +141,28 @@ class PhiloxGenerator:
         _kernels(np.dtype(np.float32))[1]((1,), (1,), (offset, np.uint64(max(int(counters), 1))))
         return seed, taken
 
+    def dropout(self, x: Any, p: float, mask: bool = True) -> tuple[Any, Any]:
+        """``(y, mask)``: inverted dropout of the CuPy array ``x`` (what :func:`dropout_supports` takes) in one launch
+        and the position's advance: ``mask = (u >= p) / (1 - p)`` in ``x``'s dtype and ``y = x * mask``, equal item
+        for item to that composite of :meth:`random`'s numbers (float32 ones for the halves), drawn in the order
+        of ``x``'s memory (channels-last data keeps its layout); ``mask`` None unless asked for.
+
+        >>> PhiloxGenerator.dropout.__name__   # needs a GPU: tests/gpu/test_dropout_gpu.py
+        'dropout'
+        """
+        real = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+        n, per = x.size, PER_COUNTER[real]
+        y = cupy.empty_like(x)
+        kept = cupy.empty_like(x) if mask else None
+        counters = -(-n // per)
+        kernel = compiler.function("dropout.cu", "fluxpy_dropout", dtype_defines(x.dtype))
+        offset = self.offset()
+        compiler.launch(kernel, min(-(-counters // 256), 4096), 256,
+                        (x, y, _NULL if kept is None else kept, np.int64(n), offset, np.uint32(self.key[0]),
+                         np.uint32(self.key[1]), real.type(p), real.type(1 / (1 - p))))
+        _kernels(real)[1]((1,), (1,), (offset, np.uint64(counters)))
+        return y, kept
+
     def random(self, shape: Any = None, dtype: Any = np.float64) -> Any:
         """Uniform values in [0, 1) of ``shape`` (float32 or float64), two launches and no host sync."""
         dtype = np.dtype(dtype)
@@ -152,6 +181,26 @@ class PhiloxGenerator:
         return out.reshape(shape)
 
 
+def dropout(x: Any, p: float, rng: PhiloxGenerator, mask: bool = True) -> tuple[Any, Any]:
+    """``rng.dropout(x, p, mask)`` (:meth:`PhiloxGenerator.dropout`): the ``dropout`` op's kernel.
+
+    >>> dropout.__name__   # needs a GPU: tests/gpu/test_dropout_gpu.py checks it against the host, bit for bit
+    'dropout'
+    """
+    return rng.dropout(x, p, mask)
+
+
+def dropout_supports(x: Any, p: float, rng: Any, mask: bool = True) -> bool:
+    """Whether :func:`dropout` takes the call: ``rng`` a :class:`PhiloxGenerator`, ``x`` a non-empty CuPy array of a
+    dtype the kernels store, C-contiguous or channels-last, and ``0 < p < 1``.
+
+    >>> dropout_supports(np.ones(2), 0.5, np.random.default_rng(0))   # a host generator: the composite
+    False
+    """
+    return (type(rng) is PhiloxGenerator and type(x) is cupy.ndarray and x.dtype in KERNEL_DTYPES and x.size > 0
+            and (x._c_contiguous or is_channels_last(x)) and 0 < p < 1)
+
+
 # name -> kernel: what fluxpy.kernels.gpu registers for CuPy arrays. fluxpy.random.rng_for makes the GPU's generator
 # with it; CuPy's own generator (cupy.random) is left as it is.
-KERNELS = {"default_rng": PhiloxGenerator}
+KERNELS = {"default_rng": PhiloxGenerator, "dropout": (dropout, dropout_supports)}

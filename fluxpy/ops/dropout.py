@@ -1,6 +1,8 @@
 """Inverted dropout (NNlib ``src/dropout.jl``): zero each entry with probability ``p``, scale the rest by ``1/(1-p)``.
 
-The mask is a plain array (a constant for the tape), so the gradient is ``dy * mask``.
+The mask is a plain array (a constant for the tape), so the gradient is ``dy * mask``. On the GPU, with fluxpy's
+generator and a mask over every axis, the mask and the product are one kernel (``cuda/dropout.cu``: the generator's
+numbers, the composite's values) and the op one node of the tape.
 
 >>> import numpy as np
 >>> y = dropout(np.ones((2, 4)), 0.5, rng=np.random.default_rng(0))
@@ -14,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..autodiff import value_of
+from ..autodiff import Primitive, Tracked, value_of
 from ..backend import Array, get_array_module
 from ..capturing import refuse
+from ..kernels import find
 from ..random import as_rng, rng_for
+from .fused import fused_op
 from .reduce import normalize_axis
 
 __all__ = ["dropout", "dropout_mask", "alpha_dropout"]
@@ -133,4 +137,32 @@ def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] 
     _check_p(p)
     if not active or p == 0:
         return x
+    if dims is None and 0 < p < 1:
+        v = value_of(x)
+        generator = rng_for(get_array_module(v)) if rng is None else rng
+        if find("dropout", v, p, generator) is not None:   # the GPU generator's: one kernel, the mask kept
+            return _dropout(x, p, generator)
     return x * dropout_mask(x, p, rng=rng, dims=dims)
+
+
+def _dropout_rule(x, p, rng):
+    v = value_of(x)
+    y, mask = find("dropout", v, p, rng)(v, p, rng)
+    if type(x) is Tracked:   # a derivative of a derivative: the output recorded on the outer tape too
+        y = x * mask
+
+    def dropout_pullback(dy):
+        return dropout_backward(dy, mask), None, None
+    return y, dropout_pullback
+
+
+_dropout = Primitive("dropout", _dropout_rule, impl=lambda x, p, rng: find("dropout", x, p, rng)(x, p, rng, False)[0])
+
+dropout_backward = fused_op("dropout_backward", lambda dy, mask: dy * mask, doc="""
+    ``dy * mask``, the cotangent of :func:`dropout`'s input (one vectorised kernel on the GPU where ``dy`` and
+    ``mask`` share dtype, shape and layout).
+
+    >>> import numpy as np
+    >>> dropout_backward(np.ones(3), np.array([0.0, 2.0, 2.0]))
+    array([0., 2., 2.])
+    """)

@@ -155,7 +155,7 @@ def _bias_case(cp, rng, kind, dtype):
     return x, draw((1, 24, 1, 1))
 
 
-@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("dtype", HALVES + [np.dtype(np.float32)], ids=str)
 @pytest.mark.parametrize("kind", BIASES)
 @pytest.mark.parametrize("name", sorted(_acts()))
 def test_bias_act_equals_the_traced_kernels(dtype, kind, name):
@@ -191,7 +191,7 @@ def test_bias_act_refuses_what_it_does_not_take():
     cp = cupy_module()
     x = cp.ones((4, 12), BFLOAT16)
     assert not cuda_halves.supports_bias_act(x, cp.ones(12, BFLOAT16))             # 12 channels: not whole vectors
-    assert not cuda_halves.supports_bias_act(x.astype(np.float32), None)          # float32: CuPy's kernels do
+    assert not cuda_halves.supports_bias_act(x.astype(np.float64), None)          # float64: CuPy's kernels do
     assert not cuda_halves.supports_bias_act(x, cp.ones((4, 1), BFLOAT16))          # a column, not a row bias
     assert not cuda_halves.supports_bias_act(cp.ones((4, 16), BFLOAT16), cp.ones(16, np.float16))   # dtypes differ
     nchw = cp.ones((2, 16, 3, 3), BFLOAT16)
