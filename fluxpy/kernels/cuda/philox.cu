@@ -12,9 +12,8 @@ extern "C" __global__ void fluxpy_philox_uniform(T* out, const long long n, cons
   const long long counters = (n + PER - 1) / PER;
   for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < counters;
        j += (long long)gridDim.x * blockDim.x) {
-    const unsigned long long c = base + (unsigned long long)j;
-    const uint4 r = philox4x32_10(make_uint4((unsigned int)c, (unsigned int)(c >> 32), 0u, 0u), make_uint2(k0, k1));
-    const unsigned int w[4] = {r.x, r.y, r.z, r.w};
+    unsigned int w[4];
+    counter_words(base + (unsigned long long)j, k0, k1, w);
     for (int q = 0; q < PER; ++q) {
       const long long i = j * PER + q;
       if (i < n) out[i] = to_uniform(w, q, (T)0);

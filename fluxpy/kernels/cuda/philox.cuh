@@ -29,3 +29,13 @@ __host__ __device__ __forceinline__ double to_uniform(const unsigned int* w, int
   const unsigned long long a = w[2 * q] >> 5, b = w[2 * q + 1] >> 6;
   return (double)(a * 67108864ULL + b) * (1.0 / 9007199254740992.0);   // 2^-53
 }
+
+// The four words of draw position (counter) c under the key (k0, k1), which to_uniform turns into numbers.
+__host__ __device__ __forceinline__ void counter_words(unsigned long long c, unsigned int k0, unsigned int k1,
+                                                       unsigned int* w) {
+  const uint4 r = philox4x32_10(make_uint4((unsigned int)c, (unsigned int)(c >> 32), 0u, 0u), make_uint2(k0, k1));
+  w[0] = r.x;
+  w[1] = r.y;
+  w[2] = r.z;
+  w[3] = r.w;
+}
