@@ -9,13 +9,19 @@ as ``zoo.py`` does: ``--warmup`` steps each, then ``--rounds`` rounds in turn of
 A child's figures are its medians over rounds; a row is the median over the children and their range, for each
 side and for the ratio fluxpy / PyTorch (below 1: fluxpy faster), each child's ratio taken within that child.
 
+``--against DIR`` measures a change: ``DIR`` holds another fluxpy tree (``DIR/fluxpy``, e.g. ``git archive REV
+fluxpy | tar -x -C DIR``), and each case's children alternate between this tree and that one (``--processes`` of
+each), so that both meet the same drift of the host; each child says which fluxpy it imported, and a child that
+imported the other one is an error. The table then has a row per tree.
+
 Run: ``PYTHONPATH=. python3 benchmarks/eager.py [--only mlp:512,resnet20:128] [--processes 3] [--device gpu]
-[--json F] [--out DIR]``
+[--against DIR] [--json F] [--out DIR]``
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +30,10 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+_TREE = os.environ.get("FLUXPY_EAGER_TREE")   # a child of --against: that tree's fluxpy, before zoo puts ours first
+if _TREE:
+    sys.path.insert(0, _TREE)
+    import fluxpy  # noqa: E402,F401
 
 import zoo  # noqa: E402
 from zoo_nets import make_case  # noqa: E402
@@ -71,34 +81,47 @@ def _us(value: float) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown table of ``rows`` (each a :func:`summarise` row with ``model`` and ``batch``).
+    """The markdown table of ``rows`` (each a :func:`summarise` row with ``model`` and ``batch``, and ``tree``
+    where ``--against`` gave two: a column then names each row's).
 
     >>> print(table([dict(model="mlp", batch=512, **summarise([{"fluxpy": [2000], "torch": [1000]}]))]))
     | model | batch | processes | fluxpy eager us | PyTorch eager us | fluxpy / PyTorch |
     |---|---:|---:|---:|---:|---:|
     | mlp | 512 | 1 | 2,000 (2,000-2,000) | 1,000 (1,000-1,000) | **2.00** (2.00-2.00) |
     """
-    lines = ["| model | batch | processes | fluxpy eager us | PyTorch eager us | fluxpy / PyTorch |",
-             "|---|---:|---:|---:|---:|---:|"]
+    trees = any("tree" in r for r in rows)
+    lines = ["| model | batch |" + (" fluxpy tree |" if trees else "") +
+             " processes | fluxpy eager us | PyTorch eager us | fluxpy / PyTorch |",
+             "|---|---:|" + ("---|" if trees else "") + "---:|---:|---:|---:|"]
     for r in rows:
         f, t, q = r["fluxpy"], r["torch"], r["ratio"]
-        lines.append(f"| {r['model']} | {r['batch']} | {r['processes']} | {_us(f[0])} ({_us(f[1])}-{_us(f[2])}) | "
-                     f"{_us(t[0])} ({_us(t[1])}-{_us(t[2])}) | **{q[0]:.2f}** ({q[1]:.2f}-{q[2]:.2f}) |")
+        tree = f" {r.get('tree', '')} |" if trees else ""
+        lines.append(f"| {r['model']} | {r['batch']} |{tree} {r['processes']} | {_us(f[0])} ({_us(f[1])}-{_us(f[2])}) "
+                     f"| {_us(t[0])} ({_us(t[1])}-{_us(t[2])}) | **{q[0]:.2f}** ({q[1]:.2f}-{q[2]:.2f}) |")
     return "\n".join(lines)
 
 
-def _child(name: str, batch: int, a) -> dict:
-    """One child process's :func:`measure` of the case (this script with ``--child``)."""
+def _child(name: str, batch: int, a, against: Path | None = None) -> dict:
+    """One child process's :func:`measure` of the case (this script with ``--child``), importing the fluxpy of the
+    tree in ``against`` where given; an error where it imported another fluxpy than asked for."""
+    env = {k: v for k, v in os.environ.items() if k != "FLUXPY_EAGER_TREE"}
+    if against is not None:
+        env["FLUXPY_EAGER_TREE"] = str(against)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "child.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--only", f"{name}:{batch}",
                "--device", a.device, "--steps", str(a.steps), "--rounds", str(a.rounds), "--warmup", str(a.warmup),
                "--json", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
         if done.returncode != 0 or not out.exists():
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"eager: the child of {name}:{batch} exited with {done.returncode}: {tail}")
-        return json.loads(out.read_text())
+        got = json.loads(out.read_text())
+    imported = Path(got.pop("fluxpy_file")).resolve()
+    if (a.against is not None and imported.is_relative_to(a.against)) != (against is not None):
+        want = f"the one under {against}" if against is not None else "this tree's"
+        raise RuntimeError(f"eager: the child of {name}:{batch} imported fluxpy from {imported}, not {want}")
+    return got
 
 
 def main(argv=None) -> None:
@@ -110,6 +133,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a child may run")
+    p.add_argument("--against", type=Path, default=None,
+                   help="a folder holding another fluxpy tree (DIR/fluxpy): children alternate between the two")
     p.add_argument("--json", default=None)
     p.add_argument("--out", default=None, help="a folder for eager.json and the table, eager.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -120,16 +145,28 @@ def main(argv=None) -> None:
         cases = zoo.select_cases(a.only)
     except ValueError as err:
         p.error(str(err))
+    if a.against is not None:
+        a.against = a.against.resolve()
+        if not (a.against / "fluxpy" / "__init__.py").is_file():
+            p.error(f"--against expects a folder holding a fluxpy tree (DIR/fluxpy/__init__.py), got {a.against}")
     if a.child:
+        import fluxpy
         (name, batch), = cases
-        Path(a.json).write_text(json.dumps(measure(name, batch, a.device, a.steps, a.rounds, a.warmup)))
+        got = measure(name, batch, a.device, a.steps, a.rounds, a.warmup)
+        Path(a.json).write_text(json.dumps({**got, "fluxpy_file": fluxpy.__file__}))
         return
+    trees = [None] if a.against is None else [None, a.against]
     rows = []
     for name, batch in cases:
-        children = [_child(name, batch, a) for _ in range(a.processes)]
-        rows.append(dict(benchmark="eager", model=name, batch=batch, device=a.device, **summarise(children),
-                         children=children))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        children = {tree: [] for tree in trees}
+        for _ in range(a.processes):
+            for tree in trees:   # alternating, so that both trees meet the host's drift alike
+                children[tree].append(_child(name, batch, a, tree))
+        for tree in trees:
+            label = {} if a.against is None else {"tree": "this" if tree is None else str(tree)}
+            rows.append(dict(benchmark="eager", model=name, batch=batch, device=a.device, **label,
+                             **summarise(children[tree]), children=children[tree]))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
         for path in (a.json, a.out and Path(a.out) / "eager.json"):
             if path:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)

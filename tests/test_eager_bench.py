@@ -1,7 +1,9 @@
 """benchmarks/eager.py: a case runs in its own child processes on the CPU, each child's rounds of both sides are
 positive times, the row's figures are the medians and ranges over the children (the ratio taken within each
-child), and an unknown network is refused by name."""
+child), ``--against`` alternates children between two trees and each imports its own, and an unknown network or
+a folder without a fluxpy tree is refused by name."""
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -43,3 +45,24 @@ def test_an_unknown_network_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         eager.main(["--only", "mnist:2,lenet:2", "--device", "cpu"])
     assert "no network 'lenet'" in capsys.readouterr().err
+
+
+def test_against_alternates_between_two_trees_each_importing_its_own(tmp_path):
+    pytest.importorskip("torch")
+    import fluxpy
+    other = tmp_path / "other"
+    shutil.copytree(Path(fluxpy.__file__).parent, other / "fluxpy", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "eager.json"
+    eager.main(["--device", "cpu", "--only", "mnist:2", "--processes", "1", "--steps", "1", "--rounds", "1",
+                "--warmup", "0", "--against", str(other), "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["tree"] for r in rows] == ["this", str(other.resolve())]
+    assert all(r["processes"] == 1 and r["ratio"][0] > 0 for r in rows)
+    text = eager.table(rows)
+    assert "| model | batch | fluxpy tree | processes |" in text and f"| mnist | 2 | {other.resolve()} | 1 |" in text
+
+
+def test_against_refuses_a_folder_without_a_fluxpy_tree(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        eager.main(["--device", "cpu", "--only", "mnist:2", "--against", str(tmp_path)])
+    assert "--against expects a folder holding a fluxpy tree" in capsys.readouterr().err
