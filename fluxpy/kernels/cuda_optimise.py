@@ -317,8 +317,8 @@ def _address(a):
 def _same_layout(d, a):
     """Whether ``d`` lies in memory as the dense array ``a`` does, element for element (so one flat index reads
     both, whatever their item sizes)."""
-    if a._c_contiguous:   # CuPy's own flag (``flags`` makes an object at each call: 3 calls a parameter a step)
-        return d._c_contiguous
+    if a.flags.c_contiguous:
+        return d.flags.c_contiguous
     return [s // d.itemsize for s in d.strides] == [s // a.itemsize for s in a.strides]
 
 
@@ -331,7 +331,7 @@ def _copy_like(d, a, keep):
 
 def _dense(a):
     """C-contiguous or channels-last: every element once, in a layout the flat kernels read as one run."""
-    return a._c_contiguous or is_channels_last(a)
+    return a.flags.c_contiguous or is_channels_last(a)
 
 
 def optimiser_step_many_supports(x: Any, formula: Any, xs: Sequence, dxs: Sequence, states: Sequence,
