@@ -137,26 +137,26 @@ def dropout(x: Array, p: float, *, rng: Any = None, dims: int | tuple[int, ...] 
     _check_p(p)
     if not active or p == 0:
         return x
-    if dims is None and 0 < p < 1:
+    if dims is None:
         v = value_of(x)
         generator = rng_for(get_array_module(v)) if rng is None else rng
-        if find("dropout", v, p, generator) is not None:   # the GPU generator's: one kernel, the mask kept
-            return _dropout(x, p, generator)
+        kernel = find("dropout", v, p, generator)
+        if kernel is not None:   # the GPU generator's: one kernel, the mask kept
+            return _dropout(x, p, generator, kernel)
     return x * dropout_mask(x, p, rng=rng, dims=dims)
 
 
-def _dropout_rule(x, p, rng):
-    v = value_of(x)
-    y, mask = find("dropout", v, p, rng)(v, p, rng)
+def _dropout_rule(x, p, rng, kernel):
+    y, mask = kernel(value_of(x), p, rng)
     if type(x) is Tracked:   # a derivative of a derivative: the output recorded on the outer tape too
         y = x * mask
 
     def dropout_pullback(dy):
-        return dropout_backward(dy, mask), None, None
+        return dropout_backward(dy, mask), None, None, None
     return y, dropout_pullback
 
 
-_dropout = Primitive("dropout", _dropout_rule, impl=lambda x, p, rng: find("dropout", x, p, rng)(x, p, rng, False)[0])
+_dropout = Primitive("dropout", _dropout_rule, impl=lambda x, p, rng, kernel: kernel(x, p, rng, False)[0])
 
 dropout_backward = fused_op("dropout_backward", lambda dy, mask: dy * mask, doc="""
     ``dy * mask``, the cotangent of :func:`dropout`'s input (one vectorised kernel on the GPU where ``dy`` and
