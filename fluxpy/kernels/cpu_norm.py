@@ -162,13 +162,14 @@ def _f32(a):
 _ONE_PASS_MAX_RATIO = 8.0
 
 
-def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act) -> tuple:
+def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, momentum, eps, act,
+                      residual=None) -> tuple:
     """``(y, mean, invstd)`` of batch norm in training of a large float32 C-order ``x`` (``(N, C, ...)``), ``y``
-    through the activation ``act`` (None for none; relu and relu6 fused), the running statistics (where given)
-    updated in place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two reads of ``x`` for the sums of ``x`` and
-    ``x * x``, then one oneDNN pass ``y = x * scale + shift``; where the mean is large against the spread, the
-    centred values are written first (the output's buffer) for a two-pass variance, and then scaled and shifted in
-    place.
+    through the activation ``act`` (None for none; relu and relu6 fused where no ``residual`` is added before it),
+    the running statistics (where given) updated in place as :func:`fluxpy.ops.batchnorm.batchnorm` says. Two
+    reads of ``x`` for the sums of ``x`` and ``x * x``, then one oneDNN pass ``y = x * scale + shift``; where the
+    mean is large against the spread, the centred values are written first (the output's buffer) for a two-pass
+    variance, and then scaled and shifted in place.
 
     >>> from fluxpy.ops.batchnorm import batchnorm
     >>> x = np.arange(1 << 16, dtype=np.float32).reshape(2, 2, -1)
@@ -195,26 +196,33 @@ def batchnorm_forward(x: np.ndarray, gamma, beta, running_mean, running_var, mom
     # oneDNN's relu and clip turn NaN into numbers: fused only where no value can be NaN (finite statistics mean a
     # finite x)
     finite = bool(np.isfinite(var64).all() and np.isfinite(scale).all() and np.isfinite(shift).all())
-    fuse = finite and (_is_relu(act) or _is_relu6(act))
+    fuse = finite and residual is None and (_is_relu(act) or _is_relu6(act))
     if fuse and _is_relu6(act):
         y = onednn.scale_shift_relu6(x if centred is None else centred, scale, shift, out=centred)
     else:
         y = onednn.scale_shift(x if centred is None else centred, scale, shift, fuse, out=centred)
+    if residual is not None:
+        y += residual
     if act is not None and not fuse:
         y = act(y)
     update_running(running_mean, running_var, mean, var, momentum, m)
     return y, mean, invstd
 
 
-def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, momentum, eps, act) -> bool:
+def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, momentum, eps, act,
+                               residual=None) -> bool:
     """oneDNN there, a float32 C-order NumPy ``x`` with spatial axes of at least
-    :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE` values, ``gamma`` and ``beta`` None or float32 NumPy arrays
-    (smaller ones, ``(N, C)``, other dtypes and layouts run the composite)."""
+    :data:`fluxpy.kernels.onednn.ELTWISE_MIN_SIZE` values, ``gamma`` and ``beta`` None or float32 NumPy arrays,
+    a residual None or a NumPy array of ``x``'s shape and dtype (smaller ones, ``(N, C)``, other dtypes and
+    layouts run the composite)."""
+    if residual is not None and not (type(residual) is np.ndarray and residual.dtype == x.dtype
+                                     and residual.shape == x.shape):
+        return False
     return _onednn_takes(x) and all(p is None or (type(p) is np.ndarray and p.dtype == np.float32)
                                     for p in (gamma, beta))
 
 
-def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
+def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative, keep_g):
     """:func:`batchnorm_backward` of large float32 C-order arrays: the per-channel sums ``sum(g)`` and
     ``sum(g * x)`` of ``g`` (``dy`` times the activation's derivative), then ``dx`` in one oneDNN pass as
     ``(x * p + g + q) * a``, the per-channel coefficients from the module docstring's formula in float64."""
@@ -234,16 +242,21 @@ def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
     dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
     k = invstd64 * dgamma / m
     a = invstd64 if gamma is None else gamma * invstd64
-    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy)
-    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32)
+    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy and not keep_g)
+    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32), g
 
 
-def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
+def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative,
+                       residual=None) -> tuple:
     """``(dx, dgamma, dbeta)`` of batch norm over every axis but the channels' (axis 1), from the forward's
     per-channel ``mean`` and ``invstd``; ``dy`` first times ``y_derivative(y)`` where an activation's derivative is
-    read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation)."""
+    read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation). Where a
+    ``residual`` joined before the activation, ``(dx, dgamma, dbeta, dresidual)``: ``dresidual`` is ``dy`` times
+    that derivative (the residual itself is not read)."""
     if _onednn_takes(dy, x) and (act is None or onednn.takes_eltwise(y)):
-        return _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative)
+        dx, dgamma, dbeta, g = _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative,
+                                                residual is not None)
+        return (dx, dgamma, dbeta) if residual is None else (dx, dgamma, dbeta, g)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     axes = (0,) + tuple(range(2, x.ndim))
     m = x.size // x.shape[1]
@@ -260,10 +273,10 @@ def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invs
     np.subtract(dy, dx, out=dx)
     dx -= (dbeta / m).reshape(shape)
     dx *= scale.reshape(shape)
-    return dx, dgamma, dbeta
+    return (dx, dgamma, dbeta) if residual is None else (dx, dgamma, dbeta, dy)
 
 
-def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> bool:
+def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative, residual=None) -> bool:
     """NumPy float32/float64 ``dy`` and ``x`` of one dtype and shape, statistics and parameters in it, and no
     activation or one whose derivative reads the kept output."""
     if not (type(x) is np.ndarray and type(dy) is np.ndarray and x.dtype in _DTYPES and dy.dtype == x.dtype

@@ -17,6 +17,11 @@ Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and 
 ``dbeta``, ``dgamma = invstd * sum(dy (x - mean))`` and the coefficients of ``dx = a[c] dy + b[c] x + k[c]``;
 ``bn_bwd_apply`` writes ``dx``.
 
+A residual ``r`` (x's shape, dtype and layout; a residual block's shortcut) joins the normalised value before the
+activation, ``y = act(PRE(x) + r)``: the apply kernel reads it, and the backward reads it again to recompute the
+pre-activation, and its apply kernel writes ``dr = dy act'`` beside ``dx`` (the define ``FX_RES``; a residual
+block's add and relu then cost no pass of their own either way).
+
 An activation ``act`` (any scalar function the elementwise tracer compiles, None for none) is fused into both
 directions: the apply kernel writes ``act((x - mean) * scale + bias)``, and the backward multiplies ``dy`` by
 ``act'`` at that pre-activation, recomputed from ``x`` (so neither it nor ``y`` is kept). Its formula and derivative
@@ -67,45 +72,52 @@ def _identity(v):
 _variants: dict = {}
 
 
-def _defines(dtype, act=None):
+def _defines(dtype, act=None, residual=False):
     """``cuda/batchnorm.cu``'s defines: the dtype's (halfs.cuh), its 16-byte vector (``VT`` of ``VW`` elements),
-    and the activation's formula and derivative (``act`` None: the identity), kept per (dtype, activation)."""
+    the activation's formula and derivative (``act`` None: the identity) and whether a residual joins
+    (``FX_RES``), kept per (dtype, activation, residual)."""
     def make():
         vt, vw = VECTORS[np.dtype(dtype)]
         f = _identity if act is None else act
         return {**dtype_defines(dtype), "VT": vt, "VW": vw, "FX_ACT(v)": activation_c(f, dtype, "v"),
-                "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True)}
-    return answered(_variants, (np.dtype(dtype), act), make, kept=None)
+                "FX_ACT_GRAD(v)": activation_c(f, dtype, "v", derivative=True), "FX_RES": int(residual)}
+    return answered(_variants, (np.dtype(dtype), act, residual), make, kept=None)
 
 
 def SOURCE_VARIANTS(activations=()):
     """``(source, defines)`` of the variants the kernels launch: every dtype without an activation and with the
-    first of ``activations`` (the exported ones, which the kernel-source test gives), the others in float32 and
-    float64 (the halves compute in float32).
+    first of ``activations`` (the exported ones, which the kernel-source test gives), each with and without a
+    residual; the other activations in float32 and float64 (the halves compute in float32), without one.
 
-    >>> [d["VW"] for _, d in SOURCE_VARIANTS()]
-    [8, 8, 4, 2]
+    >>> [(d["VW"], d["FX_RES"]) for _, d in SOURCE_VARIANTS()]
+    [(8, 0), (8, 1), (8, 0), (8, 1), (4, 0), (4, 1), (2, 0), (2, 1)]
     """
     for dtype in KERNEL_DTYPES:
         yield "batchnorm.cu", _defines(dtype)
+        yield "batchnorm.cu", _defines(dtype, None, True)
     for i, act in enumerate(activations):
         for dtype in KERNEL_DTYPES if i == 0 else (np.dtype(np.float32), np.dtype(np.float64)):
             yield "batchnorm.cu", _defines(dtype, act)
+            if i == 0:
+                yield "batchnorm.cu", _defines(dtype, act, True)
 
 
-def _fn(name, dtype, act):
-    return compiler.function("batchnorm.cu", name, _defines(dtype, act))
+def _fn(name, dtype, act, residual):
+    return compiler.function("batchnorm.cu", name, _defines(dtype, act, residual))
 
 
-def supports(x, *params, act=None) -> bool:
+def supports(x, *params, act=None, residual=None) -> bool:
     """CuPy float16/bfloat16/float32/float64 arrays of 2 to 5 axes, C-contiguous or channels-last (then fewer than
-    2**32 elements), with parameters (or None) in :func:`param_dtype` of ``x.dtype``, and an activation (or None)
-    that the elementwise tracer compiles."""
+    2**32 elements), with parameters (or None) in :func:`param_dtype` of ``x.dtype``, an activation (or None)
+    that the elementwise tracer compiles, and a residual (or None) of ``x``'s shape, dtype and strides."""
     if act is not None and not fuses(act):
         return False
     if type(x) is not cupy.ndarray or x.dtype not in VECTORS or not 2 <= x.ndim <= 5:
         return False
     if not x._c_contiguous and not (is_channels_last(x) and x.size < 2**32):
+        return False
+    if residual is not None and (type(residual) is not cupy.ndarray or residual.dtype != x.dtype
+                                 or residual.shape != x.shape or residual.strides != x.strides):
         return False
     pdt = param_dtype(x.dtype)
     return all(p is None or (type(p) is cupy.ndarray and p.dtype == pdt) for p in params)
@@ -191,14 +203,15 @@ class _ChannelsLastPlan:
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
                  "counter", "c", "pdt")
 
-    def __init__(self, shape, dtype, vec, dev, act):
+    def __init__(self, shape, dtype, vec, dev, act, res):
         c = shape[1]
         self.pdt = param_dtype(dtype)
         m = int(np.prod(shape, dtype=np.int64)) // c
         vw = VECTORS[dtype][1]
         grid, block, cv, s = _column_launch(m, c, vw, dev)
-        self.stats, self.apply = _fn("bn_stats_cl", dtype, act), _fn("bn_apply_cl", dtype, act)
-        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats_cl", dtype, act), _fn("bn_bwd_apply_cl", dtype, act)
+        self.stats, self.apply = _fn("bn_stats_cl", dtype, act, False), _fn("bn_apply_cl", dtype, act, res)
+        self.bwd_stats = _fn("bn_bwd_stats_cl", dtype, act, res)
+        self.bwd_apply = _fn("bn_bwd_apply_cl", dtype, act, res)
         self.red = (grid, block)
         width = vw if vec else 1
         total = m * c // width
@@ -214,17 +227,18 @@ class _ChannelsLastPlan:
 class _Plan:
     """Everything about one problem that does not change from call to call: the kernels, the launch shapes,
     the scalar arguments, the scratch buffers (partials, counters) and the statistics' dtype, kept per (shape,
-    dtype, alignment, device, stream) so a call only allocates its outputs and launches."""
+    dtype, alignment, device, stream, layout, activation, residual) so a call only allocates its outputs and
+    launches."""
     __slots__ = ("stats", "apply", "bwd_stats", "bwd_apply", "red", "app", "scalars", "app_scalars", "part",
                  "counter", "c", "pdt")
 
-    def __init__(self, shape, dtype, vec, dev, act):
+    def __init__(self, shape, dtype, vec, dev, act, res):
         n, c = shape[0], shape[1]
         self.pdt = param_dtype(dtype)
         hw = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
         s, threads, row_vec = _reduce_launch(n, c, hw, vec, dtype, dev)
-        self.stats, self.apply = _fn("bn_stats", dtype, act), _fn("bn_apply", dtype, act)
-        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats", dtype, act), _fn("bn_bwd_apply", dtype, act)
+        self.stats, self.apply = _fn("bn_stats", dtype, act, False), _fn("bn_apply", dtype, act, res)
+        self.bwd_stats, self.bwd_apply = _fn("bn_bwd_stats", dtype, act, res), _fn("bn_bwd_apply", dtype, act, res)
         self.red = ((s, c), (threads,))
         grid, block, flat, total = _apply_launch(n, c, hw, vec, dtype, dev)
         self.app = (grid, block)
@@ -239,14 +253,14 @@ class _Plan:
 _plans: dict = {}
 
 
-def _plan(act, x, *others):
+def _plan(act, res, x, *others):
     n, c, hw = _geometry(x)
     cl = not x._c_contiguous
     # channels-last data is read a row (C values) at a time: whole vectors a row, aligned
     vec = _vec(c if cl else hw, x.dtype, x, *others)
     dev = x.device.id
-    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl, act)
-    return answered(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act),
+    key = (x.shape, x.dtype, vec, dev, cupy.cuda.get_current_stream().ptr, cl, act, res)
+    return answered(_plans, key, lambda: (_ChannelsLastPlan if cl else _Plan)(x.shape, x.dtype, vec, dev, act, res),
                     kept=None)
 
 
@@ -262,11 +276,13 @@ def _output_like(x):
     return cupy.empty(x.shape, x.dtype) if x._c_contiguous else cupy.empty_like(x)
 
 
-def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, act=None):
-    """``(y, mean, invstd)`` in two launches (``y`` through the activation ``act``, None for none); the running
-    statistics (or None) are moved in place, their old values kept for a step's journal where it waits for them
-    (:func:`fluxpy.journal.awaits`)."""
-    p = _plan(act, x)
+def forward_training(x, gamma, beta, running_mean, running_var, momentum: float, eps: float, act=None,
+                     residual=None):
+    """``(y, mean, invstd)`` in two launches (``y = act(bn(x) + residual)``, the activation ``act`` and the
+    ``residual`` None for none); the running statistics (or None) are moved in place, their old values kept for a
+    step's journal where it waits for them (:func:`fluxpy.journal.awaits`)."""
+    res = residual is not None
+    p = _plan(act, res, x, *((residual,) if res else ()))
     y = _output_like(x)
     keep = awaits(running_mean, running_var)
     # mean, invstd, scale, bias and, for the journal, the running mean and variance before this call
@@ -275,22 +291,25 @@ def forward_training(x, gamma, beta, running_mean, running_var, momentum: float,
     p.stats(*p.red, (x, *p.scalars, *p.part, p.counter, _p(gamma), _p(beta), mean, invstd, scale, bias,
                      _p(running_mean), _p(running_var), old[0] if keep else _NULL, np.float64(momentum),
                      np.float64(eps)))
-    p.apply(*p.app, (x, y, mean, scale, bias, *p.app_scalars))
+    p.apply(*p.app, (x, y, mean, scale, bias, *p.app_scalars, _p(residual)))
     if keep:
         kept(stats[4:], running_mean, running_var)
     return y, stats[0], stats[1]
 
 
-def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None):
+def backward(dy, x, gamma, beta, mean, invstd, eps: float, act=None, residual=None):
     """``(dx, dgamma, dbeta)`` in two launches; with an activation ``act``, ``dy`` is first multiplied by its
-    derivative at the forward's pre-activation (recomputed from ``x``, so ``y`` is not needed)."""
+    derivative at the forward's pre-activation (recomputed from ``x`` and the ``residual``, so ``y`` is not
+    needed). With a residual, ``(dx, dgamma, dbeta, dresidual)``, ``dresidual = dy act'``."""
     dy = like_layout(dy, x)
-    p = _plan(act, x, dy)
+    res = residual is not None
+    p = _plan(act, res, x, dy, *((residual,) if res else ()))
     dx = _output_like(x)
+    dr = _output_like(x) if res else None
     # dgamma, dbeta, the coefficients a, b, k of dx, the forward's scale, bias
     out = cupy.empty((7, p.c), p.pdt)
     dgamma, dbeta, a, b, k, sc, sf = row_addresses(out)
     p.bwd_stats(*p.red, (dy, x, mean, invstd, _p(gamma), _p(beta), *p.scalars, *p.part, p.counter, dgamma, dbeta,
-                         a, b, k, sc, sf))
-    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf, mean))
-    return dx, out[0], out[1]
+                         a, b, k, sc, sf, _p(residual)))
+    p.bwd_apply(*p.app, (dy, x, dx, a, b, k, *p.app_scalars, sc, sf, mean, _p(residual), _p(dr)))
+    return (dx, out[0], out[1]) if dr is None else (dx, out[0], out[1], dr)

@@ -15,7 +15,8 @@ a repeated call pays a key and a lookup.
 An activation (``act``, None for none) is fused into fluxpy's kernels (its formula compiled in,
 :mod:`fluxpy.kernels.cuda_bn`); cuDNN's calls fuse none, so around them it is one elementwise kernel each way (the
 traced ``act``, and ``dy`` times its derivative from the output ``y``: cuDNN's backward needs the op to have kept
-``y`` and to pass that derivative, ``y_derivative``).
+``y`` and to pass that derivative, ``y_derivative``). A residual joined before the activation (``residual``,
+None for none) runs fluxpy's kernels only (:mod:`fluxpy.kernels.cuda_bn`: it is read in their passes).
 
 >>> sorted(KERNELS)
 ['batchnorm_backward', 'batchnorm_forward']
@@ -59,31 +60,34 @@ def _cudnn_fits(x, *params):
 _answers: dict = {}   # problem -> (fluxpy's kernels take it, cuDNN's calls take it)
 
 
-def _takers(direction, x, params, act, y=None, y_derivative=None) -> tuple:
+def _takers(direction, x, params, act, y=None, y_derivative=None, residual=None) -> tuple:
     """``(ours, cudnn)``: whether fluxpy's kernels and cuDNN's calls take the problem (answered once per problem)."""
     if type(x) is not cupy.ndarray:
         return False, False
     key = (direction, x.shape, x.strides, x.dtype, x.device.id, act, y_derivative, type(y),
-           tuple(kind(p) for p in params))
+           tuple(kind(p) for p in params), None if residual is None else (kind(residual), residual.strides))
 
     def check():
-        ours = cuda_bn.supports(x, *params, act=act)
+        ours = cuda_bn.supports(x, *params, act=act, residual=residual)
+        if residual is not None:
+            return ours, False
         if direction == "forward":
             return ours, _cudnn_fits(x, *params) and (act is None or fuses(act))
         return ours, _cudnn_backward_fits(x, y, *params, act, y_derivative)
     return answered(_answers, key, check)
 
 
-def forward_supports(x, gamma, beta, running_mean, running_var, momentum=None, eps=None, act=None):
-    """The calls one of the implementations takes (an activation the elementwise tracer compiles, or None)."""
-    return any(_takers("forward", x, (gamma, beta, running_mean, running_var), act))
+def forward_supports(x, gamma, beta, running_mean, running_var, momentum=None, eps=None, act=None, residual=None):
+    """The calls one of the implementations takes (an activation the elementwise tracer compiles, or None; a
+    residual of ``x``'s shape, dtype and strides, or None)."""
+    return any(_takers("forward", x, (gamma, beta, running_mean, running_var), act, residual=residual))
 
 
-def backward_supports(dy, x, y, gamma, beta, mean, invstd, eps=None, act=None, y_derivative=None):
+def backward_supports(dy, x, y, gamma, beta, mean, invstd, eps=None, act=None, y_derivative=None, residual=None):
     """The calls one of the implementations takes: ``dy`` like ``x``, the statistics saved by the forward."""
     if type(dy) is not cupy.ndarray or dy.dtype != x.dtype or dy.shape != x.shape:
         return False
-    return any(_takers("backward", x, (gamma, beta, mean, invstd), act, y, y_derivative))
+    return any(_takers("backward", x, (gamma, beta, mean, invstd), act, y, y_derivative, residual))
 
 
 def _cudnn_backward_fits(x, y, gamma, beta, mean, invstd, act, y_derivative):
@@ -117,9 +121,11 @@ def _cudnn_backward(dy, x, y, gamma, mean, invstd, eps, y_derivative):
     return bn.backward(dy, x, gamma, mean, invstd, eps)
 
 
-def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
-    """``(y, mean, invstd)`` (``y`` through the activation ``act``, None for none), the running statistics updated
-    in place, by the kernel kept for this problem."""
+def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual=None):
+    """``(y, mean, invstd)`` (``y`` through the activation ``act``, None for none, after the ``residual`` is
+    added, None for none), the running statistics updated in place, by the kernel kept for this problem."""
+    if residual is not None:
+        return cuda_bn.forward_training(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual)
     ours, cudnn = _takers("forward", x, (gamma, beta, running_mean, running_var), act)
     name = _pick("forward", act, x, ours, cudnn, lambda: {
         "fluxpy": lambda: cuda_bn.forward_training(x, gamma, beta, None, None, momentum, eps, act),
@@ -128,11 +134,13 @@ def batchnorm_forward(x, gamma, beta, running_mean, running_var, momentum, eps, 
     return impl(x, gamma, beta, running_mean, running_var, momentum, eps, act)
 
 
-def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
+def batchnorm_backward(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative, residual=None):
     """``(dx, dgamma, dbeta)`` by the kernel kept for this problem: ``dy`` first multiplied by the derivative of
-    the activation ``act`` (fluxpy's kernels recompute it from ``x``; cuDNN's path takes ``y_derivative`` of the
-    kept output ``y``)."""
+    the activation ``act`` (fluxpy's kernels recompute it from ``x`` and the ``residual``; cuDNN's path takes
+    ``y_derivative`` of the kept output ``y``). With a residual, ``(dx, dgamma, dbeta, dresidual)``."""
     dy = like_layout(dy, x)
+    if residual is not None:
+        return cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act, residual)
     ours, cudnn = _takers("backward", x, (gamma, beta, mean, invstd), act, y, y_derivative)
     name = _pick("backward", act, x, ours, cudnn, lambda: {
         "fluxpy": lambda: cuda_bn.backward(dy, x, gamma, beta, mean, invstd, eps, act),

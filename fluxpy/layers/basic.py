@@ -91,21 +91,43 @@ class Chain:
     def __call__(self, x: Array, *more: Array) -> Array:
         if more:   # several arguments are one tuple (Flux's Chain: `Chain(identity)(1, 2, 3) == (1, 2, 3)`)
             x = (x,) + more
+        return self._run(x, len(self.layers))
+
+    def _run(self, x, stop: int):
+        """The first ``stop`` layers applied in turn; a residual join followed by ``relu`` runs as one op (see
+        :func:`_join_relu`)."""
         layers = self.layers
-        n, i = len(layers), 0
-        while i < n:
+        i = 0
+        while i < stop:
             f = layers[i]
             try:
-                if i + 1 < n and layers[i + 1] is relu and _joins_by_add(f):
-                    x = f._add_relu(x)   # the residual join and the relu after it: one op (see _add_relu)
+                if i + 1 < stop and layers[i + 1] is relu and _joins_by_add(f):
+                    x = f._add_relu(x)
                     i += 2
                     continue
                 x = f(x)
             except (DimensionMismatch, DTypeMismatch) as err:
-                where = f"{i} ({self.names[i]})" if self.names else f"{i}"
-                raise type(err)(f"Chain layer {where}: {err}") from None
+                raise self._located(err, i) from None
             i += 1
         return x
+
+    def _located(self, err, i):
+        """``err`` again, its message prefixed with the layer it came from."""
+        where = f"{i} ({self.names[i]})" if self.names else f"{i}"
+        return type(err)(f"Chain layer {where}: {err}")
+
+    def _join_relu(self, x, shortcut: Callable):
+        """``relu(self(x) + shortcut(x))`` with the join handed to the last layer, which has ``_join_residual``
+        (a batch norm adds the residual and applies relu in its own passes); the layers before it, then the
+        shortcut, run first."""
+        last = len(self.layers) - 1
+        z = self._run(x, last)
+        r = shortcut(x)
+        try:
+            y = self.layers[last]._join_residual(z, r, relu)
+            return _add_relu(self.layers[last](z), r) if y is None else y
+        except (DimensionMismatch, DTypeMismatch) as err:
+            raise self._located(err, last) from None
 
     def __getitem__(self, index):
         if isinstance(index, str):
@@ -465,7 +487,7 @@ class SkipConnection:
 
     def _add_relu(self, x):
         """``relu(self(x))`` where the connection adds (what a Chain runs for ``SkipConnection(f, +), relu``)."""
-        return _add_relu(self.layers(x), x)
+        return _join_relu(self.layers, x, _same)
 
     def __repr__(self):
         return f"SkipConnection({_layer_repr(self.layers)}, {_fname(self.connection)})"
@@ -511,7 +533,7 @@ class Parallel:
 
     def _add_relu(self, x):
         """``relu(self(x))`` for two layers joined by adding (what a Chain runs for ``Parallel(+, f, g), relu``)."""
-        return _add_relu(self.layers[0](x), self.layers[1](x))
+        return _join_relu(self.layers[0], x, self.layers[1])
 
     def __getitem__(self, index):
         return self.layers[index]
@@ -771,6 +793,27 @@ def _joins_by_add(f) -> bool:
     if kind is Parallel:
         return len(f.layers) == 2 and (f.connection is operator.add or f.connection is _ops.add)
     return False
+
+
+def _same(x):
+    return x
+
+
+def _join_relu(body: Callable, x: Array, shortcut: Callable) -> Array:
+    """``relu(body(x) + shortcut(x))``, a residual block: where ``body`` is a Chain whose last layer takes the join
+    (``_join_residual``: a BatchNorm), that layer adds the shortcut and applies relu in its own op; else
+    :func:`_add_relu` of the two.
+
+    >>> import numpy as np
+    >>> from fluxpy.layers import BatchNorm
+    >>> x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    >>> _join_relu(Chain(BatchNorm(2, active=True)), x, lambda x: x).round(3)   # relu(batchnorm(x) + x)
+    array([[0., 1.],
+           [4., 5.]], dtype=float32)
+    """
+    if type(body) is Chain and body.layers and hasattr(body.layers[-1], "_join_residual"):
+        return body._join_relu(x, shortcut)
+    return _add_relu(body(x), shortcut(x))
 
 
 def _add_relu(a: Array, b: Array) -> Array:

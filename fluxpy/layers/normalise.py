@@ -175,6 +175,20 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
         self.act, self.eps, self.momentum, self.active = act, eps, momentum, active
 
     def __call__(self, x: Array) -> Array:
+        if self._batch_statistics(x):
+            # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
+            fused = why_not_fused(self.act) is None
+            y = batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
+                          eps=self.eps, act=self.act if fused else None)
+            return y if fused else bias_act(y, None, self.act)
+        if self.act is identity or why_not_fused(self.act) is not None:
+            y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
+            return y if self.act is identity else bias_act(y, None, self.act)
+        return self._infer_fused(x)
+
+    def _batch_statistics(self, x) -> bool:
+        """Whether this call normalises with the batch's statistics (training, or no running ones), after checking
+        ``x`` (channels, dtype, and more than one value per channel where the batch's statistics are used)."""
         if not hasattr(x, "shape") or len(x.shape) < 2 or x.shape[1] != self.channels:
             _fail(self, f"x.shape[1] == {self.channels} (x of shape (N, C, ...))", x)
         params = self.gamma if self.gamma is not None else self.running_mean
@@ -186,15 +200,30 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
             if math.prod(x.shape) // self.channels < 2:
                 _fail(self, "more than 1 value per channel when using batch statistics (training, or "
                             "track_stats=False)", x)
-            # In place, so the model outside gradient (whose arrays the tape boxes, not copies) sees the update.
-            fused = why_not_fused(self.act) is None
-            y = batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
-                          eps=self.eps, act=self.act if fused else None)
-            return y if fused else bias_act(y, None, self.act)
-        if self.act is identity or why_not_fused(self.act) is not None:
-            y = batchnorm_infer(x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps)
-            return y if self.act is identity else bias_act(y, None, self.act)
-        return self._infer_fused(x)
+            return True
+        return False
+
+    def _join_residual(self, x, residual, act):
+        """``act(self(x) + residual)``, a residual block's join and the activation after it, as one batch-norm op
+        (the residual added and ``act`` applied in its own passes: :func:`fluxpy.ops.batchnorm.batchnorm`'s
+        ``residual``) where this layer has no activation of its own, uses the batch's statistics, ``act`` fuses
+        and ``residual`` has ``x``'s shape and dtype; else None (the caller adds and applies ``act`` itself).
+        A :class:`Chain` ending in this layer hands it the join (``Chain(SkipConnection(Chain(..., BatchNorm(c)),
+        +), relu)``).
+
+        >>> import numpy as np, fluxpy
+        >>> bn, x, r = BatchNorm(2, active=True), np.ones((3, 2), np.float32), np.full((3, 2), -1, np.float32)
+        >>> bn._join_residual(x, r, fluxpy.relu)
+        array([[0., 0.],
+               [0., 0.],
+               [0., 0.]], dtype=float32)
+        """
+        if self.act is not identity or why_not_fused(act) is not None or not self._batch_statistics(x):
+            return None
+        if tuple(getattr(residual, "shape", ())) != tuple(x.shape) or getattr(residual, "dtype", None) != x.dtype:
+            return None
+        return batchnorm(x, self.gamma, self.beta, self.running_mean, self.running_var, momentum=self.momentum,
+                         eps=self.eps, act=act, residual=residual)
 
     def _infer_fused(self, x):
         """``act(x * scale + shift)`` with the running statistics' per-channel scale and shift, one fused

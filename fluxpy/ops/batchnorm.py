@@ -12,6 +12,10 @@ The forward saves only the mean and ``invstd = 1 / sqrt(var + eps)``; the pullba
 
     dbeta = sum(dy),  dgamma = sum(dy * xhat),  dx = gamma * invstd * (dy - dbeta / m - xhat * dgamma / m)
 
+A ``residual`` (``x``'s shape and dtype; a residual block's shortcut) is added before the activation,
+``act(y + residual)``, and its gradient is ``dy`` times the activation's derivative: a residual block's join and
+relu then run in the batch norm's own kernels on the GPU, no pass of their own either way.
+
 An activation ``act`` applied to ``y`` is fused into both directions (on the GPU compiled into the batch-norm
 kernels from its one Python definition, for every activation :func:`fluxpy.ops.bias_act.why_not_fused` passes):
 the pullback multiplies ``dy`` by ``act'``, from the output where the activation's derivative is a function of it
@@ -95,11 +99,12 @@ def _channel_mean(x, axes, m):
     return x.sum(axis=axes) / m if type(x) is np.ndarray else x.mean(axis=axes)
 
 
-def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual=None):
     """The forward on plain arrays of any module: ``(y, mean, invstd)``, the running statistics updated."""
     if is_half(x.dtype):   # computed in float32; y rounded once to x's dtype, the statistics stay float32
+        r32 = None if residual is None else residual.astype(np.float32)
         y, mean, invstd = _forward_arrays(x.astype(np.float32), gamma, beta, running_mean, running_var, momentum,
-                                          eps, act)
+                                          eps, act, r32)
         return y.astype(x.dtype), mean, invstd
     xp = get_array_module(x)
     shape, axes, m = _channel_shape(x), _axes(x), _count(x)
@@ -112,17 +117,20 @@ def _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, ac
         y *= gamma.reshape(shape)
     if beta is not None:
         y += beta.reshape(shape)
+    if residual is not None:
+        y += residual
     if act is not None:
         y = act(y)
     _update_running(running_mean, running_var, mean, var, momentum, m)
     return y, mean, invstd
 
 
-def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act):
+def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual=None):
     """The forward with fluxpy ops, for values an outer tape tracks."""
     if is_half(x.dtype):
+        r32 = None if residual is None else astype(residual, np.float32)
         y, mean, invstd = _forward_ops(astype(x, np.float32), gamma, beta, running_mean, running_var, momentum, eps,
-                                       act)
+                                       act, r32)
         return astype(y, x.dtype), mean, invstd
     shape = _channel_shape(x)
     mean = _mean(x, _axes(x))
@@ -134,25 +142,27 @@ def _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act):
         y = y * reshape(gamma, shape)
     if beta is not None:
         y = y + reshape(beta, shape)
+    if residual is not None:
+        y = y + residual
     if act is not None:
         y = act(y)
     _update_running(running_mean, running_var, value_of(mean), value_of(var), momentum, _count(x))
     return y, mean, invstd
 
 
-def _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act):
-    kernel = find("batchnorm_forward", x, gamma, beta, running_mean, running_var, momentum, eps, act)
-    if kernel is None:
-        return _forward_arrays(x, gamma, beta, running_mean, running_var, momentum, eps, act)
-    return kernel(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+def _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual=None):
+    args = (x, gamma, beta, running_mean, running_var, momentum, eps, act) + (() if residual is None else (residual,))
+    kernel = find("batchnorm_forward", *args)
+    return _forward_arrays(*args) if kernel is None else kernel(*args)
 
 
-def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
-    if is_half(x.dtype):   # in float32, as the statistics; dx rounded once to x's dtype
+def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative, residual=None):
+    if is_half(x.dtype):   # in float32, as the statistics; dx (and dresidual) rounded once to x's dtype
         y32 = None if y is None else astype(y, np.float32)
-        dx, dgamma, dbeta = _backward_ops(astype(dy, np.float32), astype(x, np.float32), y32, gamma, beta, mean,
-                                          invstd, eps, act, y_derivative)
-        return astype(dx, x.dtype), dgamma, dbeta
+        r32 = None if residual is None else astype(residual, np.float32)
+        grads = _backward_ops(astype(dy, np.float32), astype(x, np.float32), y32, gamma, beta, mean, invstd, eps,
+                              act, y_derivative, r32)
+        return (astype(grads[0], x.dtype),) + grads[1:3] + tuple(astype(g, x.dtype) for g in grads[3:])
     shape = _channel_shape(x)
     axes = _axes(x)
     m = _count(x)
@@ -160,22 +170,24 @@ def _backward_ops(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative):
     if act is not None:
         if y is not None and y_derivative is not None:
             dy = _times(dy, y_derivative(y))
-        else:   # the derivative at the pre-activation, recomputed from x
+        else:   # the derivative at the pre-activation, recomputed from x (and the residual)
             z = xhat if gamma is None else xhat * reshape(gamma, shape)
-            dy = _times(dy, derivative_from_saved(act)[0](z if beta is None else z + reshape(beta, shape)))
+            z = z if beta is None else z + reshape(beta, shape)
+            dy = _times(dy, derivative_from_saved(act)[0](z if residual is None else z + residual))
     dbeta = _sum(dy, axes)
     dgamma = _sum(dy * xhat, axes)
     scale = invstd if gamma is None else gamma * invstd
     dx = reshape(scale, shape) * (dy - reshape(dbeta / m, shape) - xhat * reshape(dgamma / m, shape))
-    return dx, dgamma, dbeta
+    return (dx, dgamma, dbeta) if residual is None else (dx, dgamma, dbeta, dy)
 
 
 batchnorm_backward = fused_op("batchnorm_backward", _backward_ops, doc="""
     ``(dx, dgamma, dbeta)`` of :func:`batchnorm` from the saved ``mean`` and ``invstd``, ``dy`` first multiplied
     by the derivative of the activation ``act`` (None for none): ``y_derivative(y)`` where the output ``y`` was kept
     (``y_derivative`` the activation's derivative as a function of its output), else ``act'`` at the
-    pre-activation recomputed from ``x``. Two launches (or cuDNN's call) on the GPU, the formulas of the module
-    docstring otherwise.
+    pre-activation recomputed from ``x`` (and the ``residual`` added before the activation, when one was: then
+    ``(dx, dgamma, dbeta, dresidual)``, ``dresidual`` that product). Two launches (or cuDNN's call) on the GPU, the
+    formulas of the module docstring otherwise.
 
     >>> import numpy as np
     >>> x = np.array([[0.0], [2.0]])
@@ -186,25 +198,42 @@ batchnorm_backward = fused_op("batchnorm_backward", _backward_ops, doc="""
     """)
 
 
-def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, eps, act):
-    if is_tracked(x) or is_tracked(gamma) or is_tracked(beta):
-        y, mean, invstd = _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, eps, act, residual):
+    if is_tracked(x) or is_tracked(gamma) or is_tracked(beta) or is_tracked(residual):
+        y, mean, invstd = _forward_ops(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual)
     else:
-        y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+        y, mean, invstd = _forward(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual)
     # the output is kept only where the activation's derivative reads it (the next layer holds it anyway)
     y_derivative, from_output = derivative_from_saved(act) if act is not None else (None, False)
     y_saved = y if from_output else None
     y_derivative = y_derivative if from_output else None
+    # the residual's gradient is dy where no activation follows; else the backward's, which reads the residual
+    joined = residual if act is not None else None
 
     def batchnorm_pullback(dy):
-        dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act, y_derivative)
+        if joined is None:
+            dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act, y_derivative)
+            dresidual = dy
+        else:
+            dx, dgamma, dbeta, dresidual = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act,
+                                                              y_derivative, joined)
         return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
-                None, None, None, None, None)
+                None, None, None, None, None, (dresidual if needs[8] else None))
     return y, batchnorm_pullback
 
 
 _batchnorm = Primitive("batchnorm", _batchnorm_rule, needs_mask=True,
                        impl=lambda *args: _forward(*args)[0])
+
+
+def _check_residual(x, residual):
+    """The residual must match ``x`` in shape and dtype (it is added to the normalised ``x`` item for item)."""
+    if residual is None:
+        return
+    shape, dtype = tuple(getattr(residual, "shape", ())), getattr(residual, "dtype", None)
+    if shape != tuple(x.shape) or dtype != x.dtype:
+        raise ValueError(f"batchnorm expects a residual of x's shape and dtype, {tuple(x.shape)} "
+                         f"{np.dtype(x.dtype).name}, got {shape} {dtype if dtype is None else np.dtype(dtype).name}")
 
 
 def _check(x, **params):
@@ -228,13 +257,14 @@ def _check(x, **params):
 
 def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, running_mean: Array | None = None,
               running_var: Array | None = None, *, momentum: float = 0.1, eps: float = 1e-5,
-              act: Callable | None = None) -> Array:
+              act: Callable | None = None, residual: Array | None = None) -> Array:
     """Batch normalisation with the batch's statistics (training), updating the running statistics in place.
 
     ``x`` is ``(N, C, ...)``; ``gamma``, ``beta``, ``running_mean``, ``running_var`` are ``(C,)`` arrays or None
     (no scale, no shift, no running statistics). ``act``: an elementwise activation applied to the result, fused
     into both directions (see the module docstring; one that draws random numbers, as ``rrelu``, is an error: apply
-    it to the output); None or ``identity`` is none. See the module docstring for the formulas.
+    it to the output); None or ``identity`` is none. ``residual``: an array of ``x``'s shape and dtype added before
+    the activation (a residual block's shortcut), or None. See the module docstring for the formulas.
 
     >>> import numpy as np
     >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0)
@@ -244,6 +274,10 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
     >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0, act=gelu).round(4)
     array([[-0.1588, -0.1588],
            [ 0.8412,  0.8412]])
+    >>> from fluxpy.ops.activations import relu
+    >>> batchnorm(np.array([[1.0, 2.0], [3.0, 4.0]]), eps=0.0, act=relu, residual=np.array([[0.5, 2.0], [-3.0, 0.0]]))
+    array([[0., 1.],
+           [0., 1.]])
     """
     if act is identity:
         act = None
@@ -252,6 +286,7 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
                          f"None), got {act!r}; apply it to the output")
     running_mean, running_var = value_of(running_mean), value_of(running_var)
     _check(x, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
+    _check_residual(x, residual)
     check_eps("batchnorm", eps)
     if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
         raise ValueError(f"batchnorm expects momentum to be a number in [0, 1], got {momentum!r}")
@@ -260,4 +295,4 @@ def batchnorm(x: Array, gamma: Array | None = None, beta: Array | None = None, r
     # the running statistics, in place; their writer (the kernel, or update_running) keeps the old values for the
     # step's journal, a GPU kernel in its own output
     with changing(running_mean, running_var, writer_keeps=True):
-        return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act)
+        return _batchnorm(x, gamma, beta, running_mean, running_var, momentum, eps, act, residual)

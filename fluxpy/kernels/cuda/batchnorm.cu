@@ -5,6 +5,16 @@
 // FX_ACT_GRAD(v): the activation applied to the normalised value and its derivative, expressions in ACC (the
 // activation's formula traced from its Python definition, fluxpy/kernels/trace.py: activation_c).
 #define ACC C
+// FX_RES (1 or 0): whether a residual r (x's shape, dtype and layout) joins the normalised value before the
+// activation, y = act(PRE(x) + r) (a residual block's add and relu in the batch norm's own passes); the backward
+// then reads r again to recompute the pre-activation and writes dr = dy act' beside dx.
+#if FX_RES
+#define WITH_R(v, rv) ((v) + (rv))
+#else
+#define WITH_R(v, rv) (v)
+#endif
+// Element i of the residual r as ACC, 0 without one (not read then).
+#define R_AT(rp, i) (FX_RES ? LOAD((rp)[i]) : (ACC)0)
 __device__ __forceinline__ void block_sum2(ACC& a, ACC& b, ACC* sh) {
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_down_sync(0xffffffff, a, o);
@@ -66,7 +76,8 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
     return threadIdx.x == 0;
 }
 
-// Sums of f(a[k], b[k]) over rows [rlo, rhi) of channel c: f = (a - K, (a - K)^2) or (a, a (b - K)).
+// Sums of f(a[k], b[k], r[k]) over rows [rlo, rhi) of channel c: f = (a - K, (a - K)^2) or (a, a (b - K)); the
+// residual rr is read only where RS (a compile-time constant of the kernel) says so, else R_ is 0.
 #define ROW_SUMS(EXPR1, EXPR2)                                                                          \
     if (vec) {                                                                                          \
         const int hv = (int)(HW / VW);                                                                  \
@@ -74,11 +85,14 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
             const long long base = (n * NC + c) * HW;                                                    \
             const VT* av = (const VT*)(a + base);                                                       \
             const VT* bv = (const VT*)(b + base);                                                       \
+            const VT* rv_ = (const VT*)(rr + base);                                                     \
             for (int j = threadIdx.x; j < hv; j += blockDim.x) {                                        \
-                VT va = av[j], vb = bv[j];                                                              \
-                const T* pa = (const T*)&va; const T* pb = (const T*)&vb;                               \
+                VT va = av[j], vb = bv[j], vr = va;                                                     \
+                if (RS) vr = rv_[j];                                                                    \
+                const T* pa = (const T*)&va; const T* pb = (const T*)&vb; const T* pr = (const T*)&vr;  \
                 _Pragma("unroll") for (int u = 0; u < VW; ++u) {                                        \
-                    ACC A_ = LOAD(pa[u]), B_ = LOAD(pb[u]); s1 += EXPR1; s2 += EXPR2;                     \
+                    ACC A_ = LOAD(pa[u]), B_ = LOAD(pb[u]), R_ = RS ? LOAD(pr[u]) : (ACC)0;              \
+                    s1 += EXPR1; s2 += EXPR2;                                                           \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
@@ -88,7 +102,8 @@ __device__ __forceinline__ bool channel_totals(ACC s1, ACC s2, ACC* sh, ACC* par
         for (unsigned i = threadIdx.x; i < total; i += blockDim.x) {                                    \
             unsigned n = i / hw, j = i - n * hw;                                                        \
             long long k = ((rlo + n) * NC + c) * HW + j;                                                 \
-            ACC A_ = LOAD(a[k]), B_ = LOAD(b[k]); s1 += EXPR1; s2 += EXPR2;                               \
+            ACC A_ = LOAD(a[k]), B_ = LOAD(b[k]), R_ = RS ? LOAD(rr[k]) : (ACC)0;                         \
+            s1 += EXPR1; s2 += EXPR2;                                                                   \
         }                                                                                               \
     }
 
@@ -128,6 +143,7 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long 
     const int s = blockIdx.x;
     const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
     const T* a = x; const T* b = x;
+    constexpr bool RS = false; const T* rr = x;
     const ACC K = LOAD(x[c * HW]);
     ACC s1 = 0, s2 = 0;
     ROW_SUMS((A_ - K), (A_ - K) * (A_ - K))
@@ -146,19 +162,20 @@ extern "C" __global__ void bn_stats(const T* x, long long N, long long NC, long 
 // the whole tensor with 32-bit index arithmetic.
 
 extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* mean, const ACC* scale, const ACC* bias, long long NC,
-                                     long long HW, int vec, int flat, unsigned total) {
+                                     long long HW, int vec, int flat, unsigned total, const T* r) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
             const ACC mu = mean[c], sc = scale[c], sf = bias[c];
             if (vec) {
-                VT v = ((const VT*)x)[i];
-                T* p = (T*)&v;
-                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(PRE(LOAD(p[u]))));
+                VT v = ((const VT*)x)[i], vr = v;
+                if (FX_RES) vr = ((const VT*)r)[i];
+                T* p = (T*)&v; const T* pr = (const T*)&vr;
+                _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(WITH_R(PRE(LOAD(p[u])), R_AT(pr, u))));
                 ((VT*)y)[i] = v;
             } else {
-                y[i] = STORE(ACT(PRE(LOAD(x[i]))));
+                y[i] = STORE(ACT(WITH_R(PRE(LOAD(x[i])), R_AT(r, i))));
             }
         }
         return;
@@ -167,20 +184,22 @@ extern "C" __global__ void bn_apply(const T* x, T* y, const ACC* mean, const ACC
     const long long c = row % NC;
     const ACC mu = mean[c], sc = scale[c], sf = bias[c];
     const long long base = row * HW;
+    const T* rb = FX_RES ? r + base : x;
     if (vec) {
         const VT* xv = (const VT*)(x + base);
         VT* yv = (VT*)(y + base);
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
              j += (long long)gridDim.y * blockDim.x) {
-            VT v = xv[j];
-            T* p = (T*)&v;
-            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(PRE(LOAD(p[u]))));
+            VT v = xv[j], vr = v;
+            if (FX_RES) vr = ((const VT*)rb)[j];
+            T* p = (T*)&v; const T* pr = (const T*)&vr;
+            _Pragma("unroll") for (int u = 0; u < VW; ++u) p[u] = STORE(ACT(WITH_R(PRE(LOAD(p[u])), R_AT(pr, u))));
             yv[j] = v;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step)
-            y[base + j] = STORE(ACT(PRE(LOAD(x[base + j]))));
+            y[base + j] = STORE(ACT(WITH_R(PRE(LOAD(x[base + j])), R_AT(rb, j))));
     }
 }
 
@@ -193,8 +212,9 @@ __device__ __forceinline__ void forward_coefs(const ACC* mean, const ACC* invstd
     sc = g0 * inv0; sf = b0;
 }
 
-// dy times the activation's derivative at the forward's pre-activation, recomputed from x (PRE).
-#define MASKED(g, xv) ((g) * FX_ACT_GRAD(PRE(xv)))
+// dy times the activation's derivative at the forward's pre-activation, recomputed from x (PRE) and the residual's
+// value rv (FX_RES).
+#define MASKED(g, xv, rv) ((g) * FX_ACT_GRAD(WITH_R(PRE(xv), rv)))
 
 // From a channel's totals t1 = sum(dy'), t2 = sum(dy' (x - mean)) over its M values (dy' = dy act'):
 // dbeta, dgamma and the coefficients of dx = a dy' + b x + k.
@@ -213,42 +233,48 @@ __device__ __forceinline__ void forward_coefs(const ACC* mean, const ACC* invstd
 extern "C" __global__ void bn_bwd_stats(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                          const ACC* gamma, const ACC* beta, long long N, long long NC, long long HW,
                                          int S, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf) {
+                                         ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf, const T* r) {
     __shared__ ACC sh[64];
     const long long c = blockIdx.y;
     const int s = blockIdx.x;
     const long long rc = (N + S - 1) / S, rlo = s * rc, rhi = min(N, rlo + rc);
     const T* a = dy; const T* b = x;
+    constexpr bool RS = FX_RES; const T* rr = RS ? r : x;
     ACC mu, sc, sf;
     forward_coefs(mean, invstd, gamma, beta, c, mu, sc, sf);
     const ACC K = mu;
     ACC s1 = 0, s2 = 0;
-    ROW_SUMS(MASKED(A_, B_), MASKED(A_, B_) * (B_ - K))
+    ROW_SUMS(MASKED(A_, B_, R_), MASKED(A_, B_, R_) * (B_ - K))
     ACC t1, t2;
     if (channel_totals(s1, s2, sh, part1 + c * S, part2 + c * S, counters + c, s, S, t1, t2))
         BWD_FINISH(N * HW)
 }
 
-// dx = a[c] dy + b[c] x + k[c], laid out as bn_apply.
+// dx = a[c] dy' + b[c] x + k[c] (dy' = dy act', written to dr too where FX_RES), laid out as bn_apply.
 extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb, const ACC* ck,
                                          long long NC, long long HW, int vec, int flat, unsigned total,
-                                         const ACC* csc, const ACC* csf, const ACC* mean) {
+                                         const ACC* csc, const ACC* csf, const ACC* mean, const T* r, T* dr) {
     if (flat) {
         const unsigned hv = vec ? (unsigned)(HW / VW) : (unsigned)HW, cc = (unsigned)NC;
         for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
             const unsigned c = (i / hv) % cc;
             const ACC a = ca[c], b = cb[c], k = ck[c], mu = mean[c], sc = csc[c], sf = csf[c];
             if (vec) {
-                VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
-                const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+                VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], vr = v, o, od;
+                if (FX_RES) vr = ((const VT*)r)[i];
+                const T* pg = (const T*)&g; const T* pv = (const T*)&v; const T* pr = (const T*)&vr;
+                T* po = (T*)&o; T* pd = (T*)&od;
                 _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                    ACC xv = LOAD(pv[u]);
-                    po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
+                    ACC xv = LOAD(pv[u]), gz = MASKED(LOAD(pg[u]), xv, R_AT(pr, u));
+                    po[u] = STORE(a * gz + b * xv + k);
+                    if (FX_RES) pd[u] = STORE(gz);
                 }
                 ((VT*)dx)[i] = o;
+                if (FX_RES) ((VT*)dr)[i] = od;
             } else {
-                ACC xv = LOAD(x[i]);
-                dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + k);
+                ACC xv = LOAD(x[i]), gz = MASKED(LOAD(dy[i]), xv, R_AT(r, i));
+                dx[i] = STORE(a * gz + b * xv + k);
+                if (FX_RES) dr[i] = STORE(gz);
             }
         }
         return;
@@ -257,25 +283,32 @@ extern "C" __global__ void bn_bwd_apply(const T* dy, const T* x, T* dx, const AC
     const long long c = row % NC;
     const ACC a = ca[c], b = cb[c], k = ck[c], mu = mean[c], sc = csc[c], sf = csf[c];
     const long long base = row * HW;
+    const T* rb = FX_RES ? r + base : x;
+    T* drb = FX_RES ? dr + base : dx;
     if (vec) {
         const VT* gv = (const VT*)(dy + base);
         const VT* xvp = (const VT*)(x + base);
         VT* ov = (VT*)(dx + base);
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW / VW;
              j += (long long)gridDim.y * blockDim.x) {
-            VT g = gv[j], v = xvp[j], o;
-            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+            VT g = gv[j], v = xvp[j], vr = v, o, od;
+            if (FX_RES) vr = ((const VT*)rb)[j];
+            const T* pg = (const T*)&g; const T* pv = (const T*)&v; const T* pr = (const T*)&vr;
+            T* po = (T*)&o; T* pd = (T*)&od;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
-                ACC xv = LOAD(pv[u]);
-                po[u] = STORE(a * MASKED(LOAD(pg[u]), xv) + b * xv + k);
+                ACC xv = LOAD(pv[u]), gz = MASKED(LOAD(pg[u]), xv, R_AT(pr, u));
+                po[u] = STORE(a * gz + b * xv + k);
+                if (FX_RES) pd[u] = STORE(gz);
             }
             ov[j] = o;
+            if (FX_RES) ((VT*)drb)[j] = od;
         }
     } else {
         const long long step = (long long)gridDim.y * blockDim.x;
         for (long long j = (long long)blockIdx.y * blockDim.x + threadIdx.x; j < HW; j += step) {
-            ACC xv = LOAD(x[base + j]);
-            dx[base + j] = STORE(a * MASKED(LOAD(dy[base + j]), xv) + b * xv + k);
+            ACC xv = LOAD(x[base + j]), gz = MASKED(LOAD(dy[base + j]), xv, R_AT(rb, j));
+            dx[base + j] = STORE(a * gz + b * xv + k);
+            if (FX_RES) drb[j] = STORE(gz);
         }
     }
 }
@@ -310,28 +343,33 @@ __device__ __forceinline__ void load_row(const T* a, long long row, long long NC
     }
 }
 
-// Rows [rlo + r, rhi) step RL of channels c0 .. c0 + VW - 1: s1[U] += EXPR1, s2[U] += EXPR2 over (A_, B_), the
-// values of a and (TWO = 1) b or (TWO = 0) a again, U the channel's slot; four rows loaded before any is added.
+// Rows [rlo + r, rhi) step RL of channels c0 .. c0 + VW - 1: s1[U] += EXPR1, s2[U] += EXPR2 over (A_, B_, R_),
+// the values of a and (TWO = 1) b or (TWO = 0) a again, and of the residual rr where RS (a compile-time constant
+// of the kernel; else R_ is 0), U the channel's slot; four rows loaded before any is added.
 #define COL_SUMS(TWO, EXPR1, EXPR2)                                                                              \
     {                                                                                                       \
         long long row = rlo + r;                                                                            \
-        ACC va[4][VW], vb[TWO ? 4 : 1][VW];                                                                           \
+        ACC va[4][VW], vb[TWO ? 4 : 1][VW], vr[RS ? 4 : 1][VW];                                             \
         for (; row + 3 * RL < rhi; row += 4 * RL) {                                                         \
             _Pragma("unroll") for (int q = 0; q < 4; ++q) {                                                 \
                 load_row(a, row + q * RL, NC, c0, vec, va[q]);                                              \
                 if (TWO) load_row(b, row + q * RL, NC, c0, vec, vb[q]);                                  \
+                if (RS) load_row(rr, row + q * RL, NC, c0, vec, vr[RS ? q : 0]);                            \
             }                                                                                               \
             _Pragma("unroll") for (int q = 0; q < 4; ++q)                                                   \
                 _Pragma("unroll") for (int U = 0; U < VW; ++U) {                                            \
                     const ACC A_ = va[q][U], B_ = TWO ? vb[q][U] : va[q][U];                             \
+                    const ACC R_ = RS ? vr[RS ? q : 0][U] : (ACC)0;                                         \
                     s1[U] += EXPR1; s2[U] += EXPR2;                                                         \
                 }                                                                                           \
         }                                                                                                   \
         for (; row < rhi; row += RL) {                                                                      \
             load_row(a, row, NC, c0, vec, va[0]);                                                           \
             if (TWO) load_row(b, row, NC, c0, vec, vb[0]);                                               \
+            if (RS) load_row(rr, row, NC, c0, vec, vr[0]);                                                  \
             _Pragma("unroll") for (int U = 0; U < VW; ++U) {                                                \
                 const ACC A_ = va[0][U], B_ = TWO ? vb[0][U] : va[0][U];                                 \
+                const ACC R_ = RS ? vr[0][U] : (ACC)0;                                                      \
                 s1[U] += EXPR1; s2[U] += EXPR2;                                                             \
             }                                                                                               \
         }                                                                                                   \
@@ -413,6 +451,7 @@ extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, in
                                         double eps) {
     CL_SETUP
     const T* a = x; const T* b = x;
+    constexpr bool RS = false; const T* rr = x;
     ACC Ks[VW], s1[VW], s2[VW];
     load_row(x, 0, NC, c0, vec && c0 < NC, Ks);   // the shift: each channel's first value
     _Pragma("unroll") for (int u = 0; u < VW; ++u) { s1[u] = 0; s2[u] = 0; }
@@ -428,9 +467,11 @@ extern "C" __global__ void bn_stats_cl(const T* x, long long M, long long NC, in
 extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* mean, const ACC* invstd,
                                             const ACC* gamma, const ACC* beta, long long M, long long NC, int S,
                                             int CV, int vec, ACC* part1, ACC* part2, int* counters, ACC* dgamma,
-                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf) {
+                                            ACC* dbeta, ACC* ca, ACC* cb, ACC* ck, ACC* csc, ACC* csf,
+                                            const T* res) {
     CL_SETUP
     const T* a = dy; const T* b = x;
+    constexpr bool RS = FX_RES; const T* rr = RS ? res : x;
     ACC Ks[VW], scs[VW], sfs[VW], s1[VW], s2[VW];
     _Pragma("unroll") for (int u = 0; u < VW; ++u) {
         Ks[u] = 0; scs[u] = 0; sfs[u] = 0; s1[u] = 0; s2[u] = 0;
@@ -439,7 +480,7 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
 #define mu Ks[U]
 #define sc scs[U]
 #define sf sfs[U]
-    if (c0 < NC) COL_SUMS(1, MASKED(A_, B_), MASKED(A_, B_) * (B_ - mu))
+    if (c0 < NC) COL_SUMS(1, MASKED(A_, B_, R_), MASKED(A_, B_, R_) * (B_ - mu))
 #undef mu
 #undef sc
 #undef sf
@@ -461,7 +502,7 @@ extern "C" __global__ void bn_bwd_stats_cl(const T* dy, const T* x, const ACC* m
     const long long cbase = (first * (W)) % NC;
 
 extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* mean, const ACC* scale, const ACC* bias,
-                                        long long NC, int vec, long long total) {
+                                        long long NC, int vec, long long total, const T* r) {
     if (vec) {
         APPLY_SETUP(VW)
         ACC mus[VW], scs[VW], sfs[VW];
@@ -469,24 +510,25 @@ extern "C" __global__ void bn_apply_cl(const T* x, T* y, const ACC* mean, const 
             mus[u] = mean[cbase + u]; scs[u] = scale[cbase + u]; sfs[u] = bias[cbase + u];
         }
         for (long long i = first; i < total; i += step) {
-            VT v = ((const VT*)x)[i];
-            T* p = (T*)&v;
+            VT v = ((const VT*)x)[i], vr = v;
+            if (FX_RES) vr = ((const VT*)r)[i];
+            T* p = (T*)&v; const T* pr = (const T*)&vr;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
                 const ACC mu = mus[u], sc = scs[u], sf = sfs[u];
-                p[u] = STORE(ACT(PRE(LOAD(p[u]))));
+                p[u] = STORE(ACT(WITH_R(PRE(LOAD(p[u])), R_AT(pr, u))));
             }
             ((VT*)y)[i] = v;
         }
     } else {
         APPLY_SETUP(1)
         const ACC mu = mean[cbase], sc = scale[cbase], sf = bias[cbase];
-        for (long long i = first; i < total; i += step) y[i] = STORE(ACT(PRE(LOAD(x[i]))));
+        for (long long i = first; i < total; i += step) y[i] = STORE(ACT(WITH_R(PRE(LOAD(x[i])), R_AT(r, i))));
     }
 }
 
 extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const ACC* ca, const ACC* cb,
                                             const ACC* ck, long long NC, int vec, long long total, const ACC* csc,
-                                            const ACC* csf, const ACC* mean) {
+                                            const ACC* csf, const ACC* mean, const T* r, T* dr) {
     if (vec) {
         APPLY_SETUP(VW)
         ACC a[VW], b[VW], kk[VW], mus[VW], scs[VW], sfs[VW];
@@ -495,21 +537,27 @@ extern "C" __global__ void bn_bwd_apply_cl(const T* dy, const T* x, T* dx, const
             mus[u] = mean[cbase + u]; scs[u] = csc[cbase + u]; sfs[u] = csf[cbase + u];
         }
         for (long long i = first; i < total; i += step) {
-            VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], o;
-            const T* pg = (const T*)&g; const T* pv = (const T*)&v; T* po = (T*)&o;
+            VT g = ((const VT*)dy)[i], v = ((const VT*)x)[i], vr = v, o, od;
+            if (FX_RES) vr = ((const VT*)r)[i];
+            const T* pg = (const T*)&g; const T* pv = (const T*)&v; const T* pr = (const T*)&vr;
+            T* po = (T*)&o; T* pd = (T*)&od;
             _Pragma("unroll") for (int u = 0; u < VW; ++u) {
                 const ACC mu = mus[u], sc = scs[u], sf = sfs[u], xv = LOAD(pv[u]);
-                po[u] = STORE(a[u] * MASKED(LOAD(pg[u]), xv) + b[u] * xv + kk[u]);
+                const ACC gz = MASKED(LOAD(pg[u]), xv, R_AT(pr, u));
+                po[u] = STORE(a[u] * gz + b[u] * xv + kk[u]);
+                if (FX_RES) pd[u] = STORE(gz);
             }
             ((VT*)dx)[i] = o;
+            if (FX_RES) ((VT*)dr)[i] = od;
         }
     } else {
         APPLY_SETUP(1)
         const ACC a = ca[cbase], b = cb[cbase], kk = ck[cbase], mu = mean[cbase], sc = csc[cbase],
                   sf = csf[cbase];
         for (long long i = first; i < total; i += step) {
-            const ACC xv = LOAD(x[i]);
-            dx[i] = STORE(a * MASKED(LOAD(dy[i]), xv) + b * xv + kk);
+            const ACC xv = LOAD(x[i]), gz = MASKED(LOAD(dy[i]), xv, R_AT(r, i));
+            dx[i] = STORE(a * gz + b * xv + kk);
+            if (FX_RES) dr[i] = STORE(gz);
         }
     }
 }
