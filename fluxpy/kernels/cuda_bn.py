@@ -19,8 +19,7 @@ Backward: ``bn_bwd_stats`` sums ``dy`` and ``dy * (x - mean)`` the same way and 
 
 A residual ``r`` (x's shape, dtype and layout; a residual block's shortcut) joins the normalised value before the
 activation, ``y = act(PRE(x) + r)``: the apply kernel reads it, and the backward reads it again to recompute the
-pre-activation, and its apply kernel writes ``dr = dy act'`` beside ``dx`` (the define ``FX_RES``; a residual
-block's add and relu then cost no pass of their own either way).
+pre-activation, and its apply kernel writes ``dr = dy act'`` beside ``dx`` (the define ``FX_RES``).
 
 An activation ``act`` (any scalar function the elementwise tracer compiles, None for none) is fused into both
 directions: the apply kernel writes ``act((x - mean) * scale + bias)``, and the backward multiplies ``dy`` by

@@ -14,7 +14,9 @@ The forward saves only the mean and ``invstd = 1 / sqrt(var + eps)``; the pullba
 
 A ``residual`` (``x``'s shape and dtype; a residual block's shortcut) is added before the activation,
 ``act(y + residual)``, and its gradient is ``dy`` times the activation's derivative: a residual block's join and
-relu then run in the batch norm's own kernels on the GPU, no pass of their own either way.
+relu then run in the batch norm's own apply pass on the GPU. Backward, where the activation's derivative reads the
+output (relu), that derivative is one elementwise pass before the batch norm's backward; otherwise the backward
+kernels read the residual to recompute the pre-activation and write its gradient beside ``dx``.
 
 An activation ``act`` applied to ``y`` is fused into both directions (on the GPU compiled into the batch-norm
 kernels from its one Python definition, for every activation :func:`fluxpy.ops.bias_act.why_not_fused` passes):
@@ -56,7 +58,7 @@ from ..kernels.halfs import is_half
 from ..journal import changing
 from .activations import identity
 from .basic import sqrt
-from .bias_act import _times, derivative_from_saved
+from .bias_act import _times, bias_act_backward, derivative_from_saved
 from .fused import fused_op
 from .reduce import mean as _mean
 from .reduce import sum as _sum
@@ -207,18 +209,26 @@ def _batchnorm_rule(needs, x, gamma, beta, running_mean, running_var, momentum, 
     y_derivative, from_output = derivative_from_saved(act) if act is not None else (None, False)
     y_saved = y if from_output else None
     y_derivative = y_derivative if from_output else None
-    # the residual's gradient is dy where no activation follows; else the backward's, which reads the residual
-    joined = residual if act is not None else None
+    # With a residual and an activation whose derivative reads the output, the pullback first takes dz = dy act'(y),
+    # the residual's gradient, in one elementwise pass and then the batch norm's backward of dz: on the GPU that
+    # measured faster than the backward kernels reading the residual again (BENCHMARKS.md, batch norm). Other
+    # activations need the pre-activation, which only the residual recomputes.
+    split = residual is not None and act is not None and from_output
+    joined = residual if act is not None and not from_output else None
 
     def batchnorm_pullback(dy):
-        if joined is None:
+        if split:
+            dy = bias_act_backward(y_derivative, y_saved, dy, None, True, False)[0]
+            dx, dgamma, dbeta = batchnorm_backward(dy, x, None, gamma, beta, mean, invstd, eps, None, None)
+            dresidual = dy
+        elif joined is None:
             dx, dgamma, dbeta = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act, y_derivative)
             dresidual = dy
         else:
             dx, dgamma, dbeta, dresidual = batchnorm_backward(dy, x, y_saved, gamma, beta, mean, invstd, eps, act,
                                                               y_derivative, joined)
         return ((dx if needs[0] else None), (dgamma if needs[1] else None), (dbeta if needs[2] else None),
-                None, None, None, None, None, (dresidual if needs[8] else None))
+                None, None, None, None, None, (dresidual if needs[8] and residual is not None else None))
     return y, batchnorm_pullback
 
 
