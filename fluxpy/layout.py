@@ -97,14 +97,25 @@ def to_channels_last(a: Any) -> Any:
     >>> import numpy as np
     >>> to_channels_last(np.ones((2, 3, 4))).strides
     (96, 8, 24)
+    >>> one_channel = np.ones((2, 1, 3, 4))
+    >>> to_channels_last(one_channel).strides, np.shares_memory(to_channels_last(one_channel), one_channel)
+    ((96, 8, 32, 8), True)
     """
     if a.ndim < 3:
         raise ValueError(f"to_channels_last expects an array of 3 or more axes (N, C, *spatial), got shape "
                          f"{tuple(a.shape)}")
     if is_channels_last(a):
         return a
-    view = a.transpose(_last(a.ndim))
-    return get_array_module(a).ascontiguousarray(view).transpose(_first(a.ndim))
+    order = _last(a.ndim)
+    if _c_order(a) and (a.shape[1] == 1 or a.size == a.shape[0] * a.shape[1]):
+        # one channel or one pixel: C order is already channels-last memory, viewed with its strides (CuPy copies
+        # the transposed view, whose unit axis has a stride it does not skip)
+        return a.reshape(tuple(a.shape[i] for i in order)).transpose(_first(a.ndim))
+    return get_array_module(a).ascontiguousarray(a.transpose(order)).transpose(_first(a.ndim))
+
+
+def _c_order(a) -> bool:
+    return a._c_contiguous if type(a) is DeviceArray else a.flags.c_contiguous
 
 
 def to_contiguous(a: Any) -> Any:

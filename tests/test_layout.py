@@ -111,3 +111,11 @@ def test_as_memory_format_gradient_matches_finite_differences(shape, memory, sta
     x = np.random.default_rng(len(shape)).standard_normal(shape)
     x = to_channels_last(x) if start_channels_last else x
     check_grad(lambda a: fluxpy.tanh(as_memory_format(a, memory)), x)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4, 5), (3, 6, 1, 1), (2, 1, 3, 4, 2)])
+def test_one_channel_or_one_pixel_goes_channels_last_as_a_view(shape):
+    a = np.random.default_rng(0).standard_normal(shape)
+    b = to_channels_last(a)
+    assert np.shares_memory(a, b) and b.shape == a.shape
+    np.testing.assert_array_equal(b, a)

@@ -30,8 +30,8 @@ def numpy_step_many(calls):
     """optimiser_step_many for NumPy arrays: the rule's formula on each parameter in turn (its NumPy path, the
     counters read from the "device" array), recording ``(len(xs), eta)`` (``eta`` None where the formula has no
     field of that name: a chain's are prefixed)."""
-    def optimiser_step_many(x, formula, xs, dxs, states, inputs, hyper, counters, ok=None):
-        assert ok is None
+    def optimiser_step_many(x, formula, xs, dxs, states, inputs, hyper, counters, ok=None, memo=None):
+        assert ok is None and isinstance(memo, dict)
         calls.append((len(xs), hyper.get("eta")))
         now = () if counters is None else tuple(float(c) for c in counters)
         for x, dx, s, i in zip(xs, dxs, states, inputs):
@@ -45,7 +45,7 @@ def numpy_advance(counters, formula, hyper, ok=None):
     counters[...] = advance(formula, hyper, tuple(float(c) for c in counters))
 
 
-def numpy_arrays(x, formula, xs, dxs, states, inputs):
+def numpy_arrays(x, formula, xs, dxs, states, inputs, memo):
     return all(isinstance(a, np.ndarray) for a in xs) and all(isinstance(a, np.ndarray) for s in states for a in s)
 
 

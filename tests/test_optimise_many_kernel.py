@@ -188,3 +188,24 @@ def test_a_guarded_launch_changes_nothing_unless_the_flag_is_finite(host_many):
         O.update(twin_state, twin, grad_of(twin, rng))
     assert state["long"].state[2:] == twin_state["long"].state[2:]   # counted once, as two unguarded steps
     assert [type(c) for c in state["long"].state[2:]] == [type(c) for c in twin_state["long"].state[2:]]
+
+
+def test_the_kept_checks_and_addresses_follow_the_arrays(host_many):
+    """What a group keeps from step to step (the parameters' and state arrays' checks and addresses) is made again
+    when an array of its lists is another, and a launch's table carries the new address."""
+    xs = [np.ones(4, np.float32), np.ones((2, 3), np.float32)]
+    states = [[np.zeros(4, np.float32)], [np.zeros((2, 3), np.float32)]]
+    memo = {}
+    kept = K._kept(memo, xs, states)
+    assert kept.ok and K._kept(memo, list(xs), [list(s) for s in states]) is kept
+    states[1][0] = np.zeros((2, 3), np.float32)
+    again = K._kept(memo, xs, states)
+    assert again is not kept and memo["kept"] is again
+    slots, cap = 3, 4   # x, dx and one state array a parameter; four parameters a launch
+    table = again.table(slots, cap, 0, 2)
+    assert table[0] == xs[0].ctypes.data and table[1] == xs[1].ctypes.data
+    assert table[2 * cap + 1] == states[1][0].ctypes.data
+    assert list(table[slots * cap:slots * cap + 3]) == [0, 4, 10]   # the running sizes
+    table[cap] = 1   # a step writes its gradients' addresses into its own copy
+    assert again.table(slots, cap, 0, 2)[cap] == 0
+    assert not K._kept({}, xs, [[np.zeros(4, np.float64)], states[1]]).ok   # a state array of another dtype

@@ -276,13 +276,17 @@ def _many_kernel(formula, hyper, dtype):
 
 
 def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequence[Array], states: Sequence,
-                        inputs: Sequence, hyper: dict, counters: Array | None, ok: Array | None = None) -> None:
+                        inputs: Sequence, hyper: dict, counters: Array | None, ok: Array | None = None,
+                        memo: dict | None = None) -> None:
     """One step of ``formula`` for every parameter ``xs[k]`` (gradient ``dxs[k]``, state arrays ``states[k]``,
     inputs ``inputs[k]``) in place, in few launches, with the arithmetic of :func:`optimiser_step`
     (which it replaces for parameters sharing the hyperparameters and the counters; the counters are read, not
     advanced; about 50 to 96 parameters a launch, as many as the table of pointers for the formula's arrays fits
     in 4 KiB). A gradient laid out unlike its parameter is copied first. The parameters must not share memory
-    with one another. ``x`` is ``xs[0]`` (for :func:`fluxpy.kernels.find`).
+    with one another. ``x`` is ``xs[0]`` (for :func:`fluxpy.kernels.find`). ``memo``: a dict the caller keeps with
+    lists ``xs`` and ``states`` that stay the same from step to step (the same arrays), where the parameters' and
+    state arrays' checks and addresses are kept (:class:`_Kept`), so a step writes only the gradients' (and
+    inputs') addresses into its tables.
 
     >>> optimiser_step_many.__name__
     'optimiser_step_many'
@@ -290,23 +294,76 @@ def optimiser_step_many(x: Array, formula: Any, xs: Sequence[Array], dxs: Sequen
     names = tuple(hyper)
     kernel, slots = _many_kernel(formula, names, xs[0].dtype)
     cap = _cap(slots)
+    kept = _kept(memo, xs, states)
     numbers = _numbers_table([hyper[n] for n in names])
     tail = (np.uint64(0) if counters is None else counters, np.uint64(0) if ok is None else _guard(ok))
     strided = []   # contiguous copies of strided gradients, alive until their launch is queued
     for lo in range(0, len(xs), cap):
         part = range(lo, min(lo + cap, len(xs)))
         count = len(part)
-        table = np.zeros(slots * cap + cap + 1, np.int64)
+        table = kept.table(slots, cap, lo, count)
         for n, k in enumerate(part):
             a, d = xs[k], dxs[k]
-            ptrs = [a, d if _same_layout(d, a) else _copy_like(d, a, strided), *states[k], *inputs[k]]
-            table[n:slots * cap:cap] = [_address(p) for p in ptrs]
-        np.cumsum([xs[k].size for k in part], out=table[slots * cap + 1:slots * cap + 1 + count])
+            table[cap + n] = _address(d if _same_layout(d, a) else _copy_like(d, a, strided))
+            if inputs[k]:
+                table[(2 + len(states[k])) * cap + n:slots * cap:cap] = [_address(i) for i in inputs[k]]
         total = int(table[slots * cap + count])
         if total:
             blocks = min(-(-total // (_THREADS * _ITEMS)), _MAX_BLOCKS)
             view = table.view(np.dtype([("t", np.int64, (slots * cap + cap + 1,))]))
             compiler.launch(kernel, blocks, _THREADS, (view, np.int32(count), numbers) + tail)
+
+
+class _Kept:
+    """The parameters ``xs`` and state arrays ``states`` of :func:`optimiser_step_many` with what is known of them
+    from one step to the next: whether they pass :func:`optimiser_step_many_supports`' checks (``ok``), their
+    addresses and sizes, and, per launch shape, the tables of pointers with those filled in (a step copies one and
+    writes the gradients' addresses into it)."""
+    __slots__ = ("xs", "states", "ok", "dtype", "_tables")
+
+    def __init__(self, xs, states):
+        self.xs, self.states = tuple(xs), tuple(tuple(s) for s in states)
+        self.ok = _static_checks(self.xs, self.states)
+        self.dtype = self.xs[0].dtype if self.xs else None
+        self._tables = {}
+
+    def same(self, xs, states) -> bool:
+        """Whether ``xs`` and ``states`` hold the same arrays (by identity) as when this was made."""
+        if len(xs) != len(self.xs) or len(states) != len(self.states):
+            return False
+        for a, b in zip(xs, self.xs):
+            if a is not b:
+                return False
+        for s, t in zip(states, self.states):
+            if len(s) != len(t) or any(a is not b for a, b in zip(s, t)):
+                return False
+        return True
+
+    def table(self, slots, cap, lo, count):
+        """A new table of pointers for parameters ``lo .. lo + count - 1`` (a launch of ``cap`` slots each), the
+        parameters' and state arrays' addresses and the running sizes filled in."""
+        key = (slots, cap, lo, count)
+        base = self._tables.get(key)
+        if base is None:
+            base = self._tables[key] = np.zeros(slots * cap + cap + 1, np.int64)
+            for n in range(count):
+                k = lo + n
+                base[n] = _address(self.xs[k])
+                if self.states[k]:
+                    base[2 * cap + n:(2 + len(self.states[k])) * cap + n:cap] = [_address(b) for b in self.states[k]]
+            np.cumsum([self.xs[lo + n].size for n in range(count)], out=base[slots * cap + 1:slots * cap + 1 + count])
+        return base.copy()
+
+
+def _kept(memo, xs, states) -> _Kept:
+    """The :class:`_Kept` of ``xs`` and ``states``: the one in ``memo`` where it holds these arrays, else a new one
+    (kept there)."""
+    kept = None if memo is None else memo.get("kept")
+    if kept is None or not kept.same(xs, states):
+        kept = _Kept(xs, states)
+        if memo is not None:
+            memo["kept"] = kept
+    return kept
 
 
 def _address(a):
@@ -335,26 +392,39 @@ def _dense(a):
 
 
 def optimiser_step_many_supports(x: Any, formula: Any, xs: Sequence, dxs: Sequence, states: Sequence,
-                                 inputs: Sequence, *_: Any) -> bool:
+                                 inputs: Sequence, memo: dict | None = None, *_: Any) -> bool:
     """Lists of one length (at least one) of CuPy arrays: parameters and gradients of one float dtype (float16,
     bfloat16, float32 or float64), state arrays and inputs in its compute dtype (float32 for the halves), ``xs``
     and the state arrays dense (C order or channels-last) and laid out alike, every array of its parameter's
-    shape, inputs of one element."""
-    nd = cupy.ndarray
+    shape, inputs of one element. The checks of ``xs`` and ``states`` are kept in ``memo`` where it is given (see
+    :func:`optimiser_step_many`); the gradients and inputs are checked at every call."""
     n = len(xs)
-    if n == 0 or len(dxs) != n or len(states) != n or len(inputs) != n or type(xs[0]) is not nd:
+    if n == 0 or len(dxs) != n or len(states) != n or len(inputs) != n:
+        return False
+    kept = _kept(memo, xs, states)
+    if not kept.ok:
+        return False
+    nd, dt = cupy.ndarray, kept.dtype
+    ct = halfs.compute_dtype(dt)
+    for a, d, i in zip(xs, dxs, inputs):
+        if type(d) is not nd or d.dtype != dt or d.shape != a.shape:
+            return False
+        if i and any(type(b) is not nd or b.dtype != ct or b.size != 1 for b in i):
+            return False
+    return True
+
+
+def _static_checks(xs, states) -> bool:
+    """:func:`optimiser_step_many_supports`' checks of the parameters and state arrays."""
+    nd = cupy.ndarray
+    if not xs or type(xs[0]) is not nd or xs[0].dtype not in halfs.KERNEL_DTYPES:
         return False
     dt = xs[0].dtype
-    if dt not in halfs.KERNEL_DTYPES:
-        return False
     ct = halfs.compute_dtype(dt)   # the state's dtype: float32 for a half parameter
-    for a, d, s, i in zip(xs, dxs, states, inputs):
-        if type(a) is not nd or type(d) is not nd or a.dtype != dt or d.dtype != dt or not _dense(a) \
-                or d.shape != a.shape:
+    for a, s in zip(xs, states):
+        if type(a) is not nd or a.dtype != dt or not _dense(a):
             return False
         if any(type(b) is not nd or b.dtype != ct or b.shape != a.shape or not _same_layout(b, a) for b in s):
-            return False
-        if any(type(b) is not nd or b.dtype != ct or b.size != 1 for b in i):
             return False
     return True
 

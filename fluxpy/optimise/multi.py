@@ -199,13 +199,14 @@ class Group:
     the counters twice: ``counters`` on the host (what each leaf's state holds, as ``rule.step`` makes it) and a
     float64 device array shared by the leaves (``Leaf._counters``: what the kernels read and advance, so that a
     replayed CUDA graph sees them advance); both advance by the same float64 arithmetic."""
-    __slots__ = ("rule", "formula", "hyper", "counters", "index", "leaves", "xs", "parts", "states")
+    __slots__ = ("rule", "formula", "hyper", "counters", "index", "leaves", "xs", "parts", "states", "memo")
 
     def __init__(self, rule, parts):
         self.rule, self.formula, self.hyper = rule, parts.formula, parts.hyper
         self.counters = parts.counters
         self.states = None   # the Steps' record of the leaves' states, which read_counters keeps up to date
         self.index, self.leaves, self.xs, self.parts = [], [], [], []
+        self.memo = {}   # the multi-parameter kernel's record of xs and the state arrays (the same every step)
 
     def add(self, i, leaf, x, parts):
         self.index.append(i)
@@ -218,7 +219,7 @@ class Group:
         xs, f = self.xs, self.formula
         arrays = [p.arrays for p in self.parts]
         none = [[] for _ in xs]   # the kernels are asked before the inputs are made (the host path makes its own)
-        many = find("optimiser_step_many", xs[0], f, xs, dxs, arrays, none)
+        many = find("optimiser_step_many", xs[0], f, xs, dxs, arrays, none, self.memo)
         one = None if many is not None else find("optimiser_step", xs[0], f, dxs[0], arrays[0], [])
         if many is None and one is None:
             self._host_steps(dxs, states)
@@ -228,7 +229,7 @@ class Group:
         ok = {} if guard is None else {"ok": guard}
         counters = self._device_counters(get_array_module(xs[0])) if f.counters else None
         if many is not None:
-            many(xs[0], f, xs, dxs, arrays, inputs, self.hyper, counters, **ok)
+            many(xs[0], f, xs, dxs, arrays, inputs, self.hyper, counters, memo=self.memo, **ok)
         else:
             for x, dx, a, i in zip(xs, dxs, arrays, inputs):
                 if find("optimiser_step", x, f, dx, a, i) is None:   # a layout or shape the kernel refuses

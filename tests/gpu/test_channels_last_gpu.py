@@ -305,3 +305,20 @@ def test_a_shape_error_on_channels_last_operands_names_the_shapes_as_given():
     x = to_channels_last(_draw(rng, (2, 3, 4, 5), np.float32))
     with pytest.raises(ValueError, match=r"add: shapes \(2, 3, 4, 5\) and \(7,\) cannot be broadcast"):
         fluxpy.ops.add(x, _draw(rng, (7,), np.float32))
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 6, 5), (8, 4, 1, 1), (2, 1, 3, 4, 5)])
+def test_one_channel_or_one_pixel_goes_channels_last_without_a_copy(shape):
+    """C order with one channel (an image's grey level) or one pixel is channels-last memory already: the
+    convolution's operand is a view of it (a copy a step otherwise, in the MNIST net's first convolution)."""
+    cp = cupy_module()
+    from fluxpy.layout import channels_last_strides
+    a = cp.asarray(np.random.default_rng(0).standard_normal(shape), np.float32)
+    b = to_channels_last(a)
+    assert b.data.ptr == a.data.ptr and b.shape == a.shape
+    assert all(s == w or n == 1 for s, w, n in zip(b.strides, channels_last_strides(shape, 4), shape))
+    cp.testing.assert_array_equal(b, a)
+    x = cp.asarray(np.random.default_rng(1).standard_normal((8, 1, 12, 12)), np.float32)
+    conv = fluxpy.gpu(fluxpy.Conv((3, 3), 1, 4, pad=1, rng=0))
+    want = fluxpy.gpu(fluxpy.Conv((3, 3), 1, 4, pad=1, rng=0))(to_channels_last(x).copy())
+    cp.testing.assert_allclose(conv(to_channels_last(x)), want, rtol=1e-5, atol=1e-5)
