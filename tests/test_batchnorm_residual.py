@@ -161,6 +161,19 @@ def test_a_residual_unlike_x_is_refused_before_anything_changes(residual, messag
     assert np.all(rm == 0) and np.all(rv == 1)
 
 
+def batchnorm_calls(monkeypatch) -> list:
+    """A list that records, for each call of ``batchnorm`` by the BatchNorm layer from now on, whether it was given a
+    residual (the join handed to it)."""
+    joined = []
+    original = normalise.batchnorm
+
+    def spy(*args, **kw):
+        joined.append(kw.get("residual") is not None)
+        return original(*args, **kw)
+    monkeypatch.setattr(normalise, "batchnorm", spy)
+    return joined
+
+
 def _blocks(rng):
     """A residual block of each kind (identity and projection shortcuts), 4-d and 2-d, float64."""
     def conv(cin, cout, stride=1):
@@ -187,13 +200,7 @@ def test_residual_blocks_hand_the_join_to_their_last_batch_norm(which, monkeypat
     rng = np.random.default_rng(which)
     model, shape = _blocks(rng)[which]
     x = rng.standard_normal(shape)
-    joined = []
-    original = normalise.batchnorm
-
-    def spy(*args, **kw):
-        joined.append(kw.get("residual") is not None)
-        return original(*args, **kw)
-    monkeypatch.setattr(normalise, "batchnorm", spy)
+    joined = batchnorm_calls(monkeypatch)
     twin = fluxpy.fmap(lambda a: a.copy() if isinstance(a, np.ndarray) else a, model)
     loss, grads = fluxpy.withgradient(lambda m: (m(x) ** 2).sum(), model)
     assert joined.count(True) == 1

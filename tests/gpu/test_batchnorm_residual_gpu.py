@@ -136,15 +136,9 @@ def test_a_residual_blocks_captured_step_equals_its_eager_step(precision):
 
 def test_the_join_runs_in_the_batch_norm_of_a_resnet_on_the_gpu(monkeypatch):
     cp = cupy_module()
-    from fluxpy.layers import normalise
     from fluxpy.models import basic_block
-    joined = []
-    original = normalise.batchnorm
-
-    def spy(*args, **kw):
-        joined.append(kw.get("residual") is not None)
-        return original(*args, **kw)
-    monkeypatch.setattr(normalise, "batchnorm", spy)
+    from test_batchnorm_residual import batchnorm_calls
+    joined = batchnorm_calls(monkeypatch)
     block = fluxpy.gpu(fluxpy.Chain(basic_block(4, 4, rng=0), basic_block(4, 8, 2, rng=1)))
     x = cp.asarray(np.random.default_rng(7).standard_normal((4, 4, 8, 8)), np.float32)
     fluxpy.gradient(lambda m: (m(x) ** 2).sum(), block)
