@@ -235,3 +235,27 @@ def test_a_bad_input_names_the_chain_layer():
     block = Chain(SkipConnection(Chain(Dense(3, 3), BatchNorm(4)), operator.add), A.relu)
     with pytest.raises(fluxpy.layers.DimensionMismatch, match="Chain layer 1: BatchNorm"):
         fluxpy.gradient(lambda m: m(np.ones((2, 3), np.float32)).sum(), block)
+
+
+def test_a_sync_batch_norm_keeps_its_own_call_in_a_residual_block(monkeypatch):
+    """SyncBatchNorm's training statistics are the global batch's: a residual block ending in one calls it (then
+    adds and applies relu) rather than handing it the join, which would normalise with this rank's statistics."""
+    from fluxpy.distributed import SyncBatchNorm, convert_sync_batchnorm
+    rng = np.random.default_rng(9)
+    block = convert_sync_batchnorm(fluxpy.f64(Chain(SkipConnection(Chain(Dense(4, 4, rng=rng), BatchNorm(4)),
+                                                                  operator.add), A.relu)))
+    assert type(block[0].layers[1]) is SyncBatchNorm
+    synced, original = [], SyncBatchNorm.__call__
+
+    def call(self, x):
+        synced.append(x.shape)
+        return original(self, x)
+    monkeypatch.setattr(SyncBatchNorm, "__call__", call)
+    joined = batchnorm_calls(monkeypatch)
+    x = rng.standard_normal((6, 4))
+    got = fluxpy.gradient(lambda m: (m(x) ** 2).sum(), block)
+    assert synced == [(6, 4)] and joined == [False]
+    twin = fluxpy.fmap(lambda a: a.copy() if isinstance(a, np.ndarray) else a, block)
+    want = fluxpy.gradient(lambda m: (_unjoined(m)(x) ** 2).sum(), twin)
+    for a, b in zip(arrays(got), arrays(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)

@@ -206,8 +206,9 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
     def _join_residual(self, x, residual, act):
         """``act(self(x) + residual)``, a residual block's join and the activation after it, as one batch-norm op
         (the residual added and ``act`` applied in its own passes: :func:`fluxpy.ops.batchnorm.batchnorm`'s
-        ``residual``) where this layer has no activation of its own, uses the batch's statistics, ``act`` fuses
-        and ``residual`` has ``x``'s shape and dtype; else None (the caller adds and applies ``act`` itself).
+        ``residual``) where this layer has no activation of its own, uses the batch's statistics, ``act`` fuses,
+        ``residual`` has ``x``'s shape and dtype and the layer is a BatchNorm, not a subclass with a call of its
+        own; else None (the caller calls the layer, adds and applies ``act`` itself).
         A :class:`Chain` ending in this layer hands it the join (``Chain(SkipConnection(Chain(..., BatchNorm(c)),
         +), relu)``).
 
@@ -218,6 +219,8 @@ batch statistics (training, or track_stats=False), got (1, 2) float32
                [0., 0.],
                [0., 0.]], dtype=float32)
         """
+        if type(self).__call__ is not BatchNorm.__call__:   # a subclass computes otherwise (SyncBatchNorm's
+            return None                                       # statistics are the global batch's)
         if self.act is not identity or why_not_fused(act) is not None or not self._batch_statistics(x):
             return None
         if tuple(getattr(residual, "shape", ())) != tuple(x.shape) or getattr(residual, "dtype", None) != x.dtype:
