@@ -108,8 +108,7 @@ def to_channels_last(a: Any) -> Any:
         return a
     order = _last(a.ndim)
     if _c_order(a) and (a.shape[1] == 1 or a.size == a.shape[0] * a.shape[1]):
-        # one channel or one pixel: C order is already channels-last memory, viewed with its strides (CuPy copies
-        # the transposed view, whose unit axis has a stride it does not skip)
+        # one channel or one pixel: C order is already channels-last memory; a view with channels-last strides
         return a.reshape(tuple(a.shape[i] for i in order)).transpose(_first(a.ndim))
     return get_array_module(a).ascontiguousarray(a.transpose(order)).transpose(_first(a.ndim))
 

@@ -16,7 +16,7 @@ from fluxpy.kernels import onednn
 from fluxpy.kernels.halfs import HALVES
 from fluxpy.layers import BatchNorm, Chain, Conv, Dense, Parallel, SkipConnection, normalise
 from fluxpy.ops import activations as A
-from fluxpy.ops.batchnorm import _backward_ops, batchnorm
+from fluxpy.ops.batchnorm import batchnorm
 from gradcheck import check_grad, check_second_order
 
 ACTS = [None, A.relu, A.gelu, A.tanh, A.swish, functools.partial(A.leakyrelu, a=0.2), A.elu]
@@ -104,7 +104,9 @@ def test_halves_are_computed_in_float32_and_rounded_once(dt):
     np.testing.assert_allclose(dx.astype(np.float32), dx32, rtol=2e-2, atol=2e-2)
 
 
-def _cpu_kernels_against_the_composite(shape, affine, act, rng):
+def _cpu_forward_against_the_composite(shape, affine, act, rng):
+    """cpu_norm's forward with a residual against the op's formulas, float32; whether it took the call. Its
+    backward turns a residual down (the op asks with one only where the pre-activation must be recomputed)."""
     from fluxpy.kernels import cpu_norm
     from fluxpy.ops.batchnorm import _forward_arrays
     from fluxpy.ops.bias_act import derivative_from_saved
@@ -114,38 +116,31 @@ def _cpu_kernels_against_the_composite(shape, affine, act, rng):
     beta = rng.standard_normal(c).astype(np.float32) if affine else None
     args = (x, gamma, beta, None, None, 0.1, 1e-5, act, r)
     y, mean, invstd = _forward_arrays(*args)
-    forward_taken = cpu_norm.batchnorm_forward_supports(*args)
-    if forward_taken:
+    taken = cpu_norm.batchnorm_forward_supports(*args)
+    if taken:
         got_y, got_mean, got_invstd = cpu_norm.batchnorm_forward(*args)
         np.testing.assert_allclose(got_y, y, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(got_invstd, invstd, rtol=1e-4)
     y_derivative = derivative_from_saved(act)[0] if act is not None else None
-    bargs = (dy, x, y if act else None, gamma, beta, mean, invstd, 1e-5, act, y_derivative, r)
-    assert cpu_norm.batchnorm_backward_supports(*bargs)
-    got, want = cpu_norm.batchnorm_backward(*bargs), _backward_ops(*bargs)
-    assert len(got) == len(want) == 4
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
-    return forward_taken
+    assert not cpu_norm.batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, 1e-5, act, y_derivative, r)
+    return taken
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(2, 5), st.integers(1, 5), st.integers(0, 2), st.booleans(),
        st.sampled_from([None, "relu", "relu6", "elu", "tanh"]))
 def test_the_cpu_kernels_equal_the_composite(n, c, spatial, affine, act_name):
-    """cpu_norm's backward (``dresidual`` beside ``dx``, NumPy's passes at these sizes) against the op's formulas,
-    float32."""
+    """At these sizes cpu_norm declines the forward (NumPy's composite runs); the backward declines a residual."""
     rng = np.random.default_rng(n * 100 + c * 10 + spatial)
-    _cpu_kernels_against_the_composite((n, c) + (3,) * spatial, affine, getattr(A, act_name) if act_name else None,
+    _cpu_forward_against_the_composite((n, c) + (3,) * spatial, affine, getattr(A, act_name) if act_name else None,
                                        rng)
 
 
 @pytest.mark.skipif(onednn.library() is None, reason="oneDNN is not installed (pip install fluxpy[cpu])")
 @pytest.mark.parametrize("act", [None, A.relu, A.relu6, A.tanh], ids=repr)
-def test_the_cpu_kernels_with_onednn_equal_the_composite(act):
-    """Large float32 batches: oneDNN's scale-shift pass (the residual then added, the activation after) forward,
-    its ``dx`` pass backward, which must leave ``dresidual`` unwritten."""
-    assert _cpu_kernels_against_the_composite((8, 3, 64, 64), True, act, np.random.default_rng(7))
+def test_the_cpu_forward_with_onednn_equals_the_composite(act):
+    """Large float32 batches: oneDNN's scale-shift pass, the residual then added, the activation after."""
+    assert _cpu_forward_against_the_composite((8, 3, 64, 64), True, act, np.random.default_rng(7))
 
 
 @pytest.mark.parametrize("residual, message", [

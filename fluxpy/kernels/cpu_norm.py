@@ -222,7 +222,7 @@ def batchnorm_forward_supports(x, gamma, beta, running_mean, running_var, moment
                                     for p in (gamma, beta))
 
 
-def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative, keep_g):
+def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative):
     """:func:`batchnorm_backward` of large float32 C-order arrays: the per-channel sums ``sum(g)`` and
     ``sum(g * x)`` of ``g`` (``dy`` times the activation's derivative), then ``dx`` in one oneDNN pass as
     ``(x * p + g + q) * a``, the per-channel coefficients from the module docstring's formula in float64."""
@@ -242,21 +242,16 @@ def _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative, keep_g):
     dgamma = invstd64 * (_channel_dots(g3, x3) - mean64 * dbeta)   # sum(g * xhat)
     k = invstd64 * dgamma / m
     a = invstd64 if gamma is None else gamma * invstd64
-    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy and not keep_g)
-    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32), g
+    dx = onednn.batchnorm_dx(x, _f32(-k), g, _f32(k * mean64 - dbeta / m), _f32(a), into_g=g is not dy)
+    return dx, dgamma.astype(np.float32), dbeta.astype(np.float32)
 
 
-def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative,
-                       residual=None) -> tuple:
+def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invstd, eps, act, y_derivative) -> tuple:
     """``(dx, dgamma, dbeta)`` of batch norm over every axis but the channels' (axis 1), from the forward's
     per-channel ``mean`` and ``invstd``; ``dy`` first times ``y_derivative(y)`` where an activation's derivative is
-    read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation). Where a
-    ``residual`` joined before the activation, ``(dx, dgamma, dbeta, dresidual)``: ``dresidual`` is ``dy`` times
-    that derivative (the residual itself is not read)."""
+    read from the kept output ``y`` (:func:`batchnorm_backward_supports` admits no other activation)."""
     if _onednn_takes(dy, x) and (act is None or onednn.takes_eltwise(y)):
-        dx, dgamma, dbeta, g = _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative,
-                                                residual is not None)
-        return (dx, dgamma, dbeta) if residual is None else (dx, dgamma, dbeta, g)
+        return _onednn_backward(dy, x, y, gamma, mean, invstd, act, y_derivative)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     axes = (0,) + tuple(range(2, x.ndim))
     m = x.size // x.shape[1]
@@ -273,14 +268,15 @@ def batchnorm_backward(dy: np.ndarray, x: np.ndarray, y, gamma, beta, mean, invs
     np.subtract(dy, dx, out=dx)
     dx -= (dbeta / m).reshape(shape)
     dx *= scale.reshape(shape)
-    return (dx, dgamma, dbeta) if residual is None else (dx, dgamma, dbeta, dy)
+    return dx, dgamma, dbeta
 
 
 def batchnorm_backward_supports(dy, x, y, gamma, beta, mean, invstd, eps, act, y_derivative, residual=None) -> bool:
     """NumPy float32/float64 ``dy`` and ``x`` of one dtype and shape, statistics and parameters in it, and no
-    activation or one whose derivative reads the kept output."""
-    if not (type(x) is np.ndarray and type(dy) is np.ndarray and x.dtype in _DTYPES and dy.dtype == x.dtype
-            and dy.shape == x.shape and x.ndim >= 2):
+    activation or one whose derivative reads the kept output; no residual (the op asks with one only for an
+    activation whose derivative needs the pre-activation, which these passes do not recompute)."""
+    if residual is not None or not (type(x) is np.ndarray and type(dy) is np.ndarray and x.dtype in _DTYPES
+                                    and dy.dtype == x.dtype and dy.shape == x.shape and x.ndim >= 2):
         return False
     if act is not None and (y is None or y_derivative is None or type(y) is not np.ndarray):
         return False

@@ -487,7 +487,7 @@ class SkipConnection:
 
     def _add_relu(self, x):
         """``relu(self(x))`` where the connection adds (what a Chain runs for ``SkipConnection(f, +), relu``)."""
-        return _join_relu(self.layers, x, _same)
+        return _join_relu(self.layers, x, identity)
 
     def __repr__(self):
         return f"SkipConnection({_layer_repr(self.layers)}, {_fname(self.connection)})"
@@ -793,10 +793,6 @@ def _joins_by_add(f) -> bool:
     if kind is Parallel:
         return len(f.layers) == 2 and (f.connection is operator.add or f.connection is _ops.add)
     return False
-
-
-def _same(x):
-    return x
 
 
 def _join_relu(body: Callable, x: Array, shortcut: Callable) -> Array:

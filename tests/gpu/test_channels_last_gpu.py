@@ -309,8 +309,8 @@ def test_a_shape_error_on_channels_last_operands_names_the_shapes_as_given():
 
 @pytest.mark.parametrize("shape", [(8, 1, 6, 5), (8, 4, 1, 1), (2, 1, 3, 4, 5)])
 def test_one_channel_or_one_pixel_goes_channels_last_without_a_copy(shape):
-    """C order with one channel (an image's grey level) or one pixel is channels-last memory already: the
-    convolution's operand is a view of it (a copy a step otherwise, in the MNIST net's first convolution)."""
+    """C order with one channel (an image's grey level) or one pixel is channels-last memory already: moved to
+    channels-last it is a view of the same memory, and a convolution of it gives C order's values."""
     cp = cupy_module()
     from fluxpy.layout import channels_last_strides
     a = cp.asarray(np.random.default_rng(0).standard_normal(shape), np.float32)
