@@ -32,8 +32,9 @@ import numpy as np
 
 from .backend import DeviceArray, get_array_module
 
-__all__ = ["is_channels_last", "to_channels_last", "to_contiguous", "empty_channels_last", "channels_last_strides",
-           "like_layout", "keep_layout", "keeping_layout", "to_memory_format", "MEMORY_FORMATS"]
+__all__ = ["is_channels_last", "made_channels_last", "to_channels_last", "to_contiguous", "empty_channels_last",
+           "channels_last_strides", "like_layout", "keep_layout", "keeping_layout", "to_memory_format",
+           "MEMORY_FORMATS"]
 
 MEMORY_FORMATS = ("contiguous", "channels_last")
 """The memory formats :func:`fluxpy.gpu` and :func:`fluxpy.layout.to_memory_format` take."""
@@ -115,6 +116,35 @@ def to_channels_last(a: Any) -> Any:
 
 def _c_order(a) -> bool:
     return a._c_contiguous if type(a) is DeviceArray else a.flags.c_contiguous
+
+
+def made_channels_last(a: Any) -> bool:
+    """Whether ``a`` is channels-last (:func:`is_channels_last`), or is one of the arrays that are both layouts (one
+    channel, or one pixel) and carries exactly the channels-last strides, as :func:`to_channels_last` gives them,
+    rather than C order's: what a convolution asks of its operands to pick its memory layout, so that a one-channel
+    image with its one-channel weights, both moved to channels-last, gives a channels-last output.
+
+    >>> import numpy as np
+    >>> image = np.ones((2, 1, 3, 4))
+    >>> moved = to_channels_last(image)
+    >>> made_channels_last(image), made_channels_last(moved), is_channels_last(moved)
+    (False, True, False)
+    """
+    if is_channels_last(a):
+        return True
+    shape = getattr(a, "shape", ())
+    if len(shape) < 3 or not (shape[1] == 1 or a.size == shape[0] * shape[1]):
+        return False
+    want = channels_last_strides(shape, a.itemsize)
+    return a.strides == want and want != _c_strides(shape, a.itemsize)
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 def to_contiguous(a: Any) -> Any:

@@ -119,3 +119,14 @@ def test_one_channel_or_one_pixel_goes_channels_last_as_a_view(shape):
     b = to_channels_last(a)
     assert np.shares_memory(a, b) and b.shape == a.shape
     np.testing.assert_array_equal(b, a)
+
+
+def test_made_channels_last_tells_the_ambiguous_arrays_by_their_strides():
+    from fluxpy.layout import made_channels_last
+    rng = np.random.default_rng(0)
+    for shape in [(3, 1, 4, 5), (3, 6, 1, 1), (2, 1, 3, 4, 2)]:
+        a = rng.standard_normal(shape)
+        assert not made_channels_last(a) and made_channels_last(to_channels_last(a))
+    wide = rng.standard_normal((2, 3, 4, 5))
+    assert not made_channels_last(wide) and made_channels_last(to_channels_last(wide))
+    assert not made_channels_last(rng.standard_normal((4, 1))) and not made_channels_last(np.ones((1, 1, 1, 1)))

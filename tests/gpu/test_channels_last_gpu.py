@@ -322,3 +322,28 @@ def test_one_channel_or_one_pixel_goes_channels_last_without_a_copy(shape):
     conv = fluxpy.gpu(fluxpy.Conv((3, 3), 1, 4, pad=1, rng=0))
     want = fluxpy.gpu(fluxpy.Conv((3, 3), 1, 4, pad=1, rng=0))(to_channels_last(x).copy())
     cp.testing.assert_allclose(conv(to_channels_last(x)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"], ids=str)
+def test_a_one_channel_image_with_channels_last_weights_gives_a_channels_last_output(dtype):
+    """A one-channel image and a one-channel kernel are both layouts; moved to channels-last (what
+    ``mixed_precision`` does), the convolution computes in channels-last memory, so the next layers get channels-last
+    data (no copy of the next convolution's input a step), with the values of C order."""
+    cp = cupy_module()
+    from fluxpy.layout import to_memory_format
+    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(8)
+    x = cp.asarray(rng.standard_normal((8, 1, 14, 14)).astype(dt))
+    w = cp.asarray(rng.standard_normal((6, 1, 3, 3)).astype(dt))
+    y = conv(to_channels_last(x), to_memory_format(w, "channels_last"), pad=1)
+    assert is_channels_last(y)
+    cp.testing.assert_allclose(y.astype(np.float32), conv(x, w, pad=1).astype(np.float32), rtol=2e-2, atol=2e-2)
+    first = []
+
+    def record(x):   # a plain function: the model's half copy keeps it
+        first.append(fluxpy.value_of(x))
+        return x
+    model = fluxpy.gpu(fluxpy.Chain(fluxpy.Conv((3, 3), 1, 8, fluxpy.relu, pad=1, rng=0), record,
+                                    fluxpy.MaxPool((2, 2)), fluxpy.Conv((3, 3), 8, 8, pad=1, rng=1)))
+    fluxpy.mixed_precision(model, BF16)(cp.asarray(rng.standard_normal((8, 1, 14, 14)), np.float32))
+    assert len(first) == 1 and first[0].dtype == BF16 and is_channels_last(first[0])

@@ -47,7 +47,7 @@ import ctypes
 import numpy as np
 
 from ...backend import cupy
-from ...layout import channels_last_strides, empty_channels_last, is_channels_last, to_channels_last
+from ...layout import channels_last_strides, empty_channels_last, made_channels_last, to_channels_last
 from ...options import options
 from ..halfs import HALVES
 from . import legacy, library, search
@@ -613,14 +613,14 @@ def conv_bias_act_forward(x: cupy.ndarray, w: cupy.ndarray, b: cupy.ndarray | No
     elif kind == "identity":
         gkind = "fwd_identity" if b is not None else "fwd"
     else:
-        cl = is_channels_last(x) or is_channels_last(w)
+        cl = made_channels_last(x) or made_channels_last(w)
         return _in_c_order(legacy.conv_bias_act_forward, cl)(x, w, b, kind, cdims)
     return _forward(gkind, x, w, b, cdims)
 
 
 def _forward(gkind, x, w, b, cdims):
     dtype = x.dtype
-    cl = is_channels_last(x) or is_channels_last(w)
+    cl = made_channels_last(x) or made_channels_last(w)
     legacy_fn = _in_c_order(_legacy_forward, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
@@ -643,7 +643,7 @@ def _legacy_forward(gkind, x, w, b, cdims):
 def conv_backward_data(dy: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
     """``dx`` of shape ``cdims.x_shape`` through a cached execution plan (the legacy call where there is none)."""
     dtype = w.dtype
-    cl = is_channels_last(dy) or is_channels_last(w)
+    cl = made_channels_last(dy) or made_channels_last(w)
     legacy_fn = _in_c_order(legacy.conv_backward_data, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
@@ -660,7 +660,7 @@ def conv_backward_data(dy: cupy.ndarray, w: cupy.ndarray, cdims: ConvDimsLike) -
 def conv_backward_filter(x: cupy.ndarray, dy: cupy.ndarray, cdims: ConvDimsLike) -> cupy.ndarray:
     """``dw`` of shape ``cdims.w_shape`` through a cached execution plan (the legacy call where there is none)."""
     dtype = x.dtype
-    cl = is_channels_last(x) or is_channels_last(dy)
+    cl = made_channels_last(x) or made_channels_last(dy)
     legacy_fn = _in_c_order(legacy.conv_backward_filter, cl)
     if dtype in GRAPH_DTYPES:
         handle = get_handle()
