@@ -309,16 +309,17 @@ class MixedPrecision:
         """The model with its weights in the half type, their gradients coming back to the float32 weights
         (divided by ``scale`` where it is given): on the GPU all in one launch each way where the batched cast takes
         them (:func:`cast_reason` says why not), else one differentiable cast per weight."""
-        unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
-        weights = _cast_leaves(self.model, MIXED_KEEPS)
+        weights, kept_weights = _split_leaves(self.model, with_kept=scale is not None)
+        kept = None if scale is None else _kept_unscaler(kept_weights, scale)
         reason = _why_not_batched(x, weights, self.dtype, self.memory)
         _last_reason[0] = reason
         if reason:
-            return _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), unscaled,
+            unscaled = None if scale is None else (lambda w: _unscaled_backward(w, scale))
+            return _map_floats(self.model, lambda w: to_half(w if unscaled is None else unscaled(w)), kept,
                                MIXED_KEEPS)
         halves = _to_halves(*weights, dtype=self.dtype, memory=self.memory, scale=scale)
         index = iter(range(len(weights)))
-        return _map_floats(self.model, lambda w: _pick(halves, next(index)), unscaled, MIXED_KEEPS)
+        return _map_floats(self.model, lambda w: _pick(halves, next(index)), kept, MIXED_KEEPS)
 
     def _caster(self, x):
         """The differentiable cast to the half type: on the GPU to ``dtype``; on the CPU, where NumPy has no
@@ -414,6 +415,16 @@ def _map_trainable(model: Any, fn: Callable) -> Any:
                            for k, v in kids])
 
 
+def _trainable_leaves(model):
+    """The arrays :func:`_map_trainable` applies its ``fn`` to, in its order."""
+    kids = children(model)
+    if kids is None:
+        return [model] if _floating(model) else []
+    names = trainable_keys(model)
+    return [a for k, v in kids if not (_floating(v) and names is not None and k not in names)
+            for a in _trainable_leaves(v)]
+
+
 def _leaves(v):
     """The values inside nested tuples and lists ``v`` (an input or output of a model), in order."""
     if isinstance(v, (tuple, list)):
@@ -429,14 +440,26 @@ def _map_outputs(v, fn):
     return fn(v)
 
 
-def _cast_leaves(model, keep=KEEP_FLOAT32):
-    """The arrays :func:`_map_floats` applies its ``fn`` to (with the same ``keep``), in its order."""
-    if isinstance(model, keep):
-        return []
-    kids = children(model)
-    if kids is None:
-        return [model] if _floating(model) and model.dtype not in HALVES else []
-    return [a for _, v in kids for a in _cast_leaves(v, keep)]
+def _split_leaves(model, keep=MIXED_KEEPS, with_kept=True):
+    """``(cast, kept)``: the arrays :func:`_map_floats` applies its ``fn`` to and (``with_kept``, else none) those it
+    applies its ``kept`` to (with the same ``keep``), each in its order, in one walk of the model (an eager step pays
+    for every walk)."""
+    cast, kept = [], []
+
+    def walk(m):
+        if isinstance(m, keep):
+            if with_kept:
+                kept.extend(_trainable_leaves(m))
+            return
+        kids = children(m)
+        if kids is None:
+            if _floating(m) and m.dtype not in HALVES:
+                cast.append(m)
+            return
+        for _, v in kids:
+            walk(v)
+    walk(model)
+    return cast, kept
 
 
 def _float_leaves(model):
@@ -450,7 +473,7 @@ def _float_leaves(model):
 
 def _scale_rule(x, scale):
     def scaled_pullback(dy):   # scale: a number, or a 0-d float32 array on dy's device (a dynamic scale)
-        return (dy * (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype)),)
+        return (dy * (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype, copy=False)),)
     return x, scaled_pullback
 
 
@@ -462,7 +485,7 @@ def _unscale_rule(x, scale):
 
 def _divided(dy, scale):
     """``dy`` divided by the loss scale (a number, or a 0-d float32 array on dy's device) in ``dy``'s dtype."""
-    return dy / (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype))
+    return dy / (dy.dtype.type(scale) if isinstance(scale, float) else scale.astype(dy.dtype, copy=False))
 
 
 _scaled_backward = Primitive("scaled_backward", _scale_rule, impl=lambda x, scale: x)
@@ -582,6 +605,46 @@ in one launch where the ``astype_many`` kernel takes them; the pullback (of :cla
 cotangents to float32 and divides them by ``scale`` (None: not), in one launch in the weights' own layouts where the
 kernel takes them, else one array at a time as :func:`_to_float32`; a weight whose copy got no cotangent, or that
 needs no gradient, gets none.""")
+
+
+def _kept_unscaler(leaves, scale):
+    """What :func:`_map_floats` applies to the float32 layers' parameters ``leaves`` (in its order) under a loss
+    ``scale``: each returned as it is, its gradient divided by the scale; on the GPU all of them in one launch
+    (:func:`_unscaled_many`), while a derivative of a derivative is recorded one differentiable division each."""
+    if len(leaves) < 2 or gradient_depth() > 1:
+        return lambda w: _unscaled_backward(w, scale)
+    unscaled = _unscaled_many(*leaves, scale=scale)
+    index = iter(range(len(leaves)))
+    return lambda w: _pick(unscaled, next(index))
+
+
+def _unscaled_many_rule(needs, *weights, scale):
+    values = [value_of(w) for w in weights]
+
+    def unscaled_many_pullback(pieces):
+        grads = [None] * len(weights)
+        wanted = {i: dy for i, dy in pieces.parts.items() if needs[i]}
+        batch = [i for i, dy in wanted.items() if type(dy) is type(values[i]) and dy.dtype == np.float32
+                 and dy.shape == values[i].shape]
+        if batch:
+            dys, layouts = [wanted[i] for i in batch], [is_channels_last(values[i]) for i in batch]
+            kernel = find("astype_many", dys[0], dys, np.float32, layouts, scale)
+            if kernel is not None:
+                for i, g in zip(batch, kernel(dys[0], dys, np.float32, layouts, scale)):
+                    grads[i] = g
+        for i, dy in wanted.items():
+            if grads[i] is None:
+                grads[i] = _divided(dy, scale)
+        return tuple(grads)
+    return tuple(values), unscaled_many_pullback
+
+
+_unscaled_many = Primitive("unscaled_many", _unscaled_many_rule, impl=lambda *weights, scale: tuple(weights),
+                           needs_mask=True, doc="""``(*weights, scale)`` -> the weights as they are (a tuple, taken apart by :func:`_pick`); the pullback (of
+:class:`_Pieces`) divides their cotangents by the loss ``scale``, all in one launch where the ``astype_many`` kernel
+takes them (float32 to float32, divided), else one array at a time as :func:`_unscaled_backward`'s pullback. The
+float32 layers' parameters (normalisation, recurrent) under a loss scale: one launch a step in place of a division
+(and a copy of the scale) for each.""")
 
 
 def _pick_rule(halves, i):

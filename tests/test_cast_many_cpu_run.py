@@ -82,7 +82,7 @@ def _want(x, dtype, scale):
 
 
 def _pairs():
-    return [(F32, h) for h in HALF_DTYPES] + [(h, F32) for h in HALF_DTYPES]
+    return [(F32, h) for h in HALF_DTYPES] + [(h, F32) for h in HALF_DTYPES] + [(F32, F32)]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -95,6 +95,7 @@ def test_the_kernel_on_the_cpu_equals_numpy_bit_for_bit(launches, seed, spec, pa
     xs = [x if is_channels_last(x) or x.flags.c_contiguous else to_channels_last(x) for x in xs]
     xs = [np.asfortranarray(x) if x.ndim == 2 and flag else x for x, flag in zip(xs, layouts[::-1])]   # transposed
     scale = scale if dst == F32 else "none"   # a loss scale is taken off the gradients only
+    scale = "static" if src == dst and scale == "none" else scale   # float32 to float32: only to divide
     scale = {"none": None, "static": 96.0, "dynamic": np.asarray(np.float32(2.0 ** -3))}[scale]
     last = layouts[:len(xs)]
     launches.clear()
@@ -166,4 +167,35 @@ def test_a_mixed_precision_model_through_the_kernel_equals_it_through_the_per_ar
     assert got[2:] == (2, "") and want[2] == 0
     assert got[0] == want[0]
     for i, (a, b) in enumerate(zip(got[1], want[1])):
+        assert_same(a, b, f"gradient {i}", layout=False)
+
+
+def test_a_float16_models_float32_layers_gradients_are_unscaled_in_one_launch(launches, monkeypatch):
+    """Under float16's loss scale the float32 layers' parameters (batch norm, layer norm) get their gradients divided
+    by the scale in one launch (float32 to float32), bit for bit as one division each, and the half weights' casts
+    keep their launch each way."""
+    monkeypatch.setattr(precision, "gpu_device", lambda x: 0)   # the GPU's casts (no rounding back), on NumPy
+    real = precision.find
+    monkeypatch.setattr(precision, "find", lambda name, *args: cuda_halves.cast_many if name == "astype_many"
+                        else real(name, *args))
+    rng = np.random.default_rng(5)
+    base = fluxpy.Chain(fluxpy.Dense(6, 8, rng=rng), fluxpy.LayerNorm(8), fluxpy.Dense(8, 5, fluxpy.relu, rng=rng),
+                        fluxpy.LayerNorm(5), fluxpy.Dense(5, 3, rng=rng))
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+
+    def run(batched):
+        m = precision.mixed_precision(copy.deepcopy(base), np.float16,
+                                      loss_scale=precision.DynamicLossScale(init=2.0 ** 6))
+        with monkeypatch.context() as patch:
+            if not batched:
+                patch.setattr(precision, "_kept_unscaler",
+                              lambda leaves, scale: lambda w: precision._unscaled_backward(w, scale))
+            launches.clear()
+            loss, (g,) = fluxpy.withgradient(lambda m: (m(x) ** 2).sum(), m)
+            return loss, fluxpy.trainables(g), len(launches)
+    got, want = run(True), run(False)
+    assert (got[2], want[2]) == (3, 2), "the float32 layers' gradients were not unscaled in one launch"
+    assert got[0] == want[0] and len(got[1]) == len(want[1]) == 10
+    for i, (a, b) in enumerate(zip(got[1], want[1])):
+        assert a.dtype == np.float32
         assert_same(a, b, f"gradient {i}", layout=False)

@@ -62,10 +62,10 @@ def SOURCE_VARIANTS():
     """``(source, defines)`` of the conversions and sums launched here: a conversion for each ordered pair of
     distinct dtypes, a sum and a product for each half type and float32 (``cuda/bias_act.cu``'s variants with an
     activation, which the tracer writes, are listed by :mod:`fluxpy.kernels.elementwise`), a conversion of many arrays
-    from float32 to each half type and back.
+    from float32 to each half type and back, and their division by a loss scale in float32.
 
     >>> len(list(SOURCE_VARIANTS()))
-    16
+    17
     """
     for src in _DTYPES:
         for dst in _DTYPES:
@@ -74,7 +74,7 @@ def SOURCE_VARIANTS():
     for dtype in _SUMMED:
         yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_ACT")
         yield "bias_act.cu", act_defines(_IDENTITY, dtype, "FX_DERIV")
-    for src, dst in _PAIRS:
+    for src, dst in _PAIRS + ((_F32, _F32),):
         yield "cast_many.cu", _many_defines(src, dst)
 
 
@@ -147,7 +147,8 @@ CAP = 64             # arrays a launch at most: the table of pointers, offsets a
 _ITEMS = 4           # items a thread in a block's chunk of the concatenated index space
 _MAX_BLOCKS = 65535  # more items than that many chunks: the blocks stride over them
 _ALIGN = 128         # each result starts a multiple of this many items into the shared buffer (256 bytes of halves)
-_PAIRS = tuple((a, b) for h in HALVES for a, b in ((np.dtype(np.float32), h), (h, np.dtype(np.float32))))
+_F32 = np.dtype(np.float32)
+_PAIRS = tuple((a, b) for h in HALVES for a, b in ((_F32, h), (h, _F32)))
 
 
 def _many_defines(src, dst) -> dict:
@@ -157,12 +158,13 @@ def _many_defines(src, dst) -> dict:
 def supports_cast_many(x: Any, xs: Any, dtype: Any, channels_last: Any, scale: Any = None) -> bool:
     """Whether :func:`cast_many` converts the arrays ``xs`` (``x`` is ``xs[0]``, for :func:`fluxpy.kernels.find`)
     to ``dtype``: a non-empty list of CuPy arrays on one device, all float32 going to float16 or bfloat16 or all of
-    one half type going to float32, ``channels_last`` a bool for each, ``scale`` None, a positive number or a
+    one half type going to float32 (or float32 staying float32 where a scale divides them: the float32 layers'
+    gradients under a loss scale), ``channels_last`` a bool for each, ``scale`` None, a positive number or a
     float32 CuPy array of one element."""
     if cupy is None or type(x) is not cupy.ndarray or not xs or len(channels_last) != len(xs):
         return False
     src, dtype = x.dtype, np.dtype(dtype)
-    if (src, dtype) not in _PAIRS:
+    if (src, dtype) not in _PAIRS and not (src == dtype == _F32 and scale is not None):
         return False
     if not all(type(a) is cupy.ndarray and a.dtype == src and a.device.id == x.device.id for a in xs):
         return False
