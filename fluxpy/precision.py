@@ -158,9 +158,7 @@ class DynamicLossScale:
         applied = flag if applied is None else applied
         kernel = find("loss_scale_advance", self._scale)
         if kernel is not None:
-            kernel(self._scale, self._good, flag, applied, self.growth_interval)
-            xp = get_array_module(self._scale)
-            xp.minimum(self._scale, np.float32(self.max_scale), out=self._scale)   # the kernel doubles uncapped
+            kernel(self._scale, self._good, flag, applied, self.growth_interval, self.max_scale)
         elif not np.isfinite(flag):
             self._scale[...], self._good[...] = self._scale * np.float32(0.5), 0
         elif np.isfinite(applied):
@@ -640,7 +638,8 @@ def _unscaled_many_rule(needs, *weights, scale):
 
 
 _unscaled_many = Primitive("unscaled_many", _unscaled_many_rule, impl=lambda *weights, scale: tuple(weights),
-                           needs_mask=True, doc="""``(*weights, scale)`` -> the weights as they are (a tuple, taken apart by :func:`_pick`); the pullback (of
+                           needs_mask=True, doc="""\
+``(*weights, scale)`` -> the weights as they are (a tuple, taken apart by :func:`_pick`); the pullback (of
 :class:`_Pieces`) divides their cotangents by the loss ``scale``, all in one launch where the ``astype_many`` kernel
 takes them (float32 to float32, divided), else one array at a time as :func:`_unscaled_backward`'s pullback. The
 float32 layers' parameters (normalisation, recurrent) under a loss scale: one launch a step in place of a division

@@ -482,23 +482,25 @@ def vector_norm_supports(x: Any, p: Any) -> bool:
 _loss_scale = []
 
 
-def loss_scale_advance(scale: Array, good: Array, flag: Array, applied: Array, interval: int) -> None:
+def loss_scale_advance(scale: Array, good: Array, flag: Array, applied: Array, interval: int,
+                       max_scale: float) -> None:
     """A dynamic loss scale's step on the device (fluxpy.DynamicLossScale): where ``flag`` is not finite (an
     overflow) the float32 ``scale`` halved and the int32 count ``good`` reset; else, where ``applied`` is finite
-    (the update ran), one more good step, ``scale`` doubled after ``interval`` of them in a row. One thread, no
-    sync (captured with a step).
+    (the update ran), one more good step, ``scale`` doubled (at most to ``max_scale``) after ``interval`` of them in
+    a row. One thread, no sync (captured with a step).
 
     >>> loss_scale_advance.__name__
     'loss_scale_advance'
     """
     if not _loss_scale:
         _loss_scale.append(cupy.ElementwiseKernel(
-            "raw float64 flag, raw float64 applied, int32 interval", "raw float32 scale, raw int32 good",
+            "raw float64 flag, raw float64 applied, int32 interval, float32 max_scale",
+            "raw float32 scale, raw int32 good",
             "if (!isfinite(flag[0])) { scale[0] *= 0.5f; good[0] = 0; }"
             " else if (isfinite(applied[0])) {"
-            "  good[0] += 1; if (good[0] >= interval) { scale[0] *= 2.0f; good[0] = 0; } }",
+            "  good[0] += 1; if (good[0] >= interval) { scale[0] = fminf(scale[0] * 2.0f, max_scale); good[0] = 0; } }",
             "fluxpy_loss_scale_advance"))
-    _loss_scale[0](_guard(flag), _guard(applied), np.int32(interval), scale, good, size=1)
+    _loss_scale[0](_guard(flag), _guard(applied), np.int32(interval), np.float32(max_scale), scale, good, size=1)
 
 
 KERNELS = {

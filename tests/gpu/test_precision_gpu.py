@@ -111,6 +111,23 @@ def test_a_dynamic_loss_scale_in_a_captured_step_skips_overflows_on_the_device_a
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_dynamic_loss_scale_grows_on_the_device_up_to_its_cap_as_on_the_host():
+    """The device's advance (one kernel) doubles the scale after each run of good steps only up to ``max_scale`` and
+    halves it after an overflow, as the host's does on NumPy."""
+    import cupy as cp
+    from fluxpy import DynamicLossScale
+    flags = [0.0, 0.0, 0.0, 0.0, 0.0, np.inf, 0.0, 0.0, 0.0]
+    seen = {}
+    for xp in (cp, np):
+        s = DynamicLossScale(init=4.0, growth_interval=1, max_scale=16.0)
+        s.array(xp)
+        seen[xp.__name__] = []
+        for flag in flags:
+            s.advance(xp.asarray(np.float64(flag)))
+            seen[xp.__name__].append(float(s.array(xp)))
+    assert seen["cupy"] == seen["numpy"] == [8.0, 16.0, 16.0, 16.0, 16.0, 8.0, 16.0, 16.0, 16.0]
+
+
 def test_train_with_capture_skips_a_float16_overflow_as_the_eager_train_does():
     import copy
 
