@@ -575,21 +575,29 @@ def _to_halves_rule(needs, *weights, dtype, memory, scale):
         tuple(_to_half(w, dtype, memory) for w in weights)
 
     def to_halves_pullback(pieces):
-        grads = [None] * len(weights)
-        wanted = {i: dy for i, dy in pieces.parts.items() if needs[i]}
-        batch = [i for i, dy in wanted.items() if type(dy) is type(values[i]) and dy.dtype == dtype
-                 and dy.shape == values[i].shape]
-        if batch:
-            dys, back = [wanted[i] for i in batch], [is_channels_last(values[i]) for i in batch]
-            kernel = find("astype_many", dys[0], dys, np.float32, back, scale)
-            if kernel is not None:
-                for i, g in zip(batch, kernel(dys[0], dys, np.float32, back, scale)):
-                    grads[i] = g
-        for i, dy in wanted.items():
-            if grads[i] is None:
-                grads[i] = _to_float32(dy, weights[i], memory, scale)
-        return tuple(grads)
+        return _float32_gradients(pieces, needs, values, dtype, scale,
+                                  lambda i, dy: _to_float32(dy, weights[i], memory, scale))
     return halves, to_halves_pullback
+
+
+def _float32_gradients(pieces, needs, values, dtype, scale, one):
+    """The float32 gradients of the float32 ``values`` from their cotangents in ``pieces`` (of ``dtype``) divided by
+    ``scale`` (None: not): in one launch in the values' own layouts where the ``astype_many`` kernel takes them, else
+    ``one(i, cotangent)`` each; None for a value whose cotangent is missing or that ``needs`` no gradient."""
+    grads = [None] * len(values)
+    wanted = {i: dy for i, dy in pieces.parts.items() if needs[i]}
+    batch = [i for i, dy in wanted.items() if type(dy) is type(values[i]) and dy.dtype == dtype
+             and dy.shape == values[i].shape]
+    if batch:
+        dys, layouts = [wanted[i] for i in batch], [is_channels_last(values[i]) for i in batch]
+        kernel = find("astype_many", dys[0], dys, np.float32, layouts, scale)
+        if kernel is not None:
+            for i, g in zip(batch, kernel(dys[0], dys, np.float32, layouts, scale)):
+                grads[i] = g
+    for i, dy in wanted.items():
+        if grads[i] is None:
+            grads[i] = one(i, dy)
+    return tuple(grads)
 
 
 def _to_halves_impl(*weights, dtype, memory, scale):
@@ -620,20 +628,7 @@ def _unscaled_many_rule(needs, *weights, scale):
     values = [value_of(w) for w in weights]
 
     def unscaled_many_pullback(pieces):
-        grads = [None] * len(weights)
-        wanted = {i: dy for i, dy in pieces.parts.items() if needs[i]}
-        batch = [i for i, dy in wanted.items() if type(dy) is type(values[i]) and dy.dtype == np.float32
-                 and dy.shape == values[i].shape]
-        if batch:
-            dys, layouts = [wanted[i] for i in batch], [is_channels_last(values[i]) for i in batch]
-            kernel = find("astype_many", dys[0], dys, np.float32, layouts, scale)
-            if kernel is not None:
-                for i, g in zip(batch, kernel(dys[0], dys, np.float32, layouts, scale)):
-                    grads[i] = g
-        for i, dy in wanted.items():
-            if grads[i] is None:
-                grads[i] = _divided(dy, scale)
-        return tuple(grads)
+        return _float32_gradients(pieces, needs, values, np.float32, scale, lambda i, dy: _divided(dy, scale))
     return tuple(values), unscaled_many_pullback
 
 

@@ -271,13 +271,19 @@ def test_a_half_problem_runs_as_the_faster_of_its_two_timed_forms(monkeypatch, f
     assert ran == [("backward", wanted)], "the backward ran otherwise than its forward"
 
 
-def test_a_half_problem_runs_in_float32_unless_its_own_type_wins_by_the_margin(monkeypatch):
-    """A half type timed faster than float32 but within the margin is not taken: float32 runs."""
-    dims = RNNDims("lstm", 4, 5, 3, 6, 1, False, True, np.dtype(np.float16))
+def _timing_alone(mode, monkeypatch):
+    """A float16 problem of ``mode`` whose timing runs nothing (plans, forward and backward stood in for): the
+    test's stand-in ``time_ms`` decides."""
     monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(plan=lambda d: "a plan"))
     monkeypatch.setattr(cuda_rnn, "_timed", {})
     monkeypatch.setattr(cuda_rnn, "_forward", lambda d, run, *a: ("out", (run,)))
     monkeypatch.setattr(cuda_rnn, "_backward", lambda *a: None)
+    return RNNDims(mode, 4, 5, 3, 6, 1, False, True, np.dtype(np.float16))
+
+
+def test_a_half_problem_runs_in_float32_unless_its_own_type_wins_by_the_margin(monkeypatch):
+    """A half type timed faster than float32 but within the margin is not taken: float32 runs."""
+    dims = _timing_alone("lstm", monkeypatch)
     for half_ms, want in ((0.99, np.float32), (0.5, np.float16)):
         times = iter([1.0, half_ms] * cuda_rnn._ROUNDS)   # float32 first, then the half type, each round
         monkeypatch.setattr(cuda_rnn.compiler, "time_ms", lambda run, hide_host: next(times))
@@ -287,11 +293,7 @@ def test_a_half_problem_runs_in_float32_unless_its_own_type_wins_by_the_margin(m
 
 def test_a_half_problem_is_chosen_by_the_best_of_its_rounds(monkeypatch):
     """One slow round of float32 (a cold first call) does not decide: each candidate's best round is compared."""
-    dims = RNNDims("gru", 4, 5, 3, 6, 1, False, True, np.dtype(np.float16))
-    monkeypatch.setattr(cuda_rnn, "cudnn_rnn", SimpleNamespace(plan=lambda d: "a plan"))
-    monkeypatch.setattr(cuda_rnn, "_timed", {})
-    monkeypatch.setattr(cuda_rnn, "_forward", lambda d, run, *a: ("out", (run,)))
-    monkeypatch.setattr(cuda_rnn, "_backward", lambda *a: None)
+    dims = _timing_alone("gru", monkeypatch)
     rounds = [2.0, 0.7] + [0.6, 0.7] * (cuda_rnn._ROUNDS - 1)   # float32 slow only in the first round
     times = iter(rounds)
     monkeypatch.setattr(cuda_rnn.compiler, "time_ms", lambda run, hide_host: next(times))
