@@ -135,7 +135,7 @@ def _as(a, dtype):
     at a time)."""
     if a is None:
         return None
-    if a.dtype != dtype and a._c_contiguous and supports_cast(a, dtype):
+    if a.dtype != dtype and supports_cast(a, dtype) and a._c_contiguous:
         return cast(a, dtype)
     return cupy.ascontiguousarray(a if a.dtype == dtype else a.astype(dtype))
 
