@@ -12,8 +12,8 @@ Layout: images ``(N, C, H, W)`` (convolutions and pools also take ``(N, C, L)`` 
 Dense input ``(batch, in)``, weights ``(out, in)`` and ``(K, C/groups, R, S)``. Parameters are float32 (convert
 a model with :func:`f64` / :func:`f32`).
 
-The modules, by family: ``basic`` (Chain, Dense, flatten, Embedding, EmbeddingBag, SkipConnection, Parallel, Scale,
-Bilinear, Maxout, PairwiseFusion, MultiHeadAttention),
+The modules, by family: ``basic`` (Chain, Dense, flatten, SkipConnection, Parallel, Scale, Bilinear, Maxout,
+PairwiseFusion, MultiHeadAttention), ``embedding`` (Embedding, EmbeddingBag),
 ``conv``, ``pool``, ``normalise`` (BatchNorm, LayerNorm, RMSNorm, GroupNorm, InstanceNorm, Dropout, AlphaDropout and the
 train/test mode), ``upsample`` (Upsample, PixelShuffle, PixelUnshuffle), ``activation`` (PReLU),
 ``recurrent`` (RNN, LSTM, GRU and their cells), ``init`` (initialisers), ``convert`` (f32, f64), ``show``
@@ -36,10 +36,11 @@ from __future__ import annotations
 
 from ._checks import DimensionMismatch, DTypeMismatch
 from .activation import PReLU
-from .basic import (Bilinear, Chain, Dense, Embedding, EmbeddingBag, Maxout, MultiHeadAttention, PairwiseFusion,
-                    Parallel, Scale, SkipConnection, flatten)
+from .basic import (Bilinear, Chain, Dense, Maxout, MultiHeadAttention, PairwiseFusion, Parallel, Scale,
+                    SkipConnection, flatten)
 from .conv import Conv, ConvTranspose, CrossCor, DepthwiseConv
 from .convert import f32, f64
+from .embedding import Embedding, EmbeddingBag
 from .init import (calculate_gain, glorot_normal, glorot_uniform, identity_init, kaiming_normal, kaiming_uniform,
                    lecun_normal, nfan, ones32, orthogonal, rand32, randn32, sparse_init, truncated_normal, zeros32)
 from .normalise import (AlphaDropout, BatchNorm, Dropout, GroupNorm, InstanceNorm, LayerNorm, RMSNorm, istraining,
