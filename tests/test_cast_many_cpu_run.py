@@ -24,7 +24,8 @@ from fluxpy import precision
 from fluxpy.kernels import compiler, cuda_halves
 from fluxpy.layout import is_channels_last, to_channels_last
 from kernel_on_cpu import build_folder, library
-from test_precision_cast_many import HALF_DTYPES, SHAPES, assert_same, check, draw, specs, weights_of
+from test_precision_cast_many import (HALF_DTYPES, SHAPES, assert_same, check, check_unscaled, draw, specs,
+                                      weights_of)
 
 F32 = np.dtype(np.float32)
 
@@ -168,6 +169,20 @@ def test_a_mixed_precision_model_through_the_kernel_equals_it_through_the_per_ar
     assert got[0] == want[0]
     for i, (a, b) in enumerate(zip(got[1], want[1])):
         assert_same(a, b, f"gradient {i}", layout=False)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), spec=specs(), scale=st.sampled_from(["static", "dynamic"]))
+def test_the_float32_layers_batched_unscaling_through_the_kernel_equals_one_division_each(launches, monkeypatch, seed,
+                                                                                          spec, scale):
+    real = precision.find
+    monkeypatch.setattr(precision, "find", lambda name, *args: cuda_halves.cast_many if name == "astype_many"
+                        else real(name, *args))
+    launches.clear()
+    check_unscaled(seed, spec, scale, kernel=True)
+    used = [shape for shape, _ in spec[1 if len(spec) > 1 else 0:]]   # a 0-d weight's cotangent is a NumPy scalar:
+    batched = any(len(s) and int(np.prod(s)) for s in used)            # divided alone, as the half casts do
+    assert len(launches) == (1 if batched else 0), f"{len(launches)} launches"
 
 
 def test_a_float16_models_float32_layers_gradients_are_unscaled_in_one_launch(launches, monkeypatch):

@@ -115,6 +115,45 @@ def test_batched_casts_equal_the_per_array_casts_on_numpy(seed, spec, dtype, mem
     check(seed, spec, dtype, memory, scale)
 
 
+def check_unscaled(seed, spec, scale_kind, kernel=False):
+    """The float32 layers' weights under a loss scale: the gradients of ``sum(w_i * coef_i)`` over the drawn uses
+    through :func:`precision._unscaled_many` (one pullback for all) equal those through one
+    ``_unscaled_backward`` each, bit for bit (with ``kernel``: each in its weight's layout); an unused weight gets
+    None; the forward gives the weights themselves."""
+    ws = weights_of(seed, spec)
+    rng = np.random.default_rng(seed + 2)
+    coefs = [draw(rng, w.shape) for w in ws]
+    coefs = [to_channels_last(c) if c.ndim >= 3 and (seed + i) % 2 else c for i, c in enumerate(coefs)]
+    uses = list(range(1 if len(ws) > 1 else 0, len(ws))) + [len(ws) - 1]
+    scale = {"static": 1024.0, "dynamic": np.asarray(np.float32(2.0 ** 13))}[scale_kind]
+
+    def batched(*tracked):
+        kept = precision._unscaled_many(*tracked, scale=scale)
+        return sum((precision._pick(kept, i) * coefs[i]).sum() for i in uses)
+
+    def per_array(*tracked):   # each weight unscaled once (as MixedPrecision's per-weight path does), used as drawn
+        unscaled = [precision._unscaled_backward(t, scale) for t in tracked]
+        return sum((unscaled[i] * coefs[i]).sum() for i in uses)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = precision._unscaled_many(*ws, scale=scale)
+        got, want = fluxpy.gradient(batched, *ws), fluxpy.gradient(per_array, *ws)
+    assert all(p is w for p, w in zip(plain, ws)), "the forward is not the weights themselves"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if i in uses:
+            assert g.dtype == np.float32
+            assert_same(g, w, f"gradient {i} of {spec[i]}", layout=False)
+            assert not kernel or is_channels_last(g) == is_channels_last(ws[i]), f"gradient {i}: not in its layout"
+        else:
+            assert g is None and w is None, f"gradient {i}: no cotangent reached it, yet got {type(g).__name__}"
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), spec=specs(), scale=st.sampled_from(["static", "dynamic"]))
+def test_the_float32_layers_batched_unscaling_equals_one_division_each_on_numpy(seed, spec, scale):
+    check_unscaled(seed, spec, scale)
+
+
 def test_the_cotangent_of_the_halves_adds_the_pieces_of_each_index():
     a, b = precision._Pieces({0: np.ones(2)}), precision._Pieces({1: np.full(2, 3.0), 0: np.ones(2)})
     total = a + b
