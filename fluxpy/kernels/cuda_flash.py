@@ -6,7 +6,9 @@ exact float32 arithmetic (FMAs, no TF32), forward and backward, for the float32 
   softmax; ``y`` and the log-sum-exp per query (for the backward), the scores never stored.
 - :func:`backward`: the row dot products ``D = rowsum(dy * y)``, then ``dk`` and ``dv`` (a block per 64 keys,
   looping over the queries) and ``dq`` (a block per 64 queries, looping over the keys), the probabilities
-  recomputed from the log-sum-exp: three launches, no atomics (the result is the same bits every run).
+  recomputed from the log-sum-exp: three launches, no atomics (the result is the same bits every run). With at
+  most 64 keys (one key block, so one block sees every score of a head) the block that forms ``dk`` and ``dv``
+  also forms ``D`` and ``dq``: one launch, the same sums in the same order, so the same bits as the three.
 
 The inputs are read in place, batch first with the heads side by side in the last axis (``q`` ``(N, Lq, heads *
 dqk)``, ``k`` ``(N, Lk, heads * dqk)``, ``v`` ``(N, Lk, heads * dv)``, features contiguous); the results are
@@ -39,14 +41,15 @@ MAX_HEAD = 128
 _PADS = (32, 64, 128)
 _GRID_LIMIT = 65535   # the grid's y (heads) and z (batch) extents
 _ROWS_PER_BLOCK = THREADS // 32   # flash_row_dot: a warp per row
-_calls = {"forward": 0, "backward": 0}
+_calls = {"forward": 0, "backward": 0, "one_launch": 0}
 
 
 def stats() -> dict:
-    """How many forward and backward calls ran the kernels (what tests check to know the fused path ran).
+    """How many forward and backward calls ran the kernels, and how many of the backward calls ran as one launch
+    (what tests check to know which path ran).
 
     >>> sorted(stats())
-    ['backward', 'forward']
+    ['backward', 'forward', 'one_launch']
     """
     return dict(_calls)
 
@@ -98,6 +101,7 @@ def shared_bytes(kernel: str, dqk_pad: int, dv_pad: int) -> int:
     ldk, ldv, ldp = dqk_pad + 4, dv_pad + 4, BLOCK + 16
     floats = {"flash_forward": 2 * BLOCK * ldk + BLOCK * ldv + (0 if ldk >= ldp else BLOCK * ldp),
               "flash_backward_kv": 2 * BLOCK * (ldk + ldv + ldp) + 2 * BLOCK,
+              "flash_backward_kvq": 2 * BLOCK * (ldk + ldv + ldp) + 2 * BLOCK,
               "flash_backward_q": 2 * BLOCK * (ldk + ldv) + BLOCK * ldp}[kernel]
     return 4 * floats
 
@@ -204,10 +208,12 @@ def forward(p: Problem, q, k, v, bias) -> tuple:
     return y, lse
 
 
-def backward(p: Problem, q, k, v, bias, y, lse, dy, need_q: bool = True, need_kv: bool = True) -> tuple:
+def backward(p: Problem, q, k, v, bias, y, lse, dy, need_q: bool = True, need_kv: bool = True,
+             one_launch: bool = True) -> tuple:
     """``(dq, dk, dv)`` for the output cotangent ``dy`` (any strides; copied where its features are not
     contiguous), from the forward's ``y`` and ``lse``; ``dq`` None unless ``need_q``, ``dk`` and ``dv`` None unless
-    ``need_kv``.
+    ``need_kv``. All three of a problem with at most 64 keys come from one launch unless ``one_launch`` is false
+    (the same bits either way; tests compare them).
 
     >>> backward.__name__   # needs a GPU: tests/gpu/test_flash_attention_gpu.py runs it
     'backward'
@@ -215,12 +221,18 @@ def backward(p: Problem, q, k, v, bias, y, lse, dy, need_q: bool = True, need_kv
     _calls["backward"] += 1
     if dy.strides[2] != 4 and dy.shape[2] > 1:
         dy = cupy.ascontiguousarray(dy)
+    vec = np.int32(_vectors(p.dqk, p.dv, q, k, v, dy))
+    inputs = (q, *_rows(q), k, *_rows(k), v, *_rows(v), *_bias_args(bias), dy, *_rows(dy), lse)
+    if one_launch and need_q and need_kv and p.lk <= BLOCK:
+        _calls["one_launch"] += 1
+        dq, dk, dv = (cupy.empty(a.shape, dtype=np.float32) for a in (q, k, v))
+        _launch(p, "flash_backward_kvq", 1, inputs + (y, dq, dk, dv, *_sizes(p), vec))
+        return dq, dk, dv
     delta = cupy.empty((p.n, p.heads, p.lq), dtype=np.float32)
     rows = p.n * p.lq * p.heads
     compiler.launch(_function(p, "flash_row_dot"), -(-rows // _ROWS_PER_BLOCK), THREADS,
                     (dy, *_rows(dy), y, delta, np.int64(rows), np.int32(p.lq), np.int32(p.heads), np.int32(p.dv)))
-    vec = np.int32(_vectors(p.dqk, p.dv, q, k, v, dy))
-    inputs = (q, *_rows(q), k, *_rows(k), v, *_rows(v), *_bias_args(bias), dy, *_rows(dy), lse, delta)
+    inputs += (delta,)
     dq = dk = dv = None
     if need_kv:
         dk = cupy.empty(k.shape, dtype=np.float32)

@@ -194,6 +194,60 @@ def test_flash_attention_is_deterministic():
         assert np.array_equal(a, b, equal_nan=True), f"{name} differs between two runs"
 
 
+ONE_KEY_BLOCK = [   # n, lq, lk, heads, dqk, dv, keywords: at most 64 keys, the backward in one launch
+    (2, 64, 64, 3, 64, 64, {}),
+    (3, 130, 40, 2, 32, 64, {}),                 # three query blocks, one key block
+    (2, 70, 64, 2, 128, 128, {"causal": True}),  # the last queries see every key
+    (1, 5, 33, 1, 7, 5, {}),                     # head sizes not multiples of 4: scalar loads
+    (2, 100, 50, 2, 48, 80, {"mask": "per_head"}),
+    (2, 66, 60, 3, 16, 32, {"mask": "no_key", "bias": (1, 3, 66, 60)}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ONE_KEY_BLOCK)), ids=[_case_id(c) for c in ONE_KEY_BLOCK])
+def test_the_one_launch_backward_equals_the_three_launches_bit_for_bit(case):
+    """A problem with one key block runs its backward in one launch (D, dq, dk, dv): the same sums in the same order
+    as flash_row_dot, flash_backward_kv and flash_backward_q, so the same bits, NaN where those give NaN."""
+    cp = _cp()
+    n, lq, lk, heads, dqk, dv, kw = ONE_KEY_BLOCK[case]
+    rng = np.random.default_rng(40 + case)
+    q, k, v, w = _draw(rng, n, lq, lk, heads, dqk, dv)
+    bias = None
+    if "bias" in kw:
+        bias = cp.broadcast_to(cp.asarray(rng.standard_normal(kw["bias"]).astype(np.float32)), (n, heads, lq, lk))
+    if "mask" in kw:
+        mask = _mask(rng, kw["mask"], n, heads, lq, lk)
+        additive = cp.where(mask, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+        bias = cp.broadcast_to(additive if bias is None else bias + additive, (n, heads, lq, lk))
+    problem = cuda_flash.problem_of(q, k, v, heads, kw.get("causal", False), bias)
+    y, lse = cuda_flash.forward(problem, q, k, v, bias)
+    before = cuda_flash.stats()["one_launch"]
+    one = cuda_flash.backward(problem, q, k, v, bias, y, lse, w)
+    assert cuda_flash.stats()["one_launch"] == before + 1, "the one-launch backward did not run"
+    three = cuda_flash.backward(problem, q, k, v, bias, y, lse, w, one_launch=False)
+    assert cuda_flash.stats()["one_launch"] == before + 1, "one_launch=False ran the one-launch backward"
+    for name, a, b in zip(NAMES[1:], one, three):
+        a, b = cp.asnumpy(a), cp.asnumpy(b)
+        assert np.array_equal(a, b, equal_nan=True), (
+            f"{name}: one launch and three differ at {np.argwhere(~((a == b) | (np.isnan(a) & np.isnan(b))))[:4]}")
+    if kw.get("mask") == "no_key":
+        assert np.isnan(cp.asnumpy(y)[:, 7]).all(), "query 7 sees no key: y is NaN there"
+
+
+def test_a_problem_of_more_than_64_keys_or_one_gradient_runs_three_launches():
+    q, k, v, w = _draw(np.random.default_rng(12), 2, 30, 65, 2, 32, 32)
+    problem = cuda_flash.problem_of(q, k, v, 2, False, None)
+    y, lse = cuda_flash.forward(problem, q, k, v, None)
+    before = cuda_flash.stats()["one_launch"]
+    cuda_flash.backward(problem, q, k, v, None, y, lse, w)
+    q, k, v, w = _draw(np.random.default_rng(13), 2, 30, 64, 2, 32, 32)
+    problem = cuda_flash.problem_of(q, k, v, 2, False, None)
+    y, lse = cuda_flash.forward(problem, q, k, v, None)
+    dq, dk, dv = cuda_flash.backward(problem, q, k, v, None, y, lse, w, need_q=False)
+    assert dq is None and dk is not None and dv is not None
+    assert cuda_flash.stats()["one_launch"] == before, "the one-launch backward ran where it should not"
+
+
 def test_a_captured_call_equals_the_eager_call():
     from fluxpy.backend import capture_graph
     cp = _cp()

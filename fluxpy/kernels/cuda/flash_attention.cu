@@ -1,6 +1,6 @@
 // Float32 flash attention (the FlashAttention-2 algorithm in exact float32 FMAs, no tensor cores): the forward, the
-// backward's row dot products D = rowsum(dy * y), dK with dV, and dQ (fluxpy/kernels/cuda_flash.py plans and
-// launches them).
+// backward's row dot products D = rowsum(dy * y), dK with dV, and dQ; for a problem with one key block (lk <= 64)
+// the whole backward in one launch (fluxpy/kernels/cuda_flash.py plans and launches them).
 //
 // q (N, Lq, heads * dqk), k (N, Lk, heads * dqk), v (N, Lk, heads * dv) and dy (N, Lq, heads * dv) are read in
 // place: head h of row i of batch n starts at n * s_n + i * s_l + h * d (element strides), features contiguous.
@@ -31,6 +31,7 @@ constexpr int CQ = DQK / 16, CV = DV / 16;   // accumulator columns per thread
 constexpr int FWD_BLOCKS = (DQK + DV <= 128 && DQK <= DV) || (DQK == 128 && DV == 128) ? 2 : 1;   // flash_forward
 constexpr int Q_BLOCKS = DQK + DV <= 128 && DQK >= DV ? 2 : 1;     // flash_backward_q
 constexpr int KV_BLOCKS = DQK + DV <= 128 ? 2 : 1;                 // flash_backward_kv
+constexpr int KVQ_BLOCKS = Q_BLOCKS;                                // flash_backward_kvq (it does dq's work too)
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float not_a_number() { return __int_as_float(0x7fffffff); }
@@ -251,14 +252,37 @@ __device__ __forceinline__ float score_gradient(float x, float p, float dp, floa
     return x == neg_inf() ? 0.f : p * (dp - d);
 }
 
-// One block per (key block, head, batch): dk and dv of BC keys, over the query blocks that see them, in order (no
-// atomics: deterministic). The transposed scores (keys as rows) go through shared memory, Pt and dSt.
-extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_kv(
+// acc[a][c] = sum over j < 64 of St[j * LDP + ty + 16a] * X[j * LDX + col(tx, c)], j in order: tile_mma with the
+// scores read transposed (St holds keys as rows), so dq = dS @ K from the dSt that the dk, dv kernel forms.
+template <int P, int LDX>
+__device__ __forceinline__ void tile_mma_t(const float* St, const float* X, float acc[4][P / 16], int ty, int tx) {
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int c = 0; c < P / 16; c++) acc[a][c] = 0.f;
+#pragma unroll 4
+    for (int j = 0; j < BC; j++) {
+        float x[P / 16];
+        load_cols<P>(X + j * LDX, tx, x);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const float s = St[j * LDP + ty + 16 * a];
+#pragma unroll
+            for (int c = 0; c < P / 16; c++) acc[a][c] = fmaf(s, x[c], acc[a][c]);
+        }
+    }
+}
+
+// dk and dv of BC keys (and, WITH_Q, the dq and D of every query: the one-launch backward of a problem with one key
+// block, where this block is the only one to add to a query's dq), over the query blocks that see them, in order
+// (no atomics: deterministic). The transposed scores (keys as rows) go through shared memory, Pt and dSt.
+template <bool WITH_Q>
+__device__ __forceinline__ void backward_kv(
         const float* q, long long sqn, long long sql, const float* k, long long skn, long long skl,
         const float* v, long long svn, long long svl, const float* bias, long long sbn, long long sbh,
         long long sbq, long long sbk, const float* dy, long long sdn, long long sdl, const float* lse,
-        const float* delta, float* dk, float* dv_out, int lq, int lk, int heads, int dqk, int dv, float scale,
-        int causal, int vec) {
+        const float* delta, const float* y, float* dq, float* dk, float* dv_out, int lq, int lk, int heads, int dqk,
+        int dv, float scale, int causal, int vec) {
     extern __shared__ float4 shared4[];
     float* Ks = reinterpret_cast<float*>(shared4);
     float* Vs = Ks + BC * LDK;
@@ -290,9 +314,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_
         if (threadIdx.x < BR) {   // rows past the end: lse 0, so their -inf logits give P = 0
             const long long at = ((long long)n * heads + h) * lq + q0 + threadIdx.x;
             Ls[threadIdx.x] = (int)threadIdx.x < rows ? lse[at] : 0.f;
-            Ds[threadIdx.x] = (int)threadIdx.x < rows ? delta[at] : 0.f;
+            if (!WITH_Q) Ds[threadIdx.x] = (int)threadIdx.x < rows ? delta[at] : 0.f;
         }
         __syncthreads();
+        if (WITH_Q) {   // D of the block's rows from dYs and y, a warp a row in flash_row_dot's order
+            const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+            for (int r = warp; r < BR; r += THREADS / 32) {
+                float sum = 0.f;
+                if (r < rows) {
+                    const float* yrow = y + ((long long)n * lq + q0 + r) * heads * dv + (long long)h * dv;
+                    for (int c = lane; c < dv; c += 32) sum = fmaf(dYs[r * LDV + c], yrow[c], sum);
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+                }
+                if (lane == 0) Ds[r] = sum;
+            }
+            __syncthreads();
+        }
         float st[4][4], dpt[4][4];
         tile_dot<DQK, LDK, LDK>(Ks, Qs, st, ty, tx);
         tile_dot<DV, LDV, LDV>(Vs, dYs, dpt, ty, tx);
@@ -310,6 +348,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_
         __syncthreads();
         tile_mma<DV, LDV>(Pt, dYs, gv, ty, tx);
         tile_mma<DQK, LDK>(dSt, Qs, gk, ty, tx);
+        if (WITH_Q) {
+            float gq[4][CQ];
+            tile_mma_t<DQK, LDK>(dSt, Ks, gq, ty, tx);
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                const int i = q0 + ty + 16 * a;
+                if (i >= lq) continue;
+                float* qrow = dq + ((long long)n * lq + i) * heads * dqk + (long long)h * dqk;
+#pragma unroll
+                for (int c = 0; c < CQ; c++) {
+                    const int cc = col<DQK>(tx, c);
+                    if (cc < dqk) qrow[cc] = gq[a][c] * scale;
+                }
+            }
+        }
         __syncthreads();
     }
 #pragma unroll
@@ -329,6 +382,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_
             if (cc < dv) vrow[cc] = gv[a][c];
         }
     }
+}
+
+// One block per (key block, head, batch): dk and dv of BC keys, D read from flash_row_dot's delta.
+extern "C" __global__ void __launch_bounds__(THREADS, KV_BLOCKS) flash_backward_kv(
+        const float* q, long long sqn, long long sql, const float* k, long long skn, long long skl,
+        const float* v, long long svn, long long svl, const float* bias, long long sbn, long long sbh,
+        long long sbq, long long sbk, const float* dy, long long sdn, long long sdl, const float* lse,
+        const float* delta, float* dk, float* dv_out, int lq, int lk, int heads, int dqk, int dv, float scale,
+        int causal, int vec) {
+    backward_kv<false>(q, sqn, sql, k, skn, skl, v, svn, svl, bias, sbn, sbh, sbq, sbk, dy, sdn, sdl, lse, delta,
+                       nullptr, nullptr, dk, dv_out, lq, lk, heads, dqk, dv, scale, causal, vec);
+}
+
+// The whole backward of a problem with one key block (lk <= BC) in one launch, a block per (head, batch): D, dq, dk
+// and dv, the same numbers as flash_row_dot, flash_backward_kv and flash_backward_q give (the same sums in the same
+// order).
+extern "C" __global__ void __launch_bounds__(THREADS, KVQ_BLOCKS) flash_backward_kvq(
+        const float* q, long long sqn, long long sql, const float* k, long long skn, long long skl,
+        const float* v, long long svn, long long svl, const float* bias, long long sbn, long long sbh,
+        long long sbq, long long sbk, const float* dy, long long sdn, long long sdl, const float* lse,
+        const float* y, float* dq, float* dk, float* dv_out, int lq, int lk, int heads, int dqk, int dv, float scale,
+        int causal, int vec) {
+    backward_kv<true>(q, sqn, sql, k, skn, skl, v, svn, svl, bias, sbn, sbh, sbq, sbk, dy, sdn, sdl, lse, nullptr,
+                      y, dq, dk, dv_out, lq, lk, heads, dqk, dv, scale, causal, vec);
 }
 
 // One block per (query block, head, batch): dq of BR queries, over the key blocks they see, in order.
