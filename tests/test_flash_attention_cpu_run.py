@@ -102,13 +102,15 @@ def _draw(seed, n, lq, lk, heads, dqk, dv):
             ((n, lq, heads * dqk), (n, lk, heads * dqk), (n, lk, heads * dv), (n, lq, heads * dv))]
 
 
-CASES = [   # n, lq, lk, heads, dqk, dv, keywords: every padded head size, tails, Lq != Lk both ways
+CASES = [   # n, lq, lk, heads, dqk, dv, keywords: every padded head size, tails, Lq != Lk both ways, at most 64
+    # keys (the one-launch backward) and more
     (2, 33, 47, 2, 32, 32, {}),
     (1, 130, 70, 1, 16, 48, {"causal": True}),
     (1, 70, 130, 1, 48, 80, {"causal": True}),
     (1, 100, 100, 2, 128, 128, {"causal": True}),
     (1, 65, 129, 1, 80, 16, {}),
     (1, 40, 50, 2, 7, 5, {}),
+    (1, 130, 40, 1, 32, 64, {"causal": True}),   # one key block, three query blocks: the one-launch backward
 ]
 
 

@@ -7,6 +7,7 @@ extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int threads,
     else if (n == "flash_row_dot") run(flash_row_dot, gx, gy, gz, threads, a);
     else if (n == "flash_backward_kv") run(flash_backward_kv, gx, gy, gz, threads, a);
     else if (n == "flash_backward_q") run(flash_backward_q, gx, gy, gz, threads, a);
+    else if (n == "flash_backward_kvq") run(flash_backward_kvq, gx, gy, gz, threads, a);
     else return 1;
     return 0;
 }
