@@ -8,7 +8,10 @@ column-major, so the row-major ``y = x @ w.T`` is the column-major ``y^T = w x^T
   bias and applies the activation as the product is stored (``CUBLASLT_EPILOGUE_BIAS``, ``RELU_BIAS``,
   ``GELU_BIAS``; without ``_BIAS`` where ``b`` is None). With ``save`` (gelu only) the same call also writes the
   pre-activation ``x @ w.T + b`` to ``aux`` (``GELU_AUX_BIAS``), which gelu's derivative reads in the backward pass;
-  relu's derivative reads the output, so it saves nothing. cuBLASLt's GELU is the tanh approximation, fluxpy's
+  relu's derivative reads the output, so it saves nothing. Not in float32 without TF32: there cuBLASLt's gelu runs
+  as a pass of its own after the SIMT product and the saved pre-activation is a second write, so the plan declines
+  and the op takes the bias epilogue and fluxpy's gelu (the product kept as the pre-activation), which measured
+  faster (BENCHMARKS.md, dense). cuBLASLt's GELU is the tanh approximation, fluxpy's
   ``gelu``; there is no epilogue for the exact ``gelu_erf`` or for swish, which run as ``bias_act``.
 - ``dense_backward_weight(dz, x, need_db)``: ``(dz.T @ x, dz.sum(0))``, the weight and bias gradients, the bias
   gradient reduced by the same call (``CUBLASLT_EPILOGUE_BGRADB``: the sum over the product's ``k``, the rows).
@@ -40,7 +43,8 @@ else ``ctypes.util.find_library("cublasLt")``.
 
 >>> import numpy as np
 >>> x, w, b = np.zeros((64, 32), np.float32), np.zeros((16, 32), np.float32), np.zeros(16, np.float32)
->>> forward_plan(x, w, b, "gelu", True).epilogue == EPILOGUES["GELU_AUX_BIAS"]
+>>> forward_plan(x.astype(np.float16), w.astype(np.float16), b.astype(np.float16), "gelu", True).epilogue == \
+...     EPILOGUES["GELU_AUX_BIAS"]
 True
 >>> forward_plan(x[:, :30], w[:, :30], b, "gelu", False)
 'dense: x must be C-contiguous (its rows one after another), got strides (128, 4)'
@@ -280,6 +284,10 @@ dimension cuBLASLt's fused kernels do not take"
     if save and n % 8:
         return (f"dense: the saved pre-activation's leading dimension (out features {n}) must be divisible by 8 "
                 "(cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD)")
+    if save and dtype == np.float32 and not _tf32(dtype):
+        return ("dense: cuBLASLt's float32 gelu runs as a pass of its own after the product, and saving the "
+                "pre-activation writes it once more: the bias epilogue and fluxpy's gelu, the product kept as the "
+                "pre-activation, measure faster (BENCHMARKS.md, dense)")
     align = (_alignment(_address(w)), _alignment(_address(x)), _MAX_ALIGN,
              _alignment(_address(b)) if b is not None else 0, _MAX_ALIGN if save else 0)
     return LtGemm(dtype, _OP_T, _OP_N, n, m, k, k, k, n, epilogue, n if save else 0, align, _tf32(dtype))

@@ -9,9 +9,11 @@ four) whatever computes the product:
   :mod:`fluxpy.kernels.cpu_dense`): the product, the bias and the activation are one call, and for gelu in a
   gradient it also keeps the pre-activation, which the derivative reads;
 - every other activation (``gelu_erf``, swish, tanh, ...), and a call whose epilogue the kernel declines (an
-  alignment, a layout, float64 on the GPU, the halves on the CPU), runs the bare product (that kernel's, or
-  ``matmul``'s where it declines that too) and then one ``bias_act`` pass (the bias added there), which keeps the
-  output or the pre-activation as the derivative needs (:func:`~fluxpy.ops.bias_act.derivative_from_saved`).
+  alignment, a layout, float64 on the GPU, the halves on the CPU, float32 gelu saving its pre-activation on the
+  GPU), runs the product with the bias added by that kernel (its bias epilogue), then the activation alone, the
+  product kept as the pre-activation where the derivative reads it; where the kernel declines the bias too, the bare
+  product (its, or ``matmul``'s) and one ``bias_act`` pass that adds the bias and keeps the output or the
+  pre-activation as the derivative needs (:func:`~fluxpy.ops.bias_act.derivative_from_saved`).
 
 The pullback is then ``dz = dy * act'(saved)`` (one elementwise pass,
 :func:`~fluxpy.ops.bias_act.bias_act_backward`; nothing for the identity), ``dx = dz @ weight`` and
@@ -83,36 +85,41 @@ dense_backward_weight = fused_op("dense_backward_weight", _weight_grads, doc="""
 
 
 def _product(x, weight, bias, act, save):
-    """``(y, aux, done)``: the call's product by the first that takes it: the kernel table's ``dense_forward`` with
-    ``act`` as its epilogue (``done``: the bias and activation applied; ``aux`` gelu's pre-activation where
-    ``save``), else the bare product by that kernel or by ``matmul`` (``done`` false: the bias and the activation
-    are still to apply)."""
+    """``(y, aux, biased, activated)``: the call's product by the first that takes it: the kernel table's
+    ``dense_forward`` with ``act`` as its epilogue (the bias and the activation applied; ``aux`` gelu's pre-activation
+    where ``save``), else that kernel with the bias alone (``biased``: the activation still to apply), else the bare
+    product by that kernel or by ``matmul`` (the bias and the activation still to apply)."""
     name = epilogue_name(act)
     if name is not None:
         kernel = find("dense_forward", x, weight, bias, name, save)
         if kernel is not None:
             y, aux = kernel(x, weight, bias, name, save)
-            return y, aux, True
+            return y, aux, True, True
+    if bias is not None and name != "identity":
+        kernel = find("dense_forward", x, weight, bias, "identity", False)
+        if kernel is not None:
+            return kernel(x, weight, bias, "identity", False)[0], None, True, False
     kernel = find("dense_forward", x, weight, None, "identity", False)
     z = kernel(x, weight, None, "identity", False)[0] if kernel is not None else matmul(x, transpose(weight))
-    return z, None, False
+    return z, None, False, False
 
 
 def _dense_impl(x, weight, bias, act):
-    y, _, done = _product(x, weight, bias, act, False)
-    return y if done else _bias_act_impl(y, bias, act)
+    y, _, biased, activated = _product(x, weight, bias, act, False)
+    return y if activated else _bias_act_impl(y, None if biased else bias, act)
 
 
 def _forward_saving(x, weight, bias, act, from_output):
     """``(y, saved, done)``: the output, what the activation's derivative reads (the output where ``from_output``,
     else the pre-activation), and whether the product's kernel applied the bias and the activation."""
-    y, aux, done = _product(x, weight, bias, act, epilogue_name(act) == "gelu")   # gelu's derivative reads z
-    if done:
+    y, aux, biased, activated = _product(x, weight, bias, act, epilogue_name(act) == "gelu")   # gelu reads z
+    if activated:
         return y, (y if from_output else aux), True
-    if from_output or bias is None:
-        out = _bias_act_impl(y, bias, act)
+    b = None if biased else bias
+    if from_output or b is None:
+        out = _bias_act_impl(y, b, act)
         return out, (out if from_output else y), False
-    out, z = bias_act_preactivation(y, bias, act)
+    out, z = bias_act_preactivation(y, b, act)
     return out, z, False
 
 
