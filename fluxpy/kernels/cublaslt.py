@@ -43,8 +43,8 @@ else ``ctypes.util.find_library("cublasLt")``.
 
 >>> import numpy as np
 >>> x, w, b = np.zeros((64, 32), np.float32), np.zeros((16, 32), np.float32), np.zeros(16, np.float32)
->>> forward_plan(x.astype(np.float16), w.astype(np.float16), b.astype(np.float16), "gelu", True).epilogue == \
-...     EPILOGUES["GELU_AUX_BIAS"]
+>>> h = [a.astype(np.float16) for a in (x, w, b)]
+>>> forward_plan(*h, "gelu", True).epilogue == EPILOGUES["GELU_AUX_BIAS"]
 True
 >>> forward_plan(x[:, :30], w[:, :30], b, "gelu", False)
 'dense: x must be C-contiguous (its rows one after another), got strides (128, 4)'
@@ -244,6 +244,20 @@ def forward_epilogue(act: str, bias: bool, save: bool) -> int | str:
     return EPILOGUES[name]
 
 
+def _slower_than_ours(act: str, save: bool, dtype) -> str | None:
+    """Why an epilogue that cuBLASLt runs is declined as slower than the bias epilogue and fluxpy's own activation
+    kernel (``benchmarks/dense_epilogues.py``), or None: float32 gelu saving its pre-activation, without TF32.
+
+    >>> _slower_than_ours("gelu", True, np.dtype(np.float16)) is None
+    True
+    """
+    if save and act == "gelu" and dtype == np.float32 and not _tf32(dtype):
+        return ("dense: cuBLASLt's float32 gelu runs as a pass of its own after the product, and saving the "
+                "pre-activation writes it once more: the bias epilogue and fluxpy's gelu, the product kept as the "
+                "pre-activation, measure faster (BENCHMARKS.md, dense)")
+    return None
+
+
 def forward_plan(x, w, b, act: str, save: bool) -> LtGemm | str:
     """The :class:`LtGemm` of ``act(x @ w.T + b)`` (the pre-activation saved where ``save``), or why it is declined.
 
@@ -284,10 +298,9 @@ dimension cuBLASLt's fused kernels do not take"
     if save and n % 8:
         return (f"dense: the saved pre-activation's leading dimension (out features {n}) must be divisible by 8 "
                 "(cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD)")
-    if save and dtype == np.float32 and not _tf32(dtype):
-        return ("dense: cuBLASLt's float32 gelu runs as a pass of its own after the product, and saving the "
-                "pre-activation writes it once more: the bias epilogue and fluxpy's gelu, the product kept as the "
-                "pre-activation, measure faster (BENCHMARKS.md, dense)")
+    reason = _slower_than_ours(act, save, dtype)
+    if reason:
+        return reason
     align = (_alignment(_address(w)), _alignment(_address(x)), _MAX_ALIGN,
              _alignment(_address(b)) if b is not None else 0, _MAX_ALIGN if save else 0)
     return LtGemm(dtype, _OP_T, _OP_N, n, m, k, k, k, n, epilogue, n if save else 0, align, _tf32(dtype))
