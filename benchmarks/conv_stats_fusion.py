@@ -24,13 +24,15 @@ Run on the GPU: ``python3 benchmarks/conv_stats_fusion.py [--batch 128] [--dtype
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+
+from graph_timing import captured_us  # noqa: E402
 
 SHAPES = [(16, 32, 16), (32, 16, 32), (64, 8, 64)]
 CALLS = 20
@@ -39,28 +41,6 @@ CALLS = 20
 def channels_last_strides(shape):
     n, c, h, w = shape
     return [h * w * c, 1, w * c, c]
-
-
-def gpu_us(cp, run, rounds):
-    """Median and range of the GPU microseconds per call of ``run``, CALLS calls captured in one graph."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        run()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(CALLS):
-            run()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(rounds):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / CALLS)
-    return statistics.median(times), min(times), max(times)
 
 
 def fused_graph(cudnn, handle, kind, io_type, n, c, hw, k):
@@ -107,7 +87,7 @@ def fastest_plan(cp, cudnn, handle, graph, pack, rounds):
             cudnn.set_stream(handle=handle, stream=cp.cuda.get_current_stream().ptr)
             graph.execute_plan_at_index(pack, workspace.data.ptr, index=index, handle=handle)
         try:
-            timed = gpu_us(cp, run, rounds)
+            timed = captured_us(cp, run, CALLS, rounds)
         except Exception:   # a plan that fails to run is skipped; the others are timed
             continue
         best = timed if best is None or timed[0] < best[0] else best
@@ -168,10 +148,10 @@ def main():
             cells.append(fastest_plan(cp, cudnn, handle, graph, pack, args.rounds) or "no plan ran")
         gamma, beta = cp.asarray(rng.uniform(0.5, 1.5, k).astype(np.float32)), cp.zeros(k, np.float32)
         running_mean, running_var = cp.zeros(k, np.float32), cp.ones(k, np.float32)
-        cells.append(gpu_us(cp, lambda: ops.conv(x, w, pad=1), args.rounds))
-        cells.append(gpu_us(cp, fluxpy_stats_call(cp, y, gamma, beta, running_mean, running_var), args.rounds))
-        cells.append(gpu_us(cp, lambda: ops.batchnorm(y, gamma, beta, running_mean, running_var, act=relu),
-                            args.rounds))
+        stats = fluxpy_stats_call(cp, y, gamma, beta, running_mean, running_var)
+        for run in (lambda: ops.conv(x, w, pad=1), stats,
+                    lambda: ops.batchnorm(y, gamma, beta, running_mean, running_var, act=relu)):
+            cells.append(captured_us(cp, run, CALLS, args.rounds))
         print(f"| ({c}, {hw}, {k}) | " + " | ".join(cell(t) for t in cells) + " |", flush=True)
 
 

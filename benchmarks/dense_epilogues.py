@@ -18,37 +18,17 @@ Run on the GPU: ``PYTHONPATH=. python3 benchmarks/dense_epilogues.py [--rounds 5
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
+from graph_timing import captured_us  # noqa: E402
+
 CASES = [(16384, 192, 768), (16384, 768, 192), (8192, 768, 3072), (512, 784, 1024)]
-
-
-def gpu_us(cp, run, reps, rounds):
-    """Median, low and high GPU microseconds a call of ``run``: ``reps`` calls in one captured graph."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        run()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(reps):
-            run()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        times = []
-        for _ in range(rounds):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / reps)
-    return statistics.median(times), min(times), max(times)
 
 
 def ways(cublaslt, bias_act_impl, bias_act_preactivation, act, name, x, w, b):
@@ -97,7 +77,7 @@ def main():
                     if way not in found:
                         cells.append("declined")
                         continue
-                    med, lo, hi = gpu_us(cp, found[way], args.reps, args.rounds)
+                    med, lo, hi = captured_us(cp, found[way], args.reps, args.rounds)
                     cells.append(f"{med:.1f} ({lo:.1f}-{hi:.1f})")
                 print(f"| ({rows}, {n_in}, {n_out}) | {np.dtype(dtype).name} | {act_name} | " + " | ".join(cells)
                       + " |", flush=True)
