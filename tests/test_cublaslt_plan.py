@@ -181,8 +181,8 @@ def test_every_plan_builds_its_descriptors_in_the_real_library(dtype):
     for act, bias, save in itertools.product(cublaslt.ACTIVATIONS, (True, False), (True, False)):
         x, w = np.zeros((32, 64), dtype), np.zeros((16, 64), dtype)
         plan = cublaslt.forward_plan(x, w, np.zeros(16, dtype) if bias else None, act, save)
-        if isinstance(plan, str):
-            assert save and act != "gelu", plan
+        if isinstance(plan, str):   # an aux only gelu has; float32 gelu's aux declined as slower than fluxpy's path
+            assert (save and act != "gelu") or plan == cublaslt._slower_than_ours(act, save, np.dtype(dtype)), plan
             continue
         d = cublaslt._Described(lib, plan)
         assert d.desc and d.pref and len(d.layouts) == 3 and all(d.layouts)
@@ -194,7 +194,7 @@ def test_every_plan_builds_its_descriptors_in_the_real_library(dtype):
         d = cublaslt._Described(lib, cublaslt.weight_plan(np.zeros((32, 16), dtype), np.zeros((32, 8), dtype), need_db))
         d.close()
         built += 1
-    assert built == 10
+    assert built == (8 if dtype == np.float32 else 10)
 
 
 def test_a_failed_call_names_the_call_and_the_status():

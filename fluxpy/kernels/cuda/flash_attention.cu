@@ -31,7 +31,7 @@ constexpr int CQ = DQK / 16, CV = DV / 16;   // accumulator columns per thread
 constexpr int FWD_BLOCKS = (DQK + DV <= 128 && DQK <= DV) || (DQK == 128 && DV == 128) ? 2 : 1;   // flash_forward
 constexpr int Q_BLOCKS = DQK + DV <= 128 && DQK >= DV ? 2 : 1;     // flash_backward_q
 constexpr int KV_BLOCKS = DQK + DV <= 128 ? 2 : 1;                 // flash_backward_kv
-constexpr int KVQ_BLOCKS = Q_BLOCKS;                                // flash_backward_kvq (it does dq's work too)
+constexpr int KVQ_BLOCKS = DQK == DV && DQK <= 64 ? 2 : 1;            // flash_backward_kvq (dq's work too)
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float not_a_number() { return __int_as_float(0x7fffffff); }
